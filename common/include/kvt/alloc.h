@@ -1,0 +1,19 @@
+/* Allocation hook: every allocation of the project goes through these, so tests can
+ * inject failures (kvt_alloc_fail_after) and check that errors unwind cleanly. */
+#ifndef KVT_ALLOC_H
+#define KVT_ALLOC_H
+
+#include <stddef.h>
+
+void *kvt_malloc(size_t size);
+void *kvt_calloc(size_t n, size_t size);
+void *kvt_realloc(void *p, size_t size);
+/* realloc of n * size with overflow check. */
+void *kvt_reallocarray(void *p, size_t n, size_t size);
+void kvt_free(void *p);
+char *kvt_strdup(const char *s);
+
+/* Tests only: the next n allocations succeed, then every one fails until reset with -1. */
+void kvt_alloc_fail_after(long n);
+
+#endif

@@ -1,0 +1,141 @@
+/* The CPU primary tier (spec §2): the index of the chunks that live in the shared
+ * region, their slots and ref counts, and the cache policy (LRU or ARC) that picks
+ * eviction victims. Single-threaded (the scheduler thread).
+ *
+ * ref_cnt: -1 write in flight (GPU store or promotion), 0 ready and evictable,
+ * n > 0 pinned by n readers (GPU loads, cascades). Only ref_cnt == 0 is evicted.
+ * Slots: fresh slots in order first, then a LIFO free list (spec's pinned ids).
+ * Every allocation of a slot bumps that slot's generation.
+ *
+ * Misuse (unknown key, unpinning what is not pinned, loading what is not ready)
+ * returns -EINVAL and changes nothing. */
+#ifndef KVT_PRIMARY_H
+#define KVT_PRIMARY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "kvt/types.h"
+#include "kvt/stats.h"
+
+struct kvt_region;
+
+struct kvt_primary_config {
+    size_t num_chunks;
+    size_t row_bytes;   /* bytes per chunk (row); 0 = no memory (index only) */
+    const char *policy; /* "lru" (default when NULL) or "arc" */
+    bool enable_events;
+    /* Compute the XXH3-64 of a row when its write completes successfully. */
+    bool checksum_on_complete;
+};
+
+struct kvt_primary;
+
+/* The primary takes ownership of region (may be NULL: then, if row_bytes > 0, it
+ * allocates private memory of num_chunks * row_bytes). -EINVAL for bad config
+ * (num_chunks 0 or > 2^31, unknown policy, region geometry that does not match). */
+int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *region,
+                       struct kvt_primary **primary_p);
+/* Releases the index and the region (unmapped; unlinked by its creator). */
+void kvt_primary_destroy(struct kvt_primary *p);
+
+/* PrepareStoreOutput, reused across calls to avoid allocation. keys_to_store[i]
+ * goes to chunk_ids[i]; evicted keys in eviction order. */
+struct kvt_store_output {
+    struct kvt_key *keys_to_store;
+    int64_t *chunk_ids;
+    size_t n_store, cap_store;
+    struct kvt_key *evicted;
+    size_t n_evicted, cap_evicted;
+};
+void kvt_store_output_init(struct kvt_store_output *out);
+void kvt_store_output_cleanup(struct kvt_store_output *out);
+
+enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key);
+
+/* 0 (out filled; n_store may be 0), -ENOSPC ("cannot store": nothing changed),
+ * -EINVAL (a key longer than 64 bytes / zero length), -ENOMEM. */
+int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                              struct kvt_store_output *out);
+/* Keys absent or already ready are ignored (idempotent). Always 0 (or -ENOMEM for
+ * the event). */
+int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                               bool success);
+/* Pins every key (all present and ready, else -EINVAL and nothing pinned) and
+ * writes their slots to chunk_ids (co-indexed). prepare_read records no access. */
+int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             int64_t *chunk_ids);
+int kvt_primary_prepare_read(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             int64_t *chunk_ids);
+/* Unpins every key; -EINVAL (nothing changed) if any is not pinned enough times. */
+int kvt_primary_complete_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
+static inline int kvt_primary_complete_read(struct kvt_primary *p, const struct kvt_key *keys,
+                                            size_t n)
+{
+    return kvt_primary_complete_load(p, keys, n);
+}
+/* Promotions allocate and complete exactly like GPU stores. */
+static inline int kvt_primary_prepare_write(struct kvt_primary *p, const struct kvt_key *keys,
+                                            size_t n, struct kvt_store_output *out)
+{
+    return kvt_primary_prepare_store(p, keys, n, out);
+}
+static inline int kvt_primary_complete_write(struct kvt_primary *p, const struct kvt_key *keys,
+                                             size_t n, bool success)
+{
+    return kvt_primary_complete_store(p, keys, n, success);
+}
+
+void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
+/* Simple-form policies (the spec's "semantics to match") take no request-scoped
+ * access at finish; kept so the manager's call sequence matches the seed. */
+void kvt_primary_on_request_finished(struct kvt_primary *p, const struct kvt_req_ctx *ctx);
+/* Clears everything (policy, ghosts, counters, slots); no per-key events. */
+void kvt_primary_reset_cache(struct kvt_primary *p);
+/* Moves the pending events to out (empty unless enable_events). */
+int kvt_primary_take_events(struct kvt_primary *p, struct kvt_events *out);
+/* Usage gauges and the allocation-size histogram (spec §2.2). Never empty. */
+int kvt_primary_get_stats(struct kvt_primary *p, struct kvt_stats *out);
+
+/* Geometry and memory. */
+size_t kvt_primary_num_chunks(const struct kvt_primary *p);
+size_t kvt_primary_row_bytes(const struct kvt_primary *p);
+uint8_t *kvt_primary_base(const struct kvt_primary *p); /* NULL when row_bytes == 0 */
+struct kvt_region *kvt_primary_region(const struct kvt_primary *p);
+
+/* Counters. */
+size_t kvt_primary_num_evictable(const struct kvt_primary *p);
+size_t kvt_primary_num_write_pending(const struct kvt_primary *p);
+size_t kvt_primary_num_free(const struct kvt_primary *p);
+size_t kvt_primary_num_entries(const struct kvt_primary *p);
+/* Bytes of index and policy memory (benchmarks). */
+size_t kvt_primary_index_bytes(const struct kvt_primary *p);
+
+struct kvt_primary_entry_info {
+    int64_t slot;
+    int32_t ref_cnt;
+    uint32_t generation;
+    uint64_t checksum;
+    bool has_checksum;
+};
+/* -ENOENT when absent. */
+int kvt_primary_entry_info(const struct kvt_primary *p, const struct kvt_key *key,
+                           struct kvt_primary_entry_info *info_p);
+/* Stores the checksum of a present entry (promotions that verified their bytes). */
+int kvt_primary_set_checksum(struct kvt_primary *p, const struct kvt_key *key, uint64_t sum);
+
+/* Policy order, for tests and tools. LRU: which 0 = all entries LRU -> MRU.
+ * ARC: which 0..3 = T1, T2, B1, B2, each LRU -> MRU. Returns the count written
+ * (at most max). */
+size_t kvt_primary_policy_list(const struct kvt_primary *p, int which, struct kvt_key *out,
+                               size_t max);
+/* ARC's target_t1_size (0 for LRU). */
+double kvt_primary_arc_target(const struct kvt_primary *p);
+
+/* Walks every entry (tests' recount of the invariants). */
+typedef void (*kvt_primary_entry_cb)(void *arg, const struct kvt_key *key,
+                                     const struct kvt_primary_entry_info *info);
+void kvt_primary_for_each(const struct kvt_primary *p, kvt_primary_entry_cb cb, void *arg);
+
+#endif

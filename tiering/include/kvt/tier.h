@@ -1,0 +1,157 @@
+/* The secondary-tier contract (spec §4.1, vLLM's SecondaryTierManager) as an ops
+ * table, and the parent handle tiers use to act for remote requesters.
+ *
+ * Every call happens on the scheduler thread and must not block (drain_jobs and
+ * shutdown excepted). Tier back ends talk to the scheduler only through queues
+ * drained in get_finished_jobs(), lookup() and on_schedule_end().
+ *
+ * Jobs: every job handed to submit_store/submit_load, or created through the
+ * parent's create_store_job, must be reported exactly once through
+ * get_finished_jobs (success or failure). The job stays valid and unchanged until
+ * then; the tier must not keep it after reporting it.
+ *
+ * A tier that caches positive lookup verdicts must invalidate them when one of its
+ * own loads fails (seed livelock rule, #49176). */
+#ifndef KVT_TIER_H
+#define KVT_TIER_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdbool.h>
+
+#include "kvt/types.h"
+#include "kvt/stats.h"
+
+struct kvt_tier;
+struct kvt_parent;
+struct kvt_bp;
+
+typedef void (*kvt_job_result_cb_t)(void *arg, const struct kvt_job_result *result);
+
+struct kvt_tier_ops {
+    /* Required. */
+    enum kvt_lookup_result (*lookup)(struct kvt_tier *t, const struct kvt_key *key,
+                                     struct kvt_req_ctx *ctx); /* HIT, MISS or RETRY */
+    void (*submit_store)(struct kvt_tier *t, const struct kvt_job *job);
+    void (*submit_load)(struct kvt_tier *t, const struct kvt_job *job);
+    /* Calls cb once per finished job, then forgets those jobs. */
+    void (*get_finished_jobs)(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg);
+    /* Blocks until every submitted job is complete or failed (never aborts a copy). */
+    int (*drain_jobs)(struct kvt_tier *t);
+    /* Optional (defaults in the wrappers below). */
+    enum kvt_offload_policy (*on_new_request)(struct kvt_tier *t, struct kvt_req_ctx *ctx);
+    void (*on_request_finished)(struct kvt_tier *t, struct kvt_req_ctx *ctx);
+    bool (*has_pending_work)(struct kvt_tier *t);
+    int (*take_events)(struct kvt_tier *t, struct kvt_events *out);
+    void (*touch)(struct kvt_tier *t, const struct kvt_key *keys, size_t n,
+                  struct kvt_req_ctx *ctx);
+    void (*serve_external_requests)(struct kvt_tier *t, struct kvt_parent *parent);
+    void (*on_schedule_end)(struct kvt_tier *t, const struct kvt_schedule_end_ctx *ctx);
+    int (*get_stats)(struct kvt_tier *t, struct kvt_stats *out); /* return-and-reset */
+    int (*shutdown)(struct kvt_tier *t); /* release threads and connections */
+    void (*destroy)(struct kvt_tier *t); /* free; after shutdown */
+};
+
+#define KVT_TIER_TYPE_MAX 32
+
+/* Embedded as the first member of every tier. The manager fills index, row_bytes,
+ * primary_base and num_chunks when it adopts the tier. */
+struct kvt_tier {
+    const struct kvt_tier_ops *ops;
+    char type[KVT_TIER_TYPE_MAX]; /* config "type": "example", "storage", "network" */
+    int medium;                   /* enum kvt_medium or KVT_ANY */
+    int locality;                 /* enum kvt_locality or KVT_ANY */
+    struct kvt_bp *bp;            /* back-pressure detector (owned), or NULL */
+    int index;                    /* tier_idx in the manager */
+    size_t row_bytes;             /* block_size_bytes: one primary row */
+    uint8_t *primary_base;        /* the primary view: chunk c at base + c*row_bytes */
+    size_t num_chunks;
+};
+
+/* Initialises the common part; type is copied (truncated to 31 bytes). */
+void kvt_tier_init(struct kvt_tier *t, const struct kvt_tier_ops *ops, const char *type,
+                   int medium, int locality);
+
+static inline enum kvt_lookup_result kvt_tier_lookup(struct kvt_tier *t,
+                                                     const struct kvt_key *key,
+                                                     struct kvt_req_ctx *ctx)
+{
+    return t->ops->lookup(t, key, ctx);
+}
+static inline void kvt_tier_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+{
+    t->ops->submit_store(t, job);
+}
+static inline void kvt_tier_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+{
+    t->ops->submit_load(t, job);
+}
+static inline void kvt_tier_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb,
+                                              void *arg)
+{
+    t->ops->get_finished_jobs(t, cb, arg);
+}
+static inline int kvt_tier_drain_jobs(struct kvt_tier *t)
+{
+    return t->ops->drain_jobs ? t->ops->drain_jobs(t) : -EOPNOTSUPP;
+}
+static inline enum kvt_offload_policy kvt_tier_on_new_request(struct kvt_tier *t,
+                                                              struct kvt_req_ctx *ctx)
+{
+    return t->ops->on_new_request ? t->ops->on_new_request(t, ctx) : KVT_CHUNK_LEVEL;
+}
+static inline void kvt_tier_on_request_finished(struct kvt_tier *t, struct kvt_req_ctx *ctx)
+{
+    if (t->ops->on_request_finished)
+        t->ops->on_request_finished(t, ctx);
+}
+static inline bool kvt_tier_has_pending_work(struct kvt_tier *t)
+{
+    return t->ops->has_pending_work ? t->ops->has_pending_work(t) : false;
+}
+static inline int kvt_tier_take_events(struct kvt_tier *t, struct kvt_events *out)
+{
+    return t->ops->take_events ? t->ops->take_events(t, out) : 0;
+}
+static inline void kvt_tier_touch(struct kvt_tier *t, const struct kvt_key *keys, size_t n,
+                                  struct kvt_req_ctx *ctx)
+{
+    if (t->ops->touch)
+        t->ops->touch(t, keys, n, ctx);
+}
+static inline void kvt_tier_serve_external_requests(struct kvt_tier *t, struct kvt_parent *p)
+{
+    if (t->ops->serve_external_requests)
+        t->ops->serve_external_requests(t, p);
+}
+static inline void kvt_tier_on_schedule_end(struct kvt_tier *t,
+                                            const struct kvt_schedule_end_ctx *ctx)
+{
+    if (t->ops->on_schedule_end)
+        t->ops->on_schedule_end(t, ctx);
+}
+static inline int kvt_tier_get_stats(struct kvt_tier *t, struct kvt_stats *out)
+{
+    return t->ops->get_stats ? t->ops->get_stats(t, out) : 0;
+}
+static inline int kvt_tier_shutdown(struct kvt_tier *t)
+{
+    return t->ops->shutdown ? t->ops->shutdown(t) : 0;
+}
+/* Frees the tier and its detector. */
+void kvt_tier_destroy(struct kvt_tier *t);
+
+/* ParentManager (spec §1.9): valid only during serve_external_requests. Every call
+ * excludes the calling tier. Per remote request: on_new_request, lookup per key,
+ * create_store_job for the hits (pins them; the tier owns and reports the job),
+ * on_request_finished (always, even when nothing was found). */
+int kvt_parent_on_new_request(struct kvt_parent *p, struct kvt_req_ctx *ctx,
+                              enum kvt_offload_policy *policy_p);
+enum kvt_lookup_result kvt_parent_lookup(struct kvt_parent *p, const struct kvt_key *key,
+                                         struct kvt_req_ctx *ctx);
+/* -EINVAL (nothing pinned) unless every key is present and ready in the primary. */
+int kvt_parent_create_store_job(struct kvt_parent *p, const struct kvt_key *keys, size_t n,
+                                struct kvt_req_ctx *ctx, const struct kvt_job **job_p);
+int kvt_parent_on_request_finished(struct kvt_parent *p, struct kvt_req_ctx *ctx);
+
+#endif
