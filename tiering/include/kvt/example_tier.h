@@ -33,7 +33,7 @@ typedef void (*kvt_example_call_cb)(void *arg, struct kvt_tier *t, enum kvt_exam
 
 struct kvt_example_tier_config {
     const char *type;        /* default "example" */
-    int medium, locality;    /* default KVT_ANY */
+    int medium, locality;    /* a zeroed config: CPU, LOCAL; NULL config: CPU, any */
     bool hold_jobs;          /* keep results until kvt_example_tier_release() */
     unsigned delay_polls;    /* report a job after this many get_finished_jobs calls */
     double fail_rate;        /* probability that a job (or a promoted key) fails */

@@ -1,0 +1,113 @@
+/* The storage tier: a secondary tier that keeps chunks in files on a local disk, when
+ * memory is full and across restarts (spec §4.5, vLLM's fs tier, plus what it lacks:
+ * a capacity bound with LRU eviction, an in-memory index, checksums, warm restart).
+ *
+ * Layout under cfg.root:
+ *   <root>/<64 hex of the namespace fingerprint>/LOCK          flock: one tier per folder
+ *   <root>/<ns hex>/<2 hex shard>/<key hex>.kvc                one chunk per file
+ *   <root>/<ns hex>/<2 hex shard>/<key hex>.tmp                being written (removed at start)
+ * Each file: a 4096-byte header block (magic, version, key, row length, namespace,
+ * XXH3-64 of the payload, XXH3-64 of the whole block) then the row.
+ *
+ * Lookups are answered synchronously from the in-memory index (HIT/MISS, never RETRY):
+ * the tier needs no async lookup helper. A key counts as present only once its file is
+ * published (renamed into place). */
+#ifndef KVT_STORAGE_TIER_H
+#define KVT_STORAGE_TIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "kvt/tier.h"
+
+struct kvt_bp_config;
+
+#define KVT_STORAGE_NS_BYTES 32
+
+/* How chunk files are read and written. AUTO probes O_DIRECT once at create and uses it
+ * when the file system takes it and rows are multiples of 4096 bytes at 4096-aligned
+ * addresses; buffered I/O otherwise. DIRECT fails create when the probe fails. */
+enum kvt_storage_io {
+    KVT_STORAGE_IO_AUTO = 0,
+    KVT_STORAGE_IO_BUFFERED = 1,
+    KVT_STORAGE_IO_DIRECT = 2,
+};
+
+struct kvt_storage_tier_config {
+    const char *root;                           /* required; created if missing */
+    uint8_t namespace_id[KVT_STORAGE_NS_BYTES]; /* fingerprint of what makes bytes meaningful */
+    uint64_t capacity_bytes;  /* bound on file bytes (header + row per chunk); 0 = none */
+    unsigned n_read_threads;  /* 0 = 4 */
+    unsigned n_write_threads; /* 0 = 2 */
+    unsigned scan_threads;    /* warm restart; 0 = 4 */
+    int locality;             /* enum kvt_locality; a zeroed config is LOCAL */
+    enum kvt_storage_io io;
+    bool fsync;           /* fsync each file (and its folder) before it counts as stored */
+    bool enable_events;   /* stored/removed events (medium STORAGE) */
+    bool no_backpressure; /* no detector (default: one with the LOCAL or NETWORK watermarks) */
+    const struct kvt_bp_config *bp; /* NULL = kvt_bp_default_config(type, locality) */
+    const char *type;               /* default "storage" */
+};
+
+/* Creates the folders, takes the folder lock, probes O_DIRECT, rebuilds the index from
+ * the headers (temporary files and files with bad headers are deleted) and starts the
+ * I/O threads. -EINVAL for a bad config, the negative errno when the root or the
+ * namespace folder cannot be created or written (a configuration error, logged with the
+ * path), -EBUSY when another tier holds the folder. */
+int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kvt_tier **tier_p);
+
+/* Stat names (label "<index+1>:<type>"); counters are return-and-reset, gauges re-emitted. */
+#define KVT_M_STORAGE_STORED_CHUNKS  "kvtier_storage_stored_chunks"     /* counter */
+#define KVT_M_STORAGE_SKIPPED_CHUNKS "kvtier_storage_skipped_chunks"    /* already present */
+#define KVT_M_STORAGE_LOADED_CHUNKS  "kvtier_storage_loaded_chunks"     /* counter */
+#define KVT_M_STORAGE_EVICTIONS      "kvtier_storage_evictions"         /* counter */
+#define KVT_M_STORAGE_CHECKSUM_FAIL  "kvtier_storage_checksum_failures" /* bad header/payload */
+#define KVT_M_STORAGE_ERRORS         "kvtier_storage_tier_errors"       /* every failed chunk */
+#define KVT_M_STORAGE_ENOSPC         "kvtier_storage_enospc_errors"     /* subset of errors */
+#define KVT_M_STORAGE_EIO            "kvtier_storage_eio_errors"        /* subset of errors */
+#define KVT_M_STORAGE_NO_SPACE       "kvtier_storage_capacity_drops"    /* no evictable room */
+#define KVT_M_STORAGE_USED_BYTES     "kvtier_storage_used_bytes"        /* gauge */
+#define KVT_M_STORAGE_CAPACITY_BYTES "kvtier_storage_capacity_bytes"    /* gauge (0 = none) */
+#define KVT_M_STORAGE_FILES          "kvtier_storage_files"             /* gauge */
+
+/* Introspection (scheduler thread). */
+struct kvt_storage_restart_info {
+    size_t files_found;   /* valid chunk files indexed */
+    size_t tmp_removed;   /* leftover temporary files deleted */
+    size_t bad_removed;   /* files with bad headers (or foreign names) deleted */
+    size_t evicted;       /* over capacity at start, evicted */
+    uint64_t bytes_found; /* file bytes indexed */
+    double seconds;       /* time to rebuild the index */
+};
+void kvt_storage_tier_restart_info(struct kvt_tier *t, struct kvt_storage_restart_info *info_p);
+
+struct kvt_storage_tier_info {
+    size_t num_keys;     /* published */
+    size_t num_writing;  /* stores admitted, not yet published */
+    size_t num_doomed;   /* evicted or failed, file being removed */
+    uint64_t used_bytes; /* published + reserved */
+    uint64_t capacity_bytes;
+    bool direct_io;        /* O_DIRECT in use for the current row size */
+    size_t num_unreported; /* jobs submitted and not yet reported */
+};
+void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *info_p);
+/* True when key is indexed and published. */
+bool kvt_storage_tier_has(struct kvt_tier *t, const struct kvt_key *key);
+/* Path of key's chunk file; -ENAMETOOLONG if it does not fit in len bytes. */
+int kvt_storage_tier_path(struct kvt_tier *t, const struct kvt_key *key, char *buf, size_t len);
+/* The namespace folder. */
+const char *kvt_storage_tier_dir(struct kvt_tier *t);
+
+/* Test hooks. Fault injection: the next n chunk writes (KVT_STORAGE_FAULT_WRITE) or
+ * reads (_READ) fail with err (a positive errno) before touching the disk. */
+enum kvt_storage_fault { KVT_STORAGE_FAULT_WRITE = 0, KVT_STORAGE_FAULT_READ = 1 };
+void kvt_storage_tier_inject_fault(struct kvt_tier *t, enum kvt_storage_fault op, int err,
+                                   unsigned n);
+/* While paused, I/O threads take no new task (running ones finish). */
+void kvt_storage_tier_pause(struct kvt_tier *t, bool paused);
+/* Blocks until every queued or running task (jobs and file removals) is done; the
+ * results stay queued for get_finished_jobs. */
+void kvt_storage_tier_wait_idle(struct kvt_tier *t);
+
+#endif

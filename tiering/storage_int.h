@@ -1,0 +1,186 @@
+/* Private parts of the storage tier shared by storage_tier.c (the scheduler-thread
+ * front end: index, LRU, capacity, completions, stats) and storage_io.c (file format,
+ * I/O thread pool, warm-restart scan).
+ *
+ * Threads and what they touch:
+ * - scheduler thread: everything under "scheduler only" below, without a lock.
+ * - I/O threads: the queues, counters and done list under pool.mu; the items of the
+ *   task they run (key, chunk, err), the primary rows named by those items, the disk.
+ *   They never see st_entry, the map or the manager. */
+#ifndef KVT_STORAGE_INT_H
+#define KVT_STORAGE_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "kvt/list.h"
+#include "kvt/map.h"
+#include "kvt/storage_tier.h"
+#include "kvt/types.h"
+
+#define ST_BLOCK       4096u       /* header block; payload offset; O_DIRECT alignment */
+#define ST_MAGIC       0x5354564bu /* "KVTS" little-endian */
+#define ST_VERSION     1u
+#define ST_NAME_MAX    (3 + 2 * KVT_KEY_MAX + 4 + 1) /* "ab/<hex>.kvc" */
+#define ST_BUCKETS     32
+#define ST_SCAN_SHARDS 256
+
+/* Header field offsets (little-endian on disk). */
+#define ST_OFF_MAGIC   0
+#define ST_OFF_VERSION 4
+#define ST_OFF_KEYLEN  6
+#define ST_OFF_PAYLOAD 8
+#define ST_OFF_FLAGS   12
+#define ST_OFF_ROWLEN  16
+#define ST_OFF_NS      24
+#define ST_OFF_KEY     56
+#define ST_OFF_SUM     120
+#define ST_OFF_HDRSUM  128
+
+/* Errors the I/O threads report per chunk besides errnos. */
+#define ST_ERR_CORRUPT EBADMSG /* bad header or checksum, truncated file */
+
+enum st_state { ST_WRITING, ST_PUBLISHED, ST_DOOMED };
+
+/* One indexed key (scheduler only). WRITING: a store is admitted, its bytes reserved;
+ * PUBLISHED: on disk, in the LRU list, lookups HIT; DOOMED: evicted or failed, waiting
+ * for its file removal (unlink_pending) and its readers (pins) before it leaves the
+ * map. While a key has an entry no second store of it is admitted. */
+struct st_entry {
+    struct kvt_key key;
+    uint64_t bytes;    /* file bytes charged to capacity */
+    uint64_t mtime_ns; /* restart ordering */
+    int32_t pins;      /* running loads reading the file */
+    uint8_t state;
+    bool unlink_pending;
+    struct kvt_list lru; /* PUBLISHED only; head = least recently used */
+};
+
+enum st_kind { ST_STORE, ST_LOAD, ST_UNLINK };
+
+/* One chunk of a job. key/chunk are read by I/O threads, err written by them;
+ * e is the scheduler's. */
+struct st_item {
+    struct kvt_key key;
+    int64_t chunk;
+    struct st_entry *e; /* NULL: failed at submit (err set) */
+    int err;            /* 0 or a positive errno / ST_ERR_CORRUPT */
+};
+
+/* A submitted job (or an internal file-removal batch), split into tasks. */
+struct st_job {
+    struct kvt_list link;      /* pool.done */
+    const struct kvt_job *job; /* NULL for ST_UNLINK */
+    enum st_kind kind;
+    bool direct;
+    size_t n_items, cap_items;
+    struct st_item *items;
+    struct st_task *tasks;
+    unsigned tasks_left;       /* pool.mu */
+    uint64_t start_ns, end_ns; /* pool.mu */
+    size_t n_dropped;          /* stores: keys refused for capacity at submit */
+    size_t n_skipped;          /* stores: keys already indexed */
+};
+
+struct st_task {
+    struct kvt_list fifo, bucket;
+    struct st_job *sj;
+    size_t begin, end;
+    unsigned bucket_idx;
+};
+
+/* Bucket queue: FCFS list plus 32 log2(bytes) buckets (shortest job first). */
+struct st_queue {
+    struct kvt_list fifo;
+    struct kvt_list buckets[ST_BUCKETS];
+    uint32_t mask;
+    size_t n;
+    bool sjf_next; /* loads alternate FCFS and SJF ("ping-pong") */
+};
+
+struct st_tier;
+
+struct st_thread {
+    pthread_t tid;
+    struct st_tier *s;
+    bool reader;  /* read threads prefer loads, then removals, then stores */
+    uint8_t *mem; /* ST_BLOCK header buffer, aligned, inside mem */
+    uint8_t *hdr;
+    bool started;
+};
+
+struct st_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv; /* a task was queued, paused cleared, or stopping */
+    pthread_cond_t idle_cv; /* inflight reached 0 */
+    struct st_queue loads, stores, unlinks;
+    struct kvt_list done; /* finished st_jobs for get_finished_jobs */
+    size_t inflight;      /* tasks queued or running */
+    bool paused, stopping;
+    struct st_thread *threads;
+    unsigned n_threads;
+};
+
+struct st_counters {
+    uint64_t stored, skipped, loaded, evictions, checksum_fail, errors, enospc, eio, capacity_drops;
+};
+
+struct st_tier {
+    struct kvt_tier base;
+    /* Fixed after create (read by I/O threads). */
+    char *root;
+    char *dir; /* namespace folder */
+    int dir_fd, lock_fd;
+    uint8_t ns[KVT_STORAGE_NS_BYTES];
+    bool fsync;
+    bool direct_ok; /* O_DIRECT probe passed */
+    bool enable_events;
+    unsigned n_read, n_write, n_scan;
+    int fault_n[2], fault_err[2]; /* atomics */
+    struct st_pool pool;
+    /* Scheduler only. */
+    struct kvt_map index; /* key -> st_entry */
+    struct kvt_list lru;
+    uint64_t capacity, used;
+    size_t n_published, n_writing, n_doomed;
+    size_t n_unreported;
+    bool shut_down;
+    struct st_job *pending_unlinks; /* evictions of the current call, not yet queued */
+    struct st_counters c;
+    struct kvt_events events;
+    struct kvt_storage_restart_info restart;
+    char label[KVT_STAT_LABEL_MAX];
+};
+
+/* storage_io.c */
+size_t kvt__st_name(const struct kvt_key *key, const char *ext, char *buf);
+uint64_t kvt__st_file_bytes(uint64_t row_len);
+void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
+                        uint64_t row_len, uint64_t payload_sum);
+/* 0 or ST_ERR_CORRUPT; fills key_p and row_len_p. */
+int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, uint64_t *row_len_p);
+/* Probes O_DIRECT in dir_fd: 1 supported, 0 not, negative errno if the folder is not
+ * writable at all. */
+int kvt__st_probe_direct(int dir_fd);
+
+int kvt__st_pool_start(struct st_tier *s);
+/* Cancels queued tasks (their items fail with ECANCELED), joins the threads. */
+void kvt__st_pool_stop(struct st_tier *s);
+void kvt__st_pool_cleanup(struct st_tier *s);
+/* Queues a job (split into tasks) or, with no items, posts it as done. */
+void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj);
+/* Moves every finished job to out (a list of st_job.link). */
+void kvt__st_pool_take_done(struct st_tier *s, struct kvt_list *out);
+void kvt__st_pool_wait_idle(struct st_tier *s);
+void kvt__st_pool_pause(struct st_tier *s, bool paused);
+
+/* Warm-restart scan result. */
+struct st_found {
+    struct kvt_key key;
+    uint64_t bytes, mtime_ns;
+};
+int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p);
+
+#endif

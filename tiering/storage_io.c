@@ -1,0 +1,758 @@
+/* The storage tier's back end: the chunk file format, the I/O thread pool and the
+ * warm-restart scan (the front end, with the index, is storage_tier.c).
+ *
+ * File format (little-endian), one chunk per file "<shard>/<key hex>.kvc":
+ *   0 magic "KVTS" | 4 version u16 | 6 key length u16 | 8 payload offset u32 (4096)
+ *   12 flags u32 (0) | 16 row length u64 | 24 namespace [32] | 56 key [64, zero padded]
+ *   120 XXH3-64 of the payload | 128 XXH3-64 of the whole 4096-byte block with this
+ *   field zeroed | zeros up to 4096 | the row.
+ * The header checksum covers the padding too, so a flipped bit anywhere in the file is
+ * caught: in the block by the header sum, in the row by the payload sum. The payload
+ * starts at 4096 so that the same file can be written and read with O_DIRECT (header
+ * block from an aligned buffer, row straight from/into the primary slot, one
+ * pwritev/preadv) or buffered.
+ *
+ * Publishing: write "<key hex>.tmp", optionally fdatasync, rename to ".kvc" (atomic),
+ * optionally fsync the folder. A crash leaves at most a .tmp file, removed at start;
+ * a torn .kvc (power loss without fsync) fails its checksums and is deleted on read.
+ * One tier per namespace folder (flock in the front end), so the names need no
+ * per-writer suffix: a store of a key runs only while the index says WRITING.
+ *
+ * Thread pool (vLLM's DualQueueThreadPool shape): n read and m write threads, one
+ * mutex, one condition variable for work and one for idleness. A job is split into
+ * tasks: loads evenly over the read threads; stores into one task when the tier is
+ * LOCAL (concurrent SSD writes stall reads on the same die) and over the write threads
+ * when REMOTE. Queues: loads alternate FCFS and shortest-job-first, stores are
+ * shortest-job-first (32 log2-byte buckets, FCFS inside), file removals FCFS. Read
+ * threads take loads, then removals, then stores; write threads removals, then stores.
+ * Finished jobs go to a done list that only the scheduler thread drains. io_uring is
+ * not used: the pool is the portable path and reaches the device's bandwidth here. */
+#include <assert.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kvt/alloc.h"
+#include "kvt/clock.h"
+#include "kvt/common.h"
+#include "kvt/hash.h"
+#include "kvt/log.h"
+#include "storage_int.h"
+
+#define MOD "storage"
+
+/* ---- names and format ------------------------------------------------------------ */
+
+size_t kvt__st_name(const struct kvt_key *key, const char *ext, char *buf)
+{
+    static const char hex[] = "0123456789abcdef";
+    unsigned shard = (unsigned)(kvt_key_hash(key) >> 56);
+    size_t n = 0, elen = strlen(ext);
+    buf[n++] = hex[shard >> 4];
+    buf[n++] = hex[shard & 15];
+    buf[n++] = '/';
+    kvt_key_to_hex(key, buf + n);
+    n += 2u * key->len;
+    memcpy(buf + n, ext, elen + 1);
+    return n + elen;
+}
+
+uint64_t kvt__st_file_bytes(uint64_t row_len)
+{
+    return ST_BLOCK + ((row_len + ST_BLOCK - 1) / ST_BLOCK) * ST_BLOCK;
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | p[1] << 8);
+}
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
+                        uint64_t row_len, uint64_t payload_sum)
+{
+    memset(blk, 0, ST_BLOCK);
+    put32(blk + ST_OFF_MAGIC, ST_MAGIC);
+    put16(blk + ST_OFF_VERSION, ST_VERSION);
+    put16(blk + ST_OFF_KEYLEN, key->len);
+    put32(blk + ST_OFF_PAYLOAD, ST_BLOCK);
+    put32(blk + ST_OFF_FLAGS, 0);
+    put64(blk + ST_OFF_ROWLEN, row_len);
+    memcpy(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES);
+    memcpy(blk + ST_OFF_KEY, key->bytes, key->len);
+    put64(blk + ST_OFF_SUM, payload_sum);
+    put64(blk + ST_OFF_HDRSUM, kvt_hash64(blk, ST_BLOCK));
+}
+
+int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, uint64_t *row_len_p)
+{
+    uint64_t sum = get64(blk + ST_OFF_HDRSUM);
+    unsigned klen;
+    put64(blk + ST_OFF_HDRSUM, 0);
+    if (kvt_hash64(blk, ST_BLOCK) != sum)
+        return ST_ERR_CORRUPT;
+    put64(blk + ST_OFF_HDRSUM, sum);
+    klen = get16(blk + ST_OFF_KEYLEN);
+    if (get32(blk + ST_OFF_MAGIC) != ST_MAGIC || get16(blk + ST_OFF_VERSION) != ST_VERSION ||
+        get32(blk + ST_OFF_PAYLOAD) != ST_BLOCK || get32(blk + ST_OFF_FLAGS) != 0 || klen < 1 ||
+        klen > KVT_KEY_MAX || memcmp(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES) != 0)
+        return ST_ERR_CORRUPT;
+    key_p->len = (uint8_t)klen;
+    memcpy(key_p->bytes, blk + ST_OFF_KEY, klen);
+    *row_len_p = get64(blk + ST_OFF_ROWLEN);
+    return 0;
+}
+
+int kvt__st_probe_direct(int dir_fd)
+{
+    static const char name[] = ".probe";
+    void *buf = NULL;
+    int fd, rc = 1;
+    fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    if (fd >= 0 && posix_memalign(&buf, ST_BLOCK, ST_BLOCK) == 0) {
+        memset(buf, 0, ST_BLOCK);
+        if (pwrite(fd, buf, ST_BLOCK, 0) != (ssize_t)ST_BLOCK)
+            rc = errno == EINVAL ? 0 : -errno;
+    } else if (fd >= 0) {
+        rc = -ENOMEM;
+    } else {
+        rc = errno == EINVAL ? 0 : -errno;
+    }
+    free(buf); /* posix_memalign's own memory: no kvt_ aligned allocator exists */
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0) {
+        /* No O_DIRECT: the folder must still take a buffered write. */
+        fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0 || write(fd, "k", 1) != 1)
+            rc = -errno;
+        if (fd >= 0)
+            close(fd);
+    }
+    unlinkat(dir_fd, name, 0);
+    return rc;
+}
+
+/* ---- chunk I/O (I/O threads) ------------------------------------------------------ */
+
+static int take_fault(struct st_tier *s, int op)
+{
+    int n = __atomic_load_n(&s->fault_n[op], __ATOMIC_ACQUIRE);
+    while (n > 0) {
+        if (__atomic_compare_exchange_n(&s->fault_n[op], &n, n - 1, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return __atomic_load_n(&s->fault_err[op], __ATOMIC_RELAXED);
+    }
+    return 0;
+}
+
+/* Full pwritev/preadv of iov at off; *done_p < total only at end of file. */
+static int full_io(int fd, bool wr, struct iovec *iov, int cnt, size_t *done_p)
+{
+    size_t done = 0;
+    while (cnt > 0) {
+        ssize_t n = wr ? pwritev(fd, iov, cnt, (off_t)done) : preadv(fd, iov, cnt, (off_t)done);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        if (n == 0) {
+            if (wr)
+                return EIO;
+            break;
+        }
+        done += (size_t)n;
+        while (cnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    *done_p = done;
+    return 0;
+}
+
+static int fsync_shard(struct st_tier *s, const char *name)
+{
+    char shard[3] = {name[0], name[1], '\0'};
+    int fd = openat(s->dir_fd, shard, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
+    if (fd < 0)
+        return errno;
+    if (fsync(fd) != 0)
+        err = errno;
+    close(fd);
+    return err;
+}
+
+static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
+                       bool direct)
+{
+    size_t row = s->base.row_bytes;
+    uint8_t *src = s->base.primary_base + (size_t)it->chunk * row;
+    char tmp[ST_NAME_MAX], fin[ST_NAME_MAX];
+    int err = take_fault(s, KVT_STORAGE_FAULT_WRITE);
+    if (err != 0)
+        return err;
+    kvt__st_name(&it->key, ".tmp", tmp);
+    kvt__st_name(&it->key, ".kvc", fin);
+    kvt__st_hdr_encode(th->hdr, s->ns, &it->key, row, kvt_hash64(src, row));
+    for (;;) {
+        int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
+        struct iovec iov[2] = {{th->hdr, ST_BLOCK}, {src, row}};
+        size_t done = 0;
+        int fd = openat(s->dir_fd, tmp, flags, 0644);
+        if (fd < 0) {
+            err = errno;
+        } else {
+            err = full_io(fd, true, iov, 2, &done);
+            if (err == 0 && s->fsync && fdatasync(fd) != 0)
+                err = errno;
+            if (close(fd) != 0 && err == 0)
+                err = errno;
+        }
+        if (err == EINVAL && direct) {
+            direct = false; /* this file system refuses O_DIRECT after all */
+            continue;
+        }
+        break;
+    }
+    if (err == 0 && renameat(s->dir_fd, tmp, s->dir_fd, fin) != 0)
+        err = errno;
+    if (err == 0 && s->fsync)
+        err = fsync_shard(s, fin);
+    if (err != 0)
+        unlinkat(s->dir_fd, tmp, 0);
+    return err;
+}
+
+static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
+                      bool direct)
+{
+    size_t row = s->base.row_bytes;
+    uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
+    char fin[ST_NAME_MAX];
+    struct kvt_key key;
+    uint64_t row_len = 0;
+    int err;
+    kvt__st_name(&it->key, ".kvc", fin);
+    err = take_fault(s, KVT_STORAGE_FAULT_READ);
+    while (err == 0) {
+        struct iovec iov[2] = {{th->hdr, ST_BLOCK}, {dst, row}};
+        size_t done = 0;
+        int fd = openat(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+        if (fd < 0) {
+            err = errno;
+        } else {
+            err = full_io(fd, false, iov, 2, &done);
+            close(fd);
+            if (err == 0 && done != ST_BLOCK + row)
+                err = ST_ERR_CORRUPT; /* truncated */
+        }
+        if (err == EINVAL && direct) {
+            direct = false;
+            err = 0;
+            continue;
+        }
+        break;
+    }
+    if (err == 0)
+        err = kvt__st_hdr_decode(th->hdr, s->ns, &key, &row_len);
+    if (err == 0 && (!kvt_key_eq(&key, &it->key) || row_len != row))
+        err = ST_ERR_CORRUPT;
+    if (err == 0 && kvt_hash64(dst, row) != get64(th->hdr + ST_OFF_SUM))
+        err = ST_ERR_CORRUPT;
+    /* A file that failed to load is never tried again: the index drops the key. */
+    if (err != 0 && err != ENOENT)
+        unlinkat(s->dir_fd, fin, 0);
+    return err;
+}
+
+static int unlink_chunk(struct st_tier *s, const struct st_item *it)
+{
+    char fin[ST_NAME_MAX];
+    kvt__st_name(&it->key, ".kvc", fin);
+    if (unlinkat(s->dir_fd, fin, 0) != 0 && errno != ENOENT)
+        return errno;
+    return 0;
+}
+
+/* ---- queues (pool.mu) ----------------------------------------------------------- */
+
+static void q_init(struct st_queue *q)
+{
+    memset(q, 0, sizeof(*q));
+    kvt_list_init(&q->fifo);
+    for (unsigned i = 0; i < ST_BUCKETS; i++)
+        kvt_list_init(&q->buckets[i]);
+}
+
+static unsigned bucket_of(uint64_t bytes)
+{
+    unsigned b = bytes > 1 ? 63u - (unsigned)__builtin_clzll(bytes) : 0;
+    return b >= ST_BUCKETS ? ST_BUCKETS - 1 : b;
+}
+
+static void q_push(struct st_queue *q, struct st_task *t, uint64_t bytes)
+{
+    t->bucket_idx = bucket_of(bytes);
+    kvt_list_add_tail(&q->fifo, &t->fifo);
+    kvt_list_add_tail(&q->buckets[t->bucket_idx], &t->bucket);
+    q->mask |= 1u << t->bucket_idx;
+    q->n++;
+}
+
+static struct st_task *q_pop(struct st_queue *q, bool sjf)
+{
+    struct st_task *t;
+    if (q->n == 0)
+        return NULL;
+    if (sjf)
+        t = kvt_list_entry(q->buckets[__builtin_ctz(q->mask)].next, struct st_task, bucket);
+    else
+        t = kvt_list_entry(q->fifo.next, struct st_task, fifo);
+    kvt_list_del(&t->fifo);
+    kvt_list_del(&t->bucket);
+    if (kvt_list_empty(&q->buckets[t->bucket_idx]))
+        q->mask &= ~(1u << t->bucket_idx);
+    q->n--;
+    return t;
+}
+
+static struct st_task *pick(struct st_pool *p, bool reader)
+{
+    struct st_task *t = NULL;
+    if (reader && p->loads.n > 0) {
+        bool sjf = p->loads.sjf_next;
+        p->loads.sjf_next = !sjf;
+        t = q_pop(&p->loads, sjf);
+    }
+    if (t == NULL)
+        t = q_pop(&p->unlinks, false);
+    if (t == NULL)
+        t = q_pop(&p->stores, true);
+    return t;
+}
+
+/* pool.mu held. */
+static void finish_task(struct st_pool *p, struct st_task *t)
+{
+    struct st_job *sj = t->sj;
+    assert(sj->tasks_left > 0 && p->inflight > 0);
+    if (--sj->tasks_left == 0) {
+        sj->end_ns = kvt_now_ns();
+        kvt_list_add_tail(&p->done, &sj->link);
+    }
+    if (--p->inflight == 0)
+        pthread_cond_broadcast(&p->idle_cv);
+}
+
+static void run_task(struct st_tier *s, struct st_thread *th, struct st_task *t)
+{
+    struct st_job *sj = t->sj;
+    for (size_t i = t->begin; i < t->end; i++) {
+        struct st_item *it = &sj->items[i];
+        switch (sj->kind) {
+        case ST_STORE:
+            it->err = write_chunk(s, th, it, sj->direct);
+            break;
+        case ST_LOAD:
+            it->err = read_chunk(s, th, it, sj->direct);
+            break;
+        case ST_UNLINK:
+            it->err = unlink_chunk(s, it);
+            break;
+        }
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct st_thread *th = arg;
+    struct st_tier *s = th->s;
+    struct st_pool *p = &s->pool;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        struct st_task *t = p->paused ? NULL : pick(p, th->reader);
+        if (t == NULL) {
+            if (p->stopping)
+                break;
+            pthread_cond_wait(&p->work_cv, &p->mu);
+            continue;
+        }
+        if (t->sj->start_ns == 0)
+            t->sj->start_ns = kvt_now_ns();
+        pthread_mutex_unlock(&p->mu);
+        run_task(s, th, t);
+        pthread_mutex_lock(&p->mu);
+        finish_task(p, t);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* ---- pool ------------------------------------------------------------------------- */
+
+int kvt__st_pool_start(struct st_tier *s)
+{
+    struct st_pool *p = &s->pool;
+    unsigned n = s->n_read + s->n_write;
+    p->threads = kvt_calloc(n, sizeof(*p->threads));
+    if (p->threads == NULL)
+        return -ENOMEM;
+    for (unsigned i = 0; i < n; i++) {
+        struct st_thread *th = &p->threads[i];
+        char name[16];
+        int rc;
+        th->s = s;
+        th->reader = i < s->n_read;
+        th->mem = kvt_malloc(2 * ST_BLOCK);
+        if (th->mem == NULL) {
+            kvt__st_pool_stop(s);
+            return -ENOMEM;
+        }
+        th->hdr = (uint8_t *)(((uintptr_t)th->mem + ST_BLOCK - 1) & ~(uintptr_t)(ST_BLOCK - 1));
+        rc = pthread_create(&th->tid, NULL, worker_main, th);
+        if (rc != 0) {
+            kvt_error(MOD, "cannot start I/O thread: %s", strerror(rc));
+            kvt__st_pool_stop(s);
+            return -rc;
+        }
+        th->started = true;
+        p->n_threads = i + 1;
+        snprintf(name, sizeof(name), "kvt-st-%c%u", th->reader ? 'r' : 'w',
+                 th->reader ? i : i - s->n_read);
+        pthread_setname_np(th->tid, name);
+    }
+    return 0;
+}
+
+void kvt__st_pool_stop(struct st_tier *s)
+{
+    struct st_pool *p = &s->pool;
+    struct st_queue *qs[3] = {&p->loads, &p->stores, &p->unlinks};
+    pthread_mutex_lock(&p->mu);
+    p->stopping = true;
+    p->paused = false;
+    /* Queued tasks are cancelled (reported failed); running ones finish. */
+    for (int q = 0; q < 3; q++) {
+        struct st_task *t;
+        while ((t = q_pop(qs[q], false)) != NULL) {
+            for (size_t i = t->begin; i < t->end; i++)
+                t->sj->items[i].err = ECANCELED;
+            finish_task(p, t);
+        }
+    }
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+    if (p->threads != NULL) {
+        for (unsigned i = 0; i < s->n_read + s->n_write; i++) {
+            if (p->threads[i].started)
+                pthread_join(p->threads[i].tid, NULL);
+            p->threads[i].started = false;
+        }
+    }
+}
+
+void kvt__st_pool_cleanup(struct st_tier *s)
+{
+    struct st_pool *p = &s->pool;
+    if (p->threads != NULL) {
+        for (unsigned i = 0; i < s->n_read + s->n_write; i++)
+            kvt_free(p->threads[i].mem);
+        kvt_free(p->threads);
+        p->threads = NULL;
+    }
+}
+
+void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj)
+{
+    struct st_pool *p = &s->pool;
+    size_t n = sj->n_items, k = 1;
+    struct st_queue *q;
+    if (sj->kind == ST_LOAD)
+        k = KVT_MIN(n, (size_t)s->n_read);
+    else if (sj->kind == ST_STORE && s->base.locality == KVT_REMOTE)
+        k = KVT_MIN(n, (size_t)s->n_write);
+    if (n > 0) {
+        sj->tasks = kvt_calloc(k, sizeof(*sj->tasks));
+        if (sj->tasks == NULL) {
+            kvt_error(MOD, "out of memory queueing a job: cannot keep the job contract");
+            abort();
+        }
+    }
+    q = sj->kind == ST_LOAD ? &p->loads : sj->kind == ST_STORE ? &p->stores : &p->unlinks;
+    pthread_mutex_lock(&p->mu);
+    if (n == 0 || p->stopping) {
+        for (size_t i = 0; i < n; i++)
+            sj->items[i].err = ECANCELED;
+        sj->start_ns = sj->end_ns = kvt_now_ns();
+        kvt_list_add_tail(&p->done, &sj->link);
+        pthread_mutex_unlock(&p->mu);
+        return;
+    }
+    /* divmod split, as vLLM's _batch_tasks: the first n % k tasks get one more. */
+    for (size_t i = 0, begin = 0; i < k; i++) {
+        struct st_task *t = &sj->tasks[i];
+        size_t len = n / k + (i < n % k ? 1 : 0);
+        t->sj = sj;
+        t->begin = begin;
+        t->end = begin + len;
+        begin += len;
+        q_push(q, t, (uint64_t)len * (s->base.row_bytes ? s->base.row_bytes : 1));
+    }
+    sj->tasks_left = (unsigned)k;
+    p->inflight += k;
+    if (k > 1)
+        pthread_cond_broadcast(&p->work_cv);
+    else
+        pthread_cond_signal(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvt__st_pool_take_done(struct st_tier *s, struct kvt_list *out)
+{
+    struct st_pool *p = &s->pool;
+    kvt_list_init(out);
+    pthread_mutex_lock(&p->mu);
+    if (!kvt_list_empty(&p->done)) {
+        out->next = p->done.next;
+        out->prev = p->done.prev;
+        out->next->prev = out;
+        out->prev->next = out;
+        kvt_list_init(&p->done);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvt__st_pool_wait_idle(struct st_tier *s)
+{
+    struct st_pool *p = &s->pool;
+    pthread_mutex_lock(&p->mu);
+    if (p->paused) {
+        p->paused = false;
+        pthread_cond_broadcast(&p->work_cv);
+    }
+    while (p->inflight > 0)
+        pthread_cond_wait(&p->idle_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvt__st_pool_pause(struct st_tier *s, bool paused)
+{
+    struct st_pool *p = &s->pool;
+    pthread_mutex_lock(&p->mu);
+    p->paused = paused;
+    if (!paused)
+        pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- warm-restart scan ------------------------------------------------------------ */
+
+struct scan {
+    struct st_tier *s;
+    unsigned next_shard; /* atomic */
+    pthread_mutex_t mu;
+    struct st_found *found;
+    size_t n, cap;
+    size_t tmp_removed, bad_removed;
+    int err;
+};
+
+struct scan_local {
+    struct st_found *found;
+    size_t n, cap;
+    size_t tmp_removed, bad_removed;
+    int err;
+};
+
+static bool ends_with(const char *name, size_t len, const char *ext)
+{
+    size_t el = strlen(ext);
+    return len > el && memcmp(name + len - el, ext, el) == 0;
+}
+
+/* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT for one to delete. */
+static int check_file(struct st_tier *s, int shard_fd, unsigned shard, const char *name, size_t len,
+                      struct st_found *f)
+{
+    char stem[2 * KVT_KEY_MAX + 1];
+    uint8_t blk[ST_BLOCK];
+    struct kvt_key key;
+    uint64_t row_len = 0;
+    struct stat st;
+    int fd, rc = ST_ERR_CORRUPT;
+    if (len - 4 > 2 * KVT_KEY_MAX)
+        return ST_ERR_CORRUPT;
+    memcpy(stem, name, len - 4);
+    stem[len - 4] = '\0';
+    if (kvt_key_from_hex(&f->key, stem) != 0 || (kvt_key_hash(&f->key) >> 56) != shard)
+        return ST_ERR_CORRUPT;
+    fd = openat(shard_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? ENOENT : ST_ERR_CORRUPT;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK &&
+        kvt__st_hdr_decode(blk, s->ns, &key, &row_len) == 0 && kvt_key_eq(&key, &f->key) &&
+        row_len > 0 && (uint64_t)st.st_size == ST_BLOCK + row_len) {
+        f->bytes = kvt__st_file_bytes(row_len);
+        f->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+        rc = 0;
+    }
+    close(fd);
+    return rc;
+}
+
+static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
+{
+    char dname[3];
+    int fd;
+    DIR *d;
+    struct dirent *de;
+    snprintf(dname, sizeof(dname), "%02x", shard);
+    fd = openat(s->dir_fd, dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        kvt_warn(MOD, "cannot open %s/%s: %s", s->dir, dname, strerror(errno));
+        return;
+    }
+    d = fdopendir(fd);
+    if (d == NULL) {
+        close(fd);
+        return;
+    }
+    while ((de = readdir(d)) != NULL) {
+        const char *name = de->d_name;
+        size_t len = strlen(name);
+        struct st_found f;
+        int rc;
+        if (name[0] == '.' || (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
+            continue;
+        if (ends_with(name, len, ".tmp")) {
+            if (unlinkat(fd, name, 0) == 0)
+                l->tmp_removed++;
+            continue;
+        }
+        if (!ends_with(name, len, ".kvc"))
+            continue; /* not ours: left alone */
+        rc = check_file(s, fd, shard, name, len, &f);
+        if (rc == ENOENT)
+            continue;
+        if (rc != 0) {
+            if (unlinkat(fd, name, 0) == 0)
+                l->bad_removed++;
+            continue;
+        }
+        if (l->n == l->cap) {
+            size_t cap = l->cap ? 2 * l->cap : 1024;
+            struct st_found *nf = kvt_reallocarray(l->found, cap, sizeof(*nf));
+            if (nf == NULL) {
+                l->err = -ENOMEM;
+                break;
+            }
+            l->found = nf;
+            l->cap = cap;
+        }
+        l->found[l->n++] = f;
+    }
+    closedir(d);
+}
+
+static void *scan_main(void *arg)
+{
+    struct scan *sc = arg;
+    struct scan_local l = {0};
+    unsigned shard;
+    while (l.err == 0 &&
+           (shard = __atomic_fetch_add(&sc->next_shard, 1, __ATOMIC_RELAXED)) < ST_SCAN_SHARDS)
+        scan_shard(sc->s, shard, &l);
+    pthread_mutex_lock(&sc->mu);
+    sc->tmp_removed += l.tmp_removed;
+    sc->bad_removed += l.bad_removed;
+    if (l.err != 0) {
+        sc->err = l.err;
+    } else if (l.n > 0) {
+        if (sc->n + l.n > sc->cap) {
+            size_t cap = KVT_MAX(sc->n + l.n, 2 * sc->cap);
+            struct st_found *nf = kvt_reallocarray(sc->found, cap, sizeof(*nf));
+            if (nf == NULL) {
+                sc->err = -ENOMEM;
+                goto out;
+            }
+            sc->found = nf;
+            sc->cap = cap;
+        }
+        memcpy(sc->found + sc->n, l.found, l.n * sizeof(*l.found));
+        sc->n += l.n;
+    }
+out:
+    pthread_mutex_unlock(&sc->mu);
+    kvt_free(l.found);
+    return NULL;
+}
+
+int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p)
+{
+    struct scan sc = {.s = s};
+    unsigned n_thr = s->n_scan, started = 0;
+    pthread_t tids[64];
+    if (n_thr > KVT_ARRAY_SIZE(tids))
+        n_thr = KVT_ARRAY_SIZE(tids);
+    pthread_mutex_init(&sc.mu, NULL);
+    for (unsigned i = 1; i < n_thr; i++) {
+        if (pthread_create(&tids[started], NULL, scan_main, &sc) != 0)
+            break;
+        started++;
+    }
+    scan_main(&sc);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(tids[i], NULL);
+    pthread_mutex_destroy(&sc.mu);
+    s->restart.tmp_removed = sc.tmp_removed;
+    s->restart.bad_removed = sc.bad_removed;
+    if (sc.err != 0) {
+        kvt_free(sc.found);
+        return sc.err;
+    }
+    *found_p = sc.found;
+    *n_p = sc.n;
+    return 0;
+}

@@ -1,0 +1,882 @@
+/* The storage tier's front end (scheduler thread): the in-memory index of the chunk
+ * files, their recency and the capacity bound, job admission and completion, events
+ * and stats. The back end (file format, I/O threads, restart scan) is storage_io.c.
+ *
+ * Why an index in memory: vLLM's fs tier asks the disk whether a file exists, through
+ * the async lookup helper, and answers RETRY for a step. Here the index knows, so
+ * lookup answers HIT or MISS synchronously and no async lookup helper is needed. A key
+ * counts as present only once its file is published: a store that is queued or running
+ * answers MISS, so the tier never promises what a crash could lose.
+ *
+ * Index entry states (see st_entry):
+ *   (absent) --submit_store, room reserved--> WRITING --written--> PUBLISHED
+ *   WRITING --write failed--> (absent)
+ *   PUBLISHED --evicted (LRU, unpinned)--> DOOMED --file removed--> (absent)
+ *   PUBLISHED --a load failed--> DOOMED --last reader done--> (absent)
+ * A failed load (missing file, I/O error, bad header or checksum) deletes the file
+ * (the I/O thread does it) and drops the key from the index on the scheduler thread,
+ * in get_finished_jobs: that is this tier's mark_miss, so the manager's next lookup
+ * misses instead of promoting the same doomed chunk forever (#49176). Loads report
+ * per-key success (successful_keys).
+ *
+ * Capacity: every file is charged header block + row rounded to 4096. A store reserves
+ * its bytes when it is admitted; when that does not fit, least recently used unpinned
+ * files are evicted (their removal is queued ahead of the store); pinned files - those
+ * a running load reads - are never evicted. Keys that still do not fit are dropped and
+ * the job fails. Lookups that HIT, touch() and successful loads refresh recency.
+ *
+ * Warm restart (create): the index is rebuilt from the headers by a few threads;
+ * leftover temporary files and files with bad headers are deleted; recency starts in
+ * file modification order. Payload checksums are verified on every load, not at start.
+ *
+ * Errors: ENOSPC, EIO, a read-only or vanished root fail the affected chunks (the job
+ * fails, kvtier_storage_tier_errors rises) and the tier keeps serving what it can. A
+ * root that cannot be created or written at start is a configuration error. */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvt/alloc.h"
+#include "kvt/backpressure.h"
+#include "kvt/clock.h"
+#include "kvt/common.h"
+#include "kvt/log.h"
+#include "kvt/storage_tier.h"
+#include "storage_int.h"
+
+#define MOD "storage"
+
+static const struct kvt_tier_ops storage_ops;
+
+static struct st_tier *st(struct kvt_tier *t)
+{
+    assert(t->ops == &storage_ops);
+    return KVT_CONTAINER_OF(t, struct st_tier, base);
+}
+
+static void oom_abort(void)
+{
+    kvt_error(MOD, "out of memory: cannot keep the job contract");
+    abort();
+}
+
+static struct st_entry *find(struct st_tier *s, const struct kvt_key *key)
+{
+    return kvt_map_get(&s->index, key->bytes, key->len);
+}
+
+static void drop_entry(struct st_tier *s, struct st_entry *e)
+{
+    void *v = kvt_map_remove(&s->index, e->key.bytes, e->key.len);
+    assert(v == e);
+    (void)v;
+    kvt_free(e);
+}
+
+static void maybe_free(struct st_tier *s, struct st_entry *e)
+{
+    if (e->state == ST_DOOMED && e->pins == 0 && !e->unlink_pending) {
+        s->n_doomed--;
+        drop_entry(s, e);
+    }
+}
+
+static void lru_touch(struct st_tier *s, struct st_entry *e)
+{
+    if (e->state != ST_PUBLISHED)
+        return;
+    kvt_list_del(&e->lru);
+    kvt_list_add_tail(&s->lru, &e->lru);
+}
+
+static struct st_job *new_job(const struct kvt_job *job, enum st_kind kind, size_t cap)
+{
+    struct st_job *sj = kvt_calloc(1, sizeof(*sj));
+    if (sj == NULL)
+        oom_abort();
+    sj->job = job;
+    sj->kind = kind;
+    if (cap > 0) {
+        sj->items = kvt_reallocarray(NULL, cap, sizeof(*sj->items));
+        if (sj->items == NULL)
+            oom_abort();
+        sj->cap_items = cap;
+    }
+    return sj;
+}
+
+static void free_job(struct st_job *sj)
+{
+    kvt_free(sj->items);
+    kvt_free(sj->tasks);
+    kvt_free(sj);
+}
+
+/* Queues the removal of e's file with the other removals of this call. */
+static void add_unlink(struct st_tier *s, struct st_entry *e)
+{
+    struct st_job *sj = s->pending_unlinks;
+    if (sj == NULL)
+        sj = s->pending_unlinks = new_job(NULL, ST_UNLINK, 16);
+    if (sj->n_items == sj->cap_items) {
+        size_t cap = 2 * sj->cap_items;
+        struct st_item *items = kvt_reallocarray(sj->items, cap, sizeof(*items));
+        if (items == NULL)
+            oom_abort();
+        sj->items = items;
+        sj->cap_items = cap;
+    }
+    sj->items[sj->n_items++] = (struct st_item){.key = e->key, .chunk = -1, .e = e};
+    e->unlink_pending = true;
+}
+
+static void flush_unlinks(struct st_tier *s)
+{
+    struct st_job *sj = s->pending_unlinks;
+    if (sj == NULL)
+        return;
+    s->pending_unlinks = NULL;
+    if (s->enable_events) {
+        struct kvt_key *keys = kvt_reallocarray(NULL, sj->n_items, sizeof(*keys));
+        if (keys != NULL) {
+            for (size_t i = 0; i < sj->n_items; i++)
+                keys[i] = sj->items[i].key;
+            if (kvt_events_push(&s->events, keys, sj->n_items, KVT_MEDIUM_STORAGE, s->base.locality,
+                                true) != 0)
+                kvt_warn(MOD, "out of memory: removed event lost");
+            kvt_free(keys);
+        }
+    }
+    kvt__st_pool_submit(s, sj);
+}
+
+/* PUBLISHED -> DOOMED; the bytes are free for new stores at once. */
+static void doom(struct st_tier *s, struct st_entry *e)
+{
+    assert(e->state == ST_PUBLISHED);
+    kvt_list_del(&e->lru);
+    e->state = ST_DOOMED;
+    s->n_published--;
+    s->n_doomed++;
+    assert(s->used >= e->bytes);
+    s->used -= e->bytes;
+}
+
+static void evict(struct st_tier *s, struct st_entry *e)
+{
+    assert(e->pins == 0);
+    doom(s, e);
+    add_unlink(s, e);
+    s->c.evictions++;
+}
+
+/* Reserves need bytes, evicting least recently used unpinned files; false (nothing
+ * evicted beyond what is already gone) when it cannot fit. */
+static bool reserve(struct st_tier *s, uint64_t need)
+{
+    if (s->capacity == 0) {
+        s->used += need;
+        return true;
+    }
+    if (need > s->capacity)
+        return false;
+    while (s->used + need > s->capacity) {
+        struct kvt_list *pos, *tmp;
+        struct st_entry *victim = NULL;
+        kvt_list_for_each_safe(pos, tmp, &s->lru)
+        {
+            struct st_entry *e = kvt_list_entry(pos, struct st_entry, lru);
+            if (e->pins == 0) {
+                victim = e;
+                break;
+            }
+        }
+        if (victim == NULL)
+            return false;
+        evict(s, victim);
+    }
+    s->used += need;
+    return true;
+}
+
+static bool use_direct(struct st_tier *s)
+{
+    return s->direct_ok && s->base.row_bytes % ST_BLOCK == 0 &&
+           (uintptr_t)s->base.primary_base % ST_BLOCK == 0;
+}
+
+static bool slot_ok(struct st_tier *s, int64_t chunk)
+{
+    return s->base.primary_base != NULL && s->base.row_bytes > 0 && chunk >= 0 &&
+           (uint64_t)chunk < s->base.num_chunks;
+}
+
+/* ---- ops ---------------------------------------------------------------------- */
+
+static enum kvt_lookup_result st_lookup(struct kvt_tier *t, const struct kvt_key *key,
+                                        struct kvt_req_ctx *ctx)
+{
+    struct st_tier *s = st(t);
+    struct st_entry *e = find(s, key);
+    (void)ctx;
+    if (e == NULL || e->state != ST_PUBLISHED)
+        return KVT_MISS;
+    lru_touch(s, e); /* a promotion follows: keep it from being evicted first */
+    return KVT_HIT;
+}
+
+static void st_touch(struct kvt_tier *t, const struct kvt_key *keys, size_t n,
+                     struct kvt_req_ctx *ctx)
+{
+    struct st_tier *s = st(t);
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) {
+        struct st_entry *e = find(s, &keys[i]);
+        if (e != NULL)
+            lru_touch(s, e);
+    }
+}
+
+static void st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+{
+    struct st_tier *s = st(t);
+    struct st_job *sj = new_job(job, ST_STORE, job->n);
+    uint64_t fbytes = kvt__st_file_bytes(t->row_bytes);
+    s->n_unreported++;
+    for (size_t i = 0; i < job->n; i++) {
+        const struct kvt_key *key = &job->keys[i];
+        struct st_entry *e;
+        if (find(s, key) != NULL) { /* present, being written, or being removed */
+            sj->n_skipped++;
+            s->c.skipped++;
+            continue;
+        }
+        if (!slot_ok(s, job->chunk_ids[i])) {
+            kvt_error(MOD, "store job %llu: chunk id %lld outside the primary",
+                      (unsigned long long)job->id, (long long)job->chunk_ids[i]);
+            sj->n_dropped++;
+            s->c.errors++;
+            continue;
+        }
+        if (!reserve(s, fbytes)) {
+            sj->n_dropped++;
+            s->c.capacity_drops++;
+            continue;
+        }
+        e = kvt_calloc(1, sizeof(*e));
+        if (e == NULL || kvt_map_put(&s->index, key->bytes, key->len, e) != 0)
+            oom_abort();
+        e->key = *key;
+        e->bytes = fbytes;
+        e->state = ST_WRITING;
+        kvt_list_init(&e->lru);
+        s->n_writing++;
+        sj->items[sj->n_items++] =
+            (struct st_item){.key = *key, .chunk = job->chunk_ids[i], .e = e};
+    }
+    sj->direct = use_direct(s);
+    flush_unlinks(s); /* removals first: the store may need their room */
+    kvt__st_pool_submit(s, sj);
+}
+
+static void st_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+{
+    struct st_tier *s = st(t);
+    struct st_job *sj = new_job(job, ST_LOAD, job->n);
+    s->n_unreported++;
+    for (size_t i = 0; i < job->n; i++) {
+        struct st_entry *e = find(s, &job->keys[i]);
+        if (e == NULL || e->state != ST_PUBLISHED || !slot_ok(s, job->chunk_ids[i]))
+            continue; /* fails: not in successful_keys */
+        e->pins++;
+        sj->items[sj->n_items++] =
+            (struct st_item){.key = job->keys[i], .chunk = job->chunk_ids[i], .e = e};
+    }
+    sj->direct = use_direct(s);
+    kvt__st_pool_submit(s, sj);
+}
+
+static void count_error(struct st_tier *s, int err)
+{
+    if (err == ECANCELED)
+        return;
+    s->c.errors++;
+    if (err == ENOSPC || err == EDQUOT)
+        s->c.enospc++;
+    else if (err == EIO)
+        s->c.eio++;
+    else if (err == ST_ERR_CORRUPT)
+        s->c.checksum_fail++;
+}
+
+static const char *err_name(int err)
+{
+    return err == ST_ERR_CORRUPT ? "bad header or checksum" : strerror(err);
+}
+
+static void finish_unlinks(struct st_tier *s, struct st_job *sj)
+{
+    for (size_t i = 0; i < sj->n_items; i++) {
+        struct st_item *it = &sj->items[i];
+        if (it->err != 0 && it->err != ECANCELED) {
+            kvt_warn(MOD, "cannot remove an evicted chunk file: %s", strerror(it->err));
+            count_error(s, it->err);
+        }
+        it->e->unlink_pending = false;
+        maybe_free(s, it->e);
+    }
+}
+
+static double job_time(const struct st_job *sj)
+{
+    return sj->start_ns != 0 && sj->end_ns >= sj->start_ns
+               ? (double)(sj->end_ns - sj->start_ns) * 1e-9
+               : 0.0;
+}
+
+static void finish_store(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_t cb, void *arg)
+{
+    const struct kvt_job *job = sj->job;
+    size_t n_ok = 0, n_fail = 0;
+    int first_err = 0;
+    struct kvt_job_result r;
+    for (size_t i = 0; i < sj->n_items; i++) {
+        struct st_item *it = &sj->items[i];
+        struct st_entry *e = it->e;
+        assert(e->state == ST_WRITING);
+        s->n_writing--;
+        if (it->err == 0) {
+            e->state = ST_PUBLISHED;
+            kvt_list_add_tail(&s->lru, &e->lru);
+            s->n_published++;
+            s->c.stored++;
+            n_ok++;
+            continue;
+        }
+        count_error(s, it->err);
+        if (first_err == 0)
+            first_err = it->err;
+        n_fail++;
+        assert(s->used >= e->bytes);
+        s->used -= e->bytes;
+        drop_entry(s, e);
+    }
+    if (first_err != 0 && first_err != ECANCELED)
+        kvt_warn(MOD, "store job %llu: %zu of %zu chunk(s) not written: %s",
+                 (unsigned long long)job->id, n_fail, sj->n_items, err_name(first_err));
+    r = (struct kvt_job_result){.job_id = job->id,
+                                .success = n_fail == 0 && sj->n_dropped == 0,
+                                .transfer_time = job_time(sj),
+                                .transfer_bytes = (int64_t)(n_ok * s->base.row_bytes)};
+    if (r.success && s->enable_events && job->n > 0) {
+        /* Stored event: the job's keys that are on disk now (skipped keys included
+         * when they are published; not those still being written or removed). */
+        struct kvt_key *keys = kvt_reallocarray(NULL, job->n, sizeof(*keys));
+        size_t n = 0;
+        if (keys == NULL)
+            oom_abort();
+        for (size_t i = 0; i < job->n; i++) {
+            struct st_entry *e = find(s, &job->keys[i]);
+            if (e != NULL && e->state == ST_PUBLISHED)
+                keys[n++] = job->keys[i];
+        }
+        if (n > 0 &&
+            kvt_events_push(&s->events, keys, n, KVT_MEDIUM_STORAGE, s->base.locality, false) != 0)
+            kvt_warn(MOD, "out of memory: stored event lost");
+        kvt_free(keys);
+    }
+    s->n_unreported--;
+    cb(arg, &r);
+}
+
+static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_t cb, void *arg)
+{
+    const struct kvt_job *job = sj->job;
+    struct kvt_key *ok = kvt_reallocarray(NULL, job->n ? job->n : 1, sizeof(*ok));
+    struct kvt_key *gone = kvt_reallocarray(NULL, job->n ? job->n : 1, sizeof(*gone));
+    size_t n_ok = 0, n_gone = 0;
+    int first_err = 0;
+    struct kvt_job_result r;
+    if (ok == NULL || gone == NULL)
+        oom_abort();
+    for (size_t i = 0; i < sj->n_items; i++) {
+        struct st_item *it = &sj->items[i];
+        struct st_entry *e = it->e;
+        assert(e->pins > 0);
+        e->pins--;
+        if (it->err == 0) {
+            ok[n_ok++] = it->key;
+            s->c.loaded++;
+            lru_touch(s, e);
+        } else if (it->err != ECANCELED) {
+            /* The file is gone (the I/O thread deleted it): drop the key. */
+            count_error(s, it->err);
+            if (first_err == 0)
+                first_err = it->err;
+            if (e->state == ST_PUBLISHED) {
+                doom(s, e);
+                gone[n_gone++] = e->key;
+            }
+        }
+        maybe_free(s, e);
+    }
+    if (first_err != 0)
+        kvt_warn(MOD, "load job %llu: %zu of %zu chunk(s) failed: %s", (unsigned long long)job->id,
+                 job->n - n_ok, job->n, err_name(first_err));
+    if (n_gone > 0 && s->enable_events &&
+        kvt_events_push(&s->events, gone, n_gone, KVT_MEDIUM_STORAGE, s->base.locality, true) != 0)
+        kvt_warn(MOD, "out of memory: removed event lost");
+    r = (struct kvt_job_result){.job_id = job->id,
+                                .success = n_ok == job->n,
+                                .successful_keys = n_ok == job->n ? NULL : ok,
+                                .n_successful = n_ok == job->n ? 0 : n_ok,
+                                .transfer_time = job_time(sj),
+                                .transfer_bytes = (int64_t)(n_ok * s->base.row_bytes)};
+    s->n_unreported--;
+    cb(arg, &r);
+    kvt_free(ok);
+    kvt_free(gone);
+}
+
+static void st_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
+{
+    struct st_tier *s = st(t);
+    struct kvt_list done, *pos, *tmp;
+    kvt__st_pool_take_done(s, &done);
+    kvt_list_for_each_safe(pos, tmp, &done)
+    {
+        struct st_job *sj = kvt_list_entry(pos, struct st_job, link);
+        kvt_list_del(&sj->link);
+        if (sj->kind == ST_UNLINK)
+            finish_unlinks(s, sj);
+        else if (sj->kind == ST_STORE)
+            finish_store(s, sj, cb, arg);
+        else
+            finish_load(s, sj, cb, arg);
+        free_job(sj);
+    }
+}
+
+static int st_drain_jobs(struct kvt_tier *t)
+{
+    struct st_tier *s = st(t);
+    flush_unlinks(s);
+    kvt__st_pool_wait_idle(s);
+    return 0;
+}
+
+static bool st_has_pending_work(struct kvt_tier *t)
+{
+    return st(t)->n_unreported > 0;
+}
+
+static int st_take_events(struct kvt_tier *t, struct kvt_events *out)
+{
+    return kvt_events_splice(out, &st(t)->events);
+}
+
+static int st_get_stats(struct kvt_tier *t, struct kvt_stats *out)
+{
+    struct st_tier *s = st(t);
+    const struct {
+        const char *name;
+        uint64_t v;
+    } counters[] = {
+        {KVT_M_STORAGE_STORED_CHUNKS, s->c.stored},
+        {KVT_M_STORAGE_SKIPPED_CHUNKS, s->c.skipped},
+        {KVT_M_STORAGE_LOADED_CHUNKS, s->c.loaded},
+        {KVT_M_STORAGE_EVICTIONS, s->c.evictions},
+        {KVT_M_STORAGE_CHECKSUM_FAIL, s->c.checksum_fail},
+        {KVT_M_STORAGE_ERRORS, s->c.errors},
+        {KVT_M_STORAGE_ENOSPC, s->c.enospc},
+        {KVT_M_STORAGE_EIO, s->c.eio},
+        {KVT_M_STORAGE_NO_SPACE, s->c.capacity_drops},
+    };
+    int rc = 0;
+    snprintf(s->label, sizeof(s->label), "%d:%s", t->index + 1, t->type);
+    for (size_t i = 0; rc == 0 && i < KVT_ARRAY_SIZE(counters); i++) {
+        if (counters[i].v > 0)
+            rc = kvt_stats_increase(out, counters[i].name, s->label, (double)counters[i].v);
+    }
+    if (rc == 0)
+        rc = kvt_stats_set_gauge(out, KVT_M_STORAGE_USED_BYTES, s->label, (double)s->used);
+    if (rc == 0)
+        rc = kvt_stats_set_gauge(out, KVT_M_STORAGE_CAPACITY_BYTES, s->label, (double)s->capacity);
+    if (rc == 0)
+        rc = kvt_stats_set_gauge(out, KVT_M_STORAGE_FILES, s->label, (double)s->n_published);
+    if (rc == 0)
+        memset(&s->c, 0, sizeof(s->c));
+    return rc;
+}
+
+static int st_shutdown(struct kvt_tier *t)
+{
+    struct st_tier *s = st(t);
+    if (s->shut_down)
+        return 0;
+    flush_unlinks(s);
+    kvt__st_pool_stop(s);
+    s->shut_down = true;
+    return 0;
+}
+
+static void st_free(struct st_tier *s)
+{
+    struct kvt_list done, *pos, *tmp;
+    size_t it = 0;
+    struct kvt_map_entry *me;
+    if (s->pending_unlinks != NULL)
+        free_job(s->pending_unlinks);
+    kvt__st_pool_take_done(s, &done);
+    kvt_list_for_each_safe(pos, tmp, &done)
+    {
+        struct st_job *sj = kvt_list_entry(pos, struct st_job, link);
+        kvt_list_del(&sj->link);
+        free_job(sj);
+    }
+    kvt__st_pool_cleanup(s);
+    pthread_cond_destroy(&s->pool.work_cv);
+    pthread_cond_destroy(&s->pool.idle_cv);
+    pthread_mutex_destroy(&s->pool.mu);
+    while (kvt_map_next(&s->index, &it, &me))
+        kvt_free(me->value);
+    kvt_map_cleanup(&s->index);
+    kvt_events_cleanup(&s->events);
+    if (s->lock_fd >= 0)
+        close(s->lock_fd); /* releases the folder lock */
+    if (s->dir_fd >= 0)
+        close(s->dir_fd);
+    kvt_free(s->dir);
+    kvt_free(s->root);
+    kvt_free(s);
+}
+
+static void st_destroy(struct kvt_tier *t)
+{
+    struct st_tier *s = st(t);
+    st_shutdown(t);
+    st_free(s);
+}
+
+static const struct kvt_tier_ops storage_ops = {
+    .lookup = st_lookup,
+    .submit_store = st_submit_store,
+    .submit_load = st_submit_load,
+    .get_finished_jobs = st_get_finished_jobs,
+    .drain_jobs = st_drain_jobs,
+    .has_pending_work = st_has_pending_work,
+    .take_events = st_take_events,
+    .touch = st_touch,
+    .get_stats = st_get_stats,
+    .shutdown = st_shutdown,
+    .destroy = st_destroy,
+};
+
+/* ---- create and warm restart ---------------------------------------------------- */
+
+static int mkdir_p(const char *path)
+{
+    char *p = kvt_strdup(path);
+    int rc = 0;
+    if (p == NULL)
+        return -ENOMEM;
+    for (char *c = p + 1; rc == 0; c++) {
+        bool end = *c == '\0';
+        if (*c != '/' && !end)
+            continue;
+        *c = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            rc = -errno;
+        if (end)
+            break;
+        *c = '/';
+    }
+    kvt_free(p);
+    return rc;
+}
+
+static int cmp_found(const void *a, const void *b)
+{
+    const struct st_found *x = a, *y = b;
+    return x->mtime_ns < y->mtime_ns ? -1 : x->mtime_ns > y->mtime_ns;
+}
+
+static int rebuild_index(struct st_tier *s)
+{
+    struct st_found *found = NULL;
+    size_t n = 0;
+    int rc = kvt__st_scan(s, &found, &n);
+    if (rc != 0)
+        return rc;
+    qsort(found, n, sizeof(*found), cmp_found);
+    for (size_t i = 0; i < n; i++) {
+        struct st_entry *e = kvt_calloc(1, sizeof(*e));
+        if (e == NULL || kvt_map_put(&s->index, found[i].key.bytes, found[i].key.len, e) != 0) {
+            kvt_free(e);
+            kvt_free(found);
+            return -ENOMEM;
+        }
+        e->key = found[i].key;
+        e->bytes = found[i].bytes;
+        e->mtime_ns = found[i].mtime_ns;
+        e->state = ST_PUBLISHED;
+        kvt_list_add_tail(&s->lru, &e->lru);
+        s->n_published++;
+        s->used += e->bytes;
+    }
+    s->restart.files_found = n;
+    s->restart.bytes_found = s->used;
+    if (s->enable_events && n > 0) {
+        struct kvt_key *keys = kvt_reallocarray(NULL, n, sizeof(*keys));
+        if (keys == NULL) {
+            kvt_free(found);
+            return -ENOMEM;
+        }
+        for (size_t i = 0; i < n; i++)
+            keys[i] = found[i].key;
+        rc = kvt_events_push(&s->events, keys, n, KVT_MEDIUM_STORAGE, s->base.locality, false);
+        kvt_free(keys);
+    }
+    kvt_free(found);
+    /* A smaller capacity than last time: evict the oldest. */
+    while (rc == 0 && s->capacity > 0 && s->used > s->capacity) {
+        evict(s, kvt_list_entry(s->lru.next, struct st_entry, lru));
+        s->restart.evicted++;
+    }
+    s->c.evictions = 0;
+    return rc;
+}
+
+static int check_config(const struct kvt_storage_tier_config *cfg)
+{
+    if (cfg == NULL || cfg->root == NULL || cfg->root[0] == '\0') {
+        kvt_error(MOD, "config: root is required");
+        return -EINVAL;
+    }
+    if (cfg->locality != KVT_LOCAL && cfg->locality != KVT_REMOTE && cfg->locality != KVT_ANY) {
+        kvt_error(MOD, "config: locality %d is not LOCAL or REMOTE", cfg->locality);
+        return -EINVAL;
+    }
+    if (cfg->io != KVT_STORAGE_IO_AUTO && cfg->io != KVT_STORAGE_IO_BUFFERED &&
+        cfg->io != KVT_STORAGE_IO_DIRECT) {
+        kvt_error(MOD, "config: io mode %d unknown", (int)cfg->io);
+        return -EINVAL;
+    }
+    if (cfg->n_read_threads > 256 || cfg->n_write_threads > 256 || cfg->scan_threads > 64) {
+        kvt_error(MOD, "config: too many threads");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int open_folders(struct st_tier *s)
+{
+    char hex[2 * KVT_STORAGE_NS_BYTES + 1];
+    int rc;
+    for (size_t i = 0; i < KVT_STORAGE_NS_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", s->ns[i]);
+    rc = mkdir_p(s->root);
+    if (rc != 0) {
+        kvt_error(MOD, "config: cannot create root '%s': %s", s->root, strerror(-rc));
+        return rc;
+    }
+    s->dir = kvt_malloc(strlen(s->root) + sizeof(hex) + 1);
+    if (s->dir == NULL)
+        return -ENOMEM;
+    sprintf(s->dir, "%s/%s", s->root, hex);
+    if (mkdir(s->dir, 0755) != 0 && errno != EEXIST) {
+        rc = -errno;
+        kvt_error(MOD, "config: cannot create '%s': %s", s->dir, strerror(errno));
+        return rc;
+    }
+    s->dir_fd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (s->dir_fd < 0) {
+        rc = -errno;
+        kvt_error(MOD, "config: cannot open '%s': %s", s->dir, strerror(errno));
+        return rc;
+    }
+    s->lock_fd = openat(s->dir_fd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->lock_fd < 0) {
+        rc = -errno;
+        kvt_error(MOD, "config: '%s' is not writable: %s", s->dir, strerror(errno));
+        return rc;
+    }
+    if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
+        kvt_error(MOD, "'%s' is in use by another storage tier", s->dir);
+        return rc;
+    }
+    for (unsigned i = 0; i < ST_SCAN_SHARDS; i++) {
+        char name[3];
+        snprintf(name, sizeof(name), "%02x", i);
+        if (mkdirat(s->dir_fd, name, 0755) != 0 && errno != EEXIST) {
+            rc = -errno;
+            kvt_error(MOD, "config: cannot create '%s/%s': %s", s->dir, name, strerror(errno));
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kvt_tier **tier_p)
+{
+    struct st_tier *s;
+    struct kvt_bp *bp = NULL;
+    uint64_t t0 = kvt_now_ns();
+    int rc = check_config(cfg), probe;
+    if (rc != 0)
+        return rc;
+    s = kvt_calloc(1, sizeof(*s));
+    if (s == NULL)
+        return -ENOMEM;
+    kvt_tier_init(&s->base, &storage_ops, cfg->type ? cfg->type : "storage", KVT_MEDIUM_STORAGE,
+                  cfg->locality);
+    s->dir_fd = s->lock_fd = -1;
+    memcpy(s->ns, cfg->namespace_id, sizeof(s->ns));
+    s->capacity = cfg->capacity_bytes;
+    s->fsync = cfg->fsync;
+    s->enable_events = cfg->enable_events;
+    s->n_read = cfg->n_read_threads ? cfg->n_read_threads : 4;
+    s->n_write = cfg->n_write_threads ? cfg->n_write_threads : 2;
+    s->n_scan = cfg->scan_threads ? cfg->scan_threads : 4;
+    kvt_map_init(&s->index);
+    kvt_list_init(&s->lru);
+    kvt_events_init(&s->events);
+    pthread_mutex_init(&s->pool.mu, NULL);
+    pthread_cond_init(&s->pool.work_cv, NULL);
+    pthread_cond_init(&s->pool.idle_cv, NULL);
+    kvt_list_init(&s->pool.done);
+    {
+        struct st_queue *qs[3] = {&s->pool.loads, &s->pool.stores, &s->pool.unlinks};
+        for (int i = 0; i < 3; i++) {
+            memset(qs[i], 0, sizeof(*qs[i]));
+            kvt_list_init(&qs[i]->fifo);
+            for (unsigned b = 0; b < ST_BUCKETS; b++)
+                kvt_list_init(&qs[i]->buckets[b]);
+        }
+    }
+    s->root = kvt_strdup(cfg->root);
+    if (s->root == NULL) {
+        rc = -ENOMEM;
+        goto free_tier;
+    }
+    rc = open_folders(s);
+    if (rc != 0)
+        goto free_tier;
+    probe = kvt__st_probe_direct(s->dir_fd);
+    if (probe < 0) {
+        rc = probe;
+        kvt_error(MOD, "config: '%s' is not writable: %s", s->dir, strerror(-rc));
+        goto free_tier;
+    }
+    if (cfg->io == KVT_STORAGE_IO_DIRECT && probe == 0) {
+        kvt_error(MOD, "config: O_DIRECT required but not supported in '%s'", s->dir);
+        rc = -EINVAL;
+        goto free_tier;
+    }
+    s->direct_ok = cfg->io != KVT_STORAGE_IO_BUFFERED && probe == 1;
+    if (cfg->io == KVT_STORAGE_IO_AUTO && probe == 0)
+        kvt_warn(MOD, "O_DIRECT not supported in '%s': buffered I/O", s->dir);
+    rc = rebuild_index(s);
+    if (rc != 0)
+        goto free_tier;
+    if (!cfg->no_backpressure) {
+        struct kvt_bp_config bc;
+        if (cfg->bp != NULL)
+            bc = *cfg->bp;
+        else
+            kvt_bp_default_config(s->base.type, s->base.locality, &bc);
+        rc = kvt_bp_create(&bc, &bp);
+        if (rc != 0) {
+            kvt_error(MOD, "config: bad back-pressure settings");
+            goto free_tier;
+        }
+        s->base.bp = bp;
+    }
+    rc = kvt__st_pool_start(s);
+    if (rc != 0)
+        goto free_bp;
+    flush_unlinks(s);
+    s->restart.seconds = (double)(kvt_now_ns() - t0) * 1e-9;
+    kvt_info(MOD,
+             "'%s': %zu chunk file(s), %llu bytes indexed in %.3f s (%zu temporary and %zu bad "
+             "file(s) removed, %zu evicted); %s I/O",
+             s->dir, s->restart.files_found, (unsigned long long)s->restart.bytes_found,
+             s->restart.seconds, s->restart.tmp_removed, s->restart.bad_removed, s->restart.evicted,
+             s->direct_ok ? "direct" : "buffered");
+    *tier_p = &s->base;
+    return 0;
+
+free_bp:
+    s->base.bp = NULL;
+    kvt_bp_destroy(bp);
+free_tier:
+    st_free(s);
+    return rc;
+}
+
+/* ---- introspection and test hooks ------------------------------------------------- */
+
+void kvt_storage_tier_restart_info(struct kvt_tier *t, struct kvt_storage_restart_info *info_p)
+{
+    *info_p = st(t)->restart;
+}
+
+void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *info_p)
+{
+    struct st_tier *s = st(t);
+    *info_p = (struct kvt_storage_tier_info){.num_keys = s->n_published,
+                                             .num_writing = s->n_writing,
+                                             .num_doomed = s->n_doomed,
+                                             .used_bytes = s->used,
+                                             .capacity_bytes = s->capacity,
+                                             .direct_io = use_direct(s),
+                                             .num_unreported = s->n_unreported};
+}
+
+bool kvt_storage_tier_has(struct kvt_tier *t, const struct kvt_key *key)
+{
+    struct st_entry *e = find(st(t), key);
+    return e != NULL && e->state == ST_PUBLISHED;
+}
+
+int kvt_storage_tier_path(struct kvt_tier *t, const struct kvt_key *key, char *buf, size_t len)
+{
+    char name[ST_NAME_MAX];
+    kvt__st_name(key, ".kvc", name);
+    if ((size_t)snprintf(buf, len, "%s/%s", st(t)->dir, name) >= len)
+        return -ENAMETOOLONG;
+    return 0;
+}
+
+const char *kvt_storage_tier_dir(struct kvt_tier *t)
+{
+    return st(t)->dir;
+}
+
+void kvt_storage_tier_inject_fault(struct kvt_tier *t, enum kvt_storage_fault op, int err,
+                                   unsigned n)
+{
+    struct st_tier *s = st(t);
+    assert(op == KVT_STORAGE_FAULT_WRITE || op == KVT_STORAGE_FAULT_READ);
+    __atomic_store_n(&s->fault_err[op], err, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->fault_n[op], (int)n, __ATOMIC_RELEASE);
+}
+
+void kvt_storage_tier_pause(struct kvt_tier *t, bool paused)
+{
+    kvt__st_pool_pause(st(t), paused);
+}
+
+void kvt_storage_tier_wait_idle(struct kvt_tier *t)
+{
+    struct st_tier *s = st(t);
+    flush_unlinks(s);
+    kvt__st_pool_wait_idle(s);
+}
