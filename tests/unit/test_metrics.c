@@ -1,0 +1,340 @@
+/* TieringMetricsTracker (spec §6.4, vLLM's tests/v1/kv_offload/tiering/test_metrics.py)
+ * and OffloadingConnectorStats (spec §5.6). */
+#include <errno.h>
+#include <string.h>
+
+#include "test_util.h"
+#include "kvt/clock.h"
+#include "kvt/metrics.h"
+#include "kvt/stats.h"
+
+static const char *const fs_p2p[] = {"fs", "p2p"};
+static const char *const fs_only[] = {"fs"};
+
+static double val(struct kvt_stats *st, const char *name, const char *label)
+{
+    return kvt_stats_value(st, name, label);
+}
+
+static void lookup(struct kvt_metrics *mt, struct kvt_req_ctx *ctx, int key, size_t label,
+                   enum kvt_lookup_result r, double dt)
+{
+    struct kvt_key k = kt_key(key);
+
+    kvt_metrics_on_lookup(mt, ctx, &k, label, r, dt);
+}
+
+static void test_tiering_metrics_tracker_records_lookup_metrics(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_stats st;
+
+    assert_int_equal(kvt_metrics_create(fs_p2p, 2, 5, 16, &mt), 0);
+    kvt_stats_init(&st);
+    kvt_metrics_on_new_request(mt, ctx);
+    lookup(mt, ctx, 1, 0, KVT_MISS, 0.0);
+    lookup(mt, ctx, 1, 1, KVT_MISS, 0.0);
+    lookup(mt, ctx, 1, 2, KVT_HIT, 0.0);
+    lookup(mt, ctx, 1, 2, KVT_HIT, 0.0);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_true(val(&st, KVT_M_CHUNK_QUERIES, "0:primary") == 1);
+    assert_true(val(&st, KVT_M_CHUNK_QUERIES, "1:fs") == 1);
+    assert_true(val(&st, KVT_M_CHUNK_QUERIES, "2:p2p") == 1);
+    assert_true(val(&st, KVT_M_CHUNK_HITS, "2:p2p") == 1);
+    assert_null(kvt_stats_find(&st, KVT_M_CHUNK_HITS, "1:fs"));
+    assert_true(val(&st, KVT_M_LOOKUP_SYNC_DELAY, "2:p2p") == 1); /* histogram count */
+    kvt_stats_cleanup(&st);
+    kvt_metrics_on_request_finished(mt, ctx);
+    kvt_metrics_destroy(mt);
+    kvt_req_ctx_unref(ctx);
+}
+
+static void test_tiering_metrics_tracker_stops_lookup_metrics_after_allocation(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_stats st;
+
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 5, 16, &mt), 0);
+    kvt_stats_init(&st);
+    kvt_metrics_on_new_request(mt, ctx);
+    lookup(mt, ctx, 1, 0, KVT_MISS, 0.0);
+    lookup(mt, ctx, 1, 1, KVT_HIT, 0.0);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_true(val(&st, KVT_M_CHUNK_QUERIES, "0:primary") == 1);
+    assert_true(val(&st, KVT_M_CHUNK_QUERIES, "1:fs") == 1);
+    assert_true(val(&st, KVT_M_CHUNK_HITS, "1:fs") == 1);
+
+    kvt_metrics_on_request_allocated(mt, ctx);
+    lookup(mt, ctx, 1, 0, KVT_MISS, 0.0);
+    lookup(mt, ctx, 1, 1, KVT_HIT, 0.0);
+    kvt_stats_clear(&st);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_null(kvt_stats_find(&st, KVT_M_CHUNK_QUERIES, "0:primary"));
+    assert_null(kvt_stats_find(&st, KVT_M_CHUNK_QUERIES, "1:fs"));
+    assert_null(kvt_stats_find(&st, KVT_M_CHUNK_HITS, "1:fs"));
+    /* The gauges are re-emitted on every read. */
+    assert_non_null(kvt_stats_find(&st, KVT_M_ACTIVE_CASCADES, "1:fs"));
+    kvt_stats_cleanup(&st);
+    kvt_metrics_destroy(mt); /* frees the still-registered request */
+    kvt_req_ctx_unref(ctx);
+}
+
+/* RETRY then HIT: one query, one sync and one async delay sample measured from the
+ * first RETRY (minus its own duration); later RETRYs do not restart the clock. */
+static void test_tiering_metrics_tracker_async_delay_from_first_retry(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_stats st;
+    uint64_t now = 10 * 1000000000ull;
+
+    kvt_clock_set_fake(&now);
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 5, 16, &mt), 0);
+    kvt_stats_init(&st);
+    kvt_metrics_on_new_request(mt, ctx);
+    lookup(mt, ctx, 7, 1, KVT_RETRY, 0.5); /* started at 9.5 s */
+    now += 1000000000ull;
+    lookup(mt, ctx, 7, 1, KVT_RETRY, 0.0);
+    lookup(mt, ctx, 7, 1, KVT_HIT_PENDING, 0.0);
+    now += 1000000000ull;
+    lookup(mt, ctx, 7, 1, KVT_HIT, 0.25);
+    lookup(mt, ctx, 7, 1, KVT_HIT, 0.25); /* counted once */
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_true(val(&st, KVT_M_CHUNK_QUERIES, "1:fs") == 1);
+    assert_true(val(&st, KVT_M_CHUNK_HITS, "1:fs") == 1);
+    const struct kvt_stat *sync = kvt_stats_find(&st, KVT_M_LOOKUP_SYNC_DELAY, "1:fs");
+    const struct kvt_stat *async = kvt_stats_find(&st, KVT_M_LOOKUP_ASYNC_DELAY, "1:fs");
+
+    assert_non_null(sync);
+    assert_non_null(async);
+    assert_int_equal(sync->count, 1);
+    assert_true(sync->sum == 0.25);
+    assert_int_equal(async->count, 1);
+    assert_true(async->sum > 2.499 && async->sum < 2.501);
+    kvt_stats_cleanup(&st);
+    kvt_metrics_destroy(mt);
+    kvt_req_ctx_unref(ctx);
+    kvt_clock_set_fake(NULL);
+}
+
+static void make_job(struct kvt_job *job, kvt_job_id_t id, struct kvt_key *keys, int64_t *ids,
+                     size_t n, bool promotion, struct kvt_req_ctx *ctx)
+{
+    memset(job, 0, sizeof(*job));
+    job->id = id;
+    job->keys = keys;
+    job->chunk_ids = ids;
+    job->n = n;
+    job->is_promotion = promotion;
+    job->ctx = ctx;
+}
+
+static void test_tiering_metrics_tracker_records_finished_job_metrics(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_key keys[4];
+    int64_t ids[4] = {0, 1, 2, 3};
+    struct kvt_job jobs[4];
+    struct kvt_stats st;
+
+    kt_keys(keys, 0, 4);
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 5, 16, &mt), 0);
+    kvt_stats_init(&st);
+    for (int i = 0; i < 4; i++) {
+        make_job(&jobs[i], (kvt_job_id_t)i, &keys[i], &ids[i], 1, i % 2 == 1, ctx);
+        kvt_metrics_on_job_registered(mt, &jobs[i], 0);
+    }
+    assert_false(kvt_metrics_is_idle(mt));
+    struct kvt_job_result r0 = {.job_id = 0, .success = true, .transfer_time = 0.5};
+    struct kvt_job_result r1 = {.job_id = 1, .success = true, .transfer_time = 0.25};
+    struct kvt_job_result r2 = {.job_id = 2, .success = false, .transfer_time = -1};
+    struct kvt_job_result r3 = {.job_id = 3, .success = false, .transfer_time = -1};
+
+    kvt_metrics_on_job_finished(mt, &jobs[0], 0, &r0);
+    kvt_metrics_on_job_finished(mt, &jobs[1], 0, &r1);
+    kvt_metrics_on_job_finished(mt, &jobs[2], 0, &r2);
+    kvt_metrics_on_job_finished(mt, &jobs[3], 0, &r3);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_true(val(&st, KVT_M_WRITE_BYTES, "1:fs") == 16);
+    assert_true(val(&st, KVT_M_WRITE_TIME, "1:fs") == 0.5);
+    assert_true(val(&st, KVT_M_READ_BYTES, "1:fs") == 16);
+    assert_true(val(&st, KVT_M_READ_TIME, "1:fs") == 0.25);
+    assert_true(val(&st, KVT_M_CASCADE_FAILURES, "1:fs") == 1);
+    assert_true(val(&st, KVT_M_PROMOTION_FAILURES, "1:fs") == 1);
+    assert_true(kvt_metrics_is_idle(mt));
+    /* Counters are popped: the next read has only the gauges. */
+    kvt_stats_clear(&st);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_null(kvt_stats_find(&st, KVT_M_WRITE_BYTES, "1:fs"));
+    assert_int_equal(st.n, 4);
+    kvt_stats_cleanup(&st);
+    kvt_metrics_destroy(mt);
+    kvt_req_ctx_unref(ctx);
+}
+
+static void test_tiering_metrics_tracker_records_partial_promotion_success_bytes(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_key keys[3], ok[2];
+    int64_t ids[3] = {0, 1, 2};
+    struct kvt_job job;
+    struct kvt_stats st;
+
+    kt_keys(keys, 0, 3);
+    ok[0] = keys[0];
+    ok[1] = keys[2];
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 5, 16, &mt), 0);
+    kvt_stats_init(&st);
+    make_job(&job, 0, keys, ids, 3, true, ctx);
+    kvt_metrics_on_job_registered(mt, &job, 0);
+    struct kvt_job_result r = {
+        .job_id = 0,
+        .success = false,
+        .successful_keys = ok,
+        .n_successful = 2,
+        .transfer_time = 0.5,
+    };
+
+    kvt_metrics_on_job_finished(mt, &job, 0, &r);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_true(val(&st, KVT_M_READ_BYTES, "1:fs") == 32);
+    assert_true(val(&st, KVT_M_READ_TIME, "1:fs") == 0.5);
+    assert_true(val(&st, KVT_M_PROMOTION_FAILURES, "1:fs") == 1);
+    assert_true(kvt_metrics_is_idle(mt));
+    kvt_stats_cleanup(&st);
+    kvt_metrics_destroy(mt);
+    kvt_req_ctx_unref(ctx);
+}
+
+static void test_tiering_metrics_tracker_reports_active_job_and_primary_usage_gauges(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_key k1[2], k2[3];
+    int64_t i1[2] = {0, 1}, i2[3] = {2, 3, 4};
+    struct kvt_job fs_job, p2p_job;
+    struct kvt_stats st;
+
+    kt_keys(k1, 0, 2);
+    kt_keys(k2, 2, 3);
+    assert_int_equal(kvt_metrics_create(fs_p2p, 2, 6, 16, &mt), 0);
+    kvt_stats_init(&st);
+    make_job(&fs_job, 0, k1, i1, 2, false, ctx);
+    make_job(&p2p_job, 1, k2, i2, 3, true, ctx);
+    kvt_metrics_on_job_registered(mt, &fs_job, 0);
+    kvt_metrics_on_job_registered(mt, &p2p_job, 1);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_float_equal(val(&st, KVT_M_PRIMARY_READ_USAGE, "1:fs"), 2.0 / 6, 1e-12);
+    assert_true(val(&st, KVT_M_ACTIVE_CASCADES, "1:fs") == 1);
+    assert_float_equal(val(&st, KVT_M_PRIMARY_WRITE_USAGE, "2:p2p"), 3.0 / 6, 1e-12);
+    assert_true(val(&st, KVT_M_ACTIVE_PROMOTIONS, "2:p2p") == 1);
+    assert_true(val(&st, KVT_M_ACTIVE_PROMOTIONS, "1:fs") == 0);
+    kvt_stats_cleanup(&st);
+    kvt_metrics_destroy(mt);
+    kvt_req_ctx_unref(ctx);
+}
+
+static void test_tiering_metrics_tracker_records_promotion_allocation_failures(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_stats st;
+
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 1, 16, &mt), 0);
+    kvt_stats_init(&st);
+    kvt_metrics_on_promotion_allocation_failure(mt);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    assert_true(val(&st, KVT_M_PROMOTION_ALLOC_FAILURES, "") == 1);
+    assert_true(val(&st, KVT_M_PROMOTION_ALLOC_FAILURES, NULL) == 1);
+    kvt_stats_cleanup(&st);
+    kvt_metrics_destroy(mt);
+}
+
+static void finished_job_on_idle_tracker(void *arg)
+{
+    struct kvt_metrics *mt = arg;
+    struct kvt_key k = kt_key(1);
+    int64_t id = 0;
+    struct kvt_job job;
+    struct kvt_job_result r = {.success = true, .transfer_time = -1};
+
+    make_job(&job, 0, &k, &id, 1, true, NULL);
+    kvt_metrics_on_job_finished(mt, &job, 0, &r);
+}
+
+/* _decrement_tier_state asserts: finishing a job that was never registered aborts. */
+static void test_tiering_metrics_tracker_asserts_on_unregistered_job(void **state)
+{
+    struct kvt_metrics *mt;
+
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 1, 16, &mt), 0);
+    assert_true(kt_expect_abort(finished_job_on_idle_tracker, mt));
+    kvt_metrics_destroy(mt);
+}
+
+static void test_stats_aggregate_counters_gauges_histograms(void **state)
+{
+    struct kvt_stats a, b;
+
+    kvt_stats_init(&a);
+    kvt_stats_init(&b);
+    assert_true(kvt_stats_is_empty(&a));
+    assert_int_equal(kvt_stats_increase(&a, "c", "1:fs", 2), 0);
+    assert_int_equal(kvt_stats_set_gauge(&a, "g", NULL, 5), 0);
+    assert_int_equal(kvt_stats_observe(&a, "h", "0:primary", 0.002), 0);
+    assert_int_equal(kvt_stats_increase(&b, "c", "1:fs", 3), 0);
+    assert_int_equal(kvt_stats_increase(&b, "c", "2:p2p", 1), 0);
+    assert_int_equal(kvt_stats_set_gauge(&b, "g", NULL, 7), 0);
+    assert_int_equal(kvt_stats_observe(&b, "h", "0:primary", 100), 0);
+    assert_int_equal(kvt_stats_aggregate(&a, &b), 0);
+    assert_true(kvt_stats_value(&a, "c", "1:fs") == 5);
+    assert_true(kvt_stats_value(&a, "c", "2:p2p") == 1);
+    assert_true(kvt_stats_value(&a, "g", "") == 7);
+    const struct kvt_stat *h = kvt_stats_find(&a, "h", "0:primary");
+
+    assert_non_null(h);
+    assert_int_equal(h->count, 2);
+    assert_true(h->sum == 100.002);
+    assert_int_equal(h->buckets[5], 1);  /* 0.002 <= 5e-3 */
+    assert_int_equal(h->buckets[14], 1); /* 100 <= 256 */
+    assert_true(kvt_stats_value(&a, "absent", NULL) == 0);
+    kvt_stats_cleanup(&a);
+    kvt_stats_cleanup(&b);
+}
+
+static void test_stats_refuses_kind_clash_and_long_names(void **state)
+{
+    struct kvt_stats a;
+    char longname[KVT_STAT_NAME_MAX + 4];
+
+    kvt_stats_init(&a);
+    assert_int_equal(kvt_stats_increase(&a, "x", NULL, 1), 0);
+    assert_int_equal(kvt_stats_set_gauge(&a, "x", NULL, 1), -EINVAL);
+    assert_int_equal(kvt_stats_observe(&a, "x", "other", 1), -EINVAL);
+    memset(longname, 'n', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = 0;
+    assert_int_equal(kvt_stats_increase(&a, longname, NULL, 1), -EINVAL);
+    assert_int_equal(a.n, 1);
+    assert_true(kvt_stats_value(&a, "x", NULL) == 1);
+    kvt_stats_cleanup(&a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tiering_metrics_tracker_records_lookup_metrics),
+        cmocka_unit_test(test_tiering_metrics_tracker_stops_lookup_metrics_after_allocation),
+        cmocka_unit_test(test_tiering_metrics_tracker_async_delay_from_first_retry),
+        cmocka_unit_test(test_tiering_metrics_tracker_records_finished_job_metrics),
+        cmocka_unit_test(test_tiering_metrics_tracker_records_partial_promotion_success_bytes),
+        cmocka_unit_test(test_tiering_metrics_tracker_reports_active_job_and_primary_usage_gauges),
+        cmocka_unit_test(test_tiering_metrics_tracker_records_promotion_allocation_failures),
+        cmocka_unit_test(test_tiering_metrics_tracker_asserts_on_unregistered_job),
+        cmocka_unit_test(test_stats_aggregate_counters_gauges_histograms),
+        cmocka_unit_test(test_stats_refuses_kind_clash_and_long_names),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,201 @@
+/* The transport interface (DESIGN.md §7): how kvtier nodes move bytes.
+ *
+ * A transport is one backend instance (a UCP context + worker, or an rdma_cm event
+ * channel + PD + CQ) owned by one thread, the node's loop: every call and every
+ * callback happens on that thread, inside kvt_tp_progress(). Nothing blocks; the
+ * loop waits on kvt_tp_event_fd() (after kvt_tp_arm() returned 0) and calls progress.
+ *
+ * Endpoints: one per peer, from kvt_tp_connect() (active side) or the accept
+ * callback (passive side). An endpoint is usable once on_ep_state reports
+ * KVT_EP_CONNECTED; it ends exactly once with KVT_EP_CLOSED and an error code
+ * (0 for a local close, -ECONNRESET for a peer that went away, -ETIMEDOUT, ...).
+ * After the CLOSED callback the endpoint is freed by the transport; the owner drops
+ * its pointer in that callback.
+ *
+ * Control messages: bytes up to max_msg_bytes, delivered in order, whole, to
+ * on_msg; the buffer is valid only during the callback. kvt_tp_send copies.
+ * -EAGAIN when the peer has no receive credit left (try after progress).
+ *
+ * Memory: kvt_tp_reg_remote registers memory that peers may READ (read only to
+ * them; split into registrations of at most KVT_TP_MAX_REG_BYTES); its handle is
+ * packed to bytes the peer unpacks into a kvt_tp_rkey. kvt_tp_reg_local registers
+ * a destination for our own READs. Register once, not per operation. A peer names
+ * remote memory by offsets from the start of the registration, never by pointer.
+ *
+ * READ batches: a list of {remote offset, local offset, length}; one completion
+ * callback per batch with 0 or a negative errno; many batches in flight. A batch
+ * that fails leaves the local bytes undefined: the caller treats every chunk of it
+ * as a miss. Closing an endpoint or the transport with batches in flight completes
+ * each of them with -ECANCELED (or the endpoint's error), before the close returns
+ * or from the next progress; never after the memory they name was deregistered.
+ *
+ * Errors: negative errno everywhere; each backend converts its library's errors in
+ * one place. */
+#ifndef KVT_TRANSPORT_H
+#define KVT_TRANSPORT_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define KVT_TP_MAX_REG_BYTES   (2ull << 30) /* one registration covers at most 2 GiB */
+#define KVT_TP_MAX_HANDLE_SIZE 4096         /* packed handle of one registered region */
+
+struct kvt_transport;
+struct kvt_tp_ep;
+struct kvt_tp_mr;
+struct kvt_tp_rkey;
+
+enum kvt_ep_state { KVT_EP_CONNECTED, KVT_EP_CLOSED };
+
+struct kvt_tp_callbacks {
+    /* Passive side: a new endpoint, already in the CONNECTED state (no separate
+     * on_ep_state(CONNECTED) follows). Return 0 to keep it, negative to refuse
+     * (the transport then closes it without a CLOSED callback). */
+    int (*on_accept)(void *arg, struct kvt_tp_ep *ep);
+    void (*on_ep_state)(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state state, int err);
+    void (*on_msg)(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t len);
+    void *arg;
+};
+
+struct kvt_transport_config {
+    const char *backend;         /* "ucx" or "verbs" */
+    size_t max_msg_bytes;        /* largest control message; 0 = 64 KiB */
+    unsigned recv_credits;       /* pre-posted receives per endpoint; 0 = 64 */
+    unsigned max_batches;        /* READ batches in flight per endpoint; 0 = 256 */
+    unsigned connect_timeout_ms; /* 0 = 5000 */
+    unsigned op_timeout_ms;      /* a READ batch older than this fails; 0 = 10000 */
+    struct kvt_tp_callbacks cb;
+};
+
+/* One element of a READ batch. */
+struct kvt_read_op {
+    uint64_t remote_off; /* from the start of the peer's registration */
+    uint64_t local_off;  /* from the start of the local registration */
+    uint64_t len;
+};
+
+/* status 0, or negative errno (the whole batch failed). */
+typedef void (*kvt_read_cb)(void *arg, int status);
+
+struct kvt_transport_ops {
+    const char *name;
+    int (*open)(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p);
+    void (*close)(struct kvt_transport *tp);
+    /* addr "127.0.0.1" etc.; port 0 = pick one, returned in *port_p. */
+    int (*listen)(struct kvt_transport *tp, const char *addr, uint16_t port, uint16_t *port_p);
+    int (*connect)(struct kvt_transport *tp, const char *addr, uint16_t port, void *user,
+                   struct kvt_tp_ep **ep_p);
+    void (*ep_close)(struct kvt_tp_ep *ep);
+    int (*send)(struct kvt_tp_ep *ep, const void *buf, size_t len);
+    int (*reg_remote)(struct kvt_transport *tp, void *base, size_t len, struct kvt_tp_mr **mr_p);
+    int (*reg_local)(struct kvt_transport *tp, void *base, size_t len, struct kvt_tp_mr **mr_p);
+    void (*dereg)(struct kvt_tp_mr *mr);
+    /* Handle bytes of a reg_remote registration, to send to peers. */
+    int (*pack)(struct kvt_tp_mr *mr, void *buf, size_t cap, size_t *len_p);
+    int (*unpack)(struct kvt_tp_ep *ep, const void *buf, size_t len, struct kvt_tp_rkey **rk_p);
+    void (*rkey_destroy)(struct kvt_tp_rkey *rk);
+    /* -EINVAL for an op outside either registration (nothing is posted),
+     * -EAGAIN when max_batches are in flight, -ENOTCONN on a closed endpoint. */
+    int (*read)(struct kvt_tp_ep *ep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
+                const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg);
+    /* Runs callbacks; returns how many events it handled (>= 0) or negative errno. */
+    int (*progress)(struct kvt_transport *tp);
+    int (*event_fd)(struct kvt_transport *tp);
+    /* 0: safe to sleep on event_fd; -EAGAIN: call progress again first. */
+    int (*arm)(struct kvt_transport *tp);
+};
+
+/* Fields every backend's endpoint and transport start with. */
+struct kvt_transport {
+    const struct kvt_transport_ops *ops;
+    struct kvt_transport_config cfg;
+};
+
+struct kvt_tp_ep {
+    struct kvt_transport *tp;
+    void *user; /* the owner's pointer (connect's user, or set in on_accept) */
+};
+
+/* Backends that are built in ("ucx", "verbs"); NULL if unknown or not built. */
+const struct kvt_transport_ops *kvt_transport_find(const char *name);
+/* Fills the defaults of every zero field. */
+void kvt_transport_config_defaults(struct kvt_transport_config *cfg);
+
+static inline int kvt_tp_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
+{
+    const struct kvt_transport_ops *ops = kvt_transport_find(cfg->backend);
+
+    return ops == NULL ? -ENOTSUP : ops->open(cfg, tp_p);
+}
+static inline void kvt_tp_close(struct kvt_transport *tp)
+{
+    if (tp != NULL)
+        tp->ops->close(tp);
+}
+static inline int kvt_tp_listen(struct kvt_transport *tp, const char *addr, uint16_t port,
+                                uint16_t *port_p)
+{
+    return tp->ops->listen(tp, addr, port, port_p);
+}
+static inline int kvt_tp_connect(struct kvt_transport *tp, const char *addr, uint16_t port,
+                                 void *user, struct kvt_tp_ep **ep_p)
+{
+    return tp->ops->connect(tp, addr, port, user, ep_p);
+}
+static inline void kvt_tp_ep_close(struct kvt_tp_ep *ep)
+{
+    ep->tp->ops->ep_close(ep);
+}
+static inline int kvt_tp_send(struct kvt_tp_ep *ep, const void *buf, size_t len)
+{
+    return ep->tp->ops->send(ep, buf, len);
+}
+static inline int kvt_tp_reg_remote(struct kvt_transport *tp, void *base, size_t len,
+                                    struct kvt_tp_mr **mr_p)
+{
+    return tp->ops->reg_remote(tp, base, len, mr_p);
+}
+static inline int kvt_tp_reg_local(struct kvt_transport *tp, void *base, size_t len,
+                                   struct kvt_tp_mr **mr_p)
+{
+    return tp->ops->reg_local(tp, base, len, mr_p);
+}
+static inline void kvt_tp_dereg(struct kvt_tp_mr *mr, struct kvt_transport *tp)
+{
+    tp->ops->dereg(mr);
+}
+static inline int kvt_tp_pack(struct kvt_transport *tp, struct kvt_tp_mr *mr, void *buf, size_t cap,
+                              size_t *len_p)
+{
+    return tp->ops->pack(mr, buf, cap, len_p);
+}
+static inline int kvt_tp_unpack(struct kvt_tp_ep *ep, const void *buf, size_t len,
+                                struct kvt_tp_rkey **rk_p)
+{
+    return ep->tp->ops->unpack(ep, buf, len, rk_p);
+}
+static inline void kvt_tp_rkey_destroy(struct kvt_transport *tp, struct kvt_tp_rkey *rk)
+{
+    tp->ops->rkey_destroy(rk);
+}
+static inline int kvt_tp_read(struct kvt_tp_ep *ep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
+                              const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg)
+{
+    return ep->tp->ops->read(ep, rk, local, ops, n, cb, arg);
+}
+static inline int kvt_tp_progress(struct kvt_transport *tp)
+{
+    return tp->ops->progress(tp);
+}
+static inline int kvt_tp_event_fd(struct kvt_transport *tp)
+{
+    return tp->ops->event_fd(tp);
+}
+static inline int kvt_tp_arm(struct kvt_transport *tp)
+{
+    return tp->ops->arm(tp);
+}
+
+#endif
