@@ -1,0 +1,216 @@
+/* kvtier-bench core: single-threaded cost of the primary tier's hot operations at
+ * 1e3, 1e5 and 1e6 chunks (index only, no row memory), for LRU and ARC.
+ *
+ * Keys are 36 bytes like vLLM's (32-byte block hash + 4-byte group) and are visited
+ * in a random order, so that large tables pay their cache misses as they would under
+ * a real engine. Figures are ns per chunk (ns per call for touch) and bytes of
+ * index + policy memory per chunk. */
+#include <errno.h>
+#include <stdbool.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "kvt/hash.h"
+#include "kvt/primary.h"
+
+#define BATCH 16
+
+struct core_result {
+    size_t n;
+    const char *policy;
+    double hit_ns, miss_ns, store_ns, store_evict_ns, touch16_ns;
+    double index_bytes_per_chunk;
+};
+
+static double now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static void make_key(struct kvt_key *k, uint64_t i)
+{
+    uint64_t h[4];
+
+    for (int w = 0; w < 4; w++)
+        h[w] = kvt_hash64_seed(&i, sizeof(i), (uint64_t)w * 0x9e3779b97f4a7c15ull);
+    kvt_key_make(k, h, sizeof(h), 0);
+}
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static uint64_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static void shuffle(uint32_t *a, size_t n)
+{
+    for (size_t i = n - 1; i > 0; i--) {
+        size_t j = rnd() % (i + 1);
+        uint32_t t = a[i];
+
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* Stores keys[from..to) in batches, completing each batch; returns ns per chunk. */
+static int store_range(struct kvt_primary *p, const struct kvt_key *keys, size_t from, size_t to,
+                       struct kvt_store_output *out, double *ns_p)
+{
+    double t0 = now_ns();
+
+    for (size_t i = from; i < to; i += BATCH) {
+        size_t n = to - i < BATCH ? to - i : BATCH;
+        int rc = kvt_primary_prepare_store(p, keys + i, n, out);
+
+        if (rc < 0)
+            return rc;
+        kvt_primary_complete_store(p, keys + i, n, true);
+    }
+    *ns_p = (now_ns() - t0) / (double)(to - from);
+    return 0;
+}
+
+static int run_one(size_t n, const char *policy, const struct kvt_key *keys, uint32_t *order,
+                   struct core_result *res)
+{
+    struct kvt_primary_config cfg = {.num_chunks = n, .row_bytes = 0, .policy = policy};
+    struct kvt_store_output out;
+    struct kvt_primary *p;
+    volatile unsigned sink = 0;
+    size_t ops = n < 1000000 ? 1000000 : n;
+    int rc;
+
+    rc = kvt_primary_create(&cfg, NULL, &p);
+    if (rc < 0)
+        return rc;
+    kvt_store_output_init(&out);
+    res->n = n;
+    res->policy = policy;
+
+    /* Fill: no eviction. */
+    rc = store_range(p, keys, 0, n, &out, &res->store_ns);
+    if (rc < 0)
+        goto out;
+    res->index_bytes_per_chunk = (double)kvt_primary_index_bytes(p) / (double)n;
+
+    double t0 = now_ns();
+
+    for (size_t i = 0; i < ops; i++)
+        sink += kvt_primary_lookup(p, &keys[order[i % n]]) == KVT_HIT;
+    res->hit_ns = (now_ns() - t0) / (double)ops;
+    if (sink != ops) {
+        fprintf(stderr, "bench core: %u of %zu lookups hit\n", sink, ops);
+        rc = -EIO;
+        goto out;
+    }
+
+    t0 = now_ns();
+    for (size_t i = 0; i < ops; i++)
+        sink += kvt_primary_lookup(p, &keys[n + order[i % n]]) == KVT_HIT;
+    res->miss_ns = (now_ns() - t0) / (double)ops;
+
+    size_t touches = ops / BATCH;
+
+    t0 = now_ns();
+    for (size_t i = 0; i < touches; i++) {
+        size_t start = order[i % n] % (n - BATCH + 1);
+
+        kvt_primary_touch(p, keys + start, BATCH);
+    }
+    res->touch16_ns = (now_ns() - t0) / (double)touches;
+
+    /* Full: every batch evicts BATCH chunks. */
+    rc = store_range(p, keys, n, 2 * n, &out, &res->store_evict_ns);
+    if (rc == 0 && kvt_primary_num_entries(p) != n)
+        rc = -EIO;
+out:
+    kvt_store_output_cleanup(&out);
+    kvt_primary_destroy(p);
+    return rc;
+}
+
+int kvt_bench_core(int argc, char **argv)
+{
+    static const size_t sizes[] = {1000, 100000, 1000000};
+    static const char *const policies[] = {"lru", "arc"};
+    struct core_result res[6];
+    bool json = false;
+    size_t nres = 0;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--json") == 0) {
+            json = true;
+        } else {
+            fprintf(stderr, "usage: kvtier-bench core [--json]\n");
+            return 2;
+        }
+    }
+    size_t max = sizes[2];
+    struct kvt_key *keys = malloc(2 * max * sizeof(*keys));
+    uint32_t *order = malloc(max * sizeof(*order));
+
+    if (keys == NULL || order == NULL) {
+        fprintf(stderr, "bench core: out of memory\n");
+        free(keys);
+        free(order);
+        return 1;
+    }
+    for (size_t i = 0; i < 2 * max; i++)
+        make_key(&keys[i], i);
+    for (size_t s = 0; s < 3; s++) {
+        for (uint32_t i = 0; i < sizes[s]; i++)
+            order[i] = i;
+        shuffle(order, sizes[s]);
+        for (size_t q = 0; q < 2; q++) {
+            int rc = run_one(sizes[s], policies[q], keys, order, &res[nres]);
+
+            if (rc < 0) {
+                fprintf(stderr, "bench core: %s at %zu chunks failed: %s\n", policies[q], sizes[s],
+                        strerror(-rc));
+                free(keys);
+                free(order);
+                return 1;
+            }
+            nres++;
+        }
+    }
+    free(keys);
+    free(order);
+
+    if (json) {
+        printf("{\"bench\":\"core\",\"key_bytes\":36,\"batch\":%d,\"results\":[", BATCH);
+        for (size_t i = 0; i < nres; i++)
+            printf("%s{\"chunks\":%zu,\"policy\":\"%s\",\"lookup_hit_ns\":%.1f,"
+                   "\"lookup_miss_ns\":%.1f,\"store_complete_ns\":%.1f,"
+                   "\"store_complete_evict_ns\":%.1f,\"touch16_ns\":%.1f,"
+                   "\"index_bytes_per_chunk\":%.1f}",
+                   i ? "," : "", res[i].n, res[i].policy, res[i].hit_ns, res[i].miss_ns,
+                   res[i].store_ns, res[i].store_evict_ns, res[i].touch16_ns,
+                   res[i].index_bytes_per_chunk);
+        printf("]}\n");
+        return 0;
+    }
+    printf("kvtier-bench core (single thread, 36-byte keys, batches of %d, ns per chunk)\n", BATCH);
+    printf("%9s %6s %10s %10s %10s %12s %10s %12s\n", "chunks", "policy", "hit", "miss", "store",
+           "store+evict", "touch16", "index B/chunk");
+    for (size_t i = 0; i < nres; i++)
+        printf("%9zu %6s %10.1f %10.1f %10.1f %12.1f %10.1f %12.1f\n", res[i].n, res[i].policy,
+               res[i].hit_ns, res[i].miss_ns, res[i].store_ns, res[i].store_evict_ns,
+               res[i].touch16_ns, res[i].index_bytes_per_chunk);
+    printf("growth 1e3 -> 1e6 (lru): hit %.2fx, store+evict %.2fx\n", res[4].hit_ns / res[0].hit_ns,
+           res[4].store_evict_ns / res[0].store_evict_ns);
+    printf("growth 1e3 -> 1e6 (arc): hit %.2fx, store+evict %.2fx\n", res[5].hit_ns / res[1].hit_ns,
+           res[5].store_evict_ns / res[1].store_evict_ns);
+    return 0;
+}
