@@ -165,6 +165,8 @@ int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, u
  * writable at all. */
 int kvt__st_probe_direct(int dir_fd);
 
+/* Mutex, condition variables, queues; no threads yet. */
+void kvt__st_pool_init(struct st_tier *s);
 int kvt__st_pool_start(struct st_tier *s);
 /* Cancels queued tasks (their items fail with ECANCELED), joins the threads. */
 void kvt__st_pool_stop(struct st_tier *s);

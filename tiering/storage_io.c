@@ -431,6 +431,18 @@ static void *worker_main(void *arg)
 
 /* ---- pool ------------------------------------------------------------------------- */
 
+void kvt__st_pool_init(struct st_tier *s)
+{
+    struct st_pool *p = &s->pool;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->idle_cv, NULL);
+    kvt_list_init(&p->done);
+    q_init(&p->loads);
+    q_init(&p->stores);
+    q_init(&p->unlinks);
+}
+
 int kvt__st_pool_start(struct st_tier *s)
 {
     struct st_pool *p = &s->pool;

@@ -748,19 +748,7 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     kvt_map_init(&s->index);
     kvt_list_init(&s->lru);
     kvt_events_init(&s->events);
-    pthread_mutex_init(&s->pool.mu, NULL);
-    pthread_cond_init(&s->pool.work_cv, NULL);
-    pthread_cond_init(&s->pool.idle_cv, NULL);
-    kvt_list_init(&s->pool.done);
-    {
-        struct st_queue *qs[3] = {&s->pool.loads, &s->pool.stores, &s->pool.unlinks};
-        for (int i = 0; i < 3; i++) {
-            memset(qs[i], 0, sizeof(*qs[i]));
-            kvt_list_init(&qs[i]->fifo);
-            for (unsigned b = 0; b < ST_BUCKETS; b++)
-                kvt_list_init(&qs[i]->buckets[b]);
-        }
-    }
+    kvt__st_pool_init(s);
     s->root = kvt_strdup(cfg->root);
     if (s->root == NULL) {
         rc = -ENOMEM;
