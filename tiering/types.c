@@ -231,6 +231,8 @@ int kvt_events_push(struct kvt_events *l, const struct kvt_key *keys, size_t n, 
 
 int kvt_events_splice(struct kvt_events *dst, struct kvt_events *src)
 {
+    if (src->n == 0)
+        return 0;
     if (events_reserve(dst, src->n) != 0)
         return -ENOMEM;
     memcpy(dst->ev + dst->n, src->ev, src->n * sizeof(*src->ev));

@@ -5,6 +5,8 @@
  * Fixture as upstream: a primary of 5 chunks with 16-byte rows and two example
  * tiers; keys kt_key(i) = make_offload_key(str(i).encode(), 0); a step is
  * on_schedule_end with no new requests followed by take_events. */
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -23,7 +25,7 @@ struct call_log {
     struct {
         int tier;
         enum kvt_example_call call;
-        char req_id[64];
+        char req_id[KVT_REQ_ID_MAX + 1];
         size_t n;
         struct kvt_key keys[8];
         const struct kvt_job *job;
@@ -55,6 +57,17 @@ static size_t count_calls(const struct call_log *l, int tier, enum kvt_example_c
     for (size_t i = 0; i < l->n; i++)
         c += l->e[i].tier == tier && l->e[i].call == call;
     return c;
+}
+
+/* Index of the nth (0-based) call of this kind to tier in the log; fails the test
+ * when there is none. */
+static size_t nth_call(const struct call_log *l, int tier, enum kvt_example_call call, size_t nth)
+{
+    for (size_t i = 0; i < l->n; i++)
+        if (l->e[i].tier == tier && l->e[i].call == call && nth-- == 0)
+            return i;
+    fail_msg("call %d to tier %d not logged", (int)call, tier);
+    return 0;
 }
 
 /* ---- fixture --------------------------------------------------------------- */
@@ -682,8 +695,10 @@ static void test_complete_store_forwards_req_context_to_submit_store(void **stat
     start(f, ctx);
     store(f, ctx, k, 2);
     assert_int_equal(count_calls(&f->log, 0, KVT_EX_SUBMIT_STORE), 1);
-    assert_ptr_equal(f->log.e[0].job->ctx, ctx);
-    assert_false(f->log.e[0].job->is_promotion);
+    size_t i = nth_call(&f->log, 0, KVT_EX_SUBMIT_STORE, 0);
+    assert_non_null(f->log.e[i].job);
+    assert_ptr_equal(f->log.e[i].job->ctx, ctx);
+    assert_false(f->log.e[i].job->is_promotion);
     kvt_req_ctx_unref(ctx);
     fx_free(f);
 }
@@ -1162,6 +1177,8 @@ static void report_unknown_job(void *arg)
     } else {
         st_finish(s2, s->stores[0], true, NULL, 0); /* tier 0's job, from tier 1 */
     }
+    /* This step already polled (prepare_store); the next step's poll sees it. */
+    kvt_manager_on_schedule_end(m, &sc);
     kvt_manager_on_schedule_end(m, &sc);
 }
 
@@ -1284,6 +1301,19 @@ static void test_serve_external_requests_through_parent(void **state)
 
 static uint64_t fake_now;
 
+/* What upstream's tests do with bp._ema = x; bp._under_pressure = True after the
+ * warmup: a detector that is pressured at the given EMA. */
+static void force_pressure(struct kvt_bp *bp, double ema)
+{
+    struct kvt_bp_state st;
+    kvt__bp_get_state(bp, &st);
+    st.ema = ema;
+    st.under_pressure = true;
+    st.completions = 4;
+    st.last_update_s = kvt_now_s();
+    kvt__bp_set_state(bp, &st);
+}
+
 static struct fx *bp_fx(struct kvt_example_tier_config *c)
 {
     struct fx *f = fx_new_with(1, c, NULL, false);
@@ -1302,9 +1332,7 @@ static void test_stores_skipped_under_pressure(void **state)
     struct fx *f = bp_fx(NULL);
     struct kvt_key k[2];
     kt_keys(k, 0, 2);
-    for (int i = 0; i < 4; i++) /* past warmup */
-        kvt_bp_on_store_completed(f->t1->bp, 0.0, 1 << 20);
-    kvt_bp_set_ema(f->t1->bp, 4000);
+    force_pressure(f->t1->bp, 4000);
     assert_true(kvt_bp_is_under_pressure(f->t1->bp));
     start(f, f->ctx);
     store(f, f->ctx, k, 2);
@@ -1323,9 +1351,7 @@ static void test_loads_continue_under_pressure(void **state)
 {
     struct fx *f = bp_fx(NULL);
     struct kvt_key k = kt_key(3);
-    for (int i = 0; i < 4; i++)
-        kvt_bp_on_store_completed(f->t1->bp, 0.0, 1 << 20);
-    kvt_bp_set_ema(f->t1->bp, 4000);
+    force_pressure(f->t1->bp, 4000);
     kvt_example_tier_insert(f->t1, &k, NULL);
     assert_int_equal(kvt_manager_lookup(f->m, &k, f->ctx), KVT_HIT_PENDING);
     fx_free(f);
@@ -1335,20 +1361,21 @@ static void test_completed_cascade_feeds_detector(void **state)
 {
     struct kvt_example_tier_config hold = {.hold_jobs = true};
     struct fx *f = bp_fx(&hold);
-    struct kvt_key k[1];
-    kt_keys(k, 0, 1);
+    struct kvt_key k[3];
+    kt_keys(k, 0, 3);
     fake_now = 1000000000000ull;
     kvt_clock_set_fake(&fake_now);
     start(f, f->ctx);
     for (int i = 0; i < 3; i++) {
-        store(f, f->ctx, k, 1); /* re-store of a present key: cascades again */
+        store(f, f->ctx, &k[i], 1);
         fake_now += 2000000000ull; /* 2 s for 16 bytes: far above high water */
         kvt_example_tier_release(f->t1);
+        step(f);
+        step(f);
         kvt_example_tier_set_hold(f->t1, true);
-        step(f);
-        step(f);
     }
-    assert_true(kvt_bp_ema(f->t1->bp) > 0);
+    /* Three warmup samples of 2 s per 16 bytes seed the EMA with their mean. */
+    assert_float_equal(kvt_bp_ema(f->t1->bp), 2.0 / (16.0 / (1 << 20)), 1e-6);
     kvt_clock_set_fake(NULL);
     fx_free(f);
 }
@@ -1364,9 +1391,7 @@ static void test_request_level_tier_respects_backpressure(void **state)
     store(f, f->ctx, k, 3);
     step(f);
     step(f);
-    for (int i = 0; i < 4; i++)
-        kvt_bp_on_store_completed(f->t1->bp, 0.0, 1 << 20);
-    kvt_bp_set_ema(f->t1->bp, 4000);
+    force_pressure(f->t1->bp, 4000);
     assert_int_equal(kvt_manager_on_new_request(f->m, ctx, NULL), 0);
     unsigned before = kvt_example_tier_calls(f->t1, KVT_EX_SUBMIT_STORE);
     assert_int_equal(kvt_manager_prepare_store(f->m, k, 3, ctx, &f->out), 0);
@@ -1381,9 +1406,9 @@ static void test_metrics_reported_via_get_stats(void **state)
     struct kvt_key k[5];
     struct kvt_stats st;
     kt_keys(k, 0, 5);
-    for (int i = 0; i < 4; i++)
-        kvt_bp_on_store_completed(f->t1->bp, 0.0, 1 << 20);
-    kvt_bp_set_ema(f->t1->bp, 4000); /* 4x high: every store dropped */
+    fake_now = 1000000000000ull; /* frozen: no idle decay between the reads */
+    kvt_clock_set_fake(&fake_now);
+    force_pressure(f->t1->bp, 4000); /* 4x high: every store dropped */
     start(f, f->ctx);
     store(f, f->ctx, k, 2);
     store(f, f->ctx, k + 2, 3);
@@ -1397,15 +1422,15 @@ static void test_metrics_reported_via_get_stats(void **state)
     assert_true(kvt_stats_value(&st, KVT_M_BP_EMA, "1:example") == 4000); /* persists */
     assert_true(kvt_stats_value(&st, KVT_M_BP_STORES_DROPPED, "1:example") == 0);
     kvt_stats_cleanup(&st);
+    kvt_clock_set_fake(NULL);
     fx_free(f);
 }
 
 static void test_reset_cache_clears_backpressure(void **state)
 {
     struct fx *f = bp_fx(NULL);
-    for (int i = 0; i < 4; i++)
-        kvt_bp_on_store_completed(f->t1->bp, 0.0, 1 << 20);
-    kvt_bp_set_ema(f->t1->bp, 4000);
+    force_pressure(f->t1->bp, 4000);
+    assert_true(kvt_bp_is_under_pressure(f->t1->bp));
     assert_int_equal(kvt_manager_reset_cache(f->m), 0);
     assert_true(kvt_bp_ema(f->t1->bp) == 0);
     assert_false(kvt_bp_is_under_pressure(f->t1->bp));

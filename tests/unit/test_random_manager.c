@@ -8,6 +8,7 @@
  *     and at the end no job, pin or pending write is left;
  *   - every finished request is finalized exactly once in every tier.
  * Runs under ASan (leaks) and TSan. KVT_RANDOM_SEEDS / KVT_RANDOM_STEPS scale it. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,7 +193,9 @@ static void do_lookup_and_load(struct world *w, struct rreq *q)
         else if (!defer)
             hits = i + 1;
     }
-    if (hits == 0 || q->n_load > 0)
+    /* A deferred scan loads nothing this step (the connector retries the request
+     * next step): the promotions it started may have evicted its earlier hits. */
+    if (defer || hits == 0 || q->n_load > 0)
         return;
     /* prepare_load takes only keys confirmed HIT this step, without duplicates */
     size_t m = 0;

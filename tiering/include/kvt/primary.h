@@ -32,8 +32,9 @@ struct kvt_primary_config {
 
 struct kvt_primary;
 
-/* The primary takes ownership of region (may be NULL: then, if row_bytes > 0, it
- * allocates private memory of num_chunks * row_bytes). -EINVAL for bad config
+/* The primary takes ownership of region, which must come from kvt_malloc/kvt_calloc
+ * and be open (may be NULL: then, if row_bytes > 0, it maps private anonymous
+ * memory of num_chunks * row_bytes). -EINVAL for bad config
  * (num_chunks 0 or > 2^31, unknown policy, region geometry that does not match). */
 int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *region,
                        struct kvt_primary **primary_p);
@@ -126,12 +127,16 @@ int kvt_primary_entry_info(const struct kvt_primary *p, const struct kvt_key *ke
 int kvt_primary_set_checksum(struct kvt_primary *p, const struct kvt_key *key, uint64_t sum);
 
 /* Policy order, for tests and tools. LRU: which 0 = all entries LRU -> MRU.
- * ARC: which 0..3 = T1, T2, B1, B2, each LRU -> MRU. Returns the count written
- * (at most max). */
+ * ARC: which 0 = T1, 1 = T2, each LRU -> MRU. Returns the count written (at most
+ * max). */
 size_t kvt_primary_policy_list(const struct kvt_primary *p, int which, struct kvt_key *out,
                                size_t max);
 /* ARC's target_t1_size (0 for LRU). */
 double kvt_primary_arc_target(const struct kvt_primary *p);
+/* ARC ghosts keep a fingerprint, not the key: which ghost list holds key
+ * (1 = B1, 2 = B2, 0 = none or LRU), and the length of B1 (which 1) or B2 (2). */
+int kvt_primary_arc_ghost_of(const struct kvt_primary *p, const struct kvt_key *key);
+size_t kvt_primary_arc_ghost_len(const struct kvt_primary *p, int which);
 
 /* Walks every entry (tests' recount of the invariants). */
 typedef void (*kvt_primary_entry_cb)(void *arg, const struct kvt_key *key,

@@ -1,0 +1,689 @@
+/* The CPU primary tier (spec §2.1-2.2, 2.4): entries per slot, the key index, the
+ * slot allocator, the ref-count state machine and its counters, events and gauges.
+ * The recency order and victim choice belong to the policy (policy_*.c).
+ *
+ * One rule carries the whole design: an operation either succeeds completely or
+ * changes nothing. prepare_store checks keys, capacity and victims before it
+ * touches any entry; pin/unpin check every key before changing the first. */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "kvt/alloc.h"
+#include "kvt/hash.h"
+#include "kvt/log.h"
+#include "kvt/metrics.h"
+#include "kvt/region.h"
+#include "primary_int.h"
+
+#define PR_MAX_CHUNKS (1ull << 31)
+
+/* ---- index -------------------------------------------------------------- */
+
+static size_t pr_home(const struct kvt_primary *p, uint64_t h)
+{
+    return (size_t)h & p->index_mask;
+}
+
+static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
+{
+    for (size_t i = pr_home(p, h);; i = (i + 1) & p->index_mask) {
+        uint32_t v = p->index[i];
+        const struct pr_entry *x;
+
+        if (v == 0)
+            return PR_NIL;
+        x = &p->e[v - 1];
+        if (x->hash == h && x->key.len == key->len &&
+            memcmp(x->key.bytes, key->bytes, key->len) == 0)
+            return v - 1;
+    }
+}
+
+uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key)
+{
+    if (!pr_key_ok(key))
+        return PR_NIL;
+    return pr_find_h(p, key, kvt_key_hash(key));
+}
+
+static void pr_index_put(struct kvt_primary *p, uint32_t s)
+{
+    size_t i = pr_home(p, p->e[s].hash);
+
+    while (p->index[i] != 0)
+        i = (i + 1) & p->index_mask;
+    p->index[i] = s + 1;
+}
+
+/* Backward-shift deletion: no tombstones, so probe lengths stay short forever. */
+static void pr_index_del(struct kvt_primary *p, uint32_t s)
+{
+    size_t i = pr_home(p, p->e[s].hash);
+
+    while (p->index[i] != s + 1)
+        i = (i + 1) & p->index_mask;
+    for (size_t j = (i + 1) & p->index_mask;; j = (j + 1) & p->index_mask) {
+        uint32_t v = p->index[j];
+        size_t home;
+
+        if (v == 0)
+            break;
+        home = pr_home(p, p->e[v - 1].hash);
+        /* v may move into the hole i unless its home lies cyclically in (i, j]. */
+        if (((j - home) & p->index_mask) >= ((j - i) & p->index_mask)) {
+            p->index[i] = v;
+            i = j;
+        }
+    }
+    p->index[i] = 0;
+}
+
+/* ---- slots and entries -------------------------------------------------- */
+
+static size_t pr_num_free(const struct kvt_primary *p)
+{
+    return p->n_free_list + p->cfg.num_chunks - p->num_allocated;
+}
+
+/* Fresh slots in order first, then the LIFO free list (spec §2.1's pinned ids). */
+static uint32_t pr_alloc_slot(struct kvt_primary *p)
+{
+    if (p->num_allocated < p->cfg.num_chunks)
+        return (uint32_t)p->num_allocated++;
+    return p->free_list[--p->n_free_list];
+}
+
+static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
+{
+    uint32_t s = pr_alloc_slot(p);
+    struct pr_entry *x = &p->e[s];
+
+    x->key = *key;
+    x->hash = h;
+    x->ref_cnt = -1;
+    x->generation++;
+    x->mark = 0;
+    x->checksum = 0;
+    x->has_checksum = false;
+    pr_index_put(p, s);
+    p->pol->insert(p, s);
+    p->num_entries++;
+    p->num_write_pending++;
+    return s;
+}
+
+/* The entry must already be off the policy lists. */
+static void pr_release(struct kvt_primary *p, uint32_t s)
+{
+    pr_index_del(p, s);
+    p->e[s].list = PR_NONE;
+    p->free_list[p->n_free_list++] = s;
+    p->num_entries--;
+}
+
+/* ---- create / destroy --------------------------------------------------- */
+
+static const struct pr_policy_ops *pr_policy_by_name(const char *name)
+{
+    if (name == NULL || strcmp(name, "lru") == 0)
+        return &kvt_pr_lru_ops;
+    if (strcmp(name, "arc") == 0)
+        return &kvt_pr_arc_ops;
+    return NULL;
+}
+
+int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *region,
+                       struct kvt_primary **primary_p)
+{
+    const struct pr_policy_ops *pol;
+    struct kvt_primary *p;
+    size_t table = 16;
+    int rc;
+
+    if (cfg == NULL || primary_p == NULL || cfg->num_chunks == 0 || cfg->num_chunks > PR_MAX_CHUNKS)
+        return -EINVAL;
+    pol = pr_policy_by_name(cfg->policy);
+    if (pol == NULL)
+        return -EINVAL;
+    if (region != NULL && (region->num_chunks != cfg->num_chunks ||
+                           (cfg->row_bytes != 0 && cfg->row_bytes != region->row_bytes)))
+        return -EINVAL;
+    while (table < 2 * cfg->num_chunks) /* load factor <= 1/2 */
+        table <<= 1;
+
+    p = kvt_calloc(1, sizeof(*p));
+    if (p == NULL)
+        return -ENOMEM;
+    p->cfg = *cfg;
+    p->cfg.policy = pol->name;
+    if (region != NULL)
+        p->cfg.row_bytes = region->row_bytes;
+    p->pol = pol;
+    p->mark = 2;
+    pr_list_init(&p->l1);
+    pr_list_init(&p->l2);
+    kvt_events_init(&p->events);
+    kvt_stats_init(&p->pending_stats);
+    p->e = kvt_calloc(cfg->num_chunks, sizeof(*p->e));
+    p->index = kvt_calloc(table, sizeof(*p->index));
+    p->free_list = kvt_calloc(cfg->num_chunks, sizeof(*p->free_list));
+    p->victims = kvt_calloc(cfg->num_chunks, sizeof(*p->victims));
+    p->index_mask = table - 1;
+    if (p->e == NULL || p->index == NULL || p->free_list == NULL || p->victims == NULL) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (size_t i = 0; i < cfg->num_chunks; i++)
+        p->e[i].prev = p->e[i].next = PR_NIL;
+    rc = pol->init(p);
+    if (rc != 0)
+        goto fail;
+    if (region != NULL) {
+        p->base = region->base;
+    } else if (p->cfg.row_bytes > 0) {
+        size_t bytes = cfg->num_chunks * p->cfg.row_bytes;
+        void *m;
+
+        if (bytes / p->cfg.row_bytes != cfg->num_chunks) {
+            rc = -EINVAL;
+            goto fail_pol;
+        }
+        m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            rc = -ENOMEM;
+            goto fail_pol;
+        }
+        p->base = m;
+        p->mem_bytes = bytes;
+    }
+    p->region = region;
+    *primary_p = p;
+    return 0;
+
+fail_pol:
+    pol->fini(p);
+fail:
+    kvt_free(p->e);
+    kvt_free(p->index);
+    kvt_free(p->free_list);
+    kvt_free(p->victims);
+    kvt_free(p);
+    return rc;
+}
+
+void kvt_primary_destroy(struct kvt_primary *p)
+{
+    if (p == NULL)
+        return;
+    p->pol->fini(p);
+    if (p->region != NULL) {
+        kvt_region_cleanup(p->region);
+        kvt_free(p->region);
+    } else if (p->mem_bytes > 0) {
+        munmap(p->base, p->mem_bytes);
+    }
+    kvt_events_cleanup(&p->events);
+    kvt_stats_cleanup(&p->pending_stats);
+    kvt_free(p->e);
+    kvt_free(p->index);
+    kvt_free(p->free_list);
+    kvt_free(p->victims);
+    kvt_free(p->dedup);
+    kvt_free(p->scratch);
+    kvt_free(p);
+}
+
+/* ---- store output ------------------------------------------------------- */
+
+void kvt_store_output_init(struct kvt_store_output *out)
+{
+    memset(out, 0, sizeof(*out));
+}
+
+void kvt_store_output_cleanup(struct kvt_store_output *out)
+{
+    kvt_free(out->keys_to_store);
+    kvt_free(out->chunk_ids);
+    kvt_free(out->evicted);
+    memset(out, 0, sizeof(*out));
+}
+
+static int out_reserve(struct kvt_store_output *out, size_t n_store, size_t n_evicted)
+{
+    if (n_store > out->cap_store) {
+        struct kvt_key *k = kvt_reallocarray(out->keys_to_store, n_store, sizeof(*k));
+        int64_t *c;
+
+        if (k == NULL)
+            return -ENOMEM;
+        out->keys_to_store = k;
+        c = kvt_reallocarray(out->chunk_ids, n_store, sizeof(*c));
+        if (c == NULL)
+            return -ENOMEM;
+        out->chunk_ids = c;
+        out->cap_store = n_store;
+    }
+    if (n_evicted > out->cap_evicted) {
+        struct kvt_key *k = kvt_reallocarray(out->evicted, n_evicted, sizeof(*k));
+
+        if (k == NULL)
+            return -ENOMEM;
+        out->evicted = k;
+        out->cap_evicted = n_evicted;
+    }
+    return 0;
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key)
+{
+    uint32_t s = kvt_pr_find(p, key);
+
+    if (s == PR_NIL)
+        return KVT_MISS;
+    return p->e[s].ref_cnt < 0 ? KVT_HIT_PENDING : KVT_HIT;
+}
+
+static void pr_next_mark(struct kvt_primary *p)
+{
+    p->mark += 2;
+    if (p->mark >= UINT32_MAX - 2) { /* wrapped: forget every old mark */
+        for (size_t i = 0; i < p->cfg.num_chunks; i++)
+            p->e[i].mark = 0;
+        p->mark = 2;
+    }
+}
+
+/* The dedup table of the keys a prepare_store adds: a key offered twice is
+ * stored once (Python would insert it twice and leak a slot). Returns true when
+ * key was already recorded. */
+static bool pr_dedup_seen(struct kvt_primary *p, const struct kvt_key *keys, uint32_t idx,
+                          uint64_t h)
+{
+    size_t mask = p->dedup_cap - 1;
+
+    for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
+        uint32_t v = p->dedup[i];
+
+        if (v == 0) {
+            p->dedup[i] = idx + 1;
+            return false;
+        }
+        if (kvt_key_eq(&keys[v - 1], &keys[idx]))
+            return true;
+    }
+}
+
+static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
+{
+    size_t cap = 16;
+
+    while (cap < 2 * n)
+        cap <<= 1;
+    if (cap > p->dedup_cap) {
+        uint32_t *d = kvt_reallocarray(p->dedup, cap, sizeof(*d));
+
+        if (d == NULL)
+            return -ENOMEM;
+        p->dedup = d;
+        p->dedup_cap = cap;
+    }
+    memset(p->dedup, 0, cap * sizeof(*p->dedup));
+    return 0;
+}
+
+int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                              struct kvt_store_output *out)
+{
+    size_t n_new = 0, need, free_slots;
+    int rc;
+
+    out->n_store = 0;
+    out->n_evicted = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!pr_key_ok(&keys[i]))
+            return -EINVAL;
+    if (n == 0)
+        return 0;
+    if (n > UINT32_MAX - 1)
+        return -EINVAL;
+    rc = pr_dedup_reserve(p, n);
+    if (rc == 0)
+        rc = out_reserve(out, n, 0);
+    if (rc != 0)
+        return rc;
+
+    /* Protect every offered key (present ones keep their place whatever happens)
+     * and collect the absent ones, once each. */
+    pr_next_mark(p);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = kvt_key_hash(&keys[i]);
+        uint32_t s = pr_find_h(p, &keys[i], h);
+
+        if (s != PR_NIL)
+            p->e[s].mark = p->mark;
+        else if (!pr_dedup_seen(p, keys, (uint32_t)i, h))
+            out->keys_to_store[n_new++] = keys[i];
+    }
+    if (n_new == 0)
+        return 0;
+
+    free_slots = pr_num_free(p);
+    need = n_new > free_slots ? n_new - free_slots : 0;
+    if (need > 0) {
+        if (need > p->num_evictable) /* fail fast without a scan (#45757) */
+            return -ENOSPC;
+        rc = out_reserve(out, n_new, need);
+        if (rc != 0)
+            return rc;
+        rc = p->pol->evict(p, need, p->victims); /* atomic: -ENOSPC changes nothing */
+        if (rc != 0)
+            return rc;
+        for (size_t i = 0; i < need; i++) {
+            uint32_t s = p->victims[i];
+
+            out->evicted[i] = p->e[s].key;
+            p->num_evictable--;
+            pr_release(p, s);
+        }
+        out->n_evicted = need;
+        if (p->cfg.enable_events &&
+            kvt_events_push(&p->events, out->evicted, need, KVT_MEDIUM_CPU, KVT_ANY, true) != 0)
+            kvt_warn("primary", "out of memory: a removed event was lost");
+    }
+    for (size_t i = 0; i < n_new; i++) {
+        const struct kvt_key *k = &out->keys_to_store[i];
+
+        out->chunk_ids[i] = pr_insert(p, k, kvt_key_hash(k));
+    }
+    out->n_store = n_new;
+    kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
+    return 0;
+}
+
+int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                               bool success)
+{
+    size_t n_stored = 0;
+
+    if (success && p->cfg.enable_events && n > p->scratch_cap) {
+        struct kvt_key *k = kvt_reallocarray(p->scratch, n, sizeof(*k));
+
+        if (k == NULL)
+            return -ENOMEM;
+        p->scratch = k;
+        p->scratch_cap = n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = kvt_pr_find(p, &keys[i]);
+        struct pr_entry *x;
+
+        if (s == PR_NIL || p->e[s].ref_cnt >= 0)
+            continue; /* absent or already ready: idempotent */
+        x = &p->e[s];
+        p->num_write_pending--;
+        if (!success) { /* no event: the key was never stored */
+            p->pol->remove(p, s);
+            pr_release(p, s);
+            continue;
+        }
+        x->ref_cnt = 0;
+        p->num_evictable++;
+        if (p->cfg.checksum_on_complete && p->base != NULL) {
+            x->checksum = kvt_hash64(p->base + (size_t)s * p->cfg.row_bytes, p->cfg.row_bytes);
+            x->has_checksum = true;
+        }
+        if (p->cfg.enable_events)
+            p->scratch[n_stored++] = keys[i];
+    }
+    if (n_stored > 0 &&
+        kvt_events_push(&p->events, p->scratch, n_stored, KVT_MEDIUM_CPU, KVT_ANY, false) != 0) {
+        kvt_warn("primary", "out of memory: a stored event was lost");
+        return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Checks every key before pinning the first: all present and ready, or -EINVAL. */
+static int pr_pin(struct kvt_primary *p, const struct kvt_key *keys, size_t n, int64_t *chunk_ids)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = kvt_pr_find(p, &keys[i]);
+
+        if (s == PR_NIL || p->e[s].ref_cnt < 0)
+            return -EINVAL;
+        if (p->e[s].ref_cnt == INT32_MAX)
+            return -EOVERFLOW;
+        chunk_ids[i] = s;
+    }
+    for (size_t i = 0; i < n; i++) {
+        struct pr_entry *x = &p->e[chunk_ids[i]];
+
+        if (x->ref_cnt++ == 0)
+            p->num_evictable--;
+    }
+    return 0;
+}
+
+int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             int64_t *chunk_ids)
+{
+    return pr_pin(p, keys, n, chunk_ids);
+}
+
+/* A cascade read is not a reuse: it records no access (the simple-form policies
+ * record none at pin time anyway, so both calls pin the same way). */
+int kvt_primary_prepare_read(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             int64_t *chunk_ids)
+{
+    return pr_pin(p, keys, n, chunk_ids);
+}
+
+int kvt_primary_complete_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+{
+    size_t m, became_evictable = 0;
+
+    /* A key may be listed several times, each taking one pin: unpin tentatively
+     * and roll back if one runs out, so misuse changes nothing. */
+    for (m = 0; m < n; m++) {
+        uint32_t s = kvt_pr_find(p, &keys[m]);
+
+        if (s == PR_NIL || p->e[s].ref_cnt <= 0)
+            break;
+        if (--p->e[s].ref_cnt == 0)
+            became_evictable++;
+    }
+    if (m < n) {
+        for (size_t i = 0; i < m; i++)
+            p->e[kvt_pr_find(p, &keys[i])].ref_cnt++;
+        return -EINVAL;
+    }
+    p->num_evictable += became_evictable;
+    return 0;
+}
+
+void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+{
+    p->pol->touch(p, keys, n);
+}
+
+void kvt_primary_on_request_finished(struct kvt_primary *p, const struct kvt_req_ctx *ctx)
+{
+    (void)p;
+    (void)ctx;
+}
+
+void kvt_primary_reset_cache(struct kvt_primary *p)
+{
+    p->pol->clear(p);
+    memset(p->index, 0, (p->index_mask + 1) * sizeof(*p->index));
+    for (size_t i = 0; i < p->cfg.num_chunks; i++) {
+        struct pr_entry *x = &p->e[i];
+
+        x->list = PR_NONE;
+        x->prev = x->next = PR_NIL;
+        x->ref_cnt = 0;
+        x->mark = 0;
+    }
+    pr_list_init(&p->l1);
+    pr_list_init(&p->l2);
+    p->num_allocated = 0;
+    p->n_free_list = 0;
+    p->num_entries = p->num_evictable = p->num_write_pending = 0;
+}
+
+int kvt_primary_take_events(struct kvt_primary *p, struct kvt_events *out)
+{
+    return kvt_events_splice(out, &p->events);
+}
+
+int kvt_primary_get_stats(struct kvt_primary *p, struct kvt_stats *out)
+{
+    double n = (double)p->cfg.num_chunks;
+    double usage = (double)(p->num_entries - p->num_evictable) / n;
+    double write = (double)p->num_write_pending / n;
+    double read = usage - write > 0 ? usage - write : 0;
+    int rc;
+
+    rc = kvt_stats_set_gauge(out, KVT_M_CPU_USAGE, NULL, usage);
+    if (rc == 0)
+        rc = kvt_stats_set_gauge(out, KVT_M_CPU_WRITE_USAGE, NULL, write);
+    if (rc == 0)
+        rc = kvt_stats_set_gauge(out, KVT_M_CPU_READ_USAGE, NULL, read);
+    if (rc == 0)
+        rc = kvt_stats_aggregate(out, &p->pending_stats);
+    if (rc == 0)
+        kvt_stats_clear(&p->pending_stats);
+    return rc;
+}
+
+/* ---- introspection ------------------------------------------------------ */
+
+size_t kvt_primary_num_chunks(const struct kvt_primary *p)
+{
+    return p->cfg.num_chunks;
+}
+
+size_t kvt_primary_row_bytes(const struct kvt_primary *p)
+{
+    return p->cfg.row_bytes;
+}
+
+uint8_t *kvt_primary_base(const struct kvt_primary *p)
+{
+    return p->base;
+}
+
+struct kvt_region *kvt_primary_region(const struct kvt_primary *p)
+{
+    return p->region;
+}
+
+size_t kvt_primary_num_evictable(const struct kvt_primary *p)
+{
+    return p->num_evictable;
+}
+
+size_t kvt_primary_num_write_pending(const struct kvt_primary *p)
+{
+    return p->num_write_pending;
+}
+
+size_t kvt_primary_num_free(const struct kvt_primary *p)
+{
+    return pr_num_free(p);
+}
+
+size_t kvt_primary_num_entries(const struct kvt_primary *p)
+{
+    return p->num_entries;
+}
+
+size_t kvt_primary_index_bytes(const struct kvt_primary *p)
+{
+    size_t n = p->cfg.num_chunks;
+
+    return n * sizeof(*p->e) + (p->index_mask + 1) * sizeof(*p->index) + n * sizeof(*p->free_list) +
+           n * sizeof(*p->victims) + p->pol->mem_bytes(p);
+}
+
+static void pr_info(const struct kvt_primary *p, uint32_t s, struct kvt_primary_entry_info *info)
+{
+    const struct pr_entry *x = &p->e[s];
+
+    info->slot = s;
+    info->ref_cnt = x->ref_cnt;
+    info->generation = x->generation;
+    info->checksum = x->checksum;
+    info->has_checksum = x->has_checksum;
+}
+
+int kvt_primary_entry_info(const struct kvt_primary *p, const struct kvt_key *key,
+                           struct kvt_primary_entry_info *info_p)
+{
+    uint32_t s = kvt_pr_find(p, key);
+
+    if (s == PR_NIL)
+        return -ENOENT;
+    pr_info(p, s, info_p);
+    return 0;
+}
+
+int kvt_primary_set_checksum(struct kvt_primary *p, const struct kvt_key *key, uint64_t sum)
+{
+    uint32_t s = kvt_pr_find(p, key);
+
+    if (s == PR_NIL)
+        return -ENOENT;
+    p->e[s].checksum = sum;
+    p->e[s].has_checksum = true;
+    return 0;
+}
+
+size_t kvt_primary_policy_list(const struct kvt_primary *p, int which, struct kvt_key *out,
+                               size_t max)
+{
+    return p->pol->list(p, which, out, max);
+}
+
+void kvt_primary_for_each(const struct kvt_primary *p, kvt_primary_entry_cb cb, void *arg)
+{
+    for (size_t s = 0; s < p->num_allocated; s++) {
+        struct kvt_primary_entry_info info;
+
+        if (p->e[s].list == PR_NONE)
+            continue;
+        pr_info(p, (uint32_t)s, &info);
+        cb(arg, &p->e[s].key, &info);
+    }
+}
+
+/* ---- helpers shared with the policies ----------------------------------- */
+
+size_t kvt_pr_collect(struct kvt_primary *p, uint32_t *cursor, size_t want, uint32_t *out)
+{
+    size_t got = 0;
+
+    while (got < want && *cursor != PR_NIL) {
+        uint32_t s = *cursor;
+
+        *cursor = p->e[s].next;
+        if (pr_evictable(p, s) && p->e[s].mark != p->mark + 1) {
+            p->e[s].mark = p->mark + 1;
+            out[got++] = s;
+        }
+    }
+    return got;
+}
+
+size_t kvt_pr_list_keys(const struct kvt_primary *p, const struct pr_list *l, struct kvt_key *out,
+                        size_t max)
+{
+    size_t k = 0;
+
+    for (uint32_t s = l->head; s != PR_NIL && k < max; s = p->e[s].next)
+        out[k++] = p->e[s].key;
+    return k;
+}

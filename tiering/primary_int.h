@@ -1,0 +1,158 @@
+/* The primary tier's private layout, shared by primary.c and the cache policies
+ * (policy_lru.c, policy_arc.c).
+ *
+ * Every entry lives in the slot it owns: entry i describes chunk i of the region,
+ * so there is one array of num_chunks entries and nothing to allocate per store.
+ * The key index is an open-addressing table of slot ids (linear probing,
+ * backward-shift deletion), compared by full key. Policy lists are doubly linked
+ * through slot ids, so the index never holds pointers and survives a realloc-free
+ * life of the primary. */
+#ifndef KVT_PRIMARY_INT_H
+#define KVT_PRIMARY_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "kvt/primary.h"
+#include "kvt/stats.h"
+#include "kvt/types.h"
+
+#define PR_NIL UINT32_MAX
+
+/* Which policy list an entry is on. LRU uses only PR_L1. */
+enum { PR_NONE = 0, PR_L1 = 1, PR_L2 = 2 };
+
+struct pr_entry {
+    struct kvt_key key;
+    uint8_t list; /* PR_NONE when the slot is free */
+    int32_t ref_cnt;
+    uint32_t generation; /* bumped on every allocation of the slot */
+    uint32_t mark;       /* == primary mark: protected by the running prepare_store */
+    uint32_t prev, next; /* policy list links */
+    uint64_t hash;
+    uint64_t checksum;
+    bool has_checksum;
+};
+
+struct pr_list {
+    uint32_t head, tail; /* head = LRU end, tail = MRU end */
+    size_t n;
+};
+
+struct kvt_primary;
+
+/* A cache policy: owns the recency order of the entries (and its own extra state,
+ * such as ARC's ghosts); the primary owns the entries, slots and counters. */
+struct pr_policy_ops {
+    const char *name;
+    int (*init)(struct kvt_primary *p);
+    void (*fini)(struct kvt_primary *p);
+    void (*insert)(struct kvt_primary *p, uint32_t slot); /* a new entry, ref -1 */
+    void (*remove)(struct kvt_primary *p, uint32_t slot); /* a failed store leaves */
+    /* keys in prefix order; applied in reverse (the head of a prefix ends MRU). */
+    void (*touch)(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
+    /* Chooses exactly n victims (ref 0, not marked) into victims[] and takes them
+     * off the lists; -ENOSPC with no change when fewer exist. */
+    int (*evict)(struct kvt_primary *p, size_t n, uint32_t *victims);
+    void (*clear)(struct kvt_primary *p);
+    size_t (*list)(const struct kvt_primary *p, int which, struct kvt_key *out, size_t max);
+    size_t (*mem_bytes)(const struct kvt_primary *p);
+};
+
+extern const struct pr_policy_ops kvt_pr_lru_ops;
+extern const struct pr_policy_ops kvt_pr_arc_ops;
+
+struct kvt_primary {
+    struct kvt_primary_config cfg;
+    const struct pr_policy_ops *pol;
+    void *pol_state;
+
+    struct pr_entry *e; /* [num_chunks] */
+    uint32_t *index;    /* slot + 1, 0 = empty */
+    size_t index_mask;
+
+    size_t num_allocated; /* bump allocator */
+    uint32_t *free_list;  /* LIFO of freed slots */
+    size_t n_free_list;
+    size_t num_entries, num_evictable, num_write_pending;
+    uint32_t mark; /* current prepare_store's protection mark (never 0) */
+
+    struct pr_list l1, l2;
+
+    /* prepare_store scratch: victims and the dedup table of offered keys */
+    uint32_t *victims;
+    uint32_t *dedup;
+    size_t dedup_cap;
+    struct kvt_key *scratch; /* complete_store: the keys of the stored event */
+    size_t scratch_cap;
+
+    struct kvt_events events;
+    struct kvt_stats pending_stats; /* allocation-size histogram since last get_stats */
+
+    struct kvt_region *region;
+    uint8_t *base;
+    size_t mem_bytes; /* private anonymous mapping when region == NULL */
+};
+
+static inline bool pr_key_ok(const struct kvt_key *k)
+{
+    return k->len >= 1 && k->len <= KVT_KEY_MAX;
+}
+
+/* Slot of key or PR_NIL. */
+uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key);
+
+static inline void pr_list_init(struct pr_list *l)
+{
+    l->head = l->tail = PR_NIL;
+    l->n = 0;
+}
+
+static inline void pr_list_append(struct kvt_primary *p, struct pr_list *l, uint8_t id, uint32_t s)
+{
+    struct pr_entry *x = &p->e[s];
+
+    x->list = id;
+    x->next = PR_NIL;
+    x->prev = l->tail;
+    if (l->tail != PR_NIL)
+        p->e[l->tail].next = s;
+    else
+        l->head = s;
+    l->tail = s;
+    l->n++;
+}
+
+static inline void pr_list_unlink(struct kvt_primary *p, struct pr_list *l, uint32_t s)
+{
+    struct pr_entry *x = &p->e[s];
+
+    if (x->prev != PR_NIL)
+        p->e[x->prev].next = x->next;
+    else
+        l->head = x->next;
+    if (x->next != PR_NIL)
+        p->e[x->next].prev = x->prev;
+    else
+        l->tail = x->prev;
+    x->prev = x->next = PR_NIL;
+    x->list = PR_NONE;
+    l->n--;
+}
+
+/* An eviction candidate: ready, unpinned, not protected by the running store. */
+static inline bool pr_evictable(const struct kvt_primary *p, uint32_t s)
+{
+    return p->e[s].ref_cnt == 0 && p->e[s].mark != p->mark;
+}
+
+/* Walks l from the LRU end collecting up to want candidates that pass
+ * pr_evictable and are not yet chosen; chosen entries get mark + 1 so a second
+ * walk skips them. Returns the count found; *cursor continues the walk. */
+size_t kvt_pr_collect(struct kvt_primary *p, uint32_t *cursor, size_t want, uint32_t *out);
+
+size_t kvt_pr_list_keys(const struct kvt_primary *p, const struct pr_list *l, struct kvt_key *out,
+                        size_t max);
+
+#endif
