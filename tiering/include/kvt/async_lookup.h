@@ -7,6 +7,9 @@
  *   flush    -> (tier's on_schedule_end) drain, post this step's batch
  *   cleanup  -> (tier's on_request_finished) drop the request's references
  *   mark_miss-> (tier's get_finished_jobs, on a failed load) force the verdict to MISS
+ *
+ * Every function but batch_lookup (worker) and the ones marked "any thread" runs
+ * on the scheduler thread only.
  */
 #ifndef KVT_ASYNC_LOOKUP_H
 #define KVT_ASYNC_LOOKUP_H
@@ -16,13 +19,15 @@
 
 #include "kvt/types.h"
 
-/* Runs on the worker thread. Fills found[i] for keys[i]. A negative return means
- * the whole batch failed: every key is taken as not found (and a warning logged).
- * Must not touch scheduler or primary state. */
+/* Runs on the worker thread, once per request of a step's batch (keys grouped by
+ * req_id in first-seen order; ctx is the first context seen for that req_id).
+ * Fills found[i] for keys[i]. A negative return means the whole call failed: every
+ * key is taken as not found (and a warning logged). Must not touch scheduler or
+ * primary state. */
 typedef int (*kvt_batch_lookup_fn)(void *arg, const struct kvt_key *keys, size_t n,
                                    const struct kvt_req_ctx *ctx, bool *found);
 
-/* lookup() answers */
+/* lookup() answers (vLLM: None / True / False) */
 #define KVT_AL_ABSENT  0
 #define KVT_AL_FOUND   1
 #define KVT_AL_PENDING 2
@@ -31,35 +36,55 @@ enum kvt_al_phase { KVT_AL_PHASE_PENDING, KVT_AL_PHASE_IN_FLIGHT, KVT_AL_PHASE_R
 
 struct kvt_async_lookup;
 
+/* Starts the worker thread ("kvt_al_<tier_type>", truncated). 0, -ENOMEM, or the
+ * negated pthread_create error. */
 int kvt_async_lookup_create(const char *tier_type, kvt_batch_lookup_fn fn, void *arg,
                             struct kvt_async_lookup **al_p);
 /* Shuts the worker down if still running, then frees everything. */
 void kvt_async_lookup_destroy(struct kvt_async_lookup *al);
 
-/* KVT_AL_ABSENT, KVT_AL_FOUND, KVT_AL_PENDING, or -ENOMEM. */
+/* KVT_AL_ABSENT, KVT_AL_FOUND, KVT_AL_PENDING, or -ENOMEM (nothing changed).
+ * A key seen for the first time is added to this step's batch, once; the verdict
+ * is shared by every request that asks for the key while its state lives. The
+ * batch holds a reference on ctx until the worker is done with it. */
 int kvt_async_lookup_lookup(struct kvt_async_lookup *al, const struct kvt_key *key,
                             struct kvt_req_ctx *ctx);
-void kvt_async_lookup_flush(struct kvt_async_lookup *al);
+/* Drains results, then posts this step's batch as one queue item (nothing when
+ * it is empty). -ENOMEM: nothing posted, the batch is kept for the next flush. */
+int kvt_async_lookup_flush(struct kvt_async_lookup *al);
 void kvt_async_lookup_drain_results(struct kvt_async_lookup *al);
-void kvt_async_lookup_mark_miss(struct kvt_async_lookup *al, const struct kvt_key *keys,
-                                size_t n);
+/* Forces the verdict of each key that has a state to ABSENT (RESOLVED) without a
+ * new probe; keys without a state are ignored. A probe still in flight for the key
+ * is discarded when its result arrives, so the miss sticks. */
+void kvt_async_lookup_mark_miss(struct kvt_async_lookup *al, const struct kvt_key *keys, size_t n);
+/* Drops req_id's references; states left without requests are freed, except those
+ * in flight, kept until their result arrives so a new request can share the probe.
+ * Unknown req_id: no-op. */
 void kvt_async_lookup_cleanup(struct kvt_async_lookup *al, const char *req_id);
-/* Posts the shutdown sentinel, joins the worker, drains. Idempotent. */
+/* Lets the worker finish what was posted, joins it, drains. Idempotent. */
 void kvt_async_lookup_shutdown(struct kvt_async_lookup *al);
 
 /* Introspection for tests and stats. */
 size_t kvt_async_lookup_batch_len(const struct kvt_async_lookup *al);
 size_t kvt_async_lookup_num_states(const struct kvt_async_lookup *al);
-/* Queue items posted to the worker and not yet taken by it. */
+/* Requests with an entry in the reverse index. */
+size_t kvt_async_lookup_num_reqs(const struct kvt_async_lookup *al);
+/* Whether req_id's reverse-index entry holds key. */
+bool kvt_async_lookup_req_has_key(const struct kvt_async_lookup *al, const char *req_id,
+                                  const struct kvt_key *key);
+/* Queue items posted to the worker and not yet taken by it (any thread). */
 size_t kvt_async_lookup_queue_len(struct kvt_async_lookup *al);
+/* Result items posted by the worker and not yet drained (any thread). */
+size_t kvt_async_lookup_results_len(struct kvt_async_lookup *al);
 /* Blocks until the worker has posted results for every item handed to it (tests). */
 void kvt_async_lookup_wait_idle(struct kvt_async_lookup *al);
-/* -ENOENT when the key has no state. */
+/* -ENOENT when the key has no state. *result_p is KVT_AL_PENDING while unknown. */
 int kvt_async_lookup_state(const struct kvt_async_lookup *al, const struct kvt_key *key,
                            enum kvt_al_phase *phase_p, int *result_p, unsigned long *gen_p);
-/* Tests only: posts a result as if the worker had produced it. */
+/* Tests only: posts a result as if the worker had produced it. 0 or -ENOMEM. */
 int kvt__async_lookup_inject_result(struct kvt_async_lookup *al, const struct kvt_key *key,
                                     unsigned long generation, bool found);
+/* Any thread. */
 bool kvt_async_lookup_worker_alive(struct kvt_async_lookup *al);
 
 #endif
