@@ -403,3 +403,9 @@ size_t kvt_primary_arc_ghost_len(const struct kvt_primary *p, int which)
         return 0;
     return which == 1 ? arc_of(p)->b1.n : which == 2 ? arc_of(p)->b2.n : 0;
 }
+
+void kvt__primary_arc_set_target(struct kvt_primary *p, double target)
+{
+    if (p->pol == &kvt_pr_arc_ops)
+        arc_of(p)->target = target;
+}

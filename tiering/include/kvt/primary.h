@@ -137,6 +137,8 @@ double kvt_primary_arc_target(const struct kvt_primary *p);
  * (1 = B1, 2 = B2, 0 = none or LRU), and the length of B1 (which 1) or B2 (2). */
 int kvt_primary_arc_ghost_of(const struct kvt_primary *p, const struct kvt_key *key);
 size_t kvt_primary_arc_ghost_len(const struct kvt_primary *p, int which);
+/* Tests only: upstream's tests set arc_policy.target_t1_size directly. */
+void kvt__primary_arc_set_target(struct kvt_primary *p, double target);
 
 /* Walks every entry (tests' recount of the invariants). */
 typedef void (*kvt_primary_entry_cb)(void *arg, const struct kvt_key *key,

@@ -1,0 +1,867 @@
+/* The CPU primary tier against vLLM's tests/v1/kv_offload/cpu/test_manager.py
+ * (spec §6.6), then what the C contract adds: misuse is -EINVAL and changes
+ * nothing, generations, checksums, duplicate keys, the index under churn.
+ *
+ * Keys are kt_key(i) = make_offload_key(str(i).encode(), 0), as upstream.
+ * Deviations from upstream, on purpose:
+ * - num_chunks 0 is a configuration error here (-EINVAL), not an empty cache;
+ * - store_threshold is not implemented (TieringOffloadingSpec rejects it), so
+ *   test_filter_reused_manager* have no port. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#include "kvt/alloc.h"
+#include "kvt/hash.h"
+#include "kvt/metrics.h"
+#include "kvt/primary.h"
+
+#define MAXK 32
+
+struct fx {
+    struct kvt_primary *p;
+    struct kvt_store_output out;
+    struct kvt_events ev;
+};
+
+static struct fx *fx_make(size_t n, const char *policy, bool events, size_t row_bytes)
+{
+    struct fx *f = calloc(1, sizeof(*f));
+    struct kvt_primary_config pc = {
+        .num_chunks = n, .row_bytes = row_bytes, .policy = policy, .enable_events = events};
+    assert_non_null(f);
+    assert_int_equal(kvt_primary_create(&pc, NULL, &f->p), 0);
+    kvt_store_output_init(&f->out);
+    kvt_events_init(&f->ev);
+    return f;
+}
+
+static void fx_free(struct fx *f)
+{
+    kvt_primary_destroy(f->p);
+    kvt_store_output_cleanup(&f->out);
+    kvt_events_cleanup(&f->ev);
+    free(f);
+}
+
+/* keys from a list of ints terminated by -1 */
+static size_t ks(struct kvt_key *out, const int *ids)
+{
+    size_t n = 0;
+    while (ids[n] >= 0) {
+        out[n] = kt_key(ids[n]);
+        n++;
+    }
+    return n;
+}
+#define KEYS(out, ...) ks(out, (const int[]){__VA_ARGS__, -1})
+
+static int prep(struct fx *f, const int *ids)
+{
+    struct kvt_key k[MAXK];
+    size_t n = ks(k, ids);
+    return kvt_primary_prepare_store(f->p, k, n, &f->out);
+}
+#define PREP(f, ...) prep(f, (const int[]){__VA_ARGS__, -1})
+
+static void complete(struct fx *f, bool ok, const int *ids)
+{
+    struct kvt_key k[MAXK];
+    size_t n = ks(k, ids);
+    assert_int_equal(kvt_primary_complete_store(f->p, k, n, ok), 0);
+}
+#define COMPLETE(f, ...)      complete(f, true, (const int[]){__VA_ARGS__, -1})
+#define COMPLETE_FAIL(f, ...) complete(f, false, (const int[]){__VA_ARGS__, -1})
+
+static void touch(struct fx *f, const int *ids)
+{
+    struct kvt_key k[MAXK];
+    size_t n = ks(k, ids);
+    kvt_primary_touch(f->p, k, n);
+}
+#define TOUCH(f, ...) touch(f, (const int[]){__VA_ARGS__, -1})
+
+static int load(struct fx *f, int64_t *chunk_ids, const int *ids)
+{
+    struct kvt_key k[MAXK];
+    size_t n = ks(k, ids);
+    return kvt_primary_prepare_load(f->p, k, n, chunk_ids);
+}
+#define LOAD(f, c, ...) load(f, c, (const int[]){__VA_ARGS__, -1})
+
+static int unload(struct fx *f, const int *ids)
+{
+    struct kvt_key k[MAXK];
+    size_t n = ks(k, ids);
+    return kvt_primary_complete_load(f->p, k, n);
+}
+#define UNLOAD(f, ...) unload(f, (const int[]){__VA_ARGS__, -1})
+
+static enum kvt_lookup_result look(struct fx *f, int i)
+{
+    struct kvt_key k = kt_key(i);
+    return kvt_primary_lookup(f->p, &k);
+}
+
+/* verify_store_output: keys_to_store, their chunk ids, the evicted keys. */
+static void check_out(struct fx *f, const int *store, const int *ids, const int *evicted)
+{
+    size_t n = 0, e = 0;
+    for (; store[n] >= 0; n++) {
+        struct kvt_key k = kt_key(store[n]);
+        assert_true(n < f->out.n_store);
+        assert_true(kvt_key_eq(&f->out.keys_to_store[n], &k));
+        assert_int_equal(f->out.chunk_ids[n], ids[n]);
+    }
+    assert_int_equal(f->out.n_store, n);
+    for (; evicted[e] >= 0; e++) {
+        struct kvt_key k = kt_key(evicted[e]);
+        assert_true(e < f->out.n_evicted);
+        assert_true(kvt_key_eq(&f->out.evicted[e], &k));
+    }
+    assert_int_equal(f->out.n_evicted, e);
+}
+#define L(...) ((const int[]){__VA_ARGS__, -1})
+#define NONE   ((const int[]){-1})
+
+static bool event_is(const struct kvt_event *ev, bool removed, const int *ids)
+{
+    size_t n = 0;
+    if (ev->removed != removed || ev->medium != KVT_MEDIUM_CPU)
+        return false;
+    for (; ids[n] >= 0; n++) {
+        struct kvt_key k = kt_key(ids[n]);
+        bool found = false;
+        for (size_t i = 0; i < ev->n; i++)
+            found |= kvt_key_eq(&ev->keys[i], &k);
+        if (!found)
+            return false;
+    }
+    return ev->n == n;
+}
+
+static size_t take(struct fx *f)
+{
+    kvt_events_cleanup(&f->ev);
+    kvt_events_init(&f->ev);
+    assert_int_equal(kvt_primary_take_events(f->p, &f->ev), 0);
+    return f->ev.n;
+}
+
+static bool in_list(struct fx *f, int which, int id)
+{
+    struct kvt_key k = kt_key(id), all[MAXK];
+    size_t n = kvt_primary_policy_list(f->p, which, all, MAXK);
+    for (size_t i = 0; i < n; i++)
+        if (kvt_key_eq(&all[i], &k))
+            return true;
+    return false;
+}
+
+static size_t list_len(struct fx *f, int which)
+{
+    struct kvt_key all[MAXK];
+    return kvt_primary_policy_list(f->p, which, all, MAXK);
+}
+
+static int ghost_of(struct fx *f, int id)
+{
+    struct kvt_key k = kt_key(id);
+    return kvt_primary_arc_ghost_of(f->p, &k);
+}
+
+/* ---- upstream: test_manager.py ------------------------------------------ */
+
+static void already_stored_not_evicted(const char *policy)
+{
+    struct fx *f = fx_make(4, policy, true, 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    TOUCH(f, 1); /* 2 becomes the LRU candidate */
+    assert_int_equal(PREP(f, 2, 3, 4, 5), 0);
+    check_out(f, L(3, 4, 5), L(2, 3, 0), L(1)); /* 1 evicted, not 2 */
+    COMPLETE(f, 2, 3, 4, 5);
+    assert_int_equal(look(f, 2), KVT_HIT);
+    fx_free(f);
+}
+
+static void test_already_stored_block_not_evicted_during_prepare_store_lru(void **state)
+{
+    already_stored_not_evicted("lru");
+}
+
+static void test_already_stored_block_not_evicted_during_prepare_store_arc(void **state)
+{
+    already_stored_not_evicted("arc");
+}
+
+static double gauge(struct fx *f, const char *name)
+{
+    struct kvt_stats st;
+    double v;
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_primary_get_stats(f->p, &st), 0);
+    assert_non_null(kvt_stats_find(&st, name, NULL));
+    v = kvt_stats_value(&st, name, NULL);
+    kvt_stats_cleanup(&st);
+    return v;
+}
+
+static void test_cpu_manager_reports_cache_usage_gauge(void **state)
+{
+    struct kvt_primary_config zero = {.num_chunks = 0};
+    struct kvt_primary *p = NULL;
+    struct fx *f = fx_make(4, "lru", false, 0);
+    assert_int_equal(kvt_primary_create(&zero, NULL, &p), -EINVAL); /* deviation, see top */
+    assert_null(p);
+    assert_true(gauge(f, KVT_M_CPU_USAGE) == 0.0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    assert_float_equal(gauge(f, KVT_M_CPU_USAGE), 0.5, 1e-12);
+    assert_int_equal(PREP(f, 3, 4), 0);
+    assert_float_equal(gauge(f, KVT_M_CPU_USAGE), 1.0, 1e-12);
+    fx_free(f);
+}
+
+static void test_cpu_manager(void **state)
+{
+    struct fx *f = fx_make(4, "lru", true, 0);
+    int64_t c[4];
+
+    assert_int_equal(PREP(f, 1, 2), 0);
+    check_out(f, L(1, 2), L(0, 1), NONE);
+    assert_int_equal(look(f, 1), KVT_HIT_PENDING);
+    assert_int_equal(look(f, 2), KVT_HIT_PENDING);
+    assert_int_equal(take(f), 0);
+
+    COMPLETE(f, 1, 2);
+    assert_int_equal(take(f), 1);
+    assert_true(event_is(&f->ev.ev[0], false, L(1, 2)));
+    assert_int_equal(look(f, 1), KVT_HIT);
+    assert_int_equal(look(f, 2), KVT_HIT);
+    assert_int_equal(look(f, 3), KVT_MISS);
+
+    assert_int_equal(PREP(f, 2, 3, 4, 5), 0);
+    check_out(f, L(3, 4, 5), L(2, 3, 0), L(1));
+    assert_int_equal(take(f), 1);
+    assert_true(event_is(&f->ev.ev[0], true, L(1)));
+
+    assert_int_equal(PREP(f, 1, 6), -ENOSPC); /* no space */
+    COMPLETE(f, 2, 3, 4, 5);
+    assert_int_equal(look(f, 1), KVT_MISS);
+    for (int i = 2; i <= 5; i++)
+        assert_int_equal(look(f, i), KVT_HIT);
+    assert_int_equal(look(f, 0), KVT_MISS);
+
+    assert_int_equal(LOAD(f, c, 2, 3), 0);
+    assert_int_equal(c[0], 1);
+    assert_int_equal(c[1], 2);
+    assert_int_equal(PREP(f, 6, 7, 8), -ENOSPC); /* [2, 3] are being loaded */
+    assert_int_equal(UNLOAD(f, 2, 3), 0);
+
+    assert_int_equal(PREP(f, 6, 7, 8), 0);
+    check_out(f, L(6, 7, 8), L(3, 2, 1), L(2, 3, 4)); /* oldest first */
+    COMPLETE(f, 6, 7, 8);
+
+    TOUCH(f, 5, 6, 7);
+    assert_int_equal(PREP(f, 9), 0);
+    check_out(f, L(9), L(1), L(8)); /* oldest after the touch */
+    COMPLETE_FAIL(f, 7, 9);
+    assert_int_equal(look(f, 7), KVT_HIT); /* already stored: kept */
+    assert_int_equal(look(f, 9), KVT_MISS);
+
+    assert_int_equal(take(f), 4);
+    assert_true(event_is(&f->ev.ev[0], false, L(3, 4, 5)));
+    assert_true(event_is(&f->ev.ev[1], true, L(2, 3, 4)));
+    assert_true(event_is(&f->ev.ev[2], false, L(6, 7, 8)));
+    assert_true(event_is(&f->ev.ev[3], true, L(8)));
+    fx_free(f);
+}
+
+static void test_prepare_load_preserves_key_order(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    int64_t id[3], c[3];
+    assert_int_equal(PREP(f, 0, 1, 2), 0);
+    memcpy(id, f->out.chunk_ids, sizeof(id));
+    COMPLETE(f, 0, 1, 2);
+    assert_int_equal(LOAD(f, c, 0, 1, 2), 0);
+    assert_true(c[0] == id[0] && c[1] == id[1] && c[2] == id[2]);
+    assert_int_equal(UNLOAD(f, 0, 1, 2), 0);
+    assert_int_equal(LOAD(f, c, 1, 2, 0), 0);
+    assert_true(c[0] == id[1] && c[1] == id[2] && c[2] == id[0]);
+    assert_int_equal(UNLOAD(f, 0, 1, 2), 0); /* order irrelevant */
+    assert_int_equal(kvt_primary_num_evictable(f->p), 3);
+    fx_free(f);
+}
+
+/* TestARCPolicy */
+
+static void test_arc_basic(void **state)
+{
+    struct fx *f = fx_make(4, "arc", true, 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    check_out(f, L(1, 2), L(0, 1), NONE);
+    assert_int_equal(look(f, 1), KVT_HIT_PENDING);
+    assert_int_equal(look(f, 2), KVT_HIT_PENDING);
+    assert_int_equal(take(f), 0);
+    COMPLETE(f, 1, 2);
+    assert_int_equal(take(f), 1);
+    assert_true(event_is(&f->ev.ev[0], false, L(1, 2)));
+    assert_int_equal(look(f, 1), KVT_HIT);
+    assert_int_equal(look(f, 2), KVT_HIT);
+    assert_int_equal(look(f, 3), KVT_MISS);
+    assert_int_equal(list_len(f, 0), 2); /* in T1 (recent) */
+    assert_int_equal(list_len(f, 1), 0);
+    fx_free(f);
+}
+
+static void test_arc_t1_to_t2_promotion(void **state)
+{
+    struct fx *f = fx_make(4, "arc", false, 0);
+    assert_int_equal(PREP(f, 1), 0);
+    COMPLETE(f, 1);
+    assert_true(in_list(f, 0, 1) && !in_list(f, 1, 1));
+    TOUCH(f, 1);
+    assert_true(!in_list(f, 0, 1) && in_list(f, 1, 1));
+    fx_free(f);
+}
+
+static void test_arc_eviction_with_load(void **state)
+{
+    struct fx *f = fx_make(4, "arc", true, 0);
+    int64_t c[2];
+    assert_int_equal(PREP(f, 1, 2, 3, 4), 0);
+    check_out(f, L(1, 2, 3, 4), L(0, 1, 2, 3), NONE);
+    COMPLETE(f, 1, 2, 3, 4);
+    assert_int_equal(LOAD(f, c, 2, 3), 0);
+    assert_true(c[0] == 1 && c[1] == 2);
+    assert_int_equal(PREP(f, 5, 6, 7), -ENOSPC); /* 2 and 3 are pinned */
+    assert_int_equal(kvt_primary_num_entries(f->p), 4);
+    assert_int_equal(UNLOAD(f, 2, 3), 0);
+    assert_int_equal(PREP(f, 5, 6, 7), 0);
+    /* T1 = 1,2,3,4 and target 0: the three oldest of T1 go, in order. */
+    check_out(f, L(5, 6, 7), L(2, 1, 0), L(1, 2, 3));
+    fx_free(f);
+}
+
+static void test_arc_adaptive_target(void **state)
+{
+    struct fx *f = fx_make(2, "arc", false, 0);
+    double initial;
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    initial = kvt_primary_arc_target(f->p);
+    assert_int_equal(PREP(f, 3), 0); /* evicts 1 into B1 */
+    COMPLETE(f, 3);
+    assert_int_equal(ghost_of(f, 1), 1);
+    TOUCH(f, 1); /* a miss, but a B1 hit: favour recency */
+    assert_true(kvt_primary_arc_target(f->p) > initial);
+    assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0); /* max(1, 0/1) */
+    fx_free(f);
+}
+
+static void test_arc_adaptive_target_b2_hit_decreases(void **state)
+{
+    struct fx *f = fx_make(2, "arc", false, 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    TOUCH(f, 1, 2);                  /* both to T2 */
+    assert_int_equal(PREP(f, 3), 0); /* T1 empty: evicts T2's LRU into B2 */
+    COMPLETE(f, 3);
+    assert_int_equal(ghost_of(f, 2), 2); /* reverse touch left 1 MRU, 2 LRU */
+    kvt__primary_arc_set_target(f->p, 1.5);
+    TOUCH(f, 2);
+    assert_float_equal(kvt_primary_arc_target(f->p), 0.5, 1e-12);
+    TOUCH(f, 2);
+    assert_float_equal(kvt_primary_arc_target(f->p), 0.0, 0); /* floored at 0 */
+    fx_free(f);
+}
+
+static void test_arc_t1_t2_eviction_policy(void **state)
+{
+    struct fx *f = fx_make(4, "arc", false, 0);
+    assert_int_equal(PREP(f, 1, 2, 3, 4), 0);
+    COMPLETE(f, 1, 2, 3, 4);
+    TOUCH(f, 3, 4);
+    assert_int_equal(list_len(f, 0), 2);
+    assert_int_equal(list_len(f, 1), 2);
+    kvt__primary_arc_set_target(f->p, 1);
+    assert_int_equal(PREP(f, 5), 0);
+    check_out(f, L(5), L(0), L(1));
+    COMPLETE(f, 5);
+    assert_int_equal(ghost_of(f, 1), 1);
+    assert_true(in_list(f, 0, 5));
+    fx_free(f);
+}
+
+static void test_arc_t2_eviction_when_t1_below_target(void **state)
+{
+    struct fx *f = fx_make(4, "arc", false, 0);
+    assert_int_equal(PREP(f, 1, 2, 3, 4), 0);
+    COMPLETE(f, 1, 2, 3, 4);
+    TOUCH(f, 3, 4); /* T1 = 1,2; T2 = 4,3 (3 MRU) */
+    kvt__primary_arc_set_target(f->p, 3);
+    assert_int_equal(PREP(f, 5), 0); /* |T1| 2 < 3: from T2 */
+    check_out(f, L(5), L(3), L(4));
+    assert_int_equal(ghost_of(f, 4), 2);
+    fx_free(f);
+}
+
+static void test_arc_ghost_list_bounds(void **state)
+{
+    struct fx *f = fx_make(2, "arc", false, 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    for (int i = 3; i < 20; i++) {
+        assert_int_equal(PREP(f, i), 0);
+        COMPLETE(f, i);
+    }
+    assert_int_equal(kvt_primary_arc_ghost_len(f->p, 1), 2); /* capped at capacity */
+    assert_true(kvt_primary_arc_ghost_len(f->p, 2) <= 2);
+    assert_int_equal(ghost_of(f, 17), 1); /* the newest ghosts survive */
+    assert_int_equal(ghost_of(f, 16), 1);
+    assert_int_equal(ghost_of(f, 15), 0);
+    fx_free(f);
+}
+
+static void test_arc_touch_ordering(void **state)
+{
+    struct fx *f = fx_make(4, "arc", true, 0);
+    struct kvt_key t2[4], k;
+    assert_int_equal(PREP(f, 1, 2, 3, 4), 0);
+    COMPLETE(f, 1, 2, 3, 4);
+    TOUCH(f, 3, 4);
+    TOUCH(f, 1, 3, 4);
+    assert_int_equal(list_len(f, 0), 1);
+    assert_int_equal(kvt_primary_policy_list(f->p, 1, t2, 4), 3);
+    /* reverse order: 4, 3, then 1 most recent */
+    k = kt_key(4);
+    assert_true(kvt_key_eq(&t2[0], &k));
+    k = kt_key(3);
+    assert_true(kvt_key_eq(&t2[1], &k));
+    k = kt_key(1);
+    assert_true(kvt_key_eq(&t2[2], &k));
+    assert_int_equal(PREP(f, 5), 0);
+    check_out(f, L(5), L(1), L(2)); /* reuses block 2's slot */
+    fx_free(f);
+}
+
+static void test_arc_failed_store(void **state)
+{
+    struct fx *f = fx_make(4, "arc", true, 0);
+    assert_int_equal(PREP(f, 1, 2, 3, 4), 0);
+    COMPLETE(f, 1, 2, 3, 4);
+    assert_int_equal(PREP(f, 5), 0);
+    assert_int_equal(f->out.n_evicted, 1);
+    COMPLETE_FAIL(f, 5);
+    assert_int_equal(look(f, 5), KVT_MISS);
+    assert_false(in_list(f, 0, 5));
+    assert_false(in_list(f, 1, 5));
+    assert_int_equal(ghost_of(f, 1), 1); /* the victim stays a ghost */
+    assert_int_equal(kvt_primary_num_free(f->p), 1);
+    fx_free(f);
+}
+
+static void test_arc_full_scenario(void **state)
+{
+    struct fx *f = fx_make(4, "arc", true, 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    assert_int_equal(PREP(f, 3, 4, 5), 0);
+    check_out(f, L(3, 4, 5), L(2, 3, 0), L(1));
+    COMPLETE(f, 3, 4, 5);
+    TOUCH(f, 2, 3);
+    assert_int_equal(list_len(f, 0), 2);
+    assert_int_equal(list_len(f, 1), 2);
+    assert_int_equal(PREP(f, 6), 0);
+    check_out(f, L(6), L(3), L(4)); /* 4 is the oldest in T1 */
+    COMPLETE(f, 6);
+    assert_int_equal(look(f, 2), KVT_HIT);
+    assert_int_equal(look(f, 3), KVT_HIT);
+    assert_int_equal(take(f), 5); /* stored, removed, stored, removed, stored */
+    assert_true(event_is(&f->ev.ev[0], false, L(1, 2)));
+    assert_true(event_is(&f->ev.ev[1], true, L(1)));
+    assert_true(event_is(&f->ev.ev[2], false, L(3, 4, 5)));
+    assert_true(event_is(&f->ev.ev[3], true, L(4)));
+    assert_true(event_is(&f->ev.ev[4], false, L(6)));
+    fx_free(f);
+}
+
+static void test_evictable_cache_block_count(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    int64_t c[3];
+    assert_int_equal(kvt_primary_num_evictable(f->p), 0);
+    assert_int_equal(PREP(f, 1, 2, 3), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 0);
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 3);
+    COMPLETE(f, 1, 2, 3);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 3);
+    assert_int_equal(LOAD(f, c, 1), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 2);
+    assert_int_equal(LOAD(f, c, 1), 0); /* a second concurrent load */
+    assert_int_equal(kvt_primary_num_evictable(f->p), 2);
+    assert_int_equal(UNLOAD(f, 1), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 2);
+    assert_int_equal(UNLOAD(f, 1), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 3);
+    assert_int_equal(PREP(f, 4, 5, 6), 0); /* one free slot, two evictions */
+    assert_int_equal(kvt_primary_num_evictable(f->p), 1);
+    check_out(f, L(4, 5, 6), L(3, 1, 0), L(1, 2)); /* simple-form LRU: 3 survives */
+    COMPLETE_FAIL(f, 4, 5, 6);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 1);
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 0);
+    kvt_primary_reset_cache(f->p);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 0);
+    assert_int_equal(kvt_primary_num_entries(f->p), 0);
+    assert_int_equal(kvt_primary_num_free(f->p), 4);
+    assert_int_equal(PREP(f, 10, 11, 12), 0);
+    check_out(f, L(10, 11, 12), L(0, 1, 2), NONE); /* fresh slots again after reset */
+    COMPLETE(f, 10, 11, 12);
+    assert_int_equal(LOAD(f, c, 10, 11, 12), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 0);
+    assert_int_equal(PREP(f, 14, 15), -ENOSPC); /* the fast path */
+    assert_int_equal(kvt_primary_num_entries(f->p), 3);
+    assert_int_equal(UNLOAD(f, 10, 11, 12), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 3);
+    assert_int_equal(PREP(f, 14, 15), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 2);
+    COMPLETE(f, 14, 15);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 4);
+    fx_free(f);
+}
+
+/* ---- spec §2.3 LRU touch order ------------------------------------------ */
+
+static void test_lru_touch_reverses_prefix(void **state)
+{
+    struct fx *f = fx_make(8, "lru", false, 0);
+    struct kvt_key order[8], k;
+    assert_int_equal(PREP(f, 0, 1, 2, 3, 4), 0);
+    COMPLETE(f, 0, 1, 2, 3, 4);
+    TOUCH(f, 1, 2, 3);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 5);
+    /* list(evictable)[-3:] == reversed(blocks) */
+    k = kt_key(3);
+    assert_true(kvt_key_eq(&order[2], &k));
+    k = kt_key(2);
+    assert_true(kvt_key_eq(&order[3], &k));
+    k = kt_key(1);
+    assert_true(kvt_key_eq(&order[4], &k));
+    fx_free(f);
+}
+
+/* ---- the C contract ----------------------------------------------------- */
+
+struct snap {
+    size_t entries, evictable, pending, free;
+    int32_t ref[8];
+};
+
+static void snapshot(struct fx *f, struct snap *s)
+{
+    memset(s, 0, sizeof(*s));
+    s->entries = kvt_primary_num_entries(f->p);
+    s->evictable = kvt_primary_num_evictable(f->p);
+    s->pending = kvt_primary_num_write_pending(f->p);
+    s->free = kvt_primary_num_free(f->p);
+    for (int i = 0; i < 8; i++) {
+        struct kvt_key k = kt_key(i);
+        struct kvt_primary_entry_info info;
+        s->ref[i] = kvt_primary_entry_info(f->p, &k, &info) == 0 ? info.ref_cnt : -100;
+    }
+}
+
+static void test_misuse_is_einval_and_changes_nothing(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    struct snap a, b;
+    int64_t c[4];
+    struct kvt_key bad = {.len = 0}, mix[2];
+    assert_int_equal(PREP(f, 0, 1, 2), 0);
+    COMPLETE(f, 0, 1);
+    assert_int_equal(LOAD(f, c, 0), 0);
+    snapshot(f, &a);
+    assert_int_equal(UNLOAD(f, 1), -EINVAL);     /* ready but not pinned */
+    assert_int_equal(UNLOAD(f, 0, 0), -EINVAL);  /* pinned once, unpinned twice */
+    assert_int_equal(UNLOAD(f, 0, 7), -EINVAL);  /* unknown key after a good one */
+    assert_int_equal(LOAD(f, c, 0, 2), -EINVAL); /* 2 is write-pending */
+    assert_int_equal(LOAD(f, c, 1, 7), -EINVAL); /* 7 is absent */
+    mix[0] = kt_key(5);
+    mix[1] = bad;
+    assert_int_equal(kvt_primary_prepare_store(f->p, mix, 2, &f->out), -EINVAL);
+    bad.len = KVT_KEY_MAX + 1;
+    assert_int_equal(kvt_primary_prepare_store(f->p, &bad, 1, &f->out), -EINVAL);
+    assert_int_equal(kvt_primary_lookup(f->p, &bad), KVT_MISS);
+    snapshot(f, &b);
+    assert_memory_equal(&a, &b, sizeof(a));
+    assert_int_equal(look(f, 5), KVT_MISS);
+    /* completing an unknown or ready key is ignored (idempotent) */
+    COMPLETE(f, 7, 0);
+    snapshot(f, &b);
+    assert_memory_equal(&a, &b, sizeof(a));
+    fx_free(f);
+}
+
+static void test_empty_prepare_store_is_empty_not_failure(void **state)
+{
+    struct fx *f = fx_make(2, "lru", false, 0);
+    assert_int_equal(kvt_primary_prepare_store(f->p, NULL, 0, &f->out), 0);
+    assert_int_equal(f->out.n_store, 0);
+    assert_int_equal(PREP(f, 0, 1), 0);
+    /* everything offered is present (pending) and the cache is full: not -ENOSPC */
+    assert_int_equal(PREP(f, 0, 1), 0);
+    assert_int_equal(f->out.n_store, 0);
+    assert_int_equal(f->out.n_evicted, 0);
+    fx_free(f);
+}
+
+static void test_duplicate_keys_in_one_store_take_one_slot(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    assert_int_equal(PREP(f, 3, 3, 1, 3), 0);
+    check_out(f, L(3, 1), L(0, 1), NONE);
+    assert_int_equal(kvt_primary_num_free(f->p), 2);
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 2);
+    COMPLETE(f, 3, 1, 3);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 2);
+    fx_free(f);
+}
+
+static void test_failed_eviction_is_atomic(void **state)
+{
+    struct fx *f = fx_make(3, "arc", true, 0);
+    int64_t c[1];
+    assert_int_equal(PREP(f, 0, 1, 2), 0);
+    COMPLETE(f, 0, 1, 2);
+    assert_int_equal(LOAD(f, c, 1), 0);
+    take(f);
+    /* needs 3 victims; 0 and 2 are evictable, 1 is pinned: nothing may change */
+    assert_int_equal(PREP(f, 4, 5, 6), -ENOSPC);
+    assert_int_equal(kvt_primary_num_entries(f->p), 3);
+    assert_int_equal(kvt_primary_arc_ghost_len(f->p, 1), 0);
+    assert_int_equal(take(f), 0);
+    /* two victims exist for the offer 0,4,5? 0 is protected: only 2 -> fails */
+    assert_int_equal(PREP(f, 0, 4, 5), -ENOSPC);
+    assert_int_equal(look(f, 0), KVT_HIT);
+    assert_int_equal(look(f, 2), KVT_HIT);
+    fx_free(f);
+}
+
+static void test_generation_changes_on_every_reuse(void **state)
+{
+    struct fx *f = fx_make(1, "lru", false, 0);
+    struct kvt_primary_entry_info a, b;
+    struct kvt_key k0 = kt_key(0), k1 = kt_key(1);
+    assert_int_equal(PREP(f, 0), 0);
+    COMPLETE(f, 0);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k0, &a), 0);
+    assert_int_equal(PREP(f, 1), 0); /* evicts 0, same slot */
+    assert_int_equal(kvt_primary_entry_info(f->p, &k0, &b), -ENOENT);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k1, &b), 0);
+    assert_int_equal(a.slot, b.slot);
+    assert_int_not_equal(a.generation, b.generation);
+    COMPLETE_FAIL(f, 1);
+    assert_int_equal(PREP(f, 0), 0); /* a failed store frees; the next use bumps again */
+    assert_int_equal(kvt_primary_entry_info(f->p, &k0, &a), 0);
+    assert_int_not_equal(a.generation, b.generation);
+    fx_free(f);
+}
+
+static void test_checksum_on_complete(void **state)
+{
+    struct kvt_primary_config pc = {
+        .num_chunks = 4, .row_bytes = 256, .checksum_on_complete = true};
+    struct kvt_primary *p;
+    struct kvt_store_output out;
+    struct kvt_key k = kt_key(9);
+    struct kvt_primary_entry_info info;
+    uint8_t *row;
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
+    kvt_store_output_init(&out);
+    assert_int_equal(kvt_primary_prepare_store(p, &k, 1, &out), 0);
+    row = kvt_primary_base(p) + out.chunk_ids[0] * 256;
+    for (int i = 0; i < 256; i++)
+        row[i] = (uint8_t)(i * 7);
+    assert_int_equal(kvt_primary_entry_info(p, &k, &info), 0);
+    assert_false(info.has_checksum);
+    assert_int_equal(kvt_primary_complete_store(p, &k, 1, true), 0);
+    assert_int_equal(kvt_primary_entry_info(p, &k, &info), 0);
+    assert_true(info.has_checksum);
+    assert_true(info.checksum == kvt_hash64(row, 256));
+    assert_int_equal(kvt_primary_set_checksum(p, &k, 42), 0);
+    assert_int_equal(kvt_primary_entry_info(p, &k, &info), 0);
+    assert_true(info.checksum == 42);
+    kvt_store_output_cleanup(&out);
+    kvt_primary_destroy(p);
+}
+
+static void test_stats_split_read_and_write(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    struct kvt_stats st;
+    const struct kvt_stat *h;
+    int64_t c[1];
+    assert_int_equal(PREP(f, 0, 1, 2), 0);
+    COMPLETE(f, 0, 1);
+    assert_int_equal(LOAD(f, c, 0), 0);
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_primary_get_stats(f->p, &st), 0);
+    assert_float_equal(kvt_stats_value(&st, KVT_M_CPU_USAGE, NULL), 0.5, 1e-12);
+    assert_float_equal(kvt_stats_value(&st, KVT_M_CPU_WRITE_USAGE, NULL), 0.25, 1e-12);
+    assert_float_equal(kvt_stats_value(&st, KVT_M_CPU_READ_USAGE, NULL), 0.25, 1e-12);
+    h = kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL);
+    assert_non_null(h);
+    assert_int_equal(h->count, 1);
+    assert_float_equal(h->sum, 3, 0);
+    kvt_stats_clear(&st);
+    assert_int_equal(kvt_primary_get_stats(f->p, &st), 0); /* histogram consumed */
+    assert_null(kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL));
+    assert_non_null(kvt_stats_find(&st, KVT_M_CPU_USAGE, NULL));
+    kvt_stats_cleanup(&st);
+    fx_free(f);
+}
+
+static void count_entry(void *arg, const struct kvt_key *key,
+                        const struct kvt_primary_entry_info *info)
+{
+    (void)key;
+    assert_true(info->ref_cnt >= -1);
+    (*(size_t *)arg)++;
+}
+
+/* The index against a reference model under heavy churn: random stores,
+ * failures, pins and evictions in a small cache, so backward-shift deletion
+ * runs through every wrap-around case. */
+static void test_index_under_churn(void **state)
+{
+    enum { N = 64, KEYS = 300, STEPS = 20000 };
+    static int32_t model[KEYS]; /* -100 absent, else ref_cnt */
+    struct fx *f = fx_make(N, "arc", false, 0);
+    unsigned seed = 12345;
+    for (int i = 0; i < KEYS; i++)
+        model[i] = -100;
+    for (int step = 0; step < STEPS; step++) {
+        int id = (int)(rand_r(&seed) % KEYS);
+        struct kvt_key k = kt_key(id);
+        int op = (int)(rand_r(&seed) % 4);
+        int64_t c;
+        if (op == 0 && model[id] == -100) {
+            int rc = kvt_primary_prepare_store(f->p, &k, 1, &f->out);
+            if (rc == 0) {
+                model[id] = -1;
+                for (size_t e = 0; e < f->out.n_evicted; e++)
+                    for (int j = 0; j < KEYS; j++) {
+                        struct kvt_key kj = kt_key(j);
+                        if (kvt_key_eq(&kj, &f->out.evicted[e])) {
+                            assert_int_equal(model[j], 0); /* only idle entries go */
+                            model[j] = -100;
+                        }
+                    }
+            } else {
+                assert_int_equal(rc, -ENOSPC);
+            }
+        } else if (op == 1 && model[id] == -1) {
+            bool ok = rand_r(&seed) % 4 != 0;
+            assert_int_equal(kvt_primary_complete_store(f->p, &k, 1, ok), 0);
+            model[id] = ok ? 0 : -100;
+        } else if (op == 2 && model[id] >= 0 && model[id] < 3) {
+            assert_int_equal(kvt_primary_prepare_load(f->p, &k, 1, &c), 0);
+            model[id]++;
+        } else if (op == 3 && model[id] > 0) {
+            assert_int_equal(kvt_primary_complete_load(f->p, &k, 1), 0);
+            model[id]--;
+        } else if (op == 3) {
+            kvt_primary_touch(f->p, &k, 1);
+        }
+        if (step % 97 == 0) {
+            size_t entries = 0, idle = 0, pending = 0;
+            for (int j = 0; j < KEYS; j++) {
+                struct kvt_key kj = kt_key(j);
+                enum kvt_lookup_result r = kvt_primary_lookup(f->p, &kj);
+                assert_int_equal(r, model[j] == -100 ? KVT_MISS
+                                    : model[j] == -1 ? KVT_HIT_PENDING
+                                                     : KVT_HIT);
+                entries += model[j] != -100;
+                idle += model[j] == 0;
+                pending += model[j] == -1;
+            }
+            assert_int_equal(kvt_primary_num_entries(f->p), entries);
+            assert_int_equal(kvt_primary_num_evictable(f->p), idle);
+            assert_int_equal(kvt_primary_num_write_pending(f->p), pending);
+            assert_int_equal(kvt_primary_num_free(f->p), N - entries);
+            size_t walked = 0;
+            kvt_primary_for_each(f->p, count_entry, &walked);
+            assert_int_equal(walked, entries);
+        }
+    }
+    fx_free(f);
+}
+
+static void test_create_rejects_bad_config(void **state)
+{
+    struct kvt_primary *p = NULL;
+    struct kvt_primary_config pc = {.num_chunks = 4, .policy = "lfu"};
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), -EINVAL);
+    pc.policy = "arc";
+    pc.num_chunks = (1ull << 31) + 1;
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), -EINVAL);
+    assert_null(p);
+}
+
+static void test_create_unwinds_on_allocation_failure(void **state)
+{
+    struct kvt_primary_config pc = {.num_chunks = 16, .row_bytes = 64, .policy = "arc"};
+    for (long n = 0; n < 12; n++) {
+        struct kvt_primary *p = NULL;
+        int rc;
+        kvt_alloc_fail_after(n);
+        rc = kvt_primary_create(&pc, NULL, &p);
+        kvt_alloc_fail_after(-1);
+        if (rc == 0) {
+            kvt_primary_destroy(p);
+            return;
+        }
+        assert_int_equal(rc, -ENOMEM);
+        assert_null(p);
+    }
+    fail_msg("create never succeeded");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_already_stored_block_not_evicted_during_prepare_store_lru),
+        cmocka_unit_test(test_already_stored_block_not_evicted_during_prepare_store_arc),
+        cmocka_unit_test(test_cpu_manager_reports_cache_usage_gauge),
+        cmocka_unit_test(test_cpu_manager),
+        cmocka_unit_test(test_prepare_load_preserves_key_order),
+        cmocka_unit_test(test_arc_basic),
+        cmocka_unit_test(test_arc_t1_to_t2_promotion),
+        cmocka_unit_test(test_arc_eviction_with_load),
+        cmocka_unit_test(test_arc_adaptive_target),
+        cmocka_unit_test(test_arc_adaptive_target_b2_hit_decreases),
+        cmocka_unit_test(test_arc_t1_t2_eviction_policy),
+        cmocka_unit_test(test_arc_t2_eviction_when_t1_below_target),
+        cmocka_unit_test(test_arc_ghost_list_bounds),
+        cmocka_unit_test(test_arc_touch_ordering),
+        cmocka_unit_test(test_arc_failed_store),
+        cmocka_unit_test(test_arc_full_scenario),
+        cmocka_unit_test(test_evictable_cache_block_count),
+        cmocka_unit_test(test_lru_touch_reverses_prefix),
+        cmocka_unit_test(test_misuse_is_einval_and_changes_nothing),
+        cmocka_unit_test(test_empty_prepare_store_is_empty_not_failure),
+        cmocka_unit_test(test_duplicate_keys_in_one_store_take_one_slot),
+        cmocka_unit_test(test_failed_eviction_is_atomic),
+        cmocka_unit_test(test_generation_changes_on_every_reuse),
+        cmocka_unit_test(test_checksum_on_complete),
+        cmocka_unit_test(test_stats_split_read_and_write),
+        cmocka_unit_test(test_index_under_churn),
+        cmocka_unit_test(test_create_rejects_bad_config),
+        cmocka_unit_test(test_create_unwinds_on_allocation_failure),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
