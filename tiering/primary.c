@@ -302,7 +302,7 @@ static void pr_next_mark(struct kvt_primary *p)
 static bool pr_dedup_seen(struct kvt_primary *p, const struct kvt_key *keys, uint32_t idx,
                           uint64_t h)
 {
-    size_t mask = p->dedup_cap - 1;
+    size_t mask = p->dedup_mask;
 
     for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
         uint32_t v = p->dedup[i];
@@ -330,6 +330,9 @@ static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
         p->dedup = d;
         p->dedup_cap = cap;
     }
+    /* Only this call's part is cleared and probed: a small batch after a large
+     * one costs what it needs. */
+    p->dedup_mask = cap - 1;
     memset(p->dedup, 0, cap * sizeof(*p->dedup));
     return 0;
 }

@@ -23,16 +23,18 @@
 /* Which policy list an entry is on. LRU uses only PR_L1. */
 enum { PR_NONE = 0, PR_L1 = 1, PR_L2 = 2 };
 
+/* Hot fields first: a lookup reads hash, ref_cnt and the key, which for keys up
+ * to 50 bytes share the entry's first cache line. */
 struct pr_entry {
-    struct kvt_key key;
-    uint8_t list; /* PR_NONE when the slot is free */
+    uint64_t hash;
     int32_t ref_cnt;
+    uint8_t list; /* PR_NONE when the slot is free */
+    bool has_checksum;
+    struct kvt_key key;
     uint32_t generation; /* bumped on every allocation of the slot */
     uint32_t mark;       /* == primary mark: protected by the running prepare_store */
     uint32_t prev, next; /* policy list links */
-    uint64_t hash;
     uint64_t checksum;
-    bool has_checksum;
 };
 
 struct pr_list {
@@ -83,7 +85,7 @@ struct kvt_primary {
     /* prepare_store scratch: victims and the dedup table of offered keys */
     uint32_t *victims;
     uint32_t *dedup;
-    size_t dedup_cap;
+    size_t dedup_cap, dedup_mask;
     struct kvt_key *scratch; /* complete_store: the keys of the stored event */
     size_t scratch_cap;
 

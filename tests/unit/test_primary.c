@@ -631,6 +631,24 @@ static void test_duplicate_keys_in_one_store_take_one_slot(void **state)
     fx_free(f);
 }
 
+/* Regression: the dedup table of a large batch must not leak into the next,
+ * smaller one (a stale entry made a distinct key look like a duplicate). */
+static void test_small_store_after_large_one_stores_every_key(void **state)
+{
+    struct fx *f = fx_make(128, "lru", false, 0);
+    struct kvt_key k[40];
+    kt_keys(k, 0, 40);
+    assert_int_equal(kvt_primary_prepare_store(f->p, k, 32, &f->out), 0);
+    assert_int_equal(f->out.n_store, 32);
+    for (size_t n = 1; n <= 8; n++) {
+        kt_keys(k, 100 + (int)(n * 10), n);
+        assert_int_equal(kvt_primary_prepare_store(f->p, k, n, &f->out), 0);
+        assert_int_equal(f->out.n_store, n);
+    }
+    assert_int_equal(kvt_primary_num_entries(f->p), 32 + 36);
+    fx_free(f);
+}
+
 static void test_failed_eviction_is_atomic(void **state)
 {
     struct fx *f = fx_make(3, "arc", true, 0);
@@ -855,6 +873,7 @@ int main(void)
         cmocka_unit_test(test_misuse_is_einval_and_changes_nothing),
         cmocka_unit_test(test_empty_prepare_store_is_empty_not_failure),
         cmocka_unit_test(test_duplicate_keys_in_one_store_take_one_slot),
+        cmocka_unit_test(test_small_store_after_large_one_stores_every_key),
         cmocka_unit_test(test_failed_eviction_is_atomic),
         cmocka_unit_test(test_generation_changes_on_every_reuse),
         cmocka_unit_test(test_checksum_on_complete),
