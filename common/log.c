@@ -2,6 +2,7 @@
  * process-wide setting (daemon config or KVT_LOG_LEVEL in the environment). */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +10,9 @@
 #include "kvt/log.h"
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
-static int log_level = -1; /* -1: not yet read from the environment */
+/* Read by every thread that logs: atomic, and -1 until the environment is read
+ * (racing first readers all compute the same value). */
+static _Atomic int log_level = -1;
 
 int kvt_log_parse_level(const char *s, enum kvt_log_level *level_p)
 {
@@ -24,19 +27,25 @@ int kvt_log_parse_level(const char *s, enum kvt_log_level *level_p)
 
 void kvt_log_set_level(enum kvt_log_level level)
 {
-    log_level = (int)level;
+    atomic_store_explicit(&log_level, (int)level, memory_order_relaxed);
 }
 
 enum kvt_log_level kvt_log_get_level(void)
 {
-    if (log_level < 0) {
-        enum kvt_log_level l = KVT_LOG_WARN;
+    int l = atomic_load_explicit(&log_level, memory_order_relaxed);
+
+    if (l < 0) {
+        enum kvt_log_level from_env = KVT_LOG_WARN;
         const char *env = getenv("KVT_LOG_LEVEL");
+        int unset = -1;
+
         if (env != NULL)
-            kvt_log_parse_level(env, &l);
-        log_level = (int)l;
+            kvt_log_parse_level(env, &from_env);
+        /* A concurrent kvt_log_set_level wins over the environment. */
+        atomic_compare_exchange_strong(&log_level, &unset, (int)from_env);
+        l = atomic_load_explicit(&log_level, memory_order_relaxed);
     }
-    return (enum kvt_log_level)log_level;
+    return (enum kvt_log_level)l;
 }
 
 void kvt_log_write(enum kvt_log_level level, const char *module, const char *fmt, ...)
