@@ -36,7 +36,10 @@ void kvt_bp_default_config(const char *tier_type, int locality, struct kvt_bp_co
 
 struct kvt_bp;
 
-/* -EINVAL unless 0 < alpha <= 1 and low <= high. */
+/* -EINVAL unless 0 < alpha <= 1 and low <= high (as vLLM; NaN fails both), and
+ * also for what Python would only trip over later: an unknown policy,
+ * ramp_factor <= 0 with the throttled policy, warmup_completions == UINT_MAX
+ * (the completion count saturates there). -ENOMEM. */
 int kvt_bp_create(const struct kvt_bp_config *cfg, struct kvt_bp **bp_p);
 void kvt_bp_destroy(struct kvt_bp *bp);
 
@@ -55,5 +58,21 @@ void kvt_bp_pop_dropped(struct kvt_bp *bp, uint64_t *stores_p, uint64_t *chunks_
 /* Only the policy's decision (ThrottledDropPolicy/DropStorePolicy.should_store),
  * without healthy bypass or cooldown; counts nothing. For tests of the policy alone. */
 bool kvt_bp_policy_allows(struct kvt_bp *bp);
+
+/* Tests only: the detector's private fields, for the vLLM tests that set them
+ * directly (bp._completions = ..., bp._under_pressure = True, ...). Times are
+ * kvt_now_s() seconds, 0 = never. set replaces every field listed here (the
+ * warmup samples and the policy's counters are not among them). */
+struct kvt_bp_state {
+    double ema;
+    bool under_pressure;
+    unsigned completions;
+    double last_update_s;
+    unsigned healthy_streak;
+    double pressure_cleared_at_s;
+    unsigned cooldown_count;
+};
+void kvt__bp_get_state(const struct kvt_bp *bp, struct kvt_bp_state *st_p);
+void kvt__bp_set_state(struct kvt_bp *bp, const struct kvt_bp_state *st);
 
 #endif
