@@ -1,0 +1,70 @@
+/* Cluster membership as one node sees it: the members it has authenticated, their
+ * incarnations and when each was last heard from. A member that misses k heartbeat
+ * intervals is down; a member heard from with a new incarnation restarted and is a
+ * new member (its old life's records and leases are dropped by whoever watches the
+ * events). Every change bumps the epoch, which placement caches key on.
+ * Scheduler thread only. */
+#ifndef KVT_MEMBERS_H
+#define KVT_MEMBERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#define KVT_MEMBER_ADDR_MAX 64
+#define KVT_MEMBERS_MAX     256
+#define KVT_MEMBERS_EVENTS  1024 /* pending events kept; older ones are dropped */
+
+enum kvt_member_state { KVT_MEMBER_ALIVE, KVT_MEMBER_DOWN };
+
+struct kvt_member {
+    uint64_t node_id;
+    uint64_t incarnation;
+    char addr[KVT_MEMBER_ADDR_MAX];
+    uint16_t port;
+    enum kvt_member_state state;
+    uint64_t last_heard_ns;
+};
+
+enum kvt_member_event_kind {
+    KVT_MEMBER_JOINED,    /* first heard, or back after being down */
+    KVT_MEMBER_DOWN_EV,   /* missed k heartbeats */
+    KVT_MEMBER_RESTARTED, /* heard with a newer incarnation: old life is gone */
+};
+
+struct kvt_member_event {
+    enum kvt_member_event_kind kind;
+    uint64_t node_id;
+    uint64_t incarnation;     /* the new one (JOINED, RESTARTED) or the lost one (DOWN) */
+    uint64_t old_incarnation; /* RESTARTED */
+};
+
+struct kvt_members;
+
+int kvt_members_create(uint64_t self_id, uint64_t self_incarnation, uint64_t interval_ns,
+                       unsigned k_missed, struct kvt_members **m_p);
+void kvt_members_destroy(struct kvt_members *m);
+
+/* An authenticated message from node_id. 0; -ESTALE for an older incarnation than
+ * known (ignored); -EINVAL for our own id; -ENOSPC when the table is full. */
+int kvt_members_heard(struct kvt_members *m, uint64_t node_id, uint64_t incarnation,
+                      const char *addr, uint16_t port, uint64_t now_ns);
+/* Marks members down that were not heard within k intervals (down once now is more
+ * than k * interval after the last time heard). */
+void kvt_members_tick(struct kvt_members *m, uint64_t now_ns);
+/* Explicit loss (the connection failed and will not come back by itself). */
+void kvt_members_mark_down(struct kvt_members *m, uint64_t node_id);
+
+/* Live node ids including our own, ascending; if more than max are live, the max
+ * lowest. Returns the count written. */
+size_t kvt_members_live(const struct kvt_members *m, uint64_t *ids, size_t max);
+const struct kvt_member *kvt_members_find(const struct kvt_members *m, uint64_t node_id);
+bool kvt_members_is_live(const struct kvt_members *m, uint64_t node_id, uint64_t incarnation);
+uint64_t kvt_members_epoch(const struct kvt_members *m);
+size_t kvt_members_count(const struct kvt_members *m, enum kvt_member_state state);
+uint64_t kvt_members_self(const struct kvt_members *m);
+/* Moves pending events to out (at most max), oldest first; returns how many. The
+ * ring keeps the newest KVT_MEMBERS_EVENTS: on overflow the oldest are dropped. */
+size_t kvt_members_take_events(struct kvt_members *m, struct kvt_member_event *out, size_t max);
+
+#endif
