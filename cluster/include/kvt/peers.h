@@ -87,6 +87,10 @@ int kvt_peers_create(const struct kvt_peers_config *cfg, struct kvt_peers **p_p)
  * transport. */
 void kvt_peers_destroy(struct kvt_peers *p);
 
+/* Replaces the handlers (the network tier installs itself after the peers exist;
+ * NULL restores "none"). */
+void kvt_peers_set_handlers(struct kvt_peers *p, const struct kvt_peers_handlers *h);
+
 uint64_t kvt_peers_self(const struct kvt_peers *p);
 uint64_t kvt_peers_incarnation(const struct kvt_peers *p);
 uint16_t kvt_peers_port(const struct kvt_peers *p);
