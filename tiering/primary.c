@@ -392,6 +392,8 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
             pr_release(p, s);
         }
         out->n_evicted = need;
+        if (p->on_removed != NULL)
+            p->on_removed(p->on_removed_arg, out->evicted, need);
         if (p->cfg.enable_events &&
             kvt_events_push(&p->events, out->evicted, need, KVT_MEDIUM_CPU, KVT_ANY, true) != 0)
             kvt_warn("primary", "out of memory: a removed event was lost");
@@ -535,6 +537,14 @@ void kvt_primary_reset_cache(struct kvt_primary *p)
     p->num_allocated = 0;
     p->n_free_list = 0;
     p->num_entries = p->num_evictable = p->num_write_pending = 0;
+    if (p->on_removed != NULL)
+        p->on_removed(p->on_removed_arg, NULL, 0);
+}
+
+void kvt_primary_set_removed_hook(struct kvt_primary *p, kvt_primary_removed_fn fn, void *arg)
+{
+    p->on_removed = fn;
+    p->on_removed_arg = arg;
 }
 
 int kvt_primary_take_events(struct kvt_primary *p, struct kvt_events *out)

@@ -90,6 +90,8 @@ struct kvt_primary {
     size_t scratch_cap;
 
     struct kvt_events events;
+    kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */
+    void *on_removed_arg;
     struct kvt_stats pending_stats; /* allocation-size histogram since last get_stats */
 
     struct kvt_region *region;

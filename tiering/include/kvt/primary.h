@@ -143,6 +143,11 @@ void kvt__primary_arc_set_target(struct kvt_primary *p, double target);
 /* Walks every entry (tests' recount of the invariants). */
 typedef void (*kvt_primary_entry_cb)(void *arg, const struct kvt_key *key,
                                      const struct kvt_primary_entry_info *info);
+/* Told of every key the primary drops (evictions, in eviction order; keys NULL and
+ * n 0 after reset_cache: every key). The network tier unpublishes through it. */
+typedef void (*kvt_primary_removed_fn)(void *arg, const struct kvt_key *keys, size_t n);
+void kvt_primary_set_removed_hook(struct kvt_primary *p, kvt_primary_removed_fn fn, void *arg);
+
 void kvt_primary_for_each(const struct kvt_primary *p, kvt_primary_entry_cb cb, void *arg);
 
 #endif

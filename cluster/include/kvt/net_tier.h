@@ -1,0 +1,93 @@
+/* The network tier (DESIGN.md §5-§6): a kvt_tier_ops backend that makes the other
+ * nodes' primary tiers this node's slowest secondary tier.
+ *
+ * Requester side (this node's engines miss locally):
+ *   lookup        async lookup helper; its batch_lookup (worker thread) hands the
+ *                 keys to the loop, which sends LOCATE to each key's home (rendezvous
+ *                 over live members) and waits for LOCATE_REPLY: RETRY until the
+ *                 answer, then HIT (a live holder is known) or MISS.
+ *   submit_load   FETCH to the holder; on GRANT, one-sided READs of every granted
+ *                 chunk straight into the job's primary slots (batches of
+ *                 max_ops_per_batch, many in flight); each chunk's XXH3-64 must match
+ *                 the grant's checksum and the reads must end before the lease does;
+ *                 then RELEASE. Keys denied, timed out, on a dead peer or failing a
+ *                 check are not in successful_keys and are marked missing (seed
+ *                 livelock rule). A job is reported only once no READ of it is in
+ *                 flight, so a failed job's slots are never written after it ends.
+ * Holder side (peers miss):
+ *   submit_store  the cascade: publish "we hold K" to K's home (batched per home per
+ *                 step), report the job done at once; the bytes stay in the primary.
+ *                 Primary evictions unpublish (batched).
+ *   serve_external_requests  the ParentManager loop, every schedule end: each FETCH
+ *                 becomes a synthetic request (on_new_request, lookup per key, kept
+ *                 parked while any key is RETRY/HIT_PENDING up to park_timeout_ms,
+ *                 create_store_job for the hits, on_request_finished) and a GRANT
+ *                 with offsets, lengths, generations, checksums and a lease. RELEASE,
+ *                 the lease's expiry or the requester's link closing ends the store
+ *                 job, which unpins.
+ * Home side: PUBLISH/UNPUBLISH keep the location directory of the keys homed here;
+ *   LOCATE is answered from it. On membership change every held key is re-published
+ *   to its (new) home and records of dead holders are dropped.
+ *
+ * Peer messages are trusted only as far as the peer link authenticated their sender
+ * (kvt/peers.h); PUBLISH for another node, GRANTs for fetches never sent, chunk
+ * indexes out of range, lengths other than a row: refused and counted.
+ *
+ * Threading: the loop thread (the manager's), except the async lookup worker. */
+#ifndef KVT_NET_TIER_H
+#define KVT_NET_TIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvt/peers.h"
+#include "kvt/primary.h"
+#include "kvt/tier.h"
+
+/* Stat names (get_stats, label "<tier index + 1>:network"; per-peer bytes with label
+ * "peer:<16 hex digits>"). */
+#define KVT_M_NET_LOCATES        "kvtier_net_locate_requests"
+#define KVT_M_NET_LOCATE_TIMEOUT "kvtier_net_locate_timeouts"
+#define KVT_M_NET_FETCHES        "kvtier_net_fetches"
+#define KVT_M_NET_GRANTS         "kvtier_net_grants"
+#define KVT_M_NET_DENIES         "kvtier_net_denies"
+#define KVT_M_NET_PULLED_CHUNKS  "kvtier_net_pulled_chunks"
+#define KVT_M_NET_PULLED_BYTES   "kvtier_net_pulled_bytes"
+#define KVT_M_NET_SERVED_BYTES   "kvtier_net_served_bytes"
+#define KVT_M_NET_CHECKSUM_FAIL  "kvtier_net_checksum_failures"
+#define KVT_M_NET_LEASE_EXPIRED  "kvtier_net_lease_expiries"
+#define KVT_M_NET_FETCH_FAILED   "kvtier_net_failed_fetches"
+#define KVT_M_NET_REFUSED        "kvtier_net_refused_messages"
+#define KVT_M_NET_LEASES         "kvtier_net_active_leases"
+#define KVT_M_NET_RECORDS        "kvtier_net_directory_records"
+
+struct kvt_net_tier_config {
+    struct kvt_peers *peers;     /* not owned; the tier installs itself as its handler */
+    struct kvt_primary *primary; /* the manager's: generations, checksums, evictions */
+    uint32_t lease_ms;           /* 0 = 5000 */
+    uint32_t fetch_timeout_ms;   /* FETCH to last READ done; 0 = 3000 */
+    uint32_t locate_timeout_ms;  /* 0 = 2000 */
+    uint32_t park_timeout_ms;    /* serving: RETRY/HIT_PENDING wait; 0 = 1000 */
+    uint32_t record_ttl_ms;      /* directory records (re-published at half); 0 = 600000 */
+    unsigned max_holders;        /* per key in the directory; 0 = 8 */
+    unsigned max_ops_per_batch;  /* READ ops per batch; 0 = 32 */
+};
+
+int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
+
+/* Progress between schedule ends (the daemon's idle tick; tests): peer messages,
+ * locate requests from the lookup worker, READ completions, publishes, leases. */
+int kvt_net_tier_poll(struct kvt_tier *t);
+/* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
+int kvt_net_tier_wake_fd(struct kvt_tier *t);
+
+/* Cumulative counts (tests, the CLI, /metrics). */
+struct kvt_net_tier_counts {
+    uint64_t locates, locate_timeouts, fetches, grants, denies;
+    uint64_t pulled_chunks, pulled_bytes, served_chunks, served_bytes;
+    uint64_t checksum_failures, lease_expiries, leases_reaped, failed_fetches, refused;
+    uint64_t active_leases, directory_records, published_keys;
+};
+void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out);
+
+#endif
