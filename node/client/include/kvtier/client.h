@@ -1,0 +1,291 @@
+/* libkvtier-client: the local engine API of kvtierd (DESIGN.md §2, node/).
+ *
+ * An inference engine on the same host attaches to its node's kvtierd over a unix
+ * socket. At connect time the daemon passes the primary region's file descriptor
+ * (SCM_RIGHTS); the library maps it MAP_SHARED, so the engine's workers copy KV
+ * chunks straight into and out of the rows the daemon hands out:
+ *
+ *     row of chunk c          = region.base + c * region.row_bytes
+ *     worker w's cell of row c = row + w * region.page_bytes  (w < num_workers)
+ *
+ * Every call below maps one-to-one onto the tiering manager (tiering's manager.h,
+ * vLLM's TieringOffloadingManager) and is one synchronous round trip:
+ *
+ *   on_new_request     register a request (its id names it in every later call)
+ *   lookup             MISS / HIT / HIT_PENDING / RETRY per key, in order
+ *   prepare_store      slots to write, or -ENOSPC ("cannot store", nothing changed)
+ *   complete_store     the writes are done (or failed): chunks become ready
+ *   prepare_load       pin ready chunks and learn their slots
+ *   complete_load      unpin them once the copy out is done
+ *   touch              record an access
+ *   on_request_finished
+ *   on_schedule_end    end of one scheduler step (drives promotions and cascades)
+ *   take_events        stored / removed events since the last call
+ *   get_stats          the manager's metrics (counters, gauges, histograms)
+ *
+ * Request ids are node-wide (several engines share one manager): an id another
+ * engine uses is refused with -EEXIST, so engines should make them unique (e.g.
+ * prefix them with the engine's name). A client may only name its own requests and
+ * unpin only what it pinned (-EINVAL otherwise).
+ *
+ * If the engine dies or closes the connection, the daemon cleans up after it: every
+ * store it prepared and did not complete is completed as failed (the slots are
+ * freed), every chunk it pinned and did not unpin is unpinned, every request it did
+ * not finish is finished.
+ *
+ * Errors: every function that can fail returns 0 or a negative errno:
+ *   -EINVAL      bad argument (key length, request id, misuse the manager refuses)
+ *   -EEXIST      on_new_request: the id is already known to the node
+ *   -ENOSPC      prepare_store: cannot store (nothing changed)
+ *   -EMSGSIZE    the call does not fit the daemon's limits (too many keys)
+ *   -EPROTO      the daemon sent something this library does not understand
+ *   -ETIMEDOUT   no reply within the timeout; the connection is then closed
+ *   -EPIPE / -ECONNRESET  the daemon went away; every later call fails the same way
+ *   -ENOMEM
+ * A call that fails on the daemon's side changed nothing there.
+ *
+ * Threads: calls on one client are serialized by a mutex inside the client, so a
+ * client may be shared by threads (each call still waits for its own reply). The
+ * region's memory may be read and written by any thread at any time; which rows
+ * are safe to touch is what prepare_store / prepare_load say.
+ */
+#ifndef KVTIER_CLIENT_H
+#define KVTIER_CLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Protocol version spoken by this library (the daemon refuses another major). */
+#define KVTIER_PROTO_MAJOR 1
+#define KVTIER_PROTO_MINOR 0
+
+#define KVTIER_KEY_MAX        64  /* bytes of a key */
+#define KVTIER_REQ_ID_MAX     127 /* bytes of a request id (not counting the NUL) */
+#define KVTIER_NAME_MAX       63  /* bytes of an engine name */
+#define KVTIER_STAT_NAME_MAX  96  /* including the NUL */
+#define KVTIER_STAT_LABEL_MAX 48  /* including the NUL */
+#define KVTIER_HIST_BUCKETS   16
+#define KVTIER_FILTER_MAX     8
+
+/* An opaque 1..64-byte key, compared bytewise (vLLM: 32-byte block hash followed by
+ * the big-endian 32-bit KV-cache group index; see kvtier_key_make). A value type:
+ * same layout as the daemon's struct kvt_key. */
+struct kvtier_key {
+    uint8_t len;
+    uint8_t bytes[KVTIER_KEY_MAX];
+};
+
+/* -EINVAL unless 1 <= len <= 64. */
+int kvtier_key_set(struct kvtier_key *key, const void *bytes, size_t len);
+/* hash || be32(group), vLLM's make_offload_key; -EINVAL if it exceeds 64 bytes. */
+int kvtier_key_make(struct kvtier_key *key, const void *hash, size_t hash_len, uint32_t group);
+
+enum kvtier_lookup_result {
+    KVTIER_MISS = 0,
+    KVTIER_HIT = 1,
+    KVTIER_HIT_PENDING = 2, /* being written (store or promotion): ask again next step */
+    KVTIER_RETRY = 3,       /* a secondary tier is still looking: ask again next step */
+};
+
+enum kvtier_offload_policy {
+    KVTIER_CHUNK_LEVEL = 0,
+    KVTIER_REQUEST_LEVEL = 1,
+};
+
+/* Tier matching for a request's loads (vLLM's kv_load_tiers). KVTIER_ANY leaves the
+ * field unconstrained. */
+#define KVTIER_ANY (-1)
+enum kvtier_medium { KVTIER_MEDIUM_CPU = 0, KVTIER_MEDIUM_STORAGE = 1 };
+enum kvtier_locality { KVTIER_LOCAL = 0, KVTIER_REMOTE = 1 };
+
+struct kvtier_tier_matcher {
+    int medium;   /* enum kvtier_medium or KVTIER_ANY */
+    int locality; /* enum kvtier_locality or KVTIER_ANY */
+};
+
+/* ---- connection ------------------------------------------------------------ */
+
+/* The primary region as mapped into this process. */
+struct kvtier_region {
+    uint8_t *base;        /* MAP_SHARED, read-write */
+    size_t size;          /* num_chunks * row_bytes */
+    size_t num_chunks;    /* chunk (slot) ids are 0..num_chunks-1 */
+    size_t row_bytes;     /* bytes of one chunk: num_workers * page_bytes */
+    size_t page_bytes;    /* one worker's cell of a row */
+    unsigned num_workers; /* cells per row */
+};
+
+/* Optional settings of kvtier_connect; zero/NULL fields take the defaults. */
+struct kvtier_connect_opts {
+    const char *name; /* the engine's name in the daemon's logs; default "engine" */
+    int timeout_ms;   /* connect and per-call reply timeout; 0 = 30000, < 0 = none */
+};
+
+struct kvtier_client;
+
+/* Connects to the daemon listening at socket_path, says hello, receives and maps
+ * the region. opts may be NULL. -ENOENT / -ECONNREFUSED when no daemon listens,
+ * -EPROTO for a daemon of another protocol major, -EMFILE etc. */
+int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *opts,
+                   struct kvtier_client **client_p);
+/* Closes the connection (the daemon cleans up whatever the client left open, see
+ * above) and unmaps the region. NULL is ignored. */
+void kvtier_close(struct kvtier_client *c);
+
+/* The mapped region; valid until kvtier_close. */
+const struct kvtier_region *kvtier_client_region(const struct kvtier_client *c);
+/* The first byte of chunk chunk_id's row (no bounds check beyond an assert). */
+uint8_t *kvtier_client_row(const struct kvtier_client *c, int64_t chunk_id);
+/* The id the daemon gave this connection (its logs name clients by it). */
+uint64_t kvtier_client_id(const struct kvtier_client *c);
+/* The most a single call may carry: keys per call (lookup, stores, loads, touch)
+ * and request ids per on_schedule_end list, as the daemon announced them. */
+size_t kvtier_client_max_keys(const struct kvtier_client *c);
+
+/* ---- requests ---------------------------------------------------------------- */
+
+/* Optional parts of a new request. */
+struct kvtier_request_opts {
+    /* kv_transfer_params as JSON text, handed to the tiers; NULL = none. */
+    const char *params_json;
+    /* The tiers this request may load from: NULL/0 with load_tiers_all = true (the
+     * default when opts is NULL) is every tier; load_tiers_all = false with
+     * n_load_tiers = 0 denies every tier; otherwise a tier matches if any matcher
+     * does. At most KVTIER_FILTER_MAX matchers. */
+    bool load_tiers_all;
+    const struct kvtier_tier_matcher *load_tiers;
+    size_t n_load_tiers;
+};
+
+/* on_new_request. opts may be NULL. policy_p (may be NULL) receives
+ * REQUEST_LEVEL if some tier asked for it. -EEXIST if the id is known. */
+int kvtier_on_new_request(struct kvtier_client *c, const char *req_id,
+                          const struct kvtier_request_opts *opts,
+                          enum kvtier_offload_policy *policy_p);
+
+/* on_request_finished. Stores still outstanding keep the request alive in the
+ * manager until they complete. -EINVAL if this client has no such request. */
+int kvtier_on_request_finished(struct kvtier_client *c, const char *req_id);
+
+/* ---- lookups ------------------------------------------------------------------ */
+
+/* Stop at the first key whose result is MISS or RETRY (prefix matching: the keys
+ * after it are not looked up, so nothing is promoted for them). */
+#define KVTIER_LOOKUP_PREFIX 1u
+
+/* Looks up keys[0..n-1] in order for request req_id; results[i] is an enum
+ * kvtier_lookup_result. n_done_p (may be NULL) receives how many keys were looked
+ * up (n unless KVTIER_LOOKUP_PREFIX stopped early; results past it are not written).
+ * A secondary-tier HIT allocates a primary slot and promotes the chunk at the end of
+ * the step: the key answers HIT_PENDING until then. */
+int kvtier_lookup(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                  size_t n, unsigned flags, uint8_t *results, size_t *n_done_p);
+
+/* ---- stores ----------------------------------------------------------------- */
+
+/* What prepare_store decided, written into caller-provided arrays. */
+struct kvtier_store_plan {
+    /* in: arrays of at least n entries (n = the call's key count) */
+    uint32_t *store_index; /* keys[store_index[i]] is to be written ...          */
+    int64_t *chunk_ids;    /* ... into the row of chunk_ids[i], for i < n_store */
+    /* in: optional buffer for the keys evicted to make room (may be NULL / 0) */
+    struct kvtier_key *evicted;
+    size_t cap_evicted;
+    /* out */
+    size_t n_store;   /* keys that need writing (the others are already stored) */
+    size_t n_evicted; /* keys evicted; only the first cap_evicted are written */
+};
+
+/* prepare_store: keys already present are left out of the plan; the others get
+ * write-pending slots (ref -1) the engine must fill and then complete_store.
+ * -ENOSPC: cannot store (nothing changed). -EINVAL: unknown request. */
+int kvtier_prepare_store(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                         size_t n, struct kvtier_store_plan *plan);
+
+/* complete_store: the rows of keys are written (success) or not (the slots are
+ * freed). -EINVAL when the request has no prepared store outstanding. */
+int kvtier_complete_store(struct kvtier_client *c, const char *req_id,
+                          const struct kvtier_key *keys, size_t n, bool success);
+
+/* ---- loads --------------------------------------------------------------------- */
+
+/* prepare_load: pins every key (all must be ready: HIT; else -EINVAL and nothing is
+ * pinned) and writes their slots to chunk_ids[0..n-1]. The rows stay valid and
+ * unchanged until complete_load. req_id may be NULL (the manager does not scope
+ * loads by request). */
+int kvtier_prepare_load(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                        size_t n, int64_t *chunk_ids);
+/* complete_load: unpins keys this client pinned; -EINVAL (nothing changed) if one
+ * of them is not pinned by this client. */
+int kvtier_complete_load(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                         size_t n);
+/* touch: records an access to keys (cache policy). req_id may be NULL. */
+int kvtier_touch(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                 size_t n);
+
+/* ---- steps ----------------------------------------------------------------------- */
+
+/* on_schedule_end: the end of one scheduler step, with the requests scheduled for
+ * the first time and the preempted ones (lists may be NULL when empty). */
+int kvtier_on_schedule_end(struct kvtier_client *c, const char *const *new_req_ids, size_t n_new,
+                           const char *const *preempted_req_ids, size_t n_preempted);
+
+/* ---- events and stats -------------------------------------------------------------- */
+
+struct kvtier_event {
+    struct kvtier_key *keys;
+    size_t n;
+    int medium;   /* enum kvtier_medium */
+    int locality; /* enum kvtier_locality or KVTIER_ANY */
+    bool removed; /* false: stored, true: removed */
+};
+
+struct kvtier_events {
+    struct kvtier_event *ev;
+    size_t n;
+};
+
+/* take_events: moves the node's pending events (primary's, then each tier's) into
+ * a list the library allocates; free it with kvtier_events_free. Events are
+ * node-wide: each is delivered to exactly one caller of take_events. */
+int kvtier_take_events(struct kvtier_client *c, struct kvtier_events **events_p);
+void kvtier_events_free(struct kvtier_events *events);
+
+enum kvtier_metric_kind { KVTIER_COUNTER = 0, KVTIER_GAUGE = 1, KVTIER_HISTOGRAM = 2 };
+
+struct kvtier_stat {
+    char name[KVTIER_STAT_NAME_MAX];       /* NUL-terminated */
+    char label[KVTIER_STAT_LABEL_MAX];     /* the tier label ("1:fs") or "" */
+    int kind;                              /* enum kvtier_metric_kind */
+    double value;                          /* counter / gauge */
+    uint64_t count;                        /* histogram: observations */
+    double sum;                            /* histogram: sum of observations */
+    uint64_t buckets[KVTIER_HIST_BUCKETS]; /* histogram: per bucket, not cumulative */
+};
+
+struct kvtier_stats {
+    struct kvtier_stat *s;
+    size_t n;
+    double bounds[KVTIER_HIST_BUCKETS]; /* bucket upper bounds; the last is +Inf */
+};
+
+/* get_stats: the manager's metrics since the previous get_stats (counters are
+ * deltas, as vLLM's get_stats; gauges current). Free with kvtier_stats_free. */
+int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p);
+void kvtier_stats_free(struct kvtier_stats *stats);
+/* A counter/gauge value or a histogram's count; 0 when absent. label NULL = "". */
+double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, const char *label);
+
+/* The name of a lookup result ("MISS", "HIT", "HIT_PENDING", "RETRY", "?"). */
+const char *kvtier_lookup_result_name(int result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
