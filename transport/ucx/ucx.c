@@ -175,8 +175,11 @@ static int ucx_errno(ucs_status_t st)
 {
     if (st >= UCS_ERR_LAST_LINK_FAILURE && st <= UCS_ERR_FIRST_LINK_FAILURE)
         return -ECONNRESET;
+    /* uct tcp reports a peer whose connection closed (a killed process) as
+     * ENDPOINT_TIMEOUT; to the owner that is a peer gone. -ETIMEDOUT stays ours: the
+     * connect and op deadlines. */
     if (st == UCS_ERR_ENDPOINT_TIMEOUT)
-        return -ETIMEDOUT;
+        return -ECONNRESET;
     if (st >= UCS_ERR_LAST_ENDPOINT_FAILURE && st <= UCS_ERR_FIRST_ENDPOINT_FAILURE)
         return -ECONNRESET;
     switch (st) {
