@@ -1,0 +1,786 @@
+/* libkvtier-client: the engine side of kvtierd's local engine API (contract in
+ * kvtier/client.h, wire format in kvtier/engine_proto.h).
+ *
+ * One blocking unix stream connection per client. Each call encodes one request
+ * frame, writes it whole, then reads frames until its reply (same op and seq)
+ * arrives, each read bounded by the client's timeout (poll). The region's fd comes
+ * as SCM_RIGHTS with the HELLO reply; it is mapped MAP_SHARED and closed (the
+ * mapping stays). A timeout, a short read or a reply that does not decode breaks
+ * the connection: the socket is shut down and every later call returns the same
+ * error, since the stream can no longer be trusted to be in step.
+ *
+ * A mutex serializes calls; the buffers it guards are reused across calls. */
+#include <errno.h>
+#include <stdio.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvt/alloc.h"
+#include "kvtier/client.h"
+#include "kvtier/engine_proto.h"
+
+#define DEFAULT_TIMEOUT_MS 30000
+#define CLIENT_MAX_BODY    (256u << 20) /* replies: events and stats can be long */
+
+/* Everything below is guarded by lock, except region (immutable after connect). */
+struct kvtier_client {
+    pthread_mutex_t lock;
+    int fd;
+    int broken; /* 0, or the error every call now returns */
+    int timeout_ms;
+    uint64_t id;
+    uint64_t seq;
+    size_t max_keys;
+    struct kvtier_region region;
+    struct kvt_eproto_limits lim;
+    struct kvt_ebuf out;
+    uint8_t *in;
+    size_t in_cap;
+};
+
+/* ---- keys ------------------------------------------------------------------ */
+
+int kvtier_key_set(struct kvtier_key *key, const void *bytes, size_t len)
+{
+    if (len < 1 || len > KVTIER_KEY_MAX || bytes == NULL)
+        return -EINVAL;
+    memset(key, 0, sizeof(*key));
+    key->len = (uint8_t)len;
+    memcpy(key->bytes, bytes, len);
+    return 0;
+}
+
+int kvtier_key_make(struct kvtier_key *key, const void *hash, size_t hash_len, uint32_t group)
+{
+    if (hash_len + 4 > KVTIER_KEY_MAX || (hash == NULL && hash_len > 0))
+        return -EINVAL;
+    memset(key, 0, sizeof(*key));
+    if (hash_len > 0)
+        memcpy(key->bytes, hash, hash_len);
+    key->bytes[hash_len] = (uint8_t)(group >> 24);
+    key->bytes[hash_len + 1] = (uint8_t)(group >> 16);
+    key->bytes[hash_len + 2] = (uint8_t)(group >> 8);
+    key->bytes[hash_len + 3] = (uint8_t)group;
+    key->len = (uint8_t)(hash_len + 4);
+    return 0;
+}
+
+const char *kvtier_lookup_result_name(int result)
+{
+    static const char *const names[] = {"MISS", "HIT", "HIT_PENDING", "RETRY"};
+
+    return result >= 0 && result <= KVTIER_RETRY ? names[result] : "?";
+}
+
+/* ---- the stream -------------------------------------------------------------- */
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = events};
+        int t = -1;
+        int rc;
+
+        if (deadline >= 0) {
+            int64_t left = deadline - now_ms();
+
+            if (left <= 0)
+                return -ETIMEDOUT;
+            t = left > 1000000 ? 1000000 : (int)left;
+        }
+        rc = poll(&p, 1, t);
+        if (rc > 0)
+            return 0;
+        if (rc < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline)
+{
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = wait_fd(fd, POLLOUT, deadline);
+
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        return w < 0 ? -errno : -EPIPE;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes; a descriptor passed along is stored in *fd_p (if fd_p is
+ * NULL or one is already held, it is closed). */
+static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fd_p)
+{
+    while (n > 0) {
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {.iov_base = p, .iov_len = n};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = ctl.buf,
+                            .msg_controllen = sizeof(ctl.buf)};
+        ssize_t r = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+        if (r > 0) {
+            for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
+                if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+                    continue;
+                size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                for (size_t i = 0; i < nfd; i++) {
+                    int got;
+
+                    memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+                    if (fd_p != NULL && *fd_p < 0)
+                        *fd_p = got;
+                    else
+                        close(got);
+                }
+            }
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return -ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(fd, POLLIN, deadline);
+
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        return -errno;
+    }
+    return 0;
+}
+
+static void mark_broken(struct kvtier_client *c, int err)
+{
+    if (c->broken == 0) {
+        c->broken = err;
+        shutdown(c->fd, SHUT_RDWR);
+    }
+}
+
+/* One round trip: sends req (op and seq filled in here), waits for its reply into
+ * rep. rep's rc is returned (after the transport's own errors). */
+static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p)
+{
+    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    uint8_t hdr[KVT_EPROTO_HDR];
+    int rc;
+
+    kvt__emsg_init(rep);
+    if (c->broken)
+        return c->broken;
+    req->seq = ++c->seq;
+    req->has |= 1u << KVT_EF_OP | 1u << KVT_EF_SEQ;
+    c->out.len = 0;
+    rc = kvt__emsg_encode(req, &c->out);
+    if (rc < 0)
+        return rc;
+    if (c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
+        return -EMSGSIZE;
+    rc = write_all(c->fd, c->out.data, c->out.len, deadline);
+    if (rc < 0)
+        goto broken;
+    for (;;) {
+        uint32_t len;
+
+        rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fd_p);
+        if (rc < 0)
+            goto broken;
+        len = kvt__eproto_frame_len(hdr);
+        if (len > CLIENT_MAX_BODY) {
+            rc = -EPROTO;
+            goto broken;
+        }
+        if (len > c->in_cap) {
+            uint8_t *p = kvt_realloc(c->in, len);
+
+            if (p == NULL) {
+                rc = -ENOMEM;
+                goto broken;
+            }
+            c->in = p;
+            c->in_cap = len;
+        }
+        rc = read_all(c->fd, c->in, len, deadline, fd_p);
+        if (rc < 0)
+            goto broken;
+        rc = kvt__emsg_decode(c->in, len,
+                              &(struct kvt_eproto_limits){.max_body = CLIENT_MAX_BODY,
+                                                          .max_keys = UINT32_MAX,
+                                                          .max_params = 1u << 20,
+                                                          .max_events = UINT32_MAX,
+                                                          .max_stats = UINT32_MAX},
+                              rep);
+        if (rc < 0) {
+            rc = -EPROTO;
+            goto broken;
+        }
+        if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
+            rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
+            kvt__emsg_free(rep);
+            goto broken;
+        }
+        if (rep->op != (req->op | KVT_EOP_REPLY) || rep->seq != req->seq ||
+            !kvt__emsg_has(rep, KVT_EF_RC)) {
+            kvt__emsg_free(rep);
+            rc = -EPROTO;
+            goto broken;
+        }
+        return (int)rep->rc;
+    }
+broken:
+    mark_broken(c, rc);
+    return rc;
+}
+
+/* ---- connect / close ----------------------------------------------------------- */
+
+static int hello(struct kvtier_client *c, const char *name)
+{
+    struct kvt_emsg req, rep;
+    int rfd = -1;
+    int rc;
+    struct stat st;
+
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_HELLO;
+    req.major = KVTIER_PROTO_MAJOR;
+    req.minor = KVTIER_PROTO_MINOR;
+    snprintf(req.name, sizeof(req.name), "%s", name);
+    req.has = 1u << KVT_EF_MAJOR | 1u << KVT_EF_MINOR | 1u << KVT_EF_NAME;
+    rc = call(c, &req, &rep, &rfd);
+    if (rc < 0)
+        goto out;
+    if (rep.n_geom < KVT_EG_COUNT || rfd < 0) {
+        rc = -EPROTO;
+        goto out;
+    }
+    struct kvtier_region *r = &c->region;
+    r->num_chunks = rep.geom[KVT_EG_NUM_CHUNKS];
+    r->row_bytes = rep.geom[KVT_EG_ROW_BYTES];
+    r->page_bytes = rep.geom[KVT_EG_PAGE_BYTES];
+    r->num_workers = (unsigned)rep.geom[KVT_EG_NUM_WORKERS];
+    r->size = rep.geom[KVT_EG_SIZE];
+    c->id = rep.geom[KVT_EG_CLIENT_ID];
+    c->max_keys = rep.geom[KVT_EG_MAX_KEYS];
+    if (r->num_chunks == 0 || r->row_bytes == 0 || r->size / r->num_chunks != r->row_bytes ||
+        r->size % r->num_chunks != 0 || (uint64_t)r->num_workers * r->page_bytes != r->row_bytes ||
+        c->max_keys == 0) {
+        rc = -EPROTO;
+        goto out;
+    }
+    if (c->max_keys < c->lim.max_keys)
+        c->lim.max_keys = (uint32_t)c->max_keys;
+    if (fstat(rfd, &st) != 0 || (uint64_t)st.st_size < r->size) {
+        rc = -EPROTO;
+        goto out;
+    }
+    r->base = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);
+    if (r->base == MAP_FAILED) {
+        r->base = NULL;
+        rc = -errno;
+        goto out;
+    }
+out:
+    if (rfd >= 0)
+        close(rfd);
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *opts,
+                   struct kvtier_client **client_p)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct kvtier_client *c;
+    const char *name = opts != NULL && opts->name != NULL ? opts->name : "engine";
+    int rc;
+
+    if (socket_path == NULL || client_p == NULL || strlen(socket_path) >= sizeof(sa.sun_path) ||
+        strlen(name) > KVTIER_NAME_MAX)
+        return -EINVAL;
+    c = kvt_calloc(1, sizeof(*c));
+    if (c == NULL)
+        return -ENOMEM;
+    pthread_mutex_init(&c->lock, NULL);
+    kvt__eproto_limits_default(&c->lim);
+    kvt__ebuf_init(&c->out);
+    c->timeout_ms = opts != NULL && opts->timeout_ms != 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (c->fd < 0) {
+        rc = -errno;
+        goto err_free;
+    }
+    memcpy(sa.sun_path, socket_path, strlen(socket_path) + 1);
+    if (connect(c->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        rc = -errno;
+        goto err_close;
+    }
+    rc = hello(c, name);
+    if (rc < 0)
+        goto err_close;
+    *client_p = c;
+    return 0;
+
+err_close:
+    close(c->fd);
+err_free:
+    kvt__ebuf_cleanup(&c->out);
+    kvt_free(c->in);
+    pthread_mutex_destroy(&c->lock);
+    kvt_free(c);
+    return rc;
+}
+
+void kvtier_close(struct kvtier_client *c)
+{
+    if (c == NULL)
+        return;
+    if (c->region.base != NULL)
+        munmap(c->region.base, c->region.size);
+    close(c->fd);
+    kvt__ebuf_cleanup(&c->out);
+    kvt_free(c->in);
+    pthread_mutex_destroy(&c->lock);
+    kvt_free(c);
+}
+
+const struct kvtier_region *kvtier_client_region(const struct kvtier_client *c)
+{
+    return &c->region;
+}
+
+uint8_t *kvtier_client_row(const struct kvtier_client *c, int64_t chunk_id)
+{
+    if (chunk_id < 0 || (uint64_t)chunk_id >= c->region.num_chunks)
+        return NULL;
+    return c->region.base + (size_t)chunk_id * c->region.row_bytes;
+}
+
+uint64_t kvtier_client_id(const struct kvtier_client *c)
+{
+    return c->id;
+}
+
+size_t kvtier_client_max_keys(const struct kvtier_client *c)
+{
+    return c->max_keys;
+}
+
+/* ---- the calls -------------------------------------------------------------------- */
+
+static int set_req_id(struct kvt_emsg *m, const char *req_id, bool required)
+{
+    size_t n;
+
+    if (req_id == NULL)
+        return required ? -EINVAL : 0;
+    n = strlen(req_id);
+    if (n < 1 || n > KVTIER_REQ_ID_MAX)
+        return -EINVAL;
+    memcpy(m->req_id, req_id, n + 1);
+    m->has |= 1u << KVT_EF_REQ_ID;
+    return 0;
+}
+
+static int set_keys(struct kvtier_client *c, struct kvt_emsg *m, const struct kvtier_key *keys,
+                    size_t n)
+{
+    if (n > 0 && keys == NULL)
+        return -EINVAL;
+    if (n > c->lim.max_keys)
+        return -EMSGSIZE;
+    for (size_t i = 0; i < n; i++) {
+        if (keys[i].len < 1 || keys[i].len > KVTIER_KEY_MAX)
+            return -EINVAL;
+    }
+    m->keys = (struct kvtier_key *)keys;
+    m->n_keys = (uint32_t)n;
+    m->has |= 1u << KVT_EF_KEYS;
+    return 0;
+}
+
+/* Prepares req for op with req_id and keys; returns an argument error or 0. */
+static int prep(struct kvtier_client *c, struct kvt_emsg *req, uint32_t op, const char *req_id,
+                bool id_required, const struct kvtier_key *keys, size_t n)
+{
+    int rc;
+
+    kvt__emsg_init(req);
+    req->op = op;
+    rc = set_req_id(req, req_id, id_required);
+    if (rc == 0 && (keys != NULL || n > 0))
+        rc = set_keys(c, req, keys, n);
+    return rc;
+}
+
+/* Runs one call under the lock; the reply is left in rep for the caller to read
+ * (and free). */
+static int locked_call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = call(c, req, rep, NULL);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+static int simple_call(struct kvtier_client *c, struct kvt_emsg *req)
+{
+    struct kvt_emsg rep;
+    int rc = locked_call(c, req, &rep);
+
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_on_new_request(struct kvtier_client *c, const char *req_id,
+                          const struct kvtier_request_opts *opts,
+                          enum kvtier_offload_policy *policy_p)
+{
+    struct kvt_emsg req, rep;
+    int rc = prep(c, &req, KVT_EOP_NEW_REQUEST, req_id, true, NULL, 0);
+
+    if (rc < 0)
+        return rc;
+    if (opts != NULL && opts->params_json != NULL) {
+        size_t n = strlen(opts->params_json);
+
+        if (n > c->lim.max_params)
+            return -EMSGSIZE;
+        req.params = (char *)opts->params_json;
+        req.params_len = (uint32_t)n;
+        req.has |= 1u << KVT_EF_PARAMS;
+    }
+    if (opts != NULL && !opts->load_tiers_all) {
+        if (opts->n_load_tiers > KVTIER_FILTER_MAX ||
+            (opts->n_load_tiers > 0 && opts->load_tiers == NULL))
+            return -EINVAL;
+        for (size_t i = 0; i < opts->n_load_tiers; i++) {
+            const struct kvtier_tier_matcher *mt = &opts->load_tiers[i];
+
+            if (mt->medium < -1 || mt->medium > 1 || mt->locality < -1 || mt->locality > 1)
+                return -EINVAL;
+            req.filter[i] = *mt;
+        }
+        req.n_filter = (uint32_t)opts->n_load_tiers;
+        req.has |= 1u << KVT_EF_FILTER;
+    }
+    rc = locked_call(c, &req, &rep);
+    if (rc == 0 && policy_p != NULL)
+        *policy_p = rep.flags ? KVTIER_REQUEST_LEVEL : KVTIER_CHUNK_LEVEL;
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_on_request_finished(struct kvtier_client *c, const char *req_id)
+{
+    struct kvt_emsg req;
+    int rc = prep(c, &req, KVT_EOP_REQUEST_FINISHED, req_id, true, NULL, 0);
+
+    return rc < 0 ? rc : simple_call(c, &req);
+}
+
+int kvtier_lookup(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                  size_t n, unsigned flags, uint8_t *results, size_t *n_done_p)
+{
+    struct kvt_emsg req, rep;
+    int rc = prep(c, &req, KVT_EOP_LOOKUP, req_id, true, keys, n);
+
+    if (rc < 0)
+        return rc;
+    if ((n > 0 && results == NULL) || (flags & ~KVTIER_LOOKUP_PREFIX) != 0)
+        return -EINVAL;
+    req.flags = flags;
+    req.has |= 1u << KVT_EF_FLAGS | 1u << KVT_EF_KEYS;
+    rc = locked_call(c, &req, &rep);
+    if (rc == 0 && rep.n_results > n)
+        rc = -EPROTO;
+    if (rc == 0) {
+        memcpy(results, rep.results, rep.n_results);
+        if (n_done_p != NULL)
+            *n_done_p = rep.n_results;
+    }
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_prepare_store(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                         size_t n, struct kvtier_store_plan *plan)
+{
+    struct kvt_emsg req, rep;
+    int rc = prep(c, &req, KVT_EOP_PREPARE_STORE, req_id, true, keys, n);
+
+    if (rc < 0)
+        return rc;
+    if (plan == NULL || (n > 0 && (plan->store_index == NULL || plan->chunk_ids == NULL)) ||
+        (plan->cap_evicted > 0 && plan->evicted == NULL))
+        return -EINVAL;
+    req.has |= 1u << KVT_EF_KEYS;
+    rc = locked_call(c, &req, &rep);
+    if (rc == 0) {
+        if (rep.n_index != rep.n_ids || rep.n_ids > n) {
+            rc = -EPROTO;
+        } else {
+            for (uint32_t i = 0; i < rep.n_index; i++) {
+                if (rep.index[i] >= n || rep.ids[i] < 0 ||
+                    (uint64_t)rep.ids[i] >= c->region.num_chunks)
+                    rc = -EPROTO;
+            }
+        }
+    }
+    if (rc == 0) {
+        size_t ne = rep.n_evicted < plan->cap_evicted ? rep.n_evicted : plan->cap_evicted;
+
+        memcpy(plan->store_index, rep.index, rep.n_index * sizeof(*rep.index));
+        memcpy(plan->chunk_ids, rep.ids, rep.n_ids * sizeof(*rep.ids));
+        if (ne > 0)
+            memcpy(plan->evicted, rep.evicted, ne * sizeof(*rep.evicted));
+        plan->n_store = rep.n_index;
+        plan->n_evicted = rep.n_evicted;
+    }
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_complete_store(struct kvtier_client *c, const char *req_id,
+                          const struct kvtier_key *keys, size_t n, bool success)
+{
+    struct kvt_emsg req;
+    int rc = prep(c, &req, KVT_EOP_COMPLETE_STORE, req_id, true, keys, n);
+
+    if (rc < 0)
+        return rc;
+    req.flags = success;
+    req.has |= 1u << KVT_EF_FLAGS | 1u << KVT_EF_KEYS;
+    return simple_call(c, &req);
+}
+
+int kvtier_prepare_load(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                        size_t n, int64_t *chunk_ids)
+{
+    struct kvt_emsg req, rep;
+    int rc = prep(c, &req, KVT_EOP_PREPARE_LOAD, req_id, false, keys, n);
+
+    if (rc < 0)
+        return rc;
+    if (n > 0 && chunk_ids == NULL)
+        return -EINVAL;
+    req.has |= 1u << KVT_EF_KEYS;
+    rc = locked_call(c, &req, &rep);
+    if (rc == 0 && rep.n_ids != n)
+        rc = -EPROTO;
+    for (uint32_t i = 0; rc == 0 && i < rep.n_ids; i++) {
+        if (rep.ids[i] < 0 || (uint64_t)rep.ids[i] >= c->region.num_chunks)
+            rc = -EPROTO;
+    }
+    if (rc == 0)
+        memcpy(chunk_ids, rep.ids, n * sizeof(*chunk_ids));
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_complete_load(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                         size_t n)
+{
+    struct kvt_emsg req;
+    int rc = prep(c, &req, KVT_EOP_COMPLETE_LOAD, req_id, false, keys, n);
+
+    if (rc < 0)
+        return rc;
+    req.has |= 1u << KVT_EF_KEYS;
+    return simple_call(c, &req);
+}
+
+int kvtier_touch(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
+                 size_t n)
+{
+    struct kvt_emsg req;
+    int rc = prep(c, &req, KVT_EOP_TOUCH, req_id, false, keys, n);
+
+    if (rc < 0)
+        return rc;
+    req.has |= 1u << KVT_EF_KEYS;
+    return simple_call(c, &req);
+}
+
+static int copy_ids(struct kvtier_client *c, const char *const *ids, size_t n,
+                    kvt_eproto_id_t **out_p)
+{
+    kvt_eproto_id_t *out;
+
+    if (n > c->lim.max_keys)
+        return -EMSGSIZE;
+    if (n > 0 && ids == NULL)
+        return -EINVAL;
+    out = kvt_calloc(n ? n : 1, sizeof(*out));
+    if (out == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = ids[i] != NULL ? strlen(ids[i]) : 0;
+
+        if (len < 1 || len > KVTIER_REQ_ID_MAX) {
+            kvt_free(out);
+            return -EINVAL;
+        }
+        memcpy(out[i], ids[i], len + 1);
+    }
+    *out_p = out;
+    return 0;
+}
+
+int kvtier_on_schedule_end(struct kvtier_client *c, const char *const *new_req_ids, size_t n_new,
+                           const char *const *preempted_req_ids, size_t n_preempted)
+{
+    struct kvt_emsg req;
+    kvt_eproto_id_t *a = NULL, *b = NULL;
+    int rc;
+
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_SCHEDULE_END;
+    rc = copy_ids(c, new_req_ids, n_new, &a);
+    if (rc == 0)
+        rc = copy_ids(c, preempted_req_ids, n_preempted, &b);
+    if (rc == 0) {
+        req.new_ids = a;
+        req.n_new = (uint32_t)n_new;
+        req.preempted = b;
+        req.n_preempted = (uint32_t)n_preempted;
+        req.has |= 1u << KVT_EF_NEW | 1u << KVT_EF_PREEMPTED;
+        rc = simple_call(c, &req);
+    }
+    kvt_free(a);
+    kvt_free(b);
+    return rc;
+}
+
+int kvtier_take_events(struct kvtier_client *c, struct kvtier_events **events_p)
+{
+    struct kvt_emsg req, rep;
+    struct kvtier_events *out;
+    int rc;
+
+    if (events_p == NULL)
+        return -EINVAL;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_TAKE_EVENTS;
+    rc = locked_call(c, &req, &rep);
+    if (rc < 0)
+        goto out;
+    out = kvt_calloc(1, sizeof(*out));
+    if (out == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    /* The reply's arrays become the list's: events and their one key array. */
+    out->ev = rep.events;
+    out->n = rep.n_events;
+    rep.events = NULL;
+    if (out->n > 0) {
+        out->ev[0].keys = rep.heap; /* event 0's keys start the array */
+        rep.heap = NULL;
+    }
+    *events_p = out;
+out:
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+void kvtier_events_free(struct kvtier_events *events)
+{
+    if (events == NULL)
+        return;
+    if (events->n > 0)
+        kvt_free(events->ev[0].keys);
+    kvt_free(events->ev);
+    kvt_free(events);
+}
+
+int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p)
+{
+    struct kvt_emsg req, rep;
+    struct kvtier_stats *out;
+    int rc;
+
+    if (stats_p == NULL)
+        return -EINVAL;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_GET_STATS;
+    rc = locked_call(c, &req, &rep);
+    if (rc < 0)
+        goto out;
+    out = kvt_calloc(1, sizeof(*out));
+    if (out == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    out->s = rep.stats;
+    out->n = rep.n_stats;
+    rep.stats = NULL;
+    memcpy(out->bounds, rep.bounds, sizeof(out->bounds));
+    *stats_p = out;
+out:
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+void kvtier_stats_free(struct kvtier_stats *stats)
+{
+    if (stats == NULL)
+        return;
+    kvt_free(stats->s);
+    kvt_free(stats);
+}
+
+double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, const char *label)
+{
+    if (stats == NULL || name == NULL)
+        return 0;
+    if (label == NULL)
+        label = "";
+    for (size_t i = 0; i < stats->n; i++) {
+        const struct kvtier_stat *s = &stats->s[i];
+
+        if (strcmp(s->name, name) == 0 && strcmp(s->label, label) == 0)
+            return s->kind == KVTIER_HISTOGRAM ? (double)s->count : s->value;
+    }
+    return 0;
+}

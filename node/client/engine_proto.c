@@ -1,0 +1,915 @@
+/* The engine API codec (layout in kvtier/engine_proto.h), compiled into both the
+ * daemon (kvt_node) and libkvtier-client.
+ *
+ * Decoding runs on our own reader of msgpack headers, in two passes:
+ *   1. validate: an iterative walk over the whole body: every str/bin/ext payload
+ *      is present, every array/map declares no more elements than bytes remain
+ *      (each element takes at least one), depth and object count are capped, and
+ *      the body is exactly one object;
+ *   2. fields: the top map's pairs are read by field id; each list's count is
+ *      checked against the limits before its one allocation; unknown ids skipped.
+ * After pass 1 a count can be at most the body's length, so what a decode
+ * allocates is a small multiple of the body plus the limits (heap_bytes says how
+ * much). Encoding goes through msgpack-c's packer into a struct kvt_ebuf. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <msgpack.h>
+
+#include "kvt/alloc.h"
+#include "kvtier/engine_proto.h"
+
+#define MAX_DEPTH   8
+#define MAX_OBJECTS (1u << 22)
+
+void kvt__eproto_limits_default(struct kvt_eproto_limits *lim)
+{
+    *lim = (struct kvt_eproto_limits){.max_body = 1u << 20,
+                                      .max_keys = 4096,
+                                      .max_params = 64u << 10,
+                                      .max_events = 65536,
+                                      .max_stats = 65536};
+}
+
+void kvt__emsg_init(struct kvt_emsg *m)
+{
+    memset(m, 0, sizeof(*m));
+}
+
+void kvt__emsg_free(struct kvt_emsg *m)
+{
+    kvt_free(m->keys);
+    kvt_free(m->results);
+    kvt_free(m->ids);
+    kvt_free(m->index);
+    kvt_free(m->evicted);
+    kvt_free(m->params);
+    kvt_free(m->new_ids);
+    kvt_free(m->preempted);
+    kvt_free(m->events);
+    kvt_free(m->stats);
+    kvt_free(m->heap);
+    kvt__emsg_init(m);
+}
+
+/* ---- msgpack headers ------------------------------------------------------- */
+
+enum mp_kind { MP_NIL, MP_BOOL, MP_INT, MP_FLOAT, MP_STR, MP_BIN, MP_EXT, MP_ARRAY, MP_MAP };
+
+/* One object's header: n is the payload length (str, bin, ext) or the element
+ * count (array; pairs for a map); i the integer, f the float; size the bytes of
+ * header and payload (not an array's elements). */
+struct mp {
+    enum mp_kind kind;
+    bool neg; /* MP_INT below zero */
+    uint64_t n;
+    int64_t i; /* MP_INT that fits int64 (u is the raw unsigned value) */
+    uint64_t u;
+    double f;
+    const uint8_t *data;
+    size_t size;
+};
+
+static uint64_t rd_be(const uint8_t *p, unsigned n)
+{
+    uint64_t v = 0;
+
+    for (unsigned k = 0; k < n; k++)
+        v = v << 8 | p[k];
+    return v;
+}
+
+static int mp_head(const uint8_t *p, const uint8_t *end, struct mp *o)
+{
+    size_t avail = (size_t)(end - p);
+    unsigned body = 0; /* fixed-size value bytes */
+    unsigned lenb = 0; /* length/count bytes */
+    unsigned ext = 0;
+    uint8_t b;
+
+    if (avail == 0)
+        return -EBADMSG;
+    b = p[0];
+    memset(o, 0, sizeof(*o));
+    if (b <= 0x7f) {
+        o->kind = MP_INT;
+        o->u = b;
+    } else if (b <= 0x8f) {
+        o->kind = MP_MAP;
+        o->n = b & 0x0f;
+    } else if (b <= 0x9f) {
+        o->kind = MP_ARRAY;
+        o->n = b & 0x0f;
+    } else if (b <= 0xbf) {
+        o->kind = MP_STR;
+        o->n = b & 0x1f;
+    } else if (b >= 0xe0) {
+        o->kind = MP_INT;
+        o->neg = true;
+        o->i = (int8_t)b;
+    } else if (b == 0xc0) {
+        o->kind = MP_NIL;
+    } else if (b == 0xc2 || b == 0xc3) {
+        o->kind = MP_BOOL;
+        o->u = b & 1;
+    } else if (b >= 0xc4 && b <= 0xc6) {
+        o->kind = MP_BIN;
+        lenb = 1u << (b - 0xc4);
+    } else if (b >= 0xc7 && b <= 0xc9) {
+        o->kind = MP_EXT;
+        lenb = 1u << (b - 0xc7);
+        ext = 1;
+    } else if (b == 0xca || b == 0xcb) {
+        o->kind = MP_FLOAT;
+        body = b == 0xca ? 4 : 8;
+    } else if (b >= 0xcc && b <= 0xd3) {
+        o->kind = MP_INT;
+        body = 1u << ((b - 0xcc) & 3);
+    } else if (b >= 0xd4 && b <= 0xd8) {
+        o->kind = MP_EXT;
+        ext = 1;
+        o->n = 1u << (b - 0xd4);
+    } else if (b >= 0xd9 && b <= 0xdb) {
+        o->kind = MP_STR;
+        lenb = 1u << (b - 0xd9);
+    } else if (b == 0xdc || b == 0xdd) {
+        o->kind = MP_ARRAY;
+        lenb = b == 0xdc ? 2 : 4;
+    } else if (b == 0xde || b == 0xdf) {
+        o->kind = MP_MAP;
+        lenb = b == 0xde ? 2 : 4;
+    } else {
+        return -EBADMSG; /* 0xc1 */
+    }
+
+    size_t hdr = 1 + body + lenb + ext;
+
+    if (avail < hdr)
+        return -EBADMSG;
+    if (lenb != 0)
+        o->n = rd_be(p + 1, lenb);
+    if (o->kind == MP_INT && body != 0) {
+        uint64_t raw = rd_be(p + 1, body);
+
+        if (b >= 0xd0) { /* signed: sign-extend from body * 8 bits */
+            unsigned bits = body * 8;
+            int64_t v = (int64_t)raw;
+
+            if (bits < 64 && (raw >> (bits - 1)) & 1u)
+                v = (int64_t)(raw | ~((1ull << bits) - 1));
+            o->neg = v < 0;
+            o->i = v;
+            o->u = (uint64_t)v;
+        } else {
+            o->u = raw;
+        }
+    }
+    if (o->kind == MP_INT && !o->neg)
+        o->i = (int64_t)o->u; /* callers check the range they need */
+    if (o->kind == MP_FLOAT) {
+        uint64_t raw = rd_be(p + 1, body);
+
+        if (body == 4) {
+            uint32_t r32 = (uint32_t)raw;
+            float f;
+
+            memcpy(&f, &r32, sizeof(f));
+            o->f = f;
+        } else {
+            memcpy(&o->f, &raw, sizeof(o->f));
+        }
+    }
+    size_t payload = 0;
+
+    if (o->kind == MP_STR || o->kind == MP_BIN || o->kind == MP_EXT) {
+        if (o->n > avail - hdr)
+            return -EBADMSG;
+        payload = (size_t)o->n;
+        o->data = p + hdr;
+    }
+    o->size = hdr + payload;
+    return 0;
+}
+
+static int validate(const uint8_t *p, size_t len)
+{
+    const uint8_t *end = p + len;
+    uint64_t left[MAX_DEPTH + 1];
+    size_t depth = 0;
+    uint64_t objects = 0;
+
+    left[0] = 1;
+    for (;;) {
+        struct mp o;
+        int rc;
+
+        while (left[depth] == 0) {
+            if (depth == 0)
+                return p == end ? 0 : -EBADMSG;
+            depth--;
+        }
+        left[depth]--;
+        if (++objects > MAX_OBJECTS)
+            return -EMSGSIZE;
+        rc = mp_head(p, end, &o);
+        if (rc < 0)
+            return rc;
+        p += o.size;
+        if (o.kind != MP_ARRAY && o.kind != MP_MAP)
+            continue;
+        uint64_t children = o.kind == MP_MAP ? 2 * o.n : o.n;
+
+        if (children > (uint64_t)(end - p))
+            return -EBADMSG;
+        if (children == 0)
+            continue;
+        if (depth + 1 > MAX_DEPTH)
+            return -EMSGSIZE;
+        left[++depth] = children;
+    }
+}
+
+/* ---- reading validated bytes ------------------------------------------------ */
+
+struct cur {
+    const uint8_t *p, *end;
+};
+
+static int next(struct cur *c, struct mp *o)
+{
+    int rc = mp_head(c->p, c->end, o);
+
+    if (rc == 0)
+        c->p += o->size;
+    return rc;
+}
+
+static int skip(struct cur *c)
+{
+    uint64_t left = 1;
+
+    while (left > 0) {
+        struct mp o;
+        int rc = next(c, &o);
+
+        if (rc < 0)
+            return rc;
+        left--;
+        if (o.kind == MP_ARRAY)
+            left += o.n;
+        else if (o.kind == MP_MAP)
+            left += 2 * o.n;
+    }
+    return 0;
+}
+
+static int rd(struct cur *c, enum mp_kind kind, struct mp *o)
+{
+    int rc = next(c, o);
+
+    if (rc < 0)
+        return rc;
+    return o->kind == kind ? 0 : -EBADMSG;
+}
+
+static int rd_u64(struct cur *c, uint64_t *v)
+{
+    struct mp o;
+    int rc = rd(c, MP_INT, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.neg)
+        return -EBADMSG;
+    *v = o.u;
+    return 0;
+}
+
+static int rd_i64(struct cur *c, int64_t *v)
+{
+    struct mp o;
+    int rc = rd(c, MP_INT, &o);
+
+    if (rc < 0)
+        return rc;
+    if (!o.neg && o.u > INT64_MAX)
+        return -EBADMSG;
+    *v = o.i;
+    return 0;
+}
+
+static int rd_int_range(struct cur *c, int64_t lo, int64_t hi, int *v)
+{
+    int64_t x;
+    int rc = rd_i64(c, &x);
+
+    if (rc < 0)
+        return rc;
+    if (x < lo || x > hi)
+        return -EBADMSG;
+    *v = (int)x;
+    return 0;
+}
+
+static int rd_f64(struct cur *c, double *v)
+{
+    struct mp o;
+    int rc = next(c, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.kind == MP_FLOAT)
+        *v = o.f;
+    else if (o.kind == MP_INT)
+        *v = o.neg ? (double)o.i : (double)o.u;
+    else
+        return -EBADMSG;
+    return 0;
+}
+
+/* A str of 0..max bytes (min 1 if nonempty) with no NUL inside, into out[max+1]. */
+static int rd_str(struct cur *c, size_t min, size_t max, char *out)
+{
+    struct mp o;
+    int rc = rd(c, MP_STR, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.n < min || o.n > max || memchr(o.data, 0, o.n) != NULL)
+        return -EBADMSG;
+    memcpy(out, o.data, o.n);
+    out[o.n] = '\0';
+    return 0;
+}
+
+static int rd_key(struct cur *c, struct kvtier_key *k)
+{
+    struct mp o;
+    int rc = rd(c, MP_BIN, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.n < 1 || o.n > KVTIER_KEY_MAX)
+        return -EBADMSG;
+    k->len = (uint8_t)o.n;
+    memcpy(k->bytes, o.data, o.n);
+    memset(k->bytes + o.n, 0, KVTIER_KEY_MAX - o.n);
+    return 0;
+}
+
+static int rd_array(struct cur *c, uint64_t max, uint32_t *n)
+{
+    struct mp o;
+    int rc = rd(c, MP_ARRAY, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.n > max)
+        return -EMSGSIZE;
+    *n = (uint32_t)o.n;
+    return 0;
+}
+
+/* One allocation of n * each (n already bounded); counts into heap_bytes. */
+static int alloc_n(struct kvt_emsg *m, void **p, size_t n, size_t each)
+{
+    if (*p != NULL)
+        return -EBADMSG; /* a field given twice */
+    *p = kvt_calloc(n ? n : 1, each);
+    if (*p == NULL)
+        return -ENOMEM;
+    m->heap_bytes += (n ? n : 1) * each;
+    return 0;
+}
+
+static int dec_keys(struct cur *c, struct kvt_emsg *m, uint32_t max, struct kvtier_key **keys,
+                    uint32_t *n_p)
+{
+    uint32_t n;
+    int rc = rd_array(c, max, &n);
+
+    if (rc < 0)
+        return rc;
+    rc = alloc_n(m, (void **)keys, n, sizeof(**keys));
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = rd_key(c, &(*keys)[i]);
+    if (rc == 0)
+        *n_p = n;
+    return rc;
+}
+
+static int dec_id_list(struct cur *c, struct kvt_emsg *m, uint32_t max, kvt_eproto_id_t **ids,
+                       uint32_t *n_p)
+{
+    uint32_t n;
+    int rc = rd_array(c, max, &n);
+
+    if (rc < 0)
+        return rc;
+    rc = alloc_n(m, (void **)ids, n, sizeof(**ids));
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = rd_str(c, 1, KVT_EPROTO_ID_MAX, (*ids)[i]);
+    if (rc == 0)
+        *n_p = n;
+    return rc;
+}
+
+/* Events: [keys, medium, locality, removed]; all keys in one array (m->heap). The
+ * first pass counts the keys so that the one allocation is exact. */
+static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
+{
+    uint32_t n;
+    uint64_t total = 0;
+    struct cur save;
+    int rc = rd_array(c, lim->max_events, &n);
+
+    if (rc < 0)
+        return rc;
+    save = *c;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t fields, nk;
+
+        rc = rd_array(c, 16, &fields);
+        if (rc == 0 && fields != 4)
+            rc = -EBADMSG;
+        if (rc == 0)
+            rc = rd_array(c, UINT32_MAX, &nk);
+        if (rc < 0)
+            return rc;
+        total += nk;
+        for (uint32_t k = 0; k < nk + 3u; k++) {
+            rc = skip(c);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    /* every key is at least 2 bytes, so total is bounded by the body */
+    *c = save;
+    rc = alloc_n(m, (void **)&m->events, n, sizeof(*m->events));
+    if (rc == 0)
+        rc = alloc_n(m, &m->heap, total, sizeof(struct kvtier_key));
+    struct kvtier_key *keys = m->heap;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct kvtier_event *ev = &m->events[i];
+        uint32_t fields, nk;
+        struct mp o;
+
+        rc = rd_array(c, 16, &fields);
+        if (rc == 0)
+            rc = rd_array(c, UINT32_MAX, &nk);
+        if (rc < 0)
+            break;
+        ev->keys = keys;
+        ev->n = nk;
+        for (uint32_t k = 0; rc == 0 && k < nk; k++)
+            rc = rd_key(c, keys++);
+        if (rc == 0)
+            rc = rd_int_range(c, 0, 1, &ev->medium);
+        if (rc == 0)
+            rc = rd_int_range(c, -1, 1, &ev->locality);
+        if (rc == 0)
+            rc = rd(c, MP_BOOL, &o);
+        if (rc == 0)
+            ev->removed = o.u != 0;
+    }
+    if (rc == 0)
+        m->n_events = n;
+    return rc;
+}
+
+static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
+{
+    uint32_t n;
+    int rc = rd_array(c, lim->max_stats, &n);
+
+    if (rc < 0)
+        return rc;
+    rc = alloc_n(m, (void **)&m->stats, n, sizeof(*m->stats));
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct kvtier_stat *s = &m->stats[i];
+        uint32_t fields, nb;
+
+        rc = rd_array(c, 16, &fields);
+        if (rc == 0 && fields != 7)
+            rc = -EBADMSG;
+        if (rc == 0)
+            rc = rd_str(c, 1, KVTIER_STAT_NAME_MAX - 1, s->name);
+        if (rc == 0)
+            rc = rd_str(c, 0, KVTIER_STAT_LABEL_MAX - 1, s->label);
+        if (rc == 0)
+            rc = rd_int_range(c, 0, 2, &s->kind);
+        if (rc == 0)
+            rc = rd_f64(c, &s->value);
+        if (rc == 0)
+            rc = rd_u64(c, &s->count);
+        if (rc == 0)
+            rc = rd_f64(c, &s->sum);
+        if (rc == 0)
+            rc = rd_array(c, KVTIER_HIST_BUCKETS, &nb);
+        if (rc == 0 && nb != KVTIER_HIST_BUCKETS)
+            rc = -EBADMSG;
+        for (uint32_t b = 0; rc == 0 && b < nb; b++)
+            rc = rd_u64(c, &s->buckets[b]);
+    }
+    if (rc == 0)
+        m->n_stats = n;
+    return rc;
+}
+
+static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits *lim,
+                     struct kvt_emsg *m)
+{
+    struct mp o;
+    uint32_t n;
+    int rc;
+
+    if (id < 32 && ((m->has >> id) & 1u))
+        return -EBADMSG; /* duplicate field */
+    switch (id) {
+    case KVT_EF_OP:
+        rc = rd_u64(c, &m->seq); /* scratch */
+        if (rc == 0 && m->seq > 0xff)
+            rc = -EBADMSG;
+        m->op = (uint32_t)m->seq;
+        m->seq = 0;
+        break;
+    case KVT_EF_SEQ:
+        rc = rd_u64(c, &m->seq);
+        break;
+    case KVT_EF_RC:
+        rc = rd_i64(c, &m->rc);
+        if (rc == 0 && (m->rc > 0 || m->rc < -4095))
+            rc = -EBADMSG;
+        break;
+    case KVT_EF_REQ_ID:
+        rc = rd_str(c, 1, KVT_EPROTO_ID_MAX, m->req_id);
+        break;
+    case KVT_EF_NAME:
+        rc = rd_str(c, 0, KVTIER_NAME_MAX, m->name);
+        break;
+    case KVT_EF_MAJOR:
+        rc = rd_u64(c, &m->major);
+        break;
+    case KVT_EF_MINOR:
+        rc = rd_u64(c, &m->minor);
+        break;
+    case KVT_EF_FLAGS:
+        rc = rd_u64(c, &m->flags);
+        break;
+    case KVT_EF_KEYS:
+        rc = dec_keys(c, m, lim->max_keys, &m->keys, &m->n_keys);
+        break;
+    case KVT_EF_EVICTED:
+        rc = dec_keys(c, m, lim->max_keys, &m->evicted, &m->n_evicted);
+        break;
+    case KVT_EF_RESULTS:
+        rc = rd(c, MP_BIN, &o);
+        if (rc == 0 && o.n > lim->max_keys)
+            rc = -EMSGSIZE;
+        if (rc == 0)
+            rc = alloc_n(m, (void **)&m->results, o.n, 1);
+        if (rc == 0) {
+            memcpy(m->results, o.data, o.n);
+            m->n_results = (uint32_t)o.n;
+            for (uint32_t i = 0; i < m->n_results; i++) {
+                if (m->results[i] > KVTIER_RETRY)
+                    rc = -EBADMSG;
+            }
+        }
+        break;
+    case KVT_EF_IDS:
+        rc = rd_array(c, lim->max_keys, &n);
+        if (rc == 0)
+            rc = alloc_n(m, (void **)&m->ids, n, sizeof(*m->ids));
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            rc = rd_i64(c, &m->ids[i]);
+        if (rc == 0)
+            m->n_ids = n;
+        break;
+    case KVT_EF_INDEX:
+        rc = rd_array(c, lim->max_keys, &n);
+        if (rc == 0)
+            rc = alloc_n(m, (void **)&m->index, n, sizeof(*m->index));
+        for (uint32_t i = 0; rc == 0 && i < n; i++) {
+            uint64_t v;
+
+            rc = rd_u64(c, &v);
+            if (rc == 0 && v > UINT32_MAX)
+                rc = -EBADMSG;
+            m->index[i] = (uint32_t)v;
+        }
+        if (rc == 0)
+            m->n_index = n;
+        break;
+    case KVT_EF_PARAMS:
+        rc = rd(c, MP_STR, &o);
+        if (rc == 0 && o.n > lim->max_params)
+            rc = -EMSGSIZE;
+        if (rc == 0 && memchr(o.data, 0, o.n) != NULL)
+            rc = -EBADMSG;
+        if (rc == 0)
+            rc = alloc_n(m, (void **)&m->params, o.n + 1, 1);
+        if (rc == 0) {
+            memcpy(m->params, o.data, o.n);
+            m->params_len = (uint32_t)o.n;
+        }
+        break;
+    case KVT_EF_FILTER:
+        rc = rd_array(c, KVTIER_FILTER_MAX, &n);
+        for (uint32_t i = 0; rc == 0 && i < n; i++) {
+            uint32_t two;
+
+            rc = rd_array(c, 2, &two);
+            if (rc == 0 && two != 2)
+                rc = -EBADMSG;
+            if (rc == 0)
+                rc = rd_int_range(c, -1, 1, &m->filter[i].medium);
+            if (rc == 0)
+                rc = rd_int_range(c, -1, 1, &m->filter[i].locality);
+        }
+        if (rc == 0)
+            m->n_filter = n;
+        break;
+    case KVT_EF_NEW:
+        rc = dec_id_list(c, m, lim->max_keys, &m->new_ids, &m->n_new);
+        break;
+    case KVT_EF_PREEMPTED:
+        rc = dec_id_list(c, m, lim->max_keys, &m->preempted, &m->n_preempted);
+        break;
+    case KVT_EF_EVENTS:
+        rc = dec_events(c, lim, m);
+        break;
+    case KVT_EF_STATS:
+        rc = dec_stats(c, lim, m);
+        break;
+    case KVT_EF_GEOM:
+        rc = rd_array(c, KVT_EPROTO_GEOM_MAX, &n);
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            rc = rd_u64(c, &m->geom[i]);
+        if (rc == 0)
+            m->n_geom = n;
+        break;
+    case KVT_EF_BOUNDS:
+        rc = rd_array(c, KVTIER_HIST_BUCKETS, &n);
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            rc = rd_f64(c, &m->bounds[i]);
+        if (rc == 0)
+            m->n_bounds = n;
+        break;
+    default:
+        return skip(c); /* a newer minor's field */
+    }
+    if (rc == 0)
+        m->has |= 1u << id;
+    return rc;
+}
+
+int kvt__emsg_decode(const uint8_t *body, size_t len, const struct kvt_eproto_limits *lim,
+                     struct kvt_emsg *m)
+{
+    struct cur c = {body, body + len};
+    struct mp o;
+    int rc;
+
+    kvt__emsg_init(m);
+    if (len > lim->max_body)
+        return -EMSGSIZE;
+    rc = validate(body, len);
+    if (rc < 0)
+        return rc;
+    rc = rd(&c, MP_MAP, &o);
+    for (uint64_t i = 0; rc == 0 && i < o.n; i++) {
+        uint64_t id;
+
+        rc = rd_u64(&c, &id);
+        if (rc == 0)
+            rc = dec_field(&c, id, lim, m);
+    }
+    if (rc == 0 && !kvt__emsg_has(m, KVT_EF_OP))
+        rc = -EPROTO;
+    if (rc < 0)
+        kvt__emsg_free(m);
+    return rc;
+}
+
+/* ---- encoding ------------------------------------------------------------------ */
+
+void kvt__ebuf_init(struct kvt_ebuf *b)
+{
+    memset(b, 0, sizeof(*b));
+}
+
+void kvt__ebuf_cleanup(struct kvt_ebuf *b)
+{
+    kvt_free(b->data);
+    kvt__ebuf_init(b);
+}
+
+struct sink {
+    struct kvt_ebuf *b;
+    bool failed;
+};
+
+static int sink_write(void *data, const char *buf, size_t len)
+{
+    struct sink *s = data;
+    struct kvt_ebuf *b = s->b;
+
+    if (s->failed)
+        return -1;
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        uint8_t *p;
+
+        while (cap < b->len + len)
+            cap *= 2;
+        p = kvt_realloc(b->data, cap);
+        if (p == NULL) {
+            s->failed = true;
+            return -1;
+        }
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, buf, len);
+    b->len += len;
+    return 0;
+}
+
+static void pack_key(msgpack_packer *pk, const struct kvtier_key *k)
+{
+    msgpack_pack_bin(pk, k->len);
+    msgpack_pack_bin_body(pk, k->bytes, k->len);
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    size_t n = strlen(s);
+
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_keys(msgpack_packer *pk, const struct kvtier_key *keys, size_t n)
+{
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        pack_key(pk, &keys[i]);
+}
+
+static void pack_ids(msgpack_packer *pk, const kvt_eproto_id_t *ids, size_t n)
+{
+    msgpack_pack_array(pk, n);
+    for (size_t i = 0; i < n; i++)
+        pack_str(pk, ids[i]);
+}
+
+static void enc_field(msgpack_packer *pk, const struct kvt_emsg *m, unsigned f)
+{
+    msgpack_pack_uint32(pk, f);
+    switch (f) {
+    case KVT_EF_OP:
+        msgpack_pack_uint32(pk, m->op);
+        break;
+    case KVT_EF_SEQ:
+        msgpack_pack_uint64(pk, m->seq);
+        break;
+    case KVT_EF_RC:
+        msgpack_pack_int64(pk, m->rc);
+        break;
+    case KVT_EF_REQ_ID:
+        pack_str(pk, m->req_id);
+        break;
+    case KVT_EF_NAME:
+        pack_str(pk, m->name);
+        break;
+    case KVT_EF_MAJOR:
+        msgpack_pack_uint64(pk, m->major);
+        break;
+    case KVT_EF_MINOR:
+        msgpack_pack_uint64(pk, m->minor);
+        break;
+    case KVT_EF_FLAGS:
+        msgpack_pack_uint64(pk, m->flags);
+        break;
+    case KVT_EF_KEYS:
+        pack_keys(pk, m->keys, m->n_keys);
+        break;
+    case KVT_EF_EVICTED:
+        pack_keys(pk, m->evicted, m->n_evicted);
+        break;
+    case KVT_EF_RESULTS:
+        msgpack_pack_bin(pk, m->n_results);
+        msgpack_pack_bin_body(pk, m->results, m->n_results);
+        break;
+    case KVT_EF_IDS:
+        msgpack_pack_array(pk, m->n_ids);
+        for (uint32_t i = 0; i < m->n_ids; i++)
+            msgpack_pack_int64(pk, m->ids[i]);
+        break;
+    case KVT_EF_INDEX:
+        msgpack_pack_array(pk, m->n_index);
+        for (uint32_t i = 0; i < m->n_index; i++)
+            msgpack_pack_uint32(pk, m->index[i]);
+        break;
+    case KVT_EF_PARAMS:
+        msgpack_pack_str(pk, m->params_len);
+        msgpack_pack_str_body(pk, m->params, m->params_len);
+        break;
+    case KVT_EF_FILTER:
+        msgpack_pack_array(pk, m->n_filter);
+        for (uint32_t i = 0; i < m->n_filter; i++) {
+            msgpack_pack_array(pk, 2);
+            msgpack_pack_int(pk, m->filter[i].medium);
+            msgpack_pack_int(pk, m->filter[i].locality);
+        }
+        break;
+    case KVT_EF_NEW:
+        pack_ids(pk, m->new_ids, m->n_new);
+        break;
+    case KVT_EF_PREEMPTED:
+        pack_ids(pk, m->preempted, m->n_preempted);
+        break;
+    case KVT_EF_EVENTS:
+        msgpack_pack_array(pk, m->n_events);
+        for (uint32_t i = 0; i < m->n_events; i++) {
+            const struct kvtier_event *ev = &m->events[i];
+
+            msgpack_pack_array(pk, 4);
+            pack_keys(pk, ev->keys, ev->n);
+            msgpack_pack_int(pk, ev->medium);
+            msgpack_pack_int(pk, ev->locality);
+            if (ev->removed)
+                msgpack_pack_true(pk);
+            else
+                msgpack_pack_false(pk);
+        }
+        break;
+    case KVT_EF_STATS:
+        msgpack_pack_array(pk, m->n_stats);
+        for (uint32_t i = 0; i < m->n_stats; i++) {
+            const struct kvtier_stat *s = &m->stats[i];
+
+            msgpack_pack_array(pk, 7);
+            pack_str(pk, s->name);
+            pack_str(pk, s->label);
+            msgpack_pack_int(pk, s->kind);
+            msgpack_pack_double(pk, s->value);
+            msgpack_pack_uint64(pk, s->count);
+            msgpack_pack_double(pk, s->sum);
+            msgpack_pack_array(pk, KVTIER_HIST_BUCKETS);
+            for (unsigned b = 0; b < KVTIER_HIST_BUCKETS; b++)
+                msgpack_pack_uint64(pk, s->buckets[b]);
+        }
+        break;
+    case KVT_EF_GEOM:
+        msgpack_pack_array(pk, m->n_geom);
+        for (uint32_t i = 0; i < m->n_geom; i++)
+            msgpack_pack_uint64(pk, m->geom[i]);
+        break;
+    case KVT_EF_BOUNDS:
+        msgpack_pack_array(pk, m->n_bounds);
+        for (uint32_t i = 0; i < m->n_bounds; i++)
+            msgpack_pack_double(pk, m->bounds[i]);
+        break;
+    default:
+        msgpack_pack_nil(pk);
+        break;
+    }
+}
+
+int kvt__emsg_encode(const struct kvt_emsg *m, struct kvt_ebuf *b)
+{
+    struct sink s = {b, false};
+    msgpack_packer pk;
+    size_t start = b->len;
+    uint8_t hdr[KVT_EPROTO_HDR] = {0};
+    unsigned n = 0;
+
+    for (unsigned f = 0; f < KVT_EF_COUNT; f++)
+        n += (m->has >> f) & 1u;
+    if (sink_write(&s, (const char *)hdr, sizeof(hdr)) != 0)
+        return -ENOMEM;
+    msgpack_packer_init(&pk, &s, sink_write);
+    msgpack_pack_map(&pk, n);
+    for (unsigned f = 0; f < KVT_EF_COUNT; f++) {
+        if ((m->has >> f) & 1u)
+            enc_field(&pk, m, f);
+    }
+    if (s.failed) {
+        b->len = start;
+        return -ENOMEM;
+    }
+    size_t body = b->len - start - KVT_EPROTO_HDR;
+
+    if (body > UINT32_MAX) {
+        b->len = start;
+        return -EMSGSIZE;
+    }
+    b->data[start] = (uint8_t)(body >> 24);
+    b->data[start + 1] = (uint8_t)(body >> 16);
+    b->data[start + 2] = (uint8_t)(body >> 8);
+    b->data[start + 3] = (uint8_t)body;
+    return 0;
+}

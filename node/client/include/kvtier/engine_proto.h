@@ -1,0 +1,171 @@
+/* The engine API's wire protocol, shared by kvtierd's server (node/engine_api.c)
+ * and libkvtier-client (node/client/client.c). Internal: not installed.
+ *
+ * A stream socket carries frames: a big-endian u32 body length, then the body, one
+ * msgpack map from small integer field ids (KVT_EF_*) to values. Every request has
+ * an op and a seq; its reply has op | KVT_EOP_REPLY, the same seq and an rc (0 or
+ * -errno). The first request on a connection is HELLO; its reply carries the region
+ * geometry, and the region's fd travels with it as SCM_RIGHTS ancillary data.
+ * Unknown fields are skipped (a newer minor may add some); an unknown op is refused.
+ *
+ * Decoding is bounded before allocation: the body is first walked as raw msgpack
+ * headers (every payload present, every count no larger than the bytes left, depth
+ * and object count capped), then each list is checked against the limits before
+ * its one allocation. msgpack-c's unpacker never sees peer bytes; its packer
+ * encodes. */
+#ifndef KVTIER_ENGINE_PROTO_H
+#define KVTIER_ENGINE_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvtier/client.h"
+
+#define KVT_EPROTO_HDR      4
+#define KVT_EPROTO_ID_MAX   KVTIER_REQ_ID_MAX
+#define KVT_EPROTO_GEOM_MAX 8
+
+enum kvt_eproto_op {
+    KVT_EOP_HELLO = 1,
+    KVT_EOP_NEW_REQUEST = 2,
+    KVT_EOP_LOOKUP = 3,
+    KVT_EOP_PREPARE_STORE = 4,
+    KVT_EOP_COMPLETE_STORE = 5,
+    KVT_EOP_PREPARE_LOAD = 6,
+    KVT_EOP_COMPLETE_LOAD = 7,
+    KVT_EOP_TOUCH = 8,
+    KVT_EOP_REQUEST_FINISHED = 9,
+    KVT_EOP_SCHEDULE_END = 10,
+    KVT_EOP_TAKE_EVENTS = 11,
+    KVT_EOP_GET_STATS = 12,
+    KVT_EOP_MAX_REQUEST = 12,
+    KVT_EOP_ERROR = 0x7f, /* server -> client: the connection is being closed */
+    KVT_EOP_REPLY = 0x80,
+};
+
+/* Field ids; bit i of struct kvt_emsg.has says field i is present. */
+enum kvt_eproto_field {
+    KVT_EF_OP = 0,
+    KVT_EF_SEQ = 1,
+    KVT_EF_RC = 2,
+    KVT_EF_REQ_ID = 3,
+    KVT_EF_NAME = 4,
+    KVT_EF_MAJOR = 5,
+    KVT_EF_MINOR = 6,
+    KVT_EF_FLAGS = 7,    /* lookup flags, complete_store success, policy, n_done */
+    KVT_EF_KEYS = 8,     /* array of bin 1..64 */
+    KVT_EF_RESULTS = 9,  /* bin, one lookup result per byte */
+    KVT_EF_IDS = 10,     /* array of int: chunk ids (loads, stores) */
+    KVT_EF_INDEX = 11,   /* array of uint: prepare_store's store_index */
+    KVT_EF_EVICTED = 12, /* array of bin */
+    KVT_EF_PARAMS = 13,  /* str: kv_transfer_params JSON */
+    KVT_EF_FILTER = 14,  /* array of [medium, locality]; absent = every tier */
+    KVT_EF_NEW = 15,     /* array of str */
+    KVT_EF_PREEMPTED = 16,
+    KVT_EF_EVENTS = 17, /* array of [keys, medium, locality, removed] */
+    KVT_EF_STATS = 18,  /* array of [name, label, kind, value, count, sum, buckets] */
+    KVT_EF_GEOM = 19,   /* array of uint, KVT_EG_* */
+    KVT_EF_BOUNDS = 20, /* array of 16 floats */
+    KVT_EF_COUNT = 21,
+};
+
+/* HELLO reply geometry, KVT_EF_GEOM[i]. */
+enum kvt_eproto_geom {
+    KVT_EG_CLIENT_ID = 0,
+    KVT_EG_NUM_CHUNKS = 1,
+    KVT_EG_ROW_BYTES = 2,
+    KVT_EG_PAGE_BYTES = 3,
+    KVT_EG_NUM_WORKERS = 4,
+    KVT_EG_SIZE = 5,
+    KVT_EG_MAX_KEYS = 6,
+    KVT_EG_COUNT = 7,
+};
+
+struct kvt_eproto_limits {
+    uint32_t max_body;   /* bytes of one body */
+    uint32_t max_keys;   /* per key list, id list, result bin, request-id list */
+    uint32_t max_params; /* bytes of params JSON */
+    uint32_t max_events; /* events in one reply (keys of all events: max_body bound) */
+    uint32_t max_stats;
+};
+/* 1 MiB bodies, 4096 keys, 64 KiB params, 65536 events/stats. */
+void kvt__eproto_limits_default(struct kvt_eproto_limits *lim);
+
+typedef char kvt_eproto_id_t[KVT_EPROTO_ID_MAX + 1];
+
+/* One decoded (or to-be-encoded) message. Pointers are owned by the message when
+ * decoded (kvt__emsg_free); when encoding they are the caller's. */
+struct kvt_emsg {
+    uint32_t has; /* 1u << KVT_EF_* */
+    uint32_t op;
+    uint64_t seq;
+    int64_t rc;
+    kvt_eproto_id_t req_id;
+    char name[KVTIER_NAME_MAX + 1];
+    uint64_t major, minor;
+    uint64_t flags;
+    struct kvtier_key *keys;
+    uint32_t n_keys;
+    uint8_t *results;
+    uint32_t n_results;
+    int64_t *ids;
+    uint32_t n_ids;
+    uint32_t *index;
+    uint32_t n_index;
+    struct kvtier_key *evicted;
+    uint32_t n_evicted;
+    char *params; /* NUL-terminated */
+    uint32_t params_len;
+    struct kvtier_tier_matcher filter[KVTIER_FILTER_MAX];
+    uint32_t n_filter;
+    kvt_eproto_id_t *new_ids;
+    uint32_t n_new;
+    kvt_eproto_id_t *preempted;
+    uint32_t n_preempted;
+    struct kvtier_event *events; /* decoded: every event's keys in one array */
+    uint32_t n_events;
+    struct kvtier_stat *stats;
+    uint32_t n_stats;
+    uint64_t geom[KVT_EPROTO_GEOM_MAX];
+    uint32_t n_geom;
+    double bounds[KVTIER_HIST_BUCKETS];
+    uint32_t n_bounds;
+    /* decoded only */
+    void *heap; /* the events' key array */
+    size_t heap_bytes;
+};
+
+static inline bool kvt__emsg_has(const struct kvt_emsg *m, enum kvt_eproto_field f)
+{
+    return (m->has >> f) & 1u;
+}
+
+/* Zeroes m. */
+void kvt__emsg_init(struct kvt_emsg *m);
+/* Frees what a decode allocated and zeroes m. */
+void kvt__emsg_free(struct kvt_emsg *m);
+
+/* Decodes one body. 0, or -EBADMSG (not well-formed msgpack, wrong types, bad key
+ * or string lengths), -EMSGSIZE (over a limit), -EPROTO (no op), -ENOMEM. On error m
+ * holds nothing. */
+int kvt__emsg_decode(const uint8_t *body, size_t len, const struct kvt_eproto_limits *lim,
+                     struct kvt_emsg *m);
+
+/* A growable byte buffer. */
+struct kvt_ebuf {
+    uint8_t *data;
+    size_t len, cap;
+};
+void kvt__ebuf_init(struct kvt_ebuf *b);
+void kvt__ebuf_cleanup(struct kvt_ebuf *b);
+/* Appends one frame (header + body) of every field in m->has. -ENOMEM. */
+int kvt__emsg_encode(const struct kvt_emsg *m, struct kvt_ebuf *b);
+
+/* The body length a frame header announces. */
+static inline uint32_t kvt__eproto_frame_len(const uint8_t *hdr)
+{
+    return (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+}
+
+#endif
