@@ -1056,6 +1056,7 @@ static void vb_on_cm_event(struct vb_tp *tp, struct rdma_cm_event *ev)
     peer_resp = ev->param.conn.responder_resources;
     peer_init = ev->param.conn.initiator_depth;
     rdma_ack_cm_event(ev);
+    kvt_debug(VB_MOD, "%s (status %d)", rdma_event_str(type), status);
 
     if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
         vb_on_connect_request(tp, id, plen ? pdata : NULL, plen, peer_resp, peer_init);
@@ -1611,8 +1612,8 @@ static int vb_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_
     kvt_list_add_tail(&ep->pending, &b->pnode);
     b->on_pending = true;
     ep->n_batches++;
-    vb_pump(ep);
-    return 0;
+    vb_pump(ep); /* a posting error fails the batch from progress, with its callback */
+    return -EINPROGRESS;
 }
 
 static int vb_progress(struct kvt_transport *t)
