@@ -389,6 +389,8 @@ static int op_new_request(struct kvt_engine_server *s, struct eclient *c, const 
 
     if (!kvt__emsg_has(q, KVT_EF_REQ_ID))
         return -EINVAL;
+    if (own_req(c, q) != NULL)
+        return -EEXIST; /* (the mirror's entry must not be replaced) */
     if (kvt_map_size(&c->reqs) >= s->max_requests)
         return -ENOBUFS;
     rc = kvt_req_ctx_create(q->req_id, q->params, &ctx);

@@ -1,0 +1,777 @@
+/* The local engine API end to end: kvtierd's server (kvt/engine_api.h) on a thread
+ * of its own that owns the manager, engines as libkvtier-client connections (in
+ * this process, in threads, in forked children). The manager's scenarios through
+ * the socket: store, lookup, load, with bytes written by one client into its
+ * mapped rows read back by another; the misuse the manager and the server refuse;
+ * several engines at once; an engine SIGKILLed while it holds prepared stores and
+ * pins; malformed and oversized frames; stale and taken socket paths.
+ *
+ * The server thread runs progress() under g.lock; the tests take g.lock to look at
+ * the manager, so every access to it is ordered (TSan). */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "kvt/alloc.h"
+#include "kvt/engine_api.h"
+#include "kvt/manager.h"
+#include "kvt/primary.h"
+#include "kvt/region.h"
+#include "kvtier/client.h"
+#include "kvtier/engine_proto.h"
+
+#define NUM_CHUNKS 16
+#define WORKERS    2
+
+static struct {
+    char *dir;
+    char sock[256];
+    char region_path[256];
+    size_t page;
+    struct kvt_manager *m;
+    struct kvt_engine_server *srv;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    volatile int stop;
+} g;
+
+static void *server_main(void *arg)
+{
+    (void)arg;
+    while (!__atomic_load_n(&g.stop, __ATOMIC_ACQUIRE)) {
+        struct pollfd p = {.fd = kvt_engine_server_fd(g.srv), .events = POLLIN};
+
+        poll(&p, 1, 5);
+        pthread_mutex_lock(&g.lock);
+        assert_int_equal(kvt_engine_server_progress(g.srv), 0);
+        pthread_mutex_unlock(&g.lock);
+    }
+    return NULL;
+}
+
+static void start(unsigned max_clients, uint32_t max_msg)
+{
+    static unsigned seq;
+    struct kvt_region *r = kvt_calloc(1, sizeof(*r));
+    struct kvt_primary *p;
+    struct kvt_region_config rc = {.num_chunks = NUM_CHUNKS,
+                                   .num_workers = WORKERS,
+                                   .rank = KVT_REGION_RANK_ALL,
+                                   .join_timeout_s = 5};
+    struct kvt_primary_config pc = {.num_chunks = NUM_CHUNKS, .enable_events = true};
+    struct kvt_engine_server_config sc = {0};
+
+    g.page = (size_t)sysconf(_SC_PAGESIZE);
+    snprintf(g.region_path, sizeof(g.region_path), "%s/region.%u", g.dir, seq);
+    snprintf(g.sock, sizeof(g.sock), "%s/engine.%u.sock", g.dir, seq++);
+    rc.path = g.region_path;
+    rc.page_bytes = g.page;
+    assert_int_equal(kvt_region_open(&rc, r), 0);
+    pc.row_bytes = r->row_bytes;
+    assert_int_equal(kvt_primary_create(&pc, r, &p), 0);
+    assert_int_equal(kvt_manager_create(p, NULL, 0, &g.m), 0);
+    sc.socket_path = g.sock;
+    sc.manager = g.m;
+    sc.max_clients = max_clients;
+    sc.max_msg_bytes = max_msg;
+    assert_int_equal(kvt_engine_server_create(&sc, &g.srv), 0);
+    g.stop = 0;
+    pthread_mutex_init(&g.lock, NULL);
+    assert_int_equal(pthread_create(&g.thread, NULL, server_main, NULL), 0);
+}
+
+static void stop(void)
+{
+    __atomic_store_n(&g.stop, 1, __ATOMIC_RELEASE);
+    pthread_join(g.thread, NULL);
+    kvt_engine_server_destroy(g.srv);
+    assert_int_equal(access(g.sock, F_OK), -1); /* unlinked */
+    kvt_manager_destroy(g.m);
+    pthread_mutex_destroy(&g.lock);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    start(0, 0);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    stop();
+    return 0;
+}
+
+static struct kvtier_client *conn(const char *name)
+{
+    struct kvtier_client *c = NULL;
+    struct kvtier_connect_opts o = {.name = name, .timeout_ms = 10000};
+
+    assert_int_equal(kvtier_connect(g.sock, &o, &c), 0);
+    return c;
+}
+
+static struct kvtier_key key(int i)
+{
+    struct kvtier_key k;
+    struct kvt_key kk = kt_key(i);
+
+    assert_int_equal(kvtier_key_set(&k, kk.bytes, kk.len), 0);
+    return k;
+}
+
+static void keys(struct kvtier_key *out, int first, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = key(first + (int)i);
+}
+
+static struct kvt_primary_entry_info entry(int i)
+{
+    struct kvt_primary_entry_info info = {.slot = -1, .ref_cnt = -99};
+    struct kvt_key k = kt_key(i);
+
+    pthread_mutex_lock(&g.lock);
+    if (kvt_primary_entry_info(kvt_manager_primary(g.m), &k, &info) != 0)
+        info.ref_cnt = -99; /* absent */
+    pthread_mutex_unlock(&g.lock);
+    return info;
+}
+
+static struct kvt_engine_server_counters counters(void)
+{
+    struct kvt_engine_server_counters c;
+
+    pthread_mutex_lock(&g.lock);
+    kvt_engine_server_get_counters(g.srv, &c);
+    pthread_mutex_unlock(&g.lock);
+    return c;
+}
+
+static bool has_request(const char *id)
+{
+    bool has;
+
+    pthread_mutex_lock(&g.lock);
+    has = kvt_manager_has_request(g.m, id);
+    pthread_mutex_unlock(&g.lock);
+    return has;
+}
+
+/* Waits (up to 10 s) until the server has seen `n` disconnects. */
+static void wait_disconnects(uint64_t n)
+{
+    for (int i = 0; i < 2000 && counters().disconnects < n; i++)
+        usleep(5000);
+    assert_true(counters().disconnects >= n);
+}
+
+/* Stores keys first..first+n-1 through c with row bytes fill+i; returns 0 or the
+ * error of prepare_store. */
+static int store(struct kvtier_client *c, const char *req, int first, size_t n, uint8_t fill)
+{
+    struct kvtier_key k[8];
+    uint32_t idx[8];
+    int64_t ids[8];
+    struct kvtier_store_plan plan = {.store_index = idx, .chunk_ids = ids};
+    const struct kvtier_region *r = kvtier_client_region(c);
+    int rc;
+
+    assert_true(n <= 8);
+    keys(k, first, n);
+    rc = kvtier_prepare_store(c, req, k, n, &plan);
+    if (rc != 0)
+        return rc;
+    for (size_t i = 0; i < plan.n_store; i++) {
+        uint8_t *row = kvtier_client_row(c, ids[i]);
+
+        assert_non_null(row);
+        memset(row, fill + (int)idx[i], r->row_bytes);
+    }
+    return kvtier_complete_store(c, req, k, n, true);
+}
+
+/* ---- scenarios ----------------------------------------------------------------- */
+
+static void test_hello_geometry(void **state)
+{
+    struct kvtier_client *c = conn("geo");
+    const struct kvtier_region *r = kvtier_client_region(c);
+
+    assert_int_equal(r->num_chunks, NUM_CHUNKS);
+    assert_int_equal(r->num_workers, WORKERS);
+    assert_int_equal(r->page_bytes, g.page);
+    assert_int_equal(r->row_bytes, WORKERS * g.page);
+    assert_int_equal(r->size, NUM_CHUNKS * WORKERS * g.page);
+    assert_non_null(r->base);
+    assert_true(kvtier_client_id(c) > 0);
+    assert_true(kvtier_client_max_keys(c) >= 1024);
+    assert_null(kvtier_client_row(c, NUM_CHUNKS));
+    assert_null(kvtier_client_row(c, -1));
+    assert_int_equal(counters().clients, 1);
+    kvtier_close(c);
+    wait_disconnects(1);
+    assert_int_equal(counters().clients, 0);
+}
+
+/* Engine A stores, engine B finds and loads the very bytes A wrote. */
+static void test_store_lookup_load_across_clients(void **state)
+{
+    struct kvtier_client *a = conn("a"), *b = conn("b");
+    struct kvtier_key k[3];
+    uint8_t res[3];
+    int64_t ids[3];
+    size_t done = 99;
+    enum kvtier_offload_policy pol = KVTIER_REQUEST_LEVEL;
+
+    keys(k, 0, 3);
+    assert_int_equal(kvtier_on_new_request(a, "a-1", NULL, &pol), 0);
+    assert_int_equal(pol, KVTIER_CHUNK_LEVEL);
+    assert_int_equal(kvtier_lookup(a, "a-1", k, 3, 0, res, &done), 0);
+    assert_int_equal(done, 3);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(res[i], KVTIER_MISS);
+
+    /* prepare_store: write-pending until complete_store. */
+    uint32_t idx[3];
+    int64_t sids[3];
+    struct kvtier_key ev[4];
+    struct kvtier_store_plan plan = {
+        .store_index = idx, .chunk_ids = sids, .evicted = ev, .cap_evicted = 4};
+    assert_int_equal(kvtier_prepare_store(a, "a-1", k, 2, &plan), 0);
+    assert_int_equal(plan.n_store, 2);
+    assert_int_equal(plan.n_evicted, 0);
+    assert_int_equal(entry(0).ref_cnt, -1);
+    assert_int_equal(kvtier_lookup(b, "nobody", k, 1, 0, res, NULL), -EINVAL);
+    assert_int_equal(kvtier_on_new_request(b, "b-1", NULL, NULL), 0);
+    assert_int_equal(kvtier_lookup(b, "b-1", k, 1, 0, res, NULL), 0);
+    assert_int_equal(res[0], KVTIER_HIT_PENDING);
+    for (size_t i = 0; i < plan.n_store; i++) {
+        assert_true(sids[i] >= 0 && sids[i] < NUM_CHUNKS);
+        memset(kvtier_client_row(a, sids[i]), 0xa0 + (int)idx[i], WORKERS * g.page);
+    }
+    assert_int_equal(kvtier_complete_store(a, "a-1", k, 2, true), 0);
+    assert_int_equal(entry(0).ref_cnt, 0);
+    assert_int_equal(kvtier_on_schedule_end(a, NULL, 0, NULL, 0), 0);
+
+    /* B: HIT HIT MISS, with prefix matching it stops at the MISS. */
+    assert_int_equal(kvtier_lookup(b, "b-1", k, 3, KVTIER_LOOKUP_PREFIX, res, &done), 0);
+    assert_int_equal(done, 3);
+    assert_int_equal(res[0], KVTIER_HIT);
+    assert_int_equal(res[1], KVTIER_HIT);
+    assert_int_equal(res[2], KVTIER_MISS);
+    struct kvtier_key k2[3] = {k[2], k[0], k[1]};
+    assert_int_equal(kvtier_lookup(b, "b-1", k2, 3, KVTIER_LOOKUP_PREFIX, res, &done), 0);
+    assert_int_equal(done, 1);
+    assert_int_equal(res[0], KVTIER_MISS);
+
+    /* B loads and sees A's bytes in its own mapping. */
+    assert_int_equal(kvtier_prepare_load(b, "b-1", k, 2, ids), 0);
+    assert_int_equal(entry(0).ref_cnt, 1);
+    assert_int_equal(entry(1).ref_cnt, 1);
+    for (int i = 0; i < 2; i++) {
+        const uint8_t *row = kvtier_client_row(b, ids[i]);
+
+        assert_int_equal(ids[i], entry(i).slot);
+        for (size_t j = 0; j < WORKERS * g.page; j += 511)
+            assert_int_equal(row[j], 0xa0 + i);
+    }
+    /* A may not unpin B's pins; B may. */
+    assert_int_equal(kvtier_complete_load(a, NULL, k, 2), -EINVAL);
+    assert_int_equal(entry(0).ref_cnt, 1);
+    assert_int_equal(kvtier_complete_load(b, "b-1", k, 2), 0);
+    assert_int_equal(entry(0).ref_cnt, 0);
+    assert_int_equal(kvtier_complete_load(b, "b-1", k, 1), -EINVAL);
+    assert_int_equal(kvtier_touch(b, NULL, k, 2), 0);
+
+    assert_int_equal(kvtier_on_request_finished(a, "a-1"), 0);
+    assert_int_equal(kvtier_on_request_finished(b, "b-1"), 0);
+    assert_false(has_request("a-1"));
+    assert_false(has_request("b-1"));
+    kvtier_close(a);
+    kvtier_close(b);
+}
+
+static void test_misuse_refused(void **state)
+{
+    struct kvtier_client *a = conn("a"), *b = conn("b");
+    struct kvtier_key k[2], bad;
+    int64_t ids[2];
+    uint8_t res[2];
+    uint32_t idx[2];
+    struct kvtier_store_plan plan = {.store_index = idx, .chunk_ids = ids};
+
+    keys(k, 10, 2);
+    assert_int_equal(kvtier_on_new_request(a, "m-1", NULL, NULL), 0);
+    assert_int_equal(kvtier_on_new_request(a, "m-1", NULL, NULL), -EEXIST);
+    assert_int_equal(kvtier_on_new_request(b, "m-1", NULL, NULL), -EEXIST);
+    /* B cannot use A's request. */
+    assert_int_equal(kvtier_lookup(b, "m-1", k, 2, 0, res, NULL), -EINVAL);
+    assert_int_equal(kvtier_prepare_store(b, "m-1", k, 2, &plan), -EINVAL);
+    assert_int_equal(kvtier_on_request_finished(b, "m-1"), -EINVAL);
+    assert_int_equal(kvtier_touch(b, "m-1", k, 2), -EINVAL);
+    assert_true(has_request("m-1"));
+    /* complete_store with nothing prepared; loading what is not stored. */
+    assert_int_equal(kvtier_complete_store(a, "m-1", k, 2, true), -EINVAL);
+    assert_int_equal(kvtier_prepare_load(a, "m-1", k, 2, ids), -EINVAL);
+    assert_int_equal(entry(10).ref_cnt, -99);
+    /* Arguments the library refuses before sending. */
+    memset(&bad, 0, sizeof(bad));
+    assert_int_equal(kvtier_lookup(a, "m-1", &bad, 1, 0, res, NULL), -EINVAL);
+    assert_int_equal(kvtier_on_new_request(a, "", NULL, NULL), -EINVAL);
+    assert_int_equal(kvtier_key_set(&bad, "x", 65), -EINVAL);
+    assert_int_equal(kvtier_lookup(a, "m-1", k, 2, 0x80, res, NULL), -EINVAL);
+    /* The connection is still good after refusals. */
+    assert_int_equal(store(a, "m-1", 10, 2, 1), 0);
+    assert_int_equal(entry(10).ref_cnt, 0);
+    assert_int_equal(kvtier_on_request_finished(a, "m-1"), 0);
+    assert_int_equal(kvtier_on_request_finished(a, "m-1"), -EINVAL);
+    assert_int_equal(counters().malformed, 0);
+    kvtier_close(a);
+    kvtier_close(b);
+}
+
+/* The primary full of pinned chunks: prepare_store answers -ENOSPC, nothing changes. */
+static void test_prepare_store_enospc(void **state)
+{
+    struct kvtier_client *a = conn("a");
+    struct kvtier_key k[8];
+    int64_t ids[8];
+
+    assert_int_equal(kvtier_on_new_request(a, "f-1", NULL, NULL), 0);
+    for (int i = 0; i < NUM_CHUNKS; i += 8) {
+        assert_int_equal(store(a, "f-1", 100 + i, 8, 0), 0);
+        keys(k, 100 + i, 8);
+        assert_int_equal(kvtier_prepare_load(a, "f-1", k, 8, ids), 0);
+    }
+    struct kvtier_store_plan plan = {.store_index = (uint32_t[1]){0}, .chunk_ids = ids};
+    k[0] = key(200);
+    assert_int_equal(kvtier_prepare_store(a, "f-1", k, 1, &plan), -ENOSPC);
+    assert_int_equal(entry(200).ref_cnt, -99);
+    /* Unpin one batch: now the store evicts. */
+    keys(k, 100, 8);
+    assert_int_equal(kvtier_complete_load(a, "f-1", k, 8), 0);
+    struct kvtier_key ev[1];
+    plan.evicted = ev;
+    plan.cap_evicted = 1;
+    k[0] = key(200);
+    assert_int_equal(kvtier_prepare_store(a, "f-1", k, 1, &plan), 0);
+    assert_int_equal(plan.n_store, 1);
+    assert_int_equal(plan.n_evicted, 1);
+    assert_true(ev[0].len > 0);
+    assert_int_equal(kvtier_complete_store(a, "f-1", k, 1, false), 0);
+    assert_int_equal(entry(200).ref_cnt, -99); /* a failed store frees the slot */
+    kvtier_close(a);                           /* the other pins are released by the server */
+    wait_disconnects(1);
+    assert_int_equal(entry(108).ref_cnt, 0);
+    assert_false(has_request("f-1"));
+}
+
+static void test_events_and_stats(void **state)
+{
+    struct kvtier_client *a = conn("a");
+    struct kvtier_events *ev = NULL;
+    struct kvtier_stats *st = NULL;
+
+    assert_int_equal(kvtier_on_new_request(a, "e-1", NULL, NULL), 0);
+    assert_int_equal(store(a, "e-1", 300, 3, 0), 0);
+    assert_int_equal(kvtier_take_events(a, &ev), 0);
+    assert_int_equal(ev->n, 1);
+    assert_int_equal(ev->ev[0].n, 3);
+    assert_false(ev->ev[0].removed);
+    assert_int_equal(ev->ev[0].medium, KVTIER_MEDIUM_CPU);
+    struct kvtier_key k = key(301);
+    assert_memory_equal(&ev->ev[0].keys[1], &k, sizeof(k));
+    kvtier_events_free(ev);
+    assert_int_equal(kvtier_take_events(a, &ev), 0);
+    assert_int_equal(ev->n, 0);
+    kvtier_events_free(ev);
+
+    assert_int_equal(kvtier_get_stats(a, &st), 0);
+    assert_true(st->n > 0);
+    assert_true(st->bounds[0] > 0);
+    for (size_t i = 0; i < st->n; i++)
+        assert_true(strlen(st->s[i].name) > 0);
+    kvtier_stats_free(st);
+    assert_int_equal(kvtier_on_request_finished(a, "e-1"), 0);
+    kvtier_close(a);
+}
+
+/* ---- several engines ------------------------------------------------------------- */
+
+#define ENGINES 4
+#define ROUNDS  25
+
+struct engine_arg {
+    int idx;
+    int errors;
+};
+
+static void *engine_main(void *p)
+{
+    struct engine_arg *a = p;
+    char name[16], req[32];
+    struct kvtier_client *c = NULL;
+
+    snprintf(name, sizeof(name), "eng%d", a->idx);
+    if (kvtier_connect(g.sock, &(struct kvtier_connect_opts){.name = name}, &c) != 0) {
+        a->errors++;
+        return NULL;
+    }
+    size_t row = kvtier_client_region(c)->row_bytes;
+    for (int r = 0; r < ROUNDS; r++) {
+        int base = 1000 + a->idx * 1000 + r * 2;
+        struct kvtier_key k[2];
+        int64_t ids[2];
+        uint8_t res[2];
+
+        snprintf(req, sizeof(req), "eng%d-%d", a->idx, r);
+        keys(k, base, 2);
+        if (kvtier_on_new_request(c, req, NULL, NULL) != 0)
+            a->errors++;
+        int rc = store(c, req, base, 2, (uint8_t)(a->idx * 16));
+        if (rc != 0 && rc != -ENOSPC)
+            a->errors++;
+        if (rc == 0 && kvtier_lookup(c, req, k, 2, 0, res, NULL) == 0 && res[0] == KVTIER_HIT &&
+            res[1] == KVTIER_HIT) {
+            if (kvtier_prepare_load(c, req, k, 2, ids) != 0) {
+                a->errors++;
+            } else {
+                for (int i = 0; i < 2; i++) {
+                    const uint8_t *b = kvtier_client_row(c, ids[i]);
+                    if (b[0] != (uint8_t)(a->idx * 16 + i) || b[row - 1] != b[0])
+                        a->errors++;
+                }
+                if (kvtier_complete_load(c, req, k, 2) != 0)
+                    a->errors++;
+            }
+        }
+        if (kvtier_on_schedule_end(c, (const char *const[]){req}, 1, NULL, 0) != 0)
+            a->errors++;
+        if (kvtier_on_request_finished(c, req) != 0)
+            a->errors++;
+    }
+    kvtier_close(c);
+    return NULL;
+}
+
+static void test_several_engines(void **state)
+{
+    pthread_t t[ENGINES];
+    struct engine_arg a[ENGINES];
+
+    for (int i = 0; i < ENGINES; i++) {
+        a[i] = (struct engine_arg){.idx = i};
+        assert_int_equal(pthread_create(&t[i], NULL, engine_main, &a[i]), 0);
+    }
+    for (int i = 0; i < ENGINES; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(a[i].errors, 0);
+    }
+    wait_disconnects(ENGINES);
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_manager_num_requests(g.m), 0);
+    assert_int_equal(kvt_primary_num_write_pending(kvt_manager_primary(g.m)), 0);
+    assert_int_equal(kvt_primary_num_evictable(kvt_manager_primary(g.m)),
+                     kvt_primary_num_entries(kvt_manager_primary(g.m)));
+    pthread_mutex_unlock(&g.lock);
+    assert_int_equal(counters().requests > ENGINES * ROUNDS * 6, 1);
+}
+
+/* ---- an engine killed mid-request ---------------------------------------------------- */
+
+static void test_client_killed_mid_request(void **state)
+{
+    struct kvtier_client *a = conn("parent");
+    int pfd[2];
+    pid_t pid;
+    char ch;
+
+    /* Chunks 500..501 are ready; the child will pin them. */
+    assert_int_equal(kvtier_on_new_request(a, "p-1", NULL, NULL), 0);
+    assert_int_equal(store(a, "p-1", 500, 2, 0x50), 0);
+    assert_int_equal(kvtier_on_request_finished(a, "p-1"), 0);
+    assert_int_equal(pipe(pfd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct kvtier_client *c = NULL;
+        struct kvtier_key k[2];
+        uint32_t idx[2];
+        int64_t ids[2];
+        struct kvtier_store_plan plan = {.store_index = idx, .chunk_ids = ids};
+        int ok = kvtier_connect(g.sock, NULL, &c) == 0;
+
+        ok = ok && kvtier_on_new_request(c, "kill-1", NULL, NULL) == 0;
+        ok = ok && kvtier_on_new_request(c, "kill-2", NULL, NULL) == 0;
+        keys(k, 510, 2);
+        ok = ok && kvtier_prepare_store(c, "kill-1", k, 2, &plan) == 0 && plan.n_store == 2;
+        keys(k, 500, 2);
+        ok = ok && kvtier_prepare_load(c, "kill-2", k, 2, ids) == 0;
+        ok = ok && kvtier_prepare_load(c, NULL, k, 1, ids) == 0;
+        ch = ok ? 'y' : 'n';
+        if (write(pfd[1], &ch, 1) != 1)
+            _exit(2);
+        for (;;)
+            pause();
+    }
+    close(pfd[1]);
+    assert_int_equal(read(pfd[0], &ch, 1), 1);
+    close(pfd[0]);
+    assert_int_equal(ch, 'y');
+    /* The child holds: two requests, a prepared store, three pins. */
+    assert_true(has_request("kill-1"));
+    assert_int_equal(entry(500).ref_cnt, 2);
+    assert_int_equal(entry(501).ref_cnt, 1);
+    assert_int_equal(entry(510).ref_cnt, -1);
+    struct kvt_manager_req_info info;
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_manager_request_info(g.m, "kill-1", &info), 0);
+    pthread_mutex_unlock(&g.lock);
+    assert_int_equal(info.pending_primary_stores, 1);
+
+    uint64_t before = counters().disconnects;
+    kill(pid, SIGKILL);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    wait_disconnects(before + 1);
+
+    assert_false(has_request("kill-1"));
+    assert_false(has_request("kill-2"));
+    assert_int_equal(entry(500).ref_cnt, 0);
+    assert_int_equal(entry(501).ref_cnt, 0);
+    assert_int_equal(entry(510).ref_cnt, -99); /* the aborted store freed its slot */
+    assert_int_equal(entry(511).ref_cnt, -99);
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_primary_num_write_pending(kvt_manager_primary(g.m)), 0);
+    pthread_mutex_unlock(&g.lock);
+    struct kvt_engine_server_counters c = counters();
+    assert_int_equal(c.finished_reqs, 2);
+    assert_int_equal(c.released_pins, 3);
+    assert_int_equal(c.aborted_stores, 1);
+    /* The other engine is unaffected, and the keys can be stored again. */
+    assert_int_equal(kvtier_on_new_request(a, "p-2", NULL, NULL), 0);
+    assert_int_equal(store(a, "p-2", 510, 2, 0), 0);
+    assert_int_equal(entry(510).ref_cnt, 0);
+    assert_int_equal(kvtier_on_request_finished(a, "p-2"), 0);
+    kvtier_close(a);
+}
+
+/* ---- bad peers ------------------------------------------------------------------------ */
+
+static int raw_connect(void)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+    assert_true(fd >= 0);
+    strcpy(sa.sun_path, g.sock);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+/* Reads until EOF; returns the rc of the ERROR frame received, or 1 if none. */
+static int read_error_then_eof(int fd)
+{
+    uint8_t buf[4096];
+    size_t len = 0;
+    ssize_t n;
+    struct kvt_eproto_limits lim;
+    struct kvt_emsg m;
+    int rc = 1;
+
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    while ((n = read(fd, buf + len, sizeof(buf) - len)) > 0)
+        len += (size_t)n;
+    assert_int_equal(n, 0); /* EOF, not a timeout */
+    kvt__eproto_limits_default(&lim);
+    if (len >= 4 && kvt__eproto_frame_len(buf) == len - 4 &&
+        kvt__emsg_decode(buf + 4, len - 4, &lim, &m) == 0) {
+        if (m.op == (KVT_EOP_ERROR | KVT_EOP_REPLY))
+            rc = (int)m.rc;
+        kvt__emsg_free(&m);
+    }
+    close(fd);
+    return rc;
+}
+
+static void send_frame(int fd, const void *body, uint32_t len)
+{
+    uint8_t hdr[4] = {len >> 24, len >> 16, len >> 8, len};
+
+    assert_int_equal(write(fd, hdr, 4), 4);
+    if (len > 0)
+        assert_int_equal(write(fd, body, len), (ssize_t)len);
+}
+
+static void test_malformed_refused_and_counted(void **state)
+{
+    struct kvtier_client *a = conn("good");
+    struct kvt_engine_server_counters c0 = counters();
+    int fd;
+
+    /* Garbage body. */
+    fd = raw_connect();
+    send_frame(fd, "\xc1\xc1\xc1", 3);
+    assert_int_equal(read_error_then_eof(fd), -EBADMSG);
+    /* An array that claims more elements than there are bytes. */
+    fd = raw_connect();
+    send_frame(fd, "\xdd\xff\xff\xff\xff", 5);
+    assert_int_equal(read_error_then_eof(fd), -EBADMSG);
+    /* A well-formed request before HELLO. */
+    fd = raw_connect();
+    send_frame(fd, "\x82\x00\x03\x01\x01", 5); /* {op: LOOKUP, seq: 1} */
+    assert_int_equal(read_error_then_eof(fd), -EPROTO);
+    /* HELLO with another major. */
+    fd = raw_connect();
+    send_frame(fd, "\x83\x00\x01\x01\x01\x05\x09", 7);
+    assert_int_equal(read_error_then_eof(fd), -EPROTO);
+    /* A frame over max_msg_bytes: refused from its header alone. */
+    fd = raw_connect();
+    uint8_t big[4] = {0x7f, 0xff, 0xff, 0xff};
+    assert_int_equal(write(fd, big, 4), 4);
+    assert_int_equal(read_error_then_eof(fd), -EMSGSIZE);
+
+    struct kvt_engine_server_counters c1 = counters();
+    assert_int_equal(c1.malformed - c0.malformed, 4);
+    assert_int_equal(c1.oversized - c0.oversized, 1);
+    /* The good client kept going. */
+    assert_int_equal(kvtier_on_new_request(a, "g-1", NULL, NULL), 0);
+    assert_int_equal(store(a, "g-1", 600, 1, 0), 0);
+    assert_int_equal(kvtier_on_request_finished(a, "g-1"), 0);
+    kvtier_close(a);
+}
+
+/* A client cut off for a bad frame is cleaned up like a dead one. */
+static void test_bad_frame_after_hello_releases(void **state)
+{
+    struct kvtier_client *a = conn("a");
+    struct kvtier_key k = key(700);
+    int64_t id;
+
+    assert_int_equal(kvtier_on_new_request(a, "x-1", NULL, NULL), 0);
+    assert_int_equal(store(a, "x-1", 700, 1, 0), 0);
+    assert_int_equal(kvtier_prepare_load(a, "x-1", &k, 1, &id), 0);
+    assert_int_equal(entry(700).ref_cnt, 1);
+    /* Too many keys for the daemon: the library refuses without sending. */
+    struct kvtier_key *many = calloc(kvtier_client_max_keys(a) + 1, sizeof(*many));
+    for (size_t i = 0; i <= kvtier_client_max_keys(a); i++)
+        many[i] = k;
+    assert_int_equal(kvtier_touch(a, NULL, many, kvtier_client_max_keys(a) + 1), -EMSGSIZE);
+    free(many);
+    assert_int_equal(entry(700).ref_cnt, 1);
+    kvtier_close(a);
+    wait_disconnects(1);
+    assert_int_equal(entry(700).ref_cnt, 0);
+    assert_false(has_request("x-1"));
+}
+
+static void test_max_clients(void **state)
+{
+    struct kvtier_client *c[2] = {NULL, NULL}, *x = NULL;
+
+    stop();
+    start(2, 0);
+    c[0] = conn("1");
+    c[1] = conn("2");
+    assert_int_equal(kvtier_connect(g.sock, NULL, &x), -EUSERS);
+    assert_int_equal(counters().refused, 1);
+    kvtier_close(c[0]);
+    wait_disconnects(2);
+    x = conn("3");
+    kvtier_close(x);
+    kvtier_close(c[1]);
+}
+
+static void test_socket_path_stale_and_taken(void **state)
+{
+    struct kvt_engine_server_config sc = {.socket_path = g.sock, .manager = g.m};
+    struct kvt_engine_server *s2 = NULL;
+    char path[300];
+    int fd;
+
+    /* Another daemon listens there: refused, and the socket keeps working. */
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_engine_server_create(&sc, &s2), -EADDRINUSE);
+    pthread_mutex_unlock(&g.lock);
+    kvtier_close(conn("still"));
+
+    /* A stale socket file (bound, nobody listening) is replaced. */
+    snprintf(path, sizeof(path), "%s/stale.sock", g.dir);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(fd);
+    assert_int_equal(access(path, F_OK), 0);
+    sc.socket_path = path;
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_engine_server_create(&sc, &s2), 0);
+    kvt_engine_server_destroy(s2);
+    pthread_mutex_unlock(&g.lock);
+
+    /* Not a socket: left alone. */
+    FILE *f = fopen(path, "w");
+    fclose(f);
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_engine_server_create(&sc, &s2), -EEXIST);
+    sc.socket_path = NULL;
+    assert_int_equal(kvt_engine_server_create(&sc, &s2), -EINVAL);
+    pthread_mutex_unlock(&g.lock);
+    assert_int_equal(access(path, F_OK), 0);
+    unlink(path);
+}
+
+static void test_daemon_gone(void **state)
+{
+    struct kvtier_client *a = conn("a");
+    struct kvtier_key k = key(1);
+    uint8_t res;
+
+    stop();
+    assert_int_equal(kvtier_touch(a, NULL, &k, 1) < 0, 1);
+    assert_int_equal(kvtier_lookup(a, "r", &k, 1, 0, &res, NULL) < 0, 1);
+    kvtier_close(a);
+    assert_int_equal(kvtier_connect(g.sock, NULL, &a), -ENOENT);
+    start(0, 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_hello_geometry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_store_lookup_load_across_clients, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_misuse_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prepare_store_enospc, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events_and_stats, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_several_engines, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_client_killed_mid_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_malformed_refused_and_counted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bad_frame_after_hello_releases, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_max_clients, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_path_stale_and_taken, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_daemon_gone, setup, teardown),
+    };
+    int rc;
+
+    signal(SIGPIPE, SIG_IGN);
+    g.dir = kt_tmpdir("engine_api");
+    assert_non_null(g.dir);
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    free(g.dir);
+    return rc;
+}
