@@ -41,6 +41,10 @@ struct bt_result {
     double lat_p50_us, lat_p99_us, lat_avg_us;
 };
 
+/* Where server and client meet: 127.0.0.1, or --addr (soft-RoCE guests: the rxe
+ * device's address, since rdma_cm does not listen on loopback). */
+static const char *bt_addr = "127.0.0.1";
+
 static double bt_now_us(void)
 {
     struct timespec ts;
@@ -99,7 +103,7 @@ static int bt_server(const struct bt_opts *o, size_t region, int ready_fd)
     if (ret == 0)
         ret = kvt_tp_pack(tp, mr, s.handle, sizeof(s.handle), &s.handle_len);
     if (ret == 0)
-        ret = kvt_tp_listen(tp, "127.0.0.1", 0, &port);
+        ret = kvt_tp_listen(tp, bt_addr, 0, &port);
     if (ret < 0) {
         fprintf(stderr, "bench server: %s\n", strerror(-ret));
         return 1;
@@ -202,7 +206,7 @@ static int bt_client_run(const struct bt_opts *o, uint16_t port, size_t region, 
         goto out_free;
     ret = kvt_tp_reg_local(tp, buf, region, &local);
     if (ret == 0)
-        ret = kvt_tp_connect(tp, "127.0.0.1", port, &c, &c.ep);
+        ret = kvt_tp_connect(tp, bt_addr, port, &c, &c.ep);
     while (ret == 0 && !c.closed && !(c.connected && c.have_handle))
         ret = kvt_tp_progress(tp) < 0 ? -EIO : 0;
     if (ret == 0 && c.closed)
@@ -391,7 +395,7 @@ static int bt_perftest(size_t size, unsigned outstanding, unsigned iters, double
 static int bt_usage(void)
 {
     fprintf(stderr, "usage: kvtier-bench transport [--json] [--backend ucx|verbs] [--size 262144] "
-                    "[--batch 32] [--iters N] [--lat-iters N]\n");
+                    "[--batch 32] [--iters N] [--lat-iters N] [--addr 127.0.0.1]\n");
     return 2;
 }
 
@@ -417,6 +421,8 @@ int kvt_bench_transport(int argc, char **argv)
             o.iters = (unsigned)strtoul(argv[++i], NULL, 0);
         else if (i + 1 < argc && strcmp(argv[i], "--lat-iters") == 0)
             o.lat_iters = (unsigned)strtoul(argv[++i], NULL, 0);
+        else if (i + 1 < argc && strcmp(argv[i], "--addr") == 0)
+            bt_addr = argv[++i];
         else
             return bt_usage();
     }
@@ -477,7 +483,7 @@ int kvt_bench_transport(int argc, char **argv)
         printf("}\n");
         return 0;
     }
-    printf("transport %s (UCX_TLS=%s), two processes on 127.0.0.1\n", o.backend, tls);
+    printf("transport %s (UCX_TLS=%s), two processes on %s\n", o.backend, tls, bt_addr);
     printf("  READ %zu B x %u per batch, 1 batch in flight, %u batches:\n", o.size, o.batch,
            o.iters);
     printf("    kvtier        %10.1f MB/s\n", ours.mbps);
