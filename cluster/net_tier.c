@@ -854,6 +854,8 @@ static void nt_post_reads(struct net_tier *nt, struct fetch *f)
         }
         *b = (struct batch){.nt = nt, .fetch_id = f->id, .first = f->next_chunk, .n = n};
         rc = kvt_tp_read(f->ep, f->rk, nt->mr_local, ops, n, nt_read_done, b);
+        if (rc == -EINPROGRESS)
+            rc = 0; /* posted: nt_read_done follows */
         if (rc == -EAGAIN) {
             kvt_free(b);
             break;

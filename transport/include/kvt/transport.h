@@ -96,8 +96,10 @@ struct kvt_transport_ops {
     int (*pack)(struct kvt_tp_mr *mr, void *buf, size_t cap, size_t *len_p);
     int (*unpack)(struct kvt_tp_ep *ep, const void *buf, size_t len, struct kvt_tp_rkey **rk_p);
     void (*rkey_destroy)(struct kvt_tp_rkey *rk);
-    /* -EINVAL for an op outside either registration (nothing is posted),
-     * -EAGAIN when max_batches are in flight, -ENOTCONN on a closed endpoint. */
+    /* -EINPROGRESS: posted; cb runs exactly once, from a later progress. Else
+     * nothing is posted and cb never runs: -EINVAL for an op outside either
+     * registration, -EAGAIN when max_batches are in flight, -ENOTCONN on a closed
+     * endpoint. */
     int (*read)(struct kvt_tp_ep *ep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
                 const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg);
     /* Runs callbacks; returns how many events it handled (>= 0) or negative errno. */
