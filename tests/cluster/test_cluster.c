@@ -1,0 +1,540 @@
+/* Clusters of kvtier-simnode processes on loopback (issue #5's scenarios). Each test
+ * starts its own nodes, drives them through their command lines, and prints the
+ * figures it measured. The transport is UCX unless KVT_CLUSTER_BACKEND says
+ * otherwise. Usage: test_cluster <path of kvtier-simnode>. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+static const char *simnode;
+static char *tmp;
+static char good_secret[512], bad_secret[512];
+
+struct sn {
+    pid_t pid;
+    FILE *in;
+    int out_fd;
+    char buf[8192];
+    size_t len;
+    unsigned port;
+    uint64_t id;
+    char last[1024];
+};
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Next line from the node, within ms; false on timeout or EOF. */
+static bool sn_line(struct sn *s, char *line, size_t cap, unsigned ms)
+{
+    uint64_t end = now_ms() + ms;
+
+    for (;;) {
+        char *nl = memchr(s->buf, '\n', s->len);
+
+        if (nl != NULL) {
+            size_t n = (size_t)(nl - s->buf);
+            size_t c = n < cap - 1 ? n : cap - 1;
+
+            memcpy(line, s->buf, c);
+            line[c] = '\0';
+            memmove(s->buf, nl + 1, s->len - n - 1);
+            s->len -= n + 1;
+            return true;
+        }
+        uint64_t now = now_ms();
+        if (now >= end)
+            return false;
+        struct pollfd p = {.fd = s->out_fd, .events = POLLIN};
+        if (poll(&p, 1, (int)(end - now)) <= 0)
+            continue;
+        ssize_t r = read(s->out_fd, s->buf + s->len, sizeof(s->buf) - s->len - 1);
+        if (r <= 0)
+            return false;
+        s->len += (size_t)r;
+    }
+}
+
+static void sn_start(struct sn *s, uint64_t id, unsigned port, const char *secret, const char *ns,
+                     const char *extra, ...)
+{
+    int in[2], out[2];
+    char *argv[48];
+    char idb[32], portb[16], line[256];
+    int argc = 0;
+    va_list ap;
+    const char *a;
+
+    memset(s, 0, sizeof(*s));
+    assert_int_equal(pipe2(in, O_CLOEXEC), 0); /* other nodes must not inherit them */
+    assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+    snprintf(idb, sizeof(idb), "%" PRIu64, id);
+    snprintf(portb, sizeof(portb), "%u", port);
+    argv[argc++] = (char *)simnode;
+    argv[argc++] = "--id";
+    argv[argc++] = idb;
+    argv[argc++] = "--port";
+    argv[argc++] = portb;
+    argv[argc++] = "--secret";
+    argv[argc++] = (char *)secret;
+    argv[argc++] = "--ns";
+    argv[argc++] = (char *)ns;
+    if (getenv("KVT_CLUSTER_BACKEND") != NULL) {
+        argv[argc++] = "--backend";
+        argv[argc++] = getenv("KVT_CLUSTER_BACKEND");
+    }
+    va_start(ap, extra);
+    for (a = extra; a != NULL && argc < 46; a = va_arg(ap, const char *))
+        argv[argc++] = (char *)a;
+    va_end(ap);
+    argv[argc] = NULL;
+    s->pid = fork();
+    assert_true(s->pid >= 0);
+    if (s->pid == 0) {
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        close(in[1]);
+        close(out[0]);
+        execv(simnode, argv);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    s->in = fdopen(in[1], "w");
+    s->out_fd = out[0];
+    s->id = id;
+    if (!sn_line(s, line, sizeof(line), 20000))
+        fail_msg("node %" PRIu64 " did not start", id);
+    assert_int_equal(sscanf(line, "ready id=%*x port=%u", &s->port), 1);
+}
+
+/* Sends a command and returns its answer line ("ok ..."); fails the test on "err"
+ * unless allow_err. Progress lines go to on_progress when given. */
+static const char *sn_cmd_ex(struct sn *s, unsigned ms, bool allow_err,
+                             bool (*on_progress)(void *, const char *), void *arg, const char *fmt,
+                             ...)
+{
+    va_list ap;
+
+    va_start(ap, fmt);
+    vfprintf(s->in, fmt, ap);
+    va_end(ap);
+    fputc('\n', s->in);
+    fflush(s->in);
+    for (;;) {
+        if (!sn_line(s, s->last, sizeof(s->last), ms))
+            fail_msg("node %" PRIu64 ": no answer to '%s'", s->id, fmt);
+        if (strncmp(s->last, "progress", 8) == 0) {
+            if (on_progress != NULL)
+                on_progress(arg, s->last);
+            continue;
+        }
+        break;
+    }
+    if (!allow_err && strncmp(s->last, "ok", 2) != 0)
+        fail_msg("node %" PRIu64 ": '%s' answered '%s'", s->id, fmt, s->last);
+    return s->last;
+}
+
+#define sn_cmd(s, ms, ...) sn_cmd_ex((s), (ms), false, NULL, NULL, __VA_ARGS__)
+
+static uint64_t field(const char *line, const char *name)
+{
+    char pat[64];
+    const char *p;
+
+    snprintf(pat, sizeof(pat), " %s=", name);
+    p = strstr(line, pat);
+    if (p == NULL)
+        fail_msg("no field %s in '%s'", name, line);
+    return strtoull(p + strlen(pat), NULL, 10);
+}
+
+static void sn_kill(struct sn *s)
+{
+    int st;
+
+    if (s->pid <= 0)
+        return;
+    kill(s->pid, SIGKILL);
+    waitpid(s->pid, &st, 0);
+    fclose(s->in);
+    close(s->out_fd);
+    s->pid = 0;
+}
+
+/* Orderly stop: "quit", exit 0 within 10 s. */
+static void sn_quit(struct sn *s)
+{
+    int st = 0;
+    uint64_t end = now_ms() + 10000;
+    pid_t r = 0;
+
+    if (s->pid <= 0)
+        return;
+    fprintf(s->in, "quit\n");
+    fflush(s->in);
+    while ((r = waitpid(s->pid, &st, WNOHANG)) == 0 && now_ms() < end)
+        usleep(10000);
+    if (r == 0) {
+        sn_kill(s);
+        fail_msg("node %" PRIu64 " did not stop within 10 s", s->id);
+    }
+    fclose(s->in);
+    close(s->out_fd);
+    s->pid = 0;
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static char seedarg[64];
+
+static const char *seed_of(const struct sn *s)
+{
+    snprintf(seedarg, sizeof(seedarg), "127.0.0.1:%u", s->port);
+    return seedarg;
+}
+
+/* A, B, C: B and C join through A; all see three live members. */
+static void start3(struct sn *n, const char *a_extra, const char *a_val)
+{
+    char seed[64];
+
+    sn_start(&n[0], 1, 0, good_secret, "ns", a_extra, a_val, NULL);
+    snprintf(seed, sizeof(seed), "%s", seed_of(&n[0]));
+    sn_start(&n[1], 2, 0, good_secret, "ns", "--peer", seed, a_extra, a_val, NULL);
+    sn_start(&n[2], 3, 0, good_secret, "ns", "--peer", seed, a_extra, a_val, NULL);
+    for (int i = 0; i < 3; i++)
+        sn_cmd(&n[i], 15000, "wait-live 3 10000");
+}
+
+static void stop3(struct sn *n)
+{
+    for (int i = 0; i < 3; i++)
+        sn_quit(&n[i]);
+}
+
+/* A stores 1000 chunks; B looks them up: RETRY, then HIT_PENDING, then HIT; every
+ * byte equals A's. */
+static void test_pull_1000(void **state)
+{
+    struct sn n[3];
+    const char *r;
+
+    (void)state;
+    start3(n, NULL, NULL);
+    r = sn_cmd(&n[0], 30000, "store 1 0 1000");
+    assert_int_equal(field(r, "stored"), 1000);
+    r = sn_cmd(&n[1], 60000, "load 1 0 1000 30000");
+    printf("# pull 1000 x 64 KiB: %s\n", r);
+    assert_int_equal(field(r, "hit"), 1000);
+    assert_int_equal(field(r, "corrupt"), 0);
+    assert_true(field(r, "retry") > 0);
+    assert_true(field(r, "pending") > 0);
+    r = sn_cmd(&n[0], 5000, "counts");
+    assert_true(field(r, "served") >= 1000);
+    r = sn_cmd(&n[1], 5000, "counts");
+    assert_int_equal(field(r, "pulled"), 1000);
+    assert_int_equal(field(r, "checksum_fail"), 0);
+    /* Loaded once, now local: a second load needs no peer. */
+    r = sn_cmd(&n[1], 30000, "load 1 0 1000 10000");
+    assert_int_equal(field(r, "hit"), 1000);
+    r = sn_cmd(&n[1], 5000, "counts");
+    assert_int_equal(field(r, "pulled"), 1000);
+    stop3(n);
+}
+
+/* A evicts some: lookups of those become MISS, the rest still pull. */
+static void test_evicted_become_miss(void **state)
+{
+    struct sn n[3];
+    const char *r;
+
+    (void)state;
+    start3(n, "--chunks", "1000");
+    sn_cmd(&n[0], 30000, "store 2 0 1000");
+    /* 300 more: LRU evicts the first 300 (nothing touched them). */
+    r = sn_cmd(&n[0], 30000, "store 2 1000 300");
+    assert_int_equal(field(r, "stored"), 300);
+    sn_cmd(&n[0], 5000, "step 200"); /* unpublishes go out */
+    r = sn_cmd(&n[2], 60000, "load 2 0 1000 30000");
+    printf("# after 300 evictions: %s\n", r);
+    assert_int_equal(field(r, "miss"), 300);
+    assert_int_equal(field(r, "hit"), 700);
+    assert_int_equal(field(r, "corrupt"), 0);
+    stop3(n);
+}
+
+/* The home of keys dies: records move, lookups recover after re-publication. */
+static void test_home_dies(void **state)
+{
+    struct sn n[3];
+    const char *r;
+    uint64_t t0;
+
+    (void)state;
+    start3(n, NULL, NULL);
+    sn_cmd(&n[0], 30000, "store 3 0 600");
+    sn_kill(&n[2]); /* C was the home of about a third of them */
+    t0 = now_ms();
+    sn_cmd(&n[0], 15000, "wait-live 2 10000");
+    sn_cmd(&n[1], 15000, "wait-live 2 10000");
+    sn_cmd(&n[0], 5000, "step 300"); /* re-publication */
+    r = sn_cmd(&n[1], 60000, "load 3 0 600 30000");
+    printf("# home died: recovered in %" PRIu64 " ms: %s\n", now_ms() - t0, r);
+    assert_int_equal(field(r, "hit"), 600);
+    assert_int_equal(field(r, "corrupt"), 0);
+    sn_quit(&n[0]);
+    sn_quit(&n[1]);
+}
+
+struct kill_when {
+    struct sn *victim;
+    bool killed;
+    uint64_t at_ms;
+};
+
+static bool kill_on_progress(void *arg, const char *line)
+{
+    struct kill_when *k = arg;
+
+    if (!k->killed && strstr(line, "pulled=") != NULL &&
+        strtoull(strstr(line, "pulled=") + 7, NULL, 10) > 0) {
+        kill(k->victim->pid, SIGKILL);
+        k->killed = true;
+        k->at_ms = now_ms();
+    }
+    return true;
+}
+
+/* SIGKILL of A during pulls: B's jobs fail within the deadline, no corrupt chunk,
+ * B keeps serving; A restarts with a new incarnation and serves again. */
+static void test_kill_holder_mid_pull(void **state)
+{
+    struct sn n[3];
+    struct kill_when k = {0};
+    const char *r;
+    char seed[64];
+    unsigned a_port;
+    uint64_t hit, t_end;
+
+    (void)state;
+    start3(n, "--row", "262144");
+    sn_cmd(&n[0], 60000, "store 4 0 1000");
+    k.victim = &n[0];
+    r = sn_cmd_ex(&n[1], 60000, false, kill_on_progress, &k, "load 4 0 1000 20000");
+    t_end = now_ms();
+    assert_true(k.killed);
+    hit = field(r, "hit");
+    printf("# holder killed mid-pull: B ended %" PRIu64 " ms after the kill: %s\n", t_end - k.at_ms,
+           r);
+    assert_int_equal(field(r, "corrupt"), 0);
+    assert_true(hit < 1000);
+    assert_true(t_end - k.at_ms < 15000); /* fetch timeout + heartbeat bound, not a figure */
+    a_port = n[0].port;
+    waitpid(n[0].pid, NULL, 0);
+    fclose(n[0].in);
+    close(n[0].out_fd);
+    n[0].pid = 0;
+    /* B keeps serving C. */
+    sn_cmd(&n[1], 30000, "store 5 0 100");
+    r = sn_cmd(&n[2], 60000, "load 5 0 100 20000");
+    assert_int_equal(field(r, "hit"), 100);
+    /* A comes back on its port with a new incarnation and serves again. */
+    snprintf(seed, sizeof(seed), "%s", seed_of(&n[1]));
+    sn_start(&n[0], 1, a_port, good_secret, "ns", "--row", "262144", "--peer", seed, NULL);
+    sn_cmd(&n[0], 15000, "wait-live 3 10000");
+    sn_cmd(&n[2], 15000, "wait-live 3 10000");
+    sn_cmd(&n[0], 60000, "store 6 0 200");
+    r = sn_cmd(&n[2], 60000, "load 6 0 200 20000");
+    assert_int_equal(field(r, "hit"), 200);
+    assert_int_equal(field(r, "corrupt"), 0);
+    stop3(n);
+}
+
+/* SIGKILL of B while it holds leases: A's pins are released within TTL + 1 s. */
+static void test_kill_requester_with_leases(void **state)
+{
+    struct sn n[3];
+    struct kill_when k = {0};
+    const char *r = "";
+    uint64_t t0, leases = 1;
+
+    (void)state;
+    start3(n, "--row", "262144");
+    sn_cmd(&n[0], 60000, "store 7 0 1000");
+    k.victim = &n[1];
+    fprintf(n[1].in, "load 7 0 1000 20000\n");
+    fflush(n[1].in);
+    {
+        char line[512];
+
+        while (sn_line(&n[1], line, sizeof(line), 20000)) {
+            kill_on_progress(&k, line);
+            if (k.killed)
+                break;
+        }
+    }
+    assert_true(k.killed);
+    t0 = k.at_ms;
+    waitpid(n[1].pid, NULL, 0);
+    fclose(n[1].in);
+    close(n[1].out_fd);
+    n[1].pid = 0;
+    while (now_ms() - t0 < 2000 + 1000) { /* --lease-ms default of simnode: 2000 */
+        r = sn_cmd(&n[0], 5000, "counts");
+        leases = field(r, "leases");
+        if (leases == 0)
+            break;
+        usleep(20000);
+    }
+    printf("# requester killed: holder's leases at 0 after %" PRIu64 " ms: %s\n", now_ms() - t0, r);
+    assert_int_equal(leases, 0);
+    sn_quit(&n[0]);
+    sn_quit(&n[2]);
+}
+
+/* A rewrites slots while B reads them: torn reads detected and counted, none
+ * accepted. */
+static void test_torn_reads(void **state)
+{
+    struct sn n[3];
+    const char *r;
+    uint64_t fails = 0, corrupt = 0, rounds = 0;
+
+    (void)state;
+    start3(n, "--row", "262144");
+    sn_cmd(&n[0], 60000, "store 8 0 300");
+    /* A scribbles for 3 s; B loads meanwhile (the two run in parallel). */
+    fprintf(n[0].in, "rewrite 8 0 300 3000\n");
+    fflush(n[0].in);
+    r = sn_cmd(&n[1], 60000, "load 8 0 300 20000");
+    printf("# torn reads: %s\n", r);
+    corrupt = field(r, "corrupt");
+    {
+        char line[256];
+
+        assert_true(sn_line(&n[0], line, sizeof(line), 20000));
+        rounds = field(line, "rounds");
+    }
+    r = sn_cmd(&n[1], 5000, "counts");
+    fails = field(r, "checksum_fail");
+    printf("# torn reads: %" PRIu64 " checksum failures, %" PRIu64 " rewrite rounds\n", fails,
+           rounds);
+    assert_int_equal(corrupt, 0);
+    assert_true(fails > 0);
+    stop3(n);
+}
+
+/* A peer with a wrong secret or another namespace gets nothing. */
+static void test_wrong_secret_and_namespace(void **state)
+{
+    struct sn a, bad, other;
+    const char *r;
+
+    (void)state;
+    sn_start(&a, 1, 0, good_secret, "ns", NULL);
+    sn_cmd(&a, 30000, "store 9 0 50");
+    sn_start(&bad, 5, 0, bad_secret, "ns", "--peer", seed_of(&a), NULL);
+    sn_start(&other, 6, 0, good_secret, "other-ns", "--peer", seed_of(&a), NULL);
+    sn_cmd(&bad, 5000, "step 1000");
+    sn_cmd(&other, 5000, "step 1000");
+    r = sn_cmd(&bad, 30000, "load 9 0 50 2000");
+    assert_int_equal(field(r, "hit"), 0);
+    r = sn_cmd(&other, 30000, "load 9 0 50 2000");
+    assert_int_equal(field(r, "hit"), 0);
+    r = sn_cmd(&bad, 5000, "counts");
+    assert_int_equal(field(r, "live"), 1);
+    r = sn_cmd(&a, 5000, "counts");
+    printf("# refused: %s\n", r);
+    assert_int_equal(field(r, "live"), 1);
+    assert_true(field(r, "auth_refused") >= 1);
+    assert_true(field(r, "ns_refused") >= 1);
+    assert_int_equal(field(r, "served"), 0);
+    sn_quit(&bad);
+    sn_quit(&other);
+    sn_quit(&a);
+}
+
+/* Malformed, truncated and oversized messages from a connected peer: refused and
+ * counted; the node keeps serving the others. */
+static void test_malformed_from_peer(void **state)
+{
+    struct sn n[3];
+    const char *r;
+
+    (void)state;
+    start3(n, NULL, NULL);
+    sn_cmd(&n[0], 30000, "store 10 0 100");
+    r = sn_cmd(&n[2], 30000, "garbage 1 40");
+    assert_int_equal(field(r, "sent"), 40);
+    sn_cmd(&n[0], 5000, "step 200");
+    r = sn_cmd(&n[0], 5000, "counts");
+    printf("# garbage: %s\n", r);
+    assert_true(field(r, "malformed") >= 30); /* the oversized ones may be refused locally */
+    r = sn_cmd(&n[1], 30000, "load 10 0 100 20000");
+    assert_int_equal(field(r, "hit"), 100);
+    r = sn_cmd(&n[2], 30000, "load 10 0 100 20000");
+    assert_int_equal(field(r, "hit"), 100);
+    stop3(n);
+}
+
+static void write_secret(const char *path, const char *text)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    tmp = kt_tmpdir("cluster");
+    snprintf(good_secret, sizeof(good_secret), "%s/secret", tmp);
+    snprintf(bad_secret, sizeof(bad_secret), "%s/wrong", tmp);
+    write_secret(good_secret, "correct horse battery staple 0123456789\n");
+    write_secret(bad_secret, "an entirely different secret 9876543210\n");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pull_1000),
+        cmocka_unit_test(test_evicted_become_miss),
+        cmocka_unit_test(test_home_dies),
+        cmocka_unit_test(test_kill_holder_mid_pull),
+        cmocka_unit_test(test_kill_requester_with_leases),
+        cmocka_unit_test(test_torn_reads),
+        cmocka_unit_test(test_wrong_secret_and_namespace),
+        cmocka_unit_test(test_malformed_from_peer),
+    };
+
+    if (argc < 2) {
+        fprintf(stderr, "usage: test_cluster <kvtier-simnode>\n");
+        return 2;
+    }
+    simnode = argv[1];
+    signal(SIGPIPE, SIG_IGN);
+    setup(NULL);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

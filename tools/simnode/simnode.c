@@ -1,0 +1,575 @@
+/* kvtier-simnode: one kvtier node and a small engine simulator in one process, for
+ * the cluster tests. The node is what kvtierd assembles (primary, network tier,
+ * peer links, manager); the "engine" plays vLLM through the manager API: it stores
+ * chunks of known content and loads them back, checking every byte.
+ *
+ *   kvtier-simnode --id N [--port P] [--peer host:port]... --secret FILE [--ns NAME]
+ *               [--chunks N] [--row BYTES] [--lease-ms MS] [--heartbeat-ms MS]
+ *               [--fetch-timeout-ms MS] [--backend ucx|verbs] [--addr A]
+ *
+ * It prints "ready id=<hex> port=<p> inc=<hex>" and then reads commands on stdin,
+ * one per line, answering each with one line "ok ..." or "err ..." (progress lines
+ * "progress ..." may come before the answer). Between commands the node steps.
+ *
+ *   store SEED FIRST N            stores chunks (SEED, FIRST..FIRST+N-1)
+ *   load SEED FIRST N TIMEOUT_MS  looks them up until HIT or MISS, loads the hits and
+ *                                 checks their bytes: hit miss corrupt retry pending
+ *                                 steps_p50 steps_p99 ms_p50 ms_p99 seconds
+ *   rewrite SEED FIRST N MS       scribbles over those chunks' rows for MS ms (a
+ *                                 buggy engine: torn reads for the peers)
+ *   garbage PEER_ID N             sends N malformed / truncated / oversized control
+ *                                 messages to that peer on an authenticated link
+ *   wait-live N MS                until N members (self included) are live
+ *   counts                        the network tier's and the peer links' counters
+ *   step MS                       keeps stepping for MS ms
+ *   quit                          orderly shutdown, exit 0
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvt/alloc.h"
+#include "kvt/auth.h"
+#include "kvt/clock.h"
+#include "kvt/hash.h"
+#include "kvt/log.h"
+#include "kvt/manager.h"
+#include "kvt/net_tier.h"
+#include "kvt/peers.h"
+#include "kvt/primary.h"
+
+#define MAX_PEERS 16
+
+struct node {
+    struct kvt_peers *peers;
+    struct kvt_manager *m;
+    struct kvt_tier *net; /* owned by m */
+    struct kvt_primary *primary;
+    size_t row;
+    size_t chunks;
+    unsigned req_seq;
+};
+
+static void key_of(uint32_t seed, uint32_t i, struct kvt_key *k)
+{
+    uint8_t b[16];
+    uint64_t h;
+
+    memcpy(b + 8, &seed, 4);
+    memcpy(b + 12, &i, 4);
+    h = kvt_hash64(b + 8, 8);
+    memcpy(b, &h, 8);
+    kvt_key_set(k, b, sizeof(b));
+}
+
+/* The content of a chunk: a function of its key only. */
+static void fill(uint8_t *row, size_t len, const struct kvt_key *k)
+{
+    uint64_t x = kvt_hash64(k->bytes, k->len) | 1;
+
+    for (size_t off = 0; off + 8 <= len; off += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(row + off, &x, 8);
+    }
+}
+
+static bool check(const uint8_t *row, size_t len, const struct kvt_key *k)
+{
+    uint64_t x = kvt_hash64(k->bytes, k->len) | 1;
+
+    for (size_t off = 0; off + 8 <= len; off += 8) {
+        uint64_t y;
+
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(&y, row + off, 8);
+        if (y != x)
+            return false;
+    }
+    return true;
+}
+
+static uint8_t *row_of(struct node *n, int64_t slot)
+{
+    return n->net->primary_base + (size_t)slot * n->row;
+}
+
+static void step(struct node *n)
+{
+    kvt_manager_on_schedule_end(n->m, NULL);
+}
+
+static void step_for(struct node *n, unsigned ms)
+{
+    uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull;
+
+    while (kvt_now_ns() < end) {
+        step(n);
+        usleep(500);
+    }
+}
+
+static struct kvt_req_ctx *new_req(struct node *n, const char *what)
+{
+    char id[64];
+    struct kvt_req_ctx *ctx;
+    enum kvt_offload_policy pol;
+
+    snprintf(id, sizeof(id), "%s-%u", what, ++n->req_seq);
+    if (kvt_req_ctx_create(id, NULL, &ctx) != 0)
+        return NULL;
+    if (kvt_manager_on_new_request(n->m, ctx, &pol) != 0) {
+        kvt_req_ctx_unref(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static void end_req(struct node *n, struct kvt_req_ctx *ctx)
+{
+    kvt_manager_on_request_finished(n->m, ctx);
+    kvt_req_ctx_unref(ctx);
+}
+
+static void cmd_store(struct node *n, uint32_t seed, uint32_t first, uint32_t count)
+{
+    struct kvt_store_output out;
+    struct kvt_key keys[64];
+    uint32_t stored = 0, refused = 0;
+
+    kvt_store_output_init(&out);
+    for (uint32_t base = 0; base < count; base += 64) {
+        uint32_t k = count - base < 64 ? count - base : 64;
+        struct kvt_req_ctx *ctx = new_req(n, "store");
+
+        if (ctx == NULL)
+            break;
+        for (uint32_t i = 0; i < k; i++)
+            key_of(seed, first + base + i, &keys[i]);
+        if (kvt_manager_prepare_store(n->m, keys, k, ctx, &out) != 0) {
+            refused += k;
+        } else {
+            for (size_t i = 0; i < out.n_store; i++)
+                fill(row_of(n, out.chunk_ids[i]), n->row, &out.keys_to_store[i]);
+            kvt_manager_complete_store(n->m, out.keys_to_store, out.n_store, ctx, true);
+            stored += (uint32_t)out.n_store;
+        }
+        end_req(n, ctx);
+        step(n);
+    }
+    kvt_store_output_cleanup(&out);
+    step_for(n, 20); /* cascades run, publishes go out */
+    printf("ok stored=%u refused=%u\n", stored, refused);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+static void cmd_load(struct node *n, uint32_t seed, uint32_t first, uint32_t count,
+                     unsigned timeout_ms)
+{
+    struct kvt_key *keys = kvt_calloc(count ? count : 1, sizeof(*keys));
+    int *res = kvt_calloc(count ? count : 1, sizeof(*res));
+    uint64_t *steps = kvt_calloc(count ? count : 1, sizeof(*steps));
+    uint64_t *ns = kvt_calloc(count ? count : 1, sizeof(*ns));
+    struct kvt_req_ctx *ctx = new_req(n, "load");
+    uint64_t t0 = kvt_now_ns(), deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
+    uint64_t last_progress = t0, nstep = 0;
+    uint32_t left = count, hit = 0, miss = 0, corrupt = 0, retry = 0, pending = 0, timeout = 0;
+    uint32_t n_hits = 0;
+    struct kvt_key *hk;
+    int64_t *slots;
+
+    if (keys == NULL || res == NULL || steps == NULL || ns == NULL || ctx == NULL) {
+        printf("err out of memory\n");
+        goto out;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        key_of(seed, first + i, &keys[i]);
+        res[i] = -1;
+    }
+    while (left > 0 && kvt_now_ns() < deadline) {
+        for (uint32_t i = 0; i < count; i++) {
+            enum kvt_lookup_result r;
+
+            if (res[i] >= 0)
+                continue;
+            r = kvt_manager_lookup(n->m, &keys[i], ctx);
+            if (r == KVT_HIT || r == KVT_MISS) {
+                res[i] = (int)r;
+                steps[i] = nstep;
+                ns[i] = kvt_now_ns() - t0;
+                left--;
+            } else if (r == KVT_RETRY) {
+                retry++;
+            } else {
+                pending++;
+            }
+        }
+        step(n);
+        nstep++;
+        if (kvt_now_ns() - last_progress > 50000000ull) {
+            struct kvt_net_tier_counts c;
+
+            kvt_net_tier_counts(n->net, &c);
+            printf("progress pulled=%" PRIu64 " left=%u\n", c.pulled_chunks, left);
+            fflush(stdout);
+            last_progress = kvt_now_ns();
+        }
+        usleep(200);
+    }
+    hk = kvt_calloc(count ? count : 1, sizeof(*hk));
+    slots = kvt_calloc(count ? count : 1, sizeof(*slots));
+    for (uint32_t i = 0; i < count; i++) {
+        if (res[i] == KVT_HIT && hk != NULL)
+            hk[n_hits++] = keys[i];
+        else if (res[i] == KVT_MISS)
+            miss++;
+        else if (res[i] < 0)
+            timeout++;
+    }
+    if (n_hits > 0 && kvt_manager_prepare_load(n->m, hk, n_hits, ctx, slots) == 0) {
+        for (uint32_t i = 0; i < n_hits; i++) {
+            if (check(row_of(n, slots[i]), n->row, &hk[i]))
+                hit++;
+            else
+                corrupt++;
+        }
+        kvt_manager_complete_load(n->m, hk, n_hits, ctx);
+    } else if (n_hits > 0) {
+        corrupt = n_hits; /* a HIT that cannot be loaded is a lie too */
+    }
+    kvt_free(hk);
+    kvt_free(slots);
+    {
+        uint64_t sv[2] = {0, 0}, tv[2] = {0, 0};
+        uint64_t *s2 = kvt_calloc(count ? count : 1, sizeof(*s2));
+        uint64_t *t2 = kvt_calloc(count ? count : 1, sizeof(*t2));
+        uint32_t k = 0;
+
+        for (uint32_t i = 0; s2 != NULL && t2 != NULL && i < count; i++) {
+            if (res[i] == KVT_HIT) {
+                s2[k] = steps[i];
+                t2[k++] = ns[i];
+            }
+        }
+        if (k > 0) {
+            qsort(s2, k, sizeof(*s2), cmp_u64);
+            qsort(t2, k, sizeof(*t2), cmp_u64);
+            sv[0] = s2[k / 2], sv[1] = s2[(k * 99) / 100];
+            tv[0] = t2[k / 2], tv[1] = t2[(k * 99) / 100];
+        }
+        kvt_free(s2);
+        kvt_free(t2);
+        printf("ok hit=%u miss=%u corrupt=%u timeout=%u retry=%u pending=%u steps_p50=%" PRIu64
+               " steps_p99=%" PRIu64 " ms_p50=%.1f ms_p99=%.1f seconds=%.3f\n",
+               hit, miss, corrupt, timeout, retry, pending, sv[0], sv[1], (double)tv[0] / 1e6,
+               (double)tv[1] / 1e6, (double)(kvt_now_ns() - t0) / 1e9);
+    }
+out:
+    if (ctx != NULL)
+        end_req(n, ctx);
+    kvt_free(keys);
+    kvt_free(res);
+    kvt_free(steps);
+    kvt_free(ns);
+}
+
+static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t count, unsigned ms)
+{
+    uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull, rounds = 0;
+
+    while (kvt_now_ns() < end) {
+        for (uint32_t i = 0; i < count; i++) {
+            struct kvt_key k;
+            struct kvt_primary_entry_info info;
+
+            key_of(seed, first + i, &k);
+            if (kvt_primary_entry_info(n->primary, &k, &info) != 0 || info.slot < 0)
+                continue;
+            /* One word per 4 KiB page: a READ in flight sees some pages changed. */
+            for (size_t off = 0; off < n->row; off += 4096)
+                row_of(n, info.slot)[off] ^= (uint8_t)(rounds + 1);
+        }
+        rounds++;
+        step(n);
+    }
+    printf("ok rounds=%" PRIu64 "\n", rounds);
+}
+
+static void cmd_garbage(struct node *n, uint64_t peer, unsigned count)
+{
+    struct kvt_tp_ep *ep = kvt_peers_link(n->peers, peer);
+    static uint8_t big[60000];
+    unsigned sent = 0;
+
+    if (ep == NULL) {
+        printf("err no link to %016" PRIx64 "\n", peer);
+        return;
+    }
+    for (unsigned i = 0; i < count; i++) {
+        uint8_t junk[64];
+        const void *buf = junk;
+        size_t len;
+        int rc;
+
+        switch (i % 4) {
+        case 0: /* not msgpack at all */
+            memset(junk, 0xc1, sizeof(junk));
+            len = sizeof(junk);
+            break;
+        case 1: /* a map that declares more than it holds (truncated) */
+            junk[0] = 0xdf, junk[1] = 0xff, junk[2] = 0xff, junk[3] = 0xff, junk[4] = 0xff;
+            len = 5;
+            break;
+        case 2: /* a bin that claims 4 GiB */
+            junk[0] = 0x81, junk[1] = 0x00, junk[2] = 0xc6;
+            memset(junk + 3, 0xff, 4);
+            len = 7;
+            break;
+        default: /* big, and nothing but nested arrays (over the depth limit) */
+            memset(big, 0x91, sizeof(big));
+            buf = big;
+            len = sizeof(big);
+            break;
+        }
+        for (int tries = 0; tries < 1000; tries++) {
+            rc = kvt_tp_send(ep, buf, len);
+            if (rc != -EAGAIN)
+                break;
+            step(n);
+        }
+        if (rc == 0)
+            sent++;
+    }
+    step_for(n, 50);
+    printf("ok sent=%u\n", sent);
+}
+
+static void cmd_counts(struct node *n)
+{
+    struct kvt_net_tier_counts c;
+    struct kvt_peers_counts p;
+    uint64_t live[64];
+
+    kvt_net_tier_counts(n->net, &c);
+    kvt_peers_counts(n->peers, &p);
+    printf("ok fetches=%" PRIu64 " grants=%" PRIu64 " denies=%" PRIu64 " pulled=%" PRIu64
+           " served=%" PRIu64 " checksum_fail=%" PRIu64 " leases=%" PRIu64 " lease_exp=%" PRIu64
+           " reaped=%" PRIu64 " refused=%" PRIu64 " failed_fetches=%" PRIu64 " records=%" PRIu64
+           " published=%" PRIu64 " malformed=%" PRIu64 " peer_refused=%" PRIu64
+           " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " live=%zu\n",
+           c.fetches, c.grants, c.denies, c.pulled_chunks, c.served_chunks, c.checksum_failures,
+           c.active_leases, c.lease_expiries, c.leases_reaped, c.refused, c.failed_fetches,
+           c.directory_records, c.published_keys, p.malformed, p.refused,
+           p.refused_by_reason[KVT_WIRE_R_AUTH], p.refused_by_reason[KVT_WIRE_R_NAMESPACE],
+           kvt_peers_live(n->peers, live, 64));
+}
+
+static void cmd_wait_live(struct node *n, size_t want, unsigned ms)
+{
+    uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull;
+    uint64_t live[64];
+    size_t got = 0;
+
+    while (kvt_now_ns() < end) {
+        got = kvt_peers_live(n->peers, live, 64);
+        if (got == want)
+            break;
+        step(n);
+        usleep(500);
+    }
+    if (got == want)
+        printf("ok live=%zu\n", got);
+    else
+        printf("err live=%zu\n", got);
+}
+
+static int run(struct node *n)
+{
+    char line[256];
+
+    for (;;) {
+        struct pollfd pfd = {.fd = 0, .events = POLLIN};
+        int pr = poll(&pfd, 1, 1);
+
+        step(n);
+        if (pr <= 0)
+            continue;
+        if (fgets(line, sizeof(line), stdin) == NULL)
+            return 0; /* the driver went away */
+        {
+            unsigned a, b, c, d;
+            uint64_t id;
+            size_t want;
+
+            if (sscanf(line, "store %u %u %u", &a, &b, &c) == 3)
+                cmd_store(n, a, b, c);
+            else if (sscanf(line, "load %u %u %u %u", &a, &b, &c, &d) == 4)
+                cmd_load(n, a, b, c, d);
+            else if (sscanf(line, "rewrite %u %u %u %u", &a, &b, &c, &d) == 4)
+                cmd_rewrite(n, a, b, c, d);
+            else if (sscanf(line, "garbage %" SCNx64 " %u", &id, &a) == 2)
+                cmd_garbage(n, id, a);
+            else if (sscanf(line, "wait-live %zu %u", &want, &a) == 2)
+                cmd_wait_live(n, want, a);
+            else if (strncmp(line, "counts", 6) == 0)
+                cmd_counts(n);
+            else if (sscanf(line, "step %u", &a) == 1) {
+                step_for(n, a);
+                printf("ok\n");
+            } else if (strncmp(line, "quit", 4) == 0)
+                return 0;
+            else
+                printf("err unknown command\n");
+            fflush(stdout);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"id", required_argument, NULL, 'i'},
+        {"port", required_argument, NULL, 'p'},
+        {"peer", required_argument, NULL, 'P'},
+        {"secret", required_argument, NULL, 's'},
+        {"ns", required_argument, NULL, 'n'},
+        {"chunks", required_argument, NULL, 'c'},
+        {"row", required_argument, NULL, 'r'},
+        {"lease-ms", required_argument, NULL, 'l'},
+        {"heartbeat-ms", required_argument, NULL, 'h'},
+        {"fetch-timeout-ms", required_argument, NULL, 'f'},
+        {"backend", required_argument, NULL, 'b'},
+        {"addr", required_argument, NULL, 'a'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *peer_list[MAX_PEERS];
+    size_t n_peers = 0;
+    const char *secret_path = NULL, *ns_name = "kvtier-test", *backend = "ucx";
+    const char *addr = "127.0.0.1";
+    uint64_t id = 0;
+    unsigned port = 0, lease_ms = 2000, hb_ms = 100, fetch_ms = 3000;
+    size_t chunks = 1024, row = 65536;
+    uint8_t secret[KVT_AUTH_SECRET_MAX];
+    size_t secret_len = 0;
+    struct kvt_peers_config pc = {0};
+    struct kvt_primary_config prc = {0};
+    struct kvt_net_tier_config nc = {0};
+    struct node n = {0};
+    int c, rc;
+
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case 'i':
+            id = strtoull(optarg, NULL, 0);
+            break;
+        case 'p':
+            port = (unsigned)strtoul(optarg, NULL, 0);
+            break;
+        case 'P':
+            if (n_peers < MAX_PEERS)
+                peer_list[n_peers++] = optarg;
+            break;
+        case 's':
+            secret_path = optarg;
+            break;
+        case 'n':
+            ns_name = optarg;
+            break;
+        case 'c':
+            chunks = strtoull(optarg, NULL, 0);
+            break;
+        case 'r':
+            row = strtoull(optarg, NULL, 0);
+            break;
+        case 'l':
+            lease_ms = (unsigned)strtoul(optarg, NULL, 0);
+            break;
+        case 'h':
+            hb_ms = (unsigned)strtoul(optarg, NULL, 0);
+            break;
+        case 'f':
+            fetch_ms = (unsigned)strtoul(optarg, NULL, 0);
+            break;
+        case 'b':
+            backend = optarg;
+            break;
+        case 'a':
+            addr = optarg;
+            break;
+        default:
+            fprintf(stderr, "kvtier-simnode: bad option\n");
+            return 2;
+        }
+    }
+    if (id == 0 || secret_path == NULL) {
+        fprintf(stderr, "kvtier-simnode: --id and --secret are required\n");
+        return 2;
+    }
+    rc = kvt_auth_load_secret(secret_path, secret, sizeof(secret), &secret_len);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier-simnode: secret %s: %s\n", secret_path, strerror(-rc));
+        return 2;
+    }
+    if (getenv("KVT_LOG") != NULL) {
+        enum kvt_log_level lv;
+
+        if (kvt_log_parse_level(getenv("KVT_LOG"), &lv) == 0)
+            kvt_log_set_level(lv);
+    }
+
+    pc.node_id = id;
+    kvt_auth_namespace(ns_name, pc.ns);
+    pc.secret = secret;
+    pc.secret_len = secret_len;
+    pc.listen_addr = addr;
+    pc.listen_port = (uint16_t)port;
+    pc.seeds = peer_list;
+    pc.n_seeds = n_peers;
+    pc.heartbeat_ms = hb_ms;
+    pc.heartbeat_misses = 5;
+    pc.transport.backend = backend;
+    pc.transport.op_timeout_ms = fetch_ms;
+    rc = kvt_peers_create(&pc, &n.peers);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier-simnode: peers: %s\n", strerror(-rc));
+        return 1;
+    }
+    prc.num_chunks = chunks;
+    prc.row_bytes = row;
+    prc.policy = "lru";
+    prc.checksum_on_complete = true; /* grants carry the checksum of what was stored */
+    rc = kvt_primary_create(&prc, NULL, &n.primary);
+    if (rc == 0) {
+        nc.peers = n.peers;
+        nc.primary = n.primary;
+        nc.lease_ms = lease_ms;
+        nc.fetch_timeout_ms = fetch_ms;
+        rc = kvt_net_tier_create(&nc, &n.net);
+    }
+    if (rc == 0)
+        rc = kvt_manager_create(n.primary, &n.net, 1, &n.m);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier-simnode: node: %s\n", strerror(-rc));
+        return 1;
+    }
+    n.row = row;
+    n.chunks = chunks;
+    printf("ready id=%016" PRIx64 " port=%u inc=%016" PRIx64 "\n", id, kvt_peers_port(n.peers),
+           kvt_peers_incarnation(n.peers));
+    rc = run(&n);
+    kvt_manager_shutdown(n.m);
+    kvt_manager_destroy(n.m);
+    kvt_peers_destroy(n.peers);
+    return rc;
+}
