@@ -55,8 +55,11 @@
  *
  * Event fd: an epoll fd holding the rdma_cm channel's fd, every device's completion
  * channel fd and a timerfd that arm() sets to the nearest connect or batch deadline.
- * Progress re-arms each notified CQ before draining it, so after progress every CQ is
- * armed and empty.
+ * Progress re-arms each notified CQ before draining it: a CQ is unarmed only while
+ * its notification is unread, and then the event fd is readable. Progress polls the
+ * CQs first and looks at the fds (one epoll_wait, no wait) only when the CQs had
+ * nothing or every VB_FD_EVERY calls: a busy-polling loop makes no system call per
+ * completion.
  *
  * Handle layout (pack/unpack), little-endian: struct vb_handle_hdr {magic, version,
  * devices, length, page offset, pieces}, then per device {GUID, rkey[pieces]}.
@@ -104,6 +107,7 @@
 #define VB_MAX_MSG_CAP   (16u << 20)
 #define VB_MAX_CREDITS   4096u
 #define VB_POLL_BATCH    32
+#define VB_FD_EVERY      16 /* progress calls between two looks at the fds, at most */
 #define VB_REAP_ROUNDS   8
 #define VB_CLOSE_WAIT_NS (2ull * 1000000000ull)
 #define VB_PIECE         KVT_TP_MAX_REG_BYTES
@@ -160,6 +164,7 @@ struct vb_tp {
     struct vb_dev *devs;
     struct rdma_cm_id *listen_id;
     int epfd, tfd;
+    unsigned fd_skip;      /* progress calls since the fds were last looked at */
     struct kvt_list eps;   /* endpoints not yet DEAD */
     struct kvt_list dead;  /* DEAD, CLOSED callback due */
     struct kvt_list done;  /* batches whose callback is due */
@@ -1616,17 +1621,13 @@ static int vb_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_
     return -EINPROGRESS;
 }
 
-static int vb_progress(struct kvt_transport *t)
+/* Polls the CQ of every endpoint, re-arming the notified ones first. No system call
+ * (for the devices that poll in user space). */
+static int vb_poll_all(struct vb_tp *tp)
 {
-    struct vb_tp *tp = tp_of(t);
     struct kvt_list *pos, *tmp;
-    uint64_t junk;
     int n = 0;
 
-    while (read(tp->tfd, &junk, sizeof(junk)) == (ssize_t)sizeof(junk))
-        ;
-    n += vb_drain_cm(tp);
-    vb_drain_channels(tp);
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
     {
         struct vb_ep *ep = kvt_list_entry(pos, struct vb_ep, node);
@@ -1639,6 +1640,46 @@ static int vb_progress(struct kvt_transport *t)
                 vb_ep_fail(ep, -EIO);
         }
         n += vb_poll_ep(ep);
+    }
+    return n;
+}
+
+/* The CQs first, without a system call; the fds (one epoll_wait with no wait) when
+ * the CQs had nothing, and at least every VB_FD_EVERY calls, so a busy-polling loop
+ * pays no system call per completion and still sees connection events and timers. */
+static int vb_progress(struct kvt_transport *t)
+{
+    struct vb_tp *tp = tp_of(t);
+    struct kvt_list *pos, *tmp;
+    int n = vb_poll_all(tp);
+
+    if (n == 0 || ++tp->fd_skip >= VB_FD_EVERY) {
+        struct epoll_event ev[8];
+        bool tmr = false, cm = false, chan = false;
+        int k;
+
+        tp->fd_skip = 0;
+        k = epoll_wait(tp->epfd, ev, (int)KVT_ARRAY_SIZE(ev), 0);
+        for (int i = 0; i < k; i++) {
+            if (ev[i].data.fd == tp->tfd)
+                tmr = true;
+            else if (ev[i].data.fd == tp->ech->fd)
+                cm = true;
+            else
+                chan = true;
+        }
+        if (tmr) {
+            uint64_t junk;
+
+            while (read(tp->tfd, &junk, sizeof(junk)) == (ssize_t)sizeof(junk))
+                ;
+        }
+        if (cm)
+            n += vb_drain_cm(tp);
+        if (chan)
+            vb_drain_channels(tp);
+        if (cm || chan)
+            n += vb_poll_all(tp); /* re-armed CQs, endpoints that just connected */
     }
     vb_check_timeouts(tp, vb_now_ns());
     for (int round = 0; round < VB_REAP_ROUNDS; round++) {
