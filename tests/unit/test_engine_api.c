@@ -417,6 +417,7 @@ static void test_events_and_stats(void **state)
 struct engine_arg {
     int idx;
     int errors;
+    int loads; /* loaded and verified */
 };
 
 static void *engine_main(void *p)
@@ -446,9 +447,14 @@ static void *engine_main(void *p)
             a->errors++;
         if (rc == 0 && kvtier_lookup(c, req, k, 2, 0, res, NULL) == 0 && res[0] == KVTIER_HIT &&
             res[1] == KVTIER_HIT) {
-            if (kvtier_prepare_load(c, req, k, 2, ids) != 0) {
-                a->errors++;
+            /* Between the lookup and the pin another engine's store may evict
+             * the keys (16 chunks for 4 engines): then the pin is refused. */
+            rc = kvtier_prepare_load(c, req, k, 2, ids);
+            if (rc != 0) {
+                if (rc != -EINVAL)
+                    a->errors++;
             } else {
+                a->loads++;
                 for (int i = 0; i < 2; i++) {
                     const uint8_t *b = kvtier_client_row(c, ids[i]);
                     if (b[0] != (uint8_t)(a->idx * 16 + i) || b[row - 1] != b[0])
@@ -476,10 +482,13 @@ static void test_several_engines(void **state)
         a[i] = (struct engine_arg){.idx = i};
         assert_int_equal(pthread_create(&t[i], NULL, engine_main, &a[i]), 0);
     }
+    int loads = 0;
     for (int i = 0; i < ENGINES; i++) {
         pthread_join(t[i], NULL);
         assert_int_equal(a[i].errors, 0);
+        loads += a[i].loads;
     }
+    assert_true(loads > 0);
     wait_disconnects(ENGINES);
     pthread_mutex_lock(&g.lock);
     assert_int_equal(kvt_manager_num_requests(g.m), 0);
@@ -487,7 +496,7 @@ static void test_several_engines(void **state)
     assert_int_equal(kvt_primary_num_evictable(kvt_manager_primary(g.m)),
                      kvt_primary_num_entries(kvt_manager_primary(g.m)));
     pthread_mutex_unlock(&g.lock);
-    assert_int_equal(counters().requests > ENGINES * ROUNDS * 6, 1);
+    assert_true(counters().requests >= ENGINES * ROUNDS * 4);
 }
 
 /* ---- an engine killed mid-request ---------------------------------------------------- */
