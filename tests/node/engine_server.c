@@ -5,7 +5,8 @@
  *
  *   kvt-test-engine-server SOCKET REGION_FILE NUM_CHUNKS PAGE_BYTES WORKERS
  *
- * Prints "ready" once it listens. On SIGTERM it stops, and prints one line of
+ * Prints "ready" once it listens. On SIGTERM it stops, waits (up to 2 s) for the
+ * connected clients to be gone, and prints one line of
  * what it cleaned up and what is left (the tests read it):
  *   disconnects=N finished_reqs=N released_pins=N aborted_stores=N malformed=N
  *   requests_left=N write_pending=N pinned=N
@@ -89,6 +90,17 @@ int main(int argc, char **argv)
             break;
         if (kvt_engine_server_progress(srv) != 0)
             break;
+    }
+    /* Drain: the tests close their clients before SIGTERM, but the EOFs may not have
+     * been read yet. Up to 2 s for every client to be gone. */
+    for (int i = 0; i < 2000; i++) {
+        struct pollfd pfd = {.fd = kvt_engine_server_fd(srv), .events = POLLIN};
+
+        kvt_engine_server_get_counters(srv, &c);
+        if (c.clients == 0)
+            break;
+        poll(&pfd, 1, 1);
+        kvt_engine_server_progress(srv);
     }
     kvt_engine_server_get_counters(srv, &c);
     kvt_primary_for_each(kvt_manager_primary(m), count_pinned, &pinned);
