@@ -19,6 +19,8 @@
 #include "test_util.h"
 
 static const char *simnode;
+static pid_t spawned[64]; /* every node a test started, killed by its teardown */
+static size_t n_spawned;
 static char *tmp;
 static char good_secret[512], bad_secret[512];
 
@@ -117,6 +119,8 @@ static void sn_start(struct sn *s, uint64_t id, unsigned port, const char *secre
     }
     close(in[0]);
     close(out[1]);
+    if (n_spawned < 64)
+        spawned[n_spawned++] = s->pid;
     s->in = fdopen(in[1], "w");
     s->out_fd = out[0];
     s->id = id;
@@ -315,8 +319,9 @@ static bool kill_on_progress(void *arg, const char *line)
 {
     struct kill_when *k = arg;
 
-    if (!k->killed && strstr(line, "pulled=") != NULL &&
-        strtoull(strstr(line, "pulled=") + 7, NULL, 10) > 0) {
+    /* FETCHes are out (GRANTs and READs on their way): the holder dies now. */
+    if (!k->killed && strstr(line, "fetches=") != NULL &&
+        strtoull(strstr(line, "fetches=") + 8, NULL, 10) > 0) {
         kill(k->victim->pid, SIGKILL);
         k->killed = true;
         k->at_ms = now_ms();
@@ -496,6 +501,18 @@ static void test_malformed_from_peer(void **state)
     stop3(n);
 }
 
+/* A failed test leaves its nodes running: stop them before the next one. */
+static int kill_spawned(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < n_spawned; i++) {
+        if (kill(spawned[i], SIGKILL) == 0)
+            waitpid(spawned[i], NULL, 0);
+    }
+    n_spawned = 0;
+    return 0;
+}
+
 static void write_secret(const char *path, const char *text)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -519,14 +536,14 @@ static int setup(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pull_1000),
-        cmocka_unit_test(test_evicted_become_miss),
-        cmocka_unit_test(test_home_dies),
-        cmocka_unit_test(test_kill_holder_mid_pull),
-        cmocka_unit_test(test_kill_requester_with_leases),
-        cmocka_unit_test(test_torn_reads),
-        cmocka_unit_test(test_wrong_secret_and_namespace),
-        cmocka_unit_test(test_malformed_from_peer),
+        cmocka_unit_test_teardown(test_pull_1000, kill_spawned),
+        cmocka_unit_test_teardown(test_evicted_become_miss, kill_spawned),
+        cmocka_unit_test_teardown(test_home_dies, kill_spawned),
+        cmocka_unit_test_teardown(test_kill_holder_mid_pull, kill_spawned),
+        cmocka_unit_test_teardown(test_kill_requester_with_leases, kill_spawned),
+        cmocka_unit_test_teardown(test_torn_reads, kill_spawned),
+        cmocka_unit_test_teardown(test_wrong_secret_and_namespace, kill_spawned),
+        cmocka_unit_test_teardown(test_malformed_from_peer, kill_spawned),
     };
 
     if (argc < 2) {

@@ -216,11 +216,12 @@ static void cmd_load(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
         }
         step(n);
         nstep++;
-        if (kvt_now_ns() - last_progress > 50000000ull) {
+        if (kvt_now_ns() - last_progress > 5000000ull) {
             struct kvt_net_tier_counts c;
 
             kvt_net_tier_counts(n->net, &c);
-            printf("progress pulled=%" PRIu64 " left=%u\n", c.pulled_chunks, left);
+            printf("progress fetches=%" PRIu64 " pulled=%" PRIu64 " left=%u\n", c.fetches,
+                   c.pulled_chunks, left);
             fflush(stdout);
             last_progress = kvt_now_ns();
         }

@@ -47,6 +47,7 @@
 #include <errno.h>
 #include <netdb.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -719,6 +720,10 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     kvt_list_init(&tp->done);
     kvt_list_init(&tp->orphans);
 
+    /* A node restarted after SIGKILL listens on its port again while the dead
+     * process's connections sit in TIME_WAIT; the user's setting wins. */
+    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+    setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
         ret = ucx_errno(st);
