@@ -1,0 +1,134 @@
+/* kvtierd's configuration: a YAML file (libyaml) and `--set key=value` overrides applied
+ * after it, both checked against one schema table (node/config.c) that also gives the
+ * defaults, the ranges, which keys reload on SIGHUP and the --help text.
+ *
+ * Keys are dotted ("primary.size"); in the file they nest ("primary: {size: 2GiB}") or
+ * may be written dotted at any level. Sizes take KiB/MiB/GiB/TiB (x1024) or kB/MB/GB/TB
+ * (x1000) suffixes. In path keys "{id}" expands to node.id as 16 hex digits.
+ * Derived defaults: node.id = kvt_hash64("<hostname>:<network.port>") (never 0),
+ * primary.path /dev/shm/kvtier-{id}.mmap, storage.root /var/tmp/kvtier-{id},
+ * engine.socket /tmp/kvtier-{id}.sock. With no file at all the node serves one machine:
+ * a 1 GiB primary region in /dev/shm, the storage tier in a local folder, the network
+ * tier on 127.0.0.1:7170 with no peers, /metrics on 127.0.0.1:9464.
+ *
+ * Loading only reads: it creates, opens for writing and removes nothing (the secret
+ * file is opened read-only to check it), so a bad configuration leaves no trace.
+ * Reloadable keys (SIGHUP): log.level, loop.tick_ms, network.peers; a reload that
+ * changes any other key is refused as a whole and the old configuration stays. */
+#ifndef KVT_CONFIG_H
+#define KVT_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvt/log.h"
+
+/* The exit status for any configuration error (sysexits.h EX_CONFIG). */
+#define KVT_CONFIG_EXIT 78
+
+enum kvt_policy_kind { KVT_POLICY_LRU, KVT_POLICY_ARC };
+enum kvt_transport_kind { KVT_TRANSPORT_UCX, KVT_TRANSPORT_VERBS };
+enum kvt_tier_kind { KVT_TIER_STORAGE, KVT_TIER_NETWORK };
+
+#define KVT_CONFIG_TIERS_MAX 2
+/* Upper bound of the number of keys of the schema (for struct kvt_config_diff). */
+#define KVT_CONFIG_KEYS_MAX 48
+
+/* The effective configuration after kvt_config_load: every derived default and "{id}"
+ * is resolved. Strings and the peer list are owned (kvt_config_free). */
+struct kvt_config {
+    uint64_t node_id;
+    char *node_namespace;
+
+    char *primary_path;
+    uint64_t primary_size;      /* bytes, a multiple of primary_row_bytes */
+    uint64_t primary_row_bytes; /* a multiple of primary_workers */
+    enum kvt_policy_kind primary_policy;
+    uint32_t primary_workers;
+
+    bool storage_enabled;
+    char *storage_root;
+    uint64_t storage_capacity; /* bytes; 0 = no bound */
+    /* Back-pressure watermarks of the storage tier's detector (store latency EMA, in
+     * microseconds per MiB; high >= low). */
+    uint32_t storage_high_water_us;
+    uint32_t storage_low_water_us;
+
+    bool network_enabled;
+    char *network_listen;
+    uint16_t network_port; /* 0: any */
+    enum kvt_transport_kind network_transport;
+    char **network_peers; /* "host:port" or "[v6]:port" seeds */
+    size_t n_network_peers;
+    uint32_t network_lease_ms;         /* >= network_fetch_timeout_ms */
+    uint32_t network_fetch_timeout_ms; /* a FETCH not granted by then fails */
+    uint32_t network_heartbeat_ms;     /* < network_lease_ms */
+    uint32_t network_heartbeat_misses; /* a peer missing this many is down */
+
+    /* NULL when unset (then network.peers must be empty); else a regular file, not a
+     * symlink, no group/other access, KVT_AUTH_SECRET_MIN..MAX bytes (checked at load). */
+    char *cluster_secret_file;
+
+    char *engine_socket;
+    char *metrics_listen;
+    uint16_t metrics_port; /* 0: /metrics off */
+    enum kvt_log_level log_level;
+    uint32_t loop_tick_ms;
+
+    /* Secondary tiers in lookup/cascade order; a listed tier that is not enabled is
+     * skipped by the daemon. Every kind appears at most once. */
+    enum kvt_tier_kind tiers[KVT_CONFIG_TIERS_MAX];
+    size_t n_tiers;
+};
+
+/* Fills *cfg with the defaults (derived ones resolved). 0 or -ENOMEM. */
+int kvt_config_defaults(struct kvt_config *cfg);
+void kvt_config_free(struct kvt_config *cfg);
+
+/* Defaults, then the file at path (NULL: none), then sets[] ("key=value") in order, then
+ * derived defaults and cross-key checks (secret file present and mode 0600 or stricter).
+ * On error err holds one line naming where ("config <path>:<line>" or "option --set
+ * <arg>"), the key and the cause, and *cfg is not written; any error is an exit with
+ * KVT_CONFIG_EXIT for the daemon. Returns 0, -EINVAL (bad content), -ENOENT / -EACCES /
+ * -EISDIR ... (file not readable) or -ENOMEM. */
+int kvt_config_load(struct kvt_config *cfg, const char *path, char *const *sets, size_t n_sets,
+                    char *err, size_t err_len);
+
+/* The keys, their types, defaults and ranges, one per line, for --help. */
+void kvt_config_print_help(FILE *out);
+/* The effective configuration as YAML that kvt_config_load reads back to an equal one. */
+void kvt_config_dump(FILE *out, const struct kvt_config *cfg);
+
+/* What a reload (SIGHUP) would change. */
+struct kvt_config_diff {
+    size_t n_changed;
+    const char *changed[KVT_CONFIG_KEYS_MAX]; /* key names (static strings) */
+    bool reloadable;                          /* every changed key can change at run time */
+    const char *first_fixed;                  /* the first changed key that cannot, or NULL */
+};
+/* Compares every key (by its printed value); lists the changed keys in table order.
+ * Returns d->reloadable. */
+bool kvt_config_diff_reloadable(const struct kvt_config *old_cfg, const struct kvt_config *new_cfg,
+                                struct kvt_config_diff *d);
+/* Whether key (e.g. "log.level") exists and can change at run time. */
+bool kvt_config_key_reloadable(const char *key);
+
+/* SIGHUP: loads the file at path with the running --set arguments (as
+ * kvt_config_load), diffs it against *running and, when every changed key is
+ * reloadable, replaces *running by the new configuration (the old one is freed) and
+ * fills *d. Otherwise *running is untouched and err names the problem: a load error
+ * as kvt_config_load gives it (its return value), or "<key>: cannot change at run
+ * time (restart kvtierd)" with -EPERM. No change at all is 0 with d->n_changed 0. */
+int kvt_config_reload(struct kvt_config *running, const char *path, char *const *sets,
+                      size_t n_sets, struct kvt_config_diff *d, char *err, size_t err_len);
+
+/* Parses a size ("4096", "256KiB", "2GiB", "10GB"); 0 or -EINVAL / -ERANGE. */
+int kvt_config_parse_size(const char *s, uint64_t *bytes_p);
+/* Names of the enum values, as the file spells them. */
+const char *kvt_tier_kind_name(enum kvt_tier_kind k);
+const char *kvt_transport_kind_name(enum kvt_transport_kind k);
+const char *kvt_policy_kind_name(enum kvt_policy_kind k);
+
+#endif
