@@ -1,0 +1,368 @@
+#!/usr/bin/env bash
+# Static checks of docker/ that need no container engine (ctest docker_files, label
+# unit). Usage: check.sh REPO_ROOT [KVTIERD]
+#  - compose.yaml parses as YAML (python3-yaml) and, with compose's ${VAR:-default}
+#    defaults applied, has node0..node2 with /dev/infiniband, the uverbs cgroup rule,
+#    NET_ADMIN + IPC_LOCK, memlock unlimited, fixed distinct addresses on one private
+#    bridge subnet, KVT_PEERS naming those addresses in role order, the secret, a
+#    /healthz healthcheck, /dev/shm large enough for the primary region; the test
+#    profile likewise; the build points to docker/Dockerfile;
+#  - entrypoint.sh passes `bash -n` and shellcheck (when installed; said when not);
+#    its `config` mode writes YAML whose keys all exist in node/config.c's schema,
+#    leaves the node's own address out of network.peers, and refuses bad values with
+#    exit status 78; with KVTIERD, `kvtierd --config <that file> --check` accepts it;
+#  - the Dockerfile's COPY/ADD sources exist in the repository and are not excluded by
+#    docker/.dockerignore, COPY --from names a stage, every /src/... path a RUN needs
+#    exists (paths the RUN tests with -d/-e/-f first are optional), and
+#    docker/Dockerfile.dockerignore is docker/.dockerignore.
+# Each failure prints one line "FAIL: ..."; the exit status is the number of failures
+# (capped at 100), 0 when all pass.
+set -uo pipefail
+ROOT=${1:?usage: check.sh REPO_ROOT [KVTIERD]}
+KVTIERD=${2:-}
+D=$ROOT/docker
+fails=0
+fail() {
+    echo "FAIL: $*"
+    fails=$((fails + 1))
+}
+pass() { echo "ok: $*"; }
+
+# Debian's python3 (python3-yaml), not whatever python3 comes first on PATH.
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=$(command -v python3)
+if ! "$PY" -c 'import yaml' 2>/dev/null; then
+    echo "FAIL: $PY has no yaml module (Debian package python3-yaml, tools/install-deps)"
+    exit 1
+fi
+
+for f in Dockerfile compose.yaml entrypoint.sh README.md .dockerignore; do
+    [ -f "$D/$f" ] || fail "docker/$f is missing"
+done
+[ -x "$D/entrypoint.sh" ] || fail "docker/entrypoint.sh is not executable"
+
+# ---- entrypoint.sh ---------------------------------------------------------------------
+if bash -n "$D/entrypoint.sh"; then pass "bash -n entrypoint.sh"; else fail "bash -n entrypoint.sh"; fi
+if command -v shellcheck >/dev/null; then
+    if shellcheck -x "$D/entrypoint.sh" "$0"; then
+        pass "shellcheck entrypoint.sh check.sh"
+    else
+        fail "shellcheck entrypoint.sh check.sh"
+    fi
+else
+    echo "note: shellcheck is not installed: not run (tools/install-deps installs it)"
+fi
+
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+# config mode: the YAML it writes, and what it refuses.
+cfg_env=(env -i PATH="$PATH" KVT_ADDR=10.78.0.12 KVT_RUN_DIR="$TMP/run"
+    KVT_PEERS="10.78.0.11 10.78.0.12,10.78.0.13:7171")
+if "${cfg_env[@]}" "$D/entrypoint.sh" config >"$TMP/kvtierd.yaml" 2>"$TMP/config.err"; then
+    pass "entrypoint.sh config"
+else
+    fail "entrypoint.sh config exited $?: $(cat "$TMP/config.err")"
+fi
+schema=$ROOT/node/config.c
+[ -f "$schema" ] || schema=$ROOT/node/config.c.wip
+"$PY" - "$TMP/kvtierd.yaml" "$schema" <<'EOF' || fails=$((fails + 1))
+import re, sys, yaml
+path, schema = sys.argv[1], sys.argv[2]
+try:
+    cfg = yaml.safe_load(open(path))
+except yaml.YAMLError as e:
+    print(f"FAIL: the config entrypoint.sh writes is not YAML: {e}")
+    sys.exit(1)
+keys = set(re.findall(r'^\s*\{"([a-z_]+\.[a-z_]+)",', open(schema).read(), re.M))
+if not keys:
+    print(f"FAIL: no schema keys found in {schema}")
+    sys.exit(1)
+flat = {}
+def walk(d, prefix=""):
+    for k, v in d.items():
+        name = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict):
+            walk(v, name)
+        else:
+            flat[name] = v
+walk(cfg)
+bad = []
+unknown = sorted(set(flat) - keys)
+if unknown:
+    bad.append(f"keys not in {schema}: {unknown}")
+if flat.get("network.listen") != "10.78.0.12":
+    bad.append(f"network.listen is {flat.get('network.listen')!r}, want '10.78.0.12'")
+if flat.get("network.peers") != ["10.78.0.11:7170", "10.78.0.13:7171"]:
+    bad.append(f"network.peers is {flat.get('network.peers')!r}: want the two others")
+for k in ("cluster.secret_file", "network.transport", "primary.size", "metrics.port"):
+    if k not in flat:
+        bad.append(f"{k} is not written")
+for b in bad:
+    print(f"FAIL: entrypoint.sh config: {b}")
+if not bad:
+    print(f"ok: entrypoint.sh config: {len(flat)} keys, all in the schema")
+sys.exit(1 if bad else 0)
+EOF
+
+refuse() { # description env...
+    local what=$1 rc
+    shift
+    env -i PATH="$PATH" KVT_RUN_DIR="$TMP/run" KVT_ADDR=10.78.0.12 "$@" \
+        "$D/entrypoint.sh" config >/dev/null 2>"$TMP/refuse.err"
+    rc=$?
+    if [ "$rc" -eq 78 ]; then
+        pass "entrypoint.sh refuses $what (78: $(head -c 100 "$TMP/refuse.err"))"
+    else
+        fail "entrypoint.sh config with $what exited $rc, want 78"
+    fi
+}
+refuse "a port out of range" KVT_PORT=70000
+refuse "a quote in a peer" 'KVT_PEERS=10.78.0.11 a"b'
+refuse "an unknown transport" KVT_TRANSPORT=tcp
+refuse "a non-numeric node id" KVT_NODE_ID=abc
+refuse "a KVT_SET without =" KVT_SET=log.level
+
+if [ -n "$KVTIERD" ]; then
+    mkdir -p "$TMP/run"
+    head -c 32 /dev/urandom >"$TMP/run/secret"
+    chmod 600 "$TMP/run/secret"
+    # The address must be this machine's for kvtierd to accept network.listen.
+    "${cfg_env[@]/KVT_ADDR=10.78.0.12/KVT_ADDR=127.0.0.1}" KVT_TRANSPORT=ucx \
+        "$D/entrypoint.sh" config >"$TMP/local.yaml" 2>/dev/null
+    if "$KVTIERD" --config "$TMP/local.yaml" --check >"$TMP/check.out" 2>&1; then
+        pass "kvtierd --check accepts the entrypoint's config"
+    else
+        fail "kvtierd --check refuses the entrypoint's config: $(tail -3 "$TMP/check.out")"
+    fi
+else
+    echo "note: no kvtierd given: the config was checked against the schema table only"
+fi
+
+# ---- compose.yaml ----------------------------------------------------------------------
+"$PY" - "$D/compose.yaml" "$ROOT" <<'EOF' || fails=$((fails + 1))
+import ipaddress, os, re, sys, yaml
+path, root = sys.argv[1], sys.argv[2]
+compose_dir = os.path.dirname(path)
+errs = []
+try:
+    doc = yaml.safe_load(open(path))
+except yaml.YAMLError as e:
+    print(f"FAIL: compose.yaml is not YAML: {e}")
+    sys.exit(1)
+
+# compose's interpolation with every variable unset: ${X:-d} and ${X-d} -> d.
+def interp(v):
+    if isinstance(v, str):
+        if re.search(r"\$\{[A-Za-z_][A-Za-z0-9_]*(:?\?)", v):
+            errs.append(f"{v!r} requires a variable to be set")
+        v = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*:?-([^}]*)\}", r"\1", v)
+        return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}", "", v)
+    if isinstance(v, list):
+        return [interp(x) for x in v]
+    if isinstance(v, dict):
+        return {k: interp(x) for k, x in v.items()}
+    return v
+doc = interp(doc)
+
+UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
+         "gb": 1 << 30, "kib": 1024, "mib": 1 << 20, "gib": 1 << 30}
+def size(s):
+    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", str(s))
+    if not m or m.group(2).lower() not in UNITS:
+        raise ValueError(f"bad size {s!r}")
+    return int(m.group(1)) * UNITS[m.group(2).lower()]
+
+services = doc.get("services") or {}
+nets = doc.get("networks") or {}
+secrets = doc.get("secrets") or {}
+
+def env_of(svc):
+    e = svc.get("environment") or {}
+    if isinstance(e, list):
+        e = dict(x.split("=", 1) for x in e)
+    return {k: str(v) for k, v in e.items()}
+
+def check_service(name, want_health):
+    svc = services.get(name)
+    if svc is None:
+        errs.append(f"service {name} is missing")
+        return None
+    devs = [str(d).split(":")[0] for d in svc.get("devices") or []]
+    if not any(d == "/dev/infiniband" or d.startswith("/dev/infiniband/") for d in devs):
+        errs.append(f"{name}: no /dev/infiniband device")
+    rules = [str(r).split() for r in svc.get("device_cgroup_rules") or []]
+    if not any(r[:2] == ["c", "231:*"] and "r" in r[-1] and "w" in r[-1] and "m" in r[-1]
+               for r in rules):
+        errs.append(f"{name}: no device_cgroup_rules 'c 231:* rmw' (uverbs nodes)")
+    caps = {str(c).upper().removeprefix("CAP_") for c in svc.get("cap_add") or []}
+    for c in ("NET_ADMIN", "IPC_LOCK"):
+        if c not in caps:
+            errs.append(f"{name}: cap_add lacks {c}")
+    ml = (svc.get("ulimits") or {}).get("memlock")
+    if not (ml == -1 or (isinstance(ml, dict) and ml.get("soft") == -1 and ml.get("hard") == -1)):
+        errs.append(f"{name}: ulimits memlock is {ml!r}, want -1 (soft and hard)")
+    sec = [s if isinstance(s, str) else s.get("source") for s in svc.get("secrets") or []]
+    if not sec:
+        errs.append(f"{name}: no secret")
+    for s in sec:
+        if s not in secrets or not (secrets[s] or {}).get("file"):
+            errs.append(f"{name}: secret {s} is not defined with a file")
+    env = env_of(svc)
+    if env.get("KVT_SECRET_FILE", "/run/secrets/kvtier_secret") not in \
+            [f"/run/secrets/{s}" for s in sec]:
+        errs.append(f"{name}: KVT_SECRET_FILE is not one of its secrets")
+    try:
+        if size(svc.get("shm_size", "64m")) < size(env.get("KVT_PRIMARY_SIZE", "512MiB")):
+            errs.append(f"{name}: shm_size is smaller than KVT_PRIMARY_SIZE")
+    except ValueError as e:
+        errs.append(f"{name}: {e}")
+    b = svc.get("build") or {}
+    df = os.path.normpath(os.path.join(compose_dir, b.get("context", "."),
+                                       b.get("dockerfile", "Dockerfile")))
+    if not b or df != os.path.normpath(os.path.join(root, "docker", "Dockerfile")):
+        errs.append(f"{name}: build does not point to docker/Dockerfile ({df})")
+    if want_health:
+        t = (svc.get("healthcheck") or {}).get("test") or []
+        t = " ".join(t) if isinstance(t, list) else str(t)
+        if "/healthz" not in t:
+            errs.append(f"{name}: healthcheck does not ask /healthz")
+    sn = svc.get("networks") or {}
+    if not isinstance(sn, dict) or len(sn) != 1:
+        errs.append(f"{name}: want exactly one network with a fixed address")
+        return None
+    (net, conf), = sn.items()
+    addr = (conf or {}).get("ipv4_address")
+    if net not in nets:
+        errs.append(f"{name}: network {net} is not defined")
+        return None
+    n = nets[net] or {}
+    if n.get("driver", "bridge") != "bridge":
+        errs.append(f"network {net} is not a bridge")
+    subnets = [ipaddress.ip_network(c["subnet"]) for c in (n.get("ipam") or {}).get("config") or []
+               if "subnet" in c]
+    if not subnets or not all(s.is_private for s in subnets):
+        errs.append(f"network {net} has no private subnet")
+    try:
+        ip = ipaddress.ip_address(addr)
+        if not any(ip in s for s in subnets):
+            errs.append(f"{name}: {addr} is outside network {net}'s subnet")
+    except ValueError:
+        errs.append(f"{name}: no fixed ipv4_address ({addr!r})")
+        return None
+    return addr, env
+
+def check_group(names, want_health, mode):
+    got = [check_service(n, want_health) for n in names]
+    if None in got:
+        return
+    addrs = [a for a, _ in got]
+    if len(set(addrs)) != len(addrs):
+        errs.append(f"{names}: addresses are not distinct: {addrs}")
+    for n, (a, env) in zip(names, got):
+        peers = env.get("KVT_PEERS", "").replace(",", " ").split()
+        if [p.split(":")[0] for p in peers] != addrs:
+            errs.append(f"{n}: KVT_PEERS {peers} is not {addrs} (the group's addresses in order)")
+        cmd = services[n].get("command")
+        cmd = cmd if isinstance(cmd, list) else str(cmd or "daemon").split()
+        if (cmd or ["daemon"])[0] != mode:
+            errs.append(f"{n}: command {cmd}, want {mode!r}")
+    if mode == "test":
+        roles = [got[i][1].get("KVT_ROLE") for i in range(len(names))]
+        if roles != [str(i) for i in range(len(names))]:
+            errs.append(f"{names}: KVT_ROLE {roles}, want 0..{len(names) - 1} in address order")
+        for n in names:
+            if "test" not in (services[n].get("profiles") or []):
+                errs.append(f"{n}: not in the profile 'test'")
+            if not any(str(v).endswith(":/results") for v in services[n].get("volumes") or []):
+                errs.append(f"{n}: no results volume on /results")
+
+check_group(["node0", "node1", "node2"], True, "daemon")
+check_group(["test0", "test1", "test2"], False, "test")
+for e in errs:
+    print(f"FAIL: compose.yaml: {e}")
+if not errs:
+    print(f"ok: compose.yaml: {len(services)} services checked")
+sys.exit(1 if errs else 0)
+EOF
+
+# ---- Dockerfile ------------------------------------------------------------------------
+if [ -L "$D/Dockerfile.dockerignore" ] && [ "$(readlink "$D/Dockerfile.dockerignore")" = .dockerignore ]; then
+    pass "docker/Dockerfile.dockerignore links to .dockerignore"
+else
+    fail "docker/Dockerfile.dockerignore is not a link to .dockerignore"
+fi
+"$PY" - "$D/Dockerfile" "$D/.dockerignore" "$ROOT" <<'EOF' || fails=$((fails + 1))
+import fnmatch, os, re, shlex, sys
+dockerfile, ignore, root = sys.argv[1:4]
+errs = []
+# Instructions: comment lines dropped, continuation lines joined.
+instrs, cur = [], ""
+for line in open(dockerfile):
+    s = line.rstrip("\n")
+    if re.match(r"\s*#", s) or (not s.strip() and not cur):
+        continue
+    if s.endswith("\\"):
+        cur += s[:-1] + " "
+        continue
+    cur += s
+    if cur.strip():
+        instrs.append(cur.strip())
+    cur = ""
+patterns = [p.strip() for p in open(ignore) if p.strip() and not p.lstrip().startswith("#")]
+def ignored(rel):
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        for p in patterns:
+            neg = p.startswith("!")
+            p = p.lstrip("!").strip("/")
+            if fnmatch.fnmatch(sub, p) or (p.startswith("**/") and
+                                            fnmatch.fnmatch(parts[i - 1], p[3:])):
+                if not neg:
+                    return p
+    return None
+stages, copies = set(), 0
+for ins in instrs:
+    op, _, rest = ins.partition(" ")
+    op = op.upper()
+    if op == "FROM":
+        m = re.search(r"\bAS\s+(\S+)", rest, re.I)
+        if m:
+            stages.add(m.group(1))
+    elif op in ("COPY", "ADD"):
+        args = shlex.split(rest)
+        flags = [a for a in args if a.startswith("--")]
+        paths = [a for a in args if not a.startswith("--")]
+        frm = [f.split("=", 1)[1] for f in flags if f.startswith("--from=")]
+        if frm:
+            if frm[0] not in stages:
+                errs.append(f"COPY --from={frm[0]}: no such stage before it")
+            continue
+        for src in paths[:-1]:
+            copies += 1
+            rel = os.path.normpath(src).lstrip("/")
+            if not os.path.exists(os.path.join(root, rel)):
+                errs.append(f"{op} {src}: not in the repository")
+            elif ignored(rel):
+                errs.append(f"{op} {src}: excluded by .dockerignore ({ignored(rel)})")
+    elif op == "RUN":
+        for p in set(re.findall(r"/src/([A-Za-z0-9_.\-/]+)", rest)):
+            p = p.rstrip("/")
+            optional = re.search(r"-[def]\s+/src/" + re.escape(p) + r"\b", rest)
+            if not optional and not os.path.exists(os.path.join(root, p)):
+                errs.append(f"RUN uses /src/{p}: not in the repository")
+if "runtime" not in stages or "builder" not in stages:
+    errs.append(f"stages {sorted(stages)}: want builder and runtime")
+if not any(i.upper().startswith("ENTRYPOINT") and "kvtier-entrypoint" in i for i in instrs):
+    errs.append("no ENTRYPOINT running kvtier-entrypoint")
+for e in errs:
+    print(f"FAIL: Dockerfile: {e}")
+if not errs:
+    print(f"ok: Dockerfile: {copies} COPY sources exist and are in the build context")
+sys.exit(1 if errs else 0)
+EOF
+
+echo "docker_files: $fails failure(s)"
+[ "$fails" -le 100 ] || fails=100
+exit "$fails"
