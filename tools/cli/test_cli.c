@@ -1,0 +1,266 @@
+/* Tests of the kvtier CLI and kvtier-load that need no daemon: the shared helpers
+ * (hex keys, chunk content, number and address parsers, the Prometheus text
+ * parser) and the command lines of both tools (bad flags exit 2 with a message,
+ * an absent daemon exits 1 with one).
+ *
+ *   test_cli KVTIER KVTIER_LOAD */
+#include <errno.h>
+#include <math.h>
+#include <setjmp.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tool_util.h"
+
+extern char **environ;
+
+static const char *kvtier_bin, *load_bin;
+
+/* Runs argv, returns its exit status and (the start of) its stderr. */
+static int run(char *err, size_t err_len, const char *bin, ...)
+{
+    char *argv[32];
+    int n = 0, pfd[2], status;
+    posix_spawn_file_actions_t fa;
+    va_list ap;
+    pid_t pid;
+    size_t len = 0;
+    ssize_t r;
+
+    argv[n++] = (char *)bin;
+    va_start(ap, bin);
+    while ((argv[n] = va_arg(ap, char *)) != NULL && n < 31)
+        n++;
+    va_end(ap);
+    argv[n] = NULL;
+    assert_int_equal(pipe(pfd), 0);
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, pfd[1], STDERR_FILENO);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", 01, 0);
+    posix_spawn_file_actions_addclose(&fa, pfd[0]);
+    assert_int_equal(posix_spawn(&pid, bin, &fa, NULL, argv, environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    close(pfd[1]);
+    while ((r = read(pfd[0], err + len, err_len - 1 - len)) > 0 && len + (size_t)r < err_len - 1)
+        len += (size_t)r;
+    if (r > 0)
+        len += (size_t)r;
+    err[len] = '\0';
+    close(pfd[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+#define ASSERT_RUN(want_rc, want_msg, ...)                                                         \
+    do {                                                                                           \
+        char err_[4096];                                                                           \
+        int rc_ = run(err_, sizeof(err_), __VA_ARGS__, (char *)NULL);                              \
+        if (rc_ != (want_rc) || strstr(err_, want_msg) == NULL)                                    \
+            fail_msg("exit %d (want %d), stderr: %s (want \"%s\")", rc_, want_rc, err_, want_msg); \
+    } while (0)
+
+static void test_parse_key(void **state)
+{
+    struct kvtier_key k;
+    char hex[2 * KVTIER_KEY_MAX + 1];
+    char long_hex[2 * KVTIER_KEY_MAX + 3];
+
+    (void)state;
+    assert_int_equal(kvt_tool_parse_key("00ff10Ab", &k), 0);
+    assert_int_equal(k.len, 4);
+    assert_int_equal(k.bytes[0], 0x00);
+    assert_int_equal(k.bytes[1], 0xff);
+    assert_int_equal(k.bytes[3], 0xab);
+    kvt_tool_key_hex(&k, hex);
+    assert_string_equal(hex, "00ff10ab");
+    assert_int_equal(kvt_tool_parse_key("0x01", &k), 0);
+    assert_int_equal(k.len, 1);
+    assert_int_equal(kvt_tool_parse_key("", &k), -EINVAL);
+    assert_int_equal(kvt_tool_parse_key("abc", &k), -EINVAL);
+    assert_int_equal(kvt_tool_parse_key("zz", &k), -EINVAL);
+    assert_int_equal(kvt_tool_parse_key("0x", &k), -EINVAL);
+    memset(long_hex, 'a', 2 * KVTIER_KEY_MAX);
+    long_hex[2 * KVTIER_KEY_MAX] = '\0';
+    assert_int_equal(kvt_tool_parse_key(long_hex, &k), 0);
+    assert_int_equal(k.len, KVTIER_KEY_MAX);
+    strcat(long_hex, "aa");
+    assert_int_equal(kvt_tool_parse_key(long_hex, &k), -EINVAL);
+}
+
+static void test_numbers(void **state)
+{
+    uint64_t v = 7;
+    double d = 7;
+
+    (void)state;
+    assert_int_equal(kvt_tool_parse_u64("42", 0, 100, &v), 0);
+    assert_int_equal(v, 42);
+    assert_int_equal(kvt_tool_parse_u64("0x10", 0, 100, &v), 0);
+    assert_int_equal(v, 16);
+    assert_int_equal(kvt_tool_parse_u64("-1", 0, 100, &v), -EINVAL);
+    assert_int_equal(kvt_tool_parse_u64("101", 0, 100, &v), -EINVAL);
+    assert_int_equal(kvt_tool_parse_u64("4x", 0, 100, &v), -EINVAL);
+    assert_int_equal(kvt_tool_parse_u64("", 0, 100, &v), -EINVAL);
+    assert_int_equal(v, 16); /* unchanged on failure */
+    assert_int_equal(kvt_tool_parse_double("1.5", 0, 2, &d), 0);
+    assert_true(d == 1.5);
+    assert_int_equal(kvt_tool_parse_double("nan", 0, 2, &d), -EINVAL);
+    assert_int_equal(kvt_tool_parse_double("3", 0, 2, &d), -EINVAL);
+    assert_int_equal(kvt_tool_parse_double("1e", 0, 2, &d), -EINVAL);
+}
+
+static void test_content(void **state)
+{
+    uint8_t a[1003], b[1003];
+
+    (void)state;
+    kvt_tool_content_fill(5, a, sizeof(a));
+    kvt_tool_content_fill(5, b, sizeof(b));
+    assert_memory_equal(a, b, sizeof(a));
+    assert_int_equal(kvt_tool_content_check(5, a, sizeof(a)), sizeof(a));
+    kvt_tool_content_fill(6, b, sizeof(b));
+    assert_memory_not_equal(a, b, sizeof(a));
+    assert_true(kvt_tool_content_check(6, a, sizeof(a)) < 8);
+    a[517] ^= 1;
+    assert_int_equal(kvt_tool_content_check(5, a, sizeof(a)), 517);
+    a[517] ^= 1;
+    a[1002] ^= 0x80; /* the tail past the last whole word */
+    assert_int_equal(kvt_tool_content_check(5, a, sizeof(a)), 1002);
+    /* a prefix of the content is the content of the shorter length */
+    kvt_tool_content_fill(5, b, 100);
+    assert_int_equal(kvt_tool_content_check(5, b, 100), 100);
+}
+
+static void test_hostport(void **state)
+{
+    char h[64], p[8];
+
+    (void)state;
+    assert_int_equal(kvt_tool_parse_hostport("127.0.0.1:9464", h, sizeof(h), p, sizeof(p)), 0);
+    assert_string_equal(h, "127.0.0.1");
+    assert_string_equal(p, "9464");
+    assert_int_equal(kvt_tool_parse_hostport("[::1]:80", h, sizeof(h), p, sizeof(p)), 0);
+    assert_string_equal(h, "::1");
+    assert_int_equal(kvt_tool_parse_hostport("host", h, sizeof(h), p, sizeof(p)), -EINVAL);
+    assert_int_equal(kvt_tool_parse_hostport(":80", h, sizeof(h), p, sizeof(p)), -EINVAL);
+    assert_int_equal(kvt_tool_parse_hostport("h:0", h, sizeof(h), p, sizeof(p)), -EINVAL);
+    assert_int_equal(kvt_tool_parse_hostport("h:70000", h, sizeof(h), p, sizeof(p)), -EINVAL);
+    assert_int_equal(kvt_tool_parse_hostport("h:8a", h, sizeof(h), p, sizeof(p)), -EINVAL);
+}
+
+static void test_prom(void **state)
+{
+    const char *text = "# HELP kvtier_peers Peers.\n"
+                       "# TYPE kvtier_peers gauge\n"
+                       "kvtier_peers{state=\"up\"} 2\n"
+                       "vllm:kv_offload_tiering_chunk_hits_total{tier=\"0:primary\",x=\"a\\\"b\"} "
+                       "12 1700000000\n"
+                       "\n"
+                       "up 1e3\r\n"
+                       "h_bucket{le=\"+Inf\"} +Inf\n";
+    struct kvt_prom_samples ps;
+    size_t bad = 0;
+    char v[32];
+
+    (void)state;
+    assert_int_equal(kvt_tool_prom_parse(text, &ps, &bad), 0);
+    assert_int_equal(ps.n, 4);
+    assert_string_equal(ps.s[0].name, "kvtier_peers");
+    assert_string_equal(ps.s[0].labels, "state=\"up\"");
+    assert_true(ps.s[0].value == 2);
+    assert_string_equal(ps.s[1].name, "vllm:kv_offload_tiering_chunk_hits_total");
+    assert_true(ps.s[1].value == 12);
+    assert_true(kvt_tool_prom_label(&ps.s[1], "tier", v, sizeof(v)));
+    assert_string_equal(v, "0:primary");
+    assert_true(kvt_tool_prom_label(&ps.s[1], "x", v, sizeof(v)));
+    assert_string_equal(v, "a\"b");
+    assert_false(kvt_tool_prom_label(&ps.s[1], "nope", v, sizeof(v)));
+    assert_true(ps.s[2].value == 1000);
+    assert_true(isinf(ps.s[3].value));
+    kvt_tool_prom_free(&ps);
+
+    assert_int_equal(kvt_tool_prom_parse("ok 1\nbad{x=\"1\" 2\n", &ps, &bad), -EPROTO);
+    assert_int_equal(bad, 2);
+    assert_int_equal(kvt_tool_prom_parse("ok 1\n9bad 2\n", &ps, &bad), -EPROTO);
+    assert_int_equal(kvt_tool_prom_parse("ok one\n", &ps, &bad), -EPROTO);
+    assert_int_equal(bad, 1);
+}
+
+static void test_cli_usage(void **state)
+{
+    (void)state;
+    ASSERT_RUN(2, "missing command", kvtier_bin);
+    ASSERT_RUN(2, "unknown command 'frobnicate'", kvtier_bin, "frobnicate");
+    ASSERT_RUN(2, "unknown option '--bogus'", kvtier_bin, "status", "--bogus");
+    ASSERT_RUN(2, "needs a value", kvtier_bin, "status", "--socket");
+    ASSERT_RUN(2, "does not apply", kvtier_bin, "stats", "--file", "x");
+    ASSERT_RUN(2, "not HOST:PORT", kvtier_bin, "peers", "--metrics", "nowhere");
+    ASSERT_RUN(2, "missing KEYHEX", kvtier_bin, "lookup", "--socket", "/nonexistent");
+    ASSERT_RUN(2, "bad key 'xyz'", kvtier_bin, "lookup", "xyz");
+    ASSERT_RUN(2, "exactly one of --file", kvtier_bin, "put", "00");
+    ASSERT_RUN(2, "exactly one of --file", kvtier_bin, "put", "00", "--file", "f", "--pattern",
+               "1");
+    ASSERT_RUN(2, "--pattern", kvtier_bin, "put", "00", "--pattern", "-3");
+    ASSERT_RUN(2, "exactly one KEYHEX", kvtier_bin, "get", "00", "01");
+    ASSERT_RUN(2, "--iterations", kvtier_bin, "top", "--iterations", "0");
+    ASSERT_RUN(2, "unexpected argument", kvtier_bin, "status", "extra");
+    ASSERT_RUN(0, "", kvtier_bin, "--help");
+}
+
+static void test_cli_no_daemon(void **state)
+{
+    (void)state;
+    ASSERT_RUN(1, "cannot connect to /nonexistent/kvtier.sock", kvtier_bin, "status", "--socket",
+               "/nonexistent/kvtier.sock");
+    ASSERT_RUN(1, "cannot connect", kvtier_bin, "lookup", "--socket", "/nonexistent/s", "00ff");
+    ASSERT_RUN(1, "cannot connect", kvtier_bin, "put", "--socket", "/nonexistent/s", "00ff",
+               "--pattern", "1");
+    /* port 1 on loopback: nobody listens */
+    ASSERT_RUN(1, "/metrics", kvtier_bin, "peers", "--metrics", "127.0.0.1:1");
+}
+
+static void test_load_usage(void **state)
+{
+    (void)state;
+    ASSERT_RUN(2, "at least one --node", load_bin);
+    ASSERT_RUN(2, "unknown option '--bogus'", load_bin, "--node", "/x", "--bogus");
+    ASSERT_RUN(2, "--zipf", load_bin, "--node", "/x", "--zipf", "-1");
+    ASSERT_RUN(2, "--duration", load_bin, "--node", "/x", "--duration", "0");
+    ASSERT_RUN(2, "--engines-per-node", load_bin, "--node", "/x", "--engines-per-node", "0");
+    ASSERT_RUN(2, "--blocks-per-prompt", load_bin, "--node", "/x", "--blocks-per-prompt", "x");
+    ASSERT_RUN(2, "exceed --blocks-per-prompt", load_bin, "--node", "/x", "--system-blocks", "9",
+               "--blocks-per-prompt", "8");
+    ASSERT_RUN(2, "needs a value", load_bin, "--node");
+    ASSERT_RUN(2, "unexpected argument", load_bin, "--node", "/x", "stray");
+    ASSERT_RUN(0, "", load_bin, "--help");
+    ASSERT_RUN(1, "cannot connect to /nonexistent/s", load_bin, "--node", "/nonexistent/s",
+               "--duration", "1");
+}
+
+int main(int argc, char **argv)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_key),     cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_content),       cmocka_unit_test(test_hostport),
+        cmocka_unit_test(test_prom),          cmocka_unit_test(test_cli_usage),
+        cmocka_unit_test(test_cli_no_daemon), cmocka_unit_test(test_load_usage),
+    };
+
+    if (argc != 3) {
+        fprintf(stderr, "usage: test_cli KVTIER KVTIER_LOAD\n");
+        return 2;
+    }
+    kvtier_bin = argv[1];
+    load_bin = argv[2];
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
