@@ -111,6 +111,8 @@ static void ereq_free(struct ereq *r)
 
 static int writing_add(struct ereq *r, const struct kvt_key *keys, size_t n)
 {
+    if (n == 0)
+        return 0; /* a plan with nothing to write: memcpy(NULL, ..., 0) is UB */
     if (r->n_writing + n > r->cap_writing) {
         size_t cap = r->cap_writing ? r->cap_writing : 8;
         struct kvt_key *p;
