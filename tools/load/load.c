@@ -128,6 +128,7 @@ struct load {
     atomic_bool stop;
     pthread_mutex_t err_lock;
     unsigned n_err_msgs;
+    bool tty_err; /* stderr is a terminal: errors clear the progress line first */
 };
 
 static volatile sig_atomic_t interrupted;
@@ -147,7 +148,8 @@ static void engine_error(struct engine *e, const char *fmt, ...)
     atomic_fetch_add_explicit(&e->ct.errors, 1, memory_order_relaxed);
     pthread_mutex_lock(&e->L->err_lock);
     if (e->L->n_err_msgs++ < MAX_ERR_MSGS) {
-        fprintf(stderr, "\r\033[Kkvtier-load: node %u engine %u: ", e->node, e->idx);
+        fprintf(stderr, "%skvtier-load: node %u engine %u: ", e->L->tty_err ? "\r\033[K" : "",
+                e->node, e->idx);
         va_start(ap, fmt);
         vfprintf(stderr, fmt, ap);
         va_end(ap);
@@ -299,27 +301,34 @@ static void load_one(struct engine *e, struct req *r, size_t i)
 {
     int64_t chunk;
     uint8_t res;
-    int rc = kvtier_prepare_load(e->c, r->id, &r->keys[i], 1, &chunk);
+    int rc;
 
-    if (rc == -EINVAL) {
+    /* Another engine may evict the key and store it again between our calls: a key
+     * that keeps looking up HIT and keeps refusing the load is the error. */
+    for (int attempt = 0;; attempt++) {
+        rc = kvtier_prepare_load(e->c, r->id, &r->keys[i], 1, &chunk);
+        if (rc != -EINVAL)
+            break;
         rc = kvtier_lookup(e->c, r->id, &r->keys[i], 1, 0, &res, NULL);
         if (rc == 0 && res != KVTIER_HIT) {
             e->ct.load_races++;
             r->state[i] = 2; /* recompute and store it */
             return;
         }
-        if (rc == 0) {
-            engine_error(e, "prepare_load of a key that looks up HIT: %s",
+        if (rc == 0 && attempt == 3) {
+            engine_error(e, "prepare_load refuses a key that looks up HIT: %s",
                          kvt_tool_strerror(-EINVAL));
             e->ct.api_errors++;
-            r->state[i] = 0;
+            r->state[i] = 3;
             return;
         }
+        if (rc < 0)
+            break;
     }
     if (rc < 0) {
         e->ct.api_errors++;
         engine_error(e, "prepare_load: %s", kvt_tool_strerror(rc));
-        r->state[i] = 0;
+        r->state[i] = 3;
         return;
     }
     verify_row(e, &r->keys[i], chunk);
@@ -1058,6 +1067,7 @@ int main(int argc, char **argv)
     if (rc != 0)
         return rc == 1 ? 0 : rc;
     pthread_mutex_init(&L.err_lock, NULL);
+    L.tty_err = isatty(STDERR_FILENO);
     if (load_setup(&L) < 0) {
         fprintf(stderr, "kvtier-load: out of memory\n");
         return EX_FAIL;
