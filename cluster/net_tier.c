@@ -222,6 +222,21 @@ static bool nt_holder_live(struct net_tier *nt, const struct holder *h)
            kvt_members_is_live(kvt_peers_members(nt->peers), h->node_id, h->incarnation);
 }
 
+/* Every message of the tier goes through here: a message that could not be sent is
+ * counted and logged (the protocol recovers by timeouts, TTLs and re-publication). */
+static int nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
+                   const struct kvt_wire_msg *m)
+{
+    int rc = ep != NULL ? kvt_peers_reply(nt->peers, ep, m) : kvt_peers_send(nt->peers, node, m);
+
+    if (rc != 0) {
+        nt->c.send_failures++;
+        kvt_info(NT_MOD, "%s to %016" PRIx64 " not sent: %s", kvt_wire_type_name((int)m->type),
+                 node, strerror(-rc));
+    }
+    return rc;
+}
+
 /* ---- finished jobs ------------------------------------------------------------- */
 
 static int nt_finish_job(struct net_tier *nt, kvt_job_id_t id, bool success,
@@ -463,7 +478,7 @@ static void nt_take_locates(struct net_tier *nt)
                 msg.u.locate.req_id = pt->wire_id;
                 msg.u.locate.n_keys = pt->n;
                 msg.u.locate.keys = ks;
-                if (kvt_peers_send(nt->peers, home, &msg) != 0 ||
+                if (nt_send(nt, home, NULL, &msg) != 0 ||
                     kvt_map_put_u64(&nt->locate_parts, pt->wire_id, pt) != 0) {
                     kvt_free(pt->idx); /* those keys stay not found */
                     kvt_free(pt);
@@ -576,7 +591,7 @@ static void nt_on_locate(struct net_tier *nt, struct kvt_tp_ep *ep, const struct
     r.u.locate_reply.req_id = l->req_id;
     r.u.locate_reply.n_keys = l->n_keys;
     r.u.locate_reply.holders = hl;
-    if (kvt_peers_reply(nt->peers, ep, &r) != 0)
+    if (nt_send(nt, 0, ep, &r) != 0)
         kvt_debug(NT_MOD, "LOCATE_REPLY not sent (the requester times out)");
 out:
     kvt_free(hl);
@@ -632,7 +647,7 @@ static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type 
     m.u.publish.n_keys = (uint32_t)n;
     m.u.publish.keys = (struct kvt_key *)ks;
     /* A home we cannot reach now gets the keys at the next membership change. */
-    (void)kvt_peers_send(nt->peers, home, &m);
+    (void)nt_send(nt, home, NULL, &m);
 }
 
 /* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; empties kv. */
@@ -787,7 +802,7 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
             m.u.release.job_id = f->id;
             m.u.release.lease_id = f->lease_id;
             /* Lost RELEASE: the holder's lease expires on its own. */
-            (void)kvt_peers_reply(nt->peers, f->ep, &m);
+            (void)nt_send(nt, f->node, f->ep, &m);
         }
     }
     if (f->failed)
@@ -808,9 +823,8 @@ static void nt_read_done(void *arg, int status)
         for (uint32_t i = b->first; i < b->first + b->n; i++) {
             const struct kvt_wire_chunk *ch = &f->chunks[i];
             const struct kvt_job *job = f->lj->job;
-            const uint8_t *row =
-                nt->base.primary_base +
-                (size_t)job->chunk_ids[f->idx[ch->key_index]] * nt->base.row_bytes;
+            const uint8_t *row = nt->base.primary_base +
+                                 (size_t)job->chunk_ids[f->idx[ch->key_index]] * nt->base.row_bytes;
 
             if (status != 0)
                 continue;
@@ -889,8 +903,7 @@ static bool nt_register(struct net_tier *nt)
     if (rc == 0)
         rc = kvt_tp_pack(tp, nt->mr_remote, nt->handle, sizeof(nt->handle), &nt->handle_len);
     if (rc != 0) {
-        kvt_error(NT_MOD, "cannot register the primary region (%zu bytes): %s", len,
-                  strerror(-rc));
+        kvt_error(NT_MOD, "cannot register the primary region (%zu bytes): %s", len, strerror(-rc));
         nt->reg_failed = true;
         return false;
     }
@@ -1044,7 +1057,7 @@ static void nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
         }
         nt->c.fetches++;
         lj->parts_pending++;
-        if (kvt_peers_send(nt->peers, f->node, &m) != 0) {
+        if (nt_send(nt, f->node, NULL, &m) != 0) {
             f->failed = true;
             nt_fetch_end(nt, f);
         }
@@ -1194,21 +1207,25 @@ static void nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep
         nt->cap_in = cap;
     }
     in = &nt->in[nt->n_in];
-    *in = (struct inbound){.from = from, .from_inc = inc, .ep = ep, .fetch_id = m->u.fetch.job_id,
-                           .n = m->u.fetch.n_keys, .arrival_ns = kvt_now_ns()};
+    *in = (struct inbound){.from = from,
+                           .from_inc = inc,
+                           .ep = ep,
+                           .fetch_id = m->u.fetch.job_id,
+                           .n = m->u.fetch.n_keys,
+                           .arrival_ns = kvt_now_ns()};
     in->keys = kvt_malloc((in->n ? in->n : 1) * sizeof(*in->keys));
     if (in->keys == NULL)
         goto busy;
     memcpy(in->keys, m->u.fetch.keys, in->n * sizeof(*in->keys));
     nt->n_in++;
     return;
-busy: {
+busy : {
     struct kvt_wire_msg d;
 
     kvt_wire_msg_init(&d, KVT_WIRE_DENY);
     d.u.deny.job_id = m->u.fetch.job_id;
     d.u.deny.reason = KVT_WIRE_R_BUSY;
-    (void)kvt_peers_reply(nt->peers, ep, &d);
+    (void)nt_send(nt, 0, ep, &d);
 }
 }
 
@@ -1221,7 +1238,7 @@ static void nt_send_deny(struct net_tier *nt, struct inbound *in, uint32_t reaso
     kvt_wire_msg_init(&d, KVT_WIRE_DENY);
     d.u.deny.job_id = in->fetch_id;
     d.u.deny.reason = reason;
-    (void)kvt_peers_reply(nt->peers, in->ep, &d);
+    (void)nt_send(nt, in->from, in->ep, &d);
 }
 
 /* One parked FETCH: true when it is answered (and can be dropped). */
@@ -1327,7 +1344,10 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
             nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
             goto finish;
         }
-        *l = (struct lease){.id = nt->next_id++, .job = job, .from = in->from, .ep = in->ep,
+        *l = (struct lease){.id = nt->next_id++,
+                            .job = job,
+                            .from = in->from,
+                            .ep = in->ep,
                             .deadline_ns = now + ms_ns(nt->cfg.lease_ms)};
         kvt_wire_msg_init(&g, KVT_WIRE_GRANT);
         g.u.grant.job_id = in->fetch_id;
@@ -1339,7 +1359,7 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         g.u.grant.chunks = chunks;
         g.u.grant.n_denied = n_denied;
         g.u.grant.denied = denied;
-        if (kvt_peers_reply(nt->peers, in->ep, &g) != 0) {
+        if (nt_send(nt, in->from, in->ep, &g) != 0) {
             nt_lease_end(nt, l, false); /* the requester times out */
         } else {
             nt->c.served_chunks += n_hit;
@@ -1415,9 +1435,9 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
     uint64_t keep_from = ev->kind == KVT_MEMBER_RESTARTED ? ev->incarnation : UINT64_MAX;
 
     kvt_info(NT_MOD, "member %016" PRIx64 " %s", ev->node_id,
-             ev->kind == KVT_MEMBER_JOINED ? "joined"
+             ev->kind == KVT_MEMBER_JOINED    ? "joined"
              : ev->kind == KVT_MEMBER_DOWN_EV ? "is down"
-                                               : "restarted");
+                                              : "restarted");
     if (ev->kind != KVT_MEMBER_JOINED) {
         kvt_directory_drop_node(nt->dir, ev->node_id, keep_from);
         nt_forget_holders(nt, ev->node_id, keep_from);
@@ -1637,8 +1657,7 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= nt_stat(out, KVT_M_NET_PULLED_CHUNKS, label, c->pulled_chunks, &r->pulled_chunks);
     rc |= nt_stat(out, KVT_M_NET_PULLED_BYTES, label, c->pulled_bytes, &r->pulled_bytes);
     rc |= nt_stat(out, KVT_M_NET_SERVED_BYTES, label, c->served_bytes, &r->served_bytes);
-    rc |= nt_stat(out, KVT_M_NET_CHECKSUM_FAIL, label, c->checksum_failures,
-                  &r->checksum_failures);
+    rc |= nt_stat(out, KVT_M_NET_CHECKSUM_FAIL, label, c->checksum_failures, &r->checksum_failures);
     rc |= nt_stat(out, KVT_M_NET_LEASE_EXPIRED, label, c->lease_expiries, &r->lease_expiries);
     rc |= nt_stat(out, KVT_M_NET_FETCH_FAILED, label, c->failed_fetches, &r->failed_fetches);
     rc |= nt_stat(out, KVT_M_NET_REFUSED, label, c->refused, &r->refused);

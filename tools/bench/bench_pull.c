@@ -112,9 +112,8 @@ static double bp_redis(unsigned n, size_t size, unsigned clients, char *cmd, siz
         char portb[16];
 
         snprintf(portb, sizeof(portb), "%u", port);
-        execlp("redis-server", "redis-server", "--port", portb, "--bind", "127.0.0.1", "--save",
-               "", "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",
-               (char *)NULL);
+        execlp("redis-server", "redis-server", "--port", portb, "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", (char *)NULL);
         _exit(127);
     }
     if (srv < 0)
@@ -147,8 +146,7 @@ static double bp_transport(const char *self, size_t size)
     FILE *f;
     double mbps = -1;
 
-    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --batch 32 2>/dev/null", self,
-             size);
+    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --batch 32 2>/dev/null", self, size);
     f = popen(buf, "r");
     while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
         const char *s = strstr(line, "\"read_mbps\":");
@@ -216,8 +214,8 @@ int kvt_bench_pull(int argc, char **argv)
     snprintf(nb, sizeof(nb), "%u", n + 16);
     snprintf(sizeb, sizeof(sizeb), "%zu", size);
     {
-        char *av[] = {simnode, "--id", "1", "--secret", secret, "--chunks", nb, "--row", sizeb,
-                      NULL};
+        char *av[] = {simnode,    "--id", "1",     "--secret", secret,
+                      "--chunks", nb,     "--row", sizeb,      NULL};
 
         if (bp_spawn(&a, av) != 0 || !bp_answer(&a, line, sizeof(line)) ||
             sscanf(line, "ready id=%*x port=%15s", portb) != 1) {
@@ -228,8 +226,8 @@ int kvt_bench_pull(int argc, char **argv)
     }
     snprintf(seed, sizeof(seed), "127.0.0.1:%s", portb);
     {
-        char *av[] = {simnode, "--id", "2", "--secret", secret, "--chunks", nb, "--row", sizeb,
-                      "--peer", seed, NULL};
+        char *av[] = {simnode, "--id",  "2",   "--secret", secret, "--chunks",
+                      nb,      "--row", sizeb, "--peer",   seed,   NULL};
 
         if (bp_spawn(&b, av) != 0 || !bp_answer(&b, line, sizeof(line))) {
             fprintf(stderr, "kvtier-bench pull: node B did not start\n");

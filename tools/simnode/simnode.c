@@ -365,12 +365,13 @@ static void cmd_counts(struct node *n)
     kvt_peers_counts(n->peers, &p);
     printf("ok fetches=%" PRIu64 " grants=%" PRIu64 " denies=%" PRIu64 " pulled=%" PRIu64
            " served=%" PRIu64 " checksum_fail=%" PRIu64 " leases=%" PRIu64 " lease_exp=%" PRIu64
-           " reaped=%" PRIu64 " refused=%" PRIu64 " failed_fetches=%" PRIu64 " records=%" PRIu64
-           " published=%" PRIu64 " malformed=%" PRIu64 " peer_refused=%" PRIu64
-           " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " live=%zu\n",
+           " reaped=%" PRIu64 " refused=%" PRIu64 " send_failures=%" PRIu64
+           " failed_fetches=%" PRIu64 " records=%" PRIu64 " published=%" PRIu64
+           " malformed=%" PRIu64 " peer_refused=%" PRIu64 " auth_refused=%" PRIu64
+           " ns_refused=%" PRIu64 " live=%zu\n",
            c.fetches, c.grants, c.denies, c.pulled_chunks, c.served_chunks, c.checksum_failures,
-           c.active_leases, c.lease_expiries, c.leases_reaped, c.refused, c.failed_fetches,
-           c.directory_records, c.published_keys, p.malformed, p.refused,
+           c.active_leases, c.lease_expiries, c.leases_reaped, c.refused, c.send_failures,
+           c.failed_fetches, c.directory_records, c.published_keys, p.malformed, p.refused,
            p.refused_by_reason[KVT_WIRE_R_AUTH], p.refused_by_reason[KVT_WIRE_R_NAMESPACE],
            kvt_peers_live(n->peers, live, 64));
 }
@@ -458,7 +459,7 @@ int main(int argc, char **argv)
     const char *secret_path = NULL, *ns_name = "kvtier-test", *backend = "ucx";
     const char *addr = "127.0.0.1";
     uint64_t id = 0;
-    unsigned port = 0, lease_ms = 2000, hb_ms = 100, fetch_ms = 3000;
+    unsigned port = 0, lease_ms = 2000, hb_ms = 200, fetch_ms = 3000;
     size_t chunks = 1024, row = 65536;
     uint8_t secret[KVT_AUTH_SECRET_MAX];
     size_t secret_len = 0;
@@ -538,7 +539,7 @@ int main(int argc, char **argv)
     pc.seeds = peer_list;
     pc.n_seeds = n_peers;
     pc.heartbeat_ms = hb_ms;
-    pc.heartbeat_misses = 5;
+    pc.heartbeat_misses = 10; /* 2 s: ASan builds on a loaded 2-core machine stall */
     pc.transport.backend = backend;
     pc.transport.op_timeout_ms = fetch_ms;
     rc = kvt_peers_create(&pc, &n.peers);

@@ -86,6 +86,7 @@ struct kvt_net_tier_counts {
     uint64_t locates, locate_timeouts, fetches, grants, denies;
     uint64_t pulled_chunks, pulled_bytes, served_chunks, served_bytes;
     uint64_t checksum_failures, lease_expiries, leases_reaped, failed_fetches, refused;
+    uint64_t send_failures;
     uint64_t active_leases, directory_records, published_keys;
 };
 void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out);
