@@ -1,0 +1,573 @@
+/* kvtierd: the kvtier node daemon (DESIGN.md §8).
+ *
+ * Assembles, in this order: the shared primary region, the primary tier, the
+ * secondary tiers in the configured order (storage, network with its peer links),
+ * the manager, the local engine API and /metrics; then runs the step loop on one
+ * thread. Engines drive steps with on_schedule_end; when none did for tick_ms the
+ * loop steps on its own, so peers are served and transfers progress on an idle node.
+ *
+ * Signals (signalfd): SIGTERM/SIGINT stop accepting engines, drain transfers,
+ * release leases, unpublish and exit 0; SIGHUP reloads the keys that can change at
+ * run time and keeps the old configuration when the new one is bad.
+ *
+ * Restart after SIGKILL: a lock file next to the region (flock) tells a live daemon
+ * from a dead one; a dead one's region file and socket are removed first. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/file.h>
+#include <sys/signalfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include "kvt/alloc.h"
+#include "kvt/auth.h"
+#include "kvt/backpressure.h"
+#include "kvt/clock.h"
+#include "kvt/common.h"
+#include "kvt/config.h"
+#include "kvt/engine_api.h"
+#include "kvt/log.h"
+#include "kvt/manager.h"
+#if __has_include("kvt/metrics_http.h")
+#include "kvt/metrics_http.h"
+#define HAVE_HTTP 1
+#else
+#define HAVE_HTTP 0
+struct kvt_metrics_http;
+#endif
+#include "kvt/net_tier.h"
+#include "kvt/peers.h"
+#include "kvt/primary.h"
+#include "kvt/prom.h"
+#include "kvt/region.h"
+#include "kvt/storage_tier.h"
+
+#define MOD "kvtierd"
+
+struct daemon {
+    struct kvt_config cfg;
+    const char *cfg_path;
+    char **sets;
+    size_t n_sets;
+
+    int lock_fd;
+    char lock_path[4096];
+    struct kvt_region *region;
+    struct kvt_primary *primary;
+    struct kvt_tier *tiers[KVT_CONFIG_TIERS_MAX];
+    size_t n_tiers;
+    struct kvt_tier *net;
+    struct kvt_peers *peers;
+    uint8_t secret[KVT_AUTH_SECRET_MAX];
+    size_t secret_len;
+    struct kvt_manager *m;
+    struct kvt_engine_server *engines;
+    struct kvt_metrics_http *http;
+    struct kvt_prom_acc prom;
+
+    int ep, sig_fd, tick_fd;
+    uint64_t last_step_ns, last_metrics_ns;
+    bool stopping;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtierd [--config FILE] [--set key=value]... [--check] [--dump]\n"
+               "               [--help] [--version]\n\n"
+               "  --config FILE   YAML configuration (default: none, built-in defaults)\n"
+               "  --set KEY=VAL   override one key (repeatable; applied after the file)\n"
+               "  --check         validate the configuration and exit (0 or 78)\n"
+               "  --dump          print the effective configuration as YAML and exit\n\n"
+               "configuration keys:\n");
+    kvt_config_print_help(f);
+}
+
+static int ep_add(struct daemon *d, int fd);
+
+/* ---- assembly ------------------------------------------------------------------ */
+
+static int take_lock(struct daemon *d)
+{
+    snprintf(d->lock_path, sizeof(d->lock_path), "%s.lock", d->cfg.primary_path);
+    d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (d->lock_fd < 0) {
+        kvt_error(MOD, "cannot open lock file %s: %s", d->lock_path, strerror(errno));
+        return -errno;
+    }
+    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        kvt_error(MOD, "another kvtierd runs with region %s (lock %s is held)", d->cfg.primary_path,
+                  d->lock_path);
+        return -EBUSY;
+    }
+    /* We hold the lock: whatever region file or socket is there is a dead daemon's. */
+    if (unlink(d->cfg.primary_path) == 0)
+        kvt_warn(MOD, "removed the stale region %s of a daemon that died", d->cfg.primary_path);
+    return 0;
+}
+
+static int open_region(struct daemon *d)
+{
+    struct kvt_region_config rc = {
+        .path = d->cfg.primary_path,
+        .num_chunks = d->cfg.primary_size / d->cfg.primary_row_bytes,
+        .page_bytes = d->cfg.primary_row_bytes / d->cfg.primary_workers,
+        .num_workers = d->cfg.primary_workers,
+        .rank = KVT_REGION_RANK_ALL,
+        .join_timeout_s = 5,
+        .populate = true,
+    };
+    struct kvt_primary_config pc = {
+        .num_chunks = rc.num_chunks,
+        .row_bytes = d->cfg.primary_row_bytes,
+        .policy = kvt_policy_kind_name(d->cfg.primary_policy),
+        .enable_events = true,
+        .checksum_on_complete = true, /* grants carry the checksum of what was stored */
+    };
+    int rc_;
+
+    d->region = kvt_calloc(1, sizeof(*d->region));
+    if (d->region == NULL)
+        return -ENOMEM;
+    rc_ = kvt_region_open(&rc, d->region);
+    if (rc_ != 0) {
+        kvt_error(MOD, "primary region %s (%" PRIu64 " bytes): %s", rc.path, d->cfg.primary_size,
+                  strerror(-rc_));
+        kvt_free(d->region);
+        d->region = NULL;
+        return rc_;
+    }
+    rc_ = kvt_primary_create(&pc, d->region, &d->primary);
+    if (rc_ != 0) {
+        kvt_error(MOD, "primary tier: %s", strerror(-rc_));
+        kvt_region_cleanup(d->region);
+        kvt_free(d->region);
+        d->region = NULL;
+    }
+    return rc_;
+}
+
+static int open_storage(struct daemon *d, struct kvt_tier **t_p)
+{
+    struct kvt_storage_tier_config sc = {
+        .root = d->cfg.storage_root,
+        .capacity_bytes = d->cfg.storage_capacity,
+        .enable_events = true,
+    };
+    struct kvt_bp_config bp;
+    int rc;
+
+    kvt_auth_namespace(d->cfg.node_namespace, sc.namespace_id);
+    kvt_bp_default_config("storage", KVT_LOCAL, &bp);
+    if (d->cfg.storage_high_water_us > 0) { /* config: microseconds per MiB */
+        bp.high_water_s = d->cfg.storage_high_water_us * 1e-6;
+        bp.low_water_s = d->cfg.storage_low_water_us * 1e-6;
+    }
+    sc.bp = &bp;
+    rc = kvt_storage_tier_create(&sc, t_p);
+    if (rc != 0)
+        kvt_error(MOD, "storage tier at %s: %s", sc.root, strerror(-rc));
+    return rc;
+}
+
+static int open_network(struct daemon *d, struct kvt_tier **t_p)
+{
+    struct kvt_peers_config pc = {0};
+    struct kvt_net_tier_config nc = {0};
+    int rc;
+
+    if (d->cfg.cluster_secret_file == NULL) {
+        /* One node, no cluster configured: listen with a secret nobody else knows,
+         * so the tier runs (and answers MISS) and no peer can get in. */
+        rc = kvt_auth_nonce(d->secret);
+        d->secret_len = KVT_AUTH_NONCE_BYTES;
+        kvt_info(MOD, "no cluster.secret_file: the network tier admits no peer");
+    } else {
+        rc = kvt_auth_load_secret(d->cfg.cluster_secret_file, d->secret, sizeof(d->secret),
+                                  &d->secret_len);
+    }
+    if (rc != 0) {
+        kvt_error(MOD, "secret file %s: %s", d->cfg.cluster_secret_file, strerror(-rc));
+        return rc;
+    }
+    pc.node_id = d->cfg.node_id;
+    kvt_auth_namespace(d->cfg.node_namespace, pc.ns);
+    pc.secret = d->secret;
+    pc.secret_len = d->secret_len;
+    pc.listen_addr = d->cfg.network_listen;
+    pc.listen_port = d->cfg.network_port;
+    pc.seeds = (const char *const *)d->cfg.network_peers;
+    pc.n_seeds = d->cfg.n_network_peers;
+    pc.heartbeat_ms = d->cfg.network_heartbeat_ms;
+    pc.heartbeat_misses = d->cfg.network_heartbeat_misses;
+    pc.transport.backend = kvt_transport_kind_name(d->cfg.network_transport);
+    pc.transport.op_timeout_ms = d->cfg.network_fetch_timeout_ms;
+    rc = kvt_peers_create(&pc, &d->peers);
+    if (rc != 0) {
+        kvt_error(MOD, "network on %s:%u (%s): %s", pc.listen_addr, pc.listen_port,
+                  pc.transport.backend, strerror(-rc));
+        return rc;
+    }
+    nc.peers = d->peers;
+    nc.primary = d->primary;
+    nc.lease_ms = d->cfg.network_lease_ms;
+    nc.fetch_timeout_ms = d->cfg.network_fetch_timeout_ms;
+    rc = kvt_net_tier_create(&nc, t_p);
+    if (rc != 0)
+        kvt_error(MOD, "network tier: %s", strerror(-rc));
+    else
+        d->net = *t_p;
+    kvt_info(MOD, "network: node %016" PRIx64 " incarnation %016" PRIx64 " on %s:%u (%s)",
+             d->cfg.node_id, kvt_peers_incarnation(d->peers), pc.listen_addr,
+             kvt_peers_port(d->peers), pc.transport.backend);
+    return rc;
+}
+
+static int assemble(struct daemon *d)
+{
+    int rc = take_lock(d);
+
+    if (rc == 0)
+        rc = open_region(d);
+    for (size_t i = 0; rc == 0 && i < d->cfg.n_tiers; i++) {
+        struct kvt_tier *t = NULL;
+
+        if (d->cfg.tiers[i] == KVT_TIER_STORAGE && d->cfg.storage_enabled)
+            rc = open_storage(d, &t);
+        else if (d->cfg.tiers[i] == KVT_TIER_NETWORK && d->cfg.network_enabled)
+            rc = open_network(d, &t);
+        if (t != NULL)
+            d->tiers[d->n_tiers++] = t;
+    }
+    if (rc == 0)
+        rc = kvt_manager_create(d->primary, d->tiers, d->n_tiers, &d->m);
+    if (rc != 0)
+        return rc;
+    return 0;
+}
+
+/* ---- the loop ------------------------------------------------------------------ */
+
+static int ep_add(struct daemon *d, int fd)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd};
+
+    if (fd < 0)
+        return 0;
+    return epoll_ctl(d->ep, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : -errno;
+}
+
+/* The node's own series beside the tiering core's (cumulative counts). */
+static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t cap)
+{
+    struct kvt_engine_server_counters ec;
+    size_t n = 0;
+
+#define SAMPLE(nm, hp, k, val)                                                                     \
+    do {                                                                                           \
+        if (n < cap)                                                                               \
+            v[n++] = (struct kvt_prom_sample){                                                     \
+                .name = (nm), .help = (hp), .kind = (k), .value = (double)(val)};                  \
+    } while (0)
+    kvt_engine_server_get_counters(d->engines, &ec);
+    SAMPLE("kvtier_engine_clients", "Engines attached now", KVT_METRIC_GAUGE, ec.clients);
+    SAMPLE("kvtier_engine_requests", "Engine API requests executed", KVT_METRIC_COUNTER,
+           ec.requests);
+    SAMPLE("kvtier_engine_malformed", "Engine API frames refused (malformed or oversized)",
+           KVT_METRIC_COUNTER, ec.malformed + ec.oversized);
+    SAMPLE("kvtier_engine_cleanups", "Pins released for engines that went away", KVT_METRIC_COUNTER,
+           ec.released_pins);
+    if (d->net != NULL) {
+        struct kvt_net_tier_counts c;
+        struct kvt_peers_counts pc;
+        uint64_t ids[KVT_MEMBERS_MAX];
+
+        kvt_net_tier_counts(d->net, &c);
+        kvt_peers_counts(d->peers, &pc);
+        SAMPLE("kvtier_peers_up", "Live cluster members, this node included", KVT_METRIC_GAUGE,
+               kvt_peers_live(d->peers, ids, KVT_MEMBERS_MAX));
+        SAMPLE("kvtier_peers_refused", "Peer handshakes refused (auth, namespace, version...)",
+               KVT_METRIC_COUNTER, pc.refused);
+        SAMPLE("kvtier_peers_malformed", "Malformed messages from authenticated peers",
+               KVT_METRIC_COUNTER, pc.malformed);
+        SAMPLE("kvtier_net_served_bytes", "Bytes of chunks granted to peers", KVT_METRIC_COUNTER,
+               c.served_bytes);
+        SAMPLE("kvtier_net_pulled_bytes", "Bytes of chunks pulled from peers and verified",
+               KVT_METRIC_COUNTER, c.pulled_bytes);
+        SAMPLE("kvtier_net_leases", "Leases peers hold on our chunks", KVT_METRIC_GAUGE,
+               c.active_leases);
+        SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
+               KVT_METRIC_COUNTER, c.checksum_failures);
+    }
+#undef SAMPLE
+    return n;
+}
+
+static void publish_metrics(struct daemon *d)
+{
+    struct kvt_prom_sample samples[16];
+    struct kvt_stats st;
+    char *text = NULL;
+    size_t len = 0, n;
+
+    if (d->http == NULL)
+        return;
+    kvt_stats_init(&st);
+    if (kvt_manager_get_stats(d->m, &st) == 0)
+        kvt_prom_acc_add(&d->prom, &st);
+    kvt_stats_cleanup(&st);
+    n = node_samples(d, samples, KVT_ARRAY_SIZE(samples));
+#if HAVE_HTTP
+    if (kvt_prom_render(&d->prom.totals, samples, n, 0, &text, &len) == 0)
+        kvt_metrics_http_publish(d->http, text, len);
+#else
+    (void)n;
+    (void)len;
+#endif
+    free(text);
+}
+
+static int start_services(struct daemon *d)
+{
+    struct kvt_engine_server_config ec = {
+        .socket_path = d->cfg.engine_socket,
+        .manager = d->m,
+        .region = d->region,
+    };
+    int rc = kvt_engine_server_create(&ec, &d->engines);
+
+    if (rc != 0) {
+        kvt_error(MOD, "engine socket %s: %s", ec.socket_path, strerror(-rc));
+        return rc;
+    }
+    rc = ep_add(d, kvt_engine_server_fd(d->engines));
+    if (rc == 0 && d->peers != NULL)
+        rc = ep_add(d, kvt_peers_event_fd(d->peers));
+    if (rc == 0 && d->net != NULL)
+        rc = ep_add(d, kvt_net_tier_wake_fd(d->net));
+    if (rc != 0)
+        return rc;
+    kvt_prom_acc_init(&d->prom);
+#if HAVE_HTTP
+    if (d->cfg.metrics_port != 0) {
+        rc = kvt_metrics_http_start(d->cfg.metrics_listen, d->cfg.metrics_port, &d->http);
+        if (rc != 0) {
+            kvt_error(MOD, "/metrics on %s:%u: %s", d->cfg.metrics_listen, d->cfg.metrics_port,
+                      strerror(-rc));
+            return rc;
+        }
+        publish_metrics(d);
+    }
+#else
+    kvt_warn(MOD, "built without /metrics");
+#endif
+    kvt_info(MOD, "engines attach at %s%s", ec.socket_path,
+             d->http != NULL ? "; /metrics and /healthz served" : "");
+    return 0;
+}
+
+static void reload(struct daemon *d)
+{
+    struct kvt_config next;
+    struct kvt_config_diff diff;
+    char err[512];
+
+    if (kvt_config_load(&next, d->cfg_path, d->sets, d->n_sets, err, sizeof(err)) != 0) {
+        kvt_error(MOD, "SIGHUP: %s; keeping the running configuration", err);
+        return;
+    }
+    if (!kvt_config_diff_reloadable(&d->cfg, &next, &diff)) {
+        kvt_error(MOD,
+                  "SIGHUP: %s cannot change while running (restart to apply); keeping "
+                  "the running configuration",
+                  diff.first_fixed);
+        kvt_config_free(&next);
+        return;
+    }
+    for (size_t i = 0; i < diff.n_changed; i++)
+        kvt_info(MOD, "SIGHUP: %s changed", diff.changed[i]);
+    kvt_log_set_level(next.log_level);
+    kvt_config_free(&d->cfg);
+    d->cfg = next;
+}
+
+static void step(struct daemon *d)
+{
+    kvt_manager_on_schedule_end(d->m, NULL);
+    d->last_step_ns = kvt_now_ns();
+}
+
+static int run(struct daemon *d)
+{
+    struct itimerspec its = {{0, 0}, {0, 0}};
+    uint64_t tick_ns = (uint64_t)d->cfg.loop_tick_ms * 1000000ull;
+
+    its.it_interval.tv_sec = (time_t)(tick_ns / 1000000000ull);
+    its.it_interval.tv_nsec = (long)(tick_ns % 1000000000ull);
+    its.it_value = its.it_interval;
+    timerfd_settime(d->tick_fd, 0, &its, NULL);
+
+    while (!d->stopping) {
+        struct epoll_event evs[16];
+        int n = epoll_wait(d->ep, evs, 16, (int)d->cfg.loop_tick_ms);
+
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+
+            if (fd == d->sig_fd) {
+                struct signalfd_siginfo si;
+
+                while (read(d->sig_fd, &si, sizeof(si)) == sizeof(si)) {
+                    if (si.ssi_signo == SIGHUP) {
+                        reload(d);
+                    } else {
+                        kvt_info(MOD, "%s: stopping", strsignal((int)si.ssi_signo));
+                        d->stopping = true;
+                    }
+                }
+            } else if (fd == d->tick_fd) {
+                uint64_t x;
+
+                if (read(d->tick_fd, &x, sizeof(x)) < 0) { /* EAGAIN */
+                }
+            }
+        }
+        if (d->engines != NULL)
+            kvt_engine_server_progress(d->engines);
+        /* Engines step the manager at their schedule ends; the node steps once a
+         * tick besides, so peers are served and transfers progress when idle. */
+        if (kvt_now_ns() - d->last_step_ns >= tick_ns)
+            step(d);
+        if (d->net != NULL)
+            kvt_net_tier_poll(d->net);
+        if (kvt_now_ns() - d->last_metrics_ns >= 1000000000ull) {
+            publish_metrics(d);
+            d->last_metrics_ns = kvt_now_ns();
+        }
+    }
+    return 0;
+}
+
+/* SIGTERM: no new engines, drain, release leases, unpublish, exit 0. */
+static int stop(struct daemon *d)
+{
+    uint64_t t0 = kvt_now_ns();
+    int rc;
+
+    if (d->engines != NULL)
+        kvt_engine_server_destroy(d->engines); /* engines' pins and requests are cleaned up */
+    d->engines = NULL;
+    step(d);
+    rc = kvt_manager_shutdown(d->m);
+    if (rc != 0)
+        kvt_error(MOD, "shutdown: %s", strerror(-rc));
+    kvt_manager_destroy(d->m);
+    d->m = NULL;
+    if (d->peers != NULL)
+        kvt_peers_destroy(d->peers);
+#if HAVE_HTTP
+    if (d->http != NULL)
+        kvt_metrics_http_stop(d->http);
+#endif
+    kvt_prom_acc_cleanup(&d->prom);
+    if (d->lock_fd >= 0) {
+        unlink(d->lock_path);
+        close(d->lock_fd);
+    }
+    kvt_info(MOD, "stopped in %.2f s", (double)(kvt_now_ns() - t0) / 1e9);
+    kvt_config_free(&d->cfg);
+    kvt_free(d->sets);
+    return rc == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"set", required_argument, NULL, 's'},
+        {"check", no_argument, NULL, 'k'},
+        {"dump", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    struct daemon d = {.lock_fd = -1, .ep = -1, .sig_fd = -1, .tick_fd = -1};
+    bool check = false, dump = false;
+    char err[512];
+    sigset_t mask;
+    int c, rc;
+
+    d.sets = kvt_calloc((size_t)argc + 1, sizeof(*d.sets));
+    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c':
+            d.cfg_path = optarg;
+            break;
+        case 's':
+            d.sets[d.n_sets++] = optarg;
+            break;
+        case 'k':
+            check = true;
+            break;
+        case 'd':
+            dump = true;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'V':
+            printf("kvtierd %s\n", KVT_VERSION);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvtierd: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    rc = kvt_config_load(&d.cfg, d.cfg_path, d.sets, d.n_sets, err, sizeof(err));
+    if (rc != 0) {
+        fprintf(stderr, "kvtierd: %s\n", err);
+        return KVT_CONFIG_EXIT;
+    }
+    kvt_log_set_level(d.cfg.log_level);
+    if (dump)
+        kvt_config_dump(stdout, &d.cfg);
+    if (check || dump)
+        return 0;
+
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGHUP);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    d.sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    d.tick_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    d.ep = epoll_create1(EPOLL_CLOEXEC);
+    if (d.sig_fd < 0 || d.tick_fd < 0 || d.ep < 0) {
+        kvt_error(MOD, "cannot set up the loop: %s", strerror(errno));
+        return 1;
+    }
+    rc = assemble(&d);
+    if (rc == 0)
+        rc = start_services(&d);
+    if (rc != 0) {
+        kvt_error(MOD, "start failed: %s", strerror(-rc));
+        return rc == -EINVAL ? KVT_CONFIG_EXIT : 1;
+    }
+    ep_add(&d, d.sig_fd);
+    ep_add(&d, d.tick_fd);
+    kvt_info(MOD, "ready: node %016" PRIx64 ", %" PRIu64 " MiB primary at %s, %zu tier(s)",
+             d.cfg.node_id, d.cfg.primary_size >> 20, d.cfg.primary_path, d.n_tiers);
+    run(&d);
+    return stop(&d);
+}
