@@ -353,7 +353,6 @@ static int start_services(struct daemon *d)
         rc = ep_add(d, kvt_net_tier_wake_fd(d->net));
     if (rc != 0)
         return rc;
-    kvt_prom_acc_init(&d->prom);
 #if HAVE_HTTP
     if (d->cfg.metrics_port != 0) {
         rc = kvt_metrics_http_start(d->cfg.metrics_listen, d->cfg.metrics_port, &d->http);
@@ -454,6 +453,30 @@ static int run(struct daemon *d)
     return 0;
 }
 
+/* A start that failed half-way: release what was built, in reverse order. */
+static void abandon(struct daemon *d)
+{
+    if (d->engines != NULL)
+        kvt_engine_server_destroy(d->engines);
+    if (d->m != NULL) {
+        kvt_manager_shutdown(d->m);
+        kvt_manager_destroy(d->m); /* owns the primary and the tiers */
+    } else {
+        for (size_t i = 0; i < d->n_tiers; i++) {
+            kvt_tier_shutdown(d->tiers[i]);
+            kvt_tier_destroy(d->tiers[i]);
+        }
+        if (d->primary != NULL)
+            kvt_primary_destroy(d->primary); /* and its region */
+    }
+    if (d->peers != NULL)
+        kvt_peers_destroy(d->peers);
+    kvt_prom_acc_cleanup(&d->prom);
+    if (d->lock_fd >= 0)
+        close(d->lock_fd); /* not unlinked: it may be another daemon's */
+    kvt_config_free(&d->cfg);
+}
+
 /* SIGTERM: no new engines, drain, release leases, unpublish, exit 0. */
 static int stop(struct daemon *d)
 {
@@ -464,7 +487,24 @@ static int stop(struct daemon *d)
         kvt_engine_server_destroy(d->engines); /* engines' pins and requests are cleaned up */
     d->engines = NULL;
     step(d);
-    rc = kvt_manager_shutdown(d->m);
+    /* Drain every tier (our pulls end, peers' leases are released), let the manager
+     * take the results, then look for leaks before the primary goes away. */
+    for (size_t i = 0; i < d->n_tiers; i++)
+        kvt_tier_drain_jobs(d->tiers[i]);
+    step(d);
+    step(d);
+    {
+        size_t entries = kvt_primary_num_entries(d->primary);
+        size_t wp = kvt_primary_num_write_pending(d->primary);
+        size_t pinned = entries - wp - kvt_primary_num_evictable(d->primary);
+
+        /* Every engine, lease and transfer is gone: anything pinned now leaked. */
+        if (pinned != 0 || wp != 0)
+            kvt_error(MOD, "at exit: %zu pinned, %zu write-pending chunks (a leak)", pinned, wp);
+        else
+            kvt_info(MOD, "at exit: %zu chunks, 0 pinned, 0 write-pending", entries);
+    }
+    rc = kvt_manager_shutdown(d->m); /* frees the primary and its region */
     if (rc != 0)
         kvt_error(MOD, "shutdown: %s", strerror(-rc));
     kvt_manager_destroy(d->m);
@@ -482,11 +522,10 @@ static int stop(struct daemon *d)
     }
     kvt_info(MOD, "stopped in %.2f s", (double)(kvt_now_ns() - t0) / 1e9);
     kvt_config_free(&d->cfg);
-    kvt_free(d->sets);
     return rc == 0 ? 0 : 1;
 }
 
-int main(int argc, char **argv)
+static int daemon_main(struct daemon *dp, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -497,20 +536,18 @@ int main(int argc, char **argv)
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
-    struct daemon d = {.lock_fd = -1, .ep = -1, .sig_fd = -1, .tick_fd = -1};
     bool check = false, dump = false;
     char err[512];
     sigset_t mask;
     int c, rc;
 
-    d.sets = kvt_calloc((size_t)argc + 1, sizeof(*d.sets));
     while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
         switch (c) {
         case 'c':
-            d.cfg_path = optarg;
+            dp->cfg_path = optarg;
             break;
         case 's':
-            d.sets[d.n_sets++] = optarg;
+            dp->sets[dp->n_sets++] = optarg;
             break;
         case 'k':
             check = true;
@@ -533,14 +570,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvtierd: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    rc = kvt_config_load(&d.cfg, d.cfg_path, d.sets, d.n_sets, err, sizeof(err));
+    rc = kvt_config_load(&dp->cfg, dp->cfg_path, dp->sets, dp->n_sets, err, sizeof(err));
     if (rc != 0) {
         fprintf(stderr, "kvtierd: %s\n", err);
         return KVT_CONFIG_EXIT;
     }
-    kvt_log_set_level(d.cfg.log_level);
+    kvt_log_set_level(dp->cfg.log_level);
     if (dump)
-        kvt_config_dump(stdout, &d.cfg);
+        kvt_config_dump(stdout, &dp->cfg);
     if (check || dump)
         return 0;
 
@@ -550,24 +587,39 @@ int main(int argc, char **argv)
     sigaddset(&mask, SIGHUP);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
-    d.sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-    d.tick_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    d.ep = epoll_create1(EPOLL_CLOEXEC);
-    if (d.sig_fd < 0 || d.tick_fd < 0 || d.ep < 0) {
+    dp->sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    dp->tick_fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    dp->ep = epoll_create1(EPOLL_CLOEXEC);
+    if (dp->sig_fd < 0 || dp->tick_fd < 0 || dp->ep < 0) {
         kvt_error(MOD, "cannot set up the loop: %s", strerror(errno));
         return 1;
     }
-    rc = assemble(&d);
+    kvt_prom_acc_init(&dp->prom);
+    rc = assemble(dp);
     if (rc == 0)
-        rc = start_services(&d);
+        rc = start_services(dp);
     if (rc != 0) {
         kvt_error(MOD, "start failed: %s", strerror(-rc));
+        abandon(dp);
         return rc == -EINVAL ? KVT_CONFIG_EXIT : 1;
     }
-    ep_add(&d, d.sig_fd);
-    ep_add(&d, d.tick_fd);
+    ep_add(dp, dp->sig_fd);
+    ep_add(dp, dp->tick_fd);
     kvt_info(MOD, "ready: node %016" PRIx64 ", %" PRIu64 " MiB primary at %s, %zu tier(s)",
-             d.cfg.node_id, d.cfg.primary_size >> 20, d.cfg.primary_path, d.n_tiers);
-    run(&d);
-    return stop(&d);
+             dp->cfg.node_id, dp->cfg.primary_size >> 20, dp->cfg.primary_path, dp->n_tiers);
+    run(dp);
+    return stop(dp);
+}
+
+int main(int argc, char **argv)
+{
+    struct daemon d = {.lock_fd = -1, .ep = -1, .sig_fd = -1, .tick_fd = -1};
+    int rc;
+
+    d.sets = kvt_calloc((size_t)argc + 1, sizeof(*d.sets));
+    if (d.sets == NULL)
+        return 1;
+    rc = daemon_main(&d, argc, argv);
+    kvt_free(d.sets);
+    return rc;
 }
