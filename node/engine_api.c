@@ -77,8 +77,9 @@ struct eclient {
     size_t in_len, in_cap;
     struct kvt_ebuf out;
     size_t out_off;
-    struct kvt_map reqs; /* req_id -> struct ereq */
-    struct kvt_map pins; /* key bytes -> (uintptr_t) pin count */
+    struct kvt_map reqs;    /* req_id -> struct ereq */
+    struct kvt_map pins;    /* key bytes -> (uintptr_t) pin count */
+    struct kvt_stats stats; /* fan-out mode: deltas since this client's last get_stats */
     struct eclient *next;
 };
 
@@ -95,6 +96,8 @@ struct kvt_engine_server {
     uint64_t next_id;
     struct eclient *clients;
     struct kvt_engine_server_counters ctr;
+    void (*collect_stats)(void *arg);
+    void *collect_arg;
     struct kvt_req_ctx *anon_ctx;      /* touch/loads that name no request */
     struct kvt_store_output store_out; /* prepare_store's, reused */
     struct kvt_events evs;             /* take_events', until its reply is encoded */
@@ -234,6 +237,7 @@ static void client_destroy(struct kvt_engine_server *s, struct eclient *c, const
     close(c->fd);
     kvt_map_cleanup(&c->reqs);
     kvt_map_cleanup(&c->pins);
+    kvt_stats_cleanup(&c->stats);
     kvt__ebuf_cleanup(&c->out);
     kvt_free(c->in);
     kvt_free(c);
@@ -330,6 +334,7 @@ static void accept_one(struct kvt_engine_server *s)
     c->pid = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : -1;
     kvt_map_init(&c->reqs);
     kvt_map_init(&c->pins);
+    kvt_stats_init(&c->stats);
     kvt__ebuf_init(&c->out);
     ev = (struct epoll_event){.events = EPOLLIN, .data.ptr = c};
     if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
@@ -665,7 +670,13 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
     int rc;
 
     kvt_stats_init(&st);
-    rc = kvt_manager_get_stats(s->m, &st);
+    if (s->collect_stats != NULL) {
+        s->collect_stats(s->collect_arg); /* fills every client's c->stats */
+        rc = kvt_stats_aggregate(&st, &c->stats);
+        kvt_stats_clear(&c->stats);
+    } else {
+        rc = kvt_manager_get_stats(s->m, &st);
+    }
     if (rc == 0) {
         r->stats = kvt_calloc(st.n ? st.n : 1, sizeof(*r->stats));
         if (r->stats == NULL)
@@ -923,6 +934,8 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
         return -ENOMEM;
     s->listen_fd = s->epfd = -1;
     s->m = cfg->manager;
+    s->collect_stats = cfg->collect_stats;
+    s->collect_arg = cfg->collect_arg;
     s->region_fd = region->fd;
     snprintf(s->path, sizeof(s->path), "%s", cfg->socket_path);
     kvt__eproto_limits_default(&s->lim);
@@ -1015,6 +1028,17 @@ void kvt_engine_server_destroy(struct kvt_engine_server *s)
 int kvt_engine_server_fd(const struct kvt_engine_server *s)
 {
     return s->epfd;
+}
+
+int kvt_engine_server_fanout_stats(struct kvt_engine_server *srv, const struct kvt_stats *delta)
+{
+    int rc = 0;
+
+    for (struct eclient *c = srv->clients; c != NULL; c = c->next) {
+        if (c->hello_done && kvt_stats_aggregate(&c->stats, delta) != 0)
+            rc = -ENOMEM; /* that client's next stats miss this delta */
+    }
+    return rc;
 }
 
 void kvt_engine_server_get_counters(const struct kvt_engine_server *s,

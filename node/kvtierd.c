@@ -309,19 +309,31 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
     return n;
 }
 
+/* The manager's stats are return-and-reset; the node has several consumers (each
+ * engine's get_stats, /metrics): one collector hands every delta to all of them. */
+static void collect_stats(void *arg)
+{
+    struct daemon *d = arg;
+    struct kvt_stats st;
+
+    kvt_stats_init(&st);
+    if (kvt_manager_get_stats(d->m, &st) == 0) {
+        kvt_prom_acc_add(&d->prom, &st);
+        if (d->engines != NULL)
+            kvt_engine_server_fanout_stats(d->engines, &st);
+    }
+    kvt_stats_cleanup(&st);
+}
+
 static void publish_metrics(struct daemon *d)
 {
     struct kvt_prom_sample samples[16];
-    struct kvt_stats st;
     char *text = NULL;
     size_t len = 0, n;
 
+    collect_stats(d);
     if (d->http == NULL)
         return;
-    kvt_stats_init(&st);
-    if (kvt_manager_get_stats(d->m, &st) == 0)
-        kvt_prom_acc_add(&d->prom, &st);
-    kvt_stats_cleanup(&st);
     n = node_samples(d, samples, KVT_ARRAY_SIZE(samples));
 #if HAVE_HTTP
     if (kvt_prom_render(&d->prom.totals, samples, n, 0, &text, &len) == 0)
@@ -339,6 +351,8 @@ static int start_services(struct daemon *d)
         .socket_path = d->cfg.engine_socket,
         .manager = d->m,
         .region = d->region,
+        .collect_stats = collect_stats,
+        .collect_arg = d,
     };
     int rc = kvt_engine_server_create(&ec, &d->engines);
 

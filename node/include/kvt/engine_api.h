@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvt/stats.h"
+
 struct kvt_manager;
 struct kvt_region;
 
@@ -38,6 +40,13 @@ struct kvt_engine_server_config {
     uint32_t max_keys;         /* 0 = 4096: keys (and request ids) per request */
     uint32_t max_requests;     /* 0 = 65536: live requests per client */
     uint32_t max_params_bytes; /* 0 = 64 KiB: kv_transfer_params JSON */
+    /* Stats fan-out (several consumers of return-and-reset stats): when set,
+     * get_stats calls collect(arg) first, which should take the manager's delta and
+     * hand it to kvt_engine_server_fanout_stats (and to its own consumers, /metrics);
+     * each client then gets what accumulated since its own last get_stats. NULL:
+     * get_stats takes kvt_manager_get_stats directly (one consumer). */
+    void (*collect_stats)(void *arg);
+    void *collect_arg;
 };
 
 struct kvt_engine_server_counters {
@@ -68,6 +77,9 @@ int kvt_engine_server_fd(const struct kvt_engine_server *srv);
 /* Does all the work that is ready, never blocks. 0, or a negative errno when the
  * server itself failed (epoll); errors of one client only close that client. */
 int kvt_engine_server_progress(struct kvt_engine_server *srv);
+
+/* Adds one stats delta to every attached client's pending stats (see collect_stats). */
+int kvt_engine_server_fanout_stats(struct kvt_engine_server *srv, const struct kvt_stats *delta);
 
 void kvt_engine_server_get_counters(const struct kvt_engine_server *srv,
                                     struct kvt_engine_server_counters *out);
