@@ -428,7 +428,11 @@ static int run(struct daemon *d)
 
     while (!d->stopping) {
         struct epoll_event evs[16];
-        int n = epoll_wait(d->ep, evs, 16, (int)d->cfg.loop_tick_ms);
+        /* Sleep only when the transport has nothing pending (a peer's READ over tcp
+         * is served by our progress). */
+        int wait_ms =
+            d->peers == NULL || kvt_peers_arm(d->peers) == 0 ? (int)d->cfg.loop_tick_ms : 0;
+        int n = epoll_wait(d->ep, evs, 16, wait_ms);
 
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;

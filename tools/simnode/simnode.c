@@ -400,11 +400,15 @@ static int run(struct node *n)
     char line[256];
 
     for (;;) {
-        struct pollfd pfd = {.fd = 0, .events = POLLIN};
-        int pr = poll(&pfd, 1, 1);
+        struct pollfd pfd[3] = {{.fd = 0, .events = POLLIN},
+                                {.fd = kvt_peers_event_fd(n->peers), .events = POLLIN},
+                                {.fd = kvt_net_tier_wake_fd(n->net), .events = POLLIN}};
+        /* Sleep only when the transport says nothing is pending (peers' READs over
+         * tcp need our progress to be served). */
+        int pr = poll(pfd, 3, kvt_peers_arm(n->peers) == 0 ? 1 : 0);
 
         step(n);
-        if (pr <= 0)
+        if (pr <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP)))
             continue;
         if (fgets(line, sizeof(line), stdin) == NULL)
             return 0; /* the driver went away */
