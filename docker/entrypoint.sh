@@ -338,7 +338,7 @@ run_test() {
     local addr=$1 role guests root test peers p
     shift
     test=${KVT_CLUSTER_TEST:-/opt/kvtier/src/tests/cluster/run-cluster-test}
-    [ -x "$test" ] || die "the cluster test $test is not in this image (tests/cluster/ was missing when it was built)"
+    [ -x "$test" ] || die "the cluster test $test is not in this image (it was not in tests/cluster/ when the image was built)"
     [ -n "${KVT_PEERS:-}" ] || die_config "test mode needs KVT_PEERS (every node's address, in role order)"
     guests=$(peer_list | wc -l)
     guests=${KVT_GUESTS:-$guests}

@@ -130,7 +130,10 @@ if [ -n "$KVTIERD" ]; then
     # The address must be this machine's for kvtierd to accept network.listen.
     "${cfg_env[@]/KVT_ADDR=10.78.0.12/KVT_ADDR=127.0.0.1}" KVT_TRANSPORT=ucx \
         "$D/entrypoint.sh" config >"$TMP/local.yaml" 2>/dev/null
-    if "$KVTIERD" --config "$TMP/local.yaml" --check >"$TMP/check.out" 2>&1; then
+    # Leaks are the node tests' business (kvtierd --check leaked the loaded config on
+    # 2026-12-03); this asks whether the file is accepted.
+    if ASAN_OPTIONS=detect_leaks=0 "$KVTIERD" --config "$TMP/local.yaml" --check \
+        >"$TMP/check.out" 2>&1; then
         pass "kvtierd --check accepts the entrypoint's config"
     else
         fail "kvtierd --check refuses the entrypoint's config: $(tail -3 "$TMP/check.out")"
