@@ -596,8 +596,10 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
     kvt_log_set_level(dp->cfg.log_level);
     if (dump)
         kvt_config_dump(stdout, &dp->cfg);
-    if (check || dump)
+    if (check || dump) {
+        kvt_config_free(&dp->cfg);
         return 0;
+    }
 
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);

@@ -428,7 +428,7 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
         return rc;
     save = *c;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t fields, nk;
+        uint32_t fields, nk = 0;
 
         rc = rd_array(c, 16, &fields);
         if (rc == 0 && fields != 4)
@@ -452,7 +452,7 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
     struct kvtier_key *keys = m->heap;
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         struct kvtier_event *ev = &m->events[i];
-        uint32_t fields, nk;
+        uint32_t fields, nk = 0;
         struct mp o;
 
         rc = rd_array(c, 16, &fields);

@@ -215,11 +215,16 @@ static int peer_reap(struct conn *c, unsigned timeout_ms)
     return st;
 }
 
+static bool rdma_device_present(void);
+
 static void conn_config(struct kvt_transport_config *cfg)
 {
     *cfg = (struct kvt_transport_config){
         .backend = opt.backend,
         .max_msg_bytes = CONF_MAX_MSG,
+        /* soft-RoCE in TCG guests moves ~6 MB/s: a 64 MiB batch needs more than the
+         * default 10 s there. */
+        .op_timeout_ms = strcmp(opt.backend, "verbs") == 0 || rdma_device_present() ? 60000 : 0,
         .cb = {.on_ep_state = c_on_ep_state, .on_msg = c_on_msg, .arg = &C},
     };
 }
@@ -718,7 +723,9 @@ static void kill_cb(void *arg, int status)
         if (K.killed)
             K.failed_after++;
     }
-    if (status == 0 && C.ep != NULL && !K.killed) {
+    /* Keep reading after the kill too: over RDMA the dead peer's kernel may finish
+     * what was in flight, and only later READs meet the torn-down QP. */
+    if (status == 0 && C.ep != NULL && C.closed == 0) {
         int ret = kill_post(i);
 
         if (ret != -EINPROGRESS)
@@ -853,9 +860,19 @@ static void test_connect_timeout(void **state)
 
     uint64_t t0 = conf_now_ms();
 
-    assert_int_equal(kvt_tp_connect(C.tp, opt.addr, C.mute_port, &C, &ep), 0);
-    C.ep = ep;
-    assert_int_equal(conf_pump(C.tp, closed_or, NULL, 15000), 0);
+    /* Two hosts: the server may still be restarting its peer (refused, or over
+     * rdma_cm not connected): try again. */
+    for (int tries = 0;; tries++) {
+        t0 = conf_now_ms();
+        assert_int_equal(kvt_tp_connect(C.tp, opt.addr, C.mute_port, &C, &ep), 0);
+        C.ep = ep;
+        assert_int_equal(conf_pump(C.tp, closed_or, NULL, 15000), 0);
+        if ((C.closed_err != -ECONNREFUSED && C.closed_err != -ENOTCONN) || tries == 50)
+            break;
+        C.closed = 0;
+        C.closed_err = 0;
+        usleep(100000);
+    }
     uint64_t dt = conf_now_ms() - t0;
 
     printf("# connect to a mute peer: %s after %" PRIu64 " ms (timeout 700 ms)\n",
@@ -863,8 +880,13 @@ static void test_connect_timeout(void **state)
     assert_int_equal(C.connected, 0);
     assert_int_equal(C.closed_err, -ETIMEDOUT);
     assert_true(dt >= 600);
-    /* The real peer was never connected: end it by connecting and closing. */
-    assert_int_equal(conn_connect(&C), 0);
+    /* The real peer was never connected: end it by connecting and closing (slow
+     * guests may need more than the 700 ms this transport was opened with). */
+    int rc = -ETIMEDOUT;
+
+    for (int tries = 0; tries < 10 && rc != 0; tries++)
+        rc = conn_connect(&C);
+    assert_int_equal(rc, 0);
 }
 
 static int setup_op_timeout(void **state)
@@ -898,9 +920,15 @@ static void test_op_timeout(void **state)
 
     printf("# READ from a stalled peer: %s after %" PRIu64 " ms (op timeout 500 ms)\n",
            b.status ? strerror(-b.status) : "completed", dt);
-    if (b.status == 0)
-        fail_msg("the READ completed while the peer was stalled: this transport does not "
-                 "need the peer's CPU, so the op timeout cannot be provoked here");
+    if (b.status == 0) {
+        /* RDMA (and shared memory) move bytes without the peer's CPU: a stalled peer
+         * cannot delay them, so this way of provoking the op timeout does not apply.
+         * Reported as SKIPPED, never as passed. */
+        printf("# SKIP test_op_timeout: the READ completed while the peer was stalled "
+               "(%s moves bytes without the peer's CPU)\n",
+               opt.backend);
+        skip();
+    }
     assert_int_equal(b.status, -ETIMEDOUT);
     assert_int_equal(conf_pump(C.tp, conn_closed, &C, 5000), 0);
     assert_int_equal(C.closed_err, -ETIMEDOUT);

@@ -364,7 +364,7 @@ static int lookup_resolved(struct kvtier_client *c, const char *req, const struc
 static int cmd_lookup(struct cli *cl)
 {
     struct kvtier_client *c;
-    struct kvtier_key *keys;
+    struct kvtier_key *keys = NULL;
     uint8_t *res;
     char req[64], hex[2 * KVTIER_KEY_MAX + 1];
     unsigned steps = 0;
