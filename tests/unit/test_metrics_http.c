@@ -1,0 +1,487 @@
+/* kvtierd's /metrics: the Prometheus renderer and its accumulator (node/prom.c), fed by
+ * the real tiering metrics tracker, and the HTTP server (node/metrics_http.c) fetched
+ * with a plain socket client. Every page is checked with `promtool check metrics`
+ * (Debian's prometheus package, installed by tools/install-deps): a missing promtool
+ * fails the test. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "kvt/alloc.h"
+#include "kvt/common.h"
+#include "kvt/metrics.h"
+#include "kvt/prom.h"
+#include "kvt/stats.h"
+
+/* ---- helpers ---- */
+
+static char *render(const struct kvt_stats *st, const struct kvt_prom_sample *ss, size_t n,
+                    unsigned flags)
+{
+    char *text = NULL;
+    size_t len = 0;
+
+    assert_int_equal(kvt_prom_render(st, ss, n, flags, &text, &len), 0);
+    assert_non_null(text);
+    assert_int_equal(strlen(text), len);
+    return text;
+}
+
+/* Whether text holds this exact line. */
+static bool has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+
+    for (const char *p = text; (p = strstr(p, line)) != NULL; p++)
+        if ((p == text || p[-1] == '\n') && p[n] == '\n')
+            return true;
+    return false;
+}
+
+#define assert_line(text, line)                                                                    \
+    do {                                                                                           \
+        if (!has_line((text), (line)))                                                             \
+            fail_msg("no line \"%s\" in:\n%s", (line), (text));                                    \
+    } while (0)
+
+struct promtool_result {
+    int status; /* exit status, or -1 when it did not run */
+    char out[8192];
+};
+
+/* Runs `promtool check metrics` on text. */
+static void promtool(const char *text, struct promtool_result *r)
+{
+    char *dir = kt_tmpdir("promtool"), path[512], cmd[1200];
+    FILE *f, *p;
+    size_t n;
+
+    assert_non_null(dir);
+    snprintf(path, sizeof(path), "%s/page.txt", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+    if (system("command -v promtool >/dev/null 2>&1") != 0)
+        fail_msg("promtool is missing: tools/install-deps installs it (package prometheus)");
+    snprintf(cmd, sizeof(cmd), "promtool check metrics < '%s' 2>&1", path);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    n = fread(r->out, 1, sizeof(r->out) - 1, p);
+    r->out[n] = '\0';
+    int st = pclose(p);
+
+    r->status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    unlink(path);
+    rmdir(dir);
+    free(dir);
+}
+
+/* Strict: promtool accepts the page with no remark at all. */
+static void assert_promtool_clean(const char *text)
+{
+    struct promtool_result r;
+
+    promtool(text, &r);
+    if (r.status != 0 || r.out[0] != '\0')
+        fail_msg("promtool exit %d:\n%s\non:\n%s", r.status, r.out, text);
+}
+
+/* vLLM's names: the page parses (exit 1 is a parse error); the only lint remark allowed
+ * is the one about ':' in vLLM's own names (exit 3). */
+static void assert_promtool_vllm_names(const char *text)
+{
+    struct promtool_result r;
+    char *save = NULL;
+
+    promtool(text, &r);
+    if (r.status != 0 && r.status != 3)
+        fail_msg("promtool exit %d:\n%s\non:\n%s", r.status, r.out, text);
+    for (char *l = strtok_r(r.out, "\n", &save); l; l = strtok_r(NULL, "\n", &save))
+        if (strstr(l, "should not contain ':'") == NULL || strncmp(l, "vllm:", 5) != 0)
+            fail_msg("promtool remark \"%s\" on:\n%s", l, text);
+}
+
+/* A tracker with one "fs" tier, driven through a promotion, lookups and an
+ * allocation failure. */
+static struct kvt_metrics *tracker(void)
+{
+    static const char *const types[] = {"fs"};
+    struct kvt_metrics *mt;
+
+    assert_int_equal(kvt_metrics_create(types, 1, 100, 4096, &mt), 0);
+    return mt;
+}
+
+static void one_promotion(struct kvt_metrics *mt, size_t n_keys)
+{
+    struct kvt_key keys[4];
+    struct kvt_job job = {.id = 1, .n = n_keys, .keys = keys, .is_promotion = true};
+    struct kvt_job_result res = {
+        .job_id = 1, .success = true, .transfer_time = 0.25, .transfer_bytes = -1};
+
+    kt_keys(keys, 0, n_keys);
+    kvt_metrics_on_job_registered(mt, &job, 0);
+    kvt_metrics_on_job_finished(mt, &job, 0, &res);
+}
+
+/* ---- the renderer ---- */
+
+/* The checker itself can fail: a broken page and a linted one are both caught. */
+static void test_promtool_catches_bad_pages(void **state)
+{
+    struct promtool_result r;
+
+    (void)state;
+    promtool("# TYPE x gauge\nx{a=\"1\"} one\n", &r);
+    assert_int_equal(r.status, 1);
+    promtool("# TYPE x_total counter\nx_total 1\n", &r); /* no HELP */
+    assert_int_not_equal(r.status, 0);
+    promtool("# HELP x_total a\n# TYPE x_total counter\nx_total 1\n", &r);
+    assert_int_equal(r.status, 0);
+}
+
+static void test_render_basic_and_histogram(void **state)
+{
+    struct kvt_stats st;
+    char *text;
+
+    (void)state;
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_stats_increase(&st, KVT_M_READ_BYTES, "1:fs", 8192), 0);
+    assert_int_equal(kvt_stats_set_gauge(&st, KVT_M_ACTIVE_PROMOTIONS, "1:fs", 2), 0);
+    assert_int_equal(kvt_stats_increase(&st, KVT_M_PROMOTION_ALLOC_FAILURES, NULL, 1), 0);
+    assert_int_equal(kvt_stats_increase(&st, KVT_M_READ_BYTES, "2:p2p", 4096), 0);
+    assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 0.002), 0);
+    assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 3), 0);
+    assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 100), 0);
+    text = render(&st, NULL, 0, 0);
+
+    assert_line(text, "# TYPE vllm:kv_offload_tiering_read_bytes_total counter");
+    assert_non_null(strstr(text, "# HELP vllm:kv_offload_tiering_read_bytes_total Bytes"));
+    assert_line(text, "vllm:kv_offload_tiering_read_bytes_total{tier=\"1:fs\"} 8192");
+    assert_line(text, "vllm:kv_offload_tiering_read_bytes_total{tier=\"2:p2p\"} 4096");
+    /* One family: the two tiers' series follow one HELP/TYPE pair. */
+    {
+        const char *a = strstr(text, "read_bytes_total{tier=\"1:fs\"}");
+        const char *b = strstr(text, "read_bytes_total{tier=\"2:p2p\"}");
+        const char *t = strstr(text, "# TYPE vllm:kv_offload_tiering_active_promotion_jobs");
+
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(t);
+        assert_true(a < b && b < t);
+    }
+    assert_line(text, "# TYPE vllm:kv_offload_tiering_active_promotion_jobs gauge");
+    assert_line(text, "vllm:kv_offload_tiering_active_promotion_jobs{tier=\"1:fs\"} 2");
+    assert_line(text, "vllm:kv_offload_tiering_promotion_allocation_failures_total 1");
+
+    assert_line(text, "# TYPE vllm:kv_offload_tiering_lookup_sync_delay_seconds histogram");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"1e-06\"} 0");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"0.001\"} 0");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"0.005\"} 1");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"4\"} 2");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"64\"} 2");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"256\"} 3");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"+Inf\"} 3");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_sum"
+                      "{tier=\"0:primary\"} 103.002");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_count"
+                      "{tier=\"0:primary\"} 3");
+    assert_null(strstr(text, "1e+300"));
+    assert_promtool_vllm_names(text);
+    kvt_free(text);
+
+    text = render(&st, NULL, 0, KVT_PROM_NO_COLONS);
+    assert_line(text, "vllm_kv_offload_tiering_read_bytes_total{tier=\"1:fs\"} 8192");
+    assert_null(strstr(text, "vllm:"));
+    assert_promtool_clean(text);
+    kvt_free(text);
+
+    /* Nothing at all is an empty page. */
+    text = render(NULL, NULL, 0, 0);
+    assert_string_equal(text, "");
+    kvt_free(text);
+    kvt_stats_cleanup(&st);
+}
+
+static void test_accumulator_keeps_running_totals(void **state)
+{
+    struct kvt_metrics *mt = tracker();
+    struct kvt_prom_acc acc;
+    struct kvt_stats delta;
+    char *text;
+
+    (void)state;
+    kvt_prom_acc_init(&acc);
+
+    /* Step 1: one promotion of 2 chunks, one allocation failure. */
+    one_promotion(mt, 2);
+    kvt_metrics_on_promotion_allocation_failure(mt);
+    kvt_stats_init(&delta);
+    assert_int_equal(kvt_metrics_take_stats(mt, &delta), 0);
+    assert_true(kvt_stats_value(&delta, KVT_M_READ_BYTES, "1:fs") == 2 * 4096.0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &delta), 0);
+    kvt_stats_cleanup(&delta);
+
+    /* Step 2: the tracker's delta holds only the new promotion... */
+    one_promotion(mt, 3);
+    kvt_metrics_on_promotion_allocation_failure(mt);
+    kvt_stats_init(&delta);
+    assert_int_equal(kvt_metrics_take_stats(mt, &delta), 0);
+    assert_true(kvt_stats_value(&delta, KVT_M_READ_BYTES, "1:fs") == 3 * 4096.0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &delta), 0);
+    kvt_stats_cleanup(&delta);
+
+    /* Step 3: nothing new; counters must not fall back. */
+    kvt_stats_init(&delta);
+    assert_int_equal(kvt_metrics_take_stats(mt, &delta), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &delta), 0);
+    kvt_stats_cleanup(&delta);
+    assert_int_equal(acc.n_adds, 3);
+
+    /* ...the page the cumulative totals. */
+    text = render(&acc.totals, NULL, 0, 0);
+    assert_line(text, "vllm:kv_offload_tiering_read_bytes_total{tier=\"1:fs\"} 20480");
+    assert_line(text, "vllm:kv_offload_tiering_read_time_total{tier=\"1:fs\"} 0.5");
+    assert_line(text, "vllm:kv_offload_tiering_promotion_allocation_failures_total 2");
+    /* Gauges are the latest value, not a sum. */
+    assert_line(text, "vllm:kv_offload_tiering_active_promotion_jobs{tier=\"1:fs\"} 0");
+    assert_line(text, "vllm:kv_offload_tiering_primary_write_usage_perc{tier=\"1:fs\"} 0");
+    assert_promtool_vllm_names(text);
+    kvt_free(text);
+
+    /* A gauge that moves overwrites; a histogram adds. */
+    kvt_stats_init(&delta);
+    assert_int_equal(kvt_stats_set_gauge(&delta, KVT_M_BP_EMA, "1:fs", 0.5), 0);
+    assert_int_equal(kvt_stats_observe(&delta, KVT_M_CPU_ALLOC_SIZE, NULL, 4), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &delta), 0);
+    kvt_stats_clear(&delta);
+    assert_int_equal(kvt_stats_set_gauge(&delta, KVT_M_BP_EMA, "1:fs", 0.125), 0);
+    assert_int_equal(kvt_stats_observe(&delta, KVT_M_CPU_ALLOC_SIZE, NULL, 8), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &delta), 0);
+    kvt_stats_cleanup(&delta);
+    text = render(&acc.totals, NULL, 0, KVT_PROM_NO_COLONS);
+    assert_line(text,
+                "vllm_kv_offload_tiering_backpressure_store_latency_ema{tier=\"1:fs\"} 0.125");
+    assert_line(text, "vllm_kv_offload_cpu_allocation_size_count 2");
+    assert_line(text, "vllm_kv_offload_cpu_allocation_size_sum 12");
+    assert_line(text, "vllm_kv_offload_cpu_allocation_size_bucket{le=\"4\"} 1");
+    assert_line(text, "vllm_kv_offload_cpu_allocation_size_bucket{le=\"16\"} 2");
+    assert_promtool_clean(text);
+    kvt_free(text);
+
+    kvt_prom_acc_cleanup(&acc);
+    kvt_metrics_destroy(mt);
+}
+
+static void test_accumulator_refuses_bad_deltas(void **state)
+{
+    struct kvt_prom_acc acc;
+    struct kvt_stats d;
+    char *before, *after;
+
+    (void)state;
+    kvt_prom_acc_init(&acc);
+    kvt_stats_init(&d);
+    assert_int_equal(kvt_stats_increase(&d, "kvtier_x", "a", 5), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &d), 0);
+    before = render(&acc.totals, NULL, 0, 0);
+
+    /* The same name as a gauge: refused, totals unchanged. */
+    kvt_stats_clear(&d);
+    assert_int_equal(kvt_stats_increase(&d, "kvtier_y", "a", 1), 0);
+    assert_int_equal(kvt_stats_set_gauge(&d, "kvtier_x", "b", 1), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &d), -EINVAL);
+    /* A counter that goes down, or NaN. */
+    kvt_stats_clear(&d);
+    assert_int_equal(kvt_stats_increase(&d, "kvtier_x", "a", -1), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &d), -EINVAL);
+    kvt_stats_clear(&d);
+    assert_int_equal(kvt_stats_increase(&d, "kvtier_x", "a", NAN), 0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &d), -EINVAL);
+    /* Out of memory half-way. */
+    kvt_stats_clear(&d);
+    assert_int_equal(kvt_stats_increase(&d, "kvtier_x", "a", 1), 0);
+    assert_int_equal(kvt_stats_increase(&d, "kvtier_z", NULL, 1), 0);
+    kvt_alloc_fail_after(0);
+    assert_int_equal(kvt_prom_acc_add(&acc, &d), -ENOMEM);
+    kvt_alloc_fail_after(-1);
+    assert_int_equal(acc.n_adds, 1);
+
+    after = render(&acc.totals, NULL, 0, 0);
+    assert_string_equal(before, after);
+    assert_line(after, "kvtier_x_total{tier=\"a\"} 5");
+    kvt_free(before);
+    kvt_free(after);
+    kvt_stats_cleanup(&d);
+    kvt_prom_acc_cleanup(&acc);
+}
+
+static const struct kvt_prom_sample node_samples[] = {
+    {"kvtier_peers", "Peers by state.", KVT_METRIC_GAUGE, "state", "up", 2},
+    {"kvtier_peers", "Peers by state.", KVT_METRIC_GAUGE, "state", "down", 1},
+    {"kvtier_bytes_served", "Bytes peers read from this node's region.", KVT_METRIC_COUNTER, NULL,
+     NULL, 1e12},
+    {"kvtier_leases_active", "Grants whose lease has not ended.", KVT_METRIC_GAUGE, NULL, NULL, 3},
+    {"kvtier_checksum_failures_total", "Chunks pulled from peers that failed the checksum.",
+     KVT_METRIC_COUNTER, "peer", "10.0.0.2:7170", 0},
+    {"kvtier_build_info", "Version.", KVT_METRIC_GAUGE, "version", "0.1.0", 1},
+};
+
+static void test_node_samples(void **state)
+{
+    struct kvt_stats st;
+    char *text;
+
+    (void)state;
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_stats_increase(&st, KVT_M_CHUNK_HITS, "1:fs", 7), 0);
+    text = render(&st, node_samples, KVT_ARRAY_SIZE(node_samples), 0);
+    assert_line(text, "# HELP kvtier_peers Peers by state.");
+    assert_line(text, "# TYPE kvtier_peers gauge");
+    assert_line(text, "kvtier_peers{state=\"up\"} 2");
+    assert_line(text, "kvtier_peers{state=\"down\"} 1");
+    assert_line(text, "# TYPE kvtier_bytes_served_total counter");
+    assert_line(text, "kvtier_bytes_served_total 1000000000000");
+    assert_line(text, "kvtier_leases_active 3");
+    /* "_total" is not doubled. */
+    assert_line(text, "kvtier_checksum_failures_total{peer=\"10.0.0.2:7170\"} 0");
+    assert_null(strstr(text, "_total_total"));
+    /* The tiering stats come first. */
+    assert_true(strstr(text, "vllm:kv_offload_tiering_chunk_hits_total") <
+                strstr(text, "kvtier_peers"));
+    assert_promtool_vllm_names(text);
+    kvt_free(text);
+    text = render(&st, node_samples, KVT_ARRAY_SIZE(node_samples), KVT_PROM_NO_COLONS);
+    assert_promtool_clean(text);
+    kvt_free(text);
+    kvt_stats_cleanup(&st);
+}
+
+static void test_escaping_and_names(void **state)
+{
+    const struct kvt_prom_sample ss[] = {
+        {"kvtier_odd", "Help with \\ and\nnewline \"quoted\".", KVT_METRIC_GAUGE, "v", "a\"b\\c\nd",
+         1.5},
+        {"9lives", "x", KVT_METRIC_GAUGE, NULL, NULL, -0.25},
+        {"kvtier.dotted-name", "x", KVT_METRIC_GAUGE, NULL, NULL, INFINITY},
+        {"kvtier_nan", "", KVT_METRIC_GAUGE, NULL, NULL, NAN},
+        {"kvtier_small", "x", KVT_METRIC_GAUGE, NULL, NULL, 1e-7},
+    };
+    struct kvt_stats st;
+    char *text;
+
+    (void)state;
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_stats_increase(&st, "tier stat/with spaces", "1:\"fs\"\\x", 1), 0);
+    text = render(&st, ss, KVT_ARRAY_SIZE(ss), 0);
+    assert_line(text, "# HELP kvtier_odd Help with \\\\ and\\nnewline \"quoted\".");
+    assert_line(text, "kvtier_odd{v=\"a\\\"b\\\\c\\nd\"} 1.5");
+    assert_line(text, "_9lives -0.25");
+    assert_line(text, "kvtier_dotted_name +Inf");
+    assert_line(text, "kvtier_nan NaN");
+    assert_line(text, "# HELP kvtier_nan kvtier metric.");
+    assert_line(text, "kvtier_small 1e-07");
+    assert_line(text, "tier_stat_with_spaces_total{tier=\"1:\\\"fs\\\"\\\\x\"} 1");
+    assert_promtool_clean(text);
+    kvt_free(text);
+    kvt_stats_cleanup(&st);
+}
+
+static void test_render_refuses_bad_samples(void **state)
+{
+    const struct kvt_prom_sample hist[] = {{"kvtier_h", "h", KVT_METRIC_HISTOGRAM, NULL, NULL, 1}};
+    const struct kvt_prom_sample bad_label[] = {{"kvtier_l", "l", KVT_METRIC_GAUGE, "1x", "v", 1}};
+    const struct kvt_prom_sample reserved[] = {{"kvtier_l", "l", KVT_METRIC_GAUGE, "__x", "v", 1}};
+    const struct kvt_prom_sample half_label[] = {{"kvtier_l", "l", KVT_METRIC_GAUGE, "x", NULL, 1}};
+    const struct kvt_prom_sample twice[] = {{"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 1},
+                                            {"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 2}};
+    const struct kvt_prom_sample kinds[] = {{"kvtier_k", "k", KVT_METRIC_GAUGE, "a", "1", 1},
+                                            {"kvtier_k", "k", KVT_METRIC_COUNTER, "a", "2", 2}};
+    const struct kvt_prom_sample clash[] = {
+        {KVT_M_CHUNK_HITS, "same name as a stat", KVT_METRIC_COUNTER, NULL, NULL, 1}};
+    const struct kvt_prom_sample alike[] = {{"kvtier_a-b", "x", KVT_METRIC_GAUGE, NULL, NULL, 1},
+                                            {"kvtier_a_b", "x", KVT_METRIC_GAUGE, NULL, NULL, 1}};
+    const struct kvt_prom_sample noname[] = {{"", "x", KVT_METRIC_GAUGE, NULL, NULL, 1}};
+    struct {
+        const struct kvt_prom_sample *s;
+        size_t n;
+    } cases[] = {{hist, 1},  {bad_label, 1}, {reserved, 1}, {half_label, 1}, {twice, 2},
+                 {kinds, 2}, {clash, 1},     {alike, 2},    {noname, 1}};
+    struct kvt_stats st;
+    char *text = (char *)"untouched";
+    size_t len = 77;
+
+    (void)state;
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_stats_increase(&st, KVT_M_CHUNK_HITS, "1:fs", 7), 0);
+    for (size_t i = 0; i < KVT_ARRAY_SIZE(cases); i++) {
+        int rc = kvt_prom_render(&st, cases[i].s, cases[i].n, 0, &text, &len);
+
+        if (rc != -EINVAL)
+            fail_msg("case %zu: %d", i, rc);
+        assert_string_equal(text, "untouched");
+        assert_int_equal(len, 77);
+    }
+    kvt_stats_cleanup(&st);
+}
+
+static void test_render_out_of_memory(void **state)
+{
+    struct kvt_stats st;
+    char *text = NULL, *want;
+    size_t len;
+    int rc = -ENOMEM;
+    long n;
+
+    (void)state;
+    kvt_stats_init(&st);
+    for (int i = 0; i < 200; i++) {
+        char label[32];
+
+        snprintf(label, sizeof(label), "%d:t", i);
+        assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, label, i * 0.01), 0);
+    }
+    want = render(&st, node_samples, KVT_ARRAY_SIZE(node_samples), 0);
+    for (n = 0; n < 1000 && rc == -ENOMEM; n++) {
+        kvt_alloc_fail_after(n);
+        rc = kvt_prom_render(&st, node_samples, KVT_ARRAY_SIZE(node_samples), 0, &text, &len);
+        kvt_alloc_fail_after(-1);
+    }
+    assert_int_equal(rc, 0);
+    assert_true(n > 2); /* the page needed the buffer to grow */
+    assert_string_equal(text, want);
+    kvt_free(text);
+    kvt_free(want);
+    kvt_stats_cleanup(&st);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_promtool_catches_bad_pages),
+        cmocka_unit_test(test_render_basic_and_histogram),
+        cmocka_unit_test(test_accumulator_keeps_running_totals),
+        cmocka_unit_test(test_accumulator_refuses_bad_deltas),
+        cmocka_unit_test(test_node_samples),
+        cmocka_unit_test(test_escaping_and_names),
+        cmocka_unit_test(test_render_refuses_bad_samples),
+        cmocka_unit_test(test_render_out_of_memory),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
