@@ -8,6 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +23,7 @@
 #include "kvt/alloc.h"
 #include "kvt/common.h"
 #include "kvt/metrics.h"
+#include "kvt/metrics_http.h"
 #include "kvt/prom.h"
 #include "kvt/stats.h"
 
@@ -470,6 +478,334 @@ static void test_render_out_of_memory(void **state)
     kvt_stats_cleanup(&st);
 }
 
+/* ---- the HTTP server ---- */
+
+struct http_reply {
+    int status;
+    char headers[2048];
+    char *body; /* malloc'd, NUL-terminated */
+    size_t body_len;
+};
+
+/* One request over a fresh connection to 127.0.0.1:port; reads until the server closes. */
+static void http_request(uint16_t port, const char *method, const char *path, struct http_reply *r)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    struct timeval tv = {.tv_sec = 20};
+    char req[512], *buf = NULL, *sep;
+    size_t len = 0, cap = 0;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        fail_msg("connect to port %u: %s", port, strerror(errno));
+    bool post = strcmp(method, "POST") == 0;
+    int n = snprintf(req, sizeof(req),
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s\r\n%s", method,
+                     path, post ? "Content-Length: 5\r\n" : "", post ? "hello" : "");
+    assert_int_equal(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    for (;;) {
+        if (cap - len < 4096) {
+            cap = cap ? cap * 2 : 65536;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+        ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
+
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0)
+            fail_msg("recv: %s", strerror(errno));
+        if (got == 0)
+            break;
+        len += (size_t)got;
+    }
+    close(fd);
+    buf[len] = '\0';
+    assert_int_equal(sscanf(buf, "HTTP/1.%*d %d", &r->status), 1);
+    sep = strstr(buf, "\r\n\r\n");
+    assert_non_null(sep);
+    snprintf(r->headers, sizeof(r->headers), "%.*s", (int)(sep - buf), buf);
+    r->body_len = len - (size_t)(sep + 4 - buf);
+    r->body = malloc(r->body_len + 1);
+    assert_non_null(r->body);
+    memcpy(r->body, sep + 4, r->body_len);
+    r->body[r->body_len] = '\0';
+    free(buf);
+}
+
+static bool has_header(const struct http_reply *r, const char *name, const char *value)
+{
+    char want[512];
+    const char *p = r->headers;
+
+    snprintf(want, sizeof(want), "%s: %s", name, value);
+    for (; (p = strcasestr(p, want)) != NULL; p++)
+        if (p[-1] == '\n' && (p[strlen(want)] == '\r' || p[strlen(want)] == '\0'))
+            return true;
+    return false;
+}
+
+static struct kvt_metrics_http *start_server(void)
+{
+    struct kvt_metrics_http *srv = NULL;
+
+    assert_int_equal(kvt_metrics_http_create("127.0.0.1", 0, &srv), 0);
+    assert_non_null(srv);
+    assert_int_not_equal(kvt_metrics_http_port(srv), 0);
+    print_message("metrics server on 127.0.0.1:%u\n", (unsigned)kvt_metrics_http_port(srv));
+    return srv;
+}
+
+/* A page as the node loop makes it: tracker deltas accumulated, node samples. */
+static char *node_page(struct kvt_prom_acc *acc, struct kvt_metrics *mt, unsigned flags)
+{
+    struct kvt_stats delta;
+    char *text;
+
+    one_promotion(mt, 2);
+    kvt_stats_init(&delta);
+    assert_int_equal(kvt_metrics_take_stats(mt, &delta), 0);
+    assert_int_equal(kvt_prom_acc_add(acc, &delta), 0);
+    kvt_stats_cleanup(&delta);
+    text = render(&acc->totals, node_samples, KVT_ARRAY_SIZE(node_samples), flags);
+    return text;
+}
+
+static void test_http_endpoints(void **state)
+{
+    struct kvt_metrics_http *srv = start_server();
+    uint16_t port = kvt_metrics_http_port(srv);
+    struct kvt_metrics *mt = tracker();
+    struct kvt_prom_acc acc;
+    struct http_reply r;
+    char *page;
+
+    (void)state;
+    kvt_prom_acc_init(&acc);
+
+    /* Nothing published yet. */
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 503);
+    free(r.body);
+
+    http_request(port, "GET", "/healthz", &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "ok\n");
+    free(r.body);
+
+    page = node_page(&acc, mt, 0);
+    assert_int_equal(kvt_metrics_http_publish(srv, page, strlen(page)), 0);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_true(has_header(&r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8"));
+    assert_int_equal(r.body_len, strlen(page));
+    assert_string_equal(r.body, page);
+    assert_line(r.body, "vllm:kv_offload_tiering_read_bytes_total{tier=\"1:fs\"} 8192");
+    assert_promtool_vllm_names(r.body);
+    free(r.body);
+    kvt_free(page);
+
+    /* The next publish replaces the page; counters grew. */
+    page = node_page(&acc, mt, KVT_PROM_NO_COLONS);
+    assert_int_equal(kvt_metrics_http_publish(srv, page, strlen(page)), 0);
+    kvt_free(page);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_line(r.body, "vllm_kv_offload_tiering_read_bytes_total{tier=\"1:fs\"} 16384");
+    assert_line(r.body, "kvtier_peers{state=\"up\"} 2");
+    assert_promtool_clean(r.body);
+    free(r.body);
+
+    /* HEAD: headers only. */
+    http_request(port, "HEAD", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 0);
+    free(r.body);
+
+    http_request(port, "GET", "/nope", &r);
+    assert_int_equal(r.status, 404);
+    free(r.body);
+    http_request(port, "GET", "/metrics/x", &r);
+    assert_int_equal(r.status, 404);
+    free(r.body);
+
+    static const char *const methods[] = {"POST", "PUT", "DELETE", "PATCH"};
+
+    for (size_t i = 0; i < KVT_ARRAY_SIZE(methods); i++) {
+        http_request(port, methods[i], "/metrics", &r);
+        if (r.status != 405)
+            fail_msg("%s /metrics: %d", methods[i], r.status);
+        assert_true(has_header(&r, "Allow", "GET, HEAD"));
+        free(r.body);
+    }
+    http_request(port, "POST", "/healthz", &r);
+    assert_int_equal(r.status, 405);
+    free(r.body);
+
+    /* Not healthy (draining): /healthz says so, /metrics still serves. */
+    kvt_metrics_http_set_healthy(srv, false);
+    http_request(port, "GET", "/healthz", &r);
+    assert_int_equal(r.status, 503);
+    free(r.body);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    kvt_metrics_http_set_healthy(srv, true);
+    http_request(port, "GET", "/healthz", &r);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+
+    /* An empty page is a valid page. */
+    assert_int_equal(kvt_metrics_http_publish(srv, "", 0), 0);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 0);
+    free(r.body);
+
+    kvt_metrics_http_destroy(srv);
+    kvt_prom_acc_cleanup(&acc);
+    kvt_metrics_destroy(mt);
+}
+
+/* The node loop publishes while clients fetch: every body is one whole published page
+ * and a client never sees the version go back. */
+struct fetcher {
+    uint16_t port;
+    atomic_bool *stop;
+    int fetched;
+    int bad;
+};
+
+static void *fetch_loop(void *arg)
+{
+    struct fetcher *f = arg;
+    long last = -1;
+
+    while (!atomic_load(f->stop) || f->fetched < 5) {
+        struct http_reply r;
+        long v;
+
+        http_request(f->port, "GET", "/metrics", &r);
+        if (r.status == 200) {
+            if (sscanf(r.body,
+                       "# HELP kvtier_page_version v\n# TYPE kvtier_page_version "
+                       "gauge\nkvtier_page_version %ld\n",
+                       &v) != 1 ||
+                v < last || strlen(r.body) != r.body_len || !has_line(r.body, "kvtier_pad 1"))
+                f->bad++;
+            last = v;
+            f->fetched++;
+        } else if (r.status != 503) {
+            f->bad++;
+        }
+        free(r.body);
+    }
+    return NULL;
+}
+
+static void test_http_publish_while_serving(void **state)
+{
+    struct kvt_metrics_http *srv = start_server();
+    struct fetcher f[3];
+    pthread_t th[3];
+    atomic_bool stop;
+    char pad[20000];
+
+    (void)state;
+    atomic_init(&stop, false);
+    memset(pad, '#', sizeof(pad) - 1); /* a page of some size */
+    pad[sizeof(pad) - 1] = '\0';
+    for (int i = 0; i < 3; i++) {
+        f[i] = (struct fetcher){.port = kvt_metrics_http_port(srv), .stop = &stop};
+        assert_int_equal(pthread_create(&th[i], NULL, fetch_loop, &f[i]), 0);
+    }
+    for (long v = 0; v < 400; v++) {
+        char *page;
+        int n = asprintf(&page,
+                         "# HELP kvtier_page_version v\n# TYPE kvtier_page_version gauge\n"
+                         "kvtier_page_version %ld\n# %s\n# HELP kvtier_pad p\n"
+                         "# TYPE kvtier_pad gauge\nkvtier_pad 1\n",
+                         v, pad + (v % 1000));
+
+        assert_true(n > 0);
+        assert_int_equal(kvt_metrics_http_publish(srv, page, (size_t)n), 0);
+        free(page);
+        usleep(500);
+    }
+    atomic_store(&stop, true);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(f[i].bad, 0);
+        assert_true(f[i].fetched >= 5);
+        print_message("client %d: %d pages while 400 were published\n", i, f[i].fetched);
+    }
+    kvt_metrics_http_destroy(srv);
+}
+
+static int count_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+
+    assert_non_null(d);
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+static void test_http_listen_errors_and_cleanup(void **state)
+{
+    struct kvt_metrics_http *srv = NULL, *other = NULL;
+    int before;
+
+    (void)state;
+    srv = start_server();
+    /* The port is taken. */
+    assert_int_equal(kvt_metrics_http_create("127.0.0.1", kvt_metrics_http_port(srv), &other),
+                     -EADDRINUSE);
+    assert_null(other);
+    kvt_metrics_http_destroy(srv);
+
+    assert_int_equal(kvt_metrics_http_create("256.1.2.3", 0, &other), -EINVAL);
+    assert_int_equal(kvt_metrics_http_create("no-such-host.invalid", 0, &other), -EINVAL);
+    /* An address this machine does not have. */
+    assert_int_equal(kvt_metrics_http_create("192.0.2.1", 0, &other), -EADDRNOTAVAIL);
+    assert_null(other);
+
+    /* IPv6 loopback, when the machine has it. */
+    {
+        int fd = socket(AF_INET6, SOCK_STREAM, 0);
+        struct sockaddr_in6 sa6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+        bool has_v6 = fd >= 0 && bind(fd, (struct sockaddr *)&sa6, sizeof(sa6)) == 0;
+
+        if (fd >= 0)
+            close(fd);
+        if (has_v6) {
+            assert_int_equal(kvt_metrics_http_create("::1", 0, &other), 0);
+            assert_int_not_equal(kvt_metrics_http_port(other), 0);
+            kvt_metrics_http_destroy(other);
+            other = NULL;
+        }
+    }
+
+    /* Start and stop leak no descriptor (libmicrohttpd closes our listen socket). */
+    before = count_fds();
+    for (int i = 0; i < 10; i++) {
+        struct http_reply r;
+
+        srv = start_server();
+        http_request(kvt_metrics_http_port(srv), "GET", "/healthz", &r);
+        assert_int_equal(r.status, 200);
+        free(r.body);
+        kvt_metrics_http_destroy(srv);
+    }
+    assert_int_equal(count_fds(), before);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -481,6 +817,9 @@ int main(void)
         cmocka_unit_test(test_escaping_and_names),
         cmocka_unit_test(test_render_refuses_bad_samples),
         cmocka_unit_test(test_render_out_of_memory),
+        cmocka_unit_test(test_http_endpoints),
+        cmocka_unit_test(test_http_publish_while_serving),
+        cmocka_unit_test(test_http_listen_errors_and_cleanup),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
