@@ -1,749 +1,1038 @@
-/* Peer links (kvt/peers.h): handshake, heartbeats, membership, dispatch.
+/* Peer links (see kvt/peers.h): one transport, a list of links, the member table.
  *
- * Every link is a struct link hung on the endpoint's user pointer, in one array.
- * States: DIALLED (outbound, waiting for CONNECTED), WAIT_HELLO (accepted),
- * WAIT_ACK (HELLO sent), WAIT_AUTH (HELLO_ACK sent), WAIT_OK (AUTH sent), UP,
- * CLOSING (ep_close called, waiting for the transport's CLOSED). A link leaves the
- * array only in the CLOSED callback, so every ep pointer we hold is alive. */
+ * Link states:
+ *   DIALING     client: kvt_tp_connect issued, waiting for the transport's CONNECTED
+ *   HELLO_SENT  client: HELLO sent, waiting for HELLO_ACK
+ *   AUTH_SENT   client: AUTH sent, waiting for AUTH_OK
+ *   WAIT_HELLO  server: accepted, waiting for HELLO
+ *   WAIT_AUTH   server: HELLO_ACK sent, waiting for AUTH
+ *   UP          authenticated: heartbeats, MEMBERS, on_msg
+ *   LINGER      refused: REFUSE sent; waiting for the peer to close (a force close
+ *               right away could drop the REFUSE), at most PEERS_LINGER_NS
+ *   CLOSING     kvt_tp_ep_close called; waiting for the transport's CLOSED
+ * A link struct lives from connect/accept to the transport's CLOSED callback (ep->user
+ * points at it until then), so a close decided here never frees anything by itself.
+ * on_link_closed fires exactly once, when a link leaves UP, whichever side closed.
+ *
+ * The handshake deadline covers every pre-UP state except DIALING (the transport's
+ * connect timeout covers that one: a node that is not there is no refusal).
+ *
+ * Membership: a link that becomes UP, and every message on it, is "heard" in the
+ * member table (with the link's incarnation; -ESTALE means the link belongs to an
+ * older life of that node and it is closed). The last UP link of a member closing
+ * marks it down. One timer (every heartbeat_ms) sends heartbeats, ticks the table
+ * and re-dials seeds and members without any link. Events are drained from the table
+ * right after each change, so on_member sees them before the next message.
+ *
+ * The digest of the member list is XXH3 over the sorted (id, incarnation) pairs of
+ * the live members, ourselves included: two nodes with the same view compute the
+ * same digest. It is cached by the table's epoch.
+ *
+ * The member table offers no iteration, so the ids ever heard are kept in known[]
+ * (at most KVT_MEMBERS_MAX, like the table) for the re-dials. */
 #include <errno.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/hash.h"
+#include "kvt/list.h"
 #include "kvt/log.h"
 #include "kvt/peers.h"
 
-#define MOD   "peers"
-#define MS_NS 1000000ull
+#define MOD             "peers"
+#define PEERS_MAX_LINKS (4 * KVT_MEMBERS_MAX)
+#define PEERS_LINGER_NS (250ull * 1000000ull)
+#define NS_PER_MS       1000000ull
 
-enum link_state { L_DIALLED, L_WAIT_HELLO, L_WAIT_ACK, L_WAIT_AUTH, L_WAIT_OK, L_UP, L_CLOSING };
+enum link_state {
+    LINK_DIALING,
+    LINK_HELLO_SENT,
+    LINK_AUTH_SENT,
+    LINK_WAIT_HELLO,
+    LINK_WAIT_AUTH,
+    LINK_UP,
+    LINK_LINGER,
+    LINK_CLOSING,
+};
 
-struct link {
+/* One connection. Owned by p->links from connect/accept until the transport's
+ * CLOSED callback; everything here is the loop thread's. */
+struct peer_link {
+    struct kvt_list node; /* p->links, oldest first */
     struct kvt_peers *p;
     struct kvt_tp_ep *ep;
     enum link_state state;
-    bool outbound;
-    int seed; /* index of the seed it was dialled for, or -1 */
+    bool client;
+    bool logged;          /* a refusal or malformed message was logged for this link */
+    int seed;             /* index of the seed dialled, or -1 */
+    uint64_t target_id;   /* the member dialled (client), 0 if unknown */
+    uint64_t deadline_ns; /* handshake or linger deadline, 0 = none */
     uint64_t peer_id, peer_inc;
-    char peer_addr[KVT_MEMBER_ADDR_MAX];
+    char peer_addr[KVT_WIRE_ADDR_MAX]; /* where the peer listens ("" unknown) */
     uint16_t peer_port;
-    char dial_addr[KVT_MEMBER_ADDR_MAX];
+    char dial_addr[KVT_WIRE_ADDR_MAX]; /* client: what we dialled */
     uint16_t dial_port;
     uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], nonce_s[KVT_AUTH_NONCE_BYTES];
-    uint64_t deadline_ns; /* handshake */
-    uint64_t next_hb_ns, hb_seq, last_members_ns;
-    bool refused_logged;
-    bool was_up; /* reached UP: its closing is reported */
+    uint64_t hb_seq;
+    uint64_t members_sent_ns;
 };
 
-struct seed {
-    char addr[KVT_MEMBER_ADDR_MAX];
+struct peers_seed {
+    char host[KVT_WIRE_ADDR_MAX];
     uint16_t port;
-    bool is_self;
 };
 
+/* Everything belongs to the loop thread. Owns the transport, the member table, the
+ * links, the seeds and a copy of the secret (wiped on destroy). */
 struct kvt_peers {
-    struct kvt_peers_config cfg;
+    uint64_t self, incarnation;
+    uint8_t ns[KVT_AUTH_NS_BYTES];
     uint8_t secret[KVT_AUTH_SECRET_MAX];
+    size_t secret_len;
+    char listen_addr[KVT_WIRE_ADDR_MAX];
+    char advertise[KVT_WIRE_ADDR_MAX];
+    uint16_t port;
+    struct peers_seed *seeds;
+    size_t n_seeds;
+    uint64_t hb_ns, hs_ns, linger_ns;
+    struct kvt_wire_limits lim;
+    size_t max_msg;
+    struct kvt_peers_handlers h;
     struct kvt_transport *tp;
     struct kvt_members *members;
-    struct kvt_peers_handlers h;
-    uint64_t self, inc;
-    uint16_t port;
-    char adv_addr[KVT_MEMBER_ADDR_MAX];
-    struct seed *seeds;
-    size_t n_seeds;
-    struct link **links;
-    size_t n_links, cap_links;
-    struct kvt_wire_buf out;
-    uint64_t next_dial_ns;
-    struct kvt_peers_counts c, reported;
+    struct kvt_list links;
+    size_t n_links, n_up;
+    uint64_t next_tick_ns;
+    uint64_t digest, digest_epoch;
+    bool digest_valid;
+    bool destroying;
+    uint64_t known[KVT_MEMBERS_MAX];
+    size_t n_known;
+    struct kvt_wire_buf buf;
+    struct kvt_wire_member mlist[KVT_MEMBERS_MAX + 1];
+    struct kvt_peers_counts counts, reported;
 };
 
-static const char *const reason_names[8] = {"unspec",   "version", "namespace", "auth",
-                                            "protocol", "busy",    "shutdown",  "timeout"};
-#define R_TIMEOUT 7 /* our own index for handshakes that never finished */
-
-static uint64_t ms(uint32_t v)
+static const char *reason_name(uint32_t r)
 {
-    return (uint64_t)v * MS_NS;
-}
-
-/* ---- helpers ------------------------------------------------------------------- */
-
-static int send_on(struct kvt_peers *p, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m)
-{
-    int rc;
-
-    kvt_wire_buf_reset(&p->out);
-    rc = kvt_wire_encode(m, &p->out);
-    if (rc != 0)
-        return rc;
-    if (p->out.len > p->cfg.transport.max_msg_bytes)
-        return -EMSGSIZE;
-    return kvt_tp_send(ep, p->out.data, p->out.len);
-}
-
-static void link_close(struct link *l)
-{
-    if (l->state == L_CLOSING)
-        return;
-    l->state = L_CLOSING;
-    kvt_tp_ep_close(l->ep);
-}
-
-static void refuse(struct link *l, uint32_t reason, const char *why)
-{
-    struct kvt_wire_msg m;
-
-    l->p->c.refused++;
-    if (reason < 8)
-        l->p->c.refused_by_reason[reason]++;
-    if (!l->refused_logged)
-        kvt_warn(MOD, "refused a peer (%s%s%s): %s", l->outbound ? "dialled " : "from ",
-                 l->outbound ? l->dial_addr : "", l->outbound ? "" : "an inbound link", why);
-    l->refused_logged = true;
-    if (reason != R_TIMEOUT) {
-        kvt_wire_msg_init(&m, KVT_WIRE_REFUSE);
-        m.u.refuse.reason = reason;
-        (void)send_on(l->p, l->ep, &m);
+    switch (r) {
+    case KVT_WIRE_R_VERSION:
+        return "version";
+    case KVT_WIRE_R_NAMESPACE:
+        return "namespace";
+    case KVT_WIRE_R_AUTH:
+        return "auth";
+    case KVT_WIRE_R_PROTOCOL:
+        return "protocol";
+    case KVT_WIRE_R_BUSY:
+        return "busy";
+    case KVT_WIRE_R_SHUTDOWN:
+        return "shutdown";
+    case KVT_WIRE_R_NOT_FOUND:
+        return "not_found";
+    case KVT_PEERS_R_TIMEOUT:
+        return "timeout";
+    default:
+        return "unspec";
     }
-    link_close(l);
 }
 
-static void flush_member_events(struct kvt_peers *p)
+static uint64_t fresh_incarnation(void)
 {
-    struct kvt_member_event ev[32];
+    struct timespec ts;
+
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- member table helpers ---- */
+
+static void flush_events(struct kvt_peers *p)
+{
+    struct kvt_member_event ev[16];
     size_t n;
 
-    while ((n = kvt_members_take_events(p->members, ev, KVT_ARRAY_SIZE(ev))) > 0) {
-        for (size_t i = 0; i < n; i++) {
-            if (ev[i].kind == KVT_MEMBER_DOWN_EV) {
-                /* Missed heartbeats: its links are dead weight (a stopped process
-                 * keeps its sockets); close them. */
-                for (size_t j = 0; j < p->n_links; j++) {
-                    struct link *l = p->links[j];
-
-                    if (l->state == L_UP && l->peer_id == ev[i].node_id)
-                        link_close(l);
-                }
-            }
-            kvt_info(MOD, "member %016" PRIx64 " (incarnation %016" PRIx64 ") %s", ev[i].node_id,
-                     ev[i].incarnation,
-                     ev[i].kind == KVT_MEMBER_JOINED    ? "joined"
-                     : ev[i].kind == KVT_MEMBER_DOWN_EV ? "is down"
-                                                        : "restarted");
-            if (p->h.on_member != NULL)
+    while ((n = kvt_members_take_events(p->members, ev, KVT_ARRAY_SIZE(ev))) > 0)
+        for (size_t i = 0; i < n; i++)
+            if (!p->destroying && p->h.on_member != NULL)
                 p->h.on_member(p->h.arg, &ev[i]);
-        }
-    }
 }
 
-static uint64_t digest(const struct kvt_peers *p)
+static void remember(struct kvt_peers *p, uint64_t id)
 {
-    uint64_t ids[KVT_MEMBERS_MAX], acc[2 * KVT_MEMBERS_MAX];
-    size_t n = kvt_members_live(p->members, ids, KVT_MEMBERS_MAX);
+    for (size_t i = 0; i < p->n_known; i++)
+        if (p->known[i] == id)
+            return;
+    if (p->n_known < KVT_ARRAY_SIZE(p->known))
+        p->known[p->n_known++] = id;
+}
 
+static uint64_t digest(struct kvt_peers *p)
+{
+    uint64_t ids[KVT_MEMBERS_MAX + 1];
+    uint64_t epoch = kvt_members_epoch(p->members);
+    uint64_t h = 0;
+    size_t n;
+
+    if (p->digest_valid && p->digest_epoch == epoch)
+        return p->digest;
+    n = kvt_members_live(p->members, ids, KVT_ARRAY_SIZE(ids));
     for (size_t i = 0; i < n; i++) {
-        const struct kvt_member *mb = kvt_members_find(p->members, ids[i]);
+        const struct kvt_member *m = kvt_members_find(p->members, ids[i]);
+        uint64_t pair[2] = {ids[i], m != NULL ? m->incarnation : p->incarnation};
 
-        acc[2 * i] = ids[i];
-        acc[2 * i + 1] = mb != NULL ? mb->incarnation : p->inc;
+        h = kvt_hash64_seed(pair, sizeof(pair), h);
     }
-    return kvt_hash64(acc, n * 2 * sizeof(uint64_t));
+    p->digest = h;
+    p->digest_epoch = epoch;
+    p->digest_valid = true;
+    return h;
 }
 
-static struct link *link_add(struct kvt_peers *p, struct kvt_tp_ep *ep, bool outbound)
+/* ---- sending ---- */
+
+/* Encodes m into p->buf and sends it on l. */
+static int send_msg(struct kvt_peers *p, struct peer_link *l, const struct kvt_wire_msg *m)
 {
-    struct link *l;
+    int ret;
 
-    if (p->n_links == p->cap_links) {
-        size_t cap = p->cap_links ? p->cap_links * 2 : 8;
-        struct link **v = kvt_reallocarray(p->links, cap, sizeof(*v));
-
-        if (v == NULL)
-            return NULL;
-        p->links = v;
-        p->cap_links = cap;
-    }
-    l = kvt_calloc(1, sizeof(*l));
-    if (l == NULL)
-        return NULL;
-    l->p = p;
-    l->ep = ep;
-    l->outbound = outbound;
-    l->seed = -1;
-    l->deadline_ns = kvt_now_ns() + ms(p->cfg.handshake_timeout_ms);
-    p->links[p->n_links++] = l;
-    if (ep != NULL)
-        ep->user = l;
-    return l;
+    kvt_wire_buf_reset(&p->buf);
+    ret = kvt_wire_encode(m, &p->buf);
+    if (ret < 0)
+        return ret;
+    if (p->buf.len - KVT_WIRE_FRAME_HDR > p->lim.max_frame || p->buf.len > p->max_msg)
+        return -EMSGSIZE;
+    return kvt_tp_send(l->ep, p->buf.data, p->buf.len);
 }
 
-static void link_remove(struct kvt_peers *p, struct link *l)
+static void send_heartbeat(struct kvt_peers *p, struct peer_link *l)
 {
-    for (size_t i = 0; i < p->n_links; i++) {
-        if (p->links[i] == l) {
-            p->links[i] = p->links[--p->n_links];
-            break;
+    struct kvt_wire_msg m;
+    int ret;
+
+    kvt_wire_msg_init(&m, KVT_WIRE_HEARTBEAT);
+    m.has = KVT_WIRE_HAS(KVT_WIRE_F_DIGEST);
+    m.u.heartbeat = (struct kvt_wire_heartbeat){
+        .node_id = p->self, .incarnation = p->incarnation, .seq = ++l->hb_seq, .digest = digest(p)};
+    ret = send_msg(p, l, &m);
+    if (ret < 0 && ret != -EAGAIN)
+        kvt_debug(MOD, "heartbeat to %llu: %s", (unsigned long long)l->peer_id, strerror(-ret));
+}
+
+static void send_members(struct kvt_peers *p, struct peer_link *l, uint64_t now)
+{
+    uint64_t ids[KVT_MEMBERS_MAX + 1];
+    struct kvt_wire_msg m;
+    size_t n, k = 0;
+    int ret;
+
+    n = kvt_members_live(p->members, ids, KVT_ARRAY_SIZE(ids));
+    for (size_t i = 0; i < n; i++) {
+        struct kvt_wire_member *w = &p->mlist[k];
+
+        if (ids[i] == p->self) {
+            *w = (struct kvt_wire_member){
+                .node_id = p->self, .incarnation = p->incarnation, .port = p->port};
+            snprintf(w->addr, sizeof(w->addr), "%s", p->advertise);
+        } else {
+            const struct kvt_member *x = kvt_members_find(p->members, ids[i]);
+
+            if (x == NULL || x->port == 0 || x->addr[0] == '\0')
+                continue; /* nobody could dial it */
+            *w = (struct kvt_wire_member){
+                .node_id = x->node_id, .incarnation = x->incarnation, .port = x->port};
+            snprintf(w->addr, sizeof(w->addr), "%s", x->addr);
         }
+        k++;
     }
-    kvt_free(l);
+    kvt_wire_msg_init(&m, KVT_WIRE_MEMBERS);
+    m.u.members = (struct kvt_wire_members){.n = (uint32_t)k, .v = p->mlist};
+    ret = send_msg(p, l, &m);
+    if (ret == 0)
+        l->members_sent_ns = now;
+    else if (ret != -EAGAIN)
+        kvt_debug(MOD, "members to %llu: %s", (unsigned long long)l->peer_id, strerror(-ret));
 }
 
-static size_t up_links(const struct kvt_peers *p, uint64_t id)
+/* ---- link lifetime ---- */
+
+static bool has_other_up(struct kvt_peers *p, struct peer_link *l)
 {
-    size_t n = 0;
+    struct kvt_list *pos, *tmp;
 
-    for (size_t i = 0; i < p->n_links; i++)
-        n += p->links[i]->state == L_UP && p->links[i]->peer_id == id;
-    return n;
-}
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *o = kvt_list_entry(pos, struct peer_link, node);
 
-/* ---- the handshake ------------------------------------------------------------- */
-
-static void fill_hello(struct kvt_peers *p, struct kvt_wire_msg *m, enum kvt_wire_type type,
-                       const uint8_t *nonce)
-{
-    kvt_wire_msg_init(m, type);
-    m->u.hello.node_id = p->self;
-    m->u.hello.incarnation = p->inc;
-    memcpy(m->u.hello.ns, p->cfg.ns, KVT_WIRE_BIN32);
-    if (nonce != NULL)
-        memcpy(m->u.hello.nonce, nonce, KVT_WIRE_BIN32);
-    snprintf(m->u.hello.addr, sizeof(m->u.hello.addr), "%s", p->adv_addr);
-    m->u.hello.port = p->port;
-    m->has |= KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT);
-}
-
-static struct kvt_auth_params params(const struct kvt_peers *p, const struct link *l)
-{
-    struct kvt_auth_params a = {
-        .nonce_client = l->nonce_c,
-        .nonce_server = l->nonce_s,
-        .id_client = l->outbound ? p->self : l->peer_id,
-        .id_server = l->outbound ? l->peer_id : p->self,
-        .ns = p->cfg.ns,
-    };
-    return a;
-}
-
-static void link_up(struct kvt_peers *p, struct link *l)
-{
-    int rc;
-
-    l->state = L_UP;
-    l->was_up = true;
-    l->next_hb_ns = kvt_now_ns();
-    p->c.handshakes++;
-    rc = kvt_members_heard(p->members, l->peer_id, l->peer_inc, l->peer_addr, l->peer_port,
-                           kvt_now_ns());
-    if (rc == -ESTALE) {
-        kvt_info(MOD, "link from an older life of %016" PRIx64 ": closed", l->peer_id);
-        link_close(l);
-        return;
-    }
-    kvt_debug(MOD, "link up with %016" PRIx64 " at %s:%u", l->peer_id, l->peer_addr, l->peer_port);
-    flush_member_events(p);
-}
-
-static void on_hello(struct kvt_peers *p, struct link *l, const struct kvt_wire_msg *m)
-{
-    const struct kvt_wire_hello *h = &m->u.hello;
-    struct kvt_auth_params a;
-    struct kvt_wire_msg r;
-    uint8_t proof[KVT_AUTH_PROOF_BYTES];
-
-    if (memcmp(h->ns, p->cfg.ns, KVT_AUTH_NS_BYTES) != 0) {
-        refuse(l, KVT_WIRE_R_NAMESPACE, "another namespace");
-        return;
-    }
-    if (h->node_id == p->self) { /* we dialled ourselves through a seed */
-        link_close(l);
-        return;
-    }
-    l->peer_id = h->node_id;
-    l->peer_inc = h->incarnation;
-    memcpy(l->nonce_c, h->nonce, KVT_AUTH_NONCE_BYTES);
-    snprintf(l->peer_addr, sizeof(l->peer_addr), "%s", h->addr);
-    l->peer_port = h->port;
-    if (kvt_auth_nonce(l->nonce_s) != 0) {
-        link_close(l);
-        return;
-    }
-    a = params(p, l);
-    kvt_auth_proof(p->secret, p->cfg.secret_len, KVT_AUTH_SERVER, &a, proof);
-    fill_hello(p, &r, KVT_WIRE_HELLO_ACK, l->nonce_s);
-    memcpy(r.u.hello.proof, proof, KVT_AUTH_PROOF_BYTES);
-    if (send_on(p, l->ep, &r) != 0) {
-        link_close(l);
-        return;
-    }
-    l->state = L_WAIT_AUTH;
-}
-
-static void on_hello_ack(struct kvt_peers *p, struct link *l, const struct kvt_wire_msg *m)
-{
-    const struct kvt_wire_hello *h = &m->u.hello;
-    struct kvt_auth_params a;
-    struct kvt_wire_msg r;
-
-    if (memcmp(h->ns, p->cfg.ns, KVT_AUTH_NS_BYTES) != 0) {
-        refuse(l, KVT_WIRE_R_NAMESPACE, "another namespace");
-        return;
-    }
-    if (h->node_id == p->self) {
-        if (l->seed >= 0)
-            p->seeds[l->seed].is_self = true; /* do not dial it again */
-        link_close(l);
-        return;
-    }
-    l->peer_id = h->node_id;
-    l->peer_inc = h->incarnation;
-    memcpy(l->nonce_s, h->nonce, KVT_AUTH_NONCE_BYTES);
-    snprintf(l->peer_addr, sizeof(l->peer_addr), "%s", h->addr);
-    l->peer_port = h->port;
-    a = params(p, l);
-    if (!(m->has & KVT_WIRE_HAS(KVT_WIRE_F_PROOF)) ||
-        !kvt_auth_verify(p->secret, p->cfg.secret_len, KVT_AUTH_SERVER, &a, h->proof,
-                         KVT_AUTH_PROOF_BYTES)) {
-        refuse(l, KVT_WIRE_R_AUTH, "its proof does not verify (another secret?)");
-        return;
-    }
-    kvt_wire_msg_init(&r, KVT_WIRE_AUTH);
-    r.u.hello.node_id = p->self;
-    r.u.hello.incarnation = p->inc;
-    kvt_auth_proof(p->secret, p->cfg.secret_len, KVT_AUTH_CLIENT, &a, r.u.hello.proof);
-    if (send_on(p, l->ep, &r) != 0) {
-        link_close(l);
-        return;
-    }
-    l->state = L_WAIT_OK;
-}
-
-static void on_auth(struct kvt_peers *p, struct link *l, const struct kvt_wire_msg *m)
-{
-    struct kvt_auth_params a = params(p, l);
-    struct kvt_wire_msg r;
-
-    if (m->u.hello.node_id != l->peer_id || m->u.hello.incarnation != l->peer_inc) {
-        refuse(l, KVT_WIRE_R_PROTOCOL, "AUTH names another node than its HELLO");
-        return;
-    }
-    if (!kvt_auth_verify(p->secret, p->cfg.secret_len, KVT_AUTH_CLIENT, &a, m->u.hello.proof,
-                         KVT_AUTH_PROOF_BYTES)) {
-        refuse(l, KVT_WIRE_R_AUTH, "its proof does not verify (another secret?)");
-        return;
-    }
-    kvt_wire_msg_init(&r, KVT_WIRE_AUTH_OK);
-    if (send_on(p, l->ep, &r) != 0) {
-        link_close(l);
-        return;
-    }
-    link_up(p, l);
-}
-
-/* ---- membership messages ------------------------------------------------------- */
-
-static bool linked_or_dialling(const struct kvt_peers *p, uint64_t id, const char *addr,
-                               uint16_t port)
-{
-    for (size_t i = 0; i < p->n_links; i++) {
-        const struct link *l = p->links[i];
-
-        if (l->state == L_CLOSING)
-            continue;
-        if (id != 0 && l->peer_id == id)
-            return true;
-        if (l->outbound && l->dial_port == port && strcmp(l->dial_addr, addr) == 0)
+        if (o != l && o->state == LINK_UP && o->peer_id == l->peer_id)
             return true;
     }
     return false;
 }
 
-static void dial(struct kvt_peers *p, const char *addr, uint16_t port, int seed)
+/* The link leaves UP (set to next): the owner drops what names its ep, the member
+ * goes down if this was its last link. */
+static void leave_up(struct kvt_peers *p, struct peer_link *l, enum link_state next)
 {
-    struct kvt_tp_ep *ep = NULL;
-    struct link *l = link_add(p, NULL, true);
-    int rc;
+    l->state = next;
+    p->n_up--;
+    p->counts.links_closed++;
+    if (p->h.on_link_closed != NULL)
+        p->h.on_link_closed(p->h.arg, l->peer_id, l->ep);
+    if (!p->destroying && !has_other_up(p, l)) {
+        const struct kvt_member *x = kvt_members_find(p->members, l->peer_id);
 
-    if (l == NULL)
-        return;
-    l->state = L_DIALLED;
-    l->seed = seed;
-    snprintf(l->dial_addr, sizeof(l->dial_addr), "%s", addr);
-    l->dial_port = port;
-    rc = kvt_tp_connect(p->tp, addr, port, l, &ep);
-    if (rc != 0) {
-        kvt_debug(MOD, "dial %s:%u: %s", addr, port, strerror(-rc));
-        link_remove(p, l);
-        return;
+        if (x != NULL && x->incarnation == l->peer_inc)
+            kvt_members_mark_down(p->members, l->peer_id);
+        flush_events(p);
     }
-    l->ep = ep;
 }
 
-static void send_members(struct kvt_peers *p, struct link *l)
+static void link_close(struct kvt_peers *p, struct peer_link *l)
 {
-    uint64_t ids[KVT_MEMBERS_MAX];
-    struct kvt_wire_member v[KVT_MEMBERS_MAX];
-    size_t n = kvt_members_live(p->members, ids, KVT_MEMBERS_MAX), k = 0;
+    if (l->state == LINK_CLOSING)
+        return;
+    if (l->state == LINK_UP)
+        leave_up(p, l, LINK_CLOSING);
+    l->state = LINK_CLOSING;
+    l->deadline_ns = 0;
+    kvt_tp_ep_close(l->ep);
+}
+
+static void count_refusal(struct kvt_peers *p, struct peer_link *l, uint32_t reason,
+                          const char *what)
+{
+    unsigned idx = reason < KVT_ARRAY_SIZE(p->counts.refused_by_reason) ? reason : 0;
+
+    p->counts.refused++;
+    p->counts.refused_by_reason[idx]++;
+    if (!l->logged) {
+        l->logged = true;
+        kvt_warn(MOD, "%s link (peer %llu, %s:%u): %s %s", l->client ? "outgoing" : "incoming",
+                 (unsigned long long)l->peer_id, l->client ? l->dial_addr : "?",
+                 l->client ? l->dial_port : 0, what, reason_name(idx));
+    }
+}
+
+/* We refuse the peer: REFUSE{reason}, then linger until it closes. */
+static void refuse(struct kvt_peers *p, struct peer_link *l, uint32_t reason)
+{
     struct kvt_wire_msg m;
 
-    for (size_t i = 0; i < n; i++) {
-        const struct kvt_member *mb = kvt_members_find(p->members, ids[i]);
-
-        if (ids[i] == p->self) {
-            v[k] = (struct kvt_wire_member){
-                .node_id = p->self, .incarnation = p->inc, .port = p->port};
-            snprintf(v[k++].addr, KVT_WIRE_ADDR_MAX, "%s", p->adv_addr);
-        } else if (mb != NULL) {
-            v[k] = (struct kvt_wire_member){
-                .node_id = mb->node_id, .incarnation = mb->incarnation, .port = mb->port};
-            snprintf(v[k++].addr, KVT_WIRE_ADDR_MAX, "%s", mb->addr);
-        }
-    }
-    kvt_wire_msg_init(&m, KVT_WIRE_MEMBERS);
-    m.u.members.n = (uint32_t)k;
-    m.u.members.v = v;
-    (void)send_on(p, l->ep, &m);
-    l->last_members_ns = kvt_now_ns();
-}
-
-static void on_heartbeat(struct kvt_peers *p, struct link *l, const struct kvt_wire_msg *m)
-{
-    const struct kvt_wire_heartbeat *hb = &m->u.heartbeat;
-
-    if (hb->node_id != l->peer_id || hb->incarnation != l->peer_inc) {
-        p->c.malformed++;
+    count_refusal(p, l, reason, "refused:");
+    kvt_wire_msg_init(&m, KVT_WIRE_REFUSE);
+    m.u.refuse.reason = reason;
+    if (send_msg(p, l, &m) != 0) {
+        link_close(p, l);
         return;
     }
-    kvt_members_heard(p->members, l->peer_id, l->peer_inc, l->peer_addr, l->peer_port,
-                      kvt_now_ns());
-    flush_member_events(p);
-    if ((m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIGEST)) && hb->digest != digest(p) &&
-        kvt_now_ns() - l->last_members_ns >= ms(p->cfg.heartbeat_ms))
-        send_members(p, l);
+    l->state = LINK_LINGER;
+    l->deadline_ns = kvt_now_ns() + p->linger_ns;
 }
 
-static void on_members(struct kvt_peers *p, const struct kvt_wire_msg *m)
+static struct peer_link *link_alloc(struct kvt_peers *p, bool client)
 {
-    for (uint32_t i = 0; i < m->u.members.n; i++) {
-        const struct kvt_wire_member *mb = &m->u.members.v[i];
+    struct peer_link *l;
 
-        if (mb->node_id == p->self || mb->port == 0 || mb->addr[0] == '\0')
-            continue;
-        if (!linked_or_dialling(p, mb->node_id, mb->addr, mb->port))
-            dial(p, mb->addr, mb->port, -1);
+    if (p->n_links >= PEERS_MAX_LINKS)
+        return NULL;
+    l = kvt_calloc(1, sizeof(*l));
+    if (l == NULL)
+        return NULL;
+    l->p = p;
+    l->client = client;
+    l->seed = -1;
+    kvt_list_add_tail(&p->links, &l->node);
+    p->n_links++;
+    return l;
+}
+
+static void link_free(struct kvt_peers *p, struct peer_link *l)
+{
+    kvt_list_del(&l->node);
+    p->n_links--;
+    kvt_free(l);
+}
+
+static void dial(struct kvt_peers *p, const char *host, uint16_t port, int seed, uint64_t target)
+{
+    struct peer_link *l = link_alloc(p, true);
+    int ret;
+
+    if (l == NULL)
+        return;
+    l->state = LINK_DIALING;
+    l->seed = seed;
+    l->target_id = target;
+    snprintf(l->dial_addr, sizeof(l->dial_addr), "%s", host);
+    l->dial_port = port;
+    ret = kvt_tp_connect(p->tp, host, port, l, &l->ep);
+    if (ret < 0) {
+        kvt_debug(MOD, "connect %s:%u: %s", host, port, strerror(-ret));
+        link_free(p, l);
     }
 }
 
-/* ---- transport callbacks ------------------------------------------------------- */
+/* Any link (not closing) that is, or is being dialled as, node id. */
+static bool has_link_to(struct kvt_peers *p, uint64_t id)
+{
+    struct kvt_list *pos, *tmp;
 
-static int cb_accept(void *arg, struct kvt_tp_ep *ep)
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->state != LINK_CLOSING && l->state != LINK_LINGER &&
+            (l->peer_id == id || l->target_id == id))
+            return true;
+    }
+    return false;
+}
+
+/* ---- handshake ---- */
+
+static bool ns_equal(const struct kvt_peers *p, const struct kvt_wire_hello *h)
+{
+    return memcmp(p->ns, h->ns, KVT_AUTH_NS_BYTES) == 0;
+}
+
+static void auth_params(const struct kvt_peers *p, const struct peer_link *l,
+                        struct kvt_auth_params *ap)
+{
+    *ap = (struct kvt_auth_params){
+        .nonce_client = l->nonce_c,
+        .nonce_server = l->nonce_s,
+        .id_client = l->client ? p->self : l->peer_id,
+        .id_server = l->client ? l->peer_id : p->self,
+        .ns = p->ns,
+    };
+}
+
+static void fill_hello(const struct kvt_peers *p, struct kvt_wire_msg *m, enum kvt_wire_type type,
+                       const uint8_t *nonce)
+{
+    kvt_wire_msg_init(m, type);
+    m->has = KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT);
+    m->u.hello.node_id = p->self;
+    m->u.hello.incarnation = p->incarnation;
+    memcpy(m->u.hello.ns, p->ns, KVT_AUTH_NS_BYTES);
+    memcpy(m->u.hello.nonce, nonce, KVT_AUTH_NONCE_BYTES);
+    snprintf(m->u.hello.addr, sizeof(m->u.hello.addr), "%s", p->advertise);
+    m->u.hello.port = p->port;
+}
+
+static void record_peer(struct peer_link *l, const struct kvt_wire_msg *m)
+{
+    l->peer_id = m->u.hello.node_id;
+    l->peer_inc = m->u.hello.incarnation;
+    if ((m->has & KVT_WIRE_HAS(KVT_WIRE_F_ADDR)) && (m->has & KVT_WIRE_HAS(KVT_WIRE_F_PORT)) &&
+        m->u.hello.port != 0 && m->u.hello.addr[0] != '\0') {
+        snprintf(l->peer_addr, sizeof(l->peer_addr), "%s", m->u.hello.addr);
+        l->peer_port = m->u.hello.port;
+    } else if (l->client) {
+        snprintf(l->peer_addr, sizeof(l->peer_addr), "%s", l->dial_addr);
+        l->peer_port = l->dial_port;
+    }
+}
+
+static void client_connected(struct kvt_peers *p, struct peer_link *l)
+{
+    struct kvt_wire_msg m;
+    int ret;
+
+    ret = kvt_auth_nonce(l->nonce_c);
+    if (ret == 0) {
+        fill_hello(p, &m, KVT_WIRE_HELLO, l->nonce_c);
+        ret = send_msg(p, l, &m);
+    }
+    if (ret < 0) {
+        kvt_warn(MOD, "HELLO to %s:%u: %s", l->dial_addr, l->dial_port, strerror(-ret));
+        link_close(p, l);
+        return;
+    }
+    l->state = LINK_HELLO_SENT;
+    l->deadline_ns = kvt_now_ns() + p->hs_ns;
+}
+
+static void link_up(struct kvt_peers *p, struct peer_link *l)
+{
+    struct kvt_list *pos, *tmp;
+    uint64_t now = kvt_now_ns();
+    int ret;
+
+    ret = kvt_members_heard(p->members, l->peer_id, l->peer_inc,
+                            l->peer_addr[0] != '\0' ? l->peer_addr : NULL, l->peer_port, now);
+    if (ret < 0) {
+        kvt_warn(MOD, "link to node %llu (incarnation %llu) dropped: %s",
+                 (unsigned long long)l->peer_id, (unsigned long long)l->peer_inc,
+                 ret == -ESTALE ? "an older incarnation than known" : strerror(-ret));
+        flush_events(p);
+        link_close(p, l);
+        return;
+    }
+    remember(p, l->peer_id);
+    l->state = LINK_UP;
+    l->deadline_ns = 0;
+    p->n_up++;
+    p->counts.handshakes++;
+    kvt_debug(MOD, "link to node %llu (incarnation %llu) is up", (unsigned long long)l->peer_id,
+              (unsigned long long)l->peer_inc);
+    /* Links to an older life of this node are gone with it. */
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *o = kvt_list_entry(pos, struct peer_link, node);
+
+        if (o != l && o->state == LINK_UP && o->peer_id == l->peer_id && o->peer_inc < l->peer_inc)
+            link_close(p, o);
+    }
+    flush_events(p);
+    if (l->state == LINK_UP)
+        send_heartbeat(p, l);
+}
+
+/* A message on a link that is not UP yet. rc: the decoder's result. */
+static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
+                          const struct kvt_wire_msg *m)
+{
+    struct kvt_auth_params ap;
+    struct kvt_wire_msg out;
+    int ret;
+
+    if (rc < 0) {
+        refuse(p, l, rc == -EPROTO ? KVT_WIRE_R_VERSION : KVT_WIRE_R_PROTOCOL);
+        return;
+    }
+    if (m->type == KVT_WIRE_REFUSE) {
+        count_refusal(p, l, m->u.refuse.reason, "refused by the peer:");
+        link_close(p, l);
+        return;
+    }
+    switch (l->state) {
+    case LINK_WAIT_HELLO:
+        if (m->type != KVT_WIRE_HELLO || m->u.hello.node_id == 0)
+            break;
+        if (!ns_equal(p, &m->u.hello)) {
+            refuse(p, l, KVT_WIRE_R_NAMESPACE);
+            return;
+        }
+        if (m->u.hello.node_id == p->self) {
+            link_close(p, l); /* ourselves */
+            return;
+        }
+        record_peer(l, m);
+        memcpy(l->nonce_c, m->u.hello.nonce, KVT_AUTH_NONCE_BYTES);
+        ret = kvt_auth_nonce(l->nonce_s);
+        if (ret == 0) {
+            fill_hello(p, &out, KVT_WIRE_HELLO_ACK, l->nonce_s);
+            auth_params(p, l, &ap);
+            ret = kvt_auth_proof(p->secret, p->secret_len, KVT_AUTH_SERVER, &ap, out.u.hello.proof);
+        }
+        if (ret == 0)
+            ret = send_msg(p, l, &out);
+        if (ret < 0) {
+            kvt_warn(MOD, "HELLO_ACK to node %llu: %s", (unsigned long long)l->peer_id,
+                     strerror(-ret));
+            link_close(p, l);
+            return;
+        }
+        l->state = LINK_WAIT_AUTH;
+        return;
+
+    case LINK_HELLO_SENT:
+        if (m->type != KVT_WIRE_HELLO_ACK || m->u.hello.node_id == 0)
+            break;
+        if (!ns_equal(p, &m->u.hello)) {
+            refuse(p, l, KVT_WIRE_R_NAMESPACE);
+            return;
+        }
+        if (m->u.hello.node_id == p->self) {
+            link_close(p, l); /* we dialled ourselves */
+            return;
+        }
+        record_peer(l, m);
+        memcpy(l->nonce_s, m->u.hello.nonce, KVT_AUTH_NONCE_BYTES);
+        auth_params(p, l, &ap);
+        if (!kvt_auth_verify(p->secret, p->secret_len, KVT_AUTH_SERVER, &ap, m->u.hello.proof,
+                             KVT_AUTH_PROOF_BYTES)) {
+            refuse(p, l, KVT_WIRE_R_AUTH);
+            return;
+        }
+        kvt_wire_msg_init(&out, KVT_WIRE_AUTH);
+        out.u.hello.node_id = p->self;
+        out.u.hello.incarnation = p->incarnation;
+        ret = kvt_auth_proof(p->secret, p->secret_len, KVT_AUTH_CLIENT, &ap, out.u.hello.proof);
+        if (ret == 0)
+            ret = send_msg(p, l, &out);
+        if (ret < 0) {
+            kvt_warn(MOD, "AUTH to node %llu: %s", (unsigned long long)l->peer_id, strerror(-ret));
+            link_close(p, l);
+            return;
+        }
+        l->state = LINK_AUTH_SENT;
+        return;
+
+    case LINK_WAIT_AUTH:
+        if (m->type != KVT_WIRE_AUTH || m->u.hello.node_id != l->peer_id ||
+            m->u.hello.incarnation != l->peer_inc)
+            break;
+        auth_params(p, l, &ap);
+        if (!kvt_auth_verify(p->secret, p->secret_len, KVT_AUTH_CLIENT, &ap, m->u.hello.proof,
+                             KVT_AUTH_PROOF_BYTES)) {
+            refuse(p, l, KVT_WIRE_R_AUTH);
+            return;
+        }
+        kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
+        ret = send_msg(p, l, &out);
+        if (ret < 0) {
+            kvt_warn(MOD, "AUTH_OK to node %llu: %s", (unsigned long long)l->peer_id,
+                     strerror(-ret));
+            link_close(p, l);
+            return;
+        }
+        link_up(p, l);
+        return;
+
+    case LINK_AUTH_SENT:
+        if (m->type != KVT_WIRE_AUTH_OK)
+            break;
+        link_up(p, l);
+        return;
+
+    default:
+        return;
+    }
+    refuse(p, l, KVT_WIRE_R_PROTOCOL);
+}
+
+/* ---- authenticated traffic ---- */
+
+static void malformed(struct kvt_peers *p, struct peer_link *l, const char *why)
+{
+    p->counts.malformed++;
+    if (!l->logged) {
+        l->logged = true;
+        kvt_warn(MOD, "node %llu sent a malformed message (%s); dropped (logged once per link)",
+                 (unsigned long long)l->peer_id, why);
+    } else {
+        kvt_debug(MOD, "node %llu: malformed message (%s)", (unsigned long long)l->peer_id, why);
+    }
+}
+
+static void learn_members(struct kvt_peers *p, const struct kvt_wire_members *ms)
+{
+    for (uint32_t i = 0; i < ms->n; i++) {
+        const struct kvt_wire_member *w = &ms->v[i];
+        const struct kvt_member *x;
+
+        if (w->node_id == 0 || w->node_id == p->self || w->port == 0 || w->addr[0] == '\0')
+            continue;
+        x = kvt_members_find(p->members, w->node_id);
+        if (x != NULL && x->incarnation > w->incarnation)
+            continue; /* an older life than we know */
+        if (has_link_to(p, w->node_id))
+            continue;
+        kvt_debug(MOD, "learned node %llu at %s:%u", (unsigned long long)w->node_id, w->addr,
+                  w->port);
+        dial(p, w->addr, w->port, -1, w->node_id);
+    }
+}
+
+static void up_msg(struct kvt_peers *p, struct peer_link *l, int rc, const struct kvt_wire_msg *m)
+{
+    uint64_t now;
+    int ret;
+
+    if (rc < 0) {
+        malformed(p, l, strerror(-rc));
+        return;
+    }
+    if (m->type < KVT_WIRE_HEARTBEAT) {
+        malformed(p, l, kvt_wire_type_name((int)m->type));
+        return;
+    }
+    now = kvt_now_ns();
+    ret = kvt_members_heard(p->members, l->peer_id, l->peer_inc, NULL, 0, now);
+    flush_events(p);
+    if (ret == -ESTALE) {
+        link_close(p, l);
+        return;
+    }
+    if (l->state != LINK_UP)
+        return;
+    switch (m->type) {
+    case KVT_WIRE_HEARTBEAT:
+        if (m->u.heartbeat.node_id != l->peer_id || m->u.heartbeat.incarnation != l->peer_inc) {
+            malformed(p, l, "heartbeat of another node");
+            return;
+        }
+        if ((m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIGEST)) && m->u.heartbeat.digest != digest(p) &&
+            (l->members_sent_ns == 0 || now - l->members_sent_ns >= p->hb_ns))
+            send_members(p, l, now);
+        return;
+    case KVT_WIRE_MEMBERS:
+        learn_members(p, &m->u.members);
+        return;
+    default:
+        if (p->h.on_msg != NULL)
+            p->h.on_msg(p->h.arg, l->peer_id, l->ep, m);
+        return;
+    }
+}
+
+/* ---- transport callbacks ---- */
+
+static int tp_on_accept(void *arg, struct kvt_tp_ep *ep)
 {
     struct kvt_peers *p = arg;
-    struct link *l = link_add(p, ep, false);
+    struct peer_link *l = p->destroying ? NULL : link_alloc(p, false);
 
     if (l == NULL)
-        return -ENOMEM;
-    l->state = L_WAIT_HELLO;
+        return -EBUSY;
+    l->ep = ep;
+    l->state = LINK_WAIT_HELLO;
+    l->deadline_ns = kvt_now_ns() + p->hs_ns;
+    ep->user = l;
     return 0;
 }
 
-static void cb_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state st, int err)
+static void tp_on_ep_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state state, int err)
 {
     struct kvt_peers *p = arg;
-    struct link *l = ep->user;
+    struct peer_link *l = ep->user;
 
     if (l == NULL)
         return;
-    if (st == KVT_EP_CONNECTED) {
-        struct kvt_wire_msg m;
-
-        l->ep = ep;
-        if (kvt_auth_nonce(l->nonce_c) != 0) {
-            link_close(l);
-            return;
-        }
-        fill_hello(p, &m, KVT_WIRE_HELLO, l->nonce_c);
-        if (send_on(p, ep, &m) != 0) {
-            link_close(l);
-            return;
-        }
-        l->state = L_WAIT_ACK;
-        l->deadline_ns = kvt_now_ns() + ms(p->cfg.handshake_timeout_ms);
+    if (state == KVT_EP_CONNECTED) {
+        if (l->state == LINK_DIALING)
+            client_connected(p, l);
         return;
     }
-    /* CLOSED: the ep is freed after we return. */
-    if (l->was_up) {
-        uint64_t id = l->peer_id;
-        const struct kvt_member *mb;
-
-        p->c.links_closed++;
-        if (p->h.on_link_closed != NULL)
-            p->h.on_link_closed(p->h.arg, id, ep);
-        link_remove(p, l);
-        mb = kvt_members_find(p->members, id);
-        if (up_links(p, id) == 0 && mb != NULL && mb->state == KVT_MEMBER_ALIVE) {
-            kvt_info(MOD, "last link to %016" PRIx64 " closed (%s)", id,
-                     err ? strerror(-err) : "locally");
-            kvt_members_mark_down(p->members, id);
-            flush_member_events(p);
-        }
-        return;
+    if (l->state == LINK_UP) {
+        kvt_info(MOD, "link to node %llu closed: %s", (unsigned long long)l->peer_id,
+                 err != 0 ? strerror(-err) : "by the peer");
+        leave_up(p, l, LINK_CLOSING);
+    } else if (l->state == LINK_DIALING) {
+        kvt_debug(MOD, "connect %s:%u failed: %s", l->dial_addr, l->dial_port,
+                  strerror(err < 0 ? -err : EPIPE));
     }
-    link_remove(p, l);
+    ep->user = NULL;
+    link_free(p, l);
 }
 
-static void cb_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t len)
+static void tp_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t len)
 {
     struct kvt_peers *p = arg;
-    struct link *l = ep->user;
+    struct peer_link *l = ep->user;
     const uint8_t *body;
     size_t blen;
-    struct kvt_wire_msg m;
+    struct kvt_wire_msg m = {0};
     int rc;
 
-    if (l == NULL || l->state == L_CLOSING)
+    if (l == NULL || l->state == LINK_LINGER || l->state == LINK_CLOSING ||
+        l->state == LINK_DIALING)
         return;
-    rc = kvt_wire_unframe(buf, len, &p->cfg.limits, &body, &blen);
+    rc = kvt_wire_unframe(buf, len, &p->lim, &body, &blen);
     if (rc == 0)
-        rc = kvt_wire_decode(body, blen, &p->cfg.limits, &m);
-    if (rc != 0) {
-        if (l->state != L_UP) {
-            refuse(l, rc == -EPROTO ? KVT_WIRE_R_VERSION : KVT_WIRE_R_PROTOCOL,
-                   "a malformed handshake message");
-            return;
-        }
-        p->c.malformed++;
-        kvt_debug(MOD, "malformed message from %016" PRIx64 " (%zu bytes): %s", l->peer_id, len,
-                  strerror(-rc));
-        return;
-    }
-    if (m.type == KVT_WIRE_REFUSE) {
-        uint32_t r = m.u.refuse.reason;
-
-        /* The other side refused us: count it here too (both sides see why). */
-        p->c.refused++;
-        if (r < 8)
-            p->c.refused_by_reason[r]++;
-        kvt_warn(MOD, "refused by %s: %s", l->outbound ? l->dial_addr : "an inbound peer",
-                 r < 8 ? reason_names[r] : "?");
-        link_close(l);
-        goto out;
-    }
-    switch (l->state) {
-    case L_WAIT_HELLO:
-        if (m.type == KVT_WIRE_HELLO)
-            on_hello(p, l, &m);
-        else
-            refuse(l, KVT_WIRE_R_PROTOCOL, "a message before the handshake");
-        break;
-    case L_WAIT_ACK:
-        if (m.type == KVT_WIRE_HELLO_ACK)
-            on_hello_ack(p, l, &m);
-        else
-            refuse(l, KVT_WIRE_R_PROTOCOL, "a message before the handshake");
-        break;
-    case L_WAIT_AUTH:
-        if (m.type == KVT_WIRE_AUTH)
-            on_auth(p, l, &m);
-        else
-            refuse(l, KVT_WIRE_R_PROTOCOL, "a message before the handshake");
-        break;
-    case L_WAIT_OK:
-        if (m.type == KVT_WIRE_AUTH_OK)
-            link_up(p, l);
-        else
-            refuse(l, KVT_WIRE_R_PROTOCOL, "a message before the handshake");
-        break;
-    case L_UP:
-        switch (m.type) {
-        case KVT_WIRE_HELLO:
-        case KVT_WIRE_HELLO_ACK:
-        case KVT_WIRE_AUTH:
-        case KVT_WIRE_AUTH_OK:
-            p->c.malformed++; /* a handshake replayed on an authenticated link */
-            break;
-        case KVT_WIRE_HEARTBEAT:
-            on_heartbeat(p, l, &m);
-            break;
-        case KVT_WIRE_MEMBERS:
-            on_members(p, &m);
-            break;
-        default:
-            if (p->h.on_msg != NULL)
-                p->h.on_msg(p->h.arg, l->peer_id, ep, &m);
-            break;
-        }
-        break;
-    default:
-        break;
-    }
-out:
-    kvt_wire_msg_free(&m);
+        rc = kvt_wire_decode(body, blen, &p->lim, &m);
+    if (l->state == LINK_UP)
+        up_msg(p, l, rc, &m);
+    else
+        handshake_msg(p, l, rc, &m);
+    if (rc == 0)
+        kvt_wire_msg_free(&m);
 }
 
-/* ---- public API ---------------------------------------------------------------- */
+/* ---- timers ---- */
 
-static int parse_hostport(const char *s, char *addr, size_t cap, uint16_t *port)
+static bool seed_is_self(const struct kvt_peers *p, const struct peers_seed *s)
 {
-    const char *colon = strrchr(s, ':');
-    char *end;
-    unsigned long v;
-    size_t n;
+    return s->port == p->port &&
+           (strcmp(s->host, p->advertise) == 0 || strcmp(s->host, p->listen_addr) == 0);
+}
 
-    if (colon == NULL || colon == s)
+static bool seed_linked(struct kvt_peers *p, size_t i)
+{
+    const struct peers_seed *s = &p->seeds[i];
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->state == LINK_CLOSING || l->state == LINK_LINGER)
+            continue;
+        if (l->seed == (int)i)
+            return true;
+        if (l->state == LINK_UP && l->peer_port == s->port && strcmp(l->peer_addr, s->host) == 0)
+            return true;
+    }
+    return false;
+}
+
+static void redial(struct kvt_peers *p)
+{
+    for (size_t i = 0; i < p->n_seeds; i++)
+        if (!seed_is_self(p, &p->seeds[i]) && !seed_linked(p, i))
+            dial(p, p->seeds[i].host, p->seeds[i].port, (int)i, 0);
+    for (size_t i = 0; i < p->n_known; i++) {
+        const struct kvt_member *x = kvt_members_find(p->members, p->known[i]);
+
+        if (x != NULL && x->port != 0 && x->addr[0] != '\0' && !has_link_to(p, x->node_id))
+            dial(p, x->addr, x->port, -1, x->node_id);
+    }
+}
+
+static int timers(struct kvt_peers *p, uint64_t now)
+{
+    struct kvt_list *pos, *tmp;
+    int n = 0;
+
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->deadline_ns == 0 || now < l->deadline_ns)
+            continue;
+        n++;
+        if (l->state == LINK_LINGER) {
+            link_close(p, l);
+        } else if (l->state != LINK_UP && l->state != LINK_CLOSING && l->state != LINK_DIALING) {
+            count_refusal(p, l, KVT_PEERS_R_TIMEOUT, "handshake did not finish:");
+            link_close(p, l);
+        }
+    }
+    if (now >= p->next_tick_ns) {
+        n++;
+        p->next_tick_ns = now + p->hb_ns;
+        kvt_list_for_each_safe(pos, tmp, &p->links)
+        {
+            struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+            if (l->state == LINK_UP)
+                send_heartbeat(p, l);
+        }
+        kvt_members_tick(p->members, now);
+        flush_events(p);
+        redial(p);
+    }
+    return n;
+}
+
+/* ---- public ---- */
+
+static int parse_seed(const char *s, struct peers_seed *out)
+{
+    const char *colon = s != NULL ? strrchr(s, ':') : NULL;
+    size_t hlen;
+    char *end;
+    unsigned long port;
+
+    if (colon == NULL)
         return -EINVAL;
-    v = strtoul(colon + 1, &end, 10);
-    if (*end != '\0' || v == 0 || v > 65535)
+    hlen = (size_t)(colon - s);
+    if (hlen == 0 || hlen >= sizeof(out->host) || colon[1] == '\0')
         return -EINVAL;
-    n = (size_t)(colon - s);
-    if (s[0] == '[' && n >= 2 && s[n - 1] == ']')
-        s++, n -= 2;
-    if (n == 0 || n >= cap)
+    errno = 0;
+    port = strtoul(colon + 1, &end, 10);
+    if (errno != 0 || *end != '\0' || port == 0 || port > 65535)
         return -EINVAL;
-    memcpy(addr, s, n);
-    addr[n] = '\0';
-    *port = (uint16_t)v;
+    memcpy(out->host, s, hlen);
+    out->host[hlen] = '\0';
+    if (out->host[0] == '[' && hlen >= 2 && out->host[hlen - 1] == ']') { /* [v6]:port */
+        memmove(out->host, out->host + 1, hlen - 2);
+        out->host[hlen - 2] = '\0';
+    }
+    out->port = (uint16_t)port;
+    return 0;
+}
+
+static int check_config(const struct kvt_peers_config *cfg)
+{
+    if (cfg->node_id == 0) {
+        kvt_error(MOD, "config: node_id must not be 0");
+        return -EINVAL;
+    }
+    if (cfg->secret == NULL || cfg->secret_len < KVT_AUTH_SECRET_MIN ||
+        cfg->secret_len > KVT_AUTH_SECRET_MAX) {
+        kvt_error(MOD, "config: secret must be %d..%d bytes", KVT_AUTH_SECRET_MIN,
+                  KVT_AUTH_SECRET_MAX);
+        return -EINVAL;
+    }
+    if (cfg->listen_addr == NULL || cfg->listen_addr[0] == '\0' ||
+        strlen(cfg->listen_addr) >= KVT_WIRE_ADDR_MAX) {
+        kvt_error(MOD, "config: listen_addr missing or longer than %d bytes",
+                  KVT_WIRE_ADDR_MAX - 1);
+        return -EINVAL;
+    }
+    if (cfg->advertise_addr != NULL &&
+        (cfg->advertise_addr[0] == '\0' || strlen(cfg->advertise_addr) >= KVT_WIRE_ADDR_MAX)) {
+        kvt_error(MOD, "config: advertise_addr empty or longer than %d bytes",
+                  KVT_WIRE_ADDR_MAX - 1);
+        return -EINVAL;
+    }
+    if (cfg->n_seeds > 0 && cfg->seeds == NULL) {
+        kvt_error(MOD, "config: seeds is NULL with n_seeds %zu", cfg->n_seeds);
+        return -EINVAL;
+    }
+    for (size_t i = 0; i < cfg->n_seeds; i++) {
+        struct peers_seed s;
+
+        if (parse_seed(cfg->seeds[i], &s) < 0) {
+            kvt_error(MOD, "config: seeds[%zu] \"%s\" is not host:port", i,
+                      cfg->seeds[i] != NULL ? cfg->seeds[i] : "(null)");
+            return -EINVAL;
+        }
+    }
+    if (cfg->heartbeat_ms > 3600u * 1000u || cfg->handshake_timeout_ms > 3600u * 1000u ||
+        cfg->heartbeat_misses > 1000000u) {
+        kvt_error(MOD, "config: heartbeat_ms, heartbeat_misses or handshake_timeout_ms too large");
+        return -EINVAL;
+    }
     return 0;
 }
 
 int kvt_peers_create(const struct kvt_peers_config *cfg, struct kvt_peers **p_p)
 {
-    struct kvt_peers *p;
     struct kvt_transport_config tc;
-    int rc;
+    struct kvt_peers *p;
+    unsigned misses;
+    int ret;
 
-    if (cfg == NULL || p_p == NULL || cfg->node_id == 0 || cfg->listen_addr == NULL) {
-        kvt_error(MOD, "config: node_id and listen_addr are required");
+    if (cfg == NULL || p_p == NULL)
         return -EINVAL;
-    }
-    if (cfg->secret == NULL || cfg->secret_len < KVT_AUTH_SECRET_MIN ||
-        cfg->secret_len > KVT_AUTH_SECRET_MAX) {
-        kvt_error(MOD, "config: the secret must be %d..%d bytes", KVT_AUTH_SECRET_MIN,
-                  KVT_AUTH_SECRET_MAX);
-        return -EINVAL;
-    }
+    ret = check_config(cfg);
+    if (ret < 0)
+        return ret;
     p = kvt_calloc(1, sizeof(*p));
     if (p == NULL)
         return -ENOMEM;
-    p->cfg = *cfg;
-    memcpy(p->secret, cfg->secret, cfg->secret_len);
-    p->cfg.secret = p->secret;
-    if (p->cfg.heartbeat_ms == 0)
-        p->cfg.heartbeat_ms = 500;
-    if (p->cfg.heartbeat_misses == 0)
-        p->cfg.heartbeat_misses = 4;
-    if (p->cfg.handshake_timeout_ms == 0)
-        p->cfg.handshake_timeout_ms = 3000;
-    kvt_wire_limits_default(&p->cfg.limits);
-    p->h = cfg->h;
+    kvt_list_init(&p->links);
+    kvt_wire_buf_init(&p->buf);
     p->self = cfg->node_id;
-    p->inc = cfg->incarnation;
-    while (p->inc == 0) { /* a fresh life: random, never 0 */
-        uint8_t r[KVT_AUTH_NONCE_BYTES];
+    p->incarnation = cfg->incarnation != 0 ? cfg->incarnation : fresh_incarnation();
+    memcpy(p->ns, cfg->ns, KVT_AUTH_NS_BYTES);
+    memcpy(p->secret, cfg->secret, cfg->secret_len);
+    p->secret_len = cfg->secret_len;
+    snprintf(p->listen_addr, sizeof(p->listen_addr), "%s", cfg->listen_addr);
+    snprintf(p->advertise, sizeof(p->advertise), "%s",
+             cfg->advertise_addr != NULL ? cfg->advertise_addr : cfg->listen_addr);
+    p->hb_ns = (uint64_t)(cfg->heartbeat_ms != 0 ? cfg->heartbeat_ms : 500) * NS_PER_MS;
+    p->hs_ns =
+        (uint64_t)(cfg->handshake_timeout_ms != 0 ? cfg->handshake_timeout_ms : 3000) * NS_PER_MS;
+    p->linger_ns = KVT_MIN(PEERS_LINGER_NS, p->hs_ns);
+    misses = cfg->heartbeat_misses != 0 ? cfg->heartbeat_misses : 4;
+    p->lim = cfg->limits;
+    kvt_wire_limits_default(&p->lim);
+    p->h = cfg->h;
 
-        if (kvt_auth_nonce(r) != 0) {
-            kvt_free(p);
-            return -EIO;
-        }
-        memcpy(&p->inc, r, sizeof(p->inc));
+    ret = -ENOMEM;
+    if (cfg->n_seeds > 0) {
+        p->seeds = kvt_calloc(cfg->n_seeds, sizeof(*p->seeds));
+        if (p->seeds == NULL)
+            goto err_free;
     }
-    snprintf(p->adv_addr, sizeof(p->adv_addr), "%s",
-             cfg->advertise_addr ? cfg->advertise_addr : cfg->listen_addr);
-    kvt_wire_buf_init(&p->out);
-    p->seeds = kvt_calloc(cfg->n_seeds ? cfg->n_seeds : 1, sizeof(*p->seeds));
-    if (p->seeds == NULL) {
-        kvt_free(p);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < cfg->n_seeds; i++) {
-        if (parse_hostport(cfg->seeds[i], p->seeds[i].addr, sizeof(p->seeds[i].addr),
-                           &p->seeds[i].port) != 0) {
-            kvt_error(MOD, "config: peer '%s' is not host:port", cfg->seeds[i]);
-            kvt_free(p->seeds);
-            kvt_free(p);
-            return -EINVAL;
-        }
-    }
-    p->n_seeds = cfg->n_seeds;
-    rc = kvt_members_create(p->self, p->inc, ms(p->cfg.heartbeat_ms), p->cfg.heartbeat_misses,
-                            &p->members);
-    if (rc != 0)
-        goto fail;
+    for (size_t i = 0; i < cfg->n_seeds; i++)
+        (void)parse_seed(cfg->seeds[i], &p->seeds[p->n_seeds++]); /* checked above */
+
+    ret = kvt_members_create(p->self, p->incarnation, p->hb_ns, misses, &p->members);
+    if (ret < 0)
+        goto err_seeds;
+
     tc = cfg->transport;
+    if (tc.backend == NULL)
+        tc.backend = "ucx";
     kvt_transport_config_defaults(&tc);
     tc.cb = (struct kvt_tp_callbacks){
-        .on_accept = cb_accept, .on_ep_state = cb_state, .on_msg = cb_msg, .arg = p};
-    p->cfg.transport = tc;
-    rc = kvt_tp_open(&tc, &p->tp);
-    if (rc != 0) {
-        kvt_error(MOD, "transport %s: %s", tc.backend ? tc.backend : "?", strerror(-rc));
-        goto fail;
+        .on_accept = tp_on_accept, .on_ep_state = tp_on_ep_state, .on_msg = tp_on_msg, .arg = p};
+    p->max_msg = tc.max_msg_bytes;
+    ret = kvt_tp_open(&tc, &p->tp);
+    if (ret < 0) {
+        kvt_error(MOD, "transport \"%s\": %s", tc.backend, strerror(-ret));
+        goto err_members;
     }
-    rc = kvt_tp_listen(p->tp, cfg->listen_addr, cfg->listen_port, &p->port);
-    if (rc != 0) {
-        kvt_error(MOD, "listen on %s:%u: %s", cfg->listen_addr, cfg->listen_port, strerror(-rc));
-        goto fail;
+    ret = kvt_tp_listen(p->tp, p->listen_addr, cfg->listen_port, &p->port);
+    if (ret < 0) {
+        kvt_error(MOD, "listen on %s:%u: %s", p->listen_addr, cfg->listen_port, strerror(-ret));
+        goto err_tp;
     }
+    p->next_tick_ns = kvt_now_ns(); /* the first progress dials the seeds */
+    kvt_info(MOD, "node %llu (incarnation %llu) listening on %s:%u, %zu seed(s)",
+             (unsigned long long)p->self, (unsigned long long)p->incarnation, p->listen_addr,
+             p->port, p->n_seeds);
     *p_p = p;
     return 0;
-fail:
-    if (p->tp != NULL)
-        kvt_tp_close(p->tp);
-    if (p->members != NULL)
-        kvt_members_destroy(p->members);
-    kvt_wire_buf_cleanup(&p->out);
+
+err_tp:
+    kvt_tp_close(p->tp);
+err_members:
+    kvt_members_destroy(p->members);
+err_seeds:
     kvt_free(p->seeds);
+err_free:
+    kvt_wire_buf_cleanup(&p->buf);
+    explicit_bzero(p->secret, sizeof(p->secret));
     kvt_free(p);
-    return rc;
+    return ret;
 }
 
 void kvt_peers_destroy(struct kvt_peers *p)
 {
+    struct kvt_list *pos, *tmp;
+
     if (p == NULL)
         return;
-    p->h = (struct kvt_peers_handlers){0};
-    kvt_tp_close(p->tp); /* CLOSED callbacks remove every link */
-    for (size_t i = 0; i < p->n_links; i++)
-        kvt_free(p->links[i]);
-    kvt_free(p->links);
+    p->destroying = true;
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->state == LINK_UP)
+            leave_up(p, l, LINK_CLOSING);
+    }
+    /* Reports CLOSED for every endpoint before it returns (which frees the links). */
+    kvt_tp_close(p->tp);
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+        link_free(p, kvt_list_entry(pos, struct peer_link, node));
     kvt_members_destroy(p->members);
-    kvt_wire_buf_cleanup(&p->out);
     kvt_free(p->seeds);
+    kvt_wire_buf_cleanup(&p->buf);
+    explicit_bzero(p->secret, sizeof(p->secret));
     kvt_free(p);
 }
 
 void kvt_peers_set_handlers(struct kvt_peers *p, const struct kvt_peers_handlers *h)
 {
-    if (h == NULL)
-        p->h = (struct kvt_peers_handlers){0};
-    else
+    if (h != NULL)
         p->h = *h;
+    else
+        memset(&p->h, 0, sizeof(p->h));
 }
 
 uint64_t kvt_peers_self(const struct kvt_peers *p)
 {
     return p->self;
 }
+
 uint64_t kvt_peers_incarnation(const struct kvt_peers *p)
 {
-    return p->inc;
+    return p->incarnation;
 }
+
 uint16_t kvt_peers_port(const struct kvt_peers *p)
 {
     return p->port;
 }
+
 struct kvt_transport *kvt_peers_transport(struct kvt_peers *p)
 {
     return p->tp;
 }
+
 const struct kvt_members *kvt_peers_members(const struct kvt_peers *p)
 {
     return p->members;
@@ -751,70 +1040,11 @@ const struct kvt_members *kvt_peers_members(const struct kvt_peers *p)
 
 int kvt_peers_progress(struct kvt_peers *p)
 {
-    uint64_t now, d;
-    int rc = kvt_tp_progress(p->tp);
+    int n = kvt_tp_progress(p->tp);
 
-    now = kvt_now_ns();
-    d = digest(p);
-    for (size_t i = 0; i < p->n_links; i++) {
-        struct link *l = p->links[i];
-
-        if (l->state == L_UP) {
-            if (now >= l->next_hb_ns) {
-                struct kvt_wire_msg m;
-
-                kvt_wire_msg_init(&m, KVT_WIRE_HEARTBEAT);
-                m.u.heartbeat.node_id = p->self;
-                m.u.heartbeat.incarnation = p->inc;
-                m.u.heartbeat.seq = ++l->hb_seq;
-                m.u.heartbeat.digest = d;
-                m.has |= KVT_WIRE_HAS(KVT_WIRE_F_DIGEST);
-                (void)send_on(p, l->ep, &m); /* -EAGAIN: the next one will do */
-                l->next_hb_ns = now + ms(p->cfg.heartbeat_ms);
-            }
-        } else if (l->state != L_CLOSING && l->state != L_DIALLED && now >= l->deadline_ns) {
-            refuse(l, R_TIMEOUT, "the handshake did not finish in time");
-        } else if (l->state == L_DIALLED &&
-                   now >= l->deadline_ns + ms(p->cfg.transport.connect_timeout_ms)) {
-            link_close(l); /* the transport's connect timeout should have fired */
-        }
-    }
-    kvt_members_tick(p->members, now);
-    flush_member_events(p);
-    if (now >= p->next_dial_ns) {
-        /* Seeds we are not linked to, and members we know of but lost. */
-        for (size_t i = 0; i < p->n_seeds; i++) {
-            if (!p->seeds[i].is_self &&
-                !linked_or_dialling(p, 0, p->seeds[i].addr, p->seeds[i].port)) {
-                bool known = false;
-
-                /* A seed already linked under its id (it dialled us) is skipped. */
-                for (size_t j = 0; j < p->n_links; j++) {
-                    const struct link *l = p->links[j];
-
-                    if (l->state == L_UP && l->peer_port == p->seeds[i].port &&
-                        strcmp(l->peer_addr, p->seeds[i].addr) == 0)
-                        known = true;
-                }
-                if (!known)
-                    dial(p, p->seeds[i].addr, p->seeds[i].port, (int)i);
-            }
-        }
-        {
-            uint64_t ids[KVT_MEMBERS_MAX];
-            size_t n = kvt_members_live(p->members, ids, KVT_MEMBERS_MAX);
-
-            for (size_t i = 0; i < n; i++) {
-                const struct kvt_member *mb = kvt_members_find(p->members, ids[i]);
-
-                if (mb != NULL && ids[i] != p->self && mb->port != 0 &&
-                    !linked_or_dialling(p, mb->node_id, mb->addr, mb->port))
-                    dial(p, mb->addr, mb->port, -1);
-            }
-        }
-        p->next_dial_ns = now + ms(p->cfg.heartbeat_ms);
-    }
-    return rc;
+    if (n < 0)
+        return n;
+    return n + timers(p, kvt_now_ns());
 }
 
 int kvt_peers_event_fd(struct kvt_peers *p)
@@ -824,12 +1054,27 @@ int kvt_peers_event_fd(struct kvt_peers *p)
 
 int kvt_peers_arm(struct kvt_peers *p)
 {
+    if (kvt_peers_next_timeout_ms(p) == 0)
+        return -EAGAIN;
     return kvt_tp_arm(p->tp);
 }
 
 int kvt_peers_next_timeout_ms(const struct kvt_peers *p)
 {
-    return (int)p->cfg.heartbeat_ms;
+    uint64_t now = kvt_now_ns();
+    uint64_t next = p->next_tick_ns;
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, (struct kvt_list *)&p->links)
+    {
+        const struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->deadline_ns != 0 && l->deadline_ns < next)
+            next = l->deadline_ns;
+    }
+    if (next <= now)
+        return 0;
+    return (int)KVT_MIN((next - now + NS_PER_MS - 1) / NS_PER_MS, (uint64_t)INT32_MAX);
 }
 
 size_t kvt_peers_live(const struct kvt_peers *p, uint64_t *ids, size_t max)
@@ -837,75 +1082,115 @@ size_t kvt_peers_live(const struct kvt_peers *p, uint64_t *ids, size_t max)
     return kvt_members_live(p->members, ids, max);
 }
 
-struct kvt_tp_ep *kvt_peers_link(struct kvt_peers *p, uint64_t node_id)
+static struct peer_link *oldest_up(struct kvt_peers *p, uint64_t node_id)
 {
-    for (size_t i = 0; i < p->n_links; i++) {
-        if (p->links[i]->state == L_UP && p->links[i]->peer_id == node_id)
-            return p->links[i]->ep;
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->state == LINK_UP && l->peer_id == node_id)
+            return l;
     }
     return NULL;
 }
 
+struct kvt_tp_ep *kvt_peers_link(struct kvt_peers *p, uint64_t node_id)
+{
+    struct peer_link *l = oldest_up(p, node_id);
+
+    return l != NULL ? l->ep : NULL;
+}
+
+/* The link of one of our endpoints, if it is authenticated. */
+static struct peer_link *up_link_of(struct kvt_peers *p, struct kvt_tp_ep *ep)
+{
+    struct peer_link *l;
+
+    if (ep == NULL || ep->tp != p->tp)
+        return NULL;
+    l = ep->user;
+    return l != NULL && l->p == p && l->state == LINK_UP ? l : NULL;
+}
+
+static int send_public(struct kvt_peers *p, struct peer_link *l, const struct kvt_wire_msg *m)
+{
+    if (m == NULL || m->type <= KVT_WIRE_REFUSE || m->type >= KVT_WIRE_TYPE_END)
+        return -EINVAL; /* the handshake's messages are ours */
+    if (l == NULL)
+        return -ENOTCONN;
+    return send_msg(p, l, m);
+}
+
 int kvt_peers_send(struct kvt_peers *p, uint64_t node_id, const struct kvt_wire_msg *m)
 {
-    struct kvt_tp_ep *ep = kvt_peers_link(p, node_id);
-
-    return ep == NULL ? -ENOTCONN : send_on(p, ep, m);
+    return send_public(p, oldest_up(p, node_id), m);
 }
 
 int kvt_peers_reply(struct kvt_peers *p, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m)
 {
-    const struct link *l = ep != NULL ? ep->user : NULL;
-
-    if (l == NULL || l->state != L_UP)
-        return -ENOTCONN;
-    return send_on(p, ep, m);
+    return send_public(p, up_link_of(p, ep), m);
 }
 
 int kvt_peers_link_peer(struct kvt_peers *p, struct kvt_tp_ep *ep, uint64_t *node_id_p,
                         uint64_t *incarnation_p)
 {
-    const struct link *l = ep != NULL ? ep->user : NULL;
+    struct peer_link *l = up_link_of(p, ep);
 
-    (void)p;
-    if (l == NULL || l->state != L_UP)
+    if (l == NULL)
         return -ENOTCONN;
-    *node_id_p = l->peer_id;
-    *incarnation_p = l->peer_inc;
+    if (node_id_p != NULL)
+        *node_id_p = l->peer_id;
+    if (incarnation_p != NULL)
+        *incarnation_p = l->peer_inc;
     return 0;
+}
+
+/* Adds counter name{label} += v, or sets a gauge; keeps the first error in *ret. */
+static void stat_put(struct kvt_stats *out, bool gauge, const char *name, const char *label,
+                     uint64_t v, int *ret)
+{
+    int rc = gauge ? kvt_stats_set_gauge(out, name, label, (double)v)
+                   : kvt_stats_increase(out, name, label, (double)v);
+
+    if (*ret == 0)
+        *ret = rc;
 }
 
 int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out)
 {
-    struct kvt_peers_counts *c = &p->c, *r = &p->reported;
-    uint64_t ids[KVT_MEMBERS_MAX];
-    size_t n_up = 0;
-    int rc = 0;
+    /* Always reported (0 included); the others only when they happened. */
+    static const uint32_t reasons[] = {KVT_WIRE_R_VERSION, KVT_WIRE_R_NAMESPACE, KVT_WIRE_R_AUTH,
+                                       KVT_WIRE_R_PROTOCOL, KVT_PEERS_R_TIMEOUT};
+    const struct kvt_peers_counts *c = &p->counts, *r = &p->reported;
+    uint64_t ids[KVT_MEMBERS_MAX + 1];
+    int ret = 0;
 
-    if (c->handshakes > r->handshakes)
-        rc |= kvt_stats_increase(out, "kvtier_peers_handshakes", NULL,
-                                 (double)(c->handshakes - r->handshakes));
-    for (int i = 0; i < 8; i++) {
-        if (c->refused_by_reason[i] > r->refused_by_reason[i])
-            rc |= kvt_stats_increase(out, "kvtier_peers_refused", reason_names[i],
-                                     (double)(c->refused_by_reason[i] - r->refused_by_reason[i]));
+    if (out == NULL)
+        return -EINVAL;
+    stat_put(out, false, "peers_handshakes", NULL, c->handshakes - r->handshakes, &ret);
+    for (uint32_t i = 0; i < KVT_ARRAY_SIZE(c->refused_by_reason); i++) {
+        uint64_t d = c->refused_by_reason[i] - r->refused_by_reason[i];
+        bool listed = false;
+
+        for (size_t j = 0; j < KVT_ARRAY_SIZE(reasons); j++)
+            listed |= reasons[j] == i;
+        if (listed || d != 0)
+            stat_put(out, false, "peers_refused", reason_name(i), d, &ret);
     }
-    if (c->malformed > r->malformed)
-        rc |= kvt_stats_increase(out, "kvtier_peers_malformed", NULL,
-                                 (double)(c->malformed - r->malformed));
-    if (c->links_closed > r->links_closed)
-        rc |= kvt_stats_increase(out, "kvtier_peers_links_closed", NULL,
-                                 (double)(c->links_closed - r->links_closed));
-    *r = *c;
-    for (size_t i = 0; i < p->n_links; i++)
-        n_up += p->links[i]->state == L_UP;
-    rc |= kvt_stats_set_gauge(out, "kvtier_peers_live", NULL,
-                              (double)kvt_members_live(p->members, ids, KVT_MEMBERS_MAX));
-    rc |= kvt_stats_set_gauge(out, "kvtier_peers_links", NULL, (double)n_up);
-    return rc != 0 ? -ENOMEM : 0;
+    stat_put(out, false, "peers_malformed", NULL, c->malformed - r->malformed, &ret);
+    stat_put(out, false, "peers_links_closed", NULL, c->links_closed - r->links_closed, &ret);
+    stat_put(out, true, "peers_live", NULL, kvt_members_live(p->members, ids, KVT_ARRAY_SIZE(ids)),
+             &ret);
+    stat_put(out, true, "peers_links", NULL, p->n_up, &ret);
+    if (ret != 0)
+        return ret;
+    p->reported = p->counts;
+    return 0;
 }
 
 void kvt_peers_counts(const struct kvt_peers *p, struct kvt_peers_counts *out)
 {
-    *out = p->c;
+    *out = p->counts;
 }

@@ -21,8 +21,10 @@
  * Membership: every authenticated link sends HEARTBEAT{node_id, incarnation, seq,
  * digest of our member list} every heartbeat_ms; a member not heard for
  * heartbeat_misses intervals is DOWN (kvt/members.h), and so is one whose last link
- * closed. A digest that differs from ours asks for MEMBERS, which lists the live
- * members with their listen addresses; members learned so are connected to. A
+ * closed. A digest that differs from ours is answered with our MEMBERS (at most once
+ * an interval per link; both ends do so, so each learns what the other knows), which
+ * lists the live members with their listen addresses; members learned so are
+ * connected to. A
  * member heard with a newer incarnation is a new member (RESTARTED event). Seeds and
  * down members are re-dialled every heartbeat interval, so a restarted node rejoins.
  *
@@ -63,19 +65,19 @@ struct kvt_peers_handlers {
 
 struct kvt_peers_config {
     uint64_t node_id;     /* != 0 */
-    uint64_t incarnation; /* 0: a fresh random one */
+    uint64_t incarnation; /* 0: a fresh one (wall-clock ns: grows across restarts) */
     uint8_t ns[KVT_AUTH_NS_BYTES];
     const uint8_t *secret; /* KVT_AUTH_SECRET_MIN..MAX bytes; copied */
     size_t secret_len;
-    const char *listen_addr; /* "127.0.0.1" */
-    uint16_t listen_port;    /* 0: any (kvt_peers_port tells) */
+    const char *listen_addr;    /* "127.0.0.1" */
+    uint16_t listen_port;       /* 0: any (kvt_peers_port tells) */
     const char *advertise_addr; /* sent to peers; NULL = listen_addr */
     const char *const *seeds;   /* "host:port" */
     size_t n_seeds;
-    uint32_t heartbeat_ms;         /* 0 = 500 */
-    uint32_t heartbeat_misses;     /* 0 = 4 */
-    uint32_t handshake_timeout_ms; /* 0 = 3000 */
-    struct kvt_wire_limits limits; /* zero fields: defaults */
+    uint32_t heartbeat_ms;                 /* 0 = 500 */
+    uint32_t heartbeat_misses;             /* 0 = 4 */
+    uint32_t handshake_timeout_ms;         /* 0 = 3000 */
+    struct kvt_wire_limits limits;         /* zero fields: defaults */
     struct kvt_transport_config transport; /* backend, sizes, timeouts; cb is ours */
     struct kvt_peers_handlers h;
 };
@@ -126,10 +128,16 @@ int kvt_peers_link_peer(struct kvt_peers *p, struct kvt_tp_ep *ep, uint64_t *nod
  * "peers_live", "peers_links". */
 int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out);
 
-/* Cumulative counts for tests and the CLI. */
+/* Index of refused_by_reason for a handshake that did not finish in time (the wire
+ * has no reason for it: nothing is sent). */
+#define KVT_PEERS_R_TIMEOUT 8
+
+/* Cumulative counts for tests and the CLI. A refusal is counted on both ends: by
+ * the side that refuses and by the side that receives the REFUSE. */
 struct kvt_peers_counts {
     uint64_t handshakes, refused, malformed, links_closed;
-    uint64_t refused_by_reason[8]; /* index: enum kvt_wire_reason */
+    uint64_t refused_by_reason[KVT_PEERS_R_TIMEOUT + 1]; /* enum kvt_wire_reason, or
+                                                            KVT_PEERS_R_TIMEOUT */
 };
 void kvt_peers_counts(const struct kvt_peers *p, struct kvt_peers_counts *out);
 

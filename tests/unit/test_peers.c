@@ -1,0 +1,748 @@
+/* Peer links (cluster/peers.c) over the UCX transport on 127.0.0.1, all in one
+ * process: every node is a kvt_peers instance with its own UCX context, progressed
+ * round-robin by the test thread (WAIT_FOR). Misbehaving peers are "raw" transports
+ * driven by the test itself with wire.h and auth.h: silent, speaking out of turn, or
+ * completing the handshake by hand and then sending garbage. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_util.h"
+
+#include "kvt/auth.h"
+#include "kvt/clock.h"
+#include "kvt/log.h"
+#include "kvt/peers.h"
+#include "kvt/stats.h"
+#include "kvt/transport.h"
+#include "kvt/wire.h"
+
+#define HB_MS      40
+#define HB_MISSES  4
+#define HS_MS      400
+#define MAX_NODES  8
+#define MAX_EVENTS 256
+
+static const uint8_t good_secret[] = "kvtier-test-secret-0123456789abcdef";
+static const uint8_t bad_secret[] = "kvtier-test-secret-WRONG-WRONG-WRONG";
+
+/* ---- nodes ---- */
+
+struct tnode {
+    struct kvt_peers *p;
+    uint64_t id;
+    bool paused; /* WAIT_FOR skips it: a node that stopped progressing */
+    struct kvt_member_event ev[MAX_EVENTS];
+    size_t n_ev;
+    size_t n_msgs;
+    uint64_t last_from;
+    struct kvt_tp_ep *last_ep;
+    enum kvt_wire_type last_type;
+    uint64_t last_req;
+    size_t n_link_closed;
+    uint64_t link_closed_ids[MAX_EVENTS];
+};
+
+struct raw;
+static struct tnode *g_nodes[MAX_NODES];
+static struct raw *g_raws[MAX_NODES];
+
+static void on_msg(void *arg, uint64_t from, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m)
+{
+    struct tnode *t = arg;
+
+    t->n_msgs++;
+    t->last_from = from;
+    t->last_ep = ep;
+    t->last_type = m->type;
+    t->last_req = m->type == KVT_WIRE_LOCATE         ? m->u.locate.req_id
+                  : m->type == KVT_WIRE_LOCATE_REPLY ? m->u.locate_reply.req_id
+                                                     : 0;
+}
+
+static void on_member(void *arg, const struct kvt_member_event *ev)
+{
+    struct tnode *t = arg;
+
+    if (t->n_ev < MAX_EVENTS)
+        t->ev[t->n_ev++] = *ev;
+}
+
+static void on_link_closed(void *arg, uint64_t node_id, struct kvt_tp_ep *ep)
+{
+    struct tnode *t = arg;
+
+    assert_non_null(ep);
+    if (t->n_link_closed < MAX_EVENTS)
+        t->link_closed_ids[t->n_link_closed] = node_id;
+    t->n_link_closed++;
+}
+
+static void reg(void **tab, void *x, bool add)
+{
+    for (size_t i = 0; i < MAX_NODES; i++)
+        if (add ? tab[i] == NULL : tab[i] == x) {
+            tab[i] = add ? x : NULL;
+            return;
+        }
+    fail_msg("registry full");
+}
+
+static void ns_of(const char *name, uint8_t ns[KVT_AUTH_NS_BYTES])
+{
+    kvt_auth_namespace(name, ns);
+}
+
+/* A node on 127.0.0.1, port 0, seeded with the ports given (0-terminated). */
+static void node_start_ex(struct tnode *t, uint64_t id, const uint8_t *secret, const char *nsname,
+                          const uint16_t *seed_ports)
+{
+    char seed_buf[4][32];
+    const char *seeds[4];
+    size_t n = 0;
+    struct kvt_peers_config c = {0};
+
+    memset(t, 0, sizeof(*t));
+    t->id = id;
+    for (; seed_ports != NULL && seed_ports[n] != 0; n++) {
+        snprintf(seed_buf[n], sizeof(seed_buf[n]), "127.0.0.1:%u", seed_ports[n]);
+        seeds[n] = seed_buf[n];
+    }
+    c.node_id = id;
+    ns_of(nsname, c.ns);
+    c.secret = secret;
+    c.secret_len = strlen((const char *)secret);
+    c.listen_addr = "127.0.0.1";
+    c.seeds = seeds;
+    c.n_seeds = n;
+    c.heartbeat_ms = HB_MS;
+    c.heartbeat_misses = HB_MISSES;
+    c.handshake_timeout_ms = HS_MS;
+    c.transport.backend = "ucx";
+    c.h = (struct kvt_peers_handlers){
+        .on_msg = on_msg, .on_member = on_member, .on_link_closed = on_link_closed, .arg = t};
+    assert_int_equal(kvt_peers_create(&c, &t->p), 0);
+    assert_int_not_equal(kvt_peers_port(t->p), 0);
+    reg((void **)g_nodes, t, true);
+}
+
+static void node_start(struct tnode *t, uint64_t id, const uint16_t *seed_ports)
+{
+    node_start_ex(t, id, good_secret, "test-ns", seed_ports);
+}
+
+static void node_stop(struct tnode *t)
+{
+    reg((void **)g_nodes, t, false);
+    kvt_peers_destroy(t->p);
+    t->p = NULL;
+}
+
+static bool has_event(const struct tnode *t, enum kvt_member_event_kind kind, uint64_t id)
+{
+    for (size_t i = 0; i < t->n_ev; i++)
+        if (t->ev[i].kind == kind && t->ev[i].node_id == id)
+            return true;
+    return false;
+}
+
+static size_t live(const struct tnode *t)
+{
+    uint64_t ids[16];
+
+    return kvt_peers_live(t->p, ids, 16);
+}
+
+static bool linked(const struct tnode *t, uint64_t id)
+{
+    return kvt_peers_link(t->p, id) != NULL;
+}
+
+/* ---- raw peers: a bare transport the test drives ---- */
+
+struct raw {
+    struct kvt_transport *tp;
+    struct kvt_tp_ep *ep;
+    bool connected, closed;
+    size_t n_rx;
+    size_t n_by_type[KVT_WIRE_TYPE_END];
+    struct kvt_wire_msg last; /* last handshake-type message (no lists) */
+    bool have_last;
+};
+
+static void raw_on_ep_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state st, int err)
+{
+    struct raw *r = arg;
+
+    (void)err;
+    if (ep != r->ep)
+        return;
+    if (st == KVT_EP_CONNECTED) {
+        r->connected = true;
+    } else {
+        r->closed = true;
+        r->ep = NULL;
+    }
+}
+
+static void raw_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t len)
+{
+    struct raw *r = arg;
+    const uint8_t *body;
+    size_t blen;
+    struct kvt_wire_msg m;
+
+    (void)ep;
+    r->n_rx++;
+    assert_int_equal(kvt_wire_unframe(buf, len, NULL, &body, &blen), 0);
+    assert_int_equal(kvt_wire_decode(body, blen, NULL, &m), 0);
+    assert_true(m.type > 0 && m.type < KVT_WIRE_TYPE_END);
+    r->n_by_type[m.type]++;
+    if (m.type <= KVT_WIRE_REFUSE) {
+        r->last = m;
+        r->have_last = true;
+    }
+    kvt_wire_msg_free(&m);
+}
+
+static int raw_on_accept(void *arg, struct kvt_tp_ep *ep)
+{
+    (void)arg;
+    (void)ep;
+    return -ECONNREFUSED;
+}
+
+static void raw_open(struct raw *r, uint16_t port)
+{
+    struct kvt_transport_config c = {.backend = "ucx"};
+
+    memset(r, 0, sizeof(*r));
+    c.cb = (struct kvt_tp_callbacks){
+        .on_accept = raw_on_accept, .on_ep_state = raw_on_ep_state, .on_msg = raw_on_msg, .arg = r};
+    assert_int_equal(kvt_tp_open(&c, &r->tp), 0);
+    assert_int_equal(kvt_tp_connect(r->tp, "127.0.0.1", port, r, &r->ep), 0);
+    reg((void **)g_raws, r, true);
+}
+
+static void raw_close(struct raw *r)
+{
+    reg((void **)g_raws, r, false);
+    kvt_tp_close(r->tp);
+}
+
+static int raw_send(struct raw *r, const struct kvt_wire_msg *m)
+{
+    struct kvt_wire_buf b;
+    int ret;
+
+    kvt_wire_buf_init(&b);
+    assert_int_equal(kvt_wire_encode(m, &b), 0);
+    ret = kvt_tp_send(r->ep, b.data, b.len);
+    kvt_wire_buf_cleanup(&b);
+    return ret;
+}
+
+/* ---- the loop ---- */
+
+static void spin(void)
+{
+    for (size_t i = 0; i < MAX_NODES; i++)
+        if (g_nodes[i] != NULL && !g_nodes[i]->paused)
+            assert_true(kvt_peers_progress(g_nodes[i]->p) >= 0);
+    for (size_t i = 0; i < MAX_NODES; i++)
+        if (g_raws[i] != NULL)
+            assert_true(kvt_tp_progress(g_raws[i]->tp) >= 0);
+    usleep(200);
+}
+
+/* Progresses everything until cond holds or ms pass; the value of cond at the end. */
+#define WAIT_FOR(ms, cond)                                                                         \
+    ({                                                                                             \
+        uint64_t end_ = kvt_now_ns() + (uint64_t)(ms)*1000000ull;                                  \
+        bool ok_;                                                                                  \
+        while (!(ok_ = (cond)) && kvt_now_ns() < end_)                                             \
+            spin();                                                                                \
+        ok_;                                                                                       \
+    })
+
+static void run_for(unsigned ms)
+{
+    (void)WAIT_FOR(ms, false);
+}
+
+static void mesh2(struct tnode *a, struct tnode *b)
+{
+    uint16_t pa[2] = {0, 0};
+
+    node_start(a, 0xA, NULL);
+    pa[0] = kvt_peers_port(a->p);
+    node_start(b, 0xB, pa);
+    assert_true(WAIT_FOR(5000, linked(a, 0xB) && linked(b, 0xA) && live(a) == 2 && live(b) == 2));
+}
+
+static struct kvt_wire_msg locate(uint64_t req_id, struct kvt_key *k)
+{
+    struct kvt_wire_msg m;
+
+    kvt_wire_msg_init(&m, KVT_WIRE_LOCATE);
+    m.u.locate.req_id = req_id;
+    m.u.locate.n_keys = 1;
+    m.u.locate.keys = k;
+    return m;
+}
+
+/* ---- tests ---- */
+
+static void test_config_errors(void **state)
+{
+    struct kvt_peers_config c = {0};
+    struct kvt_peers *p = NULL;
+    const char *bad_seeds[] = {"127.0.0.1"};
+
+    (void)state;
+    c.node_id = 1;
+    c.secret = good_secret;
+    c.secret_len = strlen((const char *)good_secret);
+    c.listen_addr = "127.0.0.1";
+    c.transport.backend = "ucx";
+
+    c.node_id = 0;
+    assert_int_equal(kvt_peers_create(&c, &p), -EINVAL);
+    c.node_id = 1;
+    c.secret_len = 4;
+    assert_int_equal(kvt_peers_create(&c, &p), -EINVAL);
+    c.secret_len = strlen((const char *)good_secret);
+    c.seeds = bad_seeds;
+    c.n_seeds = 1;
+    assert_int_equal(kvt_peers_create(&c, &p), -EINVAL);
+    c.n_seeds = 0;
+    c.listen_addr = NULL;
+    assert_int_equal(kvt_peers_create(&c, &p), -EINVAL);
+    assert_null(p);
+}
+
+static void test_handshake_and_exchange(void **state)
+{
+    struct tnode a, b;
+    struct kvt_peers_counts ca, cb;
+    struct kvt_key k = kt_key(1);
+    struct kvt_wire_msg m = locate(42, &k), r;
+    struct kvt_wire_holder_list hl = {0};
+    struct kvt_stats st;
+    uint64_t ids[4], id = 0, inc = 0;
+
+    (void)state;
+    mesh2(&a, &b);
+    assert_int_equal(kvt_peers_live(a.p, ids, 4), 2);
+    assert_true(ids[0] == 0xA && ids[1] == 0xB);
+    assert_true(has_event(&a, KVT_MEMBER_JOINED, 0xB));
+    assert_true(has_event(&b, KVT_MEMBER_JOINED, 0xA));
+
+    /* A -> B, B replies on the link the request came on. */
+    assert_int_equal(kvt_peers_send(a.p, 0xB, &m), 0);
+    assert_true(WAIT_FOR(3000, b.n_msgs == 1));
+    assert_int_equal(b.last_from, 0xA);
+    assert_int_equal(b.last_type, KVT_WIRE_LOCATE);
+    assert_int_equal(b.last_req, 42);
+    assert_int_equal(kvt_peers_link_peer(b.p, b.last_ep, &id, &inc), 0);
+    assert_int_equal(id, 0xA);
+    assert_int_equal(inc, kvt_peers_incarnation(a.p));
+    kvt_wire_msg_init(&r, KVT_WIRE_LOCATE_REPLY);
+    r.u.locate_reply.req_id = 42;
+    r.u.locate_reply.n_keys = 1;
+    r.u.locate_reply.holders = &hl;
+    assert_int_equal(kvt_peers_reply(b.p, b.last_ep, &r), 0);
+    assert_true(WAIT_FOR(3000, a.n_msgs == 1));
+    assert_int_equal(a.last_from, 0xB);
+    assert_int_equal(a.last_type, KVT_WIRE_LOCATE_REPLY);
+    assert_int_equal(a.last_req, 42);
+
+    /* Misuse. */
+    assert_int_equal(kvt_peers_send(a.p, 0xC, &m), -ENOTCONN);
+    kvt_wire_msg_init(&r, KVT_WIRE_AUTH_OK);
+    assert_int_equal(kvt_peers_send(a.p, 0xB, &r), -EINVAL);
+    assert_int_equal(kvt_peers_send(a.p, 0xB, NULL), -EINVAL);
+    assert_int_equal(kvt_peers_link_peer(a.p, NULL, &id, &inc), -ENOTCONN);
+
+    /* Heartbeats keep both alive well past the miss limit. */
+    run_for(HB_MS * HB_MISSES * 3);
+    assert_int_equal(live(&a), 2);
+    assert_int_equal(live(&b), 2);
+    assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, 0xB));
+
+    kvt_peers_counts(a.p, &ca);
+    kvt_peers_counts(b.p, &cb);
+    assert_true(ca.handshakes >= 1 && cb.handshakes >= 1);
+    assert_int_equal(ca.refused + cb.refused, 0);
+    assert_int_equal(ca.malformed + cb.malformed, 0);
+
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_peers_get_stats(a.p, &st), 0);
+    assert_true(kvt_stats_value(&st, "peers_handshakes", "") >= 1);
+    assert_true(kvt_stats_value(&st, "peers_live", "") == 2);
+    assert_true(kvt_stats_value(&st, "peers_links", "") >= 1);
+    assert_non_null(kvt_stats_find(&st, "peers_refused", "auth"));
+    kvt_stats_clear(&st);
+    assert_int_equal(kvt_peers_get_stats(a.p, &st), 0); /* return-and-reset */
+    assert_true(kvt_stats_value(&st, "peers_handshakes", "") == 0);
+    assert_true(kvt_stats_value(&st, "peers_live", "") == 2);
+    kvt_stats_cleanup(&st);
+
+    node_stop(&b);
+    node_stop(&a);
+}
+
+/* X (wrong secret) dials A; A dials Y (wrong secret). Both refused as "auth". */
+static void test_wrong_secret(void **state)
+{
+    struct tnode a, x, y;
+    struct kvt_peers_counts c;
+    uint16_t py[2] = {0, 0}, pa[2] = {0, 0};
+    struct kvt_stats st;
+
+    (void)state;
+    node_start_ex(&y, 0x7, bad_secret, "test-ns", NULL);
+    py[0] = kvt_peers_port(y.p);
+    node_start(&a, 0xA, py);
+    pa[0] = kvt_peers_port(a.p);
+    node_start_ex(&x, 0x8, bad_secret, "test-ns", pa);
+
+    assert_true(WAIT_FOR(5000, ({
+                             kvt_peers_counts(a.p, &c);
+                             c.refused_by_reason[KVT_WIRE_R_AUTH] >= 2;
+                         })));
+    run_for(HB_MS * 4);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.handshakes, 0);
+    assert_true(c.refused_by_reason[KVT_WIRE_R_AUTH] >= 2);
+    assert_int_equal(c.refused_by_reason[KVT_WIRE_R_NAMESPACE], 0);
+    assert_int_equal(a.n_msgs + x.n_msgs + y.n_msgs, 0);
+    assert_int_equal(a.n_ev, 0);
+    assert_int_equal(a.n_link_closed, 0);
+    assert_false(linked(&a, 0x7) || linked(&a, 0x8) || linked(&x, 0xA) || linked(&y, 0xA));
+    assert_int_equal(live(&a), 1);
+    assert_int_equal(live(&x), 1);
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_peers_get_stats(a.p, &st), 0);
+    assert_true(kvt_stats_value(&st, "peers_refused", "auth") >= 2);
+    assert_true(kvt_stats_value(&st, "peers_links", "") == 0);
+    kvt_stats_cleanup(&st);
+    node_stop(&x);
+    node_stop(&a);
+    node_stop(&y);
+}
+
+static void test_other_namespace(void **state)
+{
+    struct tnode a, x;
+    struct kvt_peers_counts c;
+    uint16_t pa[2] = {0, 0};
+
+    (void)state;
+    node_start(&a, 0xA, NULL);
+    pa[0] = kvt_peers_port(a.p);
+    node_start_ex(&x, 0x9, good_secret, "another-ns", pa);
+    assert_true(WAIT_FOR(5000, ({
+                             kvt_peers_counts(a.p, &c);
+                             c.refused_by_reason[KVT_WIRE_R_NAMESPACE] >= 1;
+                         })));
+    run_for(HB_MS * 2);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.handshakes, 0);
+    assert_int_equal(c.refused_by_reason[KVT_WIRE_R_AUTH], 0);
+    kvt_peers_counts(x.p, &c);
+    assert_true(c.refused_by_reason[KVT_WIRE_R_NAMESPACE] >= 1); /* X got the REFUSE */
+    assert_int_equal(a.n_msgs + x.n_msgs, 0);
+    assert_false(linked(&a, 0x9) || linked(&x, 0xA));
+    assert_int_equal(live(&a), 1);
+    node_stop(&x);
+    node_stop(&a);
+}
+
+/* A raw peer sends a HEARTBEAT before any HELLO: REFUSE{PROTOCOL}, link closed. */
+static void test_protocol_before_auth(void **state)
+{
+    struct tnode a;
+    struct raw r;
+    struct kvt_peers_counts c;
+    struct kvt_wire_msg m;
+
+    (void)state;
+    node_start(&a, 0xA, NULL);
+    raw_open(&r, kvt_peers_port(a.p));
+    assert_true(WAIT_FOR(5000, r.connected));
+    kvt_wire_msg_init(&m, KVT_WIRE_HEARTBEAT);
+    m.u.heartbeat = (struct kvt_wire_heartbeat){.node_id = 0x55, .incarnation = 1, .seq = 1};
+    assert_int_equal(raw_send(&r, &m), 0);
+    assert_true(WAIT_FOR(3000, r.closed));
+    assert_int_equal(r.n_by_type[KVT_WIRE_REFUSE], 1);
+    assert_int_equal(r.last.u.refuse.reason, KVT_WIRE_R_PROTOCOL);
+    assert_int_equal(r.n_rx, 1); /* nothing but the refusal */
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.refused_by_reason[KVT_WIRE_R_PROTOCOL], 1);
+    assert_int_equal(c.refused, 1);
+    assert_int_equal(c.handshakes, 0);
+    assert_int_equal(a.n_msgs, 0);
+    assert_int_equal(live(&a), 1);
+    raw_close(&r);
+    node_stop(&a);
+}
+
+/* A raw peer that connects and says nothing is closed after the handshake timeout. */
+static void test_handshake_timeout(void **state)
+{
+    struct tnode a;
+    struct raw r;
+    struct kvt_peers_counts c;
+    uint64_t t0;
+
+    (void)state;
+    node_start(&a, 0xA, NULL);
+    raw_open(&r, kvt_peers_port(a.p));
+    assert_true(WAIT_FOR(5000, r.connected));
+    t0 = kvt_now_ns();
+    run_for(HS_MS / 2);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.refused_by_reason[KVT_PEERS_R_TIMEOUT], 0); /* not yet */
+    assert_false(r.closed);
+    assert_true(WAIT_FOR(HS_MS * 5, r.closed));
+    assert_true(kvt_now_ns() - t0 >= (uint64_t)HS_MS * 1000000ull * 9 / 10);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.refused_by_reason[KVT_PEERS_R_TIMEOUT], 1);
+    assert_int_equal(r.n_rx, 0);
+    raw_close(&r);
+    node_stop(&a);
+}
+
+/* A; B seeded with A; C seeded only with B learns A from B's MEMBERS. */
+static void test_members_learned(void **state)
+{
+    struct tnode a, b, c;
+    uint16_t pa[2] = {0, 0}, pb[2] = {0, 0};
+    uint64_t ids[4];
+
+    (void)state;
+    node_start(&a, 0xA, NULL);
+    pa[0] = kvt_peers_port(a.p);
+    node_start(&b, 0xB, pa);
+    pb[0] = kvt_peers_port(b.p);
+    assert_true(WAIT_FOR(5000, live(&a) == 2 && live(&b) == 2));
+    node_start(&c, 0xC, pb);
+    assert_true(WAIT_FOR(5000, linked(&c, 0xA) && linked(&a, 0xC) && live(&a) == 3 &&
+                                   live(&b) == 3 && live(&c) == 3));
+    assert_true(has_event(&c, KVT_MEMBER_JOINED, 0xA));
+    assert_true(has_event(&a, KVT_MEMBER_JOINED, 0xC));
+    assert_int_equal(kvt_peers_live(c.p, ids, 4), 3);
+    assert_true(ids[0] == 0xA && ids[1] == 0xB && ids[2] == 0xC);
+    node_stop(&c);
+    node_stop(&b);
+    node_stop(&a);
+}
+
+static void mesh3(struct tnode *a, struct tnode *b, struct tnode *c)
+{
+    uint16_t pa[2] = {0, 0}, pab[3] = {0, 0, 0};
+
+    node_start(a, 0xA, NULL);
+    pa[0] = pab[0] = kvt_peers_port(a->p);
+    node_start(b, 0xB, pa);
+    pab[1] = kvt_peers_port(b->p);
+    node_start(c, 0xC, pab);
+    assert_true(WAIT_FOR(5000, live(a) == 3 && live(b) == 3 && live(c) == 3 && linked(a, 0xC) &&
+                                   linked(b, 0xC) && linked(a, 0xB)));
+}
+
+/* C stops progressing: A and B see it DOWN after heartbeat_misses; it comes back. */
+static void test_silent_peer_down(void **state)
+{
+    struct tnode a, b, c;
+    uint64_t t0, ids[4];
+
+    (void)state;
+    mesh3(&a, &b, &c);
+    c.paused = true;
+    t0 = kvt_now_ns();
+    assert_true(WAIT_FOR(5000, has_event(&a, KVT_MEMBER_DOWN_EV, 0xC) &&
+                                   has_event(&b, KVT_MEMBER_DOWN_EV, 0xC)));
+    /* not before k intervals without a heartbeat (the last one came before t0) */
+    assert_true(kvt_now_ns() - t0 >= (uint64_t)HB_MS * (HB_MISSES - 1) * 1000000ull);
+    assert_int_equal(kvt_peers_live(a.p, ids, 4), 2);
+    assert_true(ids[0] == 0xA && ids[1] == 0xB);
+    assert_int_equal(live(&b), 2);
+    assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, 0xB));
+    /* It resumes: heard again, JOINED (same incarnation). */
+    c.paused = false;
+    assert_true(WAIT_FOR(5000, live(&a) == 3 && live(&b) == 3 && live(&c) == 3));
+    assert_true(WAIT_FOR(1000, has_event(&a, KVT_MEMBER_JOINED, 0xC)));
+    node_stop(&c);
+    node_stop(&b);
+    node_stop(&a);
+}
+
+/* B is destroyed (A: on_link_closed, DOWN) and re-created with a new incarnation
+ * (A: RESTARTED or JOINED), and traffic flows again. */
+static void test_restart_and_link_closed(void **state)
+{
+    struct tnode a, b;
+    uint16_t pa[2] = {0, 0};
+    uint64_t old_inc;
+    struct kvt_peers_counts c;
+    struct kvt_key k = kt_key(7);
+    struct kvt_wire_msg m = locate(7, &k);
+    const struct kvt_member *x;
+    size_t n_closed;
+
+    (void)state;
+    mesh2(&a, &b);
+    old_inc = kvt_peers_incarnation(b.p);
+    assert_int_equal(a.n_link_closed, 0);
+    node_stop(&b);
+    assert_true(WAIT_FOR(5000, has_event(&a, KVT_MEMBER_DOWN_EV, 0xB)));
+    assert_false(linked(&a, 0xB));
+    assert_int_equal(live(&a), 1);
+    kvt_peers_counts(a.p, &c);
+    assert_true(a.n_link_closed >= 1);
+    assert_int_equal(a.n_link_closed, c.links_closed);
+    for (size_t i = 0; i < a.n_link_closed; i++)
+        assert_int_equal(a.link_closed_ids[i], 0xB);
+    n_closed = a.n_link_closed;
+
+    pa[0] = kvt_peers_port(a.p);
+    node_start(&b, 0xB, pa);
+    assert_true(kvt_peers_incarnation(b.p) > old_inc);
+    assert_true(WAIT_FOR(5000, linked(&a, 0xB) && linked(&b, 0xA) && live(&a) == 2));
+    assert_true(has_event(&a, KVT_MEMBER_RESTARTED, 0xB) ||
+                has_event(&a, KVT_MEMBER_JOINED, 0xB)); /* JOINED earlier is the first life */
+    x = kvt_members_find(kvt_peers_members(a.p), 0xB);
+    assert_non_null(x);
+    assert_int_equal(x->incarnation, kvt_peers_incarnation(b.p));
+    assert_int_equal(x->state, KVT_MEMBER_ALIVE);
+    assert_int_equal(kvt_peers_send(a.p, 0xB, &m), 0);
+    assert_true(WAIT_FOR(3000, b.n_msgs == 1));
+    assert_int_equal(b.last_from, 0xA);
+    assert_int_equal(a.n_link_closed, n_closed);
+
+    /* Destroying a node closes its authenticated links: one call each. */
+    kvt_peers_counts(b.p, &c);
+    node_stop(&b);
+    assert_true(WAIT_FOR(5000, !linked(&a, 0xB)));
+    assert_true(a.n_link_closed > n_closed);
+    node_stop(&a);
+    assert_true(a.n_link_closed >= n_closed + 1);
+}
+
+/* A raw peer completes the handshake by hand, then sends garbage: counted as
+ * malformed, the link and the other traffic go on. */
+static void test_malformed_after_auth(void **state)
+{
+    struct tnode a, b;
+    struct raw r;
+    struct kvt_wire_msg m, ack;
+    struct kvt_auth_params ap;
+    struct kvt_peers_counts c;
+    uint8_t nonce_c[KVT_AUTH_NONCE_BYTES];
+    const uint64_t raw_id = 0x77;
+    struct kvt_key k = kt_key(3);
+    static const uint8_t not_a_frame[] = {0xde, 0xad, 0xbe, 0xef, 0x00};
+    static const uint8_t bad_body[] = {0, 0, 0, 3, 0xc1, 0xc1, 0xc1};
+    static const uint8_t truncated_map[] = {0, 0, 0, 5, 0xdf, 0xff, 0xff, 0xff, 0xff};
+    static uint8_t deep[4 + 2000];
+    size_t b_msgs;
+
+    (void)state;
+    mesh2(&a, &b);
+    raw_open(&r, kvt_peers_port(a.p));
+    assert_true(WAIT_FOR(5000, r.connected));
+
+    /* HELLO -> HELLO_ACK (verify A's proof) -> AUTH -> AUTH_OK */
+    assert_int_equal(kvt_auth_nonce(nonce_c), 0);
+    kvt_wire_msg_init(&m, KVT_WIRE_HELLO);
+    m.u.hello.node_id = raw_id;
+    m.u.hello.incarnation = 1;
+    ns_of("test-ns", m.u.hello.ns);
+    memcpy(m.u.hello.nonce, nonce_c, sizeof(nonce_c));
+    assert_int_equal(raw_send(&r, &m), 0);
+    assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_HELLO_ACK] == 1));
+    ack = r.last;
+    assert_int_equal(ack.u.hello.node_id, 0xA);
+    ap = (struct kvt_auth_params){.nonce_client = nonce_c,
+                                  .nonce_server = ack.u.hello.nonce,
+                                  .id_client = raw_id,
+                                  .id_server = 0xA,
+                                  .ns = m.u.hello.ns};
+    assert_true(kvt_auth_verify(good_secret, strlen((const char *)good_secret), KVT_AUTH_SERVER,
+                                &ap, ack.u.hello.proof, KVT_AUTH_PROOF_BYTES));
+    kvt_wire_msg_init(&m, KVT_WIRE_AUTH);
+    m.u.hello.node_id = raw_id;
+    m.u.hello.incarnation = 1;
+    assert_int_equal(kvt_auth_proof(good_secret, strlen((const char *)good_secret), KVT_AUTH_CLIENT,
+                                    &ap, m.u.hello.proof),
+                     0);
+    assert_int_equal(raw_send(&r, &m), 0);
+    assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_AUTH_OK] == 1 && linked(&a, raw_id)));
+    assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_HEARTBEAT] >= 1)); /* A treats it as a peer */
+
+    /* Garbage: not a frame; a frame of invalid msgpack; a truncated map; too deep;
+     * a handshake message after the handshake. */
+    assert_int_equal(kvt_tp_send(r.ep, not_a_frame, sizeof(not_a_frame)), 0);
+    assert_int_equal(kvt_tp_send(r.ep, bad_body, sizeof(bad_body)), 0);
+    assert_int_equal(kvt_tp_send(r.ep, truncated_map, sizeof(truncated_map)), 0);
+    deep[0] = 0, deep[1] = 0, deep[2] = (2000 >> 8) & 0xff, deep[3] = 2000 & 0xff;
+    memset(deep + 4, 0x91, 2000);
+    assert_int_equal(kvt_tp_send(r.ep, deep, sizeof(deep)), 0);
+    kvt_wire_msg_init(&m, KVT_WIRE_HELLO);
+    m.u.hello.node_id = raw_id;
+    m.u.hello.incarnation = 1;
+    ns_of("test-ns", m.u.hello.ns);
+    assert_int_equal(raw_send(&r, &m), 0);
+    /* then a good message on the same link */
+    m = locate(99, &k);
+    assert_int_equal(raw_send(&r, &m), 0);
+    assert_true(WAIT_FOR(3000, a.n_msgs == 1));
+    assert_int_equal(a.last_from, raw_id);
+    assert_int_equal(a.last_type, KVT_WIRE_LOCATE);
+    assert_int_equal(a.last_req, 99);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.malformed, 5);
+    assert_int_equal(c.refused, 0);
+    assert_true(linked(&a, raw_id));
+    assert_false(r.closed);
+
+    /* B's traffic with A is unaffected. */
+    b_msgs = b.n_msgs;
+    m = locate(100, &k);
+    assert_int_equal(kvt_peers_send(a.p, 0xB, &m), 0);
+    assert_true(WAIT_FOR(3000, b.n_msgs == b_msgs + 1));
+    assert_int_equal(b.last_req, 100);
+    assert_true(live(&a) >= 2);
+
+    /* The raw peer goes away: A reports that authenticated link closed. */
+    raw_close(&r);
+    assert_true(WAIT_FOR(5000, !linked(&a, raw_id)));
+    assert_true(a.n_link_closed >= 1);
+    assert_int_equal(a.link_closed_ids[0], raw_id);
+    node_stop(&b);
+    node_stop(&a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_handshake_and_exchange),
+        cmocka_unit_test(test_wrong_secret),
+        cmocka_unit_test(test_other_namespace),
+        cmocka_unit_test(test_protocol_before_auth),
+        cmocka_unit_test(test_handshake_timeout),
+        cmocka_unit_test(test_members_learned),
+        cmocka_unit_test(test_silent_peer_down),
+        cmocka_unit_test(test_restart_and_link_closed),
+        cmocka_unit_test(test_malformed_after_auth),
+    };
+
+    setenv("UCX_TLS", "tcp", 0); /* loopback, as the conformance suite runs it */
+    if (getenv("KVT_LOG") == NULL)
+        kvt_log_set_level(KVT_LOG_ERROR);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
