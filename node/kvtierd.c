@@ -35,13 +35,7 @@
 #include "kvt/engine_api.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
-#if __has_include("kvt/metrics_http.h")
 #include "kvt/metrics_http.h"
-#define HAVE_HTTP 1
-#else
-#define HAVE_HTTP 0
-struct kvt_metrics_http;
-#endif
 #include "kvt/net_tier.h"
 #include "kvt/peers.h"
 #include "kvt/primary.h"
@@ -335,13 +329,8 @@ static void publish_metrics(struct daemon *d)
     if (d->http == NULL)
         return;
     n = node_samples(d, samples, KVT_ARRAY_SIZE(samples));
-#if HAVE_HTTP
     if (kvt_prom_render(&d->prom.totals, samples, n, 0, &text, &len) == 0)
         kvt_metrics_http_publish(d->http, text, len);
-#else
-    (void)n;
-    (void)len;
-#endif
     free(text);
 }
 
@@ -367,19 +356,18 @@ static int start_services(struct daemon *d)
         rc = ep_add(d, kvt_net_tier_wake_fd(d->net));
     if (rc != 0)
         return rc;
-#if HAVE_HTTP
     if (d->cfg.metrics_port != 0) {
-        rc = kvt_metrics_http_start(d->cfg.metrics_listen, d->cfg.metrics_port, &d->http);
+        rc = kvt_metrics_http_create(d->cfg.metrics_listen, d->cfg.metrics_port, &d->http);
         if (rc != 0) {
             kvt_error(MOD, "/metrics on %s:%u: %s", d->cfg.metrics_listen, d->cfg.metrics_port,
                       strerror(-rc));
             return rc;
         }
         publish_metrics(d);
+        kvt_metrics_http_set_healthy(d->http, true);
+        kvt_info(MOD, "/metrics and /healthz on %s:%u", d->cfg.metrics_listen,
+                 kvt_metrics_http_port(d->http));
     }
-#else
-    kvt_warn(MOD, "built without /metrics");
-#endif
     kvt_info(MOD, "engines attach at %s%s", ec.socket_path,
              d->http != NULL ? "; /metrics and /healthz served" : "");
     return 0;
@@ -474,6 +462,8 @@ static int run(struct daemon *d)
 /* A start that failed half-way: release what was built, in reverse order. */
 static void abandon(struct daemon *d)
 {
+    if (d->http != NULL)
+        kvt_metrics_http_destroy(d->http);
     if (d->engines != NULL)
         kvt_engine_server_destroy(d->engines);
     if (d->m != NULL) {
@@ -501,6 +491,8 @@ static int stop(struct daemon *d)
     uint64_t t0 = kvt_now_ns();
     int rc;
 
+    if (d->http != NULL)
+        kvt_metrics_http_set_healthy(d->http, false); /* draining: not ready for new work */
     if (d->engines != NULL)
         kvt_engine_server_destroy(d->engines); /* engines' pins and requests are cleaned up */
     d->engines = NULL;
@@ -529,10 +521,8 @@ static int stop(struct daemon *d)
     d->m = NULL;
     if (d->peers != NULL)
         kvt_peers_destroy(d->peers);
-#if HAVE_HTTP
     if (d->http != NULL)
-        kvt_metrics_http_stop(d->http);
-#endif
+        kvt_metrics_http_destroy(d->http);
     kvt_prom_acc_cleanup(&d->prom);
     if (d->lock_fd >= 0) {
         unlink(d->lock_path);

@@ -20,6 +20,7 @@ bad() { fail=$((fail + 1)); echo "FAIL - $*"; }
 check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
 
 region=/dev/shm/kvtierd-test-$$.mmap
+mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 sock=$work/engine.sock
 head -c 40 /dev/urandom | base64 >"$work/secret" && chmod 600 "$work/secret"
 base_cfg() {
@@ -40,7 +41,7 @@ cluster:
 engine:
   socket: $sock
 metrics:
-  port: 0
+  port: $mport
 log:
   level: info
 EOF
@@ -71,7 +72,7 @@ bad_cfg "unknown key" "bogus_key" --config "$work/unknown.yaml"
 bad_cfg "unknown key has its line" "unknown.yaml:20:" --config "$work/unknown.yaml"
 sed 's/  size: 64MiB/  size: lots/' "$work/good.yaml" >"$work/type.yaml"
 bad_cfg "wrong type" "primary.size" --config "$work/type.yaml"
-sed 's/  port: 0$/  port: 70000/' "$work/good.yaml" >"$work/range.yaml"
+awk '/^network:/{n=1} n&&/  port:/{sub(/port: .*/,"port: 70000");n=0} {print}' "$work/good.yaml" >"$work/range.yaml"
 bad_cfg "out of range" "network.port" --config "$work/range.yaml"
 sed "s#secret_file: .*#secret_file: $work/nope#" "$work/good.yaml" >"$work/secret.yaml"
 bad_cfg "missing secret file" "cluster.secret_file" --config "$work/secret.yaml"
@@ -102,10 +103,21 @@ stop_term() { # -> sets stop_rc, stop_ms
 }
 
 check "daemon starts and listens" 'start'
-"$cli" status --socket "$sock" >"$work/status" 2>&1
-check "kvtier status reaches it" '[ $? = 0 ]'
+"$cli" status --socket "$sock" --metrics "127.0.0.1:$mport" >"$work/status" 2>&1
+check "kvtier status reaches it (engine API and /healthz)" '[ $? = 0 ]'
 "$load" --node "$sock" --engines-per-node 4 --duration 2 --quiet >"$work/load1" 2>&1
 check "4 engines, 2 s of load, 0 errors" '[ $? = 0 ] && grep -q "ERRORS *0" "$work/load1"'
+sleep 1.2 # the next /metrics snapshot
+curl -sf "http://127.0.0.1:$mport/metrics" >"$work/metrics" 2>&1
+check "/metrics serves the tiering core's series" 'grep -q "^vllm:kv_offload_tiering_chunk_queries" "$work/metrics"'
+promtool check metrics <"$work/metrics" >"$work/promtool" 2>&1
+prc=$?
+cp "$work/promtool" "$tmp/promtool.last"
+# The one lint finding allowed: vLLM's own names keep their "vllm:" prefix (so that
+# vLLM's dashboards work); anything else promtool reports fails the test.
+others=$(grep -vc "metric names should not contain ':'" "$work/promtool")
+echo "# promtool: exit $prc, $others finding(s) besides the colons of vLLM's names"
+check "promtool check metrics: parses, no lint finding but vLLM's colons" '[ "$others" = 0 ] && [ $prc != 1 ]'
 "$load" --node "$sock" --engines-per-node 3 --duration 20 --quiet >"$work/load2" 2>&1 &
 lp=$!
 sleep 2
