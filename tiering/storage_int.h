@@ -113,7 +113,10 @@ struct st_thread {
 
 struct st_pool {
     pthread_mutex_t mu;
-    pthread_cond_t work_cv; /* a task was queued, paused cleared, or stopping */
+    /* Read and write threads wait on their own variable: a task is only signalled to
+     * a class of thread that can take it (a load woken into a write thread would be
+     * a lost wakeup). Each is broadcast when paused clears or stopping is set. */
+    pthread_cond_t read_cv, write_cv;
     pthread_cond_t idle_cv; /* inflight reached 0 */
     struct st_queue loads, stores, unlinks;
     struct kvt_list done; /* finished st_jobs for get_finished_jobs */

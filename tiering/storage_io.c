@@ -415,7 +415,7 @@ static void *worker_main(void *arg)
         if (t == NULL) {
             if (p->stopping)
                 break;
-            pthread_cond_wait(&p->work_cv, &p->mu);
+            pthread_cond_wait(th->reader ? &p->read_cv : &p->write_cv, &p->mu);
             continue;
         }
         if (t->sj->start_ns == 0)
@@ -431,11 +431,37 @@ static void *worker_main(void *arg)
 
 /* ---- pool ------------------------------------------------------------------------- */
 
+/* pool.mu held. */
+static void wake_all(struct st_pool *p)
+{
+    pthread_cond_broadcast(&p->read_cv);
+    pthread_cond_broadcast(&p->write_cv);
+}
+
+/* pool.mu held: k tasks of this kind were queued. Loads wake read threads only;
+ * a store or removal wakes one thread of each class (either can take it; the one
+ * that finds nothing sleeps again). */
+static void wake(struct st_pool *p, enum st_kind kind, size_t k)
+{
+    if (kind == ST_LOAD) {
+        if (k > 1)
+            pthread_cond_broadcast(&p->read_cv);
+        else
+            pthread_cond_signal(&p->read_cv);
+    } else if (k > 1) {
+        wake_all(p);
+    } else {
+        pthread_cond_signal(&p->write_cv);
+        pthread_cond_signal(&p->read_cv);
+    }
+}
+
 void kvt__st_pool_init(struct st_tier *s)
 {
     struct st_pool *p = &s->pool;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->read_cv, NULL);
+    pthread_cond_init(&p->write_cv, NULL);
     pthread_cond_init(&p->idle_cv, NULL);
     kvt_list_init(&p->done);
     q_init(&p->loads);
@@ -493,7 +519,7 @@ void kvt__st_pool_stop(struct st_tier *s)
             finish_task(p, t);
         }
     }
-    pthread_cond_broadcast(&p->work_cv);
+    wake_all(p);
     pthread_mutex_unlock(&p->mu);
     if (p->threads != NULL) {
         for (unsigned i = 0; i < s->n_read + s->n_write; i++) {
@@ -553,10 +579,7 @@ void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj)
     }
     sj->tasks_left = (unsigned)k;
     p->inflight += k;
-    if (k > 1)
-        pthread_cond_broadcast(&p->work_cv);
-    else
-        pthread_cond_signal(&p->work_cv);
+    wake(p, sj->kind, k);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -581,7 +604,7 @@ void kvt__st_pool_wait_idle(struct st_tier *s)
     pthread_mutex_lock(&p->mu);
     if (p->paused) {
         p->paused = false;
-        pthread_cond_broadcast(&p->work_cv);
+        wake_all(p);
     }
     while (p->inflight > 0)
         pthread_cond_wait(&p->idle_cv, &p->mu);
@@ -594,7 +617,7 @@ void kvt__st_pool_pause(struct st_tier *s, bool paused)
     pthread_mutex_lock(&p->mu);
     p->paused = paused;
     if (!paused)
-        pthread_cond_broadcast(&p->work_cv);
+        wake_all(p);
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -541,7 +541,8 @@ static void st_free(struct st_tier *s)
         free_job(sj);
     }
     kvt__st_pool_cleanup(s);
-    pthread_cond_destroy(&s->pool.work_cv);
+    pthread_cond_destroy(&s->pool.read_cv);
+    pthread_cond_destroy(&s->pool.write_cv);
     pthread_cond_destroy(&s->pool.idle_cv);
     pthread_mutex_destroy(&s->pool.mu);
     while (kvt_map_next(&s->index, &it, &me))
@@ -614,7 +615,8 @@ static int rebuild_index(struct st_tier *s)
     int rc = kvt__st_scan(s, &found, &n);
     if (rc != 0)
         return rc;
-    qsort(found, n, sizeof(*found), cmp_found);
+    if (n > 1) /* found is NULL when nothing was found */
+        qsort(found, n, sizeof(*found), cmp_found);
     for (size_t i = 0; i < n; i++) {
         struct st_entry *e = kvt_calloc(1, sizeof(*e));
         if (e == NULL || kvt_map_put(&s->index, found[i].key.bytes, found[i].key.len, e) != 0) {
@@ -701,7 +703,9 @@ static int open_folders(struct st_tier *s)
         kvt_error(MOD, "config: cannot open '%s': %s", s->dir, strerror(errno));
         return rc;
     }
-    s->lock_fd = openat(s->dir_fd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* Read-only: flock needs no write access, and a file open for writing would keep
+     * the file system from being remounted read-only. */
+    s->lock_fd = openat(s->dir_fd, "LOCK", O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
     if (s->lock_fd < 0) {
         rc = -errno;
         kvt_error(MOD, "config: '%s' is not writable: %s", s->dir, strerror(errno));
