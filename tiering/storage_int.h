@@ -82,12 +82,17 @@ struct st_job {
     uint64_t start_ns, end_ns; /* pool.mu */
     size_t n_dropped;          /* stores: keys refused for capacity at submit */
     size_t n_skipped;          /* stores: keys already indexed */
+    unsigned n_tasks;          /* set at submit */
+    /* Removals: the store job whose tasks are held until these files are gone (its
+     * room comes from them; on a full file system it would fail otherwise). */
+    struct st_job *waiter;
 };
 
 struct st_task {
     struct kvt_list fifo, bucket;
     struct st_job *sj;
     size_t begin, end;
+    uint64_t bytes; /* queue order (shortest job first) */
     unsigned bucket_idx;
 };
 
@@ -174,8 +179,11 @@ int kvt__st_pool_start(struct st_tier *s);
 /* Cancels queued tasks (their items fail with ECANCELED), joins the threads. */
 void kvt__st_pool_stop(struct st_tier *s);
 void kvt__st_pool_cleanup(struct st_tier *s);
-/* Queues a job (split into tasks) or, with no items, posts it as done. */
+/* Queues a job (split into tasks) or, with no items, posts it as done. With
+ * removals (an ST_UNLINK job, or NULL), these are queued first and the job's tasks
+ * only when the removals are done. */
 void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj);
+void kvt__st_pool_submit_after(struct st_tier *s, struct st_job *removals, struct st_job *sj);
 /* Moves every finished job to out (a list of st_job.link). */
 void kvt__st_pool_take_done(struct st_tier *s, struct kvt_list *out);
 void kvt__st_pool_wait_idle(struct st_tier *s);

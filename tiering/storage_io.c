@@ -372,14 +372,20 @@ static struct st_task *pick(struct st_pool *p, bool reader)
     return t;
 }
 
+static void queue_tasks(struct st_pool *p, struct st_job *sj);
+
 /* pool.mu held. */
 static void finish_task(struct st_pool *p, struct st_task *t)
 {
     struct st_job *sj = t->sj;
     assert(sj->tasks_left > 0 && p->inflight > 0);
     if (--sj->tasks_left == 0) {
+        struct st_job *waiter = sj->waiter;
         sj->end_ns = kvt_now_ns();
+        sj->waiter = NULL;
         kvt_list_add_tail(&p->done, &sj->link);
+        if (waiter != NULL)
+            queue_tasks(p, waiter);
     }
     if (--p->inflight == 0)
         pthread_cond_broadcast(&p->idle_cv);
@@ -541,31 +547,21 @@ void kvt__st_pool_cleanup(struct st_tier *s)
     }
 }
 
-void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj)
+/* Splits sj into tasks (no lock). */
+static void split(struct st_tier *s, struct st_job *sj)
 {
-    struct st_pool *p = &s->pool;
     size_t n = sj->n_items, k = 1;
-    struct st_queue *q;
     if (sj->kind == ST_LOAD)
         k = KVT_MIN(n, (size_t)s->n_read);
     else if (sj->kind == ST_STORE && s->base.locality == KVT_REMOTE)
         k = KVT_MIN(n, (size_t)s->n_write);
-    if (n > 0) {
-        sj->tasks = kvt_calloc(k, sizeof(*sj->tasks));
-        if (sj->tasks == NULL) {
-            kvt_error(MOD, "out of memory queueing a job: cannot keep the job contract");
-            abort();
-        }
-    }
-    q = sj->kind == ST_LOAD ? &p->loads : sj->kind == ST_STORE ? &p->stores : &p->unlinks;
-    pthread_mutex_lock(&p->mu);
-    if (n == 0 || p->stopping) {
-        for (size_t i = 0; i < n; i++)
-            sj->items[i].err = ECANCELED;
-        sj->start_ns = sj->end_ns = kvt_now_ns();
-        kvt_list_add_tail(&p->done, &sj->link);
-        pthread_mutex_unlock(&p->mu);
+    sj->n_tasks = n == 0 ? 0 : (unsigned)k;
+    if (n == 0)
         return;
+    sj->tasks = kvt_calloc(k, sizeof(*sj->tasks));
+    if (sj->tasks == NULL) {
+        kvt_error(MOD, "out of memory queueing a job: cannot keep the job contract");
+        abort();
     }
     /* divmod split, as vLLM's _batch_tasks: the first n % k tasks get one more. */
     for (size_t i = 0, begin = 0; i < k; i++) {
@@ -574,13 +570,72 @@ void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj)
         t->sj = sj;
         t->begin = begin;
         t->end = begin + len;
+        t->bytes = (uint64_t)len * (s->base.row_bytes ? s->base.row_bytes : 1);
         begin += len;
-        q_push(q, t, (uint64_t)len * (s->base.row_bytes ? s->base.row_bytes : 1));
     }
-    sj->tasks_left = (unsigned)k;
-    p->inflight += k;
-    wake(p, sj->kind, k);
+}
+
+/* pool.mu held: sj's tasks, already counted in inflight, go to their queue (or are
+ * cancelled when the pool stops). */
+static void queue_tasks(struct st_pool *p, struct st_job *sj)
+{
+    struct st_queue *q = sj->kind == ST_LOAD    ? &p->loads
+                         : sj->kind == ST_STORE ? &p->stores
+                                                : &p->unlinks;
+    for (unsigned i = 0; i < sj->n_tasks; i++) {
+        struct st_task *t = &sj->tasks[i];
+        if (p->stopping) {
+            for (size_t j = t->begin; j < t->end; j++)
+                sj->items[j].err = ECANCELED;
+            finish_task(p, t);
+        } else {
+            q_push(q, t, t->bytes);
+        }
+    }
+    if (!p->stopping)
+        wake(p, sj->kind, sj->n_tasks);
+}
+
+/* pool.mu held: a job with nothing to do (or submitted after stop) is done at once. */
+static bool post_now(struct st_pool *p, struct st_job *sj)
+{
+    if (sj->n_tasks > 0 && !p->stopping)
+        return false;
+    for (size_t i = 0; i < sj->n_items; i++)
+        sj->items[i].err = ECANCELED;
+    sj->start_ns = sj->end_ns = kvt_now_ns();
+    kvt_list_add_tail(&p->done, &sj->link);
+    return true;
+}
+
+void kvt__st_pool_submit_after(struct st_tier *s, struct st_job *removals, struct st_job *sj)
+{
+    struct st_pool *p = &s->pool;
+    split(s, sj);
+    if (removals != NULL)
+        split(s, removals);
+    pthread_mutex_lock(&p->mu);
+    if (removals != NULL && !post_now(p, removals)) {
+        removals->tasks_left = removals->n_tasks;
+        p->inflight += removals->n_tasks;
+        queue_tasks(p, removals);
+    } else {
+        removals = NULL;
+    }
+    if (!post_now(p, sj)) {
+        sj->tasks_left = sj->n_tasks;
+        p->inflight += sj->n_tasks;
+        if (removals != NULL)
+            removals->waiter = sj; /* queued by finish_task */
+        else
+            queue_tasks(p, sj);
+    }
     pthread_mutex_unlock(&p->mu);
+}
+
+void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj)
+{
+    kvt__st_pool_submit_after(s, NULL, sj);
 }
 
 void kvt__st_pool_take_done(struct st_tier *s, struct kvt_list *out)

@@ -136,11 +136,12 @@ static void add_unlink(struct st_tier *s, struct st_entry *e)
     e->unlink_pending = true;
 }
 
-static void flush_unlinks(struct st_tier *s)
+/* Takes the removals of this call (their removed event is pushed now), or NULL. */
+static struct st_job *take_unlinks(struct st_tier *s)
 {
     struct st_job *sj = s->pending_unlinks;
     if (sj == NULL)
-        return;
+        return NULL;
     s->pending_unlinks = NULL;
     if (s->enable_events) {
         struct kvt_key *keys = kvt_reallocarray(NULL, sj->n_items, sizeof(*keys));
@@ -153,7 +154,14 @@ static void flush_unlinks(struct st_tier *s)
             kvt_free(keys);
         }
     }
-    kvt__st_pool_submit(s, sj);
+    return sj;
+}
+
+static void flush_unlinks(struct st_tier *s)
+{
+    struct st_job *sj = take_unlinks(s);
+    if (sj != NULL)
+        kvt__st_pool_submit(s, sj);
 }
 
 /* PUBLISHED -> DOOMED; the bytes are free for new stores at once. */
@@ -281,8 +289,8 @@ static void st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
             (struct st_item){.key = *key, .chunk = job->chunk_ids[i], .e = e};
     }
     sj->direct = use_direct(s);
-    flush_unlinks(s); /* removals first: the store may need their room */
-    kvt__st_pool_submit(s, sj);
+    /* The evicted files go first: the store may need their room on disk. */
+    kvt__st_pool_submit_after(s, take_unlinks(s), sj);
 }
 
 static void st_submit_load(struct kvt_tier *t, const struct kvt_job *job)

@@ -23,6 +23,8 @@
 #include "kvt/backpressure.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
+#include "kvt/manager.h"
+#include "kvt/primary.h"
 #include "kvt/storage_tier.h"
 #include "kvt/tier.h"
 
@@ -1103,6 +1105,205 @@ static void test_concurrent_jobs(void **state)
     fx_free(f);
 }
 
+/* ---- through the manager ---------------------------------------------------------------- */
+
+/* A manager over a real primary (4 rows of 8 KiB) and the storage tier, with the
+ * tier's default back-pressure detector and events. */
+struct mfx {
+    char *root;
+    struct kvt_primary *p;
+    struct kvt_tier *t;
+    struct kvt_manager *m;
+    struct kvt_req_ctx *ctx;
+    struct kvt_store_output out;
+    size_t stored_events, removed_events;
+    double loaded; /* kvtier_storage_loaded_chunks, summed over get_stats calls */
+};
+
+enum { M_ROWS = 4, M_ROW = 8192 };
+
+static void mfx_open(struct mfx *f)
+{
+    struct kvt_primary_config pc = {.num_chunks = M_ROWS, .row_bytes = M_ROW};
+    struct kvt_storage_tier_config sc = {.root = f->root, .enable_events = true};
+    memset(sc.namespace_id, 0x42, sizeof(sc.namespace_id));
+    assert_int_equal(kvt_primary_create(&pc, NULL, &f->p), 0);
+    assert_int_equal(kvt_storage_tier_create(&sc, &f->t), 0);
+    assert_non_null(f->t->bp); /* back-pressure watermarks by default */
+    assert_int_equal(kvt_manager_create(f->p, &f->t, 1, &f->m), 0);
+    assert_true(f->t->primary_base == kvt_primary_base(f->p) && f->t->row_bytes == M_ROW);
+    f->ctx = kt_ctx("req");
+    assert_int_equal(kvt_manager_on_new_request(f->m, f->ctx, NULL), 0);
+}
+
+static struct mfx *mfx_new(void)
+{
+    struct mfx *f = calloc(1, sizeof(*f));
+    assert_non_null(f);
+    f->root = kt_tmpdir("storage-mgr");
+    kvt_store_output_init(&f->out);
+    mfx_open(f);
+    return f;
+}
+
+static void mfx_close(struct mfx *f)
+{
+    assert_int_equal(kvt_manager_on_request_finished(f->m, f->ctx), 0);
+    assert_int_equal(kvt_manager_shutdown(f->m), 0);
+    kvt_manager_destroy(f->m);
+    kvt_req_ctx_unref(f->ctx);
+    f->m = NULL;
+    f->t = NULL;
+    f->p = NULL;
+}
+
+static void mfx_free(struct mfx *f)
+{
+    if (f->m != NULL)
+        mfx_close(f);
+    kvt_store_output_cleanup(&f->out);
+    rm_tree(f->root);
+    free(f->root);
+    free(f);
+}
+
+/* Ends the scheduler step (pending promotions are submitted), then waits for the
+ * tier's I/O; the next step's first call consumes the completions. Events and stats
+ * are drained. */
+static void mstep(struct mfx *f)
+{
+    struct kvt_schedule_end_ctx sc = {0};
+    struct kvt_events ev;
+    struct kvt_stats st;
+    kvt_manager_on_schedule_end(f->m, &sc);
+    kvt_storage_tier_wait_idle(f->t);
+    kvt_events_init(&ev);
+    assert_int_equal(kvt_manager_take_events(f->m, &ev), 0);
+    for (size_t i = 0; i < ev.n; i++) {
+        if (ev.ev[i].medium != KVT_MEDIUM_STORAGE)
+            continue;
+        if (ev.ev[i].removed)
+            f->removed_events += ev.ev[i].n;
+        else
+            f->stored_events += ev.ev[i].n;
+    }
+    kvt_events_cleanup(&ev);
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_manager_get_stats(f->m, &st), 0);
+    f->loaded += kvt_stats_value(&st, KVT_M_STORAGE_LOADED_CHUNKS, LABEL);
+    kvt_stats_cleanup(&st);
+}
+
+/* Two steps: the tier's jobs are done and their completions consumed. */
+static void msettle(struct mfx *f)
+{
+    mstep(f);
+    mstep(f);
+}
+
+/* The engine stores keys first..first+n-1 (bytes from fill_row); the manager
+ * cascades them to the storage tier. */
+static void mstore(struct mfx *f, int first, size_t n)
+{
+    struct kvt_key keys[M_ROWS];
+    uint8_t *base = kvt_primary_base(f->p);
+    assert_true(n <= M_ROWS);
+    kt_keys(keys, first, n);
+    assert_int_equal(kvt_manager_prepare_store(f->m, keys, n, f->ctx, &f->out), 0);
+    for (size_t i = 0; i < f->out.n_store; i++)
+        fill_row(base + (size_t)f->out.chunk_ids[i] * M_ROW, M_ROW, &f->out.keys_to_store[i], 0);
+    assert_int_equal(kvt_manager_complete_store(f->m, keys, n, f->ctx, true), 0);
+}
+
+/* Promotes keys (HIT_PENDING now, HIT two steps later) and checks their bytes. */
+static void mpromote_and_check(struct mfx *f, int first, size_t n)
+{
+    struct kvt_key keys[M_ROWS];
+    int64_t ids[M_ROWS];
+    uint8_t *base = kvt_primary_base(f->p);
+    kt_keys(keys, first, n);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(kvt_manager_lookup(f->m, &keys[i], f->ctx), KVT_HIT_PENDING);
+    mstep(f); /* submits the loads, which run */
+    mstep(f); /* consumes their completions */
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(kvt_manager_lookup(f->m, &keys[i], f->ctx), KVT_HIT);
+    assert_int_equal(kvt_manager_prepare_load(f->m, keys, n, f->ctx, ids), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(row_is(base + (size_t)ids[i] * M_ROW, M_ROW, &keys[i], 0));
+    assert_int_equal(kvt_manager_complete_load(f->m, keys, n, f->ctx), 0);
+}
+
+/* Cascade to storage, eviction from the primary, promotion back with the same bytes;
+ * then a warm restart (new manager, new primary, same folder) serves them again. */
+static void test_manager_cascade_evict_promote_restart(void **state)
+{
+    struct mfx *f = mfx_new();
+    struct kvt_key k0 = kt_key(0);
+    (void)state;
+    mstore(f, 0, 4);
+    msettle(f); /* cascades done: the primary rows are unpinned */
+    for (int i = 0; i < 4; i++) {
+        struct kvt_key k = kt_key(i);
+        assert_true(kvt_storage_tier_has(f->t, &k));
+    }
+    assert_int_equal(f->stored_events, 4);
+    mstore(f, 4, 4); /* evicts 0..3 from the primary */
+    assert_int_equal(f->out.n_evicted, 4);
+    msettle(f);
+    assert_int_equal(kvt_primary_lookup(f->p, &k0), KVT_MISS);
+    assert_int_equal(f->stored_events, 8);
+    /* The primary rows of 0..3 now hold 4..7: promotion reads them from disk. */
+    mpromote_and_check(f, 0, 2);
+    assert_true(f->loaded == 2);
+    /* 4..7 were evicted from the primary for 0 and 1; the storage tier has all. */
+    {
+        struct kvt_storage_tier_info info;
+        kvt_storage_tier_info(f->t, &info);
+        assert_int_equal(info.num_keys, 8);
+        assert_int_equal(f->removed_events, 0);
+    }
+
+    mfx_close(f);
+    mfx_open(f);
+    {
+        struct kvt_storage_restart_info ri;
+        kvt_storage_tier_restart_info(f->t, &ri);
+        assert_int_equal(ri.files_found, 8);
+        assert_int_equal(ri.bad_removed + ri.tmp_removed, 0);
+    }
+    assert_int_equal(kvt_primary_lookup(f->p, &k0), KVT_MISS);
+    mpromote_and_check(f, 4, 4);
+    mpromote_and_check(f, 0, 4);
+    mfx_free(f);
+}
+
+/* A corrupted file met by a promotion: the promotion fails, the key becomes a MISS
+ * for the manager (no promotion livelock), the file is gone, the others still load. */
+static void test_manager_corrupt_file_is_a_miss(void **state)
+{
+    struct mfx *f = mfx_new();
+    struct kvt_key k[2];
+    char path[4096];
+    (void)state;
+    kt_keys(k, 10, 2);
+    mstore(f, 10, 2);
+    msettle(f);
+    mstore(f, 20, 4); /* pushes 10 and 11 out of the primary */
+    msettle(f);
+    assert_int_equal(kvt_storage_tier_path(f->t, &k[0], path, sizeof(path)), 0);
+    flip_bit(path, (4096 + 100) * 8 + 3);
+    assert_int_equal(kvt_manager_lookup(f->m, &k[0], f->ctx), KVT_HIT_PENDING);
+    mstep(f);
+    mstep(f);
+    assert_int_equal(kvt_primary_lookup(f->p, &k[0]), KVT_MISS); /* slot freed */
+    assert_int_equal(kvt_manager_lookup(f->m, &k[0], f->ctx), KVT_MISS);
+    assert_false(file_exists(path));
+    assert_int_equal(f->removed_events, 1);
+    mpromote_and_check(f, 11, 1);
+    mfx_free(f);
+}
+
 /* ---- back-pressure ----------------------------------------------------------------------- */
 
 /* By default the tier has a detector with the LOCAL watermarks (REMOTE: NETWORK). */
@@ -1158,6 +1359,8 @@ int main(void)
         cmocka_unit_test(test_pinned_not_evicted),
         cmocka_unit_test(test_concurrent_jobs),
         cmocka_unit_test(test_default_backpressure_watermarks),
+        cmocka_unit_test(test_manager_cascade_evict_promote_restart),
+        cmocka_unit_test(test_manager_corrupt_file_is_a_miss),
     };
     if (getenv("KVT_TEST_FILTER") != NULL) /* e.g. KVT_TEST_FILTER='*restart*' */
         cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));
