@@ -1,0 +1,467 @@
+/* kvtier-bench storage: the storage tier's write and read bandwidth for 256 KiB chunks,
+ * side by side with fio doing the same sizes on the same folder in the same run, and
+ * the warm-restart index rebuild time for many files.
+ *
+ *   kvtier-bench storage [--json] [--dir D] [--chunks N] [--rebuild-files N]
+ *                        [--inflight J] [--cold] [--no-fio]
+ *
+ * Tier: N chunks of 256 KiB stored in jobs of 16 keys with J jobs in flight (the
+ * manager's cascade shape), then loaded back the same way; each file is one 4 KiB
+ * header + the row, written to a temporary name and renamed, O_DIRECT where the file
+ * system takes it; loads verify the header and the XXH3-64 of every row.
+ * fio: the same N files of 256 KiB in D/fio (create_on_open, one 256 KiB block per
+ * file, the same O_DIRECT choice), with as many jobs as the tier has threads that
+ * take that kind of work (writes: read + write threads, reads: read threads); its
+ * --output-format=json bandwidth is parsed. Rebuild: that many small files (4 KiB
+ * rows) written through the tier, the tier closed, then the time to reopen it
+ * (restart_info.seconds); --cold drops the page cache first (root).
+ * Ratios are tier / fio; the target is >= 0.8 in both directions. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "kvt/hash.h"
+#include "kvt/storage_tier.h"
+#include "kvt/tier.h"
+
+#define CHUNK        (256u * 1024u)
+#define JOB_KEYS     16
+#define MAX_INFLIGHT 64
+
+struct sb_opts {
+    bool json, cold, no_fio;
+    const char *dir;
+    size_t chunks, rebuild_files;
+    unsigned inflight;
+};
+
+struct sb_result {
+    double tier_write_gbs, tier_read_gbs, fio_write_gbs, fio_read_gbs;
+    double tier_write_s, tier_read_s;
+    bool direct, fio_ok;
+    unsigned fio_write_jobs, fio_read_jobs;
+    size_t rebuild_files, rebuild_found;
+    double rebuild_s, rebuild_create_s;
+    size_t load_failures;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void make_key(struct kvt_key *k, uint64_t i)
+{
+    uint64_t h[4];
+    for (int w = 0; w < 4; w++)
+        h[w] = kvt_hash64_seed(&i, sizeof(i), (uint64_t)w * 0x9e3779b97f4a7c15ull);
+    kvt_key_make(k, h, sizeof(h), 0);
+}
+
+/* ---- driving the tier --------------------------------------------------------------- */
+
+struct sb_run {
+    struct kvt_tier *t;
+    struct kvt_job jobs[MAX_INFLIGHT];
+    struct kvt_key keys[MAX_INFLIGHT][JOB_KEYS];
+    int64_t ids[MAX_INFLIGHT][JOB_KEYS];
+    bool busy[MAX_INFLIGHT];
+    unsigned n_busy;
+    size_t failed_jobs, failed_keys;
+};
+
+static void sb_done(void *arg, const struct kvt_job_result *r)
+{
+    struct sb_run *run = arg;
+    unsigned g = (unsigned)(r->job_id - 1) % MAX_INFLIGHT;
+    if (!r->success) {
+        run->failed_jobs++;
+        run->failed_keys += run->jobs[g].n - r->n_successful;
+    }
+    run->busy[g] = false;
+    run->n_busy--;
+}
+
+/* Stores (or loads) keys 0..n-1 in jobs of JOB_KEYS, inflight jobs at once; job group
+ * g uses primary slots g*JOB_KEYS... Returns the seconds taken. */
+static double sb_pass(struct sb_run *run, bool load, size_t n, unsigned inflight)
+{
+    static uint64_t seq = 0;
+    double t0 = now_s();
+    size_t next = 0;
+    while (next < n || run->n_busy > 0) {
+        for (unsigned g = 0; g < inflight && next < n; g++) {
+            struct kvt_job *j = &run->jobs[g];
+            size_t m = n - next < JOB_KEYS ? n - next : JOB_KEYS;
+            if (run->busy[g])
+                continue;
+            for (size_t i = 0; i < m; i++) {
+                make_key(&run->keys[g][i], next + i);
+                run->ids[g][i] = (int64_t)(g * JOB_KEYS + i);
+            }
+            /* Job ids map back to their group: id - 1 = g (mod MAX_INFLIGHT). */
+            *j = (struct kvt_job){.id = (seq++) * MAX_INFLIGHT + g + 1,
+                                  .n = m,
+                                  .keys = run->keys[g],
+                                  .chunk_ids = run->ids[g],
+                                  .is_promotion = load};
+            run->busy[g] = true;
+            run->n_busy++;
+            next += m;
+            if (load)
+                kvt_tier_submit_load(run->t, j);
+            else
+                kvt_tier_submit_store(run->t, j);
+        }
+        kvt_tier_get_finished_jobs(run->t, sb_done, run);
+        if (run->n_busy == inflight || next == n)
+            usleep(50); /* the scheduler's step: poll again shortly */
+    }
+    return now_s() - t0;
+}
+
+static int sb_open(const char *root, size_t row, uint8_t *mem, size_t nslots, bool events,
+                   struct kvt_tier **t_p)
+{
+    struct kvt_storage_tier_config c = {.root = root, .enable_events = events};
+    int rc;
+    memset(c.namespace_id, 0xbe, sizeof(c.namespace_id));
+    rc = kvt_storage_tier_create(&c, t_p);
+    if (rc != 0)
+        return rc;
+    (*t_p)->index = 0;
+    (*t_p)->row_bytes = row;
+    (*t_p)->primary_base = mem;
+    (*t_p)->num_chunks = nslots;
+    return 0;
+}
+
+static void sb_close(struct kvt_tier *t)
+{
+    kvt_tier_shutdown(t);
+    kvt_tier_destroy(t);
+}
+
+static int rm_rf(const char *path)
+{
+    char cmd[8300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", path);
+    return system(cmd);
+}
+
+/* ---- fio ------------------------------------------------------------------------------ */
+
+/* The "bw_bytes" of the "read" or "write" section of fio's JSON (group_reporting: one
+ * job entry). -1 when absent. */
+static double fio_bw(const char *json, const char *dir)
+{
+    char tag[32];
+    const char *p;
+    snprintf(tag, sizeof(tag), "\"%s\" : {", dir);
+    p = strstr(json, tag);
+    if (p == NULL)
+        return -1;
+    p = strstr(p, "\"bw_bytes\" : ");
+    if (p == NULL)
+        return -1;
+    return strtod(p + strlen("\"bw_bytes\" : "), NULL);
+}
+
+static double run_fio(const char *dir, bool write, size_t nfiles, unsigned jobs, bool direct)
+{
+    char cmd[8600];
+    FILE *p;
+    char *out = NULL;
+    size_t len = 0, cap = 0;
+    double bw;
+    unsigned per = (unsigned)((nfiles + jobs - 1) / jobs);
+    snprintf(cmd, sizeof(cmd),
+             "fio --output-format=json --name=kvt --directory='%s' --rw=%s --bs=256k "
+             "--filesize=256k --nrfiles=%u --numjobs=%u --openfiles=1 "
+             "--file_service_type=sequential --ioengine=psync --direct=%d --thread "
+             "--group_reporting %s 2>/dev/null",
+             dir, write ? "write" : "read", per, jobs, direct ? 1 : 0,
+             write ? "--create_on_open=1 --fallocate=none" : "");
+    p = popen(cmd, "r");
+    if (p == NULL)
+        return -1;
+    for (;;) {
+        size_t n;
+        if (cap - len < 4096) {
+            char *o = realloc(out, cap = cap ? 2 * cap : 65536);
+            if (o == NULL)
+                break;
+            out = o;
+        }
+        n = fread(out + len, 1, cap - len - 1, p);
+        if (n == 0)
+            break;
+        len += n;
+    }
+    if (pclose(p) != 0 || out == NULL) {
+        free(out);
+        return -1;
+    }
+    out[len] = '\0';
+    bw = fio_bw(out, write ? "write" : "read");
+    free(out);
+    return bw;
+}
+
+/* ---- the benchmark --------------------------------------------------------------------- */
+
+static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
+{
+    size_t nslots = (size_t)o->inflight * JOB_KEYS;
+    uint8_t *mem =
+        mmap(NULL, nslots * CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char root[4096], fdir[4200];
+    struct sb_run *run;
+    struct kvt_storage_tier_info info;
+    double bytes = (double)o->chunks * CHUNK;
+    int rc;
+    if (mem == MAP_FAILED)
+        return -ENOMEM;
+    run = calloc(1, sizeof(*run));
+    if (run == NULL) {
+        munmap(mem, nslots * CHUNK);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < nslots * CHUNK / 8; i++) /* incompressible, not zero pages */
+        ((uint64_t *)mem)[i] = kvt_hash64_seed(&i, sizeof(i), 1);
+    snprintf(root, sizeof(root), "%s/tier", o->dir);
+    rm_rf(root);
+    rc = sb_open(root, CHUNK, mem, nslots, false, &run->t);
+    if (rc != 0) {
+        fprintf(stderr, "storage bench: cannot open the tier in %s: %s\n", root, strerror(-rc));
+        goto out;
+    }
+    kvt_storage_tier_info(run->t, &info);
+    r->direct = info.direct_io;
+    r->tier_write_s = sb_pass(run, false, o->chunks, o->inflight);
+    if (run->failed_jobs > 0)
+        fprintf(stderr, "storage bench: %zu store job(s) failed\n", run->failed_jobs);
+    kvt_storage_tier_wait_idle(run->t);
+    r->tier_read_s = sb_pass(run, true, o->chunks, o->inflight);
+    r->load_failures = run->failed_keys;
+    sb_close(run->t);
+    r->tier_write_gbs = bytes / r->tier_write_s * 1e-9;
+    r->tier_read_gbs = bytes / r->tier_read_s * 1e-9;
+    rm_rf(root);
+
+    if (!o->no_fio) {
+        double w, rd;
+        snprintf(fdir, sizeof(fdir), "%s/fio", o->dir);
+        rm_rf(fdir);
+        mkdir(fdir, 0755);
+        r->fio_write_jobs = 4 + 2; /* the tier's read + write threads take stores */
+        r->fio_read_jobs = 4;      /* its read threads take loads */
+        w = run_fio(fdir, true, o->chunks, r->fio_write_jobs, r->direct);
+        rd = w > 0 ? run_fio(fdir, false, o->chunks, r->fio_read_jobs, r->direct) : -1;
+        r->fio_ok = w > 0 && rd > 0;
+        if (!r->fio_ok)
+            fprintf(stderr, "storage bench: fio failed or is not installed (Debian: fio)\n");
+        r->fio_write_gbs = w * 1e-9;
+        r->fio_read_gbs = rd * 1e-9;
+        rm_rf(fdir);
+    }
+out:
+    free(run);
+    munmap(mem, nslots * CHUNK);
+    return rc;
+}
+
+static int bench_rebuild(const struct sb_opts *o, struct sb_result *r)
+{
+    enum { ROW = 4096 };
+    size_t nslots = (size_t)o->inflight * JOB_KEYS;
+    uint8_t *mem = aligned_alloc(4096, nslots * ROW);
+    char root[4096];
+    struct sb_run *run = calloc(1, sizeof(*run));
+    struct kvt_storage_restart_info ri;
+    int rc = -ENOMEM;
+    if (mem == NULL || run == NULL)
+        goto out;
+    memset(mem, 0x5a, nslots * ROW);
+    snprintf(root, sizeof(root), "%s/rebuild", o->dir);
+    rm_rf(root);
+    rc = sb_open(root, ROW, mem, nslots, false, &run->t);
+    if (rc != 0)
+        goto out;
+    r->rebuild_create_s = sb_pass(run, false, o->rebuild_files, o->inflight);
+    sb_close(run->t);
+    if (o->cold) {
+        sync();
+        FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+        if (f == NULL || fputs("3\n", f) < 0)
+            fprintf(stderr, "storage bench: cannot drop the page cache (root?): warm rebuild\n");
+        if (f != NULL)
+            fclose(f);
+    }
+    rc = sb_open(root, ROW, mem, nslots, false, &run->t);
+    if (rc != 0)
+        goto out;
+    kvt_storage_tier_restart_info(run->t, &ri);
+    r->rebuild_files = o->rebuild_files;
+    r->rebuild_found = ri.files_found;
+    r->rebuild_s = ri.seconds;
+    sb_close(run->t);
+    rm_rf(root);
+out:
+    free(run);
+    free(mem);
+    return rc;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier-bench storage [--json] [--dir D] [--chunks N] [--rebuild-files N]\n"
+               "                            [--inflight J] [--cold] [--no-fio]\n");
+}
+
+static int parse(int argc, char **argv, struct sb_opts *o)
+{
+    static const struct option longopts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"dir", required_argument, NULL, 'd'},
+        {"chunks", required_argument, NULL, 'n'},
+        {"rebuild-files", required_argument, NULL, 'r'},
+        {"inflight", required_argument, NULL, 'i'},
+        {"cold", no_argument, NULL, 'c'},
+        {"no-fio", no_argument, NULL, 'F'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+    char *end;
+    unsigned long long v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'j':
+            o->json = true;
+            break;
+        case 'd':
+            o->dir = optarg;
+            break;
+        case 'c':
+            o->cold = true;
+            break;
+        case 'F':
+            o->no_fio = true;
+            break;
+        case 'n':
+        case 'r':
+        case 'i':
+            errno = 0;
+            v = strtoull(optarg, &end, 10);
+            if (errno != 0 || *end != '\0' || v == 0 || v > 100000000ull ||
+                (c == 'i' && v > MAX_INFLIGHT)) {
+                fprintf(stderr, "kvtier-bench storage: bad value '%s' for --%s\n", optarg,
+                        c == 'n'   ? "chunks"
+                        : c == 'r' ? "rebuild-files"
+                                   : "inflight");
+                return -EINVAL;
+            }
+            if (c == 'n')
+                o->chunks = (size_t)v;
+            else if (c == 'r')
+                o->rebuild_files = (size_t)v;
+            else
+                o->inflight = (unsigned)v;
+            break;
+        case 'h':
+            usage(stdout);
+            return 1;
+        default:
+            usage(stderr);
+            return -EINVAL;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvtier-bench storage: unexpected argument '%s'\n", argv[optind]);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : 0;
+}
+
+int kvt_bench_storage(int argc, char **argv)
+{
+    struct sb_opts o = {.chunks = 4096, .rebuild_files = 100000, .inflight = 16};
+    struct sb_result r = {0};
+    char defdir[256];
+    bool made = false;
+    int rc = parse(argc, argv, &o);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    if (o.dir == NULL) {
+        snprintf(defdir, sizeof(defdir), "%s/kvtier-bench-storage.%d",
+                 getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp", (int)getpid());
+        o.dir = defdir;
+    }
+    if (mkdir(o.dir, 0755) == 0)
+        made = true;
+    else if (errno != EEXIST) {
+        fprintf(stderr, "kvtier-bench storage: cannot create %s: %s\n", o.dir, strerror(errno));
+        return 1;
+    }
+    rc = bench_bandwidth(&o, &r);
+    if (rc == 0)
+        rc = bench_rebuild(&o, &r);
+    if (made)
+        rmdir(o.dir);
+    if (rc != 0) {
+        fprintf(stderr, "kvtier-bench storage: %s\n", strerror(-rc));
+        return 1;
+    }
+    if (o.json) {
+        printf("{\"bench\":\"storage\",\"dir\":\"%s\",\"chunk_bytes\":%u,\"chunks\":%zu,"
+               "\"inflight_jobs\":%u,\"job_keys\":%d,\"direct_io\":%s,"
+               "\"tier\":{\"write_gbs\":%.3f,\"read_gbs\":%.3f,\"load_failures\":%zu},"
+               "\"fio\":{\"ok\":%s,\"write_gbs\":%.3f,\"read_gbs\":%.3f,\"write_jobs\":%u,"
+               "\"read_jobs\":%u},"
+               "\"ratio\":{\"write\":%.3f,\"read\":%.3f,\"target\":0.8},"
+               "\"rebuild\":{\"files\":%zu,\"found\":%zu,\"seconds\":%.3f,\"cold\":%s,"
+               "\"create_seconds\":%.3f}}\n",
+               o.dir, CHUNK, o.chunks, o.inflight, JOB_KEYS, r.direct ? "true" : "false",
+               r.tier_write_gbs, r.tier_read_gbs, r.load_failures, r.fio_ok ? "true" : "false",
+               r.fio_write_gbs, r.fio_read_gbs, r.fio_write_jobs, r.fio_read_jobs,
+               ratio(r.tier_write_gbs, r.fio_write_gbs), ratio(r.tier_read_gbs, r.fio_read_gbs),
+               r.rebuild_files, r.rebuild_found, r.rebuild_s, o.cold ? "true" : "false",
+               r.rebuild_create_s);
+    } else {
+        printf("storage tier, %zu chunks of 256 KiB in %s (%s I/O), %u jobs of %d in flight\n",
+               o.chunks, o.dir, r.direct ? "O_DIRECT" : "buffered", o.inflight, JOB_KEYS);
+        printf("  %-6s %10s %10s %8s\n", "", "tier GB/s", "fio GB/s", "ratio");
+        printf("  %-6s %10.3f %10.3f %8.2f  (fio: %u jobs)\n", "write", r.tier_write_gbs,
+               r.fio_write_gbs, ratio(r.tier_write_gbs, r.fio_write_gbs), r.fio_write_jobs);
+        printf("  %-6s %10.3f %10.3f %8.2f  (fio: %u jobs)\n", "read", r.tier_read_gbs,
+               r.fio_read_gbs, ratio(r.tier_read_gbs, r.fio_read_gbs), r.fio_read_jobs);
+        if (r.fio_ok)
+            printf("  target >= 0.80x fio: write %s, read %s\n",
+                   ratio(r.tier_write_gbs, r.fio_write_gbs) >= 0.8 ? "met" : "NOT met",
+                   ratio(r.tier_read_gbs, r.fio_read_gbs) >= 0.8 ? "met" : "NOT met");
+        printf("index rebuild: %zu of %zu files in %.3f s (%s cache; writing them took %.1f s)\n",
+               r.rebuild_found, r.rebuild_files, r.rebuild_s, o.cold ? "cold" : "warm",
+               r.rebuild_create_s);
+        if (r.load_failures > 0)
+            printf("  %zu chunk load(s) failed\n", r.load_failures);
+    }
+    return 0;
+}
