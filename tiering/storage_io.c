@@ -25,6 +25,7 @@
  * when REMOTE. Queues: loads alternate FCFS and shortest-job-first, stores are
  * shortest-job-first (32 log2-byte buckets, FCFS inside), file removals FCFS. Read
  * threads take loads, then removals, then stores; write threads removals, then stores.
+ * A store that evicted files is held until their removal job is done (waiter).
  * Finished jobs go to a done list that only the scheduler thread drains. io_uring is
  * not used: the pool is the portable path and reaches the device's bandwidth here. */
 #include <assert.h>

@@ -21,7 +21,8 @@
  *
  * Capacity: every file is charged header block + row rounded to 4096. A store reserves
  * its bytes when it is admitted; when that does not fit, least recently used unpinned
- * files are evicted (their removal is queued ahead of the store); pinned files - those
+ * files are evicted (the store's tasks wait until those files are removed, so a full
+ * disk under the bound does not fail it); pinned files - those
  * a running load reads - are never evicted. Keys that still do not fit are dropped and
  * the job fails. Lookups that HIT, touch() and successful loads refresh recency.
  *
