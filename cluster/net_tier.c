@@ -76,7 +76,7 @@ struct load_job {
     uint64_t bytes;
 };
 
-enum { F_SENT, F_READING, F_DONE };
+enum { F_SENT, F_READING };
 
 struct fetch {
     uint64_t id;
@@ -171,13 +171,27 @@ struct net_tier {
     bool reg_failed;
 
     struct kvt_net_tier_counts c, reported;
-    struct kvt_map peer_bytes; /* node id -> uint64_t* pulled bytes since last stats */
     bool shut;
 };
 
 static struct net_tier *nt_of(struct kvt_tier *t)
 {
     return KVT_CONTAINER_OF(t, struct net_tier, base);
+}
+
+/* The values of m, for loops whose body may remove the element it is given and no
+ * other (removal under kvt_map_next would skip entries). NULL when m is empty or
+ * memory is short: the caller's work waits for its next poll. */
+static void **nt_values(const struct kvt_map *m, size_t *n_p)
+{
+    struct kvt_map_entry *e;
+    size_t it = 0, n = 0;
+    void **v = kvt_map_size(m) ? kvt_malloc(kvt_map_size(m) * sizeof(*v)) : NULL;
+
+    while (v != NULL && kvt_map_next(m, &it, &e))
+        v[n++] = e->value;
+    *n_p = n;
+    return v;
 }
 
 static int keyvec_push(struct keyvec *kv, const struct kvt_key *k)
@@ -207,12 +221,10 @@ static uint64_t ms_ns(uint32_t ms)
 }
 
 /* Home of a key among the live members (self included); 0 when nobody is live. */
-static uint64_t nt_home(struct net_tier *nt, const struct kvt_key *key, const uint64_t *live,
-                        size_t n_live)
+static uint64_t nt_home(const struct kvt_key *key, const uint64_t *live, size_t n_live)
 {
     long i = kvt_hrw_home(key, live, n_live);
 
-    (void)nt;
     return i < 0 ? 0 : live[i];
 }
 
@@ -439,7 +451,7 @@ static void nt_take_locates(struct net_tier *nt)
             bool used[NT_KEYS_PER_MSG] = {false};
 
             for (size_t i = 0; i < m; i++)
-                homes[i] = nt_home(nt, &r->keys[base + i], live, n_live);
+                homes[i] = nt_home(&r->keys[base + i], live, n_live);
             for (size_t i = 0; i < m; i++) {
                 struct locate_part *pt;
                 struct kvt_wire_msg msg;
@@ -526,21 +538,21 @@ static void nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct 
 
 static void nt_expire_locates(struct net_tier *nt, uint64_t now)
 {
-    struct kvt_map_entry *e;
-    size_t it = 0;
+    size_t n;
+    void **parts = nt_values(&nt->locate_parts, &n);
 
-    while (kvt_map_next(&nt->locate_parts, &it, &e)) {
-        struct locate_part *pt = e->value;
+    for (size_t i = 0; i < n; i++) {
+        struct locate_part *pt = parts[i];
         struct locate_op *op = pt->op;
 
         if (now < op->deadline_ns)
             continue;
         nt->c.locate_timeouts++;
         nt_part_free(nt, pt);
-        it = 0; /* the map changed under the iterator */
-        if (--op->parts_pending == 0)
+        if (--op->parts_pending == 0) /* its other parts were freed before */
             nt_locate_op_done(nt, op);
     }
+    kvt_free(parts);
 }
 
 /* ---- home side: directory ------------------------------------------------------ */
@@ -666,7 +678,7 @@ static void nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_
     if (homes == NULL || used == NULL)
         goto out;
     for (size_t i = 0; i < kv->n; i++)
-        homes[i] = nt_home(nt, &kv->v[i], live, n_live);
+        homes[i] = nt_home(&kv->v[i], live, n_live);
     for (size_t i = 0; i < kv->n; i++) {
         struct kvt_key ks[NT_KEYS_PER_MSG];
         size_t n = 0;
@@ -698,7 +710,7 @@ static bool nt_homed_here(void *arg, const struct kvt_key *key)
     uint64_t live[NT_MAX_NODES];
     size_t n_live = kvt_peers_live(nt->peers, live, NT_MAX_NODES);
 
-    return nt_home(nt, key, live, n_live) == nt->self;
+    return nt_home(key, live, n_live) == nt->self;
 }
 
 static void nt_flush_publishes(struct net_tier *nt)
@@ -807,7 +819,6 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
     }
     if (f->failed)
         nt->c.failed_fetches++;
-    f->state = F_DONE;
     nt_fetch_free(nt, f);
     nt_load_part_done(nt, lj);
 }
@@ -1080,49 +1091,33 @@ fail:
 static void nt_fail_fetches(struct net_tier *nt, uint64_t node, uint64_t keep_from,
                             struct kvt_tp_ep *ep)
 {
-    struct kvt_map_entry *e;
-    size_t it = 0;
-    bool again = true;
+    size_t n;
+    void **fs = nt_values(&nt->fetches, &n);
 
-    while (again) {
-        again = false;
-        it = 0;
-        while (kvt_map_next(&nt->fetches, &it, &e)) {
-            struct fetch *f = e->value;
-            bool hit = ep != NULL ? f->ep == ep : (f->node == node && f->incarnation < keep_from);
+    for (size_t i = 0; i < n; i++) {
+        struct fetch *f = fs[i];
+        bool hit = ep != NULL ? f->ep == ep : (f->node == node && f->incarnation < keep_from);
 
-            if (!hit || f->failed)
-                continue;
-            f->failed = true;
-            if (ep != NULL)
-                f->ep = NULL; /* the link is gone: no RELEASE on it */
-            if (f->batches_in_flight == 0) {
-                nt_fetch_end(nt, f);
-                again = true;
-                break;
-            }
-        }
+        if (!hit || f->failed)
+            continue;
+        f->failed = true;
+        if (ep != NULL)
+            f->ep = NULL; /* the link is gone: no RELEASE on it */
+        if (f->batches_in_flight == 0)
+            nt_fetch_end(nt, f);
     }
+    kvt_free(fs);
 }
 
 static void nt_expire_fetches(struct net_tier *nt, uint64_t now)
 {
-    size_t n = kvt_map_size(&nt->fetches), k = 0;
-    struct kvt_map_entry *e;
-    size_t it = 0;
-    uint64_t *ids;
+    size_t n;
+    void **fs = nt_values(&nt->fetches, &n);
 
-    if (n == 0)
-        return;
-    ids = kvt_malloc(n * sizeof(*ids));
-    if (ids == NULL)
-        return; /* next poll */
-    while (kvt_map_next(&nt->fetches, &it, &e) && k < n)
-        ids[k++] = ((struct fetch *)e->value)->id;
-    for (size_t i = 0; i < k; i++) {
-        struct fetch *f = kvt_map_get_u64(&nt->fetches, ids[i]);
+    for (size_t i = 0; i < n; i++) {
+        struct fetch *f = fs[i];
 
-        if (f == NULL || f->failed)
+        if (f->failed)
             continue;
         if (now >= f->deadline_ns) {
             f->failed = true;
@@ -1133,7 +1128,7 @@ static void nt_expire_fetches(struct net_tier *nt, uint64_t now)
             nt_post_reads(nt, f); /* -EAGAIN earlier: room now? */
         }
     }
-    kvt_free(ids);
+    kvt_free(fs);
 }
 
 /* ---- holder side: serving FETCH through the parent ------------------------------ */
@@ -1160,33 +1155,32 @@ static void nt_on_release(struct net_tier *nt, uint64_t from, const struct kvt_w
 
 static void nt_reap_leases(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep)
 {
-    struct kvt_map_entry *e;
-    size_t it = 0;
+    size_t n;
+    void **ls = nt_values(&nt->leases, &n);
 
-    while (kvt_map_next(&nt->leases, &it, &e)) {
-        struct lease *l = e->value;
+    for (size_t i = 0; i < n; i++) {
+        struct lease *l = ls[i];
 
         if (ep != NULL ? l->ep != ep : l->from != node)
             continue;
         nt->c.leases_reaped++;
         nt_lease_end(nt, l, false);
-        it = 0;
     }
+    kvt_free(ls);
 }
 
 static void nt_expire_leases(struct net_tier *nt, uint64_t now)
 {
-    struct kvt_map_entry *e;
-    size_t it = 0;
+    size_t n;
+    void **ls = nt_values(&nt->leases, &n);
 
-    while (kvt_map_next(&nt->leases, &it, &e)) {
-        struct lease *l = e->value;
+    for (size_t i = 0; i < n; i++) {
+        struct lease *l = ls[i];
 
-        if (now < l->deadline_ns)
-            continue;
-        nt_lease_end(nt, l, true);
-        it = 0;
+        if (now >= l->deadline_ns)
+            nt_lease_end(nt, l, true);
     }
+    kvt_free(ls);
 }
 
 static void nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
@@ -1416,17 +1410,22 @@ static void nt_on_msg(void *arg, uint64_t from, struct kvt_tp_ep *ep, const stru
 
 static void nt_forget_holders(struct net_tier *nt, uint64_t node, uint64_t keep_from)
 {
+    struct keyvec gone = {0};
     struct kvt_map_entry *e;
     size_t it = 0;
 
+    /* Keys first, removals after: removal under kvt_map_next would skip entries. */
     while (kvt_map_next(&nt->holders, &it, &e)) {
-        struct holder *h = e->value;
+        const struct holder *h = e->value;
+        struct kvt_key k = {.len = e->key_len};
 
-        if (h->node_id != node || h->incarnation >= keep_from)
-            continue;
-        kvt_free(kvt_map_remove(&nt->holders, e->key, e->key_len));
-        it = 0;
+        memcpy(k.bytes, e->key, e->key_len);
+        if (h->node_id == node && h->incarnation < keep_from && keyvec_push(&gone, &k) != 0)
+            break; /* the rest fail their next load and are forgotten then */
     }
+    for (size_t i = 0; i < gone.n; i++)
+        kvt_free(kvt_map_remove(&nt->holders, gone.v[i].bytes, gone.v[i].len));
+    keyvec_free(&gone);
 }
 
 static void nt_on_member(void *arg, const struct kvt_member_event *ev)
@@ -1575,8 +1574,8 @@ static bool nt_busy(struct net_tier *nt)
 static int nt_drain_jobs(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
-    struct kvt_map_entry *e;
-    size_t it = 0;
+    void **ls;
+    size_t n;
 
     /* Our own loads end by their deadlines; peers' leases end now (their READs then
      * fail their checksums if a slot is reused: a miss, not wrong bytes). */
@@ -1585,10 +1584,10 @@ static int nt_drain_jobs(struct kvt_tier *t)
         if (kvt_map_size(&nt->fetches) > 0)
             usleep(1000);
     }
-    while (kvt_map_next(&nt->leases, &it, &e)) {
-        nt_lease_end(nt, e->value, false);
-        it = 0;
-    }
+    ls = nt_values(&nt->leases, &n);
+    for (size_t i = 0; i < n; i++)
+        nt_lease_end(nt, ls[i], false);
+    kvt_free(ls);
     return 0;
 }
 
