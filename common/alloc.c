@@ -2,6 +2,7 @@
  * tier threads may allocate too. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "kvt/alloc.h"
 
@@ -57,4 +58,34 @@ char *kvt_strdup(const char *s)
     if (d != NULL)
         memcpy(d, s, n);
     return d;
+}
+
+/* Below one huge page a table is not worth its own mapping. */
+#define TABLE_MIN_BYTES (2u << 20)
+
+void *kvt_calloc_table(size_t n, size_t size)
+{
+    void *p;
+
+    if (size != 0 && n > (size_t)-1 / size)
+        return NULL;
+    if (n * size < TABLE_MIN_BYTES)
+        return kvt_calloc(n, size);
+    if (should_fail())
+        return NULL;
+    p = mmap(NULL, n * size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    (void)madvise(p, n * size, MADV_HUGEPAGE); /* advice only: 4 KiB pages still work */
+    return p;
+}
+
+void kvt_free_table(void *p, size_t n, size_t size)
+{
+    if (p == NULL)
+        return;
+    if (n * size < TABLE_MIN_BYTES)
+        kvt_free(p);
+    else
+        munmap(p, n * size);
 }

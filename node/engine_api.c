@@ -436,22 +436,24 @@ static int op_lookup(struct kvt_engine_server *s, struct eclient *c, const struc
                      struct kvt_emsg *r)
 {
     struct ereq *er = own_req(c, q);
-    uint32_t n = 0;
+    enum kvt_lookup_result *res;
+    size_t n;
 
     if (er == NULL || er->finished || !kvt__emsg_has(q, KVT_EF_KEYS) ||
         (q->flags & ~(uint64_t)KVTIER_LOOKUP_PREFIX) != 0)
         return -EINVAL;
     r->results = kvt_malloc(q->n_keys ? q->n_keys : 1);
-    if (r->results == NULL)
-        return -ENOMEM;
-    while (n < q->n_keys) {
-        enum kvt_lookup_result res = kvt_manager_lookup(s->m, &keys_of(q)[n], er->ctx);
-
-        r->results[n++] = (uint8_t)res;
-        if ((q->flags & KVTIER_LOOKUP_PREFIX) && (res == KVT_MISS || res == KVT_RETRY))
-            break;
+    res = kvt_calloc(q->n_keys ? q->n_keys : 1, sizeof(*res));
+    if (r->results == NULL || res == NULL) {
+        kvt_free(res);
+        return -ENOMEM; /* r->results is freed with r */
     }
-    r->n_results = n;
+    n = kvt_manager_lookup_many(s->m, keys_of(q), q->n_keys, er->ctx,
+                                (q->flags & KVTIER_LOOKUP_PREFIX) != 0, res);
+    for (size_t i = 0; i < n; i++)
+        r->results[i] = (uint8_t)res[i];
+    kvt_free(res);
+    r->n_results = (uint32_t)n;
     r->has |= 1u << KVT_EF_RESULTS;
     return 0;
 }

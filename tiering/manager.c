@@ -27,7 +27,7 @@
 #include "kvt/map.h"
 #include "kvt/metrics.h"
 
-#define MOD "tiering"
+#define MOD        "tiering"
 #define NO_EXCLUDE (-1)
 
 struct job_meta {
@@ -449,31 +449,26 @@ static void flush_pending_cascades(struct kvt_manager *m)
     }
 }
 
+#define PRIMARY_GROUP 16 /* keys per kvt_primary_lookup_many call */
+
 /* ---- the OffloadingManager API ------------------------------------------------ */
 
-static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_key *key,
-                                        struct kvt_req_ctx *ctx, int exclude)
+/* The secondary tiers' part of a lookup that missed the primary. */
+static enum kvt_lookup_result lookup_secondaries(struct kvt_manager *m, const struct kvt_key *key,
+                                                 struct kvt_req_ctx *ctx, int exclude)
 {
     enum kvt_lookup_result r;
     bool any_retry = false;
     uint64_t t0;
 
-    maybe_process_finished_jobs(m);
-    t0 = kvt_now_ns();
-    r = kvt_primary_lookup(m->primary, key);
-    kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, (double)(kvt_now_ns() - t0) * 1e-9);
-    if (r == KVT_HIT || r == KVT_HIT_PENDING)
-        return r;
-
     for (size_t i = 0; i < m->n_tiers; i++) {
         struct kvt_tier *t = m->tiers[i];
-        if ((int)i == exclude || !kvt_tier_filter_allows(&ctx->load_tier_filter, t->medium,
-                                                         t->locality))
+        if ((int)i == exclude ||
+            !kvt_tier_filter_allows(&ctx->load_tier_filter, t->medium, t->locality))
             continue;
         t0 = kvt_now_ns();
         r = kvt_tier_lookup(t, key, ctx);
-        kvt_metrics_on_lookup(m->metrics, ctx, key, i + 1, r,
-                              (double)(kvt_now_ns() - t0) * 1e-9);
+        kvt_metrics_on_lookup(m->metrics, ctx, key, i + 1, r, (double)(kvt_now_ns() - t0) * 1e-9);
         if (r == KVT_HIT)
             return initiate_promotion(m, (int)i, key, ctx) ? KVT_HIT_PENDING : KVT_MISS;
         if (r == KVT_RETRY)
@@ -482,10 +477,67 @@ static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_
     return any_retry ? KVT_RETRY : KVT_MISS;
 }
 
+static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_key *key,
+                                        struct kvt_req_ctx *ctx, int exclude)
+{
+    enum kvt_lookup_result r;
+    uint64_t t0;
+
+    maybe_process_finished_jobs(m);
+    t0 = kvt_now_ns();
+    r = kvt_primary_lookup(m->primary, key);
+    kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, (double)(kvt_now_ns() - t0) * 1e-9);
+    if (r == KVT_HIT || r == KVT_HIT_PENDING)
+        return r;
+    return lookup_secondaries(m, key, ctx, exclude);
+}
+
 enum kvt_lookup_result kvt_manager_lookup(struct kvt_manager *m, const struct kvt_key *key,
                                           struct kvt_req_ctx *ctx)
 {
     return lookup_ex(m, key, ctx, NO_EXCLUDE);
+}
+
+/* Each key as kvt_manager_lookup would answer it, in order: the primary answers a
+ * group of keys at once (kvt_primary_lookup_many overlaps their cache misses),
+ * and the group's answers are used only while nothing has changed the primary
+ * since; a miss that reaches the secondary tiers may promote (allocate, evict), so
+ * the rest of that group is asked again one key at a time. */
+size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
+                               struct kvt_req_ctx *ctx, bool prefix, enum kvt_lookup_result *out)
+{
+    enum kvt_lookup_result group[PRIMARY_GROUP];
+    size_t done = 0;
+
+    maybe_process_finished_jobs(m);
+    while (done < n) {
+        size_t g = n - done < PRIMARY_GROUP ? n - done : PRIMARY_GROUP;
+        bool fresh = true;
+        uint64_t t0 = kvt_now_ns();
+        double each;
+
+        kvt_primary_lookup_many(m->primary, keys + done, g, group);
+        each = (double)(kvt_now_ns() - t0) * 1e-9 / (double)g;
+        for (size_t i = 0; i < g; i++) {
+            const struct kvt_key *key = &keys[done];
+            enum kvt_lookup_result r;
+
+            if (fresh) {
+                r = group[i];
+                kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, each);
+                if (r == KVT_MISS && m->n_tiers > 0) {
+                    r = lookup_secondaries(m, key, ctx, NO_EXCLUDE);
+                    fresh = false;
+                }
+            } else {
+                r = lookup_ex(m, key, ctx, NO_EXCLUDE);
+            }
+            out[done++] = r;
+            if (prefix && (r == KVT_MISS || r == KVT_RETRY))
+                return done;
+        }
+    }
+    return done;
 }
 
 int kvt_manager_prepare_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
@@ -562,8 +614,8 @@ int kvt_manager_complete_store(struct kvt_manager *m, const struct kvt_key *keys
         if (create_store_job(m, keys, n, ctx, (int)i, &jm) == 0)
             kvt_tier_submit_store(m->tiers[i], &jm->job);
         else
-            kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%zu failed", ctx->req_id,
-                      n, i);
+            kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%zu failed", ctx->req_id, n,
+                      i);
     }
     st->pending_primary_stores--;
     maybe_finalize_request(m, st, NO_EXCLUDE);
@@ -690,8 +742,8 @@ int kvt_manager_reset_cache(struct kvt_manager *m)
     for (size_t i = 0; i < m->n_tiers; i++) {
         int rc = kvt_tier_drain_jobs(m->tiers[i]);
         if (rc != 0 && rc != -EOPNOTSUPP) {
-            kvt_error(MOD, "reset_cache: tier #%zu (%s) failed to drain: %s", i,
-                      m->tiers[i]->type, strerror(-rc));
+            kvt_error(MOD, "reset_cache: tier #%zu (%s) failed to drain: %s", i, m->tiers[i]->type,
+                      strerror(-rc));
             return rc;
         }
     }
@@ -745,8 +797,8 @@ int kvt_manager_shutdown(struct kvt_manager *m)
 
 /* ---- construction ------------------------------------------------------------ */
 
-int kvt_manager_create(struct kvt_primary *primary, struct kvt_tier *const *tiers,
-                       size_t n_tiers, struct kvt_manager **m_p)
+int kvt_manager_create(struct kvt_primary *primary, struct kvt_tier *const *tiers, size_t n_tiers,
+                       struct kvt_manager **m_p)
 {
     const char *types[KVT_MAX_TIERS];
     struct kvt_manager *m;

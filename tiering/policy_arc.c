@@ -25,6 +25,8 @@
 #include "kvt/alloc.h"
 #include "primary_int.h"
 
+#define ARC_GROUP 16 /* ghosts whose index misses are overlapped */
+
 struct ghost {
     uint64_t lo, hi;
     uint32_t prev, next;
@@ -43,7 +45,7 @@ struct arc {
     size_t g_cap, g_used;
     uint32_t *g_free; /* freed nodes (stack), sized g_cap */
     size_t n_free;
-    uint32_t *idx; /* node + 1 by fingerprint; 0 = empty */
+    uint64_t *idx; /* fingerprint tag << 32 | node + 1 by fingerprint; 0 = empty */
     size_t idx_mask;
     size_t n_ghosts;
     struct glist b1, b2;
@@ -61,43 +63,65 @@ static XXH128_hash_t fp_of(const struct kvt_key *k)
     return XXH3_128bits(k->bytes, k->len);
 }
 
+/* Index cells as in the primary's index (primary.c): the low 32 bits of the
+ * fingerprint hold the home and filter probes without reading ghost nodes. */
+static inline uint64_t g_cell(uint64_t lo, uint32_t gi)
+{
+    return ((uint64_t)(uint32_t)lo << 32) | ((uint64_t)gi + 1);
+}
+
+static inline size_t g_home(const struct arc *a, uint64_t lo)
+{
+    return (size_t)(uint32_t)lo & a->idx_mask;
+}
+
 static uint32_t g_find(const struct arc *a, XXH128_hash_t fp)
 {
+    uint64_t tag = (uint64_t)(uint32_t)fp.low64 << 32;
+
     if (a->n_ghosts == 0)
         return PR_NIL;
-    for (size_t i = (size_t)fp.low64 & a->idx_mask;; i = (i + 1) & a->idx_mask) {
-        uint32_t v = a->idx[i];
+    for (size_t i = g_home(a, fp.low64);; i = (i + 1) & a->idx_mask) {
+        uint64_t v = a->idx[i];
+        uint32_t gi = (uint32_t)v - 1;
 
         if (v == 0)
             return PR_NIL;
-        if (a->g[v - 1].lo == fp.low64 && a->g[v - 1].hi == fp.high64)
-            return v - 1;
+        if ((v & 0xffffffff00000000ull) == tag && a->g[gi].lo == fp.low64 &&
+            a->g[gi].hi == fp.high64)
+            return gi;
     }
+}
+
+static void g_prefetch(const struct arc *a, uint64_t lo)
+{
+    __builtin_prefetch(&a->idx[g_home(a, lo)], 1);
 }
 
 static void g_idx_put(struct arc *a, uint32_t gi)
 {
-    size_t i = (size_t)a->g[gi].lo & a->idx_mask;
+    size_t i = g_home(a, a->g[gi].lo);
 
     while (a->idx[i] != 0)
         i = (i + 1) & a->idx_mask;
-    a->idx[i] = gi + 1;
+    a->idx[i] = g_cell(a->g[gi].lo, gi);
 }
 
 static void g_idx_del(struct arc *a, uint32_t gi)
 {
     size_t mask = a->idx_mask;
-    size_t i = (size_t)a->g[gi].lo & mask;
+    uint64_t cell = g_cell(a->g[gi].lo, gi);
+    size_t i = g_home(a, a->g[gi].lo);
 
-    while (a->idx[i] != gi + 1)
+    while (a->idx[i] != cell)
         i = (i + 1) & mask;
     for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-        uint32_t v = a->idx[j];
+        uint64_t v = a->idx[j];
         size_t home;
 
         if (v == 0)
             break;
-        home = (size_t)a->g[v - 1].lo & mask;
+        home = (size_t)(v >> 32) & mask;
         if (((j - home) & mask) >= ((j - i) & mask)) {
             a->idx[i] = v;
             i = j;
@@ -130,14 +154,14 @@ static int g_reserve(struct arc *a, size_t more)
     }
     if (2 * want > a->idx_mask + 1) {
         size_t size = a->idx_mask + 1;
-        uint32_t *idx;
+        uint64_t *idx;
 
         while (2 * want > size)
             size *= 2;
-        idx = kvt_calloc(size, sizeof(*idx));
+        idx = kvt_calloc_table(size, sizeof(*idx));
         if (idx == NULL)
             return -ENOMEM;
-        kvt_free(a->idx);
+        kvt_free_table(a->idx, a->idx_mask + 1, sizeof(*a->idx));
         a->idx = idx;
         a->idx_mask = size - 1;
         for (uint32_t gi = 0; gi < a->g_used; gi++)
@@ -185,9 +209,8 @@ static void g_unlink(struct arc *a, uint32_t gi)
 }
 
 /* Needs room from g_reserve. */
-static void g_add(struct arc *a, uint8_t id, const struct kvt_key *k)
+static void g_add(struct arc *a, uint8_t id, XXH128_hash_t fp)
 {
-    XXH128_hash_t fp = fp_of(k);
     uint32_t gi = a->n_free > 0 ? a->g_free[--a->n_free] : (uint32_t)a->g_used++;
 
     a->g[gi].lo = fp.low64;
@@ -204,6 +227,23 @@ static void g_drop(struct arc *a, uint32_t gi)
     a->g[gi].list = PR_NONE;
     a->g_free[a->n_free++] = gi;
     a->n_ghosts--;
+}
+
+/* Cuts a ghost list to capacity, oldest first. */
+static void g_trim(struct arc *a, struct glist *l)
+{
+    while (l->n > a->capacity) {
+        uint32_t drop[ARC_GROUP];
+        size_t m = 0;
+
+        for (uint32_t gi = l->head; gi != PR_NIL && m < ARC_GROUP && l->n - m > a->capacity;
+             gi = a->g[gi].next) {
+            drop[m++] = gi;
+            g_prefetch(a, a->g[gi].lo);
+        }
+        for (size_t i = 0; i < m; i++)
+            g_drop(a, drop[i]);
+    }
 }
 
 static void g_clear(struct arc *a)
@@ -223,7 +263,7 @@ static int arc_init(struct kvt_primary *p)
     if (a == NULL)
         return -ENOMEM;
     a->capacity = p->cfg.num_chunks;
-    a->idx = kvt_calloc(64, sizeof(*a->idx));
+    a->idx = kvt_calloc_table(64, sizeof(*a->idx));
     if (a->idx == NULL) {
         kvt_free(a);
         return -ENOMEM;
@@ -242,9 +282,19 @@ static void arc_fini(struct kvt_primary *p)
         return;
     kvt_free(a->g);
     kvt_free(a->g_free);
-    kvt_free(a->idx);
+    kvt_free_table(a->idx, a->idx_mask + 1, sizeof(*a->idx));
     kvt_free(a);
     p->pol_state = NULL;
+}
+
+static void arc_will_insert(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+{
+    struct arc *a = arc_of(p);
+
+    if (a->n_ghosts == 0)
+        return;
+    for (size_t i = 0; i < n; i++)
+        g_prefetch(a, fp_of(&keys[i]).low64);
 }
 
 static void arc_insert(struct kvt_primary *p, uint32_t s)
@@ -265,40 +315,41 @@ static void arc_remove(struct kvt_primary *p, uint32_t s)
     pr_list_unlink(p, p->e[s].list == PR_L1 ? &p->l1 : &p->l2, s);
 }
 
-static void arc_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+static void arc_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint32_t s)
 {
     struct arc *a = arc_of(p);
+    uint32_t gi;
+    double delta;
 
-    for (size_t i = n; i-- > 0;) {
-        uint32_t s = kvt_pr_find(p, &keys[i]);
-        uint32_t gi;
-        double delta;
-
-        if (s != PR_NIL) {
-            if (p->e[s].list == PR_L1) {
-                pr_list_unlink(p, &p->l1, s);
-                if (p->e[s].ref_cnt < 0)
-                    pr_list_append(p, &p->l1, PR_L1, s);
-                else
-                    pr_list_append(p, &p->l2, PR_L2, s);
-            } else {
-                pr_list_unlink(p, &p->l2, s);
+    if (s != PR_NIL) {
+        if (p->e[s].list == PR_L1) {
+            pr_list_unlink(p, &p->l1, s);
+            if (p->e[s].ref_cnt < 0)
+                pr_list_append(p, &p->l1, PR_L1, s);
+            else
                 pr_list_append(p, &p->l2, PR_L2, s);
-            }
-            continue;
-        }
-        if (!pr_key_ok(&keys[i]) || (gi = g_find(a, fp_of(&keys[i]))) == PR_NIL)
-            continue;
-        if (a->g[gi].list == PR_L1) {
-            delta = fmax(1.0, (double)a->b2.n / (double)a->b1.n);
-            a->target = fmin(a->target + delta, (double)a->capacity);
         } else {
-            delta = fmax(1.0, (double)a->b1.n / (double)a->b2.n);
-            a->target = fmax(a->target - delta, 0.0);
+            pr_list_unlink(p, &p->l2, s);
+            pr_list_append(p, &p->l2, PR_L2, s);
         }
-        g_unlink(a, gi);
-        g_append(a, a->g[gi].list, gi);
+        return;
     }
+    if (!pr_key_ok(key) || (gi = g_find(a, fp_of(key))) == PR_NIL)
+        return;
+    if (a->g[gi].list == PR_L1) {
+        delta = fmax(1.0, (double)a->b2.n / (double)a->b1.n);
+        a->target = fmin(a->target + delta, (double)a->capacity);
+    } else {
+        delta = fmax(1.0, (double)a->b1.n / (double)a->b2.n);
+        a->target = fmax(a->target - delta, 0.0);
+    }
+    g_unlink(a, gi);
+    g_append(a, a->g[gi].list, gi);
+}
+
+static void arc_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+{
+    kvt_pr_touch_each(p, keys, n, arc_touch_one);
 }
 
 static int arc_evict(struct kvt_primary *p, size_t n, uint32_t *victims)
@@ -328,17 +379,26 @@ static int arc_evict(struct kvt_primary *p, size_t n, uint32_t *victims)
         if (!found)
             return -ENOSPC;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t s = victims[i];
-        uint8_t from = p->e[s].list;
+    /* In groups, each ghost-index miss requested before the first is waited for:
+     * the new ghosts' cells, then the cells of the oldest ghosts that leave. */
+    for (size_t b = 0; b < n; b += ARC_GROUP) {
+        size_t m = n - b < ARC_GROUP ? n - b : ARC_GROUP;
+        XXH128_hash_t fp[ARC_GROUP];
 
-        pr_list_unlink(p, from == PR_L1 ? &p->l1 : &p->l2, s);
-        g_add(a, from, &p->e[s].key);
+        for (size_t i = 0; i < m; i++) {
+            fp[i] = fp_of(&p->e[victims[b + i]].key);
+            g_prefetch(a, fp[i].low64);
+        }
+        for (size_t i = 0; i < m; i++) {
+            uint32_t s = victims[b + i];
+            uint8_t from = p->e[s].list;
+
+            pr_list_unlink(p, from == PR_L1 ? &p->l1 : &p->l2, s);
+            g_add(a, from, fp[i]);
+        }
     }
-    while (a->b1.n > a->capacity)
-        g_drop(a, a->b1.head);
-    while (a->b2.n > a->capacity)
-        g_drop(a, a->b2.head);
+    g_trim(a, &a->b1);
+    g_trim(a, &a->b2);
     return 0;
 }
 
@@ -371,6 +431,7 @@ const struct pr_policy_ops kvt_pr_arc_ops = {
     .name = "arc",
     .init = arc_init,
     .fini = arc_fini,
+    .will_insert = arc_will_insert,
     .insert = arc_insert,
     .remove = arc_remove,
     .touch = arc_touch,

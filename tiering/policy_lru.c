@@ -28,16 +28,18 @@ static void lru_remove(struct kvt_primary *p, uint32_t s)
     pr_list_unlink(p, &p->l1, s);
 }
 
+static void lru_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint32_t s)
+{
+    (void)key;
+    if (s == PR_NIL)
+        return;
+    pr_list_unlink(p, &p->l1, s);
+    pr_list_append(p, &p->l1, PR_L1, s);
+}
+
 static void lru_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
 {
-    for (size_t i = n; i-- > 0;) {
-        uint32_t s = kvt_pr_find(p, &keys[i]);
-
-        if (s == PR_NIL)
-            continue;
-        pr_list_unlink(p, &p->l1, s);
-        pr_list_append(p, &p->l1, PR_L1, s);
-    }
+    kvt_pr_touch_each(p, keys, n, lru_touch_one);
 }
 
 static int lru_evict(struct kvt_primary *p, size_t n, uint32_t *victims)

@@ -6,6 +6,7 @@
  * changes nothing. prepare_store checks keys, capacity and victims before it
  * touches any entry; pin/unpin check every key before changing the first. */
 #include <errno.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -20,23 +21,40 @@
 
 /* ---- index -------------------------------------------------------------- */
 
-static size_t pr_home(const struct kvt_primary *p, uint64_t h)
+/* An index cell: the low 32 bits of the key's hash (its tag) above the slot + 1;
+ * 0 is empty. The tag answers most probes without reading the entry, and holds the
+ * home position, so deletion shifts cells without touching their entries. */
+static inline uint64_t pr_cell(uint64_t h, uint32_t s)
 {
-    return (size_t)h & p->index_mask;
+    return ((uint64_t)(uint32_t)h << 32) | ((uint64_t)s + 1);
+}
+
+static inline uint32_t pr_cell_slot(uint64_t v)
+{
+    return (uint32_t)v - 1;
+}
+
+static inline size_t pr_home(const struct kvt_primary *p, uint64_t h)
+{
+    return (size_t)(uint32_t)h & p->index_mask;
 }
 
 static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
 {
+    uint64_t tag = (uint64_t)(uint32_t)h << 32;
+
     for (size_t i = pr_home(p, h);; i = (i + 1) & p->index_mask) {
-        uint32_t v = p->index[i];
+        uint64_t v = p->index[i];
         const struct pr_entry *x;
 
         if (v == 0)
             return PR_NIL;
-        x = &p->e[v - 1];
+        if ((v & 0xffffffff00000000ull) != tag)
+            continue;
+        x = &p->e[pr_cell_slot(v)];
         if (x->hash == h && x->key.len == key->len &&
             memcmp(x->key.bytes, key->bytes, key->len) == 0)
-            return v - 1;
+            return pr_cell_slot(v);
     }
 }
 
@@ -47,29 +65,70 @@ uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key)
     return pr_find_h(p, key, kvt_key_hash(key));
 }
 
+void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                       uint64_t *h, uint32_t *slot)
+{
+    for (size_t i = 0; i < n; i++) {
+        h[i] = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
+        __builtin_prefetch(&p->index[pr_home(p, h[i])]);
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t v = p->index[pr_home(p, h[i])];
+
+        if (v != 0 && (uint32_t)(v >> 32) == (uint32_t)h[i]) {
+            const char *x = (const char *)&p->e[pr_cell_slot(v)];
+
+            __builtin_prefetch(x);
+            __builtin_prefetch(x + offsetof(struct pr_entry, key) + keys[i].len);
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        slot[i] = pr_key_ok(&keys[i]) ? pr_find_h(p, &keys[i], h[i]) : PR_NIL;
+}
+
+void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                       void (*move)(struct kvt_primary *p, const struct kvt_key *key, uint32_t s))
+{
+    uint64_t h[PR_GROUP];
+    uint32_t slot[PR_GROUP];
+
+    for (size_t end = n; end > 0;) {
+        size_t m = end < PR_GROUP ? end : PR_GROUP, b = end - m;
+
+        kvt_pr_find_group(p, keys + b, m, h, slot);
+        for (size_t i = 0; i < m; i++)
+            if (slot[i] != PR_NIL)
+                pr_prefetch_links(p, slot[i]);
+        for (size_t i = m; i-- > 0;)
+            move(p, &keys[b + i], slot[i]);
+        end = b;
+    }
+}
+
 static void pr_index_put(struct kvt_primary *p, uint32_t s)
 {
     size_t i = pr_home(p, p->e[s].hash);
 
     while (p->index[i] != 0)
         i = (i + 1) & p->index_mask;
-    p->index[i] = s + 1;
+    p->index[i] = pr_cell(p->e[s].hash, s);
 }
 
 /* Backward-shift deletion: no tombstones, so probe lengths stay short forever. */
 static void pr_index_del(struct kvt_primary *p, uint32_t s)
 {
+    uint64_t cell = pr_cell(p->e[s].hash, s);
     size_t i = pr_home(p, p->e[s].hash);
 
-    while (p->index[i] != s + 1)
+    while (p->index[i] != cell)
         i = (i + 1) & p->index_mask;
     for (size_t j = (i + 1) & p->index_mask;; j = (j + 1) & p->index_mask) {
-        uint32_t v = p->index[j];
+        uint64_t v = p->index[j];
         size_t home;
 
         if (v == 0)
             break;
-        home = pr_home(p, p->e[v - 1].hash);
+        home = (size_t)(v >> 32) & p->index_mask;
         /* v may move into the hole i unless its home lies cyclically in (i, j]. */
         if (((j - home) & p->index_mask) >= ((j - i) & p->index_mask)) {
             p->index[i] = v;
@@ -165,8 +224,8 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
     pr_list_init(&p->l2);
     kvt_events_init(&p->events);
     kvt_stats_init(&p->pending_stats);
-    p->e = kvt_calloc(cfg->num_chunks, sizeof(*p->e));
-    p->index = kvt_calloc(table, sizeof(*p->index));
+    p->e = kvt_calloc_table(cfg->num_chunks, sizeof(*p->e));
+    p->index = kvt_calloc_table(table, sizeof(*p->index));
     p->free_list = kvt_calloc(cfg->num_chunks, sizeof(*p->free_list));
     p->victims = kvt_calloc(cfg->num_chunks, sizeof(*p->victims));
     p->index_mask = table - 1;
@@ -204,8 +263,8 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
 fail_pol:
     pol->fini(p);
 fail:
-    kvt_free(p->e);
-    kvt_free(p->index);
+    kvt_free_table(p->e, p->cfg.num_chunks, sizeof(*p->e));
+    kvt_free_table(p->index, p->index_mask + 1, sizeof(*p->index));
     kvt_free(p->free_list);
     kvt_free(p->victims);
     kvt_free(p);
@@ -225,8 +284,8 @@ void kvt_primary_destroy(struct kvt_primary *p)
     }
     kvt_events_cleanup(&p->events);
     kvt_stats_cleanup(&p->pending_stats);
-    kvt_free(p->e);
-    kvt_free(p->index);
+    kvt_free_table(p->e, p->cfg.num_chunks, sizeof(*p->e));
+    kvt_free_table(p->index, p->index_mask + 1, sizeof(*p->index));
     kvt_free(p->free_list);
     kvt_free(p->victims);
     kvt_free(p->dedup);
@@ -277,13 +336,31 @@ static int out_reserve(struct kvt_store_output *out, size_t n_store, size_t n_ev
 
 /* ---- operations --------------------------------------------------------- */
 
-enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key)
+static enum kvt_lookup_result pr_result(const struct kvt_primary *p, uint32_t s)
 {
-    uint32_t s = kvt_pr_find(p, key);
-
     if (s == PR_NIL)
         return KVT_MISS;
     return p->e[s].ref_cnt < 0 ? KVT_HIT_PENDING : KVT_HIT;
+}
+
+enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key)
+{
+    return pr_result(p, kvt_pr_find(p, key));
+}
+
+void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             enum kvt_lookup_result *out)
+{
+    uint64_t h[PR_GROUP];
+    uint32_t s[PR_GROUP];
+
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
+
+        kvt_pr_find_group(p, keys + b, m, h, s);
+        for (size_t i = 0; i < m; i++)
+            out[b + i] = pr_result(p, s[i]);
+    }
 }
 
 static void pr_next_mark(struct kvt_primary *p)
@@ -361,14 +438,18 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
     /* Protect every offered key (present ones keep their place whatever happens)
      * and collect the absent ones, once each. */
     pr_next_mark(p);
-    for (size_t i = 0; i < n; i++) {
-        uint64_t h = kvt_key_hash(&keys[i]);
-        uint32_t s = pr_find_h(p, &keys[i], h);
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
+        uint64_t h[PR_GROUP];
+        uint32_t s[PR_GROUP];
 
-        if (s != PR_NIL)
-            p->e[s].mark = p->mark;
-        else if (!pr_dedup_seen(p, keys, (uint32_t)i, h))
-            out->keys_to_store[n_new++] = keys[i];
+        kvt_pr_find_group(p, keys + b, m, h, s);
+        for (size_t i = 0; i < m; i++) {
+            if (s[i] != PR_NIL)
+                p->e[s[i]].mark = p->mark;
+            else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))
+                out->keys_to_store[n_new++] = keys[b + i];
+        }
     }
     if (n_new == 0)
         return 0;
@@ -384,6 +465,8 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
         rc = p->pol->evict(p, need, p->victims); /* atomic: -ENOSPC changes nothing */
         if (rc != 0)
             return rc;
+        for (size_t i = 0; i < need; i++) /* the victims' index cells, overlapped */
+            __builtin_prefetch(&p->index[pr_home(p, p->e[p->victims[i]].hash)], 1);
         for (size_t i = 0; i < need; i++) {
             uint32_t s = p->victims[i];
 
@@ -401,6 +484,9 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
     for (size_t i = 0; i < n_new; i++) {
         const struct kvt_key *k = &out->keys_to_store[i];
 
+        if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
+            p->pol->will_insert(p, k, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
+
         out->chunk_ids[i] = pr_insert(p, k, kvt_key_hash(k));
     }
     out->n_store = n_new;
@@ -411,6 +497,8 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
 int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                                bool success)
 {
+    uint64_t h[PR_GROUP];
+    uint32_t slot[PR_GROUP];
     size_t n_stored = 0;
 
     if (success && p->cfg.enable_events && n > p->scratch_cap) {
@@ -422,11 +510,16 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
         p->scratch_cap = n;
     }
     for (size_t i = 0; i < n; i++) {
-        uint32_t s = kvt_pr_find(p, &keys[i]);
+        uint32_t s;
         struct pr_entry *x;
 
-        if (s == PR_NIL || p->e[s].ref_cnt >= 0)
-            continue; /* absent or already ready: idempotent */
+        if (i % PR_GROUP == 0)
+            kvt_pr_find_group(p, keys + i, n - i < PR_GROUP ? n - i : PR_GROUP, h, slot);
+        s = slot[i % PR_GROUP];
+        /* absent, already ready (idempotent), or released by a repeat of the key
+         * earlier in this call */
+        if (s == PR_NIL || p->e[s].ref_cnt >= 0 || p->e[s].list == PR_NONE)
+            continue;
         x = &p->e[s];
         p->num_write_pending--;
         if (!success) { /* no event: the key was never stored */
@@ -454,8 +547,15 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
 /* Checks every key before pinning the first: all present and ready, or -EINVAL. */
 static int pr_pin(struct kvt_primary *p, const struct kvt_key *keys, size_t n, int64_t *chunk_ids)
 {
+    uint64_t h[PR_GROUP];
+    uint32_t slot[PR_GROUP];
+
     for (size_t i = 0; i < n; i++) {
-        uint32_t s = kvt_pr_find(p, &keys[i]);
+        uint32_t s;
+
+        if (i % PR_GROUP == 0)
+            kvt_pr_find_group(p, keys + i, n - i < PR_GROUP ? n - i : PR_GROUP, h, slot);
+        s = slot[i % PR_GROUP];
 
         if (s == PR_NIL || p->e[s].ref_cnt < 0)
             return -EINVAL;

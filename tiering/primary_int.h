@@ -3,9 +3,9 @@
  *
  * Every entry lives in the slot it owns: entry i describes chunk i of the region,
  * so there is one array of num_chunks entries and nothing to allocate per store.
- * The key index is an open-addressing table of slot ids (linear probing,
- * backward-shift deletion), compared by full key. Policy lists are doubly linked
- * through slot ids, so the index never holds pointers and survives a realloc-free
+ * The key index is an open-addressing table of slot ids tagged with 32 bits of
+ * the key's hash (linear probing, backward-shift deletion), compared by full key. Policy lists are
+ * doubly linked through slot ids, so the index never holds pointers and survives a realloc-free
  * life of the primary. */
 #ifndef KVT_PRIMARY_INT_H
 #define KVT_PRIMARY_INT_H
@@ -50,6 +50,8 @@ struct pr_policy_ops {
     const char *name;
     int (*init)(struct kvt_primary *p);
     void (*fini)(struct kvt_primary *p);
+    /* Optional: keys[0..n) are about to be inserted; start their cache misses. */
+    void (*will_insert)(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
     void (*insert)(struct kvt_primary *p, uint32_t slot); /* a new entry, ref -1 */
     void (*remove)(struct kvt_primary *p, uint32_t slot); /* a failed store leaves */
     /* keys in prefix order; applied in reverse (the head of a prefix ends MRU). */
@@ -71,7 +73,7 @@ struct kvt_primary {
     void *pol_state;
 
     struct pr_entry *e; /* [num_chunks] */
-    uint32_t *index;    /* slot + 1, 0 = empty */
+    uint64_t *index;    /* hash tag << 32 | slot + 1; 0 = empty */
     size_t index_mask;
 
     size_t num_allocated; /* bump allocator */
@@ -106,6 +108,32 @@ static inline bool pr_key_ok(const struct kvt_key *k)
 
 /* Slot of key or PR_NIL. */
 uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key);
+
+#define PR_GROUP 16 /* keys whose cache misses are overlapped */
+
+/* kvt_pr_find of up to PR_GROUP keys with their cache misses overlapped: every
+ * key's index cell is requested before the first is read, and every candidate
+ * entry before the first key compare, so a group in a large table waits for about
+ * two memory latencies instead of two per key. h[] gets the hashes (0 for an
+ * invalid key, whose slot is PR_NIL). The slots stay valid until an entry is
+ * released. */
+void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                       uint64_t *h, uint32_t *slot);
+
+/* A policy's touch: calls move(p, &keys[i], slot of keys[i] or PR_NIL) for i from
+ * n - 1 down to 0 (spec §2.3's reverse order), a group at a time with the group's
+ * finds and its entries' neighbours requested before the first move. */
+void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                       void (*move)(struct kvt_primary *p, const struct kvt_key *key, uint32_t s));
+
+/* Starts the cache misses of moving entry s in its list (its neighbours' links). */
+static inline void pr_prefetch_links(const struct kvt_primary *p, uint32_t s)
+{
+    if (p->e[s].prev != PR_NIL)
+        __builtin_prefetch(&p->e[p->e[s].prev].next, 1);
+    if (p->e[s].next != PR_NIL)
+        __builtin_prefetch(&p->e[p->e[s].next].prev, 1);
+}
 
 static inline void pr_list_init(struct pr_list *l)
 {

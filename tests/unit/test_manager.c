@@ -412,6 +412,57 @@ static void test_ref_cnt_protection_during_cascade(void **state)
     fx_free(f);
 }
 
+/* kvt_manager_lookup_many answers as one kvt_manager_lookup per key, also when a
+ * lookup of the group promotes from a secondary tier and so evicts keys that the
+ * group's own primary answers had seen present. Two identical managers, the same
+ * history; one asks key by key, the other all at once. */
+static void lookup_many_history(struct fx *f, struct kvt_key *k)
+{
+    kt_keys(k, 0, 8);
+    start(f, f->ctx);
+    store(f, f->ctx, k, 5);
+    step(f); /* cascades k0..k4 to both tiers */
+    step(f); /* their completions unpin them */
+    kvt_example_tier_insert(f->t1, &k[5], NULL);
+    kvt_example_tier_insert(f->t1, &k[6], NULL);
+}
+
+static void test_lookup_many_matches_one_by_one(void **state)
+{
+    struct fx *one = fx_new(), *many = fx_new();
+    enum kvt_lookup_result want[10], got[10];
+    struct kvt_key k[8], ask[10];
+    size_t n_ask = 0;
+
+    (void)state;
+    lookup_many_history(one, k);
+    lookup_many_history(many, k);
+    /* k5 promotes (evicting the LRU-most of k0..k4), then every k0..k4 is asked:
+     * the group's first answers are stale after that promotion. */
+    ask[n_ask++] = k[5];
+    for (int i = 0; i < 5; i++)
+        ask[n_ask++] = k[i];
+    ask[n_ask++] = k[7]; /* nowhere */
+    ask[n_ask++] = k[6];
+    for (size_t i = 0; i < n_ask; i++)
+        want[i] = kvt_manager_lookup(one->m, &ask[i], one->ctx);
+    assert_int_equal(kvt_manager_lookup_many(many->m, ask, n_ask, many->ctx, false, got), n_ask);
+    for (size_t i = 0; i < n_ask; i++) {
+        if (got[i] != want[i])
+            fail_msg("key %zu: lookup_many %d, one by one %d", i, (int)got[i], (int)want[i]);
+    }
+    assert_int_equal(want[0], KVT_HIT_PENDING);
+    assert_int_equal(want[6], KVT_MISS);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(kvt_primary_lookup(many->p, &k[i]), kvt_primary_lookup(one->p, &k[i]));
+
+    /* prefix: stops after the first MISS or RETRY, as the engine API's prefix flag. */
+    assert_int_equal(kvt_manager_lookup_many(many->m, ask + 6, 2, many->ctx, true, got), 1);
+    assert_int_equal(got[0], KVT_MISS);
+    fx_free(one);
+    fx_free(many);
+}
+
 static void test_lookup_from_primary(void **state)
 {
     struct fx *f = fx_new();
@@ -863,8 +914,8 @@ static void cascade_existing_case(const int *new_ids, size_t n_new)
     fx_free(f);
 }
 
-static void test_prepare_store_cascades_existing_blocks_to_request_level_tiers_fully_warm(
-    void **state)
+static void
+test_prepare_store_cascades_existing_blocks_to_request_level_tiers_fully_warm(void **state)
 {
     cascade_existing_case(NULL, 0);
 }
@@ -1466,7 +1517,8 @@ int main(void)
         cmocka_unit_test(test_reset_cache_finalizes_delayed_secondary_request),
         cmocka_unit_test(test_reset_cache_clears_pending_primary_stores_for_active_request),
         cmocka_unit_test(test_on_new_request_lifecycle),
-        cmocka_unit_test(test_prepare_store_cascades_existing_blocks_to_request_level_tiers_fully_warm),
+        cmocka_unit_test(
+            test_prepare_store_cascades_existing_blocks_to_request_level_tiers_fully_warm),
         cmocka_unit_test(test_prepare_store_cascades_existing_blocks_to_request_level_tiers_mixed),
         cmocka_unit_test(test_reset_cache_clears_orchestrator_state),
         cmocka_unit_test(test_reset_cache_drains_all_tiers),
@@ -1487,6 +1539,7 @@ int main(void)
         cmocka_unit_test(test_request_level_tier_respects_backpressure),
         cmocka_unit_test(test_metrics_reported_via_get_stats),
         cmocka_unit_test(test_reset_cache_clears_backpressure),
+        cmocka_unit_test(test_lookup_many_matches_one_by_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

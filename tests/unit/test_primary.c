@@ -849,6 +849,64 @@ static void test_create_unwinds_on_allocation_failure(void **state)
     fail_msg("create never succeeded");
 }
 
+/* The many-key lookup answers as the one-key lookup for every kind of key: ready,
+ * pinned, write-pending, absent, repeated and invalid, across group boundaries,
+ * in a table large enough to have collisions and long probe runs. */
+static void test_lookup_many_matches_lookup(void **state)
+{
+    enum { N = 3000, ASK = 2 * N + 3 };
+    struct kvt_primary_config pc = {.num_chunks = N, .row_bytes = 0};
+    static struct kvt_key k[ASK];
+    static enum kvt_lookup_result got[ASK];
+    struct kvt_store_output out;
+    struct kvt_primary *p;
+    int64_t id;
+    size_t hits = 0, pending = 0, misses = 0;
+
+    (void)state;
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
+    kvt_store_output_init(&out);
+    kt_keys(k, 0, 2 * N);
+    for (size_t i = 0; i < N; i += 10) { /* 2/3 of each ten ready, 1/3 write-pending */
+        size_t n = i + 10 <= N ? 10 : N - i;
+
+        assert_int_equal(kvt_primary_prepare_store(p, k + i, n, &out), 0);
+        assert_int_equal(kvt_primary_complete_store(p, k + i, 7, true), 0);
+    }
+    assert_int_equal(kvt_primary_prepare_load(p, &k[3], 1, &id), 0); /* pinned */
+    for (size_t i = 1000; i < 1300; i++) /* freed: slots and index cells reused below */
+        assert_int_equal(kvt_primary_complete_store(p, &k[i], 1, false), 0);
+    assert_int_equal(kvt_primary_prepare_store(p, k + N, 300, &out), 0);
+    k[2 * N] = k[N - 4];    /* repeated (ready, recent: not evicted) */
+    k[2 * N + 1].len = 0;   /* invalid */
+    k[2 * N + 2].len = 200; /* invalid */
+    for (size_t n = 1; n <= ASK; n = n < 40 ? n + 1 : n * 3) {
+        size_t from = (size_t)ASK - n;
+
+        kvt_primary_lookup_many(p, k + from, n, got);
+        for (size_t i = 0; i < n; i++)
+            if (got[i] != kvt_primary_lookup(p, &k[from + i]))
+                fail_msg("n %zu key %zu: many %d, one %d", n, from + i, (int)got[i],
+                         (int)kvt_primary_lookup(p, &k[from + i]));
+    }
+    kvt_primary_lookup_many(p, k, ASK, got);
+    for (size_t i = 0; i < ASK; i++) {
+        assert_int_equal(got[i], kvt_primary_lookup(p, &k[i]));
+        hits += got[i] == KVT_HIT;
+        pending += got[i] == KVT_HIT_PENDING;
+        misses += got[i] == KVT_MISS;
+    }
+    /* the history above, counted by hand: 2100 ready, minus the 210 the last store
+     * evicted (90 slots were free, the failed write-pending ones of 1000..1299), + 1
+     * repeat; 900 - 90 write-pending + 300 new ones; the rest absent or invalid */
+    assert_int_equal(hits, 2100 - 210 + 1);
+    assert_int_equal(pending, 900 - 90 + 300);
+    assert_int_equal(misses, ASK - hits - pending);
+    assert_int_equal(kvt_primary_complete_load(p, &k[3], 1), 0);
+    kvt_store_output_cleanup(&out);
+    kvt_primary_destroy(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -881,6 +939,7 @@ int main(void)
         cmocka_unit_test(test_index_under_churn),
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
+        cmocka_unit_test(test_lookup_many_matches_lookup),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

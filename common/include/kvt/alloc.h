@@ -13,6 +13,13 @@ void *kvt_reallocarray(void *p, size_t n, size_t size);
 void kvt_free(void *p);
 char *kvt_strdup(const char *s);
 
+/* Zeroed n * size bytes for large, randomly accessed tables (indexes of millions
+ * of entries): a private mapping advised for transparent huge pages, so a lookup
+ * pays a cache miss but not also a TLB miss. Same failure injection as the others;
+ * free with kvt_free_table and the same n * size. */
+void *kvt_calloc_table(size_t n, size_t size);
+void kvt_free_table(void *p, size_t n, size_t size);
+
 /* Tests only: the next n allocations succeed, then every one fails until reset with -1. */
 void kvt_alloc_fail_after(long n);
 

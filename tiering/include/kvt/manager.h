@@ -28,14 +28,20 @@ struct kvt_manager;
 
 /* Takes ownership of the primary and of the tiers (at most KVT_MAX_TIERS), which
  * are consulted in array order. On failure nothing is taken. */
-int kvt_manager_create(struct kvt_primary *primary, struct kvt_tier *const *tiers,
-                       size_t n_tiers, struct kvt_manager **m_p);
+int kvt_manager_create(struct kvt_primary *primary, struct kvt_tier *const *tiers, size_t n_tiers,
+                       struct kvt_manager **m_p);
 /* Frees everything the manager owns. Call shutdown first for an orderly stop; if
  * shutdown failed, destroy leaves the primary (and its region) alone. */
 void kvt_manager_destroy(struct kvt_manager *m);
 
 enum kvt_lookup_result kvt_manager_lookup(struct kvt_manager *m, const struct kvt_key *key,
                                           struct kvt_req_ctx *ctx);
+/* kvt_manager_lookup of keys[0..n) in order, into out[]; with prefix it stops
+ * after the first MISS or RETRY. Returns how many keys were answered. The same
+ * answers, metrics and promotions as one call per key, with the primary's cache
+ * misses of neighbouring keys overlapped (what the engine API calls). */
+size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
+                               struct kvt_req_ctx *ctx, bool prefix, enum kvt_lookup_result *out);
 int kvt_manager_prepare_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
                              struct kvt_req_ctx *ctx, int64_t *chunk_ids);
 int kvt_manager_complete_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,

@@ -54,6 +54,10 @@ void kvt_store_output_init(struct kvt_store_output *out);
 void kvt_store_output_cleanup(struct kvt_store_output *out);
 
 enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key);
+/* lookup of each of keys[0..n) into out[], the same answers, with the cache misses
+ * of neighbouring keys overlapped (what an engine's many-key lookup should call). */
+void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             enum kvt_lookup_result *out);
 
 /* 0 (out filled; n_store may be 0), -ENOSPC ("cannot store": nothing changed),
  * -EINVAL (a key longer than 64 bytes / zero length), -ENOMEM. */
