@@ -119,7 +119,6 @@ static int run_one(size_t n, const char *policy, const struct kvt_key *keys, uin
     rc = store_range(p, keys, 0, n, &out, &res->store_ns);
     if (rc < 0)
         goto out;
-    res->index_bytes_per_chunk = (double)kvt_primary_index_bytes(p) / (double)n;
 
     struct kvt_key *hits = probe_keys(keys, order, n, 0), *misses = probe_keys(keys, order, n, n);
 
@@ -174,14 +173,47 @@ static int run_one(size_t n, const char *policy, const struct kvt_key *keys, uin
     }
     res->touch16_ns = (now_ns() - t0) / (double)touches;
 
-    /* Full: every batch evicts BATCH chunks. */
-    rc = store_range(p, keys, n, 2 * n, &out, &res->store_evict_ns);
+    /* Full: every batch evicts BATCH chunks. A first pass of n such stores brings
+     * the policy to its steady state (ARC's ghost lists fill up to capacity, its
+     * tables grow once); the second pass is the figure, and the memory is counted
+     * after it, ghosts included. */
+    double warm_ns;
+
+    rc = store_range(p, keys, n, 2 * n, &out, &warm_ns);
+    if (rc == 0)
+        rc = store_range(p, keys, 2 * n, 3 * n, &out, &res->store_evict_ns);
     if (rc == 0 && kvt_primary_num_entries(p) != n)
         rc = -EIO;
+    res->index_bytes_per_chunk = (double)kvt_primary_index_bytes(p) / (double)n;
 out:
     kvt_store_output_cleanup(&out);
     kvt_primary_destroy(p);
     return rc;
+}
+
+/* Each figure is the best of `repeat` runs: on a shared machine a neighbour's burst
+ * only ever adds time, so the minimum is the closest to the code's own cost. */
+static int run_best(size_t n, const char *policy, const struct kvt_key *keys, uint32_t *order,
+                    long repeat, struct core_result *best)
+{
+    for (long r = 0; r < repeat; r++) {
+        struct core_result one;
+        int rc = run_one(n, policy, keys, order, r == 0 ? best : &one);
+
+        if (rc < 0)
+            return rc;
+        if (r == 0)
+            continue;
+#define KEEP_MIN(f) best->f = one.f < best->f ? one.f : best->f
+        KEEP_MIN(hit_ns);
+        KEEP_MIN(hit_many_ns);
+        KEEP_MIN(miss_ns);
+        KEEP_MIN(store_ns);
+        KEEP_MIN(store_evict_ns);
+        KEEP_MIN(touch16_ns);
+#undef KEEP_MIN
+    }
+    return 0;
 }
 
 /* The floor under a lookup at scale: the latency of one random read from a
@@ -220,17 +252,23 @@ int kvt_bench_core(int argc, char **argv)
     struct core_result res[6];
     bool json = false;
     size_t nres = 0;
+    long repeat = 3;
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) {
             json = true;
+        } else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
+            repeat = strtol(argv[++i], NULL, 10);
         } else {
-            fprintf(stderr, "usage: kvtier-bench core [--json]\n");
+            repeat = 0;
+        }
+        if (repeat < 1 || repeat > 100) {
+            fprintf(stderr, "usage: kvtier-bench core [--json] [--repeat R (1..100, default 3)]\n");
             return 2;
         }
     }
     size_t max = sizes[2];
-    struct kvt_key *keys = malloc(2 * max * sizeof(*keys));
+    struct kvt_key *keys = malloc(3 * max * sizeof(*keys));
     uint32_t *order = malloc(max * sizeof(*order));
 
     if (keys == NULL || order == NULL) {
@@ -239,14 +277,14 @@ int kvt_bench_core(int argc, char **argv)
         free(order);
         return 1;
     }
-    for (size_t i = 0; i < 2 * max; i++)
+    for (size_t i = 0; i < 3 * max; i++)
         make_key(&keys[i], i);
     for (size_t s = 0; s < 3; s++) {
         for (uint32_t i = 0; i < sizes[s]; i++)
             order[i] = i;
         shuffle(order, sizes[s]);
         for (size_t q = 0; q < 2; q++) {
-            int rc = run_one(sizes[s], policies[q], keys, order, &res[nres]);
+            int rc = run_best(sizes[s], policies[q], keys, order, repeat, &res[nres]);
 
             if (rc < 0) {
                 fprintf(stderr, "bench core: %s at %zu chunks failed: %s\n", policies[q], sizes[s],
@@ -255,9 +293,14 @@ int kvt_bench_core(int argc, char **argv)
                 free(order);
                 return 1;
             }
-            res[nres].dram_ns =
-                dram_read_ns((size_t)(res[nres].index_bytes_per_chunk * (double)sizes[s]), order,
-                             sizes[s], sizes[s] < 1000000 ? 1000000 : sizes[s]);
+            for (long r = 0; r < repeat; r++) {
+                double d =
+                    dram_read_ns((size_t)(res[nres].index_bytes_per_chunk * (double)sizes[s]),
+                                 order, sizes[s], sizes[s] < 1000000 ? 1000000 : sizes[s]);
+
+                if (r == 0 || d < res[nres].dram_ns)
+                    res[nres].dram_ns = d;
+            }
             nres++;
         }
     }
@@ -265,7 +308,9 @@ int kvt_bench_core(int argc, char **argv)
     free(order);
 
     if (json) {
-        printf("{\"bench\":\"core\",\"key_bytes\":36,\"batch\":%d,\"results\":[", BATCH);
+        printf("{\"bench\":\"core\",\"key_bytes\":36,\"batch\":%d,\"best_of\":%ld,"
+               "\"results\":[",
+               BATCH, repeat);
         for (size_t i = 0; i < nres; i++)
             printf("%s{\"chunks\":%zu,\"policy\":\"%s\",\"lookup_hit_ns\":%.1f,"
                    "\"lookup_hit_many_ns\":%.1f,\"lookup_miss_ns\":%.1f,\"store_complete_ns\":%.1f,"
@@ -278,7 +323,9 @@ int kvt_bench_core(int argc, char **argv)
         printf("]}\n");
         return 0;
     }
-    printf("kvtier-bench core (single thread, 36-byte keys, batches of %d, ns per chunk)\n", BATCH);
+    printf("kvtier-bench core (single thread, 36-byte keys, batches of %d, ns per chunk, best of "
+           "%ld runs)\n",
+           BATCH, repeat);
     printf("%9s %6s %8s %9s %8s %8s %12s %9s %14s %9s\n", "chunks", "policy", "hit", "hit-many",
            "miss", "store", "store+evict", "touch16", "index B/chunk", "dram rd");
     for (size_t i = 0; i < nres; i++)
