@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <sys/uio.h>
 
 #include "kvt/list.h"
 #include "kvt/map.h"
@@ -94,6 +95,9 @@ struct st_task {
     size_t begin, end;
     uint64_t bytes; /* queue order (shortest job first) */
     unsigned bucket_idx;
+    /* The thread running a load through its ring: next item to submit, items not
+     * done yet. */
+    size_t next, left;
 };
 
 /* Bucket queue: FCFS list plus 32 log2(bytes) buckets (shortest job first). */
@@ -107,14 +111,33 @@ struct st_queue {
 
 struct st_tier;
 
+/* One chunk read in flight in a read thread's ring (that thread only). */
+struct st_rd {
+    struct st_task *t; /* NULL: free */
+    size_t idx;        /* item in t->sj */
+    int fd;
+    bool direct;
+    uint8_t *hdr; /* ST_BLOCK, aligned */
+    struct iovec *iov;
+};
+
 struct st_thread {
     pthread_t tid;
     struct st_tier *s;
     bool reader;  /* read threads prefer loads, then removals, then stores */
-    uint8_t *mem; /* ST_BLOCK header buffer, aligned, inside mem */
+    uint8_t *mem; /* header buffers (1 + depth of ST_BLOCK), aligned, inside mem */
     uint8_t *hdr;
     bool started;
+    /* Read threads with io_uring: the ring (struct io_uring, storage_io.c only) and
+     * depth slots for the reads in flight. */
+    void *ring;
+    unsigned depth, n_busy;
+    struct st_rd *rd;
 };
+
+/* Test hook: called under pool.mu each time an I/O thread takes a task off a queue,
+ * in the order they are taken. */
+typedef void (*kvt__st_take_hook_t)(void *arg, const struct st_thread *th, const struct st_task *t);
 
 struct st_pool {
     pthread_mutex_t mu;
@@ -129,6 +152,8 @@ struct st_pool {
     bool paused, stopping;
     struct st_thread *threads;
     unsigned n_threads;
+    kvt__st_take_hook_t take_hook;
+    void *take_hook_arg;
 };
 
 struct st_counters {
@@ -146,6 +171,9 @@ struct st_tier {
     bool direct_ok; /* O_DIRECT probe passed */
     bool enable_events;
     unsigned n_read, n_write, n_scan;
+    unsigned read_depth;          /* reads in flight per read thread (io_uring) */
+    bool no_uring;                /* config: thread pool only */
+    bool uring_ok;                /* every read thread has a ring */
     int fault_n[2], fault_err[2]; /* atomics */
     struct st_pool pool;
     /* Scheduler only. */
@@ -188,6 +216,8 @@ void kvt__st_pool_submit_after(struct st_tier *s, struct st_job *removals, struc
 void kvt__st_pool_take_done(struct st_tier *s, struct kvt_list *out);
 void kvt__st_pool_wait_idle(struct st_tier *s);
 void kvt__st_pool_pause(struct st_tier *s, bool paused);
+/* Test hook (NULL to clear). */
+void kvt__st_pool_set_take_hook(struct st_tier *s, kvt__st_take_hook_t hook, void *arg);
 
 /* Warm-restart scan result. */
 struct st_found {

@@ -26,8 +26,14 @@
  * shortest-job-first (32 log2-byte buckets, FCFS inside), file removals FCFS. Read
  * threads take loads, then removals, then stores; write threads removals, then stores.
  * A store that evicted files is held until their removal job is done (waiter).
- * Finished jobs go to a done list that only the scheduler thread drains. io_uring is
- * not used: the pool is the portable path and reaches the device's bandwidth here. */
+ * Finished jobs go to a done list that only the scheduler thread drains.
+ *
+ * Read threads with io_uring (liburing at build time, the kernel's permission at run
+ * time, read_depth > 1): each keeps read_depth chunk reads in flight in a ring of its
+ * own and checks one chunk while the next is read (see "read threads with io_uring").
+ * Where io_uring is refused (seccomp, io_uring_disabled, old kernels) or turned off,
+ * a read thread does one blocking preadv at a time: the thread pool above. Writes are
+ * always blocking (a write is open, pwritev, close, rename: little to overlap). */
 #include <assert.h>
 #include <dirent.h>
 #include <errno.h>
@@ -45,6 +51,10 @@
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "storage_int.h"
+
+#ifdef KVT_HAVE_LIBURING
+#include <liburing.h>
+#endif
 
 #define MOD "storage"
 
@@ -265,46 +275,79 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
     return err;
 }
 
-static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
-                      bool direct)
+/* Opens key's file for a load; falls back to buffered where O_DIRECT is refused. */
+static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct, int *fd_p)
+{
+    char fin[ST_NAME_MAX];
+    kvt__st_name(&it->key, ".kvc", fin);
+    for (;;) {
+        int fd = openat(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (*direct ? O_DIRECT : 0));
+        if (fd >= 0) {
+            *fd_p = fd;
+            return 0;
+        }
+        if (errno != EINVAL || !*direct)
+            return errno;
+        *direct = false;
+    }
+}
+
+/* Checks what a load brought into hdr and the slot (err: the read's own error, 0 when
+ * the whole file was read); deletes the file of a failed load, which is never tried
+ * again: the index drops the key. */
+static int check_loaded(struct st_tier *s, const struct st_item *it, uint8_t *hdr, int err)
+{
+    size_t row = s->base.row_bytes;
+    const uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
+    struct kvt_key key;
+    uint64_t row_len = 0;
+    if (err == 0)
+        err = kvt__st_hdr_decode(hdr, s->ns, &key, &row_len);
+    if (err == 0 && (!kvt_key_eq(&key, &it->key) || row_len != row))
+        err = ST_ERR_CORRUPT;
+    if (err == 0 && kvt_hash64(dst, row) != get64(hdr + ST_OFF_SUM))
+        err = ST_ERR_CORRUPT;
+    if (err != 0 && err != ENOENT) {
+        char fin[ST_NAME_MAX];
+        kvt__st_name(&it->key, ".kvc", fin);
+        unlinkat(s->dir_fd, fin, 0);
+    }
+    return err;
+}
+
+/* One blocking load of it into hdr and its slot (no fault injection). */
+static int read_chunk_io(struct st_tier *s, uint8_t *hdr, const struct st_item *it, bool direct)
 {
     size_t row = s->base.row_bytes;
     uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
-    char fin[ST_NAME_MAX];
-    struct kvt_key key;
-    uint64_t row_len = 0;
     int err;
-    kvt__st_name(&it->key, ".kvc", fin);
-    err = take_fault(s, KVT_STORAGE_FAULT_READ);
-    while (err == 0) {
-        struct iovec iov[2] = {{th->hdr, ST_BLOCK}, {dst, row}};
+    for (;;) {
+        struct iovec iov[2] = {{hdr, ST_BLOCK}, {dst, row}};
         size_t done = 0;
-        int fd = openat(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-        if (fd < 0) {
-            err = errno;
-        } else {
-            err = full_io(fd, false, iov, 2, &done);
-            close(fd);
-            if (err == 0 && done != ST_BLOCK + row)
-                err = ST_ERR_CORRUPT; /* truncated */
-        }
+        int fd = -1;
+        err = open_chunk(s, it, &direct, &fd);
+        if (err != 0)
+            break;
+        err = full_io(fd, false, iov, 2, &done);
+        close(fd);
+        if (err == 0 && done != ST_BLOCK + row)
+            err = ST_ERR_CORRUPT; /* truncated */
         if (err == EINVAL && direct) {
-            direct = false;
-            err = 0;
+            direct = false; /* opened, but the read is refused */
             continue;
         }
         break;
     }
-    if (err == 0)
-        err = kvt__st_hdr_decode(th->hdr, s->ns, &key, &row_len);
-    if (err == 0 && (!kvt_key_eq(&key, &it->key) || row_len != row))
-        err = ST_ERR_CORRUPT;
-    if (err == 0 && kvt_hash64(dst, row) != get64(th->hdr + ST_OFF_SUM))
-        err = ST_ERR_CORRUPT;
-    /* A file that failed to load is never tried again: the index drops the key. */
-    if (err != 0 && err != ENOENT)
-        unlinkat(s->dir_fd, fin, 0);
-    return err;
+    return check_loaded(s, it, hdr, err);
+}
+
+static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
+                      bool direct)
+{
+    int err = take_fault(s, KVT_STORAGE_FAULT_READ);
+    if (err != 0)
+        return check_loaded(s, it, th->hdr, err);
+    return read_chunk_io(s, th->hdr, it, direct);
 }
 
 static int unlink_chunk(struct st_tier *s, const struct st_item *it)
@@ -358,14 +401,18 @@ static struct st_task *q_pop(struct st_queue *q, bool sjf)
     return t;
 }
 
+static struct st_task *pick_load(struct st_pool *p)
+{
+    bool sjf = p->loads.sjf_next;
+    if (p->loads.n == 0)
+        return NULL;
+    p->loads.sjf_next = !sjf;
+    return q_pop(&p->loads, sjf);
+}
+
 static struct st_task *pick(struct st_pool *p, bool reader)
 {
-    struct st_task *t = NULL;
-    if (reader && p->loads.n > 0) {
-        bool sjf = p->loads.sjf_next;
-        p->loads.sjf_next = !sjf;
-        t = q_pop(&p->loads, sjf);
-    }
+    struct st_task *t = reader ? pick_load(p) : NULL;
     if (t == NULL)
         t = q_pop(&p->unlinks, false);
     if (t == NULL)
@@ -411,11 +458,210 @@ static void run_task(struct st_tier *s, struct st_thread *th, struct st_task *t)
     }
 }
 
+/* pool.mu held: th took t off its queue. */
+static void took(struct st_pool *p, struct st_thread *th, struct st_task *t)
+{
+    if (t->sj->start_ns == 0)
+        t->sj->start_ns = kvt_now_ns();
+    if (p->take_hook != NULL)
+        p->take_hook(p->take_hook_arg, th, t);
+}
+
+#ifdef KVT_HAVE_LIBURING
+/* ---- read threads with io_uring ----------------------------------------------------
+ * A read thread keeps up to depth chunk reads in flight in its own ring: it opens the
+ * file (blocking; cheap), queues one readv of header block + row straight into the
+ * slot, and checks each chunk (header, XXH3-64 of the row) when its read completes,
+ * while the others are still being read. So the device never waits for the hashing,
+ * as it does when one thread reads and checks in turn. While reads are in flight the
+ * thread takes only more loads; removals and stores it takes (blocking) when it has
+ * none in flight. A read that does not bring the whole file (short, refused, failed)
+ * is done once more the blocking way, which falls back to buffered I/O and reports
+ * truncation. */
+
+static struct st_rd *free_rd(struct st_thread *th)
+{
+    for (unsigned i = 0; i < th->depth; i++) {
+        if (th->rd[i].t == NULL)
+            return &th->rd[i];
+    }
+    return NULL;
+}
+
+/* Starts the read of item idx of t; false when the item is already done (injected
+ * fault, missing file: its err is set). */
+static bool rd_start(struct st_tier *s, struct st_thread *th, struct st_task *t, size_t idx)
+{
+    struct st_item *it = &t->sj->items[idx];
+    struct st_rd *rd = free_rd(th);
+    struct io_uring_sqe *sqe;
+    size_t row = s->base.row_bytes;
+    bool direct = t->sj->direct;
+    int fd = -1, err;
+    assert(rd != NULL);
+    err = take_fault(s, KVT_STORAGE_FAULT_READ);
+    if (err == 0)
+        err = open_chunk(s, it, &direct, &fd);
+    if (err != 0) {
+        it->err = check_loaded(s, it, rd->hdr, err);
+        return false;
+    }
+    sqe = io_uring_get_sqe(th->ring);
+    if (sqe == NULL) { /* cannot happen: the ring has depth entries */
+        close(fd);
+        it->err = read_chunk_io(s, rd->hdr, it, direct);
+        return false;
+    }
+    rd->t = t;
+    rd->idx = idx;
+    rd->fd = fd;
+    rd->direct = direct;
+    rd->iov[0] = (struct iovec){rd->hdr, ST_BLOCK};
+    rd->iov[1] = (struct iovec){s->base.primary_base + (size_t)it->chunk * row, row};
+    io_uring_prep_readv(sqe, fd, rd->iov, 2, 0);
+    io_uring_sqe_set_data(sqe, rd);
+    th->n_busy++;
+    return true;
+}
+
+/* Checks one completed read; returns its task when that was the task's last item. */
+static struct st_task *rd_complete(struct st_tier *s, struct st_thread *th,
+                                   struct io_uring_cqe *cqe)
+{
+    struct st_rd *rd = io_uring_cqe_get_data(cqe);
+    struct st_task *t = rd->t;
+    struct st_item *it = &t->sj->items[rd->idx];
+    int res = cqe->res;
+    io_uring_cqe_seen(th->ring, cqe);
+    close(rd->fd);
+    if (res >= 0 && (size_t)res == ST_BLOCK + s->base.row_bytes)
+        it->err = check_loaded(s, it, rd->hdr, 0);
+    else
+        it->err = read_chunk_io(s, rd->hdr, it, rd->direct);
+    rd->t = NULL;
+    th->n_busy--;
+    return --t->left == 0 ? t : NULL;
+}
+
+static void ring_reader(struct st_thread *th)
+{
+    struct st_tier *s = th->s;
+    struct st_pool *p = &s->pool;
+    struct st_task *cur = NULL; /* the load whose items are being submitted */
+    struct kvt_list fin;        /* loads all done, to report (st_task.fifo) */
+    kvt_list_init(&fin);
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        struct io_uring_cqe *cqe;
+        bool idle = false; /* found nothing more to submit */
+        while (!kvt_list_empty(&fin)) {
+            struct st_task *t = kvt_list_entry(fin.next, struct st_task, fifo);
+            kvt_list_del(&t->fifo);
+            finish_task(p, t);
+        }
+        if (cur == NULL && th->n_busy < th->depth) {
+            struct st_task *t = NULL;
+            if (!p->paused)
+                t = th->n_busy > 0 ? pick_load(p) : pick(p, true);
+            if (t != NULL) {
+                took(p, th, t);
+                if (t->sj->kind != ST_LOAD) {
+                    pthread_mutex_unlock(&p->mu);
+                    run_task(s, th, t);
+                    pthread_mutex_lock(&p->mu);
+                    finish_task(p, t);
+                    continue;
+                }
+                cur = t;
+                t->next = t->begin;
+                t->left = t->end - t->begin;
+            } else {
+                idle = true;
+            }
+        }
+        if (cur == NULL && th->n_busy == 0) {
+            if (p->stopping)
+                break;
+            pthread_cond_wait(&p->read_cv, &p->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&p->mu);
+        while (cur != NULL && th->n_busy < th->depth) {
+            struct st_task *t = cur;
+            if (t->next + 1 == t->end)
+                cur = NULL;
+            if (!rd_start(s, th, t, t->next++) && --t->left == 0)
+                kvt_list_add_tail(&fin, &t->fifo);
+        }
+        if (th->n_busy > 0) {
+            /* Wait for a completion unless there is room for a task not looked for yet. */
+            bool more = cur == NULL && !idle && th->n_busy < th->depth;
+            int rc = io_uring_submit_and_wait(th->ring, more ? 0 : 1);
+            if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+                kvt_error(MOD, "io_uring submit: %s", strerror(-rc));
+                abort(); /* the reads in flight write into slots: cannot walk away */
+            }
+            while (io_uring_peek_cqe(th->ring, &cqe) == 0) {
+                struct st_task *t = rd_complete(s, th, cqe);
+                if (t != NULL)
+                    kvt_list_add_tail(&fin, &t->fifo);
+            }
+        }
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
+static int ring_init(struct st_thread *th, unsigned depth)
+{
+    struct io_uring *ring = kvt_calloc(1, sizeof(*ring));
+    int rc;
+    if (ring == NULL)
+        return -ENOMEM;
+    rc = io_uring_queue_init(depth, ring, 0);
+    if (rc < 0) {
+        kvt_free(ring);
+        return rc;
+    }
+    th->ring = ring;
+    return 0;
+}
+
+static void ring_exit(struct st_thread *th)
+{
+    if (th->ring != NULL) {
+        io_uring_queue_exit(th->ring);
+        kvt_free(th->ring);
+        th->ring = NULL;
+    }
+}
+#else
+static void ring_reader(struct st_thread *th)
+{
+    (void)th;
+    abort(); /* no ring is ever set up without liburing */
+}
+static int ring_init(struct st_thread *th, unsigned depth)
+{
+    (void)th;
+    (void)depth;
+    return -ENOSYS;
+}
+static void ring_exit(struct st_thread *th)
+{
+    (void)th;
+}
+#endif
+
 static void *worker_main(void *arg)
 {
     struct st_thread *th = arg;
     struct st_tier *s = th->s;
     struct st_pool *p = &s->pool;
+    if (th->ring != NULL) {
+        ring_reader(th);
+        return NULL;
+    }
     pthread_mutex_lock(&p->mu);
     for (;;) {
         struct st_task *t = p->paused ? NULL : pick(p, th->reader);
@@ -425,8 +671,7 @@ static void *worker_main(void *arg)
             pthread_cond_wait(th->reader ? &p->read_cv : &p->write_cv, &p->mu);
             continue;
         }
-        if (t->sj->start_ns == 0)
-            t->sj->start_ns = kvt_now_ns();
+        took(p, th, t);
         pthread_mutex_unlock(&p->mu);
         run_task(s, th, t);
         pthread_mutex_lock(&p->mu);
@@ -480,21 +725,40 @@ int kvt__st_pool_start(struct st_tier *s)
 {
     struct st_pool *p = &s->pool;
     unsigned n = s->n_read + s->n_write;
+    bool ring = s->read_depth > 1 && !s->no_uring;
     p->threads = kvt_calloc(n, sizeof(*p->threads));
     if (p->threads == NULL)
         return -ENOMEM;
+    s->uring_ok = ring;
     for (unsigned i = 0; i < n; i++) {
         struct st_thread *th = &p->threads[i];
+        unsigned depth;
         char name[16];
         int rc;
         th->s = s;
         th->reader = i < s->n_read;
-        th->mem = kvt_malloc(2 * ST_BLOCK);
-        if (th->mem == NULL) {
+        if (th->reader && ring) {
+            rc = ring_init(th, s->read_depth);
+            if (rc != 0) {
+                /* Kernels without it, seccomp profiles and io_uring_disabled refuse. */
+                kvt_info(MOD, "io_uring refused (%s): one blocking read at a time per thread",
+                         strerror(-rc));
+                ring = s->uring_ok = false;
+            }
+        }
+        depth = th->ring != NULL ? s->read_depth : 0;
+        th->mem = kvt_malloc((2 + depth) * ST_BLOCK);
+        th->rd = depth > 0 ? kvt_calloc(depth, sizeof(*th->rd) + 2 * sizeof(struct iovec)) : NULL;
+        if (th->mem == NULL || (depth > 0 && th->rd == NULL)) {
             kvt__st_pool_stop(s);
             return -ENOMEM;
         }
         th->hdr = (uint8_t *)(((uintptr_t)th->mem + ST_BLOCK - 1) & ~(uintptr_t)(ST_BLOCK - 1));
+        th->depth = depth;
+        for (unsigned d = 0; d < depth; d++) {
+            th->rd[d].hdr = th->hdr + (size_t)(1 + d) * ST_BLOCK;
+            th->rd[d].iov = (struct iovec *)(void *)(th->rd + depth) + 2 * d;
+        }
         rc = pthread_create(&th->tid, NULL, worker_main, th);
         if (rc != 0) {
             kvt_error(MOD, "cannot start I/O thread: %s", strerror(rc));
@@ -541,8 +805,11 @@ void kvt__st_pool_cleanup(struct st_tier *s)
 {
     struct st_pool *p = &s->pool;
     if (p->threads != NULL) {
-        for (unsigned i = 0; i < s->n_read + s->n_write; i++)
+        for (unsigned i = 0; i < s->n_read + s->n_write; i++) {
+            ring_exit(&p->threads[i]);
+            kvt_free(p->threads[i].rd);
             kvt_free(p->threads[i].mem);
+        }
         kvt_free(p->threads);
         p->threads = NULL;
     }
@@ -664,6 +931,15 @@ void kvt__st_pool_wait_idle(struct st_tier *s)
     }
     while (p->inflight > 0)
         pthread_cond_wait(&p->idle_cv, &p->mu);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void kvt__st_pool_set_take_hook(struct st_tier *s, kvt__st_take_hook_t hook, void *arg)
+{
+    struct st_pool *p = &s->pool;
+    pthread_mutex_lock(&p->mu);
+    p->take_hook = hook;
+    p->take_hook_arg = arg;
     pthread_mutex_unlock(&p->mu);
 }
 

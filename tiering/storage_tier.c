@@ -679,7 +679,8 @@ static int check_config(const struct kvt_storage_tier_config *cfg)
         kvt_error(MOD, "config: io mode %d unknown", (int)cfg->io);
         return -EINVAL;
     }
-    if (cfg->n_read_threads > 256 || cfg->n_write_threads > 256 || cfg->scan_threads > 64) {
+    if (cfg->n_read_threads > 256 || cfg->n_write_threads > 256 || cfg->scan_threads > 64 ||
+        cfg->read_depth > 256) {
         kvt_error(MOD, "config: too many threads");
         return -EINVAL;
     }
@@ -758,6 +759,8 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     s->n_read = cfg->n_read_threads ? cfg->n_read_threads : 4;
     s->n_write = cfg->n_write_threads ? cfg->n_write_threads : 2;
     s->n_scan = cfg->scan_threads ? cfg->scan_threads : 4;
+    s->read_depth = cfg->read_depth ? cfg->read_depth : 2;
+    s->no_uring = cfg->no_io_uring;
     kvt_map_init(&s->index);
     kvt_list_init(&s->lru);
     kvt_events_init(&s->events);
@@ -807,10 +810,11 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     s->restart.seconds = (double)(kvt_now_ns() - t0) * 1e-9;
     kvt_info(MOD,
              "'%s': %zu chunk file(s), %llu bytes indexed in %.3f s (%zu temporary and %zu bad "
-             "file(s) removed, %zu evicted); %s I/O",
+             "file(s) removed, %zu evicted); %s I/O, %s",
              s->dir, s->restart.files_found, (unsigned long long)s->restart.bytes_found,
              s->restart.seconds, s->restart.tmp_removed, s->restart.bad_removed, s->restart.evicted,
-             s->direct_ok ? "direct" : "buffered");
+             s->direct_ok ? "direct" : "buffered",
+             s->uring_ok ? "reads through io_uring" : "blocking reads");
     *tier_p = &s->base;
     return 0;
 
@@ -838,6 +842,8 @@ void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *inf
                                              .used_bytes = s->used,
                                              .capacity_bytes = s->capacity,
                                              .direct_io = use_direct(s),
+                                             .io_uring = s->uring_ok,
+                                             .read_depth = s->uring_ok ? s->read_depth : 1,
                                              .num_unreported = s->n_unreported};
 }
 

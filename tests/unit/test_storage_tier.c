@@ -108,6 +108,8 @@ static void fx_cfg(struct fx *f, const char *root)
     f->cfg.root = root;
     memcpy(f->cfg.namespace_id, f->ns, sizeof(f->ns));
     f->cfg.no_backpressure = true; /* detector tests set it up themselves */
+    /* ctest runs this file twice: reads through io_uring, and the blocking fallback. */
+    f->cfg.no_io_uring = getenv("KVT_TEST_STORAGE_NO_URING") != NULL;
 }
 
 static int fx_open(struct fx *f)

@@ -40,8 +40,13 @@ struct kvt_storage_tier_config {
     uint64_t capacity_bytes;  /* bound on file bytes (header + row per chunk); 0 = none */
     unsigned n_read_threads;  /* 0 = 4 */
     unsigned n_write_threads; /* 0 = 2 */
-    unsigned scan_threads;    /* warm restart; 0 = 4 */
-    int locality;             /* enum kvt_locality; a zeroed config is LOCAL */
+    /* Chunk reads each read thread keeps in flight through its io_uring, so that it
+     * checks one chunk while the next is read; 0 = 2. 1, no_io_uring, or a kernel
+     * (or seccomp policy) that refuses io_uring: one blocking read at a time. */
+    unsigned read_depth;
+    bool no_io_uring;
+    unsigned scan_threads; /* warm restart; 0 = 4 */
+    int locality;          /* enum kvt_locality; a zeroed config is LOCAL */
     enum kvt_storage_io io;
     bool fsync;           /* fsync each file (and its folder) before it counts as stored */
     bool enable_events;   /* stored/removed events (medium STORAGE) */
@@ -89,6 +94,8 @@ struct kvt_storage_tier_info {
     uint64_t used_bytes; /* published + reserved */
     uint64_t capacity_bytes;
     bool direct_io;        /* O_DIRECT in use for the current row size */
+    bool io_uring;         /* every read thread reads through its io_uring */
+    unsigned read_depth;   /* chunk reads in flight per read thread */
     size_t num_unreported; /* jobs submitted and not yet reported */
 };
 void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *info_p);
