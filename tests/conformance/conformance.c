@@ -946,6 +946,60 @@ static int teardown_stalled(void **state)
     return 0;
 }
 
+/* A reader that gives up on a stopped server and leaves must not bring the server
+ * down when it runs again. Over tcp, UCX 1.13 emulates GET with requests the
+ * server's UCP answers from its progress, and aborted the server (ucs_fatal in
+ * ucp_get_req_handler) when those answers could not be sent to a reader that had
+ * closed: a slow reader could crash a tcp server. The peer is SIGSTOPped, the reads
+ * (1 MiB and 4 KiB ops, several batches) time out, the client's endpoint closes,
+ * the peer gets SIGCONT and must then see its endpoint closed and exit 0. */
+static void test_slow_reader_left(void **state)
+{
+    static struct kvt_read_op ops[4][16];
+    struct batch b[4] = {{0}};
+    struct waitn w = {b, 4};
+    uint64_t lo = 0;
+
+    if (opt.two_host) {
+        printf("# SKIP test_slow_reader_left: needs the peer's pid (single host)\n");
+        skip();
+    }
+    assert_int_equal(kill(C.peer_pid, SIGSTOP), 0);
+    for (int i = 0; i < 4; i++)
+        lo = make_ops(ops[i], 16, i % 2 == 0 ? 1u << 20 : 4096, lo);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(read_batch(&C, ops[i], 16, &b[i]), -EINPROGRESS);
+    assert_int_equal(conf_pump(C.tp, all_done, &w, 15000), 0);
+    if (b[0].status == 0) {
+        kill(C.peer_pid, SIGCONT);
+        printf("# SKIP test_slow_reader_left: the READ completed while the peer was stopped "
+               "(%s moves bytes without the peer's CPU)\n",
+               opt.backend);
+        skip();
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_not_equal(b[i].status, 0);
+    assert_int_equal(conf_pump(C.tp, conn_closed, &C, 5000), 0);
+    assert_int_equal(C.closed_err, -ETIMEDOUT);
+    conf_pump(C.tp, NULL, NULL, 200); /* the close reaches the peer's socket */
+    assert_int_equal(kill(C.peer_pid, SIGCONT), 0);
+
+    int st = peer_reap(&C, 10000);
+
+    printf("# stopped peer resumed after its reader left: wait status %#x%s\n", st,
+           WIFSIGNALED(st) ? " (killed by a signal)" : "");
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static int teardown_slow_reader(void **state)
+{
+    if (C.peer_pid > 0)
+        kill(C.peer_pid, SIGCONT);
+    conn_close(&C, false);
+    return 0;
+}
+
 /* ---- main ---- */
 
 static int usage(void)
@@ -1071,6 +1125,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_peer_sigkill, setup_default, teardown_killed),
         cmocka_unit_test_teardown(test_connect_timeout, teardown_default),
         cmocka_unit_test_setup_teardown(test_op_timeout, setup_op_timeout, teardown_stalled),
+        cmocka_unit_test_setup_teardown(test_slow_reader_left, setup_op_timeout,
+                                        teardown_slow_reader),
     };
     char name[64];
     const char *filter = getenv("KVT_CONF_FILTER"); /* one test, by name pattern */

@@ -43,6 +43,7 @@
  * Handle layout (pack/unpack): {magic, rkey length, base, length} little-endian,
  * then the UCX rkey bytes. The base address stays inside the handle: the owner names
  * remote memory by offsets only, and every op is checked against the length. */
+#include <dirent.h>
 #include <endian.h>
 #include <errno.h>
 #include <netdb.h>
@@ -64,11 +65,17 @@
 #include "kvt/log.h"
 #include "kvt/transport.h"
 
-#define UCX_AM_ID         7
-#define UCX_MAGIC         0x6b767475u /* "kvtu" */
-#define UCX_VERSION       1
-#define UCX_PROGRESS_MAX  64 /* ucp_worker_progress rounds per kvt_tp_progress */
-#define UCX_CLOSE_WAIT_NS (2ull * 1000000000ull)
+#define UCX_AM_ID    7 /* control messages */
+#define UCX_AM_RDREQ 8 /* READ over active messages: a request for one op */
+#define UCX_AM_RDREP 9 /* ... and its reply, carrying the bytes */
+/* READ replies in flight per endpoint (at least one): UCX moves concurrent
+ * rendezvous replies interleaved, so without a bound the first batch of many would
+ * complete only when nearly all of them had. */
+#define UCX_RD_INFLIGHT_BYTES (2u << 20)
+#define UCX_MAGIC             0x6b767475u /* "kvtu" */
+#define UCX_VERSION           1
+#define UCX_PROGRESS_MAX      64 /* ucp_worker_progress rounds per kvt_tp_progress */
+#define UCX_CLOSE_WAIT_NS     (2ull * 1000000000ull)
 
 enum ucx_msg_type { UCX_MSG_HELLO = 1, UCX_MSG_DATA = 2 };
 
@@ -77,6 +84,17 @@ struct ucx_am_hdr {
     uint16_t version;
     uint16_t type;
     uint64_t seq;
+};
+
+/* READ over active messages: the request (client to server, no data) and the reply
+ * (server to client, the bytes as data, or err != 0 and no data). */
+struct ucx_rd_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t err;  /* reply: 0, or the positive errno of a refusal */
+    uint64_t addr; /* the server's address, inside one of its remote registrations */
+    uint64_t len;
+    uint64_t tag; /* the requester's: batch id << 32 | op index */
 };
 
 struct ucx_handle_hdr {
@@ -101,6 +119,11 @@ struct ucx_tp {
     struct kvt_list orphans; /* batches reported at close whose UCX requests never ended */
     struct ucx_ep *last_ep;  /* lookup cache for ucx_ep_find */
     uint64_t next_ep_id;
+    struct kvt_list mrs;     /* remote registrations (READ over AM serves these) */
+    struct kvt_list rd_sent; /* ucx_rd_tx whose send UCX has not completed */
+    uint64_t timer_at_ns;    /* when the armed timerfd fires (0: not armed) */
+    bool read_am;            /* READs as active messages (see ucx_read_mode) */
+    bool kick;               /* a UCX callback left work for dispatch */
     bool closing;
 };
 
@@ -124,6 +147,9 @@ struct ucx_ep {
     struct kvt_list rx;
     struct kvt_list batches;
     unsigned n_batches;
+    uint32_t next_batch_id;
+    struct kvt_list rd_q; /* ucx_rd_tx: READ replies to send from dispatch */
+    uint64_t rd_inflight; /* bytes of the replies UCX is still sending */
 };
 
 struct ucx_msg {
@@ -145,18 +171,43 @@ struct ucx_tx {
     uint8_t data[];
 };
 
+/* One op of a READ over active messages. */
+enum ucx_rd_state { RD_WAIT, RD_RECV, RD_DONE };
+
+struct ucx_rd_op {
+    struct ucx_batch *b;
+    uint8_t *dst;
+    ucp_mem_h memh;        /* the local registration's */
+    struct ucx_rd_hdr hdr; /* the request, alive until its send completes */
+    enum ucx_rd_state state;
+};
+
 struct ucx_batch {
     struct kvt_list node; /* ep->batches, then tp->done */
     struct ucx_ep *ep;
     kvt_read_cb cb;
     void *arg;
     uint64_t start_ns;
-    unsigned pending; /* UCX requests not yet completed */
+    unsigned pending; /* UCX requests not yet completed, and AM ops not yet answered */
     int status;
+    uint32_t id;            /* READ over AM: the tag's upper half */
+    size_t n_ops;           /* READ over AM: ops[] */
+    struct ucx_rd_op ops[]; /* READ over AM only */
+};
+
+/* A READ reply the server owes (queued by the request's AM handler, sent by
+ * dispatch), then in flight until UCX completes its send. */
+struct ucx_rd_tx {
+    struct kvt_list node; /* ep->rd_q while queued, then tp->rd_sent */
+    struct ucx_ep *ep;
+    struct kvt_tp_mr *mr;
+    struct ucx_rd_hdr hdr;
 };
 
 struct kvt_tp_mr {
     struct ucx_tp *tp;
+    struct kvt_list node; /* tp->mrs (remote registrations) */
+    unsigned inflight;    /* READ replies sent from it, not yet completed */
     ucp_mem_h memh;
     uint8_t *base;
     size_t len;
@@ -266,6 +317,7 @@ static void ucx_ep_fail(struct ucx_ep *ep, int err)
         kvt_debug("ucx", "endpoint %llu failed: %s", (unsigned long long)ep->id, strerror(-err));
     ep->state = EP_FAILED;
     ep->err = err;
+    ep->tp->kick = true;
 }
 
 static void ucx_batch_finish(struct ucx_batch *b)
@@ -275,6 +327,7 @@ static void ucx_batch_finish(struct ucx_batch *b)
     kvt_list_del(&b->node);
     ep->n_batches--;
     kvt_list_add_tail(&ep->tp->done, &b->node);
+    ep->tp->kick = true;
 }
 
 /* Force-closes the ucp ep of a FAILED endpoint: UCX completes each outstanding
@@ -307,6 +360,25 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
         ep->close_req = req;
     else if (UCS_PTR_IS_ERR(req))
         kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+    /* READs over AM still waiting for a reply will never get one; those whose bytes
+     * are being received complete from UCX (the close cancels them). */
+    kvt_list_for_each_safe(pos, tmp, &ep->batches)
+    {
+        struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
+
+        for (size_t i = 0; i < b->n_ops; i++) {
+            if (b->ops[i].state != RD_WAIT)
+                continue;
+            b->ops[i].state = RD_DONE;
+            if (--b->pending == 0)
+                ucx_batch_finish(b);
+        }
+    }
+    kvt_list_for_each_safe(pos, tmp, &ep->rd_q)
+    {
+        kvt_list_del(pos);
+        kvt_free(kvt_list_entry(pos, struct ucx_rd_tx, node));
+    }
 }
 
 static struct ucx_ep *ucx_ep_alloc(struct ucx_tp *tp)
@@ -321,6 +393,7 @@ static struct ucx_ep *ucx_ep_alloc(struct ucx_tp *tp)
     kvt_list_init(&ep->node);
     kvt_list_init(&ep->rx);
     kvt_list_init(&ep->batches);
+    kvt_list_init(&ep->rd_q);
     return ep;
 }
 
@@ -345,6 +418,11 @@ static void ucx_ep_free(struct ucx_ep *ep)
             ucx_msg_free(ep->tp, m);
         else
             m->ep = NULL; /* freed by its receive callback */
+    }
+    kvt_list_for_each_safe(pos, tmp, &ep->rd_q)
+    {
+        kvt_list_del(pos);
+        kvt_free(kvt_list_entry(pos, struct ucx_rd_tx, node));
     }
     kvt_list_del(&ep->node);
     kvt_free(ep);
@@ -446,10 +524,19 @@ static void ucx_rndv_done(void *req, ucs_status_t status, size_t length, void *u
     }
     m->ep->ucx_reqs--;
     m->ready = true;
+    m->ep->tp->kick = true;
     if (status != UCS_OK || length != m->len) {
         m->failed = true;
         ucx_ep_fail(m->ep, status != UCS_OK ? ucx_errno(status) : -EPROTO);
     }
+}
+
+/* The endpoint an active message came on, or NULL (no reply ep: not one of ours). */
+static struct ucx_ep *ucx_am_ep(struct ucx_tp *tp, const ucp_am_recv_param_t *param)
+{
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
+        return NULL;
+    return ucx_ep_find(tp, param->reply_ep);
 }
 
 static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
@@ -461,9 +548,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
     bool keep = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA;
 
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
-        return UCS_OK;
-    ep = ucx_ep_find(tp, param->reply_ep);
+    ep = ucx_am_ep(tp, param);
     if (ep == NULL || ep->state >= EP_FAILED)
         return UCS_OK; /* dropped: the endpoint is closing */
     if (header_length != sizeof(hdr)) {
@@ -490,6 +575,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     *m = (struct ucx_msg){.ep = ep, .seq = hdr.seq, .type = hdr.type, .len = length};
     m->data = m->buf;
     ucx_rx_insert(ep, m);
+    tp->kick = true;
     if (rndv) {
         ucp_request_param_t rp = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
@@ -577,6 +663,8 @@ static int ucx_accept(struct ucx_ep *ep)
     return 1;
 }
 
+static int ucx_rd_send_replies(struct ucx_ep *ep);
+
 static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 {
     const struct kvt_tp_callbacks *cb = &tp->pub.cfg.cb;
@@ -591,6 +679,7 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
             if (ep->state == EP_ACCEPTING)
                 n += ucx_accept(ep);
             n += ucx_deliver_rx(ep);
+            n += ucx_rd_send_replies(ep);
         }
     }
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
@@ -684,6 +773,11 @@ static bool ucx_work_pending(struct ucx_tp *tp)
 
         if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED)
             return true;
+        if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED &&
+            (ep->rd_inflight == 0 ||
+             ep->rd_inflight + kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node)->hdr.len <=
+                 UCX_RD_INFLIGHT_BYTES))
+            return true;
         if (!kvt_list_empty(&ep->rx)) {
             struct ucx_msg *m = kvt_list_entry(ep->rx.next, struct ucx_msg, node);
 
@@ -697,6 +791,43 @@ static bool ucx_work_pending(struct ucx_tp *tp)
 /* ---- transport ---- */
 
 static void ucx_close(struct kvt_transport *t);
+
+static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param);
+static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param);
+
+/* How READs move: ucp_get_nbx where UCX can do a hardware GET (an RDMA device and
+ * UCX_TLS not narrowed to tcp or shared memory), else active messages (see "READ over
+ * active messages" below for why). KVT_UCX_READ=get|am overrides. The choice is the
+ * reader's: every transport answers READ requests whichever it uses itself. */
+static bool ucx_read_mode(void)
+{
+    const char *force = getenv("KVT_UCX_READ");
+    const char *tls = getenv("UCX_TLS");
+    bool rdma = false;
+    DIR *d;
+
+    if (force != NULL && strcmp(force, "am") == 0)
+        return true;
+    if (force != NULL && strcmp(force, "get") == 0)
+        return false;
+    d = opendir("/sys/class/infiniband");
+    if (d != NULL) {
+        struct dirent *e;
+
+        while ((e = readdir(d)) != NULL)
+            if (e->d_name[0] != '.')
+                rdma = true;
+        closedir(d);
+    }
+    if (!rdma)
+        return true;
+    if (tls == NULL || tls[0] == '^' || strstr(tls, "all") != NULL)
+        return false;
+    return strstr(tls, "rc") == NULL && strstr(tls, "ud") == NULL && strstr(tls, "dc") == NULL &&
+           strstr(tls, "ib") == NULL;
+}
 
 static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
 {
@@ -719,6 +850,9 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     kvt_list_init(&tp->zombies);
     kvt_list_init(&tp->done);
     kvt_list_init(&tp->orphans);
+    kvt_list_init(&tp->mrs);
+    kvt_list_init(&tp->rd_sent);
+    tp->read_am = ucx_read_mode();
 
     /* A node restarted after SIGKILL listens on its port again while the dead
      * process's connections sit in TIME_WAIT; the user's setting wins. */
@@ -760,6 +894,14 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
         .arg = tp,
     };
     st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
+    ap.id = UCX_AM_RDREQ;
+    ap.cb = ucx_rdreq_cb;
+    if (st == UCS_OK)
+        st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
+    ap.id = UCX_AM_RDREP;
+    ap.cb = ucx_rdrep_cb;
+    if (st == UCS_OK)
+        st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     if (st == UCS_OK)
         st = ucp_worker_get_efd(tp->worker, &tp->wfd);
     if (st != UCS_OK) {
@@ -871,6 +1013,11 @@ static void ucx_close(struct kvt_transport *t)
         kvt_list_del(pos);
         kvt_free(kvt_list_entry(pos, struct ucx_batch, node));
     }
+    kvt_list_for_each_safe(pos, tmp, &tp->rd_sent) /* sends UCX never completed */
+    {
+        kvt_list_del(pos);
+        kvt_free(kvt_list_entry(pos, struct ucx_rd_tx, node));
+    }
     kvt_free(tp);
 }
 
@@ -926,6 +1073,7 @@ static void ucx_conn_cb(ucp_conn_request_h creq, void *arg)
     ep->state = EP_ACCEPTING;
     ep->tx_seq = 1; /* 0 is the HELLO sent once the owner accepts */
     kvt_list_add_tail(&tp->eps, &ep->node);
+    tp->kick = true;
 }
 
 static int ucx_listen(struct kvt_transport *t, const char *addr, uint16_t port, uint16_t *port_p)
@@ -1051,6 +1199,7 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     mr->tp = tp;
     mr->base = base;
     mr->len = len;
+    kvt_list_init(&mr->node);
 
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
@@ -1078,6 +1227,7 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
             ret = -E2BIG;
             goto err_rkey;
         }
+        kvt_list_add_tail(&tp->mrs, &mr->node);
     }
     *mr_p = mr;
     return 0;
@@ -1103,8 +1253,45 @@ static int ucx_reg_local(struct kvt_transport *t, void *base, size_t len, struct
 
 static void ucx_dereg(struct kvt_tp_mr *mr)
 {
+    struct kvt_list *pos, *tmp;
+
     if (mr == NULL)
         return;
+    /* No new READ reply from it; those in flight read it until UCX is done. */
+    kvt_list_del(&mr->node);
+    kvt_list_init(&mr->node);
+    if (mr->inflight > 0) {
+        uint64_t until = ucx_now_ns() + UCX_CLOSE_WAIT_NS;
+
+        while (mr->inflight > 0 && ucx_now_ns() < until)
+            ucp_worker_progress(mr->tp->worker);
+        if (mr->inflight > 0)
+            kvt_warn("ucx", "dereg: %u READ replies still in flight", mr->inflight);
+    }
+    /* Queued replies from it become refusals; late completions forget it. */
+    kvt_list_for_each_safe(pos, tmp, &mr->tp->rd_sent)
+    {
+        struct ucx_rd_tx *tx = kvt_list_entry(pos, struct ucx_rd_tx, node);
+
+        if (tx->mr == mr)
+            tx->mr = NULL;
+    }
+    kvt_list_for_each_safe(pos, tmp, &mr->tp->eps)
+    {
+        struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
+        struct kvt_list *q, *qtmp;
+
+        kvt_list_for_each_safe(q, qtmp, &ep->rd_q)
+        {
+            struct ucx_rd_tx *tx = kvt_list_entry(q, struct ucx_rd_tx, node);
+
+            if (tx->mr == mr) {
+                tx->mr = NULL;
+                tx->hdr.err = EFAULT;
+                tx->hdr.len = 0;
+            }
+        }
+    }
     if (mr->rkey_buf != NULL)
         ucp_rkey_buffer_release(mr->rkey_buf);
     ucp_mem_unmap(mr->tp->ctx, mr->memh);
@@ -1201,6 +1388,10 @@ static bool ucx_in_range(uint64_t off, uint64_t len, uint64_t size)
     return len > 0 && off <= size && len <= size - off;
 }
 
+static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
+                       struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
+                       size_t *posted_p);
+
 static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
                     const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg)
 {
@@ -1210,8 +1401,8 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
 
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
-    if (rk == NULL || local == NULL || ops == NULL || n == 0 || cb == NULL || rk->ep_id != ep->id ||
-        local->tp != ep->tp)
+    if (rk == NULL || local == NULL || ops == NULL || n == 0 || n > UINT32_MAX || cb == NULL ||
+        rk->ep_id != ep->id || local->tp != ep->tp)
         return -EINVAL;
     for (size_t i = 0; i < n; i++)
         if (!ucx_in_range(ops[i].remote_off, ops[i].len, rk->len) ||
@@ -1219,10 +1410,14 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
             return -EINVAL;
     if (ep->n_batches >= ep->tp->pub.cfg.max_batches)
         return -EAGAIN;
-    b = kvt_calloc(1, sizeof(*b));
+    bool am = ep->tp->read_am;
+
+    b = kvt_calloc(1, sizeof(*b) + (am ? n * sizeof(b->ops[0]) : 0));
     if (b == NULL)
         return -ENOMEM;
     b->ep = ep;
+    b->id = ep->next_batch_id++;
+    b->n_ops = am ? n : 0;
     b->cb = cb;
     b->arg = arg;
     b->start_ns = ucx_now_ns();
@@ -1237,9 +1432,11 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
         .user_data = b,
         .memh = local->memh,
     };
-    size_t i;
+    size_t i = 0;
 
-    for (i = 0; i < n; i++) {
+    if (am)
+        err = ucx_read_am(ep, b, rk, local, ops, n, &i);
+    for (; !am && i < n; i++) {
         ucs_status_ptr_t req = ucp_get_nbx(ep->uep, local->base + ops[i].local_off, ops[i].len,
                                            rk->base + ops[i].remote_off, rk->rkey, &param);
 
@@ -1268,27 +1465,345 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
     return -EINPROGRESS;
 }
 
+/* ---- READ over active messages ----
+ *
+ * Over tcp UCP has no hardware GET: ucp_get_nbx is emulated with a request message
+ * that the target's UCP answers from inside its own progress (ucp_get_req_handler).
+ * In UCX 1.13 that handler aborts the target process (ucs_fatal "unexpected error")
+ * when its reply cannot be sent because the initiator has closed in the meantime: a
+ * reader that timed out and left crashes the node it read from, as soon as that node
+ * progresses again. No endpoint option avoids it (the endpoint is found by id even
+ * once failed, and a failed lane returns an error too). So where the READ would be
+ * software-emulated anyway, we emulate it ourselves with the same shape: one request
+ * message per op (UCX_AM_RDREQ), one reply carrying the bytes (UCX_AM_RDREP; UCX
+ * sends large replies by rendezvous, received straight into the local registration).
+ * A reply that cannot be sent is an error we see and turn into a failed endpoint.
+ *
+ * The server checks every requested range against its remote registrations
+ * (tp->mrs) before it sends a byte; a refused range is answered with err set. */
+
+static bool ucx_rd_hdr_ok(const void *header, size_t header_length, struct ucx_rd_hdr *h)
+{
+    if (header_length != sizeof(*h))
+        return false;
+    memcpy(h, header, sizeof(*h));
+    return h->magic == UCX_MAGIC && h->version == UCX_VERSION;
+}
+
+static struct kvt_tp_mr *ucx_mr_find(struct ucx_tp *tp, uint64_t addr, uint64_t len)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &tp->mrs)
+    {
+        struct kvt_tp_mr *mr = kvt_list_entry(pos, struct kvt_tp_mr, node);
+        uint64_t base = (uint64_t)(uintptr_t)mr->base;
+
+        if (addr >= base && len <= mr->len && addr - base <= mr->len - len)
+            return mr;
+    }
+    return NULL;
+}
+
+/* Server: a request for one op; the reply is sent from dispatch. */
+static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param)
+{
+    struct ucx_tp *tp = arg;
+    struct ucx_rd_hdr h;
+    struct ucx_rd_tx *tx;
+    struct ucx_ep *ep;
+
+    ep = ucx_am_ep(tp, param);
+    if (ep == NULL || ep->state != EP_CONNECTED)
+        return UCS_OK; /* dropped: the endpoint is closing */
+    if (!ucx_rd_hdr_ok(header, header_length, &h) || length != 0 || h.err != 0 || h.len == 0) {
+        kvt_warn("ucx", "endpoint %llu: bad READ request", (unsigned long long)ep->id);
+        ucx_ep_fail(ep, -EPROTO);
+        return UCS_OK;
+    }
+    tx = kvt_malloc(sizeof(*tx));
+    if (tx == NULL) {
+        ucx_ep_fail(ep, -ENOMEM);
+        return UCS_OK;
+    }
+    tx->ep = ep;
+    tx->mr = ucx_mr_find(tp, h.addr, h.len);
+    tx->hdr = h;
+    if (tx->mr == NULL) {
+        tx->hdr.err = EFAULT;
+        tx->hdr.len = 0;
+    }
+    kvt_list_add_tail(&ep->rd_q, &tx->node);
+    tp->kick = true;
+    return UCS_OK;
+}
+
+static void ucx_rdrep_sent(void *req, ucs_status_t status, void *user_data)
+{
+    struct ucx_rd_tx *tx = user_data;
+
+    kvt_list_del(&tx->node);
+    tx->ep->ucx_reqs--;
+    tx->ep->rd_inflight -= tx->hdr.len;
+    tx->ep->tp->kick = !kvt_list_empty(&tx->ep->rd_q) || tx->ep->tp->kick;
+    if (tx->mr != NULL)
+        tx->mr->inflight--;
+    if (status != UCS_OK)
+        ucx_ep_fail(tx->ep, ucx_errno(status));
+    kvt_free(tx);
+    ucp_request_free(req);
+}
+
+/* Server, from dispatch: sends the replies an endpoint owes. */
+static int ucx_rd_send_replies(struct ucx_ep *ep)
+{
+    int n = 0;
+
+    while (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED) {
+        struct ucx_rd_tx *tx = kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node);
+
+        if (ep->rd_inflight > 0 && ep->rd_inflight + tx->hdr.len > UCX_RD_INFLIGHT_BYTES)
+            break;
+        ucp_request_param_t param = {
+            .op_attr_mask =
+                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+            .flags = UCP_AM_SEND_FLAG_REPLY,
+            .cb.send = ucx_rdrep_sent,
+            .user_data = tx,
+        };
+
+        if (tx->mr != NULL) {
+            param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+            param.memh = tx->mr->memh;
+        }
+        kvt_list_del(&tx->node);
+        n++;
+
+        ucs_status_ptr_t req =
+            ucp_am_send_nbx(ep->uep, UCX_AM_RDREP, &tx->hdr, sizeof(tx->hdr),
+                            (void *)(uintptr_t)tx->hdr.addr, tx->hdr.len, &param);
+
+        if (req == NULL) {
+            kvt_free(tx);
+            continue;
+        }
+        if (UCS_PTR_IS_ERR(req)) {
+            kvt_free(tx);
+            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
+            break;
+        }
+        ep->ucx_reqs++;
+        ep->rd_inflight += tx->hdr.len;
+        kvt_list_add_tail(&ep->tp->rd_sent, &tx->node);
+        if (tx->mr != NULL)
+            tx->mr->inflight++;
+    }
+    return n;
+}
+
+static void ucx_rd_op_done(struct ucx_rd_op *op, int err)
+{
+    struct ucx_batch *b = op->b;
+
+    op->state = RD_DONE;
+    if (err != 0) {
+        if (b->status == 0)
+            b->status = err;
+        ucx_ep_fail(b->ep, err);
+    }
+    if (--b->pending == 0)
+        ucx_batch_finish(b);
+}
+
+static void ucx_rd_recv_done(void *req, ucs_status_t status, size_t length, void *user_data)
+{
+    struct ucx_rd_op *op = user_data;
+    struct ucx_batch *b = op->b;
+
+    ucp_request_free(req);
+    if (b->ep == NULL) { /* orphaned by ucx_close: reported already, freed there */
+        b->pending--;
+        return;
+    }
+    b->ep->ucx_reqs--;
+    ucx_rd_op_done(op, status != UCS_OK ? ucx_errno(status) : length != op->hdr.len ? -EPROTO : 0);
+}
+
+/* Client: the op the tag names, if it is still waiting for its reply. */
+static struct ucx_rd_op *ucx_rd_op_find(struct ucx_ep *ep, uint64_t tag)
+{
+    uint32_t id = (uint32_t)(tag >> 32), idx = (uint32_t)tag;
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &ep->batches)
+    {
+        struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
+
+        if (b->id != id)
+            continue;
+        if (idx >= b->n_ops || b->ops[idx].state != RD_WAIT)
+            return NULL;
+        return &b->ops[idx];
+    }
+    return NULL;
+}
+
+/* Client: a reply; eager bytes are copied, rendezvous bytes received in place. */
+static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
+                                 size_t length, const ucp_am_recv_param_t *param)
+{
+    struct ucx_tp *tp = arg;
+    struct ucx_rd_hdr h;
+    struct ucx_rd_op *op;
+    struct ucx_ep *ep;
+
+    ep = ucx_am_ep(tp, param);
+    if (ep == NULL || ep->state >= EP_FAILED)
+        return UCS_OK; /* dropped: the endpoint is closing, its ops end at teardown */
+    op = ucx_rd_hdr_ok(header, header_length, &h) ? ucx_rd_op_find(ep, h.tag) : NULL;
+    if (op == NULL || h.addr != op->hdr.addr) {
+        kvt_warn("ucx", "endpoint %llu: READ reply for no pending op", (unsigned long long)ep->id);
+        ucx_ep_fail(ep, -EPROTO);
+        return UCS_OK;
+    }
+    if (h.err != 0) {
+        kvt_warn("ucx", "endpoint %llu: the peer refused a READ of %llu bytes: %s",
+                 (unsigned long long)ep->id, (unsigned long long)op->hdr.len, strerror(h.err));
+        ucx_rd_op_done(op, -EFAULT);
+        return UCS_OK;
+    }
+    if (length != op->hdr.len) {
+        ucx_rd_op_done(op, -EPROTO);
+        return UCS_OK;
+    }
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+        memcpy(op->dst, data, length);
+        ucx_rd_op_done(op, 0);
+        return UCS_OK;
+    }
+
+    ucp_request_param_t rp = {
+        .op_attr_mask =
+            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
+        .cb.recv_am = ucx_rd_recv_done,
+        .user_data = op,
+        .memh = op->memh,
+    };
+    ucs_status_ptr_t req = ucp_am_recv_data_nbx(tp->worker, data, op->dst, length, &rp);
+
+    if (req == NULL) {
+        ucx_rd_op_done(op, 0);
+    } else if (UCS_PTR_IS_ERR(req)) {
+        ucx_rd_op_done(op, ucx_errno(UCS_PTR_STATUS(req)));
+    } else {
+        op->state = RD_RECV;
+        ep->ucx_reqs++;
+    }
+    return UCS_OK;
+}
+
+static void ucx_rdreq_sent(void *req, ucs_status_t status, void *user_data)
+{
+    struct ucx_rd_op *op = user_data;
+    struct ucx_batch *b = op->b;
+
+    ucp_request_free(req);
+    if (b->ep == NULL) {
+        b->pending--;
+        return;
+    }
+    b->ep->ucx_reqs--;
+    if (status != UCS_OK) {
+        if (b->status == 0)
+            b->status = ucx_errno(status);
+        ucx_ep_fail(b->ep, ucx_errno(status));
+    }
+    if (--b->pending == 0)
+        ucx_batch_finish(b);
+}
+
+/* Client: posts the request of each op; returns 0 or the first posting error. */
+static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
+                       struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
+                       size_t *posted_p)
+{
+    size_t i;
+
+    for (i = 0; i < n; i++) {
+        struct ucx_rd_op *op = &b->ops[i];
+        ucp_request_param_t param = {
+            .op_attr_mask =
+                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
+            .flags = UCP_AM_SEND_FLAG_REPLY,
+            .cb.send = ucx_rdreq_sent,
+            .user_data = op,
+        };
+
+        op->b = b;
+        op->memh = local->memh;
+        op->dst = local->base + ops[i].local_off;
+        op->hdr = (struct ucx_rd_hdr){.magic = UCX_MAGIC,
+                                      .version = UCX_VERSION,
+                                      .addr = rk->base + ops[i].remote_off,
+                                      .len = ops[i].len,
+                                      .tag = (uint64_t)b->id << 32 | (uint32_t)i};
+        op->state = RD_WAIT;
+        b->pending++; /* the reply */
+
+        ucs_status_ptr_t req =
+            ucp_am_send_nbx(ep->uep, UCX_AM_RDREQ, &op->hdr, sizeof(op->hdr), NULL, 0, &param);
+
+        if (req == NULL)
+            continue;
+        if (UCS_PTR_IS_ERR(req)) {
+            op->state = RD_DONE;
+            b->pending--;
+            *posted_p = i;
+            return ucx_errno(UCS_PTR_STATUS(req));
+        }
+        b->pending++; /* the request's send */
+        ep->ucx_reqs++;
+    }
+    *posted_p = n;
+    return 0;
+}
+
 /* ---- the loop ---- */
 
+/* The busy-polling owner calls this in a tight loop, so it costs no system call of
+ * its own: the timerfd is read only once its deadline has passed (arm resets it
+ * anyway), and worker progress stops as soon as a UCX callback has left work for
+ * dispatch, so a completion reaches its callback without one more empty
+ * ucp_worker_progress (an epoll_wait over tcp) first. */
 static int ucx_progress(struct kvt_transport *t)
 {
     struct ucx_tp *tp = tp_of(t);
-    uint64_t expirations;
+    uint64_t now;
     int n = 0;
 
-    while (read(tp->tfd, &expirations, sizeof(expirations)) > 0)
-        ;
+    tp->kick = false;
     for (int i = 0; i < UCX_PROGRESS_MAX; i++) {
         unsigned k = ucp_worker_progress(tp->worker);
 
-        if (k == 0)
-            break;
         n += (int)k;
+        if (k == 0 || tp->kick)
+            break;
     }
     n += ucx_dispatch(tp, true);
-    ucx_check_timeouts(tp, ucx_now_ns());
-    n += ucx_dispatch(tp, true);
-    ucx_reap(tp);
+    now = ucx_now_ns();
+    if (tp->timer_at_ns != 0 && now >= tp->timer_at_ns) {
+        uint64_t expirations;
+
+        while (read(tp->tfd, &expirations, sizeof(expirations)) > 0)
+            ;
+        tp->timer_at_ns = 0;
+    }
+    ucx_check_timeouts(tp, now);
+    if (tp->kick) /* a deadline passed, or dispatch's callbacks left work */
+        n += ucx_dispatch(tp, true);
+    if (!kvt_list_empty(&tp->zombies))
+        ucx_reap(tp);
     return n;
 }
 
@@ -1323,6 +1838,7 @@ static int ucx_arm(struct kvt_transport *t)
     }
     if (timerfd_settime(tp->tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
         return -errno;
+    tp->timer_at_ns = next;
     return 0;
 }
 
