@@ -89,3 +89,9 @@ void kvt_free_table(void *p, size_t n, size_t size)
     else
         munmap(p, n * size);
 }
+
+void kvt_zero_table(void *p, size_t n, size_t size)
+{
+    if (n * size < TABLE_MIN_BYTES || madvise(p, n * size, MADV_DONTNEED) != 0)
+        memset(p, 0, n * size);
+}

@@ -13,14 +13,14 @@
  *           T1 victims join B1, T2 victims B2, then each ghost list is cut to
  *           capacity, oldest first.
  *
- * Ghosts keep a 128-bit XXH3 fingerprint of the key, not the key: 32 bytes
- * instead of 90 per ghost, and there are up to 2 x capacity of them. A
- * fingerprint collision (about 2^-128 per pair) could only nudge the target; a
- * ghost never answers a lookup, so it can never make the cache serve wrong bytes. */
+ * Ghosts keep the key's 64-bit hash (the one the primary's index uses), not the
+ * key: 17 bytes instead of 90 per ghost, and there are up to 2 x capacity of
+ * them, all in tables sized once at creation (touched only as ghosts arrive). A
+ * hash collision (about 2^-64 per pair) could only nudge the target; a ghost never
+ * answers a lookup, so it can never make the cache serve wrong bytes. */
 #include <errno.h>
 #include <math.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "kvt/alloc.h"
 #include "primary_int.h"
@@ -28,9 +28,8 @@
 #define ARC_GROUP 16 /* ghosts whose index misses are overlapped */
 
 struct ghost {
-    uint64_t lo, hi;
-    uint32_t prev, next;
-    uint8_t list; /* PR_L1 = B1, PR_L2 = B2, PR_NONE = free */
+    uint32_t lo, hi;     /* the key's hash */
+    uint32_t prev, next; /* list links; next also chains free nodes */
 };
 
 struct glist {
@@ -41,12 +40,12 @@ struct glist {
 struct arc {
     double target;
     size_t capacity;
-    struct ghost *g; /* node pool, grown on demand */
-    size_t g_cap, g_used;
-    uint32_t *g_free; /* freed nodes (stack), sized g_cap */
-    size_t n_free;
-    uint64_t *idx; /* fingerprint tag << 32 | node + 1 by fingerprint; 0 = empty */
-    size_t idx_mask;
+    struct ghost *g; /* [2 x capacity] nodes: B1 and B2 are each <= capacity */
+    uint8_t *in;     /* [2 x capacity] PR_L1 = B1, PR_L2 = B2, PR_NONE = free */
+    size_t g_used;   /* nodes ever handed out since the last clear */
+    uint32_t g_free; /* freed nodes chained through next, or PR_NIL */
+    uint64_t *idx;   /* kvt_oa cells of the ghosts, by hash */
+    size_t idx_size; /* 4 x capacity: load factor <= 1/2 */
     size_t n_ghosts;
     struct glist b1, b2;
 };
@@ -58,117 +57,28 @@ static struct arc *arc_of(const struct kvt_primary *p)
 
 /* ---- ghost set ---------------------------------------------------------- */
 
-static XXH128_hash_t fp_of(const struct kvt_key *k)
+static uint64_t g_hash(const struct ghost *x)
 {
-    return XXH3_128bits(k->bytes, k->len);
+    return (uint64_t)x->hi << 32 | x->lo;
 }
 
-/* Index cells as in the primary's index (primary.c): the low 32 bits of the
- * fingerprint hold the home and filter probes without reading ghost nodes. */
-static inline uint64_t g_cell(uint64_t lo, uint32_t gi)
+static uint32_t g_find(const struct arc *a, uint64_t h)
 {
-    return ((uint64_t)(uint32_t)lo << 32) | ((uint64_t)gi + 1);
-}
-
-static inline size_t g_home(const struct arc *a, uint64_t lo)
-{
-    return (size_t)(uint32_t)lo & a->idx_mask;
-}
-
-static uint32_t g_find(const struct arc *a, XXH128_hash_t fp)
-{
-    uint64_t tag = (uint64_t)(uint32_t)fp.low64 << 32;
-
     if (a->n_ghosts == 0)
         return PR_NIL;
-    for (size_t i = g_home(a, fp.low64);; i = (i + 1) & a->idx_mask) {
+    for (size_t i = kvt_oa_home(h, a->idx_size);; i = kvt_oa_next(i, a->idx_size)) {
         uint64_t v = a->idx[i];
-        uint32_t gi = (uint32_t)v - 1;
 
         if (v == 0)
             return PR_NIL;
-        if ((v & 0xffffffff00000000ull) == tag && a->g[gi].lo == fp.low64 &&
-            a->g[gi].hi == fp.high64)
-            return gi;
+        if (kvt_oa_tag_is(v, h) && a->g[kvt_oa_id(v)].hi == (uint32_t)(h >> 32))
+            return kvt_oa_id(v);
     }
 }
 
-static void g_prefetch(const struct arc *a, uint64_t lo)
+static void g_prefetch(const struct arc *a, uint64_t h)
 {
-    __builtin_prefetch(&a->idx[g_home(a, lo)], 1);
-}
-
-static void g_idx_put(struct arc *a, uint32_t gi)
-{
-    size_t i = g_home(a, a->g[gi].lo);
-
-    while (a->idx[i] != 0)
-        i = (i + 1) & a->idx_mask;
-    a->idx[i] = g_cell(a->g[gi].lo, gi);
-}
-
-static void g_idx_del(struct arc *a, uint32_t gi)
-{
-    size_t mask = a->idx_mask;
-    uint64_t cell = g_cell(a->g[gi].lo, gi);
-    size_t i = g_home(a, a->g[gi].lo);
-
-    while (a->idx[i] != cell)
-        i = (i + 1) & mask;
-    for (size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
-        uint64_t v = a->idx[j];
-        size_t home;
-
-        if (v == 0)
-            break;
-        home = (size_t)(v >> 32) & mask;
-        if (((j - home) & mask) >= ((j - i) & mask)) {
-            a->idx[i] = v;
-            i = j;
-        }
-    }
-    a->idx[i] = 0;
-}
-
-/* Room for `more` ghosts beyond the current ones, before anything changes. */
-static int g_reserve(struct arc *a, size_t more)
-{
-    size_t want = a->n_ghosts + more;
-
-    if (a->g_cap - a->g_used + a->n_free < more) {
-        size_t cap = a->g_cap ? a->g_cap : 64;
-        struct ghost *g;
-        uint32_t *f;
-
-        while (cap - a->g_used + a->n_free < more)
-            cap *= 2;
-        g = kvt_reallocarray(a->g, cap, sizeof(*g));
-        if (g == NULL)
-            return -ENOMEM;
-        a->g = g;
-        f = kvt_reallocarray(a->g_free, cap, sizeof(*f));
-        if (f == NULL)
-            return -ENOMEM;
-        a->g_free = f;
-        a->g_cap = cap;
-    }
-    if (2 * want > a->idx_mask + 1) {
-        size_t size = a->idx_mask + 1;
-        uint64_t *idx;
-
-        while (2 * want > size)
-            size *= 2;
-        idx = kvt_calloc_table(size, sizeof(*idx));
-        if (idx == NULL)
-            return -ENOMEM;
-        kvt_free_table(a->idx, a->idx_mask + 1, sizeof(*a->idx));
-        a->idx = idx;
-        a->idx_mask = size - 1;
-        for (uint32_t gi = 0; gi < a->g_used; gi++)
-            if (a->g[gi].list != PR_NONE)
-                g_idx_put(a, gi);
-    }
-    return 0;
+    __builtin_prefetch(&a->idx[kvt_oa_home(h, a->idx_size)], 1);
 }
 
 static struct glist *g_list(struct arc *a, uint8_t id)
@@ -181,7 +91,7 @@ static void g_append(struct arc *a, uint8_t id, uint32_t gi)
     struct glist *l = g_list(a, id);
     struct ghost *x = &a->g[gi];
 
-    x->list = id;
+    a->in[gi] = id;
     x->next = PR_NIL;
     x->prev = l->tail;
     if (l->tail != PR_NIL)
@@ -195,7 +105,7 @@ static void g_append(struct arc *a, uint8_t id, uint32_t gi)
 static void g_unlink(struct arc *a, uint32_t gi)
 {
     struct ghost *x = &a->g[gi];
-    struct glist *l = g_list(a, x->list);
+    struct glist *l = g_list(a, a->in[gi]);
 
     if (x->prev != PR_NIL)
         a->g[x->prev].next = x->next;
@@ -208,38 +118,46 @@ static void g_unlink(struct arc *a, uint32_t gi)
     l->n--;
 }
 
-/* Needs room from g_reserve. */
-static void g_add(struct arc *a, uint8_t id, XXH128_hash_t fp)
+/* The key of hash h is not a ghost; its list has room (g_trim). */
+static void g_add(struct arc *a, uint8_t id, uint64_t h)
 {
-    uint32_t gi = a->n_free > 0 ? a->g_free[--a->n_free] : (uint32_t)a->g_used++;
+    uint32_t gi;
 
-    a->g[gi].lo = fp.low64;
-    a->g[gi].hi = fp.high64;
+    if (a->g_free != PR_NIL) {
+        gi = a->g_free;
+        a->g_free = a->g[gi].next;
+    } else {
+        gi = (uint32_t)a->g_used++;
+    }
+    a->g[gi].lo = (uint32_t)h;
+    a->g[gi].hi = (uint32_t)(h >> 32);
     g_append(a, id, gi);
-    g_idx_put(a, gi);
+    kvt_oa_put(a->idx, a->idx_size, kvt_oa_cell(h, gi));
     a->n_ghosts++;
 }
 
 static void g_drop(struct arc *a, uint32_t gi)
 {
     g_unlink(a, gi);
-    g_idx_del(a, gi);
-    a->g[gi].list = PR_NONE;
-    a->g_free[a->n_free++] = gi;
+    kvt_oa_del(a->idx, a->idx_size, kvt_oa_cell(g_hash(&a->g[gi]), gi));
+    a->in[gi] = PR_NONE;
+    a->g[gi].next = a->g_free;
+    a->g_free = gi;
     a->n_ghosts--;
 }
 
-/* Cuts a ghost list to capacity, oldest first. */
-static void g_trim(struct arc *a, struct glist *l)
+/* Cuts a ghost list to max entries, oldest first, a group at a time with the
+ * group's index misses requested before the first drop. */
+static void g_trim(struct arc *a, struct glist *l, size_t max)
 {
-    while (l->n > a->capacity) {
+    while (l->n > max) {
         uint32_t drop[ARC_GROUP];
         size_t m = 0;
 
-        for (uint32_t gi = l->head; gi != PR_NIL && m < ARC_GROUP && l->n - m > a->capacity;
+        for (uint32_t gi = l->head; gi != PR_NIL && m < ARC_GROUP && l->n - m > max;
              gi = a->g[gi].next) {
             drop[m++] = gi;
-            g_prefetch(a, a->g[gi].lo);
+            g_prefetch(a, g_hash(&a->g[gi]));
         }
         for (size_t i = 0; i < m; i++)
             g_drop(a, drop[i]);
@@ -250,29 +168,12 @@ static void g_clear(struct arc *a)
 {
     a->b1 = (struct glist){PR_NIL, PR_NIL, 0};
     a->b2 = (struct glist){PR_NIL, PR_NIL, 0};
-    a->g_used = a->n_free = a->n_ghosts = 0;
-    memset(a->idx, 0, (a->idx_mask + 1) * sizeof(*a->idx));
+    a->g_used = a->n_ghosts = 0;
+    a->g_free = PR_NIL;
+    kvt_zero_table(a->idx, a->idx_size, sizeof(*a->idx));
 }
 
 /* ---- policy ------------------------------------------------------------- */
-
-static int arc_init(struct kvt_primary *p)
-{
-    struct arc *a = kvt_calloc(1, sizeof(*a));
-
-    if (a == NULL)
-        return -ENOMEM;
-    a->capacity = p->cfg.num_chunks;
-    a->idx = kvt_calloc_table(64, sizeof(*a->idx));
-    if (a->idx == NULL) {
-        kvt_free(a);
-        return -ENOMEM;
-    }
-    a->idx_mask = 63;
-    g_clear(a);
-    p->pol_state = a;
-    return 0;
-}
 
 static void arc_fini(struct kvt_primary *p)
 {
@@ -280,11 +181,35 @@ static void arc_fini(struct kvt_primary *p)
 
     if (a == NULL)
         return;
-    kvt_free(a->g);
-    kvt_free(a->g_free);
-    kvt_free_table(a->idx, a->idx_mask + 1, sizeof(*a->idx));
+    kvt_free_table(a->g, 2 * a->capacity, sizeof(*a->g));
+    kvt_free_table(a->in, 2 * a->capacity, sizeof(*a->in));
+    kvt_free_table(a->idx, a->idx_size, sizeof(*a->idx));
     kvt_free(a);
     p->pol_state = NULL;
+}
+
+static int arc_init(struct kvt_primary *p)
+{
+    struct arc *a = kvt_calloc(1, sizeof(*a));
+
+    if (a == NULL)
+        return -ENOMEM;
+    p->pol_state = a;
+    a->capacity = p->cfg.num_chunks;
+    a->idx_size = 4 * a->capacity;
+    if (2 * a->capacity > UINT32_MAX - 1) { /* ghost ids are 32-bit */
+        arc_fini(p);
+        return -EINVAL;
+    }
+    a->g = kvt_calloc_table(2 * a->capacity, sizeof(*a->g));
+    a->in = kvt_calloc_table(2 * a->capacity, sizeof(*a->in));
+    a->idx = kvt_calloc_table(a->idx_size, sizeof(*a->idx));
+    if (a->g == NULL || a->in == NULL || a->idx == NULL) {
+        arc_fini(p);
+        return -ENOMEM;
+    }
+    g_clear(a);
+    return 0;
 }
 
 static void arc_will_insert(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
@@ -294,7 +219,7 @@ static void arc_will_insert(struct kvt_primary *p, const struct kvt_key *keys, s
     if (a->n_ghosts == 0)
         return;
     for (size_t i = 0; i < n; i++)
-        g_prefetch(a, fp_of(&keys[i]).low64);
+        g_prefetch(a, kvt_key_hash(&keys[i]));
 }
 
 static void arc_insert(struct kvt_primary *p, uint32_t s)
@@ -303,7 +228,7 @@ static void arc_insert(struct kvt_primary *p, uint32_t s)
 
     pr_list_append(p, &p->l1, PR_L1, s);
     if (a->n_ghosts > 0) {
-        uint32_t gi = g_find(a, fp_of(&p->e[s].key));
+        uint32_t gi = g_find(a, p->e[s].hash);
 
         if (gi != PR_NIL)
             g_drop(a, gi);
@@ -315,7 +240,7 @@ static void arc_remove(struct kvt_primary *p, uint32_t s)
     pr_list_unlink(p, p->e[s].list == PR_L1 ? &p->l1 : &p->l2, s);
 }
 
-static void arc_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint32_t s)
+static void arc_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, uint32_t s)
 {
     struct arc *a = arc_of(p);
     uint32_t gi;
@@ -334,9 +259,9 @@ static void arc_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint
         }
         return;
     }
-    if (!pr_key_ok(key) || (gi = g_find(a, fp_of(key))) == PR_NIL)
+    if (!pr_key_ok(key) || (gi = g_find(a, h)) == PR_NIL)
         return;
-    if (a->g[gi].list == PR_L1) {
+    if (a->in[gi] == PR_L1) {
         delta = fmax(1.0, (double)a->b2.n / (double)a->b1.n);
         a->target = fmin(a->target + delta, (double)a->capacity);
     } else {
@@ -344,7 +269,7 @@ static void arc_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint
         a->target = fmax(a->target - delta, 0.0);
     }
     g_unlink(a, gi);
-    g_append(a, a->g[gi].list, gi);
+    g_append(a, a->in[gi], gi);
 }
 
 static void arc_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
@@ -358,11 +283,8 @@ static int arc_evict(struct kvt_primary *p, size_t n, uint32_t *victims)
     uint32_t c1 = p->l1.head, c2 = p->l2.head;
     size_t virtual_t1 = p->l1.n;
     size_t limit = (size_t)floor(a->target);
-    int rc;
+    size_t to_b1 = 0;
 
-    rc = g_reserve(a, n);
-    if (rc != 0)
-        return rc;
     for (size_t i = 0; i < n; i++) {
         bool found = false;
 
@@ -379,26 +301,27 @@ static int arc_evict(struct kvt_primary *p, size_t n, uint32_t *victims)
         if (!found)
             return -ENOSPC;
     }
-    /* In groups, each ghost-index miss requested before the first is waited for:
-     * the new ghosts' cells, then the cells of the oldest ghosts that leave. */
+    /* Each ghost list is cut to capacity, oldest first, before the victims join
+     * (n <= capacity, so the cut only ever takes old ghosts: the same lists as
+     * cutting after, and never more than 2 x capacity ghosts). */
+    for (size_t i = 0; i < n; i++)
+        to_b1 += p->e[victims[i]].list == PR_L1;
+    g_trim(a, &a->b1, a->capacity - to_b1);
+    g_trim(a, &a->b2, a->capacity - (n - to_b1));
+    /* In groups, the new ghosts' index misses requested before the first put. */
     for (size_t b = 0; b < n; b += ARC_GROUP) {
         size_t m = n - b < ARC_GROUP ? n - b : ARC_GROUP;
-        XXH128_hash_t fp[ARC_GROUP];
 
-        for (size_t i = 0; i < m; i++) {
-            fp[i] = fp_of(&p->e[victims[b + i]].key);
-            g_prefetch(a, fp[i].low64);
-        }
+        for (size_t i = 0; i < m; i++)
+            g_prefetch(a, p->e[victims[b + i]].hash);
         for (size_t i = 0; i < m; i++) {
             uint32_t s = victims[b + i];
             uint8_t from = p->e[s].list;
 
             pr_list_unlink(p, from == PR_L1 ? &p->l1 : &p->l2, s);
-            g_add(a, from, fp[i]);
+            g_add(a, from, p->e[s].hash);
         }
     }
-    g_trim(a, &a->b1);
-    g_trim(a, &a->b2);
     return 0;
 }
 
@@ -423,8 +346,8 @@ static size_t arc_mem_bytes(const struct kvt_primary *p)
 {
     const struct arc *a = arc_of(p);
 
-    return sizeof(*a) + a->g_cap * (sizeof(*a->g) + sizeof(*a->g_free)) +
-           (a->idx_mask + 1) * sizeof(*a->idx);
+    return sizeof(*a) + 2 * a->capacity * (sizeof(*a->g) + sizeof(*a->in)) +
+           a->idx_size * sizeof(*a->idx);
 }
 
 const struct pr_policy_ops kvt_pr_arc_ops = {
@@ -454,8 +377,8 @@ int kvt_primary_arc_ghost_of(const struct kvt_primary *p, const struct kvt_key *
 
     if (p->pol != &kvt_pr_arc_ops || !pr_key_ok(key))
         return 0;
-    gi = g_find(arc_of(p), fp_of(key));
-    return gi == PR_NIL ? 0 : arc_of(p)->g[gi].list;
+    gi = g_find(arc_of(p), kvt_key_hash(key));
+    return gi == PR_NIL ? 0 : arc_of(p)->in[gi];
 }
 
 size_t kvt_primary_arc_ghost_len(const struct kvt_primary *p, int which)

@@ -28,9 +28,10 @@ static void lru_remove(struct kvt_primary *p, uint32_t s)
     pr_list_unlink(p, &p->l1, s);
 }
 
-static void lru_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint32_t s)
+static void lru_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, uint32_t s)
 {
     (void)key;
+    (void)h;
     if (s == PR_NIL)
         return;
     pr_list_unlink(p, &p->l1, s);

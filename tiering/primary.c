@@ -21,40 +21,56 @@
 
 /* ---- index -------------------------------------------------------------- */
 
-/* An index cell: the low 32 bits of the key's hash (its tag) above the slot + 1;
- * 0 is empty. The tag answers most probes without reading the entry, and holds the
- * home position, so deletion shifts cells without touching their entries. */
-static inline uint64_t pr_cell(uint64_t h, uint32_t s)
+void kvt_oa_put(uint64_t *cells, size_t size, uint64_t cell)
 {
-    return ((uint64_t)(uint32_t)h << 32) | ((uint64_t)s + 1);
+    size_t i = kvt_oa_home(cell >> 32, size);
+
+    while (cells[i] != 0)
+        i = kvt_oa_next(i, size);
+    cells[i] = cell;
 }
 
-static inline uint32_t pr_cell_slot(uint64_t v)
+void kvt_oa_del(uint64_t *cells, size_t size, uint64_t cell)
 {
-    return (uint32_t)v - 1;
+    size_t i = kvt_oa_home(cell >> 32, size);
+
+    while (cells[i] != cell)
+        i = kvt_oa_next(i, size);
+    for (size_t j = kvt_oa_next(i, size);; j = kvt_oa_next(j, size)) {
+        uint64_t v = cells[j];
+        size_t home;
+
+        if (v == 0)
+            break;
+        home = kvt_oa_home(v >> 32, size);
+        /* v may move into the hole i unless its home lies cyclically in (i, j]. */
+        if ((j >= home ? j - home : j + size - home) >= (j >= i ? j - i : j + size - i)) {
+            cells[i] = v;
+            i = j;
+        }
+    }
+    cells[i] = 0;
 }
 
 static inline size_t pr_home(const struct kvt_primary *p, uint64_t h)
 {
-    return (size_t)(uint32_t)h & p->index_mask;
+    return kvt_oa_home(h, p->index_size);
 }
 
 static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
 {
-    uint64_t tag = (uint64_t)(uint32_t)h << 32;
-
-    for (size_t i = pr_home(p, h);; i = (i + 1) & p->index_mask) {
+    for (size_t i = pr_home(p, h);; i = kvt_oa_next(i, p->index_size)) {
         uint64_t v = p->index[i];
         const struct pr_entry *x;
 
         if (v == 0)
             return PR_NIL;
-        if ((v & 0xffffffff00000000ull) != tag)
+        if (!kvt_oa_tag_is(v, h))
             continue;
-        x = &p->e[pr_cell_slot(v)];
+        x = &p->e[kvt_oa_id(v)];
         if (x->hash == h && x->key.len == key->len &&
             memcmp(x->key.bytes, key->bytes, key->len) == 0)
-            return pr_cell_slot(v);
+            return kvt_oa_id(v);
     }
 }
 
@@ -75,8 +91,8 @@ void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, 
     for (size_t i = 0; i < n; i++) {
         uint64_t v = p->index[pr_home(p, h[i])];
 
-        if (v != 0 && (uint32_t)(v >> 32) == (uint32_t)h[i]) {
-            const char *x = (const char *)&p->e[pr_cell_slot(v)];
+        if (v != 0 && kvt_oa_tag_is(v, h[i])) {
+            const char *x = (const char *)&p->e[kvt_oa_id(v)];
 
             __builtin_prefetch(x);
             __builtin_prefetch(x + offsetof(struct pr_entry, key) + keys[i].len);
@@ -86,8 +102,18 @@ void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, 
         slot[i] = pr_key_ok(&keys[i]) ? pr_find_h(p, &keys[i], h[i]) : PR_NIL;
 }
 
+static void pr_index_put(struct kvt_primary *p, uint32_t s)
+{
+    kvt_oa_put(p->index, p->index_size, kvt_oa_cell(p->e[s].hash, s));
+}
+
+static void pr_index_del(struct kvt_primary *p, uint32_t s)
+{
+    kvt_oa_del(p->index, p->index_size, kvt_oa_cell(p->e[s].hash, s));
+}
+
 void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                       void (*move)(struct kvt_primary *p, const struct kvt_key *key, uint32_t s))
+                       pr_touch_fn *move)
 {
     uint64_t h[PR_GROUP];
     uint32_t slot[PR_GROUP];
@@ -100,42 +126,9 @@ void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t
             if (slot[i] != PR_NIL)
                 pr_prefetch_links(p, slot[i]);
         for (size_t i = m; i-- > 0;)
-            move(p, &keys[b + i], slot[i]);
+            move(p, &keys[b + i], h[i], slot[i]);
         end = b;
     }
-}
-
-static void pr_index_put(struct kvt_primary *p, uint32_t s)
-{
-    size_t i = pr_home(p, p->e[s].hash);
-
-    while (p->index[i] != 0)
-        i = (i + 1) & p->index_mask;
-    p->index[i] = pr_cell(p->e[s].hash, s);
-}
-
-/* Backward-shift deletion: no tombstones, so probe lengths stay short forever. */
-static void pr_index_del(struct kvt_primary *p, uint32_t s)
-{
-    uint64_t cell = pr_cell(p->e[s].hash, s);
-    size_t i = pr_home(p, p->e[s].hash);
-
-    while (p->index[i] != cell)
-        i = (i + 1) & p->index_mask;
-    for (size_t j = (i + 1) & p->index_mask;; j = (j + 1) & p->index_mask) {
-        uint64_t v = p->index[j];
-        size_t home;
-
-        if (v == 0)
-            break;
-        home = (size_t)(v >> 32) & p->index_mask;
-        /* v may move into the hole i unless its home lies cyclically in (i, j]. */
-        if (((j - home) & p->index_mask) >= ((j - i) & p->index_mask)) {
-            p->index[i] = v;
-            i = j;
-        }
-    }
-    p->index[i] = 0;
 }
 
 /* ---- slots and entries -------------------------------------------------- */
@@ -197,7 +190,6 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
 {
     const struct pr_policy_ops *pol;
     struct kvt_primary *p;
-    size_t table = 16;
     int rc;
 
     if (cfg == NULL || primary_p == NULL || cfg->num_chunks == 0 || cfg->num_chunks > PR_MAX_CHUNKS)
@@ -208,8 +200,6 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
     if (region != NULL && (region->num_chunks != cfg->num_chunks ||
                            (cfg->row_bytes != 0 && cfg->row_bytes != region->row_bytes)))
         return -EINVAL;
-    while (table < 2 * cfg->num_chunks) /* load factor <= 1/2 */
-        table <<= 1;
 
     p = kvt_calloc(1, sizeof(*p));
     if (p == NULL)
@@ -225,11 +215,10 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
     kvt_events_init(&p->events);
     kvt_stats_init(&p->pending_stats);
     p->e = kvt_calloc_table(cfg->num_chunks, sizeof(*p->e));
-    p->index = kvt_calloc_table(table, sizeof(*p->index));
+    p->index_size = 2 * cfg->num_chunks; /* load factor <= 1/2 */
+    p->index = kvt_calloc_table(p->index_size, sizeof(*p->index));
     p->free_list = kvt_calloc(cfg->num_chunks, sizeof(*p->free_list));
-    p->victims = kvt_calloc(cfg->num_chunks, sizeof(*p->victims));
-    p->index_mask = table - 1;
-    if (p->e == NULL || p->index == NULL || p->free_list == NULL || p->victims == NULL) {
+    if (p->e == NULL || p->index == NULL || p->free_list == NULL) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -264,7 +253,7 @@ fail_pol:
     pol->fini(p);
 fail:
     kvt_free_table(p->e, p->cfg.num_chunks, sizeof(*p->e));
-    kvt_free_table(p->index, p->index_mask + 1, sizeof(*p->index));
+    kvt_free_table(p->index, p->index_size, sizeof(*p->index));
     kvt_free(p->free_list);
     kvt_free(p->victims);
     kvt_free(p);
@@ -285,7 +274,7 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_events_cleanup(&p->events);
     kvt_stats_cleanup(&p->pending_stats);
     kvt_free_table(p->e, p->cfg.num_chunks, sizeof(*p->e));
-    kvt_free_table(p->index, p->index_mask + 1, sizeof(*p->index));
+    kvt_free_table(p->index, p->index_size, sizeof(*p->index));
     kvt_free(p->free_list);
     kvt_free(p->victims);
     kvt_free(p->dedup);
@@ -460,6 +449,14 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
         if (need > p->num_evictable) /* fail fast without a scan (#45757) */
             return -ENOSPC;
         rc = out_reserve(out, n_new, need);
+        if (rc == 0 && need > p->victims_cap) {
+            uint32_t *v = kvt_reallocarray(p->victims, need, sizeof(*v));
+
+            if (v == NULL)
+                return -ENOMEM;
+            p->victims = v;
+            p->victims_cap = need;
+        }
         if (rc != 0)
             return rc;
         rc = p->pol->evict(p, need, p->victims); /* atomic: -ENOSPC changes nothing */
@@ -623,7 +620,7 @@ void kvt_primary_on_request_finished(struct kvt_primary *p, const struct kvt_req
 void kvt_primary_reset_cache(struct kvt_primary *p)
 {
     p->pol->clear(p);
-    memset(p->index, 0, (p->index_mask + 1) * sizeof(*p->index));
+    kvt_zero_table(p->index, p->index_size, sizeof(*p->index));
     for (size_t i = 0; i < p->cfg.num_chunks; i++) {
         struct pr_entry *x = &p->e[i];
 
@@ -718,8 +715,8 @@ size_t kvt_primary_index_bytes(const struct kvt_primary *p)
 {
     size_t n = p->cfg.num_chunks;
 
-    return n * sizeof(*p->e) + (p->index_mask + 1) * sizeof(*p->index) + n * sizeof(*p->free_list) +
-           n * sizeof(*p->victims) + p->pol->mem_bytes(p);
+    return n * sizeof(*p->e) + p->index_size * sizeof(*p->index) + n * sizeof(*p->free_list) +
+           p->victims_cap * sizeof(*p->victims) + p->pol->mem_bytes(p);
 }
 
 static void pr_info(const struct kvt_primary *p, uint32_t s, struct kvt_primary_entry_info *info)

@@ -73,8 +73,8 @@ struct kvt_primary {
     void *pol_state;
 
     struct pr_entry *e; /* [num_chunks] */
-    uint64_t *index;    /* hash tag << 32 | slot + 1; 0 = empty */
-    size_t index_mask;
+    uint64_t *index;    /* kvt_oa cells: hash tag << 32 | slot + 1 */
+    size_t index_size;
 
     size_t num_allocated; /* bump allocator */
     uint32_t *free_list;  /* LIFO of freed slots */
@@ -86,6 +86,7 @@ struct kvt_primary {
 
     /* prepare_store scratch: victims and the dedup table of offered keys */
     uint32_t *victims;
+    size_t victims_cap;
     uint32_t *dedup;
     size_t dedup_cap, dedup_mask;
     struct kvt_key *scratch; /* complete_store: the keys of the stored event */
@@ -106,6 +107,42 @@ static inline bool pr_key_ok(const struct kvt_key *k)
     return k->len >= 1 && k->len <= KVT_KEY_MAX;
 }
 
+/* Open-addressing tables of 64-bit cells, tag << 32 | id + 1 (0 = empty), with
+ * linear probing and backward-shift deletion (no tombstones, so probe runs stay
+ * short). The tag is 32 bits of the key's hash: it places the cell (its home is
+ * tag * size >> 32, so a table of any size works and takes exactly the cells its
+ * load factor asks for) and filters probes without reading what the id names;
+ * deletion moves cells by their tags alone. */
+static inline uint64_t kvt_oa_cell(uint64_t hash, uint32_t id)
+{
+    return ((uint64_t)(uint32_t)hash << 32) | ((uint64_t)id + 1);
+}
+
+static inline uint32_t kvt_oa_id(uint64_t cell)
+{
+    return (uint32_t)cell - 1;
+}
+
+static inline bool kvt_oa_tag_is(uint64_t cell, uint64_t hash)
+{
+    return (uint32_t)(cell >> 32) == (uint32_t)hash;
+}
+
+static inline size_t kvt_oa_home(uint64_t hash, size_t size)
+{
+    return (size_t)(((uint64_t)(uint32_t)hash * size) >> 32);
+}
+
+static inline size_t kvt_oa_next(size_t i, size_t size)
+{
+    return i + 1 == size ? 0 : i + 1;
+}
+
+/* cell must not be present; the table must have an empty cell. */
+void kvt_oa_put(uint64_t *cells, size_t size, uint64_t cell);
+/* cell must be present. */
+void kvt_oa_del(uint64_t *cells, size_t size, uint64_t cell);
+
 /* Slot of key or PR_NIL. */
 uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key);
 
@@ -120,11 +157,12 @@ uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key);
 void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                        uint64_t *h, uint32_t *slot);
 
-/* A policy's touch: calls move(p, &keys[i], slot of keys[i] or PR_NIL) for i from
- * n - 1 down to 0 (spec §2.3's reverse order), a group at a time with the group's
- * finds and its entries' neighbours requested before the first move. */
+/* A policy's touch: calls move(p, &keys[i], its hash, its slot or PR_NIL) for i
+ * from n - 1 down to 0 (spec §2.3's reverse order), a group at a time with the
+ * group's finds and its entries' neighbours requested before the first move. */
+typedef void pr_touch_fn(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, uint32_t s);
 void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                       void (*move)(struct kvt_primary *p, const struct kvt_key *key, uint32_t s));
+                       pr_touch_fn *move);
 
 /* Starts the cache misses of moving entry s in its list (its neighbours' links). */
 static inline void pr_prefetch_links(const struct kvt_primary *p, uint32_t s)

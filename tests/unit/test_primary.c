@@ -8,6 +8,7 @@
  * - store_threshold is not implemented (TieringOffloadingSpec rejects it), so
  *   test_filter_reused_manager* have no port. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -907,6 +908,195 @@ static void test_lookup_many_matches_lookup(void **state)
     kvt_primary_destroy(p);
 }
 
+/* ---- ARC against a reference model ----------------------------------------
+ * The policy of spec §2.3 written the obvious way (ordered arrays of key ids,
+ * LRU first), driven side by side with the primary through random stores and
+ * touches of present, ghost and unknown keys; after every call the lists T1, T2,
+ * the ghost lists and the target must agree. Entries are always ready and
+ * unpinned here: the pin and write-pending rules have their own tests above. */
+#define ARC_CAP 8
+#define ARC_KEYS 40
+
+struct arc_model {
+    int l[4][ARC_KEYS]; /* T1, T2, B1, B2; LRU first */
+    size_t n[4];
+    double target;
+};
+
+static int am_where(const struct arc_model *m, int k)
+{
+    for (int w = 0; w < 4; w++)
+        for (size_t i = 0; i < m->n[w]; i++)
+            if (m->l[w][i] == k)
+                return w;
+    return -1;
+}
+
+static void am_remove(struct arc_model *m, int w, int k)
+{
+    for (size_t i = 0; i < m->n[w]; i++)
+        if (m->l[w][i] == k) {
+            memmove(&m->l[w][i], &m->l[w][i + 1], (m->n[w] - i - 1) * sizeof(int));
+            m->n[w]--;
+            return;
+        }
+}
+
+static void am_append(struct arc_model *m, int w, int k)
+{
+    m->l[w][m->n[w]++] = k;
+}
+
+static void am_touch(struct arc_model *m, const int *keys, size_t n)
+{
+    for (size_t i = n; i-- > 0;) {
+        int w = am_where(m, keys[i]);
+        double b1 = (double)m->n[2], b2 = (double)m->n[3];
+
+        if (w < 0)
+            continue;
+        am_remove(m, w, keys[i]);
+        if (w == 0 || w == 1)
+            am_append(m, 1, keys[i]); /* T1 -> T2, T2 -> its MRU end */
+        else
+            am_append(m, w, keys[i]); /* a ghost moves to its MRU end */
+        if (w == 2)
+            m->target = fmin(m->target + fmax(1.0, b2 / b1), ARC_CAP);
+        if (w == 3)
+            m->target = fmax(m->target - fmax(1.0, b1 / b2), 0.0);
+    }
+}
+
+/* prepare_store + complete_store of distinct keys; the offered present ones are
+ * protected from eviction. */
+static void am_store(struct arc_model *m, const int *keys, size_t n)
+{
+    int add[8];
+    size_t n_add = 0, n_t = m->n[0] + m->n[1], need;
+    bool prot[ARC_KEYS] = {false};
+    size_t c1 = 0, c2 = 0, virtual_t1 = m->n[0], limit = (size_t)floor(m->target);
+    int victims[8], from[8];
+
+    for (size_t i = 0; i < n; i++) {
+        int w = am_where(m, keys[i]);
+
+        if (w == 0 || w == 1)
+            prot[keys[i]] = true;
+        else
+            add[n_add++] = keys[i];
+    }
+    need = n_t + n_add > ARC_CAP ? n_t + n_add - ARC_CAP : 0;
+    for (size_t v = 0; v < need; v++) { /* cursors walk T1 and T2 from the LRU end */
+        int got = -1;
+
+        while (virtual_t1 >= limit && c1 < m->n[0] && got < 0)
+            if (!prot[m->l[0][c1++]])
+                got = 0;
+        if (got < 0)
+            while (c2 < m->n[1] && got < 0)
+                if (!prot[m->l[1][c2++]])
+                    got = 1;
+        if (got < 0)
+            while (c1 < m->n[0] && got < 0)
+                if (!prot[m->l[0][c1++]])
+                    got = 0;
+        assert_true(got >= 0);
+        victims[v] = got == 0 ? m->l[0][c1 - 1] : m->l[1][c2 - 1];
+        from[v] = got;
+        if (got == 0)
+            virtual_t1--;
+    }
+    for (size_t v = 0; v < need; v++) {
+        am_remove(m, from[v], victims[v]);
+        am_append(m, from[v] + 2, victims[v]);
+    }
+    for (int w = 2; w < 4; w++)
+        while (m->n[w] > ARC_CAP)
+            am_remove(m, w, m->l[w][0]);
+    for (size_t i = 0; i < n_add; i++) {
+        int w = am_where(m, add[i]);
+
+        if (w >= 2)
+            am_remove(m, w, add[i]);
+        am_append(m, 0, add[i]);
+    }
+}
+
+static void am_check(const struct arc_model *m, struct kvt_primary *p, int step)
+{
+    struct kvt_key got[ARC_KEYS];
+
+    for (int w = 0; w < 2; w++) {
+        size_t n = kvt_primary_policy_list(p, w, got, ARC_KEYS);
+
+        if (n != m->n[w])
+            fail_msg("step %d: T%d has %zu entries, the model %zu", step, w + 1, n, m->n[w]);
+        for (size_t i = 0; i < n; i++) {
+            struct kvt_key k = kt_key(m->l[w][i]);
+
+            if (!kvt_key_eq(&got[i], &k))
+                fail_msg("step %d: T%d[%zu] differs from the model's %d", step, w + 1, i,
+                         m->l[w][i]);
+        }
+    }
+    assert_int_equal(kvt_primary_arc_ghost_len(p, 1), m->n[2]);
+    assert_int_equal(kvt_primary_arc_ghost_len(p, 2), m->n[3]);
+    for (int k = 0; k < ARC_KEYS; k++) {
+        struct kvt_key key = kt_key(k);
+        int w = am_where(m, k);
+
+        if (kvt_primary_arc_ghost_of(p, &key) != (w >= 2 ? w - 1 : 0))
+            fail_msg("step %d: key %d ghost %d, the model %d", step, k,
+                     kvt_primary_arc_ghost_of(p, &key), w >= 2 ? w - 1 : 0);
+    }
+    if (fabs(kvt_primary_arc_target(p) - m->target) > 1e-9)
+        fail_msg("step %d: target %f, the model %f", step, kvt_primary_arc_target(p), m->target);
+}
+
+static void test_arc_matches_reference_model(void **state)
+{
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+    (void)state;
+    for (int run = 0; run < 20; run++) {
+        struct fx *f = fx_make(ARC_CAP, "arc", false, 0);
+        struct arc_model m = {0};
+
+        for (int step = 0; step < 400; step++) {
+            int ids[4];
+            struct kvt_key keys[4];
+            size_t n = 1;
+
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            n += rng % 4;
+            for (size_t i = 0; i < n; i++) { /* distinct ids; a few hot ones */
+                bool dup;
+
+                do {
+                    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                    ids[i] = (int)(rng % (rng & 64 ? 12 : ARC_KEYS));
+                    dup = false;
+                    for (size_t j = 0; j < i; j++)
+                        dup |= ids[j] == ids[i];
+                } while (dup);
+                keys[i] = kt_key(ids[i]);
+            }
+            if ((rng >> 20) % 2 == 0) {
+                kvt_primary_touch(f->p, keys, n);
+                am_touch(&m, ids, n);
+            } else {
+                assert_int_equal(kvt_primary_prepare_store(f->p, keys, n, &f->out), 0);
+                assert_int_equal(kvt_primary_complete_store(f->p, f->out.keys_to_store,
+                                                            f->out.n_store, true),
+                                 0);
+                am_store(&m, ids, n);
+            }
+            am_check(&m, f->p, step);
+        }
+        fx_free(f);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -940,6 +1130,7 @@ int main(void)
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
         cmocka_unit_test(test_lookup_many_matches_lookup),
+        cmocka_unit_test(test_arc_matches_reference_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

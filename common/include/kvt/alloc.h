@@ -19,6 +19,9 @@ char *kvt_strdup(const char *s);
  * free with kvt_free_table and the same n * size. */
 void *kvt_calloc_table(size_t n, size_t size);
 void kvt_free_table(void *p, size_t n, size_t size);
+/* Zeroes such a table; a large one is handed back to the kernel (zero pages on the
+ * next touch) instead of being written. */
+void kvt_zero_table(void *p, size_t n, size_t size);
 
 /* Tests only: the next n allocations succeed, then every one fails until reset with -1. */
 void kvt_alloc_fail_after(long n);
