@@ -10,8 +10,9 @@
  *
  * Decoding never hands peer bytes to msgpack-c (whose unpacker allocates what a
  * header declares before it has seen the bytes: msgpack-c issue #1013). It runs in
- * three steps over the body, all on our own parser of msgpack headers (mp_parse):
- *   1. validate: one iterative walk over the whole body checking that every
+ * three steps over the body, all on the shared parser of msgpack headers
+ * (kvt/mpcheck.h, also used by the engine API codec):
+ *   1. validate: kvt_mp_check, one iterative walk over the whole body checking that every
  *      str/bin/ext payload is present, that every array/map count is at most the
  *      bytes left (each element takes at least one byte), the depth and the total
  *      object count, and that the body is exactly one object with nothing after it;
@@ -30,6 +31,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/common.h"
+#include "kvt/mpcheck.h"
 #include "kvt/wire.h"
 
 /* ---- the message tables ----------------------------------------------------- */
@@ -253,180 +255,31 @@ struct mp_obj {
     size_t size;
 };
 
-static uint64_t be(const uint8_t *p, unsigned n)
-{
-    uint64_t v = 0;
-
-    for (unsigned i = 0; i < n; i++)
-        v = v << 8 | p[i];
-    return v;
-}
-
-/* Parses the object at p. -EBADMSG if its header or payload runs past end, or for
- * the never-used byte 0xc1. Element counts are not checked here (validate does). */
+/* Our view of a shared header (kvt/mpcheck.h): unsigned and negative integers apart,
+ * v the value or the length/count. */
 static int mp_parse(const uint8_t *p, const uint8_t *end, struct mp_obj *o)
 {
-    size_t avail = (size_t)(end - p);
-    unsigned fixed = 0; /* bytes of a fixed-size value after the type byte */
-    unsigned lenb = 0;  /* bytes of a length/count after the type byte */
-    unsigned extra = 0; /* ext type byte */
+    static const enum mp_kind kinds[] = {
+        [KVT_MP_NIL] = MP_NIL,     [KVT_MP_BOOL] = MP_BOOL,   [KVT_MP_INT] = MP_UINT,
+        [KVT_MP_FLOAT] = MP_FLOAT, [KVT_MP_STR] = MP_STR,     [KVT_MP_BIN] = MP_BIN,
+        [KVT_MP_EXT] = MP_EXT,     [KVT_MP_ARRAY] = MP_ARRAY, [KVT_MP_MAP] = MP_MAP,
+    };
+    struct kvt_mp_obj h;
+    int rc = kvt_mp_head(p, end, &h);
 
-    if (avail == 0)
-        return -EBADMSG;
-    uint8_t b = p[0];
-
-    o->data = NULL;
-    o->v = 0;
-    if (b <= 0x7f) {
-        o->kind = MP_UINT;
-        o->v = b;
-    } else if (b <= 0x8f) {
-        o->kind = MP_MAP;
-        o->v = b & 0x0f;
-    } else if (b <= 0x9f) {
-        o->kind = MP_ARRAY;
-        o->v = b & 0x0f;
-    } else if (b <= 0xbf) {
-        o->kind = MP_STR;
-        o->v = b & 0x1f;
-    } else if (b >= 0xe0) {
-        o->kind = MP_NINT;
-    } else {
-        switch (b) {
-        case 0xc0:
-            o->kind = MP_NIL;
-            break;
-        case 0xc2:
-        case 0xc3:
-            o->kind = MP_BOOL;
-            o->v = b & 1;
-            break;
-        case 0xc4:
-        case 0xc5:
-        case 0xc6:
-            o->kind = MP_BIN;
-            lenb = 1u << (b - 0xc4);
-            break;
-        case 0xc7:
-        case 0xc8:
-        case 0xc9:
-            o->kind = MP_EXT;
-            lenb = 1u << (b - 0xc7);
-            extra = 1;
-            break;
-        case 0xca:
-        case 0xcb:
-            o->kind = MP_FLOAT;
-            fixed = b == 0xca ? 4 : 8;
-            break;
-        case 0xcc:
-        case 0xcd:
-        case 0xce:
-        case 0xcf:
-            o->kind = MP_UINT;
-            fixed = 1u << (b - 0xcc);
-            break;
-        case 0xd0:
-        case 0xd1:
-        case 0xd2:
-        case 0xd3:
-            o->kind = MP_UINT; /* a negative one becomes MP_NINT below */
-            fixed = 1u << (b - 0xd0);
-            break;
-        case 0xd4:
-        case 0xd5:
-        case 0xd6:
-        case 0xd7:
-        case 0xd8:
-            o->kind = MP_EXT;
-            extra = 1;
-            o->v = 1u << (b - 0xd4);
-            break;
-        case 0xd9:
-        case 0xda:
-        case 0xdb:
-            o->kind = MP_STR;
-            lenb = 1u << (b - 0xd9);
-            break;
-        case 0xdc:
-        case 0xdd:
-            o->kind = MP_ARRAY;
-            lenb = b == 0xdc ? 2 : 4;
-            break;
-        case 0xde:
-        case 0xdf:
-            o->kind = MP_MAP;
-            lenb = b == 0xde ? 2 : 4;
-            break;
-        default: /* 0xc1 */
-            return -EBADMSG;
-        }
-    }
-
-    size_t hdr = 1 + fixed + lenb + extra;
-
-    if (avail < hdr)
-        return -EBADMSG;
-    if (fixed != 0) {
-        o->v = be(p + 1, fixed);
-        if (b >= 0xd0 && b <= 0xd3 && (p[1] & 0x80))
-            o->kind = MP_NINT;
-    }
-    if (lenb != 0)
-        o->v = be(p + 1, lenb);
-
-    size_t payload = 0;
-
-    if (o->kind == MP_STR || o->kind == MP_BIN || o->kind == MP_EXT) {
-        if (o->v > avail - hdr)
-            return -EBADMSG;
-        payload = (size_t)o->v;
-        o->data = p + hdr;
-    }
-    o->size = hdr + payload;
+    if (rc < 0)
+        return rc;
+    o->kind = h.kind == KVT_MP_INT && h.neg ? MP_NINT : kinds[h.kind];
+    o->v = h.kind == KVT_MP_INT || h.kind == KVT_MP_BOOL ? h.u : h.n;
+    o->data = h.data;
+    o->size = h.size;
     return 0;
 }
 
 /* Step 1: the whole body is one well-formed object within the limits. */
 static int validate(const uint8_t *p, size_t len, const struct kvt_wire_limits *lim)
 {
-    const uint8_t *end = p + len;
-    uint64_t left[KVT_WIRE_DEPTH_CAP + 1]; /* objects still expected at each depth */
-    size_t depth = 0;
-    uint64_t objects = 0;
-
-    left[0] = 1;
-    for (;;) {
-        while (left[depth] == 0) {
-            if (depth == 0)
-                goto done;
-            depth--;
-        }
-        left[depth]--;
-        if (++objects > lim->max_elements)
-            return -EMSGSIZE;
-
-        struct mp_obj o;
-        int rc = mp_parse(p, end, &o);
-
-        if (rc < 0)
-            return rc;
-        p += o.size;
-        if (o.kind != MP_ARRAY && o.kind != MP_MAP)
-            continue;
-
-        uint64_t children = o.kind == MP_MAP ? 2 * o.v : o.v;
-
-        if (children > (uint64_t)(end - p))
-            return -EBADMSG; /* declares more elements than there are bytes */
-        if (children == 0)
-            continue;
-        if (depth + 1 > lim->max_depth)
-            return -EMSGSIZE;
-        left[++depth] = children;
-    }
-done:
-    return p == end ? 0 : -EBADMSG;
+    return kvt_mp_check(p, len, lim->max_depth, lim->max_elements);
 }
 
 /* ---- reading validated bytes ------------------------------------------------- */
@@ -448,23 +301,7 @@ static int next(struct cur *c, struct mp_obj *o)
 /* Skips one object and everything inside it. */
 static int skip(struct cur *c)
 {
-    uint64_t left = 1;
-
-    while (left > 0) {
-        struct mp_obj o;
-        int rc = next(c, &o);
-
-        if (rc < 0)
-            return rc;
-        left--;
-        if (o.kind == MP_ARRAY)
-            left += o.v;
-        else if (o.kind == MP_MAP)
-            left += 2 * o.v;
-        if (left > (uint64_t)(c->end - c->p))
-            return -EBADMSG;
-    }
-    return 0;
+    return kvt_mp_skip(&c->p, c->end);
 }
 
 static int rd_kind(struct cur *c, enum mp_kind kind, struct mp_obj *o)

@@ -1,8 +1,9 @@
 /* The engine API codec (layout in kvtier/engine_proto.h), compiled into both the
  * daemon (kvt_node) and libkvtier-client.
  *
- * Decoding runs on our own reader of msgpack headers, in two passes:
- *   1. validate: an iterative walk over the whole body: every str/bin/ext payload
+ * Decoding runs on the shared reader of msgpack headers (kvt/mpcheck.h, also used
+ * by the wire codec), in two passes:
+ *   1. validate: kvt_mp_check, an iterative walk over the whole body: every str/bin/ext payload
  *      is present, every array/map declares no more elements than bytes remain
  *      (each element takes at least one), depth and object count are capped, and
  *      the body is exactly one object;
@@ -18,6 +19,7 @@
 #include <msgpack.h>
 
 #include "kvt/alloc.h"
+#include "kvt/mpcheck.h"
 #include "kvtier/engine_proto.h"
 
 #define MAX_DEPTH   8
@@ -53,181 +55,11 @@ void kvt__emsg_free(struct kvt_emsg *m)
     kvt__emsg_init(m);
 }
 
-/* ---- msgpack headers ------------------------------------------------------- */
-
-enum mp_kind { MP_NIL, MP_BOOL, MP_INT, MP_FLOAT, MP_STR, MP_BIN, MP_EXT, MP_ARRAY, MP_MAP };
-
-/* One object's header: n is the payload length (str, bin, ext) or the element
- * count (array; pairs for a map); i the integer, f the float; size the bytes of
- * header and payload (not an array's elements). */
-struct mp {
-    enum mp_kind kind;
-    bool neg; /* MP_INT below zero */
-    uint64_t n;
-    int64_t i; /* MP_INT that fits int64 (u is the raw unsigned value) */
-    uint64_t u;
-    double f;
-    const uint8_t *data;
-    size_t size;
-};
-
-static uint64_t rd_be(const uint8_t *p, unsigned n)
-{
-    uint64_t v = 0;
-
-    for (unsigned k = 0; k < n; k++)
-        v = v << 8 | p[k];
-    return v;
-}
-
-static int mp_head(const uint8_t *p, const uint8_t *end, struct mp *o)
-{
-    size_t avail = (size_t)(end - p);
-    unsigned body = 0; /* fixed-size value bytes */
-    unsigned lenb = 0; /* length/count bytes */
-    unsigned ext = 0;
-    uint8_t b;
-
-    if (avail == 0)
-        return -EBADMSG;
-    b = p[0];
-    memset(o, 0, sizeof(*o));
-    if (b <= 0x7f) {
-        o->kind = MP_INT;
-        o->u = b;
-    } else if (b <= 0x8f) {
-        o->kind = MP_MAP;
-        o->n = b & 0x0f;
-    } else if (b <= 0x9f) {
-        o->kind = MP_ARRAY;
-        o->n = b & 0x0f;
-    } else if (b <= 0xbf) {
-        o->kind = MP_STR;
-        o->n = b & 0x1f;
-    } else if (b >= 0xe0) {
-        o->kind = MP_INT;
-        o->neg = true;
-        o->i = (int8_t)b;
-    } else if (b == 0xc0) {
-        o->kind = MP_NIL;
-    } else if (b == 0xc2 || b == 0xc3) {
-        o->kind = MP_BOOL;
-        o->u = b & 1;
-    } else if (b >= 0xc4 && b <= 0xc6) {
-        o->kind = MP_BIN;
-        lenb = 1u << (b - 0xc4);
-    } else if (b >= 0xc7 && b <= 0xc9) {
-        o->kind = MP_EXT;
-        lenb = 1u << (b - 0xc7);
-        ext = 1;
-    } else if (b == 0xca || b == 0xcb) {
-        o->kind = MP_FLOAT;
-        body = b == 0xca ? 4 : 8;
-    } else if (b >= 0xcc && b <= 0xd3) {
-        o->kind = MP_INT;
-        body = 1u << ((b - 0xcc) & 3);
-    } else if (b >= 0xd4 && b <= 0xd8) {
-        o->kind = MP_EXT;
-        ext = 1;
-        o->n = 1u << (b - 0xd4);
-    } else if (b >= 0xd9 && b <= 0xdb) {
-        o->kind = MP_STR;
-        lenb = 1u << (b - 0xd9);
-    } else if (b == 0xdc || b == 0xdd) {
-        o->kind = MP_ARRAY;
-        lenb = b == 0xdc ? 2 : 4;
-    } else if (b == 0xde || b == 0xdf) {
-        o->kind = MP_MAP;
-        lenb = b == 0xde ? 2 : 4;
-    } else {
-        return -EBADMSG; /* 0xc1 */
-    }
-
-    size_t hdr = 1 + body + lenb + ext;
-
-    if (avail < hdr)
-        return -EBADMSG;
-    if (lenb != 0)
-        o->n = rd_be(p + 1, lenb);
-    if (o->kind == MP_INT && body != 0) {
-        uint64_t raw = rd_be(p + 1, body);
-
-        if (b >= 0xd0) { /* signed: sign-extend from body * 8 bits */
-            unsigned bits = body * 8;
-            int64_t v = (int64_t)raw;
-
-            if (bits < 64 && (raw >> (bits - 1)) & 1u)
-                v = (int64_t)(raw | ~((1ull << bits) - 1));
-            o->neg = v < 0;
-            o->i = v;
-            o->u = (uint64_t)v;
-        } else {
-            o->u = raw;
-        }
-    }
-    if (o->kind == MP_INT && !o->neg)
-        o->i = (int64_t)o->u; /* callers check the range they need */
-    if (o->kind == MP_FLOAT) {
-        uint64_t raw = rd_be(p + 1, body);
-
-        if (body == 4) {
-            uint32_t r32 = (uint32_t)raw;
-            float f;
-
-            memcpy(&f, &r32, sizeof(f));
-            o->f = f;
-        } else {
-            memcpy(&o->f, &raw, sizeof(o->f));
-        }
-    }
-    size_t payload = 0;
-
-    if (o->kind == MP_STR || o->kind == MP_BIN || o->kind == MP_EXT) {
-        if (o->n > avail - hdr)
-            return -EBADMSG;
-        payload = (size_t)o->n;
-        o->data = p + hdr;
-    }
-    o->size = hdr + payload;
-    return 0;
-}
+/* ---- msgpack headers: kvt/mpcheck.h ---------------------------------------- */
 
 static int validate(const uint8_t *p, size_t len)
 {
-    const uint8_t *end = p + len;
-    uint64_t left[MAX_DEPTH + 1];
-    size_t depth = 0;
-    uint64_t objects = 0;
-
-    left[0] = 1;
-    for (;;) {
-        struct mp o;
-        int rc;
-
-        while (left[depth] == 0) {
-            if (depth == 0)
-                return p == end ? 0 : -EBADMSG;
-            depth--;
-        }
-        left[depth]--;
-        if (++objects > MAX_OBJECTS)
-            return -EMSGSIZE;
-        rc = mp_head(p, end, &o);
-        if (rc < 0)
-            return rc;
-        p += o.size;
-        if (o.kind != MP_ARRAY && o.kind != MP_MAP)
-            continue;
-        uint64_t children = o.kind == MP_MAP ? 2 * o.n : o.n;
-
-        if (children > (uint64_t)(end - p))
-            return -EBADMSG;
-        if (children == 0)
-            continue;
-        if (depth + 1 > MAX_DEPTH)
-            return -EMSGSIZE;
-        left[++depth] = children;
-    }
+    return kvt_mp_check(p, len, MAX_DEPTH, MAX_OBJECTS);
 }
 
 /* ---- reading validated bytes ------------------------------------------------ */
@@ -236,9 +68,9 @@ struct cur {
     const uint8_t *p, *end;
 };
 
-static int next(struct cur *c, struct mp *o)
+static int next(struct cur *c, struct kvt_mp_obj *o)
 {
-    int rc = mp_head(c->p, c->end, o);
+    int rc = kvt_mp_head(c->p, c->end, o);
 
     if (rc == 0)
         c->p += o->size;
@@ -247,24 +79,10 @@ static int next(struct cur *c, struct mp *o)
 
 static int skip(struct cur *c)
 {
-    uint64_t left = 1;
-
-    while (left > 0) {
-        struct mp o;
-        int rc = next(c, &o);
-
-        if (rc < 0)
-            return rc;
-        left--;
-        if (o.kind == MP_ARRAY)
-            left += o.n;
-        else if (o.kind == MP_MAP)
-            left += 2 * o.n;
-    }
-    return 0;
+    return kvt_mp_skip(&c->p, c->end);
 }
 
-static int rd(struct cur *c, enum mp_kind kind, struct mp *o)
+static int rd(struct cur *c, enum kvt_mp_kind kind, struct kvt_mp_obj *o)
 {
     int rc = next(c, o);
 
@@ -275,8 +93,8 @@ static int rd(struct cur *c, enum mp_kind kind, struct mp *o)
 
 static int rd_u64(struct cur *c, uint64_t *v)
 {
-    struct mp o;
-    int rc = rd(c, MP_INT, &o);
+    struct kvt_mp_obj o;
+    int rc = rd(c, KVT_MP_INT, &o);
 
     if (rc < 0)
         return rc;
@@ -288,8 +106,8 @@ static int rd_u64(struct cur *c, uint64_t *v)
 
 static int rd_i64(struct cur *c, int64_t *v)
 {
-    struct mp o;
-    int rc = rd(c, MP_INT, &o);
+    struct kvt_mp_obj o;
+    int rc = rd(c, KVT_MP_INT, &o);
 
     if (rc < 0)
         return rc;
@@ -314,14 +132,14 @@ static int rd_int_range(struct cur *c, int64_t lo, int64_t hi, int *v)
 
 static int rd_f64(struct cur *c, double *v)
 {
-    struct mp o;
+    struct kvt_mp_obj o;
     int rc = next(c, &o);
 
     if (rc < 0)
         return rc;
-    if (o.kind == MP_FLOAT)
+    if (o.kind == KVT_MP_FLOAT)
         *v = o.f;
-    else if (o.kind == MP_INT)
+    else if (o.kind == KVT_MP_INT)
         *v = o.neg ? (double)o.i : (double)o.u;
     else
         return -EBADMSG;
@@ -331,8 +149,8 @@ static int rd_f64(struct cur *c, double *v)
 /* A str of 0..max bytes (min 1 if nonempty) with no NUL inside, into out[max+1]. */
 static int rd_str(struct cur *c, size_t min, size_t max, char *out)
 {
-    struct mp o;
-    int rc = rd(c, MP_STR, &o);
+    struct kvt_mp_obj o;
+    int rc = rd(c, KVT_MP_STR, &o);
 
     if (rc < 0)
         return rc;
@@ -345,8 +163,8 @@ static int rd_str(struct cur *c, size_t min, size_t max, char *out)
 
 static int rd_key(struct cur *c, struct kvtier_key *k)
 {
-    struct mp o;
-    int rc = rd(c, MP_BIN, &o);
+    struct kvt_mp_obj o;
+    int rc = rd(c, KVT_MP_BIN, &o);
 
     if (rc < 0)
         return rc;
@@ -360,8 +178,8 @@ static int rd_key(struct cur *c, struct kvtier_key *k)
 
 static int rd_array(struct cur *c, uint64_t max, uint32_t *n)
 {
-    struct mp o;
-    int rc = rd(c, MP_ARRAY, &o);
+    struct kvt_mp_obj o;
+    int rc = rd(c, KVT_MP_ARRAY, &o);
 
     if (rc < 0)
         return rc;
@@ -453,7 +271,7 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
         struct kvtier_event *ev = &m->events[i];
         uint32_t fields, nk = 0;
-        struct mp o;
+        struct kvt_mp_obj o;
 
         rc = rd_array(c, 16, &fields);
         if (rc == 0)
@@ -469,7 +287,7 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
         if (rc == 0)
             rc = rd_int_range(c, -1, 1, &ev->locality);
         if (rc == 0)
-            rc = rd(c, MP_BOOL, &o);
+            rc = rd(c, KVT_MP_BOOL, &o);
         if (rc == 0)
             ev->removed = o.u != 0;
     }
@@ -520,7 +338,7 @@ static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct 
 static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits *lim,
                      struct kvt_emsg *m)
 {
-    struct mp o;
+    struct kvt_mp_obj o;
     uint32_t n;
     int rc;
 
@@ -564,7 +382,7 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         rc = dec_keys(c, m, lim->max_keys, &m->evicted, &m->n_evicted);
         break;
     case KVT_EF_RESULTS:
-        rc = rd(c, MP_BIN, &o);
+        rc = rd(c, KVT_MP_BIN, &o);
         if (rc == 0 && o.n > lim->max_keys)
             rc = -EMSGSIZE;
         if (rc == 0)
@@ -603,7 +421,7 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
             m->n_index = n;
         break;
     case KVT_EF_PARAMS:
-        rc = rd(c, MP_STR, &o);
+        rc = rd(c, KVT_MP_STR, &o);
         if (rc == 0 && o.n > lim->max_params)
             rc = -EMSGSIZE;
         if (rc == 0 && memchr(o.data, 0, o.n) != NULL)
@@ -669,7 +487,7 @@ int kvt__emsg_decode(const uint8_t *body, size_t len, const struct kvt_eproto_li
                      struct kvt_emsg *m)
 {
     struct cur c = {body, body + len};
-    struct mp o;
+    struct kvt_mp_obj o;
     int rc;
 
     kvt__emsg_init(m);
@@ -678,7 +496,7 @@ int kvt__emsg_decode(const uint8_t *body, size_t len, const struct kvt_eproto_li
     rc = validate(body, len);
     if (rc < 0)
         return rc;
-    rc = rd(&c, MP_MAP, &o);
+    rc = rd(&c, KVT_MP_MAP, &o);
     for (uint64_t i = 0; rc == 0 && i < o.n; i++) {
         uint64_t id;
 
