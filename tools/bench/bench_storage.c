@@ -3,19 +3,26 @@
  * the warm-restart index rebuild time for many files.
  *
  *   kvtier-bench storage [--json] [--dir D] [--chunks N] [--rebuild-files N]
- *                        [--inflight J] [--cold] [--no-fio]
+ *                        [--inflight J] [--rounds R] [--read-depth D] [--poll-us U]
+ *                        [--cold] [--no-fio]
  *
  * Tier: N chunks of 256 KiB stored in jobs of 16 keys with J jobs in flight (the
  * manager's cascade shape), then loaded back the same way; each file is one 4 KiB
  * header + the row, written to a temporary name and renamed, O_DIRECT where the file
- * system takes it; loads verify the header and the XXH3-64 of every row.
+ * system takes it; loads verify the header and the XXH3-64 of every row. The driver
+ * polls for finished jobs every U microseconds (default 1000: kvtierd's tick).
  * fio: the same N files of 256 KiB in D/fio (create_on_open, one 256 KiB block per
  * file, the same O_DIRECT choice), with as many jobs as the tier has threads that
- * take that kind of work (writes: read + write threads, reads: read threads); its
- * --output-format=json bandwidth is parsed. Rebuild: that many small files (4 KiB
- * rows) written through the tier, the tier closed, then the time to reopen it
- * (restart_info.seconds); --cold drops the page cache first (root).
- * Ratios are tier / fio; the target is >= 0.8 in both directions. */
+ * take that kind of work (writes: read + write threads, reads: read threads); for
+ * reads also with as many jobs as the tier has reads in flight (read threads x read
+ * depth), the stricter reference. Its --output-format=json bandwidth is parsed.
+ * R rounds (default 3), each: tier write, fio write, tier read, fio read, with tier
+ * and fio swapping places every other round, so that each pair runs back to back on
+ * this shared machine; the figures are the medians, the ratios the medians of the
+ * rounds' ratios. Rebuild: that many small files (4 KiB rows) written through the
+ * tier, the tier closed, then the time to reopen it (restart_info.seconds); --cold
+ * drops the page cache first (root). Ratios are tier / fio; the target is >= 0.8 in
+ * both directions. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -36,19 +43,26 @@
 #define CHUNK        (256u * 1024u)
 #define JOB_KEYS     16
 #define MAX_INFLIGHT 64
+#define MAX_ROUNDS   15
+#define N_READ       4 /* the tier's default read and write threads */
+#define N_WRITE      2
 
 struct sb_opts {
     bool json, cold, no_fio;
     const char *dir;
     size_t chunks, rebuild_files;
-    unsigned inflight;
+    unsigned inflight, rounds, read_depth, poll_us;
 };
 
+/* Per round: tier write, fio write, tier read, fio read (threads), fio read (depth). */
+enum { SB_TW, SB_FW, SB_TR, SB_FR, SB_FRD, SB_N };
+
 struct sb_result {
-    double tier_write_gbs, tier_read_gbs, fio_write_gbs, fio_read_gbs;
-    double tier_write_s, tier_read_s;
-    bool direct, fio_ok;
-    unsigned fio_write_jobs, fio_read_jobs;
+    double gbs[SB_N][MAX_ROUNDS];
+    double med[SB_N];
+    double ratio_write, ratio_read, ratio_read_depth; /* medians of the rounds' ratios */
+    bool direct, fio_ok, io_uring;
+    unsigned fio_write_jobs, fio_read_jobs, fio_read_depth_jobs, read_depth;
     size_t rebuild_files, rebuild_found;
     double rebuild_s, rebuild_create_s;
     size_t load_failures;
@@ -93,6 +107,8 @@ static void sb_done(void *arg, const struct kvt_job_result *r)
     run->n_busy--;
 }
 
+static unsigned poll_us = 1000;
+
 /* Stores (or loads) keys 0..n-1 in jobs of JOB_KEYS, inflight jobs at once; job group
  * g uses primary slots g*JOB_KEYS... Returns the seconds taken. */
 static double sb_pass(struct sb_run *run, bool load, size_t n, unsigned inflight)
@@ -126,15 +142,16 @@ static double sb_pass(struct sb_run *run, bool load, size_t n, unsigned inflight
         }
         kvt_tier_get_finished_jobs(run->t, sb_done, run);
         if (run->n_busy == inflight || next == n)
-            usleep(50); /* the scheduler's step: poll again shortly */
+            usleep(poll_us); /* the scheduler's step: poll again at the next tick */
     }
     return now_s() - t0;
 }
 
-static int sb_open(const char *root, size_t row, uint8_t *mem, size_t nslots, bool events,
+static int sb_open(const char *root, size_t row, uint8_t *mem, size_t nslots, unsigned depth,
                    struct kvt_tier **t_p)
 {
-    struct kvt_storage_tier_config c = {.root = root, .enable_events = events};
+    struct kvt_storage_tier_config c = {
+        .root = root, .n_read_threads = N_READ, .n_write_threads = N_WRITE, .read_depth = depth};
     int rc;
     memset(c.namespace_id, 0xbe, sizeof(c.namespace_id));
     rc = kvt_storage_tier_create(&c, t_p);
@@ -221,16 +238,70 @@ static double run_fio(const char *dir, bool write, size_t nfiles, unsigned jobs,
 
 /* ---- the benchmark --------------------------------------------------------------------- */
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, unsigned n)
+{
+    double t[MAX_ROUNDS];
+    memcpy(t, v, n * sizeof(*t));
+    qsort(t, n, sizeof(*t), cmp_double);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* The median over the rounds of a[i] / b[i]. */
+static double median_ratio(const double *a, const double *b, unsigned n)
+{
+    double q[MAX_ROUNDS];
+    for (unsigned i = 0; i < n; i++)
+        q[i] = b[i] > 0 ? a[i] / b[i] : 0;
+    return median(q, n);
+}
+
+/* One round of the tier: store the chunks into a fresh root (gbs[SB_TW]), load them
+ * back (gbs[SB_TR]). fio_w/fio_r, when not NULL, run between (tier and fio back to
+ * back in each direction). */
+struct sb_fio_step {
+    const struct sb_opts *o;
+    struct sb_result *r;
+    unsigned round;
+    char dir[4200];
+};
+
+static void fio_write_step(struct sb_fio_step *f)
+{
+    double w;
+    rm_rf(f->dir);
+    mkdir(f->dir, 0755);
+    w = run_fio(f->dir, true, f->o->chunks, f->r->fio_write_jobs, f->r->direct);
+    f->r->gbs[SB_FW][f->round] = w * 1e-9;
+    if (w <= 0)
+        f->r->fio_ok = false;
+}
+
+static void fio_read_step(struct sb_fio_step *f)
+{
+    double rd = run_fio(f->dir, false, f->o->chunks, f->r->fio_read_jobs, f->r->direct);
+    double rdd = run_fio(f->dir, false, f->o->chunks, f->r->fio_read_depth_jobs, f->r->direct);
+    f->r->gbs[SB_FR][f->round] = rd * 1e-9;
+    f->r->gbs[SB_FRD][f->round] = rdd * 1e-9;
+    if (rd <= 0 || rdd <= 0)
+        f->r->fio_ok = false;
+}
+
 static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
 {
     size_t nslots = (size_t)o->inflight * JOB_KEYS;
     uint8_t *mem =
         mmap(NULL, nslots * CHUNK, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    char root[4096], fdir[4200];
+    char root[4096];
     struct sb_run *run;
-    struct kvt_storage_tier_info info;
+    struct sb_fio_step fs = {.o = o, .r = r};
     double bytes = (double)o->chunks * CHUNK;
-    int rc;
+    int rc = 0;
     if (mem == MAP_FAILED)
         return -ENOMEM;
     run = calloc(1, sizeof(*run));
@@ -241,42 +312,59 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
     for (size_t i = 0; i < nslots * CHUNK / 8; i++) /* incompressible, not zero pages */
         ((uint64_t *)mem)[i] = kvt_hash64_seed(&i, sizeof(i), 1);
     snprintf(root, sizeof(root), "%s/tier", o->dir);
-    rm_rf(root);
-    rc = sb_open(root, CHUNK, mem, nslots, false, &run->t);
-    if (rc != 0) {
-        fprintf(stderr, "storage bench: cannot open the tier in %s: %s\n", root, strerror(-rc));
-        goto out;
+    snprintf(fs.dir, sizeof(fs.dir), "%s/fio", o->dir);
+    r->fio_ok = !o->no_fio;
+    for (unsigned k = 0; k < o->rounds && rc == 0; k++) {
+        /* fio first in odd rounds: neither side always runs on the warmer machine. */
+        bool fio_first = k % 2 == 1 && !o->no_fio;
+        struct kvt_storage_tier_info info;
+        double ws, rs;
+        fs.round = k;
+        rm_rf(root);
+        rc = sb_open(root, CHUNK, mem, nslots, o->read_depth, &run->t);
+        if (rc != 0) {
+            fprintf(stderr, "storage bench: cannot open the tier in %s: %s\n", root, strerror(-rc));
+            break;
+        }
+        kvt_storage_tier_info(run->t, &info);
+        r->direct = info.direct_io;
+        r->io_uring = info.io_uring;
+        r->read_depth = info.read_depth;
+        /* The same reads in flight as the tier: read threads x read depth. */
+        r->fio_write_jobs = N_READ + N_WRITE; /* the tier's read + write threads store */
+        r->fio_read_jobs = N_READ;            /* its read threads load */
+        r->fio_read_depth_jobs = N_READ * info.read_depth;
+        if (fio_first)
+            fio_write_step(&fs);
+        run->failed_jobs = 0;
+        ws = sb_pass(run, false, o->chunks, o->inflight);
+        if (run->failed_jobs > 0)
+            fprintf(stderr, "storage bench: %zu store job(s) failed\n", run->failed_jobs);
+        kvt_storage_tier_wait_idle(run->t);
+        if (!fio_first && !o->no_fio)
+            fio_write_step(&fs);
+        if (fio_first)
+            fio_read_step(&fs);
+        run->failed_keys = 0;
+        rs = sb_pass(run, true, o->chunks, o->inflight);
+        r->load_failures += run->failed_keys;
+        if (!fio_first && !o->no_fio)
+            fio_read_step(&fs);
+        sb_close(run->t);
+        r->gbs[SB_TW][k] = bytes / ws * 1e-9;
+        r->gbs[SB_TR][k] = bytes / rs * 1e-9;
     }
-    kvt_storage_tier_info(run->t, &info);
-    r->direct = info.direct_io;
-    r->tier_write_s = sb_pass(run, false, o->chunks, o->inflight);
-    if (run->failed_jobs > 0)
-        fprintf(stderr, "storage bench: %zu store job(s) failed\n", run->failed_jobs);
-    kvt_storage_tier_wait_idle(run->t);
-    r->tier_read_s = sb_pass(run, true, o->chunks, o->inflight);
-    r->load_failures = run->failed_keys;
-    sb_close(run->t);
-    r->tier_write_gbs = bytes / r->tier_write_s * 1e-9;
-    r->tier_read_gbs = bytes / r->tier_read_s * 1e-9;
     rm_rf(root);
-
     if (!o->no_fio) {
-        double w, rd;
-        snprintf(fdir, sizeof(fdir), "%s/fio", o->dir);
-        rm_rf(fdir);
-        mkdir(fdir, 0755);
-        r->fio_write_jobs = 4 + 2; /* the tier's read + write threads take stores */
-        r->fio_read_jobs = 4;      /* its read threads take loads */
-        w = run_fio(fdir, true, o->chunks, r->fio_write_jobs, r->direct);
-        rd = w > 0 ? run_fio(fdir, false, o->chunks, r->fio_read_jobs, r->direct) : -1;
-        r->fio_ok = w > 0 && rd > 0;
+        rm_rf(fs.dir);
         if (!r->fio_ok)
             fprintf(stderr, "storage bench: fio failed or is not installed (Debian: fio)\n");
-        r->fio_write_gbs = w * 1e-9;
-        r->fio_read_gbs = rd * 1e-9;
-        rm_rf(fdir);
     }
-out:
+    for (int m = 0; m < SB_N; m++)
+        r->med[m] = median(r->gbs[m], o->rounds);
+    r->ratio_write = median_ratio(r->gbs[SB_TW], r->gbs[SB_FW], o->rounds);
+    r->ratio_read = median_ratio(r->gbs[SB_TR], r->gbs[SB_FR], o->rounds);
+    r->ratio_read_depth = median_ratio(r->gbs[SB_TR], r->gbs[SB_FRD], o->rounds);
     free(run);
     munmap(mem, nslots * CHUNK);
     return rc;
@@ -296,7 +384,7 @@ static int bench_rebuild(const struct sb_opts *o, struct sb_result *r)
     memset(mem, 0x5a, nslots * ROW);
     snprintf(root, sizeof(root), "%s/rebuild", o->dir);
     rm_rf(root);
-    rc = sb_open(root, ROW, mem, nslots, false, &run->t);
+    rc = sb_open(root, ROW, mem, nslots, o->read_depth, &run->t);
     if (rc != 0)
         goto out;
     r->rebuild_create_s = sb_pass(run, false, o->rebuild_files, o->inflight);
@@ -309,7 +397,7 @@ static int bench_rebuild(const struct sb_opts *o, struct sb_result *r)
         if (f != NULL)
             fclose(f);
     }
-    rc = sb_open(root, ROW, mem, nslots, false, &run->t);
+    rc = sb_open(root, ROW, mem, nslots, o->read_depth, &run->t);
     if (rc != 0)
         goto out;
     kvt_storage_tier_restart_info(run->t, &ri);
@@ -327,7 +415,8 @@ out:
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvtier-bench storage [--json] [--dir D] [--chunks N] [--rebuild-files N]\n"
-               "                            [--inflight J] [--cold] [--no-fio]\n");
+               "                            [--inflight J] [--rounds R] [--read-depth D]\n"
+               "                            [--poll-us U] [--cold] [--no-fio]\n");
 }
 
 static int parse(int argc, char **argv, struct sb_opts *o)
@@ -338,6 +427,9 @@ static int parse(int argc, char **argv, struct sb_opts *o)
         {"chunks", required_argument, NULL, 'n'},
         {"rebuild-files", required_argument, NULL, 'r'},
         {"inflight", required_argument, NULL, 'i'},
+        {"rounds", required_argument, NULL, 'R'},
+        {"read-depth", required_argument, NULL, 'D'},
+        {"poll-us", required_argument, NULL, 'P'},
         {"cold", no_argument, NULL, 'c'},
         {"no-fio", no_argument, NULL, 'F'},
         {"help", no_argument, NULL, 'h'},
@@ -364,22 +456,35 @@ static int parse(int argc, char **argv, struct sb_opts *o)
         case 'n':
         case 'r':
         case 'i':
+        case 'R':
+        case 'D':
+        case 'P':
             errno = 0;
             v = strtoull(optarg, &end, 10);
             if (errno != 0 || *end != '\0' || v == 0 || v > 100000000ull ||
-                (c == 'i' && v > MAX_INFLIGHT)) {
+                (c == 'i' && v > MAX_INFLIGHT) || (c == 'R' && v > MAX_ROUNDS) ||
+                (c == 'D' && v > 256) || (c == 'P' && v > 1000000)) {
                 fprintf(stderr, "kvtier-bench storage: bad value '%s' for --%s\n", optarg,
                         c == 'n'   ? "chunks"
                         : c == 'r' ? "rebuild-files"
-                                   : "inflight");
+                        : c == 'i' ? "inflight"
+                        : c == 'R' ? "rounds"
+                        : c == 'D' ? "read-depth"
+                                   : "poll-us");
                 return -EINVAL;
             }
             if (c == 'n')
                 o->chunks = (size_t)v;
             else if (c == 'r')
                 o->rebuild_files = (size_t)v;
-            else
+            else if (c == 'i')
                 o->inflight = (unsigned)v;
+            else if (c == 'R')
+                o->rounds = (unsigned)v;
+            else if (c == 'D')
+                o->read_depth = (unsigned)v;
+            else
+                o->poll_us = (unsigned)v;
             break;
         case 'h':
             usage(stdout);
@@ -396,20 +501,17 @@ static int parse(int argc, char **argv, struct sb_opts *o)
     return 0;
 }
 
-static double ratio(double a, double b)
-{
-    return b > 0 ? a / b : 0;
-}
-
 int kvt_bench_storage(int argc, char **argv)
 {
-    struct sb_opts o = {.chunks = 4096, .rebuild_files = 100000, .inflight = 16};
+    struct sb_opts o = {
+        .chunks = 4096, .rebuild_files = 100000, .inflight = 16, .rounds = 3, .poll_us = 1000};
     struct sb_result r = {0};
     char defdir[256];
     bool made = false;
     int rc = parse(argc, argv, &o);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    poll_us = o.poll_us;
     if (o.dir == NULL) {
         snprintf(defdir, sizeof(defdir), "%s/kvtier-bench-storage.%d",
                  getenv("TMPDIR") ? getenv("TMPDIR") : "/var/tmp", (int)getpid());
@@ -431,32 +533,61 @@ int kvt_bench_storage(int argc, char **argv)
         return 1;
     }
     if (o.json) {
+        static const char *const names[SB_N] = {"tier_write", "fio_write", "tier_read", "fio_read",
+                                                "fio_read_depth"};
         printf("{\"bench\":\"storage\",\"dir\":\"%s\",\"chunk_bytes\":%u,\"chunks\":%zu,"
-               "\"inflight_jobs\":%u,\"job_keys\":%d,\"direct_io\":%s,"
-               "\"tier\":{\"write_gbs\":%.3f,\"read_gbs\":%.3f,\"load_failures\":%zu},"
-               "\"fio\":{\"ok\":%s,\"write_gbs\":%.3f,\"read_gbs\":%.3f,\"write_jobs\":%u,"
-               "\"read_jobs\":%u},"
-               "\"ratio\":{\"write\":%.3f,\"read\":%.3f,\"target\":0.8},"
+               "\"inflight_jobs\":%u,\"job_keys\":%d,\"direct_io\":%s,\"io_uring\":%s,"
+               "\"read_threads\":%d,\"read_depth\":%u,\"poll_us\":%u,\"rounds\":%u,",
+               o.dir, CHUNK, o.chunks, o.inflight, JOB_KEYS, r.direct ? "true" : "false",
+               r.io_uring ? "true" : "false", N_READ, r.read_depth, o.poll_us, o.rounds);
+        printf("\"fio\":{\"ok\":%s,\"write_jobs\":%u,\"read_jobs\":%u,\"read_depth_jobs\":%u},",
+               r.fio_ok ? "true" : "false", r.fio_write_jobs, r.fio_read_jobs,
+               r.fio_read_depth_jobs);
+        printf("\"gbs\":{");
+        for (int m = 0; m < SB_N; m++) {
+            printf("%s\"%s\":{\"median\":%.3f,\"rounds\":[", m ? "," : "", names[m], r.med[m]);
+            for (unsigned k = 0; k < o.rounds; k++)
+                printf("%s%.3f", k ? "," : "", r.gbs[m][k]);
+            printf("]}");
+        }
+        printf("},\"load_failures\":%zu,"
+               "\"ratio\":{\"write\":%.3f,\"read\":%.3f,\"read_same_depth\":%.3f,\"target\":0.8},"
                "\"rebuild\":{\"files\":%zu,\"found\":%zu,\"seconds\":%.3f,\"cold\":%s,"
                "\"create_seconds\":%.3f}}\n",
-               o.dir, CHUNK, o.chunks, o.inflight, JOB_KEYS, r.direct ? "true" : "false",
-               r.tier_write_gbs, r.tier_read_gbs, r.load_failures, r.fio_ok ? "true" : "false",
-               r.fio_write_gbs, r.fio_read_gbs, r.fio_write_jobs, r.fio_read_jobs,
-               ratio(r.tier_write_gbs, r.fio_write_gbs), ratio(r.tier_read_gbs, r.fio_read_gbs),
-               r.rebuild_files, r.rebuild_found, r.rebuild_s, o.cold ? "true" : "false",
-               r.rebuild_create_s);
+               r.load_failures, r.ratio_write, r.ratio_read, r.ratio_read_depth, r.rebuild_files,
+               r.rebuild_found, r.rebuild_s, o.cold ? "true" : "false", r.rebuild_create_s);
     } else {
-        printf("storage tier, %zu chunks of 256 KiB in %s (%s I/O), %u jobs of %d in flight\n",
-               o.chunks, o.dir, r.direct ? "O_DIRECT" : "buffered", o.inflight, JOB_KEYS);
-        printf("  %-6s %10s %10s %8s\n", "", "tier GB/s", "fio GB/s", "ratio");
-        printf("  %-6s %10.3f %10.3f %8.2f  (fio: %u jobs)\n", "write", r.tier_write_gbs,
-               r.fio_write_gbs, ratio(r.tier_write_gbs, r.fio_write_gbs), r.fio_write_jobs);
-        printf("  %-6s %10.3f %10.3f %8.2f  (fio: %u jobs)\n", "read", r.tier_read_gbs,
-               r.fio_read_gbs, ratio(r.tier_read_gbs, r.fio_read_gbs), r.fio_read_jobs);
-        if (r.fio_ok)
-            printf("  target >= 0.80x fio: write %s, read %s\n",
-                   ratio(r.tier_write_gbs, r.fio_write_gbs) >= 0.8 ? "met" : "NOT met",
-                   ratio(r.tier_read_gbs, r.fio_read_gbs) >= 0.8 ? "met" : "NOT met");
+        printf("storage tier, %zu chunks of 256 KiB in %s (%s I/O), %u jobs of %d in flight,\n"
+               "  %d read threads x %u reads in flight (%s), %u rounds, poll every %u us\n",
+               o.chunks, o.dir, r.direct ? "O_DIRECT" : "buffered", o.inflight, JOB_KEYS, N_READ,
+               r.read_depth, r.io_uring ? "io_uring" : "blocking", o.rounds, o.poll_us);
+        printf("  %-22s %s\n", "GB/s per round", "(median)");
+        for (int m = 0; m < SB_N; m++) {
+            static const char *const labels[SB_N] = {"tier write", "fio write", "tier read",
+                                                     "fio read", "fio read, same depth"};
+            if (o.no_fio && m != SB_TW && m != SB_TR)
+                continue;
+            printf("  %-22s", labels[m]);
+            for (unsigned k = 0; k < o.rounds; k++)
+                printf(" %6.3f", r.gbs[m][k]);
+            printf("  (%.3f)", r.med[m]);
+            if (m == SB_FW)
+                printf("  %u jobs", r.fio_write_jobs);
+            else if (m == SB_FR)
+                printf("  %u jobs", r.fio_read_jobs);
+            else if (m == SB_FRD)
+                printf("  %u jobs", r.fio_read_depth_jobs);
+            printf("\n");
+        }
+        if (r.fio_ok) {
+            printf("  ratio tier/fio (median of rounds): write %.2f, read %.2f, read vs same "
+                   "depth %.2f\n",
+                   r.ratio_write, r.ratio_read, r.ratio_read_depth);
+            printf("  target >= 0.80x fio: write %s, read %s (%s at the same depth)\n",
+                   r.ratio_write >= 0.8 ? "met" : "NOT met",
+                   r.ratio_read >= 0.8 ? "met" : "NOT met",
+                   r.ratio_read_depth >= 0.8 ? "met" : "NOT met");
+        }
         printf("index rebuild: %zu of %zu files in %.3f s (%s cache; writing them took %.1f s)\n",
                r.rebuild_found, r.rebuild_files, r.rebuild_s, o.cold ? "cold" : "warm",
                r.rebuild_create_s);
