@@ -564,6 +564,15 @@ static int vb_post_rx(struct vb_ep *ep, unsigned idx)
     return vb_ret(ibv_post_recv(ep->id->qp, &wr, &bad));
 }
 
+/* Which step of an endpoint's setup failed, in the log (the caller logs only
+ * the errno), with the sizes it asked for. */
+static int vb_setup_err(const struct vb_ep *ep, const char *what, int err)
+{
+    kvt_warn(VB_MOD, "endpoint setup: %s failed (%s; %u receives, %u sends, %u READ WRs)", what,
+             strerror(-err), ep->n_rx, ep->n_tx, ep->read_wr_max);
+    return err;
+}
+
 /* Device, CQ, QP, buffers and posted receives for ep->id (its device is known:
  * after route resolution or in a connect request). */
 static int vb_ep_setup(struct vb_ep *ep)
@@ -583,7 +592,7 @@ static int vb_ep_setup(struct vb_ep *ep)
     const struct ibv_device_attr *da = &ep->dev->attr;
 
     if (ibv_query_port(ep->id->verbs, ep->id->port_num, &pattr) != 0)
-        return vb_errno();
+        return vb_setup_err(ep, "ibv_query_port", vb_errno());
     ep->max_msg_sz = pattr.max_msg_sz > 0 ? pattr.max_msg_sz : (1u << 30);
     ep->n_rx = cfg->recv_credits + 2;
     ep->n_tx = cfg->recv_credits + 2;
@@ -599,7 +608,7 @@ static int vb_ep_setup(struct vb_ep *ep)
     sq = ep->n_tx + ep->read_wr_max;
     cqe = sq + ep->n_rx + 16;
     if (da->max_cqe > 0 && cqe > (unsigned)da->max_cqe)
-        return -EINVAL;
+        return vb_setup_err(ep, "the device's max_cqe", -EINVAL);
 
     ep->buf_sz = VB_HDR + cfg->max_msg_bytes;
     ep->bufs = kvt_calloc(ep->n_rx + ep->n_tx, ep->buf_sz);
@@ -619,13 +628,13 @@ static int vb_ep_setup(struct vb_ep *ep)
     ep->buf_mr = ibv_reg_mr(ep->dev->pd, ep->bufs, (ep->n_rx + ep->n_tx) * ep->buf_sz,
                             IBV_ACCESS_LOCAL_WRITE);
     if (ep->buf_mr == NULL)
-        return vb_errno();
+        return vb_setup_err(ep, "ibv_reg_mr", vb_errno());
     ep->cq = ibv_create_cq(ep->id->verbs, (int)cqe, ep, ep->dev->ch, 0);
     if (ep->cq == NULL)
-        return vb_errno();
+        return vb_setup_err(ep, "ibv_create_cq", vb_errno());
     err = vb_ret(ibv_req_notify_cq(ep->cq, 0));
     if (err != 0)
-        return err;
+        return vb_setup_err(ep, "ibv_req_notify_cq", err);
 
     memset(&qa, 0, sizeof(qa));
     qa.send_cq = ep->cq;
@@ -637,14 +646,14 @@ static int vb_ep_setup(struct vb_ep *ep)
     qa.cap.max_send_sge = ep->max_sge;
     qa.cap.max_recv_sge = 1;
     if (rdma_create_qp(ep->id, ep->dev->pd, &qa) != 0)
-        return vb_errno();
+        return vb_setup_err(ep, "rdma_create_qp", vb_errno());
     if (qa.cap.max_send_sge < ep->max_sge)
         ep->max_sge = KVT_MAX(qa.cap.max_send_sge, 1u);
 
     for (unsigned i = 0; i < ep->n_rx; i++) {
         err = vb_post_rx(ep, i);
         if (err != 0)
-            return err;
+            return vb_setup_err(ep, "ibv_post_recv", err);
     }
     ep->credit_threshold = KVT_MAX(1u, cfg->recv_credits / 2);
     return 0;
