@@ -20,6 +20,7 @@
 #include "kvt/common.h"
 #include "kvt/directory.h"
 #include "kvt/hash.h"
+#include "kvt/list.h"
 #include "kvt/log.h"
 #include "kvt/map.h"
 #include "kvt/net_tier.h"
@@ -61,6 +62,7 @@ struct locate_part { /* one LOCATE on the wire */
     uint64_t node;
     uint32_t *idx; /* into op->req->keys */
     uint32_t n;
+    uint64_t sent_ns;
 };
 
 struct holder {
@@ -76,13 +78,17 @@ struct load_job {
     uint64_t bytes;
 };
 
-enum { F_SENT, F_READING };
+/* A fetch waits QUEUED on its peer until fewer than fetches_per_peer of that peer's
+ * fetches are SENT or READING; its deadline starts when its FETCH leaves. */
+enum { F_QUEUED, F_SENT, F_READING };
 
 struct fetch {
     uint64_t id;
     struct load_job *lj;
     uint64_t node, incarnation;
     int state;
+    struct kvt_list qnode; /* on its nt_peer's queue while QUEUED */
+    uint64_t queued_ns, sent_ns, grant_ns;
     uint32_t *idx; /* job key indexes, in FETCH order */
     uint32_t n;
     uint64_t deadline_ns, lease_deadline_ns;
@@ -134,6 +140,17 @@ struct keyvec {
     size_t n, cap;
 };
 
+/* Per peer node id (any incarnation): the FETCH window and the per-peer byte counts
+ * of get_stats. Created on first use, kept for the tier's life (bounded by the
+ * members ever seen). */
+struct nt_peer {
+    uint64_t node;
+    struct kvt_list queue; /* QUEUED fetches, FIFO */
+    unsigned active;       /* fetches SENT or READING */
+    uint64_t pulled_bytes, served_bytes;
+    uint64_t reported_pulled, reported_served;
+};
+
 struct net_tier {
     struct kvt_tier base;
     struct kvt_net_tier_config cfg;
@@ -148,14 +165,18 @@ struct net_tier {
     struct locate_req *lq_head, **lq_tail;
     bool stopping; /* under mu */
     int wake_fd;
+    bool woken; /* under mu: wake_fd was written and not yet read (one read a wake,
+                   not one read per poll) */
 
     struct kvt_map locate_ops;   /* id -> locate_op */
     struct kvt_map locate_parts; /* wire id -> locate_part */
     struct kvt_map holders;      /* key -> holder */
     struct kvt_map fetches;      /* id -> fetch */
     struct kvt_map leases;       /* id -> lease */
+    struct kvt_map nodes;        /* node id -> nt_peer */
     struct kvt_map published;    /* key -> (void *)1: what we told homes we hold */
     uint64_t next_id;
+    uint64_t next_expire_ns, next_dir_expire_ns;
 
     struct inbound *in;
     size_t n_in, cap_in;
@@ -325,9 +346,10 @@ static int nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
     }
     *nt->lq_tail = r;
     nt->lq_tail = &r->next;
+    /* Under mu, so woken says exactly whether the loop has a read to do. */
+    if (!nt->woken && write(nt->wake_fd, &one, sizeof(one)) == sizeof(one))
+        nt->woken = true; /* a failed write: the loop also polls every step */
     pthread_mutex_unlock(&nt->mu);
-    if (write(nt->wake_fd, &one, sizeof(one)) < 0) { /* the loop also polls every step */
-    }
 
     pthread_mutex_lock(&nt->mu);
     while (r->state != LR_DONE && !nt->stopping) {
@@ -411,6 +433,13 @@ static void nt_take_locates(struct net_tier *nt)
     size_t n_live;
 
     pthread_mutex_lock(&nt->mu);
+    if (nt->woken) {
+        uint64_t one;
+
+        if (read(nt->wake_fd, &one, sizeof(one)) < 0) { /* EAGAIN: already read */
+        }
+        nt->woken = false;
+    }
     list = nt->lq_head;
     nt->lq_head = NULL;
     nt->lq_tail = &nt->lq_head;
@@ -486,6 +515,7 @@ static void nt_take_locates(struct net_tier *nt)
                 pt->wire_id = nt->next_id++;
                 pt->op = op;
                 pt->node = home;
+                pt->sent_ns = kvt_now_ns();
                 kvt_wire_msg_init(&msg, KVT_WIRE_LOCATE);
                 msg.u.locate.req_id = pt->wire_id;
                 msg.u.locate.n_keys = pt->n;
@@ -522,6 +552,8 @@ static void nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct 
         return;
     }
     op = pt->op;
+    nt->c.locate_rtts++;
+    nt->c.locate_rtt_ns += kvt_now_ns() - pt->sent_ns;
     for (uint32_t i = 0; i < pt->n; i++) {
         const struct kvt_wire_holder_list *hl = &lr->holders[i];
         struct holder c[16];
@@ -739,7 +771,32 @@ static void nt_flush_publishes(struct net_tier *nt)
     }
     nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
     nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
-    kvt_directory_expire(nt->dir, now);
+    /* A scan of every record: once a second (locate checks each record's expiry
+     * anyway; this only frees them). */
+    if (now >= nt->next_dir_expire_ns) {
+        nt->next_dir_expire_ns = now + 1000 * MS;
+        kvt_directory_expire(nt->dir, now);
+    }
+}
+
+/* ---- per-peer state ------------------------------------------------------------ */
+
+static struct nt_peer *nt_peer_get(struct net_tier *nt, uint64_t node)
+{
+    struct nt_peer *p = kvt_map_get_u64(&nt->nodes, node);
+
+    if (p != NULL)
+        return p;
+    p = kvt_calloc(1, sizeof(*p));
+    if (p == NULL)
+        return NULL;
+    p->node = node;
+    kvt_list_init(&p->queue);
+    if (kvt_map_put_u64(&nt->nodes, node, p) != 0) {
+        kvt_free(p);
+        return NULL;
+    }
+    return p;
 }
 
 /* ---- requester side: FETCH, READ, verify, RELEASE ------------------------------- */
@@ -794,11 +851,22 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
 
     if (f->batches_in_flight > 0)
         return;
+    if (f->state == F_QUEUED) {
+        kvt_list_del(&f->qnode);
+    } else {
+        struct nt_peer *p = kvt_map_get_u64(&nt->nodes, f->node);
+
+        /* The window opens; nt_pump sends the next one from the loop's top level. */
+        if (p != NULL && p->active > 0)
+            p->active--;
+    }
     if (f->state == F_READING) {
         if (!f->failed && !in_time) {
             nt->c.lease_expiries++; /* read too late: the slot may have been reused */
             f->failed = true;
         }
+        struct nt_peer *p = kvt_map_get_u64(&nt->nodes, f->node);
+
         for (uint32_t i = 0; i < f->n_chunks; i++) {
             if (f->failed || !f->chunk_ok[i])
                 continue;
@@ -806,7 +874,11 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
             lj->bytes += f->chunks[i].length;
             nt->c.pulled_chunks++;
             nt->c.pulled_bytes += f->chunks[i].length;
+            if (p != NULL)
+                p->pulled_bytes += f->chunks[i].length;
         }
+        if (f->grant_ns != 0)
+            nt->c.read_ns += now - f->grant_ns;
         if (f->ep != NULL) {
             struct kvt_wire_msg m;
 
@@ -837,9 +909,14 @@ static void nt_read_done(void *arg, int status)
             const uint8_t *row = nt->base.primary_base +
                                  (size_t)job->chunk_ids[f->idx[ch->key_index]] * nt->base.row_bytes;
 
+            uint64_t h, t0;
+
             if (status != 0)
                 continue;
-            if (kvt_hash64(row, ch->length) == ch->checksum) {
+            t0 = kvt_now_ns();
+            h = kvt_hash64(row, ch->length);
+            nt->c.verify_ns += kvt_now_ns() - t0;
+            if (h == ch->checksum) {
                 f->chunk_ok[i] = true;
             } else {
                 nt->c.checksum_failures++; /* torn or stale read: never loaded */
@@ -951,6 +1028,8 @@ static void nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep
     }
     kvt_free(seen);
     nt->c.grants++;
+    f->grant_ns = kvt_now_ns();
+    nt->c.grant_wait_ns += f->grant_ns - f->sent_ns;
     f->lease_id = g->lease_id;
     /* The lease started after our FETCH left: timing it from then errs early. */
     f->lease_deadline_ns = kvt_now_ns() + ms_ns(g->lease_ttl_ms);
@@ -1000,12 +1079,59 @@ static void nt_on_deny(struct net_tier *nt, uint64_t from, const struct kvt_wire
     nt_fetch_end(nt, f); /* every key of this part fails */
 }
 
+/* Sends p's queued fetches while fewer than fetches_per_peer of its fetches are out.
+ * Only from the loop's top level (nt_progress, nt_submit_load): a send that fails
+ * ends a fetch, which must not happen inside a walk over the fetches. */
+static void nt_pump_peer(struct net_tier *nt, struct nt_peer *p)
+{
+    while (!kvt_list_empty(&p->queue) && p->active < nt->cfg.fetches_per_peer) {
+        struct fetch *f = kvt_list_entry(p->queue.next, struct fetch, qnode);
+        const struct kvt_job *job = f->lj->job;
+        struct kvt_key ks[NT_KEYS_PER_MSG];
+        struct kvt_wire_msg m;
+
+        kvt_list_del(&f->qnode);
+        f->state = F_SENT;
+        p->active++;
+        f->sent_ns = kvt_now_ns();
+        nt->c.fetch_queue_ns += f->sent_ns - f->queued_ns;
+        f->deadline_ns = f->sent_ns + ms_ns(nt->cfg.fetch_timeout_ms);
+        f->lease_deadline_ns = f->deadline_ns;
+        for (uint32_t i = 0; i < f->n; i++)
+            ks[i] = job->keys[f->idx[i]];
+        kvt_wire_msg_init(&m, KVT_WIRE_FETCH);
+        m.u.fetch.job_id = f->id;
+        m.u.fetch.n_keys = f->n;
+        m.u.fetch.keys = ks;
+        nt->c.fetches++;
+        if (nt_send(nt, f->node, NULL, &m) != 0) {
+            f->failed = true;
+            nt_fetch_end(nt, f);
+        }
+    }
+}
+
+static void nt_pump(struct net_tier *nt)
+{
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    /* Ending fetches never adds or removes nodes: a plain walk is safe. */
+    while (kvt_map_next(&nt->nodes, &it, &e))
+        nt_pump_peer(nt, e->value);
+}
+
+/* A load job becomes fetches of at most keys_per_fetch keys per holder, queued on
+ * their peer; each peer has at most fetches_per_peer of them out, so READs of one
+ * fetch overlap the FETCH/GRANT round trip of the next, every fetch's READs end well
+ * inside its lease however big the job, and the holder pins only what is in flight. */
 static void nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct net_tier *nt = nt_of(t);
     struct load_job *lj = kvt_calloc(1, sizeof(*lj));
     uint32_t *idx = NULL;
     bool *used = NULL;
+    uint32_t per = KVT_MIN(nt->cfg.keys_per_fetch, (unsigned)NT_KEYS_PER_MSG);
 
     if (lj == NULL || (lj->ok = kvt_calloc(job->n ? job->n : 1, sizeof(bool))) == NULL)
         goto fail;
@@ -1019,9 +1145,8 @@ static void nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     for (size_t i = 0; i < job->n; i++) {
         const struct holder *h = kvt_map_get(&nt->holders, job->keys[i].bytes, job->keys[i].len);
         struct holder hh;
-        struct kvt_key ks[NT_KEYS_PER_MSG];
+        struct nt_peer *p;
         struct fetch *f;
-        struct kvt_wire_msg m;
         uint32_t n = 0;
 
         if (used[i])
@@ -1031,7 +1156,7 @@ static void nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
             continue;
         }
         hh = *h;
-        for (size_t j = i; j < job->n && n < NT_KEYS_PER_MSG; j++) {
+        for (size_t j = i; j < job->n && n < per; j++) {
             const struct holder *hj;
 
             if (used[j])
@@ -1040,12 +1165,12 @@ static void nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
             if (hj == NULL || hj->node_id != hh.node_id || hj->incarnation != hh.incarnation)
                 continue;
             used[j] = true;
-            ks[n] = job->keys[j];
             idx[n++] = (uint32_t)j;
         }
-        f = kvt_calloc(1, sizeof(*f));
+        p = nt_peer_get(nt, hh.node_id);
+        f = p != NULL ? kvt_calloc(1, sizeof(*f)) : NULL;
         if (f == NULL || (f->idx = kvt_malloc(n * sizeof(*idx))) == NULL) {
-            kvt_free(f);
+            kvt_free(f); /* these keys fail */
             continue;
         }
         memcpy(f->idx, idx, n * sizeof(*idx));
@@ -1054,27 +1179,19 @@ static void nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
         f->lj = lj;
         f->node = hh.node_id;
         f->incarnation = hh.incarnation;
-        f->state = F_SENT;
-        f->deadline_ns = kvt_now_ns() + ms_ns(nt->cfg.fetch_timeout_ms);
-        f->lease_deadline_ns = f->deadline_ns;
-        kvt_wire_msg_init(&m, KVT_WIRE_FETCH);
-        m.u.fetch.job_id = f->id;
-        m.u.fetch.n_keys = n;
-        m.u.fetch.keys = ks;
+        f->state = F_QUEUED;
+        f->queued_ns = kvt_now_ns();
         if (kvt_map_put_u64(&nt->fetches, f->id, f) != 0) {
             kvt_free(f->idx);
             kvt_free(f);
             continue;
         }
-        nt->c.fetches++;
+        kvt_list_add_tail(&p->queue, &f->qnode);
         lj->parts_pending++;
-        if (nt_send(nt, f->node, NULL, &m) != 0) {
-            f->failed = true;
-            nt_fetch_end(nt, f);
-        }
     }
     kvt_free(idx);
     kvt_free(used);
+    nt_pump(nt);
     nt_load_part_done(nt, lj);
     return;
 fail:
@@ -1117,7 +1234,7 @@ static void nt_expire_fetches(struct net_tier *nt, uint64_t now)
     for (size_t i = 0; i < n; i++) {
         struct fetch *f = fs[i];
 
-        if (f->failed)
+        if (f->failed || f->state == F_QUEUED) /* no deadline before it is sent */
             continue;
         if (now >= f->deadline_ns) {
             f->failed = true;
@@ -1356,8 +1473,15 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         if (nt_send(nt, in->from, in->ep, &g) != 0) {
             nt_lease_end(nt, l, false); /* the requester times out */
         } else {
+            struct nt_peer *p = nt_peer_get(nt, in->from);
+            uint64_t bytes = (uint64_t)n_hit * nt->base.row_bytes;
+
             nt->c.served_chunks += n_hit;
-            nt->c.served_bytes += (uint64_t)n_hit * nt->base.row_bytes;
+            nt->c.served_bytes += bytes;
+            nt->c.served_fetches++;
+            nt->c.serve_wait_ns += kvt_now_ns() - in->arrival_ns;
+            if (p != NULL)
+                p->served_bytes += bytes;
         }
     }
 finish:
@@ -1479,17 +1603,21 @@ static void nt_on_link_closed(void *arg, uint64_t node_id, struct kvt_tp_ep *ep)
 
 static int nt_progress(struct net_tier *nt)
 {
-    uint64_t one, now;
+    uint64_t now;
     int rc;
 
-    if (read(nt->wake_fd, &one, sizeof(one)) < 0) { /* EAGAIN: nothing was signalled */
-    }
     rc = kvt_peers_progress(nt->peers);
     nt_take_locates(nt);
     now = kvt_now_ns();
-    nt_expire_locates(nt, now);
-    nt_expire_fetches(nt, now);
-    nt_expire_leases(nt, now);
+    /* Deadlines are in ms: the scans (a snapshot of each map) run once a ms, not on
+     * every poll of a busy loop. */
+    if (now >= nt->next_expire_ns) {
+        nt->next_expire_ns = now + MS;
+        nt_expire_locates(nt, now);
+        nt_expire_fetches(nt, now);
+        nt_expire_leases(nt, now);
+    }
+    nt_pump(nt);
     return rc;
 }
 
@@ -1660,6 +1788,21 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= nt_stat(out, KVT_M_NET_LEASE_EXPIRED, label, c->lease_expiries, &r->lease_expiries);
     rc |= nt_stat(out, KVT_M_NET_FETCH_FAILED, label, c->failed_fetches, &r->failed_fetches);
     rc |= nt_stat(out, KVT_M_NET_REFUSED, label, c->refused, &r->refused);
+    {
+        struct kvt_map_entry *e;
+        size_t it = 0;
+
+        while (kvt_map_next(&nt->nodes, &it, &e)) {
+            struct nt_peer *p = e->value;
+            char pl[KVT_STAT_LABEL_MAX];
+
+            snprintf(pl, sizeof(pl), "peer:%016" PRIx64, p->node);
+            rc |=
+                nt_stat(out, KVT_M_NET_PEER_PULLED_BYTES, pl, p->pulled_bytes, &p->reported_pulled);
+            rc |=
+                nt_stat(out, KVT_M_NET_PEER_SERVED_BYTES, pl, p->served_bytes, &p->reported_served);
+        }
+    }
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_LEASES, label, (double)kvt_map_size(&nt->leases));
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_RECORDS, label,
                               (double)kvt_directory_num_records(nt->dir));
@@ -1741,6 +1884,7 @@ static void nt_destroy(struct kvt_tier *t)
     }
     nt_free_map(&nt->fetches);
     nt_free_map(&nt->leases);
+    nt_free_map(&nt->nodes);
     kvt_map_cleanup(&nt->published);
     for (size_t i = 0; i < nt->n_in; i++) {
         kvt_free(nt->in[i].keys);
@@ -1803,6 +1947,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     DEFAULT(record_ttl_ms, 600000);
     DEFAULT(max_holders, 8);
     DEFAULT(max_ops_per_batch, 32);
+    DEFAULT(keys_per_fetch, 64);
+    DEFAULT(fetches_per_peer, 4);
 #undef DEFAULT
     if (nt->cfg.max_holders > 16)
         nt->cfg.max_holders = 16;
@@ -1822,6 +1968,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     kvt_map_init(&nt->holders);
     kvt_map_init(&nt->fetches);
     kvt_map_init(&nt->leases);
+    kvt_map_init(&nt->nodes);
     kvt_map_init(&nt->published);
     nt->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); /* fail path: -1 or valid */
     if (nt->wake_fd < 0) {

@@ -1,12 +1,20 @@
 /* kvtier-bench pull: two nodes on 127.0.0.1; A holds N chunks of 256 KiB, B pulls
  * them all through its manager (lookup, LOCATE, FETCH, READ, checksum verify,
- * RELEASE, byte check against the expected content: everything included). Reported
- * as GB/s and p50/p99 lookup-to-HIT time, side by side in the same run with:
- *   - the transport ceiling: `kvtier-bench transport` (same size, batches of 32);
+ * RELEASE, byte check against the expected content: everything included), as an
+ * engine would: requests of --req-keys keys (32), --inflight of them at a time (4), a
+ * new one as soon as one is loaded, the engine stepping every 500 us. Reported as
+ * GB/s over the whole pull and p50/p99 lookup-to-HIT time per request (request start
+ * to its last key HIT) and per key, side by side in the same run with:
+ *   - the transport ceiling: `kvtier-bench transport` (256 KiB, its 32 x 2 shape:
+ *     batches of 32, two in flight, both sides busy-polling), median of --reps;
  *   - redis-benchmark GET of 256 KiB values against a local redis-server (what users
  *     pick instead today), with the same number of values.
+ * Each row runs with one UCX transport selection (--tls, both by default):
+ *   tcp      UCX_TLS=tcp for the nodes and the ceiling;
+ *   default  UCX_TLS unset for the nodes (UCX picks), UCX_TLS=all (the same thing:
+ *            UCX's default value) for the ceiling, which forces tcp when unset.
  * The nodes are kvtier-simnode processes (tools/simnode), found next to this binary's
- * build folder or with --simnode PATH. UCX_TLS defaults to tcp for all three. */
+ * build folder or with --simnode PATH. */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -139,20 +147,24 @@ static double bp_redis(unsigned n, size_t size, unsigned clients, char *cmd, siz
     return rps < 0 ? -1 : rps * (double)size / 1e9;
 }
 
-/* Transport ceiling in GB/s from `<self> transport --json`; < 0 on failure. */
-static double bp_transport(const char *self, size_t size)
+/* Transport ceiling in GB/s from `<self> transport --json` (its median read_mbps:
+ * our READs, the 32 x 2 shape); < 0 on failure. */
+static double bp_transport(const char *self, size_t size, unsigned reps)
 {
-    char buf[4200], line[4096];
+    char buf[4200], line[16384];
     FILE *f;
     double mbps = -1;
 
-    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --batch 32 2>/dev/null", self, size);
+    static const char key[] = "\"median\":{\"read_mbps\":";
+
+    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --batch 32 --reps %u 2>/dev/null",
+             self, size, reps);
     f = popen(buf, "r");
     while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
-        const char *s = strstr(line, "\"read_mbps\":");
+        const char *s = strstr(line, key); /* ours, the 32 x 2 shape (not perftest's) */
 
         if (s != NULL && mbps < 0)
-            mbps = strtod(s + 12, NULL);
+            mbps = strtod(s + strlen(key), NULL);
     }
     if (f != NULL)
         pclose(f);
@@ -168,18 +180,114 @@ static void bp_default_simnode(const char *self, char *buf, size_t cap)
     snprintf(buf, cap, "%.*s/../simnode/kvtier-simnode", dir, slash == NULL ? "." : self);
 }
 
+struct bp_row {
+    const char *tls; /* "tcp" or "default" */
+    int hit, corrupt, requests;
+    double secs, gbps, req_p50, req_p99, key_p50, key_p99, ceiling;
+};
+
+/* One pull: A and B started under the row's UCX_TLS, A stores n chunks, B pulls them
+ * as requests of per keys, inflight at a time. 0, or -1 with a message. */
+static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, unsigned inflight,
+                   struct bp_row *r)
+{
+    char secret[] = "/tmp/kvtier-bench-pull-secret-XXXXXX";
+    char line[1024], cmd[256], portb[16], seed[64], nb[32], sizeb[32];
+    struct proc a = {0}, b = {0};
+    double t0;
+    int fd;
+
+    fd = mkstemp(secret);
+    if (fd < 0 || write(fd, "kvtier-bench pull shared secret 0123\n", 37) != 37) {
+        fprintf(stderr, "kvtier-bench pull: cannot write a secret file\n");
+        return -1;
+    }
+    close(fd);
+    snprintf(nb, sizeof(nb), "%zu", n + 16);
+    snprintf(sizeb, sizeof(sizeb), "%zu", size);
+    {
+        char *av[] = {(char *)simnode, "--id", "1",     "--secret", secret,
+                      "--chunks",      nb,     "--row", sizeb,      NULL};
+
+        if (bp_spawn(&a, av) != 0 || !bp_answer(&a, line, sizeof(line)) ||
+            sscanf(line, "ready id=%*x port=%15s", portb) != 1) {
+            fprintf(stderr, "kvtier-bench pull: node A did not start\n");
+            unlink(secret);
+            return -1;
+        }
+    }
+    snprintf(seed, sizeof(seed), "127.0.0.1:%s", portb);
+    {
+        char *av[] = {(char *)simnode, "--id", "2",      "--secret", secret, "--chunks", nb,
+                      "--row",         sizeb,  "--peer", seed,       NULL};
+
+        if (bp_spawn(&b, av) != 0 || !bp_answer(&b, line, sizeof(line))) {
+            fprintf(stderr, "kvtier-bench pull: node B did not start\n");
+            bp_stop(&a);
+            unlink(secret);
+            return -1;
+        }
+    }
+    if (!bp_cmd(&a, line, sizeof(line), "wait-live 2 10000") ||
+        !bp_cmd(&b, line, sizeof(line), "wait-live 2 10000")) {
+        fprintf(stderr, "kvtier-bench pull: the nodes did not see each other: %s", line);
+        goto fail;
+    }
+    snprintf(cmd, sizeof(cmd), "store 1 0 %zu", n);
+    if (!bp_cmd(&a, line, sizeof(line), cmd))
+        goto fail;
+    snprintf(cmd, sizeof(cmd), "pull 1 0 %zu 120000 %u %u", n, per, inflight);
+    t0 = bp_now_s();
+    if (!bp_cmd(&b, line, sizeof(line), cmd))
+        goto fail;
+    r->secs = bp_field(line, "seconds") > 0 ? bp_field(line, "seconds") : bp_now_s() - t0;
+    r->hit = (int)bp_field(line, "hit");
+    r->corrupt = (int)bp_field(line, "corrupt");
+    r->requests = (int)bp_field(line, "requests");
+    r->gbps = (double)r->hit * (double)size / r->secs / 1e9;
+    r->req_p50 = bp_field(line, "req_ms_p50");
+    r->req_p99 = bp_field(line, "req_ms_p99");
+    r->key_p50 = bp_field(line, "ms_p50");
+    r->key_p99 = bp_field(line, "ms_p99");
+    if (bp_cmd(&b, line, sizeof(line), "timing"))
+        fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s) %s", r->tls, line + 3);
+    bp_stop(&a);
+    bp_stop(&b);
+    unlink(secret);
+    return 0;
+fail:
+    fprintf(stderr, "kvtier-bench pull: failed: %s", line);
+    bp_stop(&a);
+    bp_stop(&b);
+    unlink(secret);
+    return -1;
+}
+
+/* The row's transport selection for the nodes and the ceiling. */
+static void bp_set_tls(const char *tls, bool for_ceiling)
+{
+    if (strcmp(tls, "tcp") == 0)
+        setenv("UCX_TLS", "tcp", 1);
+    else if (for_ceiling)
+        setenv("UCX_TLS", "all", 1); /* kvtier-bench transport forces tcp when unset */
+    else
+        unsetenv("UCX_TLS");
+}
+
 int kvt_bench_pull(int argc, char **argv)
 {
-    unsigned n = 1000, clients = 4;
+    unsigned n = 1000, clients = 4, per = 32, inflight = 4, reps = 1;
     size_t size = 262144;
     bool json = false;
-    char simnode[4096], secret[] = "/tmp/kvtier-bench-pull-secret-XXXXXX";
-    char line[1024], cmd[256], portb[16], seed[64], nb[32], sizeb[32], redis_cmd[256];
-    struct proc a = {0}, b = {0};
-    double t0, secs, gbps, ms_p50, ms_p99, ceiling, redis;
-    int fd, hit, corrupt;
+    const char *tls_opt = "both";
+    const char *rows_tls[2];
+    size_t n_rows = 0;
+    struct bp_row rows[2];
+    char simnode[4096], redis_cmd[256] = "";
     char self[4096];
+    double redis;
     ssize_t sl;
+    int rc = 0;
 
     sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[sl > 0 ? sl : 0] = '\0';
@@ -191,106 +299,91 @@ int kvt_bench_pull(int argc, char **argv)
             n = (unsigned)strtoul(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--size") == 0 && i + 1 < argc)
             size = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--req-keys") == 0 && i + 1 < argc)
+            per = (unsigned)strtoul(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--inflight") == 0 && i + 1 < argc)
+            inflight = (unsigned)strtoul(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+            reps = (unsigned)strtoul(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc)
+            tls_opt = argv[++i];
         else if (strcmp(argv[i], "--simnode") == 0 && i + 1 < argc)
             snprintf(simnode, sizeof(simnode), "%s", argv[++i]);
         else {
             fprintf(stderr, "usage: kvtier-bench pull [--json] [--chunks 1000] [--size 262144] "
-                            "[--simnode PATH]\n");
+                            "[--req-keys 32] [--inflight 4] [--tls tcp|default|both] "
+                            "[--reps 1 (of the ceiling)] [--simnode PATH]\n");
             return 2;
         }
+    }
+    if (per == 0 || inflight == 0 || reps == 0 || n == 0) {
+        fprintf(stderr, "kvtier-bench pull: --chunks, --req-keys, --inflight, --reps >= 1\n");
+        return 2;
     }
     if (access(simnode, X_OK) != 0) {
         fprintf(stderr, "kvtier-bench pull: %s not found (build tools/simnode or --simnode)\n",
                 simnode);
         return 1;
     }
-    setenv("UCX_TLS", getenv("UCX_TLS") ? getenv("UCX_TLS") : "tcp", 1);
-    fd = mkstemp(secret);
-    if (fd < 0 || write(fd, "kvtier-bench pull shared secret 0123\n", 37) != 37) {
-        fprintf(stderr, "kvtier-bench pull: cannot write a secret file\n");
-        return 1;
+    if (strcmp(tls_opt, "tcp") == 0 || strcmp(tls_opt, "both") == 0)
+        rows_tls[n_rows++] = "tcp";
+    if (strcmp(tls_opt, "default") == 0 || strcmp(tls_opt, "both") == 0)
+        rows_tls[n_rows++] = "default";
+    if (n_rows == 0) {
+        fprintf(stderr, "kvtier-bench pull: --tls tcp, default or both\n");
+        return 2;
     }
-    close(fd);
-    snprintf(nb, sizeof(nb), "%u", n + 16);
-    snprintf(sizeb, sizeof(sizeb), "%zu", size);
-    {
-        char *av[] = {simnode,    "--id", "1",     "--secret", secret,
-                      "--chunks", nb,     "--row", sizeb,      NULL};
+    /* Pull, then its ceiling, row by row: each pair under the same load. */
+    for (size_t k = 0; k < n_rows; k++) {
+        struct bp_row *r = &rows[k];
 
-        if (bp_spawn(&a, av) != 0 || !bp_answer(&a, line, sizeof(line)) ||
-            sscanf(line, "ready id=%*x port=%15s", portb) != 1) {
-            fprintf(stderr, "kvtier-bench pull: node A did not start\n");
-            unlink(secret);
+        memset(r, 0, sizeof(*r));
+        r->tls = rows_tls[k];
+        bp_set_tls(r->tls, false);
+        if (bp_pull(simnode, n, size, per, inflight, r) != 0)
             return 1;
-        }
+        bp_set_tls(r->tls, true);
+        r->ceiling = bp_transport(self, size, reps);
+        if (r->corrupt != 0 || r->hit != (int)n)
+            rc = 1;
     }
-    snprintf(seed, sizeof(seed), "127.0.0.1:%s", portb);
-    {
-        char *av[] = {simnode, "--id",  "2",   "--secret", secret, "--chunks",
-                      nb,      "--row", sizeb, "--peer",   seed,   NULL};
-
-        if (bp_spawn(&b, av) != 0 || !bp_answer(&b, line, sizeof(line))) {
-            fprintf(stderr, "kvtier-bench pull: node B did not start\n");
-            bp_stop(&a);
-            unlink(secret);
-            return 1;
-        }
-    }
-    if (!bp_cmd(&a, line, sizeof(line), "wait-live 2 10000") ||
-        !bp_cmd(&b, line, sizeof(line), "wait-live 2 10000")) {
-        fprintf(stderr, "kvtier-bench pull: the nodes did not see each other: %s", line);
-        goto fail;
-    }
-    snprintf(cmd, sizeof(cmd), "store 1 0 %u", n);
-    if (!bp_cmd(&a, line, sizeof(line), cmd))
-        goto fail;
-    snprintf(cmd, sizeof(cmd), "load 1 0 %u 120000", n);
-    t0 = bp_now_s();
-    if (!bp_cmd(&b, line, sizeof(line), cmd))
-        goto fail;
-    secs = bp_now_s() - t0;
-    hit = (int)bp_field(line, "hit");
-    corrupt = (int)bp_field(line, "corrupt");
-    secs = bp_field(line, "seconds") > 0 ? bp_field(line, "seconds") : secs;
-    gbps = (double)hit * (double)size / secs / 1e9;
-    ms_p50 = bp_field(line, "ms_p50");
-    ms_p99 = bp_field(line, "ms_p99");
-    bp_stop(&a);
-    bp_stop(&b);
-    unlink(secret);
-
-    ceiling = bp_transport(self, size);
+    unsetenv("UCX_TLS");
     redis = bp_redis(n, size, clients, redis_cmd, sizeof(redis_cmd));
 
     if (json) {
-        printf("{\"bench\":\"pull\",\"chunks\":%u,\"size\":%zu,\"hit\":%d,\"corrupt\":%d,"
-               "\"seconds\":%.3f,\"gbps\":%.3f,\"lookup_to_hit_ms_p50\":%.1f,"
-               "\"lookup_to_hit_ms_p99\":%.1f,\"transport_gbps\":%.3f,\"redis_gbps\":%.3f,"
-               "\"ratio_transport\":%.3f,\"ratio_redis\":%.3f}\n",
-               n, size, hit, corrupt, secs, gbps, ms_p50, ms_p99, ceiling, redis,
-               ceiling > 0 ? gbps / ceiling : 0, redis > 0 ? gbps / redis : 0);
-    } else {
-        printf("pull: B pulls %u chunks of %zu B that A holds (UCX_TLS=%s, 127.0.0.1)\n", n, size,
-               getenv("UCX_TLS"));
-        printf("  kvtier pull       %8.3f GB/s  (%d hit, %d corrupt, %.3f s; lookup-to-HIT "
-               "p50 %.1f ms p99 %.1f ms)\n",
-               gbps, hit, corrupt, secs, ms_p50, ms_p99);
-        if (ceiling > 0)
-            printf("  transport ceiling %8.3f GB/s  ratio %.3f (target >= 0.8: %s)\n", ceiling,
-                   gbps / ceiling, gbps / ceiling >= 0.8 ? "met" : "NOT met");
-        else
-            printf("  transport ceiling: not measured (kvtier-bench transport failed)\n");
-        if (redis > 0)
-            printf("  redis GET         %8.3f GB/s  ratio %.3f (target >= 1.5: %s)  (%s)\n", redis,
-                   gbps / redis, gbps / redis >= 1.5 ? "met" : "NOT met", redis_cmd);
-        else
-            printf("  redis: not measured (redis-server / redis-benchmark missing)\n");
+        printf("{\"bench\":\"pull\",\"chunks\":%u,\"size\":%zu,\"req_keys\":%u,\"inflight\":%u,"
+               "\"redis_gbps\":%.3f,\"rows\":[",
+               n, size, per, inflight, redis);
+        for (size_t k = 0; k < n_rows; k++) {
+            const struct bp_row *r = &rows[k];
+
+            printf("%s{\"ucx_tls\":\"%s\",\"hit\":%d,\"corrupt\":%d,\"requests\":%d,"
+                   "\"seconds\":%.3f,\"gbps\":%.3f,\"req_lookup_to_hit_ms_p50\":%.1f,"
+                   "\"req_lookup_to_hit_ms_p99\":%.1f,\"key_lookup_to_hit_ms_p50\":%.1f,"
+                   "\"key_lookup_to_hit_ms_p99\":%.1f,\"transport_gbps\":%.3f,"
+                   "\"ratio_transport\":%.3f,\"ratio_redis\":%.3f}",
+                   k ? "," : "", r->tls, r->hit, r->corrupt, r->requests, r->secs, r->gbps,
+                   r->req_p50, r->req_p99, r->key_p50, r->key_p99, r->ceiling,
+                   r->ceiling > 0 ? r->gbps / r->ceiling : 0, redis > 0 ? r->gbps / redis : 0);
+        }
+        printf("]}\n");
+        return rc;
     }
-    return corrupt == 0 && hit == (int)n ? 0 : 1;
-fail:
-    fprintf(stderr, "kvtier-bench pull: failed: %s", line);
-    bp_stop(&a);
-    bp_stop(&b);
-    unlink(secret);
-    return 1;
+    printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
+           "%u in flight\n",
+           n, size, per, inflight);
+    printf("  %-8s %9s %9s %6s %9s %6s %21s %17s\n", "UCX_TLS", "pull GB/s", "ceiling", "ratio",
+           "redis", "ratio", "req lookup-to-HIT ms", "key p50/p99 ms");
+    for (size_t k = 0; k < n_rows; k++) {
+        const struct bp_row *r = &rows[k];
+
+        printf("  %-8s %9.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / %6.1f  (%d hit, %d "
+               "corrupt, %d requests, %.3f s)\n",
+               r->tls, r->gbps, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0, redis,
+               redis > 0 ? r->gbps / redis : 0, r->req_p50, r->req_p99, r->key_p50, r->key_p99,
+               r->hit, r->corrupt, r->requests, r->secs);
+    }
+    printf("  targets: >= 0.8 x the ceiling, >= 1.5 x redis (%s)\n",
+           redis > 0 ? redis_cmd : "redis not measured: redis-server / redis-benchmark missing");
+    return rc;
 }

@@ -6,6 +6,7 @@
  *   kvtier-simnode --id N [--port P] [--peer host:port]... --secret FILE [--ns NAME]
  *               [--chunks N] [--row BYTES] [--lease-ms MS] [--heartbeat-ms MS]
  *               [--fetch-timeout-ms MS] [--backend ucx|verbs] [--addr A]
+ *               [--keys-per-fetch N] [--fetches-per-peer N] [--ops-per-batch N]
  *
  * It prints "ready id=<hex> port=<p> inc=<hex>" and then reads commands on stdin,
  * one per line, answering each with one line "ok ..." or "err ..." (progress lines
@@ -15,6 +16,16 @@
  *   load SEED FIRST N TIMEOUT_MS  looks them up until HIT or MISS, loads the hits and
  *                                 checks their bytes: hit miss corrupt retry pending
  *                                 steps_p50 steps_p99 ms_p50 ms_p99 seconds
+ *   pull SEED FIRST N TIMEOUT_MS REQ_KEYS INFLIGHT [STEP_US]
+ *                                 the same keys as engine requests of REQ_KEYS keys,
+ *                                 INFLIGHT of them at a time (a new one starts when one
+ *                                 is loaded); the engine looks its waiting keys up and
+ *                                 steps every STEP_US (500) us, the node polls the
+ *                                 network tier in between and sleeps only when nothing
+ *                                 is in flight: hit miss corrupt timeout
+ *                                 requests req_ms_p50 req_ms_p99 (request start to its
+ *                                 last key HIT) ms_p50 ms_p99 (per key) steps seconds
+ *   timing                        where the network tier's time went (sums, ms)
  *   rewrite SEED FIRST N MS       scribbles over those chunks' rows for MS ms (a
  *                                 buggy engine: torn reads for the peers)
  *   garbage PEER_ID N             sends N malformed / truncated / oversized control
@@ -31,11 +42,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "kvt/alloc.h"
 #include "kvt/auth.h"
 #include "kvt/clock.h"
+#include "kvt/common.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
@@ -284,6 +297,165 @@ out:
     kvt_free(ns);
 }
 
+/* Whether the loop may sleep: the transport is armed and no transfer is in flight
+ * (our fetches, peers' leases on our chunks: over tcp both sides' progress moves the
+ * bytes, as in kvtier-bench transport, which busy-polls). */
+static bool may_sleep(struct node *n)
+{
+    return !kvt_tier_has_pending_work(n->net) && kvt_peers_arm(n->peers) == 0;
+}
+
+/* Sleeps until the transport or the lookup worker has news, at most 200 us, when it
+ * may sleep at all. */
+static void wait_events(struct node *n)
+{
+    struct pollfd pfd[2] = {{.fd = kvt_peers_event_fd(n->peers), .events = POLLIN},
+                            {.fd = kvt_net_tier_wake_fd(n->net), .events = POLLIN}};
+    struct timespec ts = {0, 200000};
+
+    if (may_sleep(n))
+        ppoll(pfd, 2, &ts, NULL);
+}
+
+struct pull_req {
+    struct kvt_req_ctx *ctx;
+    uint32_t first, n, left;
+    uint64_t t0;
+};
+
+static void pull_req_end(struct node *n, struct pull_req *r, const struct kvt_key *keys,
+                         const int *res, uint32_t *hit, uint32_t *corrupt)
+{
+    struct kvt_key *hk = kvt_calloc(r->n, sizeof(*hk));
+    int64_t *slots = kvt_calloc(r->n, sizeof(*slots));
+    uint32_t nh = 0;
+
+    for (uint32_t i = 0; hk != NULL && slots != NULL && i < r->n; i++) {
+        if (res[r->first + i] == KVT_HIT)
+            hk[nh++] = keys[r->first + i];
+    }
+    if (nh > 0 && kvt_manager_prepare_load(n->m, hk, nh, r->ctx, slots) == 0) {
+        for (uint32_t i = 0; i < nh; i++) {
+            if (check(row_of(n, slots[i]), n->row, &hk[i]))
+                (*hit)++;
+            else
+                (*corrupt)++;
+        }
+        kvt_manager_complete_load(n->m, hk, nh, r->ctx);
+    } else {
+        *corrupt += nh; /* a HIT that cannot be loaded is a lie too */
+    }
+    kvt_free(hk);
+    kvt_free(slots);
+    end_req(n, r->ctx);
+    r->ctx = NULL;
+}
+
+static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t count,
+                     unsigned timeout_ms, uint32_t per, uint32_t inflight, unsigned step_us)
+{
+    uint32_t n_req = per ? (count + per - 1) / per : 0;
+    struct kvt_key *keys = kvt_calloc(count ? count : 1, sizeof(*keys));
+    int *res = kvt_calloc(count ? count : 1, sizeof(*res));
+    uint64_t *ns = kvt_calloc(count ? count : 1, sizeof(*ns));
+    uint64_t *req_ns = kvt_calloc(n_req ? n_req : 1, sizeof(*req_ns));
+    struct pull_req *act = kvt_calloc(inflight ? inflight : 1, sizeof(*act));
+    uint64_t t0 = kvt_now_ns(), deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
+    uint32_t next = 0, done = 0, hit = 0, miss = 0, corrupt = 0, timeout = 0, k = 0;
+    uint64_t steps = 0, next_step = 0;
+
+    if (per == 0 || inflight == 0 || keys == NULL || res == NULL || ns == NULL || req_ns == NULL ||
+        act == NULL) {
+        printf("err bad arguments or out of memory\n");
+        goto out;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        key_of(seed, first + i, &keys[i]);
+        res[i] = -1;
+    }
+    while (done < n_req && kvt_now_ns() < deadline) {
+        if (kvt_now_ns() < next_step) { /* between engine steps: the node's own poll */
+            kvt_net_tier_poll(n->net);
+            wait_events(n);
+            continue;
+        }
+        next_step = kvt_now_ns() + (uint64_t)step_us * 1000u;
+        for (uint32_t a = 0; a < inflight; a++) {
+            struct pull_req *r = &act[a];
+
+            if (r->ctx == NULL && next < n_req) {
+                r->ctx = new_req(n, "pull");
+                if (r->ctx == NULL)
+                    continue;
+                r->first = next * per;
+                r->n = KVT_MIN(per, count - r->first);
+                r->left = r->n;
+                r->t0 = kvt_now_ns();
+                next++;
+            }
+            if (r->ctx == NULL)
+                continue;
+            for (uint32_t i = r->first; i < r->first + r->n; i++) {
+                enum kvt_lookup_result lr;
+
+                if (res[i] >= 0)
+                    continue;
+                lr = kvt_manager_lookup(n->m, &keys[i], r->ctx);
+                if (lr == KVT_HIT || lr == KVT_MISS) {
+                    res[i] = (int)lr;
+                    ns[i] = kvt_now_ns() - r->t0;
+                    r->left--;
+                }
+            }
+            if (r->left == 0) {
+                req_ns[done++] = kvt_now_ns() - r->t0;
+                pull_req_end(n, r, keys, res, &hit, &corrupt);
+            }
+        }
+        step(n);
+        steps++;
+        wait_events(n);
+    }
+    for (uint32_t a = 0; a < inflight; a++) {
+        if (act[a].ctx != NULL)
+            end_req(n, act[a].ctx);
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        if (res[i] == KVT_MISS)
+            miss++;
+        else if (res[i] < 0)
+            timeout++;
+        else
+            ns[k++] = ns[i];
+    }
+    qsort(ns, k, sizeof(*ns), cmp_u64);
+    qsort(req_ns, done, sizeof(*req_ns), cmp_u64);
+    printf("ok hit=%u miss=%u corrupt=%u timeout=%u requests=%u req_ms_p50=%.1f req_ms_p99=%.1f "
+           "ms_p50=%.1f ms_p99=%.1f steps=%" PRIu64 " seconds=%.3f\n",
+           hit, miss, corrupt, timeout, done, done ? (double)req_ns[done / 2] / 1e6 : 0,
+           done ? (double)req_ns[(done * 99) / 100] / 1e6 : 0, k ? (double)ns[k / 2] / 1e6 : 0,
+           k ? (double)ns[(k * 99) / 100] / 1e6 : 0, steps, (double)(kvt_now_ns() - t0) / 1e9);
+out:
+    kvt_free(keys);
+    kvt_free(res);
+    kvt_free(ns);
+    kvt_free(req_ns);
+    kvt_free(act);
+}
+
+static void cmd_timing(struct node *n)
+{
+    struct kvt_net_tier_counts c;
+
+    kvt_net_tier_counts(n->net, &c);
+    printf("ok locate_rtts=%" PRIu64 " locate_rtt_ms=%.1f fetches=%" PRIu64
+           " fetch_queue_ms=%.1f grants=%" PRIu64 " grant_wait_ms=%.1f read_ms=%.1f"
+           " verify_ms=%.1f served_fetches=%" PRIu64 " serve_wait_ms=%.1f\n",
+           c.locate_rtts, (double)c.locate_rtt_ns / 1e6, c.fetches, (double)c.fetch_queue_ns / 1e6,
+           c.grants, (double)c.grant_wait_ns / 1e6, (double)c.read_ns / 1e6,
+           (double)c.verify_ns / 1e6, c.served_fetches, (double)c.serve_wait_ns / 1e6);
+}
+
 static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t count, unsigned ms)
 {
     uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull, rounds = 0;
@@ -411,9 +583,9 @@ static int run(struct node *n)
         struct pollfd pfd[3] = {{.fd = 0, .events = POLLIN},
                                 {.fd = kvt_peers_event_fd(n->peers), .events = POLLIN},
                                 {.fd = kvt_net_tier_wake_fd(n->net), .events = POLLIN}};
-        /* Sleep only when the transport says nothing is pending (peers' READs over
-         * tcp need our progress to be served). */
-        int pr = poll(pfd, 3, kvt_peers_arm(n->peers) == 0 ? 1 : 0);
+        /* Sleep only when nothing is in flight (peers' READs over tcp need our
+         * progress to be served). */
+        int pr = poll(pfd, 3, may_sleep(n) ? 1 : 0);
 
         step(n);
         if (pr <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP)))
@@ -421,11 +593,16 @@ static int run(struct node *n)
         if (fgets(line, sizeof(line), stdin) == NULL)
             return 0; /* the driver went away */
         {
-            unsigned a, b, c, d;
+            unsigned a, b, c, d, e, f, g;
             uint64_t id;
             size_t want;
+            int got = sscanf(line, "pull %u %u %u %u %u %u %u", &a, &b, &c, &d, &e, &f, &g);
 
-            if (sscanf(line, "store %u %u %u", &a, &b, &c) == 3)
+            if (got >= 6)
+                cmd_pull(n, a, b, c, d, e, f, got == 7 ? g : 500);
+            else if (strncmp(line, "timing", 6) == 0)
+                cmd_timing(n);
+            else if (sscanf(line, "store %u %u %u", &a, &b, &c) == 3)
                 cmd_store(n, a, b, c);
             else if (sscanf(line, "load %u %u %u %u", &a, &b, &c, &d) == 4)
                 cmd_load(n, a, b, c, d);
@@ -464,6 +641,9 @@ int main(int argc, char **argv)
         {"fetch-timeout-ms", required_argument, NULL, 'f'},
         {"backend", required_argument, NULL, 'b'},
         {"addr", required_argument, NULL, 'a'},
+        {"keys-per-fetch", required_argument, NULL, 'K'},
+        {"fetches-per-peer", required_argument, NULL, 'F'},
+        {"ops-per-batch", required_argument, NULL, 'O'},
         {NULL, 0, NULL, 0},
     };
     const char *peer_list[MAX_PEERS];
@@ -520,6 +700,15 @@ int main(int argc, char **argv)
             break;
         case 'a':
             addr = optarg;
+            break;
+        case 'K':
+            nc.keys_per_fetch = (unsigned)strtoul(optarg, NULL, 0);
+            break;
+        case 'F':
+            nc.fetches_per_peer = (unsigned)strtoul(optarg, NULL, 0);
+            break;
+        case 'O':
+            nc.max_ops_per_batch = (unsigned)strtoul(optarg, NULL, 0);
             break;
         default:
             fprintf(stderr, "kvtier-simnode: bad option\n");
@@ -579,6 +768,10 @@ int main(int argc, char **argv)
     }
     n.row = row;
     n.chunks = chunks;
+    /* Fault the primary in now, as kvtierd's region is (populate): first touches
+     * inside the transport's receive copies would be timed as transfer. */
+    if (madvise(n.net->primary_base, chunks * row, MADV_POPULATE_WRITE) != 0)
+        memset(n.net->primary_base, 0, chunks * row);
     printf("ready id=%016" PRIx64 " port=%u inc=%016" PRIx64 "\n", id, kvt_peers_port(n.peers),
            kvt_peers_incarnation(n.peers));
     rc = run(&n);

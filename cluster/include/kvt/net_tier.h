@@ -6,9 +6,12 @@
  *                 keys to the loop, which sends LOCATE to each key's home (rendezvous
  *                 over live members) and waits for LOCATE_REPLY: RETRY until the
  *                 answer, then HIT (a live holder is known) or MISS.
- *   submit_load   FETCH to the holder; on GRANT, one-sided READs of every granted
- *                 chunk straight into the job's primary slots (batches of
- *                 max_ops_per_batch, many in flight); each chunk's XXH3-64 must match
+ *   submit_load   FETCHes of at most keys_per_fetch keys to each holder, at most
+ *                 fetches_per_peer of them out per peer (the rest wait queued, their
+ *                 deadline not yet started), so one fetch's READs overlap the next
+ *                 one's FETCH/GRANT round trip; on GRANT, one-sided READs of every
+ *                 granted chunk straight into the job's primary slots (batches of
+ *                 max_ops_per_batch, all of a fetch's in flight); each chunk's XXH3-64 must match
  *                 the grant's checksum and the reads must end before the lease does;
  *                 then RELEASE. Keys denied, timed out, on a dead peer or failing a
  *                 check are not in successful_keys and are marked missing (seed
@@ -44,8 +47,7 @@
 #include "kvt/primary.h"
 #include "kvt/tier.h"
 
-/* Stat names (get_stats, label "<tier index + 1>:network"; per-peer bytes with label
- * "peer:<16 hex digits>"). */
+/* Stat names (get_stats, label "<tier index + 1>:network"). */
 #define KVT_M_NET_LOCATES        "kvtier_net_locate_requests"
 #define KVT_M_NET_LOCATE_TIMEOUT "kvtier_net_locate_timeouts"
 #define KVT_M_NET_FETCHES        "kvtier_net_fetches"
@@ -54,23 +56,29 @@
 #define KVT_M_NET_PULLED_CHUNKS  "kvtier_net_pulled_chunks"
 #define KVT_M_NET_PULLED_BYTES   "kvtier_net_pulled_bytes"
 #define KVT_M_NET_SERVED_BYTES   "kvtier_net_served_bytes"
-#define KVT_M_NET_CHECKSUM_FAIL  "kvtier_net_checksum_failures"
-#define KVT_M_NET_LEASE_EXPIRED  "kvtier_net_lease_expiries"
-#define KVT_M_NET_FETCH_FAILED   "kvtier_net_failed_fetches"
-#define KVT_M_NET_REFUSED        "kvtier_net_refused_messages"
-#define KVT_M_NET_LEASES         "kvtier_net_active_leases"
-#define KVT_M_NET_RECORDS        "kvtier_net_directory_records"
+/* The same bytes per peer (label "peer:<16 hex digits>"); own names, so a sum over
+ * the names above is not counted twice. */
+#define KVT_M_NET_PEER_PULLED_BYTES "kvtier_net_peer_pulled_bytes"
+#define KVT_M_NET_PEER_SERVED_BYTES "kvtier_net_peer_served_bytes"
+#define KVT_M_NET_CHECKSUM_FAIL     "kvtier_net_checksum_failures"
+#define KVT_M_NET_LEASE_EXPIRED     "kvtier_net_lease_expiries"
+#define KVT_M_NET_FETCH_FAILED      "kvtier_net_failed_fetches"
+#define KVT_M_NET_REFUSED           "kvtier_net_refused_messages"
+#define KVT_M_NET_LEASES            "kvtier_net_active_leases"
+#define KVT_M_NET_RECORDS           "kvtier_net_directory_records"
 
 struct kvt_net_tier_config {
     struct kvt_peers *peers;     /* not owned; the tier installs itself as its handler */
     struct kvt_primary *primary; /* the manager's: generations, checksums, evictions */
     uint32_t lease_ms;           /* 0 = 5000 */
-    uint32_t fetch_timeout_ms;   /* FETCH to last READ done; 0 = 3000 */
+    uint32_t fetch_timeout_ms;   /* FETCH sent to last READ done; 0 = 3000 */
     uint32_t locate_timeout_ms;  /* 0 = 2000 */
     uint32_t park_timeout_ms;    /* serving: RETRY/HIT_PENDING wait; 0 = 1000 */
     uint32_t record_ttl_ms;      /* directory records (re-published at half); 0 = 600000 */
     unsigned max_holders;        /* per key in the directory; 0 = 8 */
     unsigned max_ops_per_batch;  /* READ ops per batch; 0 = 32 */
+    unsigned keys_per_fetch;     /* keys per FETCH (at most 256); 0 = 64 */
+    unsigned fetches_per_peer;   /* FETCHes out (sent, not ended) per peer; 0 = 4 */
 };
 
 int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
@@ -88,6 +96,12 @@ struct kvt_net_tier_counts {
     uint64_t checksum_failures, lease_expiries, leases_reaped, failed_fetches, refused;
     uint64_t send_failures;
     uint64_t active_leases, directory_records, published_keys;
+    /* Where the time of a pull goes (sums, ns): LOCATE sent to its reply (locate_rtts
+     * of them); load submitted to FETCH sent (fetches); FETCH sent to GRANT (grants);
+     * GRANT to the fetch's last READ verified (grants); checksum verification of
+     * pulled chunks; holder side, FETCH arrival to GRANT sent (served_fetches). */
+    uint64_t locate_rtts, locate_rtt_ns, fetch_queue_ns, grant_wait_ns, read_ns, verify_ns;
+    uint64_t served_fetches, serve_wait_ns;
 };
 void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out);
 
