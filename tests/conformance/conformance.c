@@ -850,6 +850,90 @@ static void test_read_out_of_range(void **state)
     assert_int_equal(C.closed, 0);
 }
 
+/* A connection whose READs skip the client's check of the remote range: UCX READs
+ * over active messages (KVT_UCX_READ=am) with the backend's test-only hook
+ * KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK, both read when the transport opens (the peer
+ * inherits them; it never reads). */
+static int conn_setup_no_client_check(void)
+{
+    const char *mode = getenv("KVT_UCX_READ");
+    char *saved = mode != NULL ? strdup(mode) : NULL;
+    int ret;
+
+    setenv("KVT_UCX_READ", "am", 1);
+    setenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK", "1", 1);
+    ret = conn_setup(NULL);
+    unsetenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK");
+    if (saved != NULL)
+        setenv("KVT_UCX_READ", saved, 1);
+    else
+        unsetenv("KVT_UCX_READ");
+    free(saved);
+    return ret;
+}
+
+static int setup_no_client_check(void **state)
+{
+    int ret = strcmp(opt.backend, "ucx") == 0 ? conn_setup_no_client_check() : conn_setup(NULL);
+
+    if (ret < 0)
+        fprintf(stderr, "setup: %s\n", strerror(-ret));
+    return ret < 0 ? -1 : 0;
+}
+
+/* The server refuses a READ outside its registrations by itself: with the client's
+ * range check skipped (UCX test hook), each bad range reaches the server, which must
+ * answer EFAULT without sending a byte; the batch fails with -EFAULT exactly once,
+ * nothing is written locally, the endpoint closes with -EFAULT and the server lives
+ * on (exits 0). One connection (and peer) per range: the first refusal fails the
+ * endpoint. Without the server's check the peer sends what lies past its region (the
+ * batch succeeds) or crashes reading it (-ECONNRESET): either fails here. */
+static void test_read_refused_by_server(void **state)
+{
+    const uint64_t R = C.region_bytes;
+    const struct kvt_read_op bad[] = {
+        {.remote_off = R - 100, .local_off = 0, .len = 4096},          /* across the end, small */
+        {.remote_off = R, .local_off = 4096, .len = 65536},            /* past the end, large */
+        {.remote_off = UINT64_MAX - 100, .local_off = 0, .len = 4096}, /* wraps below the base */
+    };
+
+    if (strcmp(opt.backend, "ucx") != 0) {
+        printf("# SKIP test_read_refused_by_server: the client-check hook is UCX's\n");
+        skip();
+    }
+    for (size_t i = 0; i < (size_t)KVT_ARRAY_SIZE(bad); i++) {
+        struct batch b = {0};
+        struct waitn w = {&b, 1};
+
+        if (i > 0) {
+            conn_close(&C, true);
+            if (conn_setup_no_client_check() < 0)
+                fail_msg("range %zu: setup failed", i);
+        }
+        memset(C.local, FILL, 1u << 20);
+        int ret = read_batch(&C, &bad[i], 1, &b);
+
+        if (ret != -EINPROGRESS)
+            fail_msg("range %zu: read returned %d (%s); the client check was not skipped", i, ret,
+                     strerror(-ret));
+        assert_int_equal(conf_pump(C.tp, all_done, &w, 10000), 0);
+        assert_int_equal(C.cb_in_read, 0);
+        assert_int_equal(b.done, 1);
+        if (b.status != -EFAULT)
+            fail_msg("range %zu (remote %" PRIu64 ", %" PRIu64 " bytes): batch status %d (%s), "
+                     "expected -EFAULT",
+                     i, bad[i].remote_off, bad[i].len, b.status, strerror(-b.status));
+        for (size_t k = 0; k < (1u << 20); k++)
+            if (C.local[k] != FILL)
+                fail_msg("range %zu: byte %zu was written by a refused READ", i, k);
+        assert_int_equal(conf_pump(C.tp, conn_closed, &C, 5000), 0);
+        assert_int_equal(C.closed_err, -EFAULT);
+        assert_int_equal(conf_pump(C.tp, NULL, NULL, 100), 0);
+        assert_int_equal(b.done, 1); /* exactly once */
+    }
+    printf("# %zu out-of-range READs refused by the server\n", (size_t)KVT_ARRAY_SIZE(bad));
+}
+
 /* A peer that never answers the connect: CLOSED(-ETIMEDOUT) after connect_timeout_ms. */
 static void test_connect_timeout(void **state)
 {
@@ -1122,6 +1206,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_close_transport_inflight, setup_default,
                                         teardown_default),
         cmocka_unit_test_setup_teardown(test_read_out_of_range, setup_default, teardown_default),
+        cmocka_unit_test_setup_teardown(test_read_refused_by_server, setup_no_client_check,
+                                        teardown_default),
         cmocka_unit_test_setup_teardown(test_peer_sigkill, setup_default, teardown_killed),
         cmocka_unit_test_teardown(test_connect_timeout, teardown_default),
         cmocka_unit_test_setup_teardown(test_op_timeout, setup_op_timeout, teardown_stalled),

@@ -72,10 +72,13 @@
  * rendezvous replies interleaved, so without a bound the first batch of many would
  * complete only when nearly all of them had. */
 #define UCX_RD_INFLIGHT_BYTES (2u << 20)
-#define UCX_MAGIC             0x6b767475u /* "kvtu" */
-#define UCX_VERSION           1
-#define UCX_PROGRESS_MAX      64 /* ucp_worker_progress rounds per kvt_tp_progress */
-#define UCX_CLOSE_WAIT_NS     (2ull * 1000000000ull)
+/* READ replies up to this many bytes are sent from the request's AM handler, eager
+ * and short (over tcp UCX sends up to ~8 KiB short). */
+#define UCX_RD_EAGER_BYTES (4u << 10)
+#define UCX_MAGIC          0x6b767475u /* "kvtu" */
+#define UCX_VERSION        1
+#define UCX_PROGRESS_MAX   64 /* ucp_worker_progress rounds per kvt_tp_progress */
+#define UCX_CLOSE_WAIT_NS  (2ull * 1000000000ull)
 
 enum ucx_msg_type { UCX_MSG_HELLO = 1, UCX_MSG_DATA = 2 };
 
@@ -123,6 +126,7 @@ struct ucx_tp {
     struct kvt_list rd_sent; /* ucx_rd_tx whose send UCX has not completed */
     uint64_t timer_at_ns;    /* when the armed timerfd fires (0: not armed) */
     bool read_am;            /* READs as active messages (see ucx_read_mode) */
+    bool test_no_rcheck;     /* tests only: the client skips the remote range check */
     bool kick;               /* a UCX callback left work for dispatch */
     bool closing;
 };
@@ -853,6 +857,11 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     kvt_list_init(&tp->mrs);
     kvt_list_init(&tp->rd_sent);
     tp->read_am = ucx_read_mode();
+    /* Test-only (tests/conformance test_read_refused_by_server): READs over AM skip
+     * the client's check of the remote range, so the server's check is what refuses
+     * them. Never set in production; ucp_get_nbx keeps the check (nothing on the
+     * server checks a software GET). */
+    tp->test_no_rcheck = tp->read_am && getenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK") != NULL;
 
     /* A node restarted after SIGKILL listens on its port again while the dead
      * process's connections sit in TIME_WAIT; the user's setting wins. */
@@ -1405,7 +1414,7 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
         rk->ep_id != ep->id || local->tp != ep->tp)
         return -EINVAL;
     for (size_t i = 0; i < n; i++)
-        if (!ucx_in_range(ops[i].remote_off, ops[i].len, rk->len) ||
+        if ((!ep->tp->test_no_rcheck && !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
             !ucx_in_range(ops[i].local_off, ops[i].len, local->len))
             return -EINVAL;
     if (ep->n_batches >= ep->tp->pub.cfg.max_batches)
@@ -1505,13 +1514,28 @@ static struct kvt_tp_mr *ucx_mr_find(struct ucx_tp *tp, uint64_t addr, uint64_t 
     return NULL;
 }
 
-/* Server: a request for one op; the reply is sent from dispatch. */
+/* A reply sent from the request handler: completes in the call (FORCE_IMM_CMPL), so
+ * this runs only if UCX ever returns a request there after all. */
+static void ucx_rdrep_imm_sent(void *req, ucs_status_t status, void *user_data)
+{
+    struct ucx_ep *ep = user_data;
+
+    ep->ucx_reqs--;
+    if (status != UCS_OK)
+        ucx_ep_fail(ep, ucx_errno(status));
+    ucp_request_free(req);
+}
+
+/* Server: a request for one op. Small replies and refusals are sent at once; the
+ * others (and any that UCX cannot take now) are queued and sent from dispatch, at
+ * most UCX_RD_INFLIGHT_BYTES in flight. */
 static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param)
 {
     struct ucx_tp *tp = arg;
     struct ucx_rd_hdr h;
     struct ucx_rd_tx *tx;
+    struct kvt_tp_mr *mr;
     struct ucx_ep *ep;
 
     ep = ucx_am_ep(tp, param);
@@ -1522,18 +1546,44 @@ static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_le
         ucx_ep_fail(ep, -EPROTO);
         return UCS_OK;
     }
+    mr = ucx_mr_find(tp, h.addr, h.len);
+    if (mr == NULL) {
+        h.err = EFAULT;
+        h.len = 0;
+    }
+    if (h.len <= UCX_RD_EAGER_BYTES && kvt_list_empty(&ep->rd_q)) {
+        /* Small (or refused): answered here, inside progress, as UCX answers a GET.
+         * Sent short with the bytes copied before the call returns, or not at all
+         * (NO_RESOURCE: queued below), so no request, record or memh. */
+        ucp_request_param_t p = {
+            .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL |
+                            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
+            .cb.send = ucx_rdrep_imm_sent,
+            .user_data = ep,
+        };
+        ucs_status_ptr_t req = ucp_am_send_nbx(ep->uep, UCX_AM_RDREP, &h, sizeof(h),
+                                               (void *)(uintptr_t)h.addr, h.len, &p);
+
+        if (req == NULL)
+            return UCS_OK;
+        if (UCS_PTR_IS_PTR(req)) { /* FORCE_IMM_CMPL says never; keep the ep alive */
+            ep->ucx_reqs++;
+            return UCS_OK;
+        }
+        if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
+            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
+            return UCS_OK;
+        }
+    }
     tx = kvt_malloc(sizeof(*tx));
     if (tx == NULL) {
         ucx_ep_fail(ep, -ENOMEM);
         return UCS_OK;
     }
     tx->ep = ep;
-    tx->mr = ucx_mr_find(tp, h.addr, h.len);
+    tx->mr = mr;
     tx->hdr = h;
-    if (tx->mr == NULL) {
-        tx->hdr.err = EFAULT;
-        tx->hdr.len = 0;
-    }
     kvt_list_add_tail(&ep->rd_q, &tx->node);
     tp->kick = true;
     return UCS_OK;
