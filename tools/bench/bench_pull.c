@@ -157,8 +157,8 @@ static double bp_transport(const char *self, size_t size, unsigned reps)
 
     static const char key[] = "\"median\":{\"read_mbps\":";
 
-    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --batch 32 --reps %u 2>/dev/null",
-             self, size, reps);
+    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --reps %u 2>/dev/null", self, size,
+             reps);
     f = popen(buf, "r");
     while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
         const char *s = strstr(line, key); /* ours, the 32 x 2 shape (not perftest's) */
