@@ -416,10 +416,11 @@ static int run(struct daemon *d)
 
     while (!d->stopping) {
         struct epoll_event evs[16];
-        /* Sleep only when the transport has nothing pending (a peer's READ over tcp
-         * is served by our progress). */
-        int wait_ms =
-            d->peers == NULL || kvt_peers_arm(d->peers) == 0 ? (int)d->cfg.loop_tick_ms : 0;
+        /* Sleep only when the network tier has nothing in flight and the transport
+         * nothing pending (a peer's READ over tcp is served by our progress). */
+        bool idle = d->peers == NULL || ((d->net == NULL || !kvt_tier_has_pending_work(d->net)) &&
+                                         kvt_peers_arm(d->peers) == 0);
+        int wait_ms = idle ? (int)d->cfg.loop_tick_ms : 0;
         int n = epoll_wait(d->ep, evs, 16, wait_ms);
 
         for (int i = 0; i < n; i++) {

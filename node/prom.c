@@ -365,6 +365,12 @@ static void render_stat(struct buf *b, const char *name, const struct kvt_stat *
     const char *ln = st->label[0] ? KVT_PROM_TIER_LABEL : NULL;
     const char *lv = st->label[0] ? st->label : NULL;
 
+    /* The network tier's per-peer series carry "peer:<id>": a peer label, not a tier. */
+    if (lv != NULL && strncmp(lv, "peer:", 5) == 0) {
+        ln = "peer";
+        lv += 5;
+    }
+
     if (st->kind != KVT_METRIC_HISTOGRAM) {
         series(b, name, "", ln, lv, NULL);
         buf_puts(b, " ");

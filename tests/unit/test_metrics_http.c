@@ -155,6 +155,25 @@ static void test_promtool_catches_bad_pages(void **state)
     assert_int_equal(r.status, 0);
 }
 
+/* The network tier's per-peer series (label "peer:<id>") get a peer label. */
+static void test_render_peer_label(void **state)
+{
+    struct kvt_stats st;
+    char *text;
+
+    (void)state;
+    kvt_stats_init(&st);
+    assert_int_equal(
+        kvt_stats_increase(&st, "kvtier_net_peer_pulled_bytes", "peer:00000000000000ab", 65536), 0);
+    assert_int_equal(kvt_stats_increase(&st, KVT_M_READ_BYTES, "2:p2p", 4096), 0);
+    text = render(&st, NULL, 0, 0);
+    assert_line(text, "kvtier_net_peer_pulled_bytes_total{peer=\"00000000000000ab\"} 65536");
+    assert_line(text, "vllm:kv_offload_tiering_read_bytes_total{tier=\"2:p2p\"} 4096");
+    assert_promtool_vllm_names(text);
+    free(text);
+    kvt_stats_cleanup(&st);
+}
+
 static void test_render_basic_and_histogram(void **state)
 {
     struct kvt_stats st;
@@ -811,6 +830,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_promtool_catches_bad_pages),
         cmocka_unit_test(test_render_basic_and_histogram),
+        cmocka_unit_test(test_render_peer_label),
         cmocka_unit_test(test_accumulator_keeps_running_totals),
         cmocka_unit_test(test_accumulator_refuses_bad_deltas),
         cmocka_unit_test(test_node_samples),
