@@ -1488,6 +1488,15 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
  * sends large replies by rendezvous, received straight into the local registration).
  * A reply that cannot be sent is an error we see and turn into a failed endpoint.
  *
+ * Small replies (up to UCX_RD_EAGER_BYTES) and refusals are sent from inside the
+ * request's AM handler, as UCX answers a GET, eager and short with
+ * UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: UCX has copied the bytes when the call returns, so
+ * no reply record, memh, dispatch round or completion callback; if UCX cannot take
+ * it now (NO_RESOURCE) the reply is queued like a large one. The client copies small
+ * replies into place in its reply handler, and only into an op still waiting on a
+ * connected endpoint: a reply for a cancelled or timed-out READ finds no op (the
+ * endpoint failed, its ops ended at teardown) and is dropped.
+ *
  * The server checks every requested range against its remote registrations
  * (tp->mrs) before it sends a byte; a refused range is answered with err set. */
 
