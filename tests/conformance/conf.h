@@ -21,6 +21,7 @@ enum conf_msg_type {
     M_DATA,        /* a = seq, data = conf_payload(seq) */
     M_STREAM_DONE, /* peer -> client: a = M_DATA received in order, b = errors */
     M_STALL,       /* client -> peer: do not progress for a ms */
+    M_SILENCE,     /* client -> peer: take the host's link (KVT_NETDEV) down for a ms */
     M_KILL,        /* client -> peer: raise(SIGKILL) */
     M_QUIT,        /* client -> peer: exit with CONF_EXIT_QUIT (ends a supervisor) */
 };

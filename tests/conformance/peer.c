@@ -105,9 +105,30 @@ struct peer {
     uint64_t stream_n, tx_next, rx_next, rx_errors;
     bool streaming;
     unsigned stall_ms;
+    bool silence; /* during the stall, with the link down */
     bool kill, quit;
     int errors; /* anything that makes the peer exit 1 */
 };
+
+/* Takes this host's link down or up: how an RDMA peer is made to stop answering, as
+ * its NIC serves READs without its CPU. Only inside the soft-RoCE guests, which name
+ * the link in KVT_NETDEV (tools/rxe-harness); anywhere else it refuses. */
+static int peer_link(bool up)
+{
+    const char *dev = getenv("KVT_NETDEV");
+    char cmd[128];
+    int rc;
+
+    if (dev == NULL || strspn(dev, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(dev)) {
+        fprintf(stderr, "peer: M_SILENCE needs KVT_NETDEV (a soft-RoCE guest's link)\n");
+        return -1;
+    }
+    snprintf(cmd, sizeof(cmd), "ip link set dev %s %s", dev, up ? "up" : "down");
+    rc = system(cmd);
+    if (rc != 0)
+        fprintf(stderr, "peer: '%s' exited %d\n", cmd, rc);
+    return rc == 0 ? 0 : -1;
+}
 
 static int peer_send(struct peer *p, uint32_t type, uint64_t a, uint64_t b, const void *data,
                      size_t len)
@@ -173,7 +194,9 @@ static void peer_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t
         p->rx_next++;
         break;
     case M_STALL:
+    case M_SILENCE:
         p->stall_ms = (unsigned)m.a;
+        p->silence = m.type == M_SILENCE;
         break;
     case M_KILL:
         p->kill = true;
@@ -269,7 +292,11 @@ int conf_peer_main(const char *backend, const char *addr, uint16_t port, uint16_
         if (p.kill)
             raise(SIGKILL);
         if (p.stall_ms != 0) {
+            if (p.silence && peer_link(false) != 0)
+                p.errors++;
             usleep(p.stall_ms * 1000u);
+            if (p.silence && peer_link(true) != 0)
+                p.errors++;
             p.stall_ms = 0;
         }
         peer_stream(&p);
