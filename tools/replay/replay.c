@@ -544,7 +544,7 @@ static void print_summary(struct replay *r)
     json_t *s = json_object(), *tiers = json_object();
 
     for (size_t i = 0; i <= r->n_tiers; i++) {
-        char label[48];
+        char label[64]; /* "<tier index>:<type>", a type is up to 31 bytes */
         json_t *t = json_object();
 
         if (i == 0)
