@@ -14,32 +14,31 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <sys/uio.h>
 
 #include "kvt/list.h"
 #include "kvt/map.h"
 #include "kvt/storage_tier.h"
 #include "kvt/types.h"
 
-#define ST_BLOCK       4096u /* O_DIRECT alignment; capacity is charged in blocks */
-#define ST_VERSION     2u    /* the ".kv2" in the names; version 1 files are ".kvc" */
-#define ST_SUM_HEX     16    /* XXH3-64 of the row in a chunk file's name */
-#define ST_NAME_MAX    (3 + 2 * KVT_KEY_MAX + 1 + ST_SUM_HEX + 4 + 1) /* "ab/<hex>.<sum>.kv2" */
+#define ST_BLOCK       4096u       /* header block; payload offset; O_DIRECT alignment */
+#define ST_MAGIC       0x5354564bu /* "KVTS" little-endian */
+#define ST_VERSION     1u
+#define ST_NAME_MAX    (3 + 2 * KVT_KEY_MAX + 4 + 1) /* "ab/<hex>.kvc" */
 #define ST_BUCKETS     32
 #define ST_SCAN_SHARDS 256
-#define ST_V1_MAX_ROW  (1ull << 30) /* larger version 1 rows are refused, not migrated */
 
-/* Version 1 header block (little-endian), read only to migrate such files. */
-#define ST_V1_MAGIC       0x5354564bu /* "KVTS" */
-#define ST_V1_OFF_MAGIC   0
-#define ST_V1_OFF_VERSION 4
-#define ST_V1_OFF_KEYLEN  6
-#define ST_V1_OFF_PAYLOAD 8
-#define ST_V1_OFF_FLAGS   12
-#define ST_V1_OFF_ROWLEN  16
-#define ST_V1_OFF_NS      24
-#define ST_V1_OFF_KEY     56
-#define ST_V1_OFF_SUM     120
-#define ST_V1_OFF_HDRSUM  128
+/* Header field offsets (little-endian on disk). */
+#define ST_OFF_MAGIC   0
+#define ST_OFF_VERSION 4
+#define ST_OFF_KEYLEN  6
+#define ST_OFF_PAYLOAD 8
+#define ST_OFF_FLAGS   12
+#define ST_OFF_ROWLEN  16
+#define ST_OFF_NS      24
+#define ST_OFF_KEY     56
+#define ST_OFF_SUM     120
+#define ST_OFF_HDRSUM  128
 
 /* Errors the I/O threads report per chunk besides errnos. */
 #define ST_ERR_CORRUPT EBADMSG /* bad header or checksum, truncated file */
@@ -52,9 +51,7 @@ enum st_state { ST_WRITING, ST_PUBLISHED, ST_DOOMED };
  * map. While a key has an entry no second store of it is admitted. */
 struct st_entry {
     struct kvt_key key;
-    uint64_t bytes;    /* file bytes charged to capacity (size rounded up to blocks) */
-    uint64_t size;     /* file size: a load of a file that is not one row fails */
-    uint64_t sum;      /* PUBLISHED: the checksum in the file's name */
+    uint64_t bytes;    /* file bytes charged to capacity */
     uint64_t mtime_ns; /* restart ordering */
     int32_t pins;      /* running loads reading the file */
     uint8_t state;
@@ -64,14 +61,11 @@ struct st_entry {
 
 enum st_kind { ST_STORE, ST_LOAD, ST_UNLINK };
 
-/* One chunk of a job. key/chunk/size are read by I/O threads, err written by them;
- * sum is the file's checksum, set by the scheduler for loads and removals and by the
- * I/O thread for stores; e is the scheduler's. */
+/* One chunk of a job. key/chunk are read by I/O threads, err written by them;
+ * e is the scheduler's. */
 struct st_item {
     struct kvt_key key;
     int64_t chunk;
-    uint64_t sum;
-    uint64_t size;
     struct st_entry *e; /* NULL: failed at submit (err set) */
     int err;            /* 0 or a positive errno / ST_ERR_CORRUPT */
 };
@@ -123,12 +117,16 @@ struct st_rd {
     size_t idx;        /* item in t->sj */
     int fd;
     bool direct;
+    uint8_t *hdr; /* ST_BLOCK, aligned */
+    struct iovec *iov;
 };
 
 struct st_thread {
     pthread_t tid;
     struct st_tier *s;
-    bool reader; /* read threads prefer loads, then removals, then stores */
+    bool reader;  /* read threads prefer loads, then removals, then stores */
+    uint8_t *mem; /* header buffers (1 + depth of ST_BLOCK), aligned, inside mem */
+    uint8_t *hdr;
     bool started;
     /* Read threads with io_uring: the ring (struct io_uring, storage_io.c only) and
      * depth slots for the reads in flight. */
@@ -169,7 +167,6 @@ struct st_tier {
     char *dir; /* namespace folder */
     int dir_fd, lock_fd;
     uint8_t ns[KVT_STORAGE_NS_BYTES];
-    uint64_t ns_seed; /* XXH3-64 of ns: seeds the per-key checksum seeds */
     bool fsync;
     bool direct_ok; /* O_DIRECT probe passed */
     bool enable_events;
@@ -194,15 +191,12 @@ struct st_tier {
 };
 
 /* storage_io.c */
-/* "<shard>/<key hex>.<sum hex>.kv2", the published name; returns its length. */
-size_t kvt__st_name(const struct kvt_key *key, uint64_t sum, char *buf);
-/* "<shard>/<key hex>.tmp", the name a store writes before it publishes. */
-size_t kvt__st_tmp_name(const struct kvt_key *key, char *buf);
-uint64_t kvt__st_file_bytes(uint64_t size);
-/* The checksum of a chunk file's bytes: XXH3-64 seeded by the namespace and the key,
- * so that the bytes of another key or namespace never pass as this key's. */
-uint64_t kvt__st_sum(const struct st_tier *s, const struct kvt_key *key, const void *row,
-                     size_t len);
+size_t kvt__st_name(const struct kvt_key *key, const char *ext, char *buf);
+uint64_t kvt__st_file_bytes(uint64_t row_len);
+void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
+                        uint64_t row_len, uint64_t payload_sum);
+/* 0 or ST_ERR_CORRUPT; fills key_p and row_len_p. */
+int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, uint64_t *row_len_p);
 /* Probes O_DIRECT in dir_fd: 1 supported, 0 not, negative errno if the folder is not
  * writable at all. */
 int kvt__st_probe_direct(int dir_fd);
@@ -228,7 +222,7 @@ void kvt__st_pool_set_take_hook(struct st_tier *s, kvt__st_take_hook_t hook, voi
 /* Warm-restart scan result. */
 struct st_found {
     struct kvt_key key;
-    uint64_t sum, size, bytes, mtime_ns;
+    uint64_t bytes, mtime_ns;
 };
 int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p);
 

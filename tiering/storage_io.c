@@ -1,30 +1,22 @@
 /* The storage tier's back end: the chunk file format, the I/O thread pool and the
  * warm-restart scan (the front end, with the index, is storage_tier.c).
  *
- * File format, version 2: one chunk per file "<shard>/<key hex>.<sum>.kv2", whose bytes
- * are the row and nothing else; <sum> is 16 hex digits of the XXH3-64 of the row,
- * seeded by XXH3-64(key, seed XXH3-64(namespace)). The folder names the namespace, the
- * name the key and the checksum, the size the length: what a header would hold, kept
- * out of the file so that a 256 KiB row is a 256 KiB file, written and read in one
- * 256 KiB request at offset 0 (O_DIRECT straight from/into the primary slot, or
- * buffered), the shape of fio's I/O. Version 1 put a 4096-byte header block in front
- * of the row: 260 KiB files, two-segment requests, and ext4 allocated each such file
- * at a 512 KiB-aligned place. Any flipped bit of the row fails the checksum; a file
- * under another key's name fails it too (the seed); a truncated file is a short read;
- * a file of another size is refused from its size; a bit flipped in a name makes a
- * name that is not the key's (the load finds no file) or whose checksum is wrong.
+ * File format (little-endian), one chunk per file "<shard>/<key hex>.kvc":
+ *   0 magic "KVTS" | 4 version u16 | 6 key length u16 | 8 payload offset u32 (4096)
+ *   12 flags u32 (0) | 16 row length u64 | 24 namespace [32] | 56 key [64, zero padded]
+ *   120 XXH3-64 of the payload | 128 XXH3-64 of the whole 4096-byte block with this
+ *   field zeroed | zeros up to 4096 | the row.
+ * The header checksum covers the padding too, so a flipped bit anywhere in the file is
+ * caught: in the block by the header sum, in the row by the payload sum. The payload
+ * starts at 4096 so that the same file can be written and read with O_DIRECT (header
+ * block from an aligned buffer, row straight from/into the primary slot, one
+ * pwritev/preadv) or buffered.
  *
- * Version 1 files ("<key hex>.kvc") found at start are migrated by the scan threads:
- * header (magic, version, key, namespace, header checksum) and row checksum checked,
- * the row rewritten as a version 2 file (temporary name, rename, modification time
- * kept for recency), the old file deleted. One that fails a check, or cannot be
- * rewritten, is deleted and counted (restart_info.old_refused): never served.
- *
- * Publishing: write "<key hex>.tmp", optionally fdatasync, rename to the ".kv2" name
- * (atomic), optionally fsync the folder. A crash leaves at most a .tmp file, removed
- * at start; a torn file (power loss without fsync) fails its checksum and is deleted
- * on read. One tier per namespace folder (flock in the front end), so the names need
- * no per-writer suffix: a store of a key runs only while the index says WRITING.
+ * Publishing: write "<key hex>.tmp", optionally fdatasync, rename to ".kvc" (atomic),
+ * optionally fsync the folder. A crash leaves at most a .tmp file, removed at start;
+ * a torn .kvc (power loss without fsync) fails its checksums and is deleted on read.
+ * One tier per namespace folder (flock in the front end), so the names need no
+ * per-writer suffix: a store of a key runs only while the index says WRITING.
  *
  * Thread pool (vLLM's DualQueueThreadPool shape): n read and m write threads, one
  * mutex, one condition variable for work and one for idleness. A job is split into
@@ -50,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "kvt/alloc.h"
@@ -67,41 +60,40 @@
 
 /* ---- names and format ------------------------------------------------------------ */
 
-static char *put_stem(const struct kvt_key *key, char *buf)
+size_t kvt__st_name(const struct kvt_key *key, const char *ext, char *buf)
 {
     static const char hex[] = "0123456789abcdef";
     unsigned shard = (unsigned)(kvt_key_hash(key) >> 56);
-    buf[0] = hex[shard >> 4];
-    buf[1] = hex[shard & 15];
-    buf[2] = '/';
-    kvt_key_to_hex(key, buf + 3);
-    return buf + 3 + 2 * key->len;
+    size_t n = 0, elen = strlen(ext);
+    buf[n++] = hex[shard >> 4];
+    buf[n++] = hex[shard & 15];
+    buf[n++] = '/';
+    kvt_key_to_hex(key, buf + n);
+    n += 2u * key->len;
+    memcpy(buf + n, ext, elen + 1);
+    return n + elen;
 }
 
-size_t kvt__st_name(const struct kvt_key *key, uint64_t sum, char *buf)
+uint64_t kvt__st_file_bytes(uint64_t row_len)
 {
-    char *p = put_stem(key, buf);
-    return (size_t)(p - buf) + (size_t)sprintf(p, ".%016llx.kv2", (unsigned long long)sum);
+    return ST_BLOCK + ((row_len + ST_BLOCK - 1) / ST_BLOCK) * ST_BLOCK;
 }
 
-size_t kvt__st_tmp_name(const struct kvt_key *key, char *buf)
+static void put16(uint8_t *p, uint16_t v)
 {
-    char *p = put_stem(key, buf);
-    memcpy(p, ".tmp", 5);
-    return (size_t)(p - buf) + 4;
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
 }
-
-uint64_t kvt__st_file_bytes(uint64_t size)
+static void put32(uint8_t *p, uint32_t v)
 {
-    return ((size + ST_BLOCK - 1) / ST_BLOCK) * ST_BLOCK;
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
-
-uint64_t kvt__st_sum(const struct st_tier *s, const struct kvt_key *key, const void *row,
-                     size_t len)
+static void put64(uint8_t *p, uint64_t v)
 {
-    return kvt_hash64_seed(row, len, kvt_hash64_seed(key->bytes, key->len, s->ns_seed));
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
 }
-
 static uint16_t get16(const uint8_t *p)
 {
     return (uint16_t)(p[0] | p[1] << 8);
@@ -121,23 +113,38 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-/* A version 1 header block: 0 and the row length when it is good and names key in
- * this namespace; ST_ERR_CORRUPT otherwise. */
-static int v1_hdr_decode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
-                         uint64_t *row_len_p, uint64_t *sum_p)
+void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
+                        uint64_t row_len, uint64_t payload_sum)
 {
-    uint64_t sum = get64(blk + ST_V1_OFF_HDRSUM);
-    memset(blk + ST_V1_OFF_HDRSUM, 0, 8);
+    memset(blk, 0, ST_BLOCK);
+    put32(blk + ST_OFF_MAGIC, ST_MAGIC);
+    put16(blk + ST_OFF_VERSION, ST_VERSION);
+    put16(blk + ST_OFF_KEYLEN, key->len);
+    put32(blk + ST_OFF_PAYLOAD, ST_BLOCK);
+    put32(blk + ST_OFF_FLAGS, 0);
+    put64(blk + ST_OFF_ROWLEN, row_len);
+    memcpy(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES);
+    memcpy(blk + ST_OFF_KEY, key->bytes, key->len);
+    put64(blk + ST_OFF_SUM, payload_sum);
+    put64(blk + ST_OFF_HDRSUM, kvt_hash64(blk, ST_BLOCK));
+}
+
+int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, uint64_t *row_len_p)
+{
+    uint64_t sum = get64(blk + ST_OFF_HDRSUM);
+    unsigned klen;
+    put64(blk + ST_OFF_HDRSUM, 0);
     if (kvt_hash64(blk, ST_BLOCK) != sum)
         return ST_ERR_CORRUPT;
-    if (get32(blk + ST_V1_OFF_MAGIC) != ST_V1_MAGIC || get16(blk + ST_V1_OFF_VERSION) != 1 ||
-        get32(blk + ST_V1_OFF_PAYLOAD) != ST_BLOCK || get32(blk + ST_V1_OFF_FLAGS) != 0 ||
-        get16(blk + ST_V1_OFF_KEYLEN) != key->len ||
-        memcmp(blk + ST_V1_OFF_KEY, key->bytes, key->len) != 0 ||
-        memcmp(blk + ST_V1_OFF_NS, ns, KVT_STORAGE_NS_BYTES) != 0)
+    put64(blk + ST_OFF_HDRSUM, sum);
+    klen = get16(blk + ST_OFF_KEYLEN);
+    if (get32(blk + ST_OFF_MAGIC) != ST_MAGIC || get16(blk + ST_OFF_VERSION) != ST_VERSION ||
+        get32(blk + ST_OFF_PAYLOAD) != ST_BLOCK || get32(blk + ST_OFF_FLAGS) != 0 || klen < 1 ||
+        klen > KVT_KEY_MAX || memcmp(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES) != 0)
         return ST_ERR_CORRUPT;
-    *row_len_p = get64(blk + ST_V1_OFF_ROWLEN);
-    *sum_p = get64(blk + ST_V1_OFF_SUM);
+    key_p->len = (uint8_t)klen;
+    memcpy(key_p->bytes, blk + ST_OFF_KEY, klen);
+    *row_len_p = get64(blk + ST_OFF_ROWLEN);
     return 0;
 }
 
@@ -184,15 +191,12 @@ static int take_fault(struct st_tier *s, int op)
     return 0;
 }
 
-/* Full pwrite/pread of len bytes at buf, file offset off; *done_p < len only at end
- * of file. */
-static int full_io(int fd, bool wr, void *buf, size_t len, off_t off, size_t *done_p)
+/* Full pwritev/preadv of iov at off; *done_p < total only at end of file. */
+static int full_io(int fd, bool wr, struct iovec *iov, int cnt, size_t *done_p)
 {
     size_t done = 0;
-    while (done < len) {
-        uint8_t *p = (uint8_t *)buf + done;
-        ssize_t n = wr ? pwrite(fd, p, len - done, off + (off_t)done)
-                       : pread(fd, p, len - done, off + (off_t)done);
+    while (cnt > 0) {
+        ssize_t n = wr ? pwritev(fd, iov, cnt, (off_t)done) : preadv(fd, iov, cnt, (off_t)done);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -204,6 +208,15 @@ static int full_io(int fd, bool wr, void *buf, size_t len, off_t off, size_t *do
             break;
         }
         done += (size_t)n;
+        while (cnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (uint8_t *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
     }
     *done_p = done;
     return 0;
@@ -221,7 +234,8 @@ static int fsync_shard(struct st_tier *s, const char *name)
     return err;
 }
 
-static int write_chunk(struct st_tier *s, struct st_item *it, bool direct)
+static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
+                       bool direct)
 {
     size_t row = s->base.row_bytes;
     uint8_t *src = s->base.primary_base + (size_t)it->chunk * row;
@@ -229,17 +243,18 @@ static int write_chunk(struct st_tier *s, struct st_item *it, bool direct)
     int err = take_fault(s, KVT_STORAGE_FAULT_WRITE);
     if (err != 0)
         return err;
-    it->sum = kvt__st_sum(s, &it->key, src, row);
-    kvt__st_tmp_name(&it->key, tmp);
-    kvt__st_name(&it->key, it->sum, fin);
+    kvt__st_name(&it->key, ".tmp", tmp);
+    kvt__st_name(&it->key, ".kvc", fin);
+    kvt__st_hdr_encode(th->hdr, s->ns, &it->key, row, kvt_hash64(src, row));
     for (;;) {
         int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
+        struct iovec iov[2] = {{th->hdr, ST_BLOCK}, {src, row}};
         size_t done = 0;
         int fd = openat(s->dir_fd, tmp, flags, 0644);
         if (fd < 0) {
             err = errno;
         } else {
-            err = full_io(fd, true, src, row, 0, &done);
+            err = full_io(fd, true, iov, 2, &done);
             if (err == 0 && s->fsync && fdatasync(fd) != 0)
                 err = errno;
             if (close(fd) != 0 && err == 0)
@@ -264,7 +279,7 @@ static int write_chunk(struct st_tier *s, struct st_item *it, bool direct)
 static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct, int *fd_p)
 {
     char fin[ST_NAME_MAX];
-    kvt__st_name(&it->key, it->sum, fin);
+    kvt__st_name(&it->key, ".kvc", fin);
     for (;;) {
         int fd = openat(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (*direct ? O_DIRECT : 0));
         if (fd >= 0) {
@@ -277,47 +292,45 @@ static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct,
     }
 }
 
-/* Checks what a load brought into the slot (err: the read's own error, 0 when the
- * whole row was read); deletes the file of a failed load, which is never tried again:
- * the index drops the key. */
-static int check_loaded(struct st_tier *s, const struct st_item *it, int err)
+/* Checks what a load brought into hdr and the slot (err: the read's own error, 0 when
+ * the whole file was read); deletes the file of a failed load, which is never tried
+ * again: the index drops the key. */
+static int check_loaded(struct st_tier *s, const struct st_item *it, uint8_t *hdr, int err)
 {
     size_t row = s->base.row_bytes;
     const uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
-    if (err == 0 && kvt__st_sum(s, &it->key, dst, row) != it->sum)
+    struct kvt_key key;
+    uint64_t row_len = 0;
+    if (err == 0)
+        err = kvt__st_hdr_decode(hdr, s->ns, &key, &row_len);
+    if (err == 0 && (!kvt_key_eq(&key, &it->key) || row_len != row))
+        err = ST_ERR_CORRUPT;
+    if (err == 0 && kvt_hash64(dst, row) != get64(hdr + ST_OFF_SUM))
         err = ST_ERR_CORRUPT;
     if (err != 0 && err != ENOENT) {
         char fin[ST_NAME_MAX];
-        kvt__st_name(&it->key, it->sum, fin);
+        kvt__st_name(&it->key, ".kvc", fin);
         unlinkat(s->dir_fd, fin, 0);
     }
     return err;
 }
 
-/* Before any I/O: an injected fault, or a file that is not one row. */
-static int load_precheck(struct st_tier *s, const struct st_item *it)
-{
-    int err = take_fault(s, KVT_STORAGE_FAULT_READ);
-    if (err == 0 && it->size != s->base.row_bytes)
-        err = ST_ERR_CORRUPT;
-    return err;
-}
-
-/* One blocking load of it into its slot (no fault injection). */
-static int read_chunk_io(struct st_tier *s, const struct st_item *it, bool direct)
+/* One blocking load of it into hdr and its slot (no fault injection). */
+static int read_chunk_io(struct st_tier *s, uint8_t *hdr, const struct st_item *it, bool direct)
 {
     size_t row = s->base.row_bytes;
     uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
     int err;
     for (;;) {
+        struct iovec iov[2] = {{hdr, ST_BLOCK}, {dst, row}};
         size_t done = 0;
         int fd = -1;
         err = open_chunk(s, it, &direct, &fd);
         if (err != 0)
             break;
-        err = full_io(fd, false, dst, row, 0, &done);
+        err = full_io(fd, false, iov, 2, &done);
         close(fd);
-        if (err == 0 && done != row)
+        if (err == 0 && done != ST_BLOCK + row)
             err = ST_ERR_CORRUPT; /* truncated */
         if (err == EINVAL && direct) {
             direct = false; /* opened, but the read is refused */
@@ -325,21 +338,22 @@ static int read_chunk_io(struct st_tier *s, const struct st_item *it, bool direc
         }
         break;
     }
-    return check_loaded(s, it, err);
+    return check_loaded(s, it, hdr, err);
 }
 
-static int read_chunk(struct st_tier *s, const struct st_item *it, bool direct)
+static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
+                      bool direct)
 {
-    int err = load_precheck(s, it);
+    int err = take_fault(s, KVT_STORAGE_FAULT_READ);
     if (err != 0)
-        return check_loaded(s, it, err);
-    return read_chunk_io(s, it, direct);
+        return check_loaded(s, it, th->hdr, err);
+    return read_chunk_io(s, th->hdr, it, direct);
 }
 
 static int unlink_chunk(struct st_tier *s, const struct st_item *it)
 {
     char fin[ST_NAME_MAX];
-    kvt__st_name(&it->key, it->sum, fin);
+    kvt__st_name(&it->key, ".kvc", fin);
     if (unlinkat(s->dir_fd, fin, 0) != 0 && errno != ENOENT)
         return errno;
     return 0;
@@ -432,10 +446,10 @@ static void run_task(struct st_tier *s, struct st_thread *th, struct st_task *t)
         struct st_item *it = &sj->items[i];
         switch (sj->kind) {
         case ST_STORE:
-            it->err = write_chunk(s, it, sj->direct);
+            it->err = write_chunk(s, th, it, sj->direct);
             break;
         case ST_LOAD:
-            it->err = read_chunk(s, it, sj->direct);
+            it->err = read_chunk(s, th, it, sj->direct);
             break;
         case ST_UNLINK:
             it->err = unlink_chunk(s, it);
@@ -456,8 +470,8 @@ static void took(struct st_pool *p, struct st_thread *th, struct st_task *t)
 #ifdef KVT_HAVE_LIBURING
 /* ---- read threads with io_uring ----------------------------------------------------
  * A read thread keeps up to depth chunk reads in flight in its own ring: it opens the
- * file (blocking; cheap), queues one read of the row straight into the slot, and
- * checks each chunk (the XXH3-64 of the row) when its read completes,
+ * file (blocking; cheap), queues one readv of header block + row straight into the
+ * slot, and checks each chunk (header, XXH3-64 of the row) when its read completes,
  * while the others are still being read. So the device never waits for the hashing,
  * as it does when one thread reads and checks in turn. While reads are in flight the
  * thread takes only more loads; removals and stores it takes (blocking) when it has
@@ -485,25 +499,26 @@ static bool rd_start(struct st_tier *s, struct st_thread *th, struct st_task *t,
     bool direct = t->sj->direct;
     int fd = -1, err;
     assert(rd != NULL);
-    err = load_precheck(s, it);
+    err = take_fault(s, KVT_STORAGE_FAULT_READ);
     if (err == 0)
         err = open_chunk(s, it, &direct, &fd);
     if (err != 0) {
-        it->err = check_loaded(s, it, err);
+        it->err = check_loaded(s, it, rd->hdr, err);
         return false;
     }
-    /* No sqe cannot happen (the ring has depth entries); a read takes 32-bit lengths. */
-    sqe = row <= UINT32_MAX ? io_uring_get_sqe(th->ring) : NULL;
-    if (sqe == NULL) {
+    sqe = io_uring_get_sqe(th->ring);
+    if (sqe == NULL) { /* cannot happen: the ring has depth entries */
         close(fd);
-        it->err = read_chunk_io(s, it, direct);
+        it->err = read_chunk_io(s, rd->hdr, it, direct);
         return false;
     }
     rd->t = t;
     rd->idx = idx;
     rd->fd = fd;
     rd->direct = direct;
-    io_uring_prep_read(sqe, fd, s->base.primary_base + (size_t)it->chunk * row, (unsigned)row, 0);
+    rd->iov[0] = (struct iovec){rd->hdr, ST_BLOCK};
+    rd->iov[1] = (struct iovec){s->base.primary_base + (size_t)it->chunk * row, row};
+    io_uring_prep_readv(sqe, fd, rd->iov, 2, 0);
     io_uring_sqe_set_data(sqe, rd);
     th->n_busy++;
     return true;
@@ -519,10 +534,10 @@ static struct st_task *rd_complete(struct st_tier *s, struct st_thread *th,
     int res = cqe->res;
     io_uring_cqe_seen(th->ring, cqe);
     close(rd->fd);
-    if (res >= 0 && (size_t)res == s->base.row_bytes)
-        it->err = check_loaded(s, it, 0);
+    if (res >= 0 && (size_t)res == ST_BLOCK + s->base.row_bytes)
+        it->err = check_loaded(s, it, rd->hdr, 0);
     else
-        it->err = read_chunk_io(s, it, rd->direct);
+        it->err = read_chunk_io(s, rd->hdr, it, rd->direct);
     rd->t = NULL;
     th->n_busy--;
     return --t->left == 0 ? t : NULL;
@@ -732,12 +747,18 @@ int kvt__st_pool_start(struct st_tier *s)
             }
         }
         depth = th->ring != NULL ? s->read_depth : 0;
-        th->rd = depth > 0 ? kvt_calloc(depth, sizeof(*th->rd)) : NULL;
-        if (depth > 0 && th->rd == NULL) {
+        th->mem = kvt_malloc((2 + depth) * ST_BLOCK);
+        th->rd = depth > 0 ? kvt_calloc(depth, sizeof(*th->rd) + 2 * sizeof(struct iovec)) : NULL;
+        if (th->mem == NULL || (depth > 0 && th->rd == NULL)) {
             kvt__st_pool_stop(s);
             return -ENOMEM;
         }
+        th->hdr = (uint8_t *)(((uintptr_t)th->mem + ST_BLOCK - 1) & ~(uintptr_t)(ST_BLOCK - 1));
         th->depth = depth;
+        for (unsigned d = 0; d < depth; d++) {
+            th->rd[d].hdr = th->hdr + (size_t)(1 + d) * ST_BLOCK;
+            th->rd[d].iov = (struct iovec *)(void *)(th->rd + depth) + 2 * d;
+        }
         rc = pthread_create(&th->tid, NULL, worker_main, th);
         if (rc != 0) {
             kvt_error(MOD, "cannot start I/O thread: %s", strerror(rc));
@@ -787,6 +808,7 @@ void kvt__st_pool_cleanup(struct st_tier *s)
         for (unsigned i = 0; i < s->n_read + s->n_write; i++) {
             ring_exit(&p->threads[i]);
             kvt_free(p->threads[i].rd);
+            kvt_free(p->threads[i].mem);
         }
         kvt_free(p->threads);
         p->threads = NULL;
@@ -933,24 +955,20 @@ void kvt__st_pool_pause(struct st_tier *s, bool paused)
 
 /* ---- warm-restart scan ------------------------------------------------------------ */
 
-struct scan_counts {
-    size_t tmp_removed, bad_removed, migrated, old_refused;
-};
-
 struct scan {
     struct st_tier *s;
     unsigned next_shard; /* atomic */
     pthread_mutex_t mu;
     struct st_found *found;
     size_t n, cap;
-    struct scan_counts c;
+    size_t tmp_removed, bad_removed;
     int err;
 };
 
 struct scan_local {
     struct st_found *found;
     size_t n, cap;
-    struct scan_counts c;
+    size_t tmp_removed, bad_removed;
     int err;
 };
 
@@ -960,138 +978,35 @@ static bool ends_with(const char *name, size_t len, const char *ext)
     return len > el && memcmp(name + len - el, ext, el) == 0;
 }
 
-/* The key named by the stem (the name up to its first '.'), which must belong to
- * this shard. */
-static int parse_stem(const char *name, unsigned shard, struct kvt_key *key_p, size_t *len_p)
+/* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT for one to delete. */
+static int check_file(struct st_tier *s, int shard_fd, unsigned shard, const char *name, size_t len,
+                      struct st_found *f)
 {
     char stem[2 * KVT_KEY_MAX + 1];
-    const char *dot = strchr(name, '.');
-    size_t len = dot != NULL ? (size_t)(dot - name) : 0;
-    if (len == 0 || len > 2 * KVT_KEY_MAX)
-        return ST_ERR_CORRUPT;
-    memcpy(stem, name, len);
-    stem[len] = '\0';
-    if (kvt_key_from_hex(key_p, stem) != 0 || (kvt_key_hash(key_p) >> 56) != shard)
-        return ST_ERR_CORRUPT;
-    *len_p = len;
-    return 0;
-}
-
-static void found_from_stat(struct st_found *f, const struct stat *st)
-{
-    f->size = (uint64_t)st->st_size;
-    f->bytes = kvt__st_file_bytes(f->size);
-    f->mtime_ns = (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
-}
-
-/* A version 2 name "<key hex>.<16 hex>.kv2": 0 and *f filled for a chunk file of this
- * shard; ST_ERR_CORRUPT for one to delete; ENOENT when it is gone. No file is opened:
- * the bytes are checked when they are loaded. */
-static int check_file(int shard_fd, unsigned shard, const char *name, size_t len,
-                      struct st_found *f)
-{
-    size_t stem = 0;
-    struct stat st;
-    if (parse_stem(name, shard, &f->key, &stem) != 0 || len != stem + 1 + ST_SUM_HEX + 4)
-        return ST_ERR_CORRUPT;
-    for (size_t i = stem + 1; i < stem + 1 + ST_SUM_HEX; i++) {
-        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f')))
-            return ST_ERR_CORRUPT;
-    }
-    f->sum = strtoull(name + stem + 1, NULL, 16);
-    if (fstatat(shard_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
-        return errno == ENOENT ? ENOENT : ST_ERR_CORRUPT;
-    if (!S_ISREG(st.st_mode) || st.st_size <= 0)
-        return ST_ERR_CORRUPT;
-    found_from_stat(f, &st);
-    return 0;
-}
-
-/* Rewrites the version 1 file "<key hex>.kvc" as a version 2 file (then deletes it):
- * 0 and *f filled when migrated; a positive errno or ST_ERR_CORRUPT when it was not
- * (the caller deletes it). Buffered I/O: it runs once per file, at start. */
-static int migrate_v1(struct st_tier *s, int shard_fd, unsigned shard, const char *name,
-                      struct st_found *f)
-{
     uint8_t blk[ST_BLOCK];
-    char tmp[ST_NAME_MAX], fin[ST_NAME_MAX];
-    uint64_t row_len = 0, v1_sum = 0;
-    uint8_t *row = NULL;
+    struct kvt_key key;
+    uint64_t row_len = 0;
     struct stat st;
-    size_t done = 0, stem = 0;
-    int fd, wfd = -1, err;
-    if (parse_stem(name, shard, &f->key, &stem) != 0 || strcmp(name + stem, ".kvc") != 0)
+    int fd, rc = ST_ERR_CORRUPT;
+    if (len - 4 > 2 * KVT_KEY_MAX)
+        return ST_ERR_CORRUPT;
+    memcpy(stem, name, len - 4);
+    stem[len - 4] = '\0';
+    if (kvt_key_from_hex(&f->key, stem) != 0 || (kvt_key_hash(&f->key) >> 56) != shard)
         return ST_ERR_CORRUPT;
     fd = openat(shard_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return errno;
-    err = fstat(fd, &st) != 0 ? errno : 0;
-    if (err == 0 && !S_ISREG(st.st_mode))
-        err = ST_ERR_CORRUPT;
-    if (err == 0)
-        err = full_io(fd, false, blk, ST_BLOCK, 0, &done);
-    if (err == 0 &&
-        (done != ST_BLOCK || v1_hdr_decode(blk, s->ns, &f->key, &row_len, &v1_sum) != 0 ||
-         row_len == 0 || row_len > ST_V1_MAX_ROW || (uint64_t)st.st_size != ST_BLOCK + row_len))
-        err = ST_ERR_CORRUPT;
-    if (err == 0 && (row = kvt_malloc(row_len)) == NULL)
-        err = ENOMEM;
-    if (err == 0)
-        err = full_io(fd, false, row, row_len, ST_BLOCK, &done);
-    if (err == 0 && (done != row_len || kvt_hash64(row, row_len) != v1_sum))
-        err = ST_ERR_CORRUPT;
+        return errno == ENOENT ? ENOENT : ST_ERR_CORRUPT;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK &&
+        kvt__st_hdr_decode(blk, s->ns, &key, &row_len) == 0 && kvt_key_eq(&key, &f->key) &&
+        row_len > 0 && (uint64_t)st.st_size == ST_BLOCK + row_len) {
+        f->bytes = kvt__st_file_bytes(row_len);
+        f->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
+        rc = 0;
+    }
     close(fd);
-    if (err != 0)
-        goto out;
-    f->sum = kvt__st_sum(s, &f->key, row, row_len);
-    /* The names relative to the shard folder (kvt__st_name puts "ab/" first). */
-    kvt__st_tmp_name(&f->key, tmp);
-    kvt__st_name(&f->key, f->sum, fin);
-    wfd = openat(shard_fd, tmp + 3, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (wfd < 0) {
-        err = errno;
-        goto out;
-    }
-    err = full_io(wfd, true, row, row_len, 0, &done);
-    if (err == 0 && s->fsync && fdatasync(wfd) != 0)
-        err = errno;
-    if (err == 0) {
-        /* Recency at restart follows modification times: keep the old one. */
-        struct timespec ts[2] = {st.st_atim, st.st_mtim};
-        if (futimens(wfd, ts) != 0)
-            err = errno;
-    }
-    if (close(wfd) != 0 && err == 0)
-        err = errno;
-    if (err == 0 && renameat(shard_fd, tmp + 3, shard_fd, fin + 3) != 0)
-        err = errno;
-    if (err != 0) {
-        unlinkat(shard_fd, tmp + 3, 0);
-        goto out;
-    }
-    if (s->fsync && fsync(shard_fd) != 0)
-        kvt_warn(MOD, "fsync of %s/%.2s after a migration: %s", s->dir, fin, strerror(errno));
-    unlinkat(shard_fd, name, 0);
-    f->size = row_len;
-    f->bytes = kvt__st_file_bytes(row_len);
-    f->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-out:
-    kvt_free(row);
-    return err;
-}
-
-static int add_found(struct scan_local *l, const struct st_found *f)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? 2 * l->cap : 1024;
-        struct st_found *nf = kvt_reallocarray(l->found, cap, sizeof(*nf));
-        if (nf == NULL)
-            return -ENOMEM;
-        l->found = nf;
-        l->cap = cap;
-    }
-    l->found[l->n++] = *f;
-    return 0;
+    return rc;
 }
 
 static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
@@ -1111,7 +1026,7 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
         close(fd);
         return;
     }
-    while (l->err == 0 && (de = readdir(d)) != NULL) {
+    while ((de = readdir(d)) != NULL) {
         const char *name = de->d_name;
         size_t len = strlen(name);
         struct st_found f;
@@ -1120,35 +1035,30 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
             continue;
         if (ends_with(name, len, ".tmp")) {
             if (unlinkat(fd, name, 0) == 0)
-                l->c.tmp_removed++;
+                l->tmp_removed++;
             continue;
         }
-        if (ends_with(name, len, ".kvc")) {
-            rc = migrate_v1(s, fd, shard, name, &f);
-            if (rc == ENOENT)
-                continue;
-            if (rc != 0) {
-                kvt_warn(MOD, "version 1 file %s/%s/%s not migrated (%s): deleted", s->dir, dname,
-                         name, rc == ST_ERR_CORRUPT ? "bad header or checksum" : strerror(rc));
-                unlinkat(fd, name, 0);
-                l->c.old_refused++;
-                continue;
-            }
-            l->c.migrated++;
-            l->err = add_found(l, &f);
-            continue;
-        }
-        if (!ends_with(name, len, ".kv2"))
+        if (!ends_with(name, len, ".kvc"))
             continue; /* not ours: left alone */
-        rc = check_file(fd, shard, name, len, &f);
+        rc = check_file(s, fd, shard, name, len, &f);
         if (rc == ENOENT)
             continue;
         if (rc != 0) {
             if (unlinkat(fd, name, 0) == 0)
-                l->c.bad_removed++;
+                l->bad_removed++;
             continue;
         }
-        l->err = add_found(l, &f);
+        if (l->n == l->cap) {
+            size_t cap = l->cap ? 2 * l->cap : 1024;
+            struct st_found *nf = kvt_reallocarray(l->found, cap, sizeof(*nf));
+            if (nf == NULL) {
+                l->err = -ENOMEM;
+                break;
+            }
+            l->found = nf;
+            l->cap = cap;
+        }
+        l->found[l->n++] = f;
     }
     closedir(d);
 }
@@ -1162,10 +1072,8 @@ static void *scan_main(void *arg)
            (shard = __atomic_fetch_add(&sc->next_shard, 1, __ATOMIC_RELAXED)) < ST_SCAN_SHARDS)
         scan_shard(sc->s, shard, &l);
     pthread_mutex_lock(&sc->mu);
-    sc->c.tmp_removed += l.c.tmp_removed;
-    sc->c.bad_removed += l.c.bad_removed;
-    sc->c.migrated += l.c.migrated;
-    sc->c.old_refused += l.c.old_refused;
+    sc->tmp_removed += l.tmp_removed;
+    sc->bad_removed += l.bad_removed;
     if (l.err != 0) {
         sc->err = l.err;
     } else if (l.n > 0) {
@@ -1205,10 +1113,8 @@ int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p)
     for (unsigned i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
     pthread_mutex_destroy(&sc.mu);
-    s->restart.tmp_removed = sc.c.tmp_removed;
-    s->restart.bad_removed = sc.c.bad_removed;
-    s->restart.migrated = sc.c.migrated;
-    s->restart.old_refused = sc.c.old_refused;
+    s->restart.tmp_removed = sc.tmp_removed;
+    s->restart.bad_removed = sc.bad_removed;
     if (sc.err != 0) {
         kvt_free(sc.found);
         return sc.err;

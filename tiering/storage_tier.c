@@ -19,18 +19,16 @@
  * misses instead of promoting the same doomed chunk forever (#49176). Loads report
  * per-key success (successful_keys).
  *
- * Capacity: every file is charged its size (one row) rounded up to 4096. A store reserves
+ * Capacity: every file is charged header block + row rounded to 4096. A store reserves
  * its bytes when it is admitted; when that does not fit, least recently used unpinned
  * files are evicted (the store's tasks wait until those files are removed, so a full
  * disk under the bound does not fail it); pinned files - those
  * a running load reads - are never evicted. Keys that still do not fit are dropped and
  * the job fails. Lookups that HIT, touch() and successful loads refresh recency.
  *
- * Warm restart (create): the index is rebuilt from the file names by a few threads
- * (the name carries key and checksum, so no file is opened); leftover temporary files
- * and files with bad names are deleted, version 1 files migrated (storage_io.c), and
- * of two files of one key the older is deleted; recency starts in file modification
- * order. Checksums are verified on every load, not at start.
+ * Warm restart (create): the index is rebuilt from the headers by a few threads;
+ * leftover temporary files and files with bad headers are deleted; recency starts in
+ * file modification order. Payload checksums are verified on every load, not at start.
  *
  * Errors: ENOSPC, EIO, a read-only or vanished root fail the affected chunks (the job
  * fails, kvtier_storage_tier_errors rises) and the tier keeps serving what it can. A
@@ -49,7 +47,6 @@
 #include "kvt/backpressure.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
-#include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/storage_tier.h"
 #include "storage_int.h"
@@ -136,8 +133,7 @@ static void add_unlink(struct st_tier *s, struct st_entry *e)
         sj->items = items;
         sj->cap_items = cap;
     }
-    sj->items[sj->n_items++] =
-        (struct st_item){.key = e->key, .chunk = -1, .sum = e->sum, .size = e->size, .e = e};
+    sj->items[sj->n_items++] = (struct st_item){.key = e->key, .chunk = -1, .e = e};
     e->unlink_pending = true;
 }
 
@@ -287,7 +283,6 @@ static void st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
             oom_abort();
         e->key = *key;
         e->bytes = fbytes;
-        e->size = t->row_bytes;
         e->state = ST_WRITING;
         kvt_list_init(&e->lru);
         s->n_writing++;
@@ -309,11 +304,8 @@ static void st_submit_load(struct kvt_tier *t, const struct kvt_job *job)
         if (e == NULL || e->state != ST_PUBLISHED || !slot_ok(s, job->chunk_ids[i]))
             continue; /* fails: not in successful_keys */
         e->pins++;
-        sj->items[sj->n_items++] = (struct st_item){.key = job->keys[i],
-                                                    .chunk = job->chunk_ids[i],
-                                                    .sum = e->sum,
-                                                    .size = e->size,
-                                                    .e = e};
+        sj->items[sj->n_items++] =
+            (struct st_item){.key = job->keys[i], .chunk = job->chunk_ids[i], .e = e};
     }
     sj->direct = use_direct(s);
     kvt__st_pool_submit(s, sj);
@@ -369,7 +361,6 @@ static void finish_store(struct st_tier *s, struct st_job *sj, kvt_job_result_cb
         assert(e->state == ST_WRITING);
         s->n_writing--;
         if (it->err == 0) {
-            e->sum = it->sum;
             e->state = ST_PUBLISHED;
             kvt_list_add_tail(&s->lru, &e->lru);
             s->n_published++;
@@ -636,31 +627,13 @@ static int rebuild_index(struct st_tier *s)
     if (n > 1) /* found is NULL when nothing was found */
         qsort(found, n, sizeof(*found), cmp_found);
     for (size_t i = 0; i < n; i++) {
-        struct st_entry *e = find(s, &found[i].key);
-        if (e != NULL) {
-            /* Two files of one key (a removal that failed, a crash while migrating):
-             * the newer one stays (found is in mtime order). The same name twice is
-             * one file that the scan saw twice. */
-            if (e->sum != found[i].sum) {
-                char name[ST_NAME_MAX];
-                kvt__st_name(&e->key, e->sum, name);
-                if (unlinkat(s->dir_fd, name, 0) == 0)
-                    s->restart.bad_removed++;
-            }
-            kvt_list_del(&e->lru);
-            s->n_published--;
-            s->used -= e->bytes;
-        } else {
-            e = kvt_calloc(1, sizeof(*e));
-            if (e == NULL || kvt_map_put(&s->index, found[i].key.bytes, found[i].key.len, e) != 0) {
-                kvt_free(e);
-                kvt_free(found);
-                return -ENOMEM;
-            }
+        struct st_entry *e = kvt_calloc(1, sizeof(*e));
+        if (e == NULL || kvt_map_put(&s->index, found[i].key.bytes, found[i].key.len, e) != 0) {
+            kvt_free(e);
+            kvt_free(found);
+            return -ENOMEM;
         }
         e->key = found[i].key;
-        e->sum = found[i].sum;
-        e->size = found[i].size;
         e->bytes = found[i].bytes;
         e->mtime_ns = found[i].mtime_ns;
         e->state = ST_PUBLISHED;
@@ -668,21 +641,16 @@ static int rebuild_index(struct st_tier *s)
         s->n_published++;
         s->used += e->bytes;
     }
-    n = s->n_published;
     s->restart.files_found = n;
     s->restart.bytes_found = s->used;
     if (s->enable_events && n > 0) {
         struct kvt_key *keys = kvt_reallocarray(NULL, n, sizeof(*keys));
-        struct kvt_list *pos, *tmp;
-        size_t k = 0;
         if (keys == NULL) {
             kvt_free(found);
             return -ENOMEM;
         }
-        kvt_list_for_each_safe(pos, tmp, &s->lru)
-        {
-            keys[k++] = kvt_list_entry(pos, struct st_entry, lru)->key;
-        }
+        for (size_t i = 0; i < n; i++)
+            keys[i] = found[i].key;
         rc = kvt_events_push(&s->events, keys, n, KVT_MEDIUM_STORAGE, s->base.locality, false);
         kvt_free(keys);
     }
@@ -785,7 +753,6 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
                   cfg->locality);
     s->dir_fd = s->lock_fd = -1;
     memcpy(s->ns, cfg->namespace_id, sizeof(s->ns));
-    s->ns_seed = kvt_hash64(s->ns, sizeof(s->ns));
     s->capacity = cfg->capacity_bytes;
     s->fsync = cfg->fsync;
     s->enable_events = cfg->enable_events;
@@ -843,11 +810,10 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     s->restart.seconds = (double)(kvt_now_ns() - t0) * 1e-9;
     kvt_info(MOD,
              "'%s': %zu chunk file(s), %llu bytes indexed in %.3f s (%zu temporary and %zu bad "
-             "file(s) removed, %zu evicted, %zu version 1 file(s) migrated, %zu refused); %s "
-             "I/O, %s",
+             "file(s) removed, %zu evicted); %s I/O, %s",
              s->dir, s->restart.files_found, (unsigned long long)s->restart.bytes_found,
              s->restart.seconds, s->restart.tmp_removed, s->restart.bad_removed, s->restart.evicted,
-             s->restart.migrated, s->restart.old_refused, s->direct_ok ? "direct" : "buffered",
+             s->direct_ok ? "direct" : "buffered",
              s->uring_ok ? "reads through io_uring" : "blocking reads");
     *tier_p = &s->base;
     return 0;
@@ -889,11 +855,8 @@ bool kvt_storage_tier_has(struct kvt_tier *t, const struct kvt_key *key)
 
 int kvt_storage_tier_path(struct kvt_tier *t, const struct kvt_key *key, char *buf, size_t len)
 {
-    struct st_entry *e = find(st(t), key);
     char name[ST_NAME_MAX];
-    if (e == NULL || e->state != ST_PUBLISHED)
-        return -ENOENT;
-    kvt__st_name(key, e->sum, name);
+    kvt__st_name(key, ".kvc", name);
     if ((size_t)snprintf(buf, len, "%s/%s", st(t)->dir, name) >= len)
         return -ENAMETOOLONG;
     return 0;

@@ -304,7 +304,7 @@ static void test_sigkill_during_write_loops(void **state)
     uint64_t rng = 12345;
     size_t total_tmp = 0, max_found = 0, loaded = 0;
     *state = f;
-    f->cfg.capacity_bytes = (uint64_t)KILL_CAP_FILES * KILL_ROW;
+    f->cfg.capacity_bytes = (uint64_t)KILL_CAP_FILES * (4096 + KILL_ROW);
     for (int round = 0; round < KILL_ROUNDS; round++) {
         struct kvt_storage_restart_info ri;
         struct timespec ts;
@@ -369,15 +369,14 @@ static void test_sigkill_during_write_loops(void **state)
 
 /* ---- a small tmpfs ----------------------------------------------------------------- */
 
-/* 960 KiB holds three files of 256 KiB (format version 2: a file is the row), not a
- * fourth: the fourth and fifth fail with ENOSPC. */
+/* 1 MiB holds three files of 4 KiB + 256 KiB: the fourth and fifth fail with ENOSPC. */
 static void test_enospc_small_tmpfs(void **state)
 {
     struct fx *f = fx_new(262144, 12);
     int keys[5] = {1, 2, 3, 4, 5};
     struct result *r;
     *state = f;
-    mount_tmpfs(f, 960);
+    mount_tmpfs(f, 1024);
     assert_int_equal(fx_open(f), 0);
     assert_true(wait_job(f, store_keys(f, keys, 3))->success);
     r = wait_job(f, store_keys(f, keys + 3, 2));
@@ -385,7 +384,7 @@ static void test_enospc_small_tmpfs(void **state)
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_ENOSPC), 2);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_ERRORS), 2);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_STORED_CHUNKS), 3);
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 3 * 262144);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 3 * (4096 + 262144));
     assert_false(has(f, 4));
     assert_false(has(f, 5));
     assert_int_equal(count_tmp(kvt_storage_tier_dir(f->t)), 0);
@@ -399,7 +398,7 @@ static void test_enospc_small_tmpfs(void **state)
     /* With a capacity bound below the file system's size, eviction makes room
      * instead: the tier never runs into ENOSPC. */
     fx_close(f);
-    f->cfg.capacity_bytes = 3 * 262144;
+    f->cfg.capacity_bytes = 3 * (4096 + 262144);
     assert_int_equal(fx_open(f), 0);
     assert_true(wait_job(f, store_keys(f, keys + 3, 2))->success);
     kvt_storage_tier_wait_idle(f->t);

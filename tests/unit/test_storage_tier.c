@@ -269,40 +269,6 @@ static bool file_exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-/* "<namespace folder>/<shard>/<key hex><suffix>", whether or not the key is indexed. */
-static char *stem_path(struct fx *f, int k, const char *suffix)
-{
-    static char buf[4096];
-    struct kvt_key key = kt_key(k);
-    char hex[2 * KVT_KEY_MAX + 1], nshex[65];
-    kvt_key_to_hex(&key, hex);
-    for (int i = 0; i < 32; i++)
-        snprintf(nshex + 2 * i, 3, "%02x", f->ns[i]);
-    snprintf(buf, sizeof(buf), "%s/%s/%02x/%s%s", f->root, nshex,
-             (unsigned)(kvt_key_hash(&key) >> 56), hex, suffix);
-    return buf;
-}
-
-/* Whether any file of key k (any checksum, any extension) is in its shard folder. */
-static bool key_has_file(struct fx *f, int k)
-{
-    char dir[4096], *slash;
-    const char *stem;
-    struct dirent *de;
-    bool found = false;
-    DIR *d;
-    snprintf(dir, sizeof(dir), "%s", stem_path(f, k, "."));
-    slash = strrchr(dir, '/');
-    *slash = '\0';
-    stem = slash + 1;
-    d = opendir(dir);
-    assert_non_null(d);
-    while (!found && (de = readdir(d)) != NULL)
-        found = strncmp(de->d_name, stem, strlen(stem)) == 0;
-    closedir(d);
-    return found;
-}
-
 static bool has(struct fx *f, int k)
 {
     struct kvt_key key = kt_key(k);
@@ -372,19 +338,16 @@ static void test_lookup_empty_tier(void **state)
     fx_free(f);
 }
 
-/* The file is at <root>/<ns hex>/<2 hex shard>/<key hex>.<16 hex>.kv2 (format version
- * 2): its bytes are the row and nothing else, its size the row's, and the 16 hex
- * digits the XXH3-64 of the row seeded by XXH3-64(key, seed XXH3-64(namespace)). */
+/* The file is at <root>/<ns hex>/<2 hex shard>/<key hex>.kvc and its header carries
+ * the key, the row length, the namespace and the XXH3-64 of the row. */
 static void test_store_creates_file_and_lookup_succeeds(void **state)
 {
     struct fx *f = fx_new(8192, 8);
     struct kvt_key key = kt_key(1);
-    char hex[129], want_dir[4096], nshex[65], sum_hex[17];
-    uint8_t buf[8192 + 1];
+    char hex[129], want_dir[4096], nshex[65];
+    uint8_t hdr[4096];
     struct result *r;
-    struct stat st;
     const char *p;
-    uint64_t seed, want;
     int fd;
     (void)state;
     r = wait_job(f, store1(f, 1));
@@ -399,30 +362,31 @@ static void test_store_creates_file_and_lookup_succeeds(void **state)
     assert_string_equal(kvt_storage_tier_dir(f->t), want_dir);
     p = key_path(f, 1);
     kvt_key_to_hex(&key, hex);
-    seed = kvt_hash64_seed(key.bytes, key.len, kvt_hash64(f->ns, 32));
-    want = kvt_hash64_seed(slot(f, 1), 8192, seed);
-    snprintf(sum_hex, sizeof(sum_hex), "%016llx", (unsigned long long)want);
     assert_int_equal(strncmp(p, want_dir, strlen(want_dir)), 0);
-    assert_int_equal(strlen(p), strlen(want_dir) + 1 + 2 + 1 + strlen(hex) + 1 + 16 + 4);
-    assert_true(p[strlen(want_dir) + 3] == '/');
+    assert_int_equal(strlen(p), strlen(want_dir) + 1 + 2 + 1 + strlen(hex) + 4);
     assert_int_equal(strncmp(p + strlen(want_dir) + 4, hex, strlen(hex)), 0);
-    p += strlen(want_dir) + 4 + strlen(hex);
-    assert_true(p[0] == '.');
-    assert_int_equal(strncmp(p + 1, sum_hex, 16), 0);
-    assert_string_equal(p + 17, ".kv2");
-    p = key_path(f, 1);
-    assert_int_equal(stat(p, &st), 0);
-    assert_int_equal(st.st_size, 8192);
+    assert_string_equal(p + strlen(want_dir) + 4 + strlen(hex), ".kvc");
+    assert_true(p[strlen(want_dir) + 3] == '/');
+    assert_true(file_exists(p));
+
     fd = open(p, O_RDONLY);
     assert_true(fd >= 0);
-    assert_int_equal(pread(fd, buf, sizeof(buf), 0), 8192);
+    assert_int_equal(pread(fd, hdr, sizeof(hdr), 0), 4096);
     close(fd);
-    assert_memory_equal(buf, slot(f, 1), 8192);
+    assert_memory_equal(hdr, "KVTS", 4);
+    assert_int_equal(hdr[6], key.len);
+    assert_memory_equal(hdr + 56, key.bytes, key.len);
+    assert_int_equal((uint64_t)hdr[16] | (uint64_t)hdr[17] << 8, 8192);
+    assert_memory_equal(hdr + 24, f->ns, 32);
+    {
+        uint64_t sum = 0, want = kvt_hash64(slot(f, 1), 8192);
+        for (int i = 7; i >= 0; i--)
+            sum = sum << 8 | hdr[120 + i];
+        assert_true(sum == want);
+    }
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_STORED_CHUNKS), 1);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_FILES), 1);
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 8192);
-    key = kt_key(2);
-    assert_int_equal(kvt_storage_tier_path(f->t, &key, (char *)buf, sizeof(buf)), -ENOENT);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 4096 + 8192);
     fx_free(f);
 }
 
@@ -728,8 +692,7 @@ static void test_events_disabled_by_default(void **state)
 
 /* ---- checksums ------------------------------------------------------------------------ */
 
-/* 10,000 single-bit flips at random places of random files (every byte of a file is
- * the row in format version 2),
+/* 10,000 single-bit flips at random places of random files (header block or row),
  * each followed by a load: every one is detected, the load fails without the key,
  * the file is deleted and the key is a MISS; then the key is stored again. */
 static void test_bit_flips_detected_none_served(void **state)
@@ -738,6 +701,7 @@ static void test_bit_flips_detected_none_served(void **state)
     struct fx *f = fx_new(4096, 2 * N_KEYS + 2);
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     int keys[N_KEYS];
+    size_t hdr_flips = 0;
     (void)state;
     for (int i = 0; i < N_KEYS; i++)
         keys[i] = i;
@@ -746,15 +710,16 @@ static void test_bit_flips_detected_none_served(void **state)
     kvt_log_set_level(KVT_LOG_ERROR); /* one warning per failed load: 10,000 lines */
     for (int i = 0; i < N_FLIPS; i++) {
         int k = (int)(rng_next(&rng) % N_KEYS);
-        uint64_t bit = rng_next(&rng) % (4096 * 8);
+        uint64_t bit = rng_next(&rng) % ((4096 + 4096) * 8);
         struct kvt_key key = kt_key(k);
         struct result *r;
+        hdr_flips += bit < 4096 * 8;
         flip_bit(key_path(f, k), bit);
         r = wait_job(f, submit(f, true, &k, (int64_t[]){2 * N_KEYS}, 1));
         assert_false(r->success);
         assert_int_equal(r->n_successful, 0);
         assert_int_equal(lookup(f, k), KVT_MISS);
-        assert_false(key_has_file(f, k));
+        assert_false(file_exists(key_path(f, k)));
         /* Store it again (its slot still holds the canonical bytes). */
         assert_true(row_is(slot(f, k), f->row, &key, 0));
         assert_true(wait_job(f, store1(f, k))->success);
@@ -762,6 +727,7 @@ static void test_bit_flips_detected_none_served(void **state)
             f->next_id = 1; /* every job so far is reported */
     }
     kvt_log_set_level(level);
+    assert_true(hdr_flips > N_FLIPS / 3 && hdr_flips < 2 * N_FLIPS / 3);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), N_FLIPS);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_LOADED_CHUNKS), 0);
     /* The undamaged files still serve. */
@@ -773,8 +739,7 @@ static void test_bit_flips_detected_none_served(void **state)
     fx_free(f);
 }
 
-/* A file truncated, the file of another key renamed to this key's name, or a file of
- * another size than one row, is rejected. */
+/* A file truncated, or with a header of another key (a renamed file), is rejected. */
 static void test_truncated_or_misnamed_file_rejected(void **state)
 {
     struct fx *f = fx_new(8192, 8);
@@ -782,31 +747,15 @@ static void test_truncated_or_misnamed_file_rejected(void **state)
     int keys[2] = {1, 2};
     (void)state;
     assert_true(wait_job(f, store_keys(f, keys, 2))->success);
-    assert_int_equal(truncate(key_path(f, 1), 8000), 0);
+    assert_int_equal(truncate(key_path(f, 1), 4096 + 8000), 0);
     assert_false(wait_job(f, load_keys(f, (int[]){1}, 1))->success);
     assert_int_equal(lookup(f, 1), KVT_MISS);
     snprintf(p2, sizeof(p2), "%s", key_path(f, 2));
     assert_true(wait_job(f, store1(f, 3))->success);
-    assert_int_equal(rename(key_path(f, 3), p2), 0); /* key 2's name, key 3's bytes */
+    assert_int_equal(rename(key_path(f, 3), p2), 0); /* key 2's name, key 3's header */
     assert_false(wait_job(f, load_keys(f, (int[]){2}, 1))->success);
     assert_false(file_exists(p2));
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 2);
-    /* Key 4's file renamed to key 2's stem, keeping key 4's checksum in the name: a
-     * restart indexes it, the load refuses it (the checksum is seeded by the key). */
-    assert_true(wait_job(f, store1(f, 4))->success);
-    {
-        char p3[4096], p4[4096];
-        size_t stem4 = strlen(stem_path(f, 4, ""));
-        snprintf(p4, sizeof(p4), "%s", key_path(f, 4));
-        snprintf(p3, sizeof(p3), "%s%s", stem_path(f, 2, ""), p4 + stem4); /* ".<sum4>.kv2" */
-        assert_int_equal(rename(p4, p3), 0);
-        fx_close(f);
-        assert_int_equal(fx_open(f), 0);
-        assert_int_equal(lookup(f, 2), KVT_HIT);
-        assert_false(wait_job(f, load_keys(f, (int[]){2}, 1))->success);
-        assert_false(file_exists(p3));
-        assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 3); /* summed: 2 + 1 */
-    }
     fx_free(f);
 }
 
@@ -830,7 +779,7 @@ static void test_enospc_injected(void **state)
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_ENOSPC), 2);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_ERRORS), 2);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_STORED_CHUNKS), 3);
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 3 * 8192);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 3 * (4096 + 8192));
     assert_false(has(f, 4));
     assert_false(has(f, 5));
     assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".tmp"), 0);
@@ -870,7 +819,7 @@ static void test_eio_injected(void **state)
         struct kvt_key k2 = kt_key(2);
         int good = kvt_key_eq(&r->ok[0], &k2) ? 2 : 3, bad = 5 - good;
         assert_int_equal(lookup(f, bad), KVT_MISS); /* the failed key is marked missing */
-        assert_false(key_has_file(f, bad));
+        assert_false(file_exists(key_path(f, bad)));
         assert_int_equal(lookup(f, good), KVT_HIT);
         assert_true(wait_job(f, load_keys(f, &good, 1))->success);
     }
@@ -918,8 +867,7 @@ static void test_restart_rebuilds_index(void **state)
     enum { N = 20 };
     struct fx *f = fx_new(8192, 2 * N);
     struct kvt_storage_restart_info ri;
-    char tmp[4200], bad[4200], bad2[4200], bad3[4200], other[4200], foreign[4200];
-    char foreign_here[4200], *dot;
+    char tmp[4200], bad[4200], other[4200], foreign[4200];
     int keys[N];
     struct result *r;
     (void)state;
@@ -927,10 +875,8 @@ static void test_restart_rebuilds_index(void **state)
         keys[i] = 100 + i;
     assert_true(wait_job(f, store_keys(f, keys, N))->success);
     assert_int_equal(lookup(f, 100), KVT_HIT); /* 100 is now the most recent */
-    snprintf(tmp, sizeof(tmp), "%s", stem_path(f, 500, ".tmp"));
-    snprintf(bad, sizeof(bad), "%s", stem_path(f, 501, ".0123.kv2")); /* not 16 hex */
-    snprintf(bad2, sizeof(bad2), "%s", stem_path(f, 503, ".0123456789abcdef.kv2"));
-    snprintf(bad3, sizeof(bad3), "%s/00/zz.0123456789abcdef.kv2", kvt_storage_tier_dir(f->t));
+    snprintf(tmp, sizeof(tmp), "%.*s.tmp", (int)strlen(key_path(f, 500)) - 4, key_path(f, 500));
+    snprintf(bad, sizeof(bad), "%s", key_path(f, 501));
     snprintf(other, sizeof(other), "%s/notes.txt", kvt_storage_tier_dir(f->t));
     /* A file of another namespace under this folder's name is bad too. */
     {
@@ -940,43 +886,27 @@ static void test_restart_rebuilds_index(void **state)
         assert_int_equal(fx_open(g), 0);
         assert_true(wait_job(g, store1(g, 502))->success);
         snprintf(foreign, sizeof(foreign), "%s", key_path(g, 502));
-        dot = strstr(foreign + strlen(kvt_storage_tier_dir(g->t)) + 4, ".");
         fx_close(g);
-        snprintf(foreign_here, sizeof(foreign_here), "%s%s", stem_path(f, 502, ""), dot);
-        assert_int_equal(rename(foreign, foreign_here), 0);
+        assert_int_equal(rename(foreign, key_path(f, 502)), 0);
         fx_free(g);
     }
     fx_close(f);
-    write_junk(tmp, 100);   /* a leftover temporary file */
-    write_junk(bad, 8192);  /* a bad name: the checksum is not 16 hex digits */
-    write_junk(bad2, 0);    /* an empty file */
-    write_junk(bad3, 8192); /* not a key's hex */
-    write_junk(other, 10);  /* not ours: left alone */
+    write_junk(tmp, 100);         /* a leftover temporary file */
+    write_junk(bad, 4096 + 8192); /* a file with a bad header */
+    write_junk(other, 10);        /* not ours: left alone */
     assert_int_equal(fx_open(f), 0);
     kvt_storage_tier_restart_info(f->t, &ri);
-    /* The file of another namespace has a good name: it is indexed, and refused when
-     * it is loaded (its checksum is seeded by its own namespace). */
-    assert_int_equal(ri.files_found, N + 1);
+    assert_int_equal(ri.files_found, N);
     assert_int_equal(ri.tmp_removed, 1);
-    assert_int_equal(ri.bad_removed, 3);
+    assert_int_equal(ri.bad_removed, 2);
     assert_int_equal(ri.evicted, 0);
-    assert_int_equal(ri.migrated, 0);
-    assert_int_equal(ri.old_refused, 0);
-    assert_int_equal(ri.bytes_found, (N + 1) * 8192);
+    assert_int_equal(ri.bytes_found, N * (4096 + 8192));
     assert_true(ri.seconds >= 0);
     assert_false(file_exists(tmp));
     assert_false(file_exists(bad));
-    assert_false(file_exists(bad2));
-    assert_false(file_exists(bad3));
     assert_true(file_exists(other));
     assert_int_equal(lookup(f, 501), KVT_MISS);
-    assert_int_equal(lookup(f, 503), KVT_MISS);
-    assert_int_equal(lookup(f, 502), KVT_HIT);
-    r = wait_job(f, load_keys(f, (int[]){502}, 1));
-    assert_false(r->success);
     assert_int_equal(lookup(f, 502), KVT_MISS);
-    assert_false(file_exists(foreign_here));
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 1);
     for (int i = 0; i < N; i++)
         assert_int_equal(lookup(f, keys[i]), KVT_HIT);
     memset(f->mem, 0, f->row * f->nchunks);
@@ -986,131 +916,24 @@ static void test_restart_rebuilds_index(void **state)
         struct kvt_key k = kt_key(keys[i]);
         assert_true(row_is(slot(f, N + i), f->row, &k, 0));
     }
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), N * 8192);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), N * (4096 + 8192));
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_FILES), N);
     /* A smaller capacity at the next start evicts the oldest files. */
     fx_close(f);
-    f->cfg.capacity_bytes = 5 * 8192;
+    f->cfg.capacity_bytes = 5 * (4096 + 8192);
     assert_int_equal(fx_open(f), 0);
     kvt_storage_tier_restart_info(f->t, &ri);
     assert_int_equal(ri.files_found, N);
     assert_int_equal(ri.evicted, N - 5);
     settle(f);
-    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kv2"), 5);
+    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kvc"), 5);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_FILES), 5);
-    fx_free(f);
-}
-
-/* ---- format version 1 files ----------------------------------------------------------- */
-
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-    for (int i = 0; i < n; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* Writes key k's canonical row as a format version 1 file "<key hex>.kvc", as the tier
- * wrote them before format version 2: a 4096-byte header block (0 "KVTS", 4 version 1,
- * 6 key length, 8 payload offset 4096, 12 flags 0, 16 row length, 24 namespace, 56 key,
- * 120 XXH3-64 of the row, 128 XXH3-64 of the block with this field zeroed), then the
- * row. flip_bit_at >= 0 flips that bit of the file afterwards. */
-static void write_v1(struct fx *f, int k, const uint8_t *ns, int64_t flip_bit_at, time_t mtime)
-{
-    struct kvt_key key = kt_key(k);
-    uint8_t *buf = calloc(1, 4096 + f->row);
-    struct timespec ts[2] = {{mtime, 0}, {mtime, 0}};
-    const char *path = stem_path(f, k, ".kvc");
-    int fd;
-    assert_non_null(buf);
-    memcpy(buf, "KVTS", 4);
-    put_le(buf + 4, 1, 2);
-    put_le(buf + 6, key.len, 2);
-    put_le(buf + 8, 4096, 4);
-    put_le(buf + 16, f->row, 8);
-    memcpy(buf + 24, ns, 32);
-    memcpy(buf + 56, key.bytes, key.len);
-    fill_row(buf + 4096, f->row, &key, 0);
-    put_le(buf + 120, kvt_hash64(buf + 4096, f->row), 8);
-    put_le(buf + 128, kvt_hash64(buf, 4096), 8);
-    if (flip_bit_at >= 0)
-        buf[flip_bit_at / 8] ^= (uint8_t)(1u << (flip_bit_at % 8));
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, buf, 4096 + f->row), (ssize_t)(4096 + f->row));
-    assert_int_equal(futimens(fd, ts), 0);
-    close(fd);
-    free(buf);
-}
-
-/* A restart that finds format version 1 files migrates the good ones (same bytes
- * served, recency kept) and deletes, and counts, those with a bad header or checksum:
- * none of those is ever served. */
-static void test_restart_migrates_version1_files(void **state)
-{
-    enum { N_GOOD = 10 };
-    struct fx *f = fx_new(8192, 32);
-    struct kvt_storage_restart_info ri;
-    uint8_t other_ns[32];
-    int keys[N_GOOD];
-    struct result *r;
-    struct stat st;
-    (void)state;
-    memset(other_ns, 0x11, sizeof(other_ns));
-    assert_true(wait_job(f, store1(f, 1))->success); /* a version 2 file beside them */
-    fx_close(f);
-    for (int i = 0; i < N_GOOD; i++) {
-        keys[i] = 200 + i;
-        write_v1(f, keys[i], f->ns, -1, 1000000 + i); /* 200 the oldest */
-    }
-    write_v1(f, 210, f->ns, (4096 + 77) * 8 + 5, 0); /* a flipped bit in the row */
-    write_v1(f, 211, f->ns, 40 * 8 + 1, 0);          /* in the header (namespace) */
-    write_v1(f, 212, other_ns, -1, 0);               /* another namespace */
-    write_v1(f, 213, f->ns, -1, 0);
-    assert_int_equal(truncate(stem_path(f, 213, ".kvc"), 4096 + 8000), 0);
-    assert_int_equal(fx_open(f), 0);
-    kvt_storage_tier_restart_info(f->t, &ri);
-    assert_int_equal(ri.migrated, N_GOOD);
-    assert_int_equal(ri.old_refused, 4);
-    assert_int_equal(ri.files_found, N_GOOD + 1);
-    assert_int_equal(ri.bad_removed, 0);
-    assert_int_equal(ri.bytes_found, (N_GOOD + 1) * 8192);
-    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kvc"), 0);
-    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".tmp"), 0);
-    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kv2"), N_GOOD + 1);
-    for (int k = 210; k <= 213; k++) {
-        assert_int_equal(lookup(f, k), KVT_MISS);
-        assert_false(key_has_file(f, k));
-    }
-    assert_int_equal(stat(key_path(f, 203), &st), 0);
-    assert_int_equal(st.st_size, 8192);
-    assert_int_equal(st.st_mtim.tv_sec, 1000003);
-    r = wait_job(f, load_keys(f, keys, N_GOOD));
-    assert_true(r->success);
-    for (int i = 0; i < N_GOOD; i++) {
-        struct kvt_key k = kt_key(keys[i]);
-        assert_true(row_is(slot(f, 16 + i), f->row, &k, 0));
-    }
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 0);
-    /* The migrated files kept the old files' times (restart recency is mtime order):
-     * with room for 5 files at the next start, key 1 (written now) and the four newest
-     * of 200..209 stay. */
-    fx_close(f);
-    f->cfg.capacity_bytes = 5 * 8192;
-    assert_int_equal(fx_open(f), 0);
-    kvt_storage_tier_restart_info(f->t, &ri);
-    assert_int_equal(ri.migrated, 0);
-    assert_int_equal(ri.old_refused, 0);
-    assert_int_equal(ri.files_found, N_GOOD + 1);
-    assert_int_equal(ri.evicted, N_GOOD + 1 - 5);
-    for (int i = 0; i < N_GOOD; i++)
-        assert_int_equal(lookup(f, keys[i]), i >= N_GOOD - 4 ? KVT_HIT : KVT_MISS);
-    assert_int_equal(lookup(f, 1), KVT_HIT);
     fx_free(f);
 }
 
 /* ---- capacity -------------------------------------------------------------------------- */
 
-#define FILE8K 8192 /* a file is the row */
+#define FILE8K (4096 + 8192)
 
 static void test_capacity_eviction_lru_order(void **state)
 {
@@ -1125,7 +948,7 @@ static void test_capacity_eviction_lru_order(void **state)
     assert_true(wait_job(f, store1(f, 3))->success);                       /* evicts 1 */
     settle(f);
     assert_false(has(f, 1));
-    assert_false(key_has_file(f, 1));
+    assert_false(file_exists(key_path(f, 1)));
     assert_true(has(f, 0) && has(f, 2) && has(f, 3));             /* 2 0 3 */
     kvt_tier_touch(f->t, (struct kvt_key[]){kt_key(2)}, 1, NULL); /* 0 3 2 */
     assert_true(wait_job(f, store1(f, 4))->success);              /* evicts 0 */
@@ -1135,7 +958,7 @@ static void test_capacity_eviction_lru_order(void **state)
     settle(f);
     assert_false(has(f, 2));
     assert_true(has(f, 3) && has(f, 4) && has(f, 5));
-    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kv2"), 3);
+    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kvc"), 3);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_EVICTIONS), 3);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 3 * FILE8K);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_CAPACITY_BYTES), 3 * FILE8K);
@@ -1276,7 +1099,7 @@ static void test_concurrent_jobs(void **state)
         settle(f);
         kvt_storage_tier_info(f->t, &info);
         assert_int_equal(info.num_doomed, 0);
-        assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kv2"), info.num_keys);
+        assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kvc"), info.num_keys);
         assert_int_equal(info.used_bytes, info.num_keys * FILE8K);
     }
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 0);
@@ -1471,7 +1294,7 @@ static void test_manager_corrupt_file_is_a_miss(void **state)
     mstore(f, 20, 4); /* pushes 10 and 11 out of the primary */
     msettle(f);
     assert_int_equal(kvt_storage_tier_path(f->t, &k[0], path, sizeof(path)), 0);
-    flip_bit(path, 100 * 8 + 3);
+    flip_bit(path, (4096 + 100) * 8 + 3);
     assert_int_equal(kvt_manager_lookup(f->m, &k[0], f->ctx), KVT_HIT_PENDING);
     mstep(f);
     mstep(f);
@@ -1529,7 +1352,6 @@ int main(void)
         cmocka_unit_test(test_successful_store_emits_stored_event),
         cmocka_unit_test(test_events_disabled_by_default),
         cmocka_unit_test(test_bit_flips_detected_none_served),
-        cmocka_unit_test(test_restart_migrates_version1_files),
         cmocka_unit_test(test_truncated_or_misnamed_file_rejected),
         cmocka_unit_test(test_enospc_injected),
         cmocka_unit_test(test_eio_injected),

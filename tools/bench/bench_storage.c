@@ -7,10 +7,9 @@
  *                        [--cold] [--no-fio]
  *
  * Tier: N chunks of 256 KiB stored in jobs of 16 keys with J jobs in flight (the
- * manager's cascade shape), then loaded back the same way; each file is the row and
- * nothing else (format version 2: a 256 KiB file, its checksum in its name), written
- * to a temporary name and renamed, O_DIRECT where the file system takes it; loads
- * verify the XXH3-64 of every row. The driver
+ * manager's cascade shape), then loaded back the same way; each file is one 4 KiB
+ * header + the row, written to a temporary name and renamed, O_DIRECT where the file
+ * system takes it; loads verify the header and the XXH3-64 of every row. The driver
  * polls for finished jobs every U microseconds (default 1000: kvtierd's tick).
  * fio: the same N files of 256 KiB in D/fio (create_on_open, one 256 KiB block per
  * file, the same O_DIRECT choice), with as many jobs as the tier has threads that

@@ -2,17 +2,12 @@
  * memory is full and across restarts (spec §4.5, vLLM's fs tier, plus what it lacks:
  * a capacity bound with LRU eviction, an in-memory index, checksums, warm restart).
  *
- * Layout under cfg.root (format version 2):
+ * Layout under cfg.root:
  *   <root>/<64 hex of the namespace fingerprint>/LOCK          flock: one tier per folder
- *   <root>/<ns hex>/<2 hex shard>/<key hex>.<16 hex>.kv2       one chunk per file
+ *   <root>/<ns hex>/<2 hex shard>/<key hex>.kvc                one chunk per file
  *   <root>/<ns hex>/<2 hex shard>/<key hex>.tmp                being written (removed at start)
- * Each file is the row and nothing else, so that a 256 KiB row is a 256 KiB file read
- * and written in one aligned request, as fio does. What a header would say is in the
- * path: the namespace (folder), the key (name), the length (the file's size) and the
- * XXH3-64 of the bytes, seeded by namespace and key (the 16 hex digits).
- * Version 1 files ("<key hex>.kvc": a 4096-byte header block, then the row; a 256 KiB
- * row made a 260 KiB file) found at start are migrated to version 2 when their header
- * and checksum are good, and deleted otherwise (restart_info counts both).
+ * Each file: a 4096-byte header block (magic, version, key, row length, namespace,
+ * XXH3-64 of the payload, XXH3-64 of the whole block) then the row.
  *
  * Lookups are answered synchronously from the in-memory index (HIT/MISS, never RETRY):
  * the tier needs no async lookup helper. A key counts as present only once its file is
@@ -42,7 +37,7 @@ enum kvt_storage_io {
 struct kvt_storage_tier_config {
     const char *root;                           /* required; created if missing */
     uint8_t namespace_id[KVT_STORAGE_NS_BYTES]; /* fingerprint of what makes bytes meaningful */
-    uint64_t capacity_bytes;  /* bound on file bytes (rows rounded up to 4096); 0 = none */
+    uint64_t capacity_bytes;  /* bound on file bytes (header + row per chunk); 0 = none */
     unsigned n_read_threads;  /* 0 = 4 */
     unsigned n_write_threads; /* 0 = 2 */
     /* Chunk reads each read thread keeps in flight through its io_uring, so that it
@@ -61,8 +56,7 @@ struct kvt_storage_tier_config {
 };
 
 /* Creates the folders, takes the folder lock, probes O_DIRECT, rebuilds the index from
- * the names (temporary files and files with bad names are deleted, version 1 files
- * migrated or deleted) and starts the
+ * the headers (temporary files and files with bad headers are deleted) and starts the
  * I/O threads. -EINVAL for a bad config, the negative errno when the root or the
  * namespace folder cannot be created or written (a configuration error, logged with the
  * path), -EBUSY when another tier holds the folder. */
@@ -86,10 +80,7 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
 struct kvt_storage_restart_info {
     size_t files_found;   /* valid chunk files indexed */
     size_t tmp_removed;   /* leftover temporary files deleted */
-    size_t bad_removed;   /* chunk files with bad names, sizes or duplicates deleted */
-    size_t migrated;      /* version 1 files rewritten as version 2 (and indexed) */
-    size_t old_refused;   /* version 1 files with a bad header or checksum, or that could
-                           * not be rewritten: deleted, never served */
+    size_t bad_removed;   /* files with bad headers (or foreign names) deleted */
     size_t evicted;       /* over capacity at start, evicted */
     uint64_t bytes_found; /* file bytes indexed */
     double seconds;       /* time to rebuild the index */
@@ -110,8 +101,7 @@ struct kvt_storage_tier_info {
 void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *info_p);
 /* True when key is indexed and published. */
 bool kvt_storage_tier_has(struct kvt_tier *t, const struct kvt_key *key);
-/* Path of the chunk file of key, which must be indexed and published (-ENOENT
- * otherwise); -ENAMETOOLONG if it does not fit in len bytes. */
+/* Path of key's chunk file; -ENAMETOOLONG if it does not fit in len bytes. */
 int kvt_storage_tier_path(struct kvt_tier *t, const struct kvt_key *key, char *buf, size_t len);
 /* The namespace folder. */
 const char *kvt_storage_tier_dir(struct kvt_tier *t);
