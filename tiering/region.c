@@ -39,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/log.h"
 #include "kvt/region.h"
@@ -213,8 +214,14 @@ static int region_populate(struct kvt_region *r)
     bool unsupported = false;
     int rc;
 
-    if (r->rank == KVT_REGION_RANK_ALL)
-        return region_populate_range(r, 0, r->size, &unsupported);
+    if (r->rank == KVT_REGION_RANK_ALL) {
+        /* The node's own transfers copy in and out of the whole region: its first
+         * touches by the process and by the kernel happen now, not inside them. */
+        rc = region_populate_range(r, 0, r->size, &unsupported);
+        if (rc == 0)
+            kvt_mem_touch(r->base, r->size);
+        return rc;
+    }
     for (size_t c = 0; c < r->num_chunks && !unsupported; c++) {
         size_t raw = c * r->row_bytes + (size_t)r->rank * r->page_bytes;
         size_t aligned = raw - raw % page;

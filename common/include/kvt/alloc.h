@@ -23,6 +23,11 @@ void kvt_free_table(void *p, size_t n, size_t size);
  * next touch) instead of being written. */
 void kvt_zero_table(void *p, size_t n, size_t size);
 
+/* Touches every page of a populated mapping from the process and from the kernel,
+ * without changing a byte, so the first transfers out of and into it run at the speed
+ * of the later ones (see alloc.c for the machines where that differs). */
+void kvt_mem_touch(void *base, size_t len);
+
 /* Tests only: the next n allocations succeed, then every one fails until reset with -1. */
 void kvt_alloc_fail_after(long n);
 
