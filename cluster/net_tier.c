@@ -918,6 +918,9 @@ static void nt_read_done(void *arg, int status)
             nt->c.verify_ns += kvt_now_ns() - t0;
             if (h == ch->checksum) {
                 f->chunk_ok[i] = true;
+                /* The primary then need not hash the row again when the promotion
+                 * completes (checksum_on_complete). */
+                (void)kvt_primary_set_checksum(nt->primary, &job->keys[f->idx[ch->key_index]], h);
             } else {
                 nt->c.checksum_failures++; /* torn or stale read: never loaded */
                 kvt_warn(NT_MOD, "checksum mismatch on a chunk from %016" PRIx64 " (gen %u)",

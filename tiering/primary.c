@@ -526,7 +526,9 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
         }
         x->ref_cnt = 0;
         p->num_evictable++;
-        if (p->cfg.checksum_on_complete && p->base != NULL) {
+        /* A tier that checked the bytes it wrote (the network tier's READs, against
+         * the holder's checksum) has set it already: no second pass over the row. */
+        if (p->cfg.checksum_on_complete && p->base != NULL && !x->has_checksum) {
             x->checksum = kvt_hash64(p->base + (size_t)s * p->cfg.row_bytes, p->cfg.row_bytes);
             x->has_checksum = true;
         }

@@ -718,6 +718,46 @@ static void test_checksum_on_complete(void **state)
     kvt_primary_destroy(p);
 }
 
+/* A promotion that verified its bytes sets the checksum while the write is pending:
+ * completing keeps it (no second hash); a failed write leaves nothing behind for the
+ * next store of the key, which is hashed again. */
+static void test_checksum_set_while_pending(void **state)
+{
+    struct kvt_primary_config pc = {
+        .num_chunks = 4, .row_bytes = 256, .checksum_on_complete = true};
+    struct kvt_primary *p;
+    struct kvt_store_output out;
+    struct kvt_key k = kt_key(9);
+    struct kvt_primary_entry_info info;
+    uint8_t *row;
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
+    kvt_store_output_init(&out);
+    assert_int_equal(kvt_primary_prepare_write(p, &k, 1, &out), 0);
+    assert_int_equal(kvt_primary_set_checksum(p, &k, 42), 0);
+    assert_int_equal(kvt_primary_complete_write(p, &k, 1, true), 0);
+    assert_int_equal(kvt_primary_entry_info(p, &k, &info), 0);
+    assert_true(info.has_checksum);
+    assert_true(info.checksum == 42);
+
+    k = kt_key(10);
+    kvt_store_output_cleanup(&out);
+    kvt_store_output_init(&out);
+    assert_int_equal(kvt_primary_prepare_write(p, &k, 1, &out), 0);
+    assert_int_equal(kvt_primary_set_checksum(p, &k, 42), 0);
+    assert_int_equal(kvt_primary_complete_write(p, &k, 1, false), 0);
+    assert_int_equal(kvt_primary_entry_info(p, &k, &info), -ENOENT);
+    kvt_store_output_cleanup(&out);
+    kvt_store_output_init(&out);
+    assert_int_equal(kvt_primary_prepare_store(p, &k, 1, &out), 0);
+    row = kvt_primary_base(p) + out.chunk_ids[0] * 256;
+    memset(row, 0x5a, 256);
+    assert_int_equal(kvt_primary_complete_store(p, &k, 1, true), 0);
+    assert_int_equal(kvt_primary_entry_info(p, &k, &info), 0);
+    assert_true(info.checksum == kvt_hash64(row, 256));
+    kvt_store_output_cleanup(&out);
+    kvt_primary_destroy(p);
+}
+
 static void test_stats_split_read_and_write(void **state)
 {
     struct fx *f = fx_make(4, "lru", false, 0);
@@ -914,7 +954,7 @@ static void test_lookup_many_matches_lookup(void **state)
  * touches of present, ghost and unknown keys; after every call the lists T1, T2,
  * the ghost lists and the target must agree. Entries are always ready and
  * unpinned here: the pin and write-pending rules have their own tests above. */
-#define ARC_CAP 8
+#define ARC_CAP  8
 #define ARC_KEYS 40
 
 struct arc_model {
@@ -1086,9 +1126,9 @@ static void test_arc_matches_reference_model(void **state)
                 am_touch(&m, ids, n);
             } else {
                 assert_int_equal(kvt_primary_prepare_store(f->p, keys, n, &f->out), 0);
-                assert_int_equal(kvt_primary_complete_store(f->p, f->out.keys_to_store,
-                                                            f->out.n_store, true),
-                                 0);
+                assert_int_equal(
+                    kvt_primary_complete_store(f->p, f->out.keys_to_store, f->out.n_store, true),
+                    0);
                 am_store(&m, ids, n);
             }
             am_check(&m, f->p, step);
@@ -1125,6 +1165,7 @@ int main(void)
         cmocka_unit_test(test_failed_eviction_is_atomic),
         cmocka_unit_test(test_generation_changes_on_every_reuse),
         cmocka_unit_test(test_checksum_on_complete),
+        cmocka_unit_test(test_checksum_set_while_pending),
         cmocka_unit_test(test_stats_split_read_and_write),
         cmocka_unit_test(test_index_under_churn),
         cmocka_unit_test(test_create_rejects_bad_config),
