@@ -796,6 +796,7 @@ int main(void)
     };
 
     setenv("UCX_TLS", "tcp", 0); /* loopback, as the conformance suite runs it */
+    setenv("UCX_NET_DEVICES", "lo", 0);
     if (getenv("KVT_LOG") == NULL)
         kvt_log_set_level(KVT_LOG_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -292,6 +292,9 @@ int kvt_bench_pull(int argc, char **argv)
     sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[sl > 0 ? sl : 0] = '\0';
     bp_default_simnode(self, simnode, sizeof(simnode));
+    /* Both nodes, the ceiling and Redis on 127.0.0.1: UCX's lanes over loopback only
+     * (it would add one to this host's address on every other interface). */
+    setenv("UCX_NET_DEVICES", "lo", 0);
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = true;
