@@ -97,6 +97,7 @@ struct kvt_engine_server {
     struct eclient *clients;
     struct kvt_engine_server_counters ctr;
     void (*collect_stats)(void *arg);
+    int (*total_stats)(void *arg, struct kvt_stats *out);
     void *collect_arg;
     struct kvt_req_ctx *anon_ctx;      /* touch/loads that name no request */
     struct kvt_store_output store_out; /* prepare_store's, reused */
@@ -672,7 +673,9 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
     int rc;
 
     kvt_stats_init(&st);
-    if (s->collect_stats != NULL) {
+    if (kvt__emsg_has(q, KVT_EF_FLAGS) && (q->flags & KVT_ESTATS_TOTALS)) {
+        rc = s->total_stats != NULL ? s->total_stats(s->collect_arg, &st) : -EOPNOTSUPP;
+    } else if (s->collect_stats != NULL) {
         s->collect_stats(s->collect_arg); /* fills every client's c->stats */
         rc = kvt_stats_aggregate(&st, &c->stats);
         kvt_stats_clear(&c->stats);
@@ -937,6 +940,7 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->listen_fd = s->epfd = -1;
     s->m = cfg->manager;
     s->collect_stats = cfg->collect_stats;
+    s->total_stats = cfg->total_stats;
     s->collect_arg = cfg->collect_arg;
     s->region_fd = region->fd;
     snprintf(s->path, sizeof(s->path), "%s", cfg->socket_path);

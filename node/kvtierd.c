@@ -319,6 +319,15 @@ static void collect_stats(void *arg)
     kvt_stats_cleanup(&st);
 }
 
+/* `kvtier stats`: what /metrics shows, taken now. */
+static int total_stats(void *arg, struct kvt_stats *out)
+{
+    struct daemon *d = arg;
+
+    collect_stats(d);
+    return kvt_stats_aggregate(out, &d->prom.totals);
+}
+
 static void publish_metrics(struct daemon *d)
 {
     struct kvt_prom_sample samples[16];
@@ -341,6 +350,7 @@ static int start_services(struct daemon *d)
         .manager = d->m,
         .region = d->region,
         .collect_stats = collect_stats,
+        .total_stats = total_stats,
         .collect_arg = d,
     };
     int rc = kvt_engine_server_create(&ec, &d->engines);

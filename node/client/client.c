@@ -734,7 +734,7 @@ void kvtier_events_free(struct kvtier_events *events)
     kvt_free(events);
 }
 
-int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p)
+static int get_stats(struct kvtier_client *c, uint64_t flags, struct kvtier_stats **stats_p)
 {
     struct kvt_emsg req, rep;
     struct kvtier_stats *out;
@@ -744,6 +744,10 @@ int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p)
         return -EINVAL;
     kvt__emsg_init(&req);
     req.op = KVT_EOP_GET_STATS;
+    if (flags != 0) {
+        req.flags = flags;
+        req.has |= 1u << KVT_EF_FLAGS;
+    }
     rc = locked_call(c, &req, &rep);
     if (rc < 0)
         goto out;
@@ -760,6 +764,16 @@ int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p)
 out:
     kvt__emsg_free(&rep);
     return rc;
+}
+
+int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p)
+{
+    return get_stats(c, 0, stats_p);
+}
+
+int kvtier_get_stats_totals(struct kvtier_client *c, struct kvtier_stats **stats_p)
+{
+    return get_stats(c, KVT_ESTATS_TOTALS, stats_p);
 }
 
 void kvtier_stats_free(struct kvtier_stats *stats)

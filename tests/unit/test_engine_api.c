@@ -405,6 +405,9 @@ static void test_events_and_stats(void **state)
     for (size_t i = 0; i < st->n; i++)
         assert_true(strlen(st->s[i].name) > 0);
     kvtier_stats_free(st);
+    st = NULL; /* this server keeps no totals (no total_stats hook) */
+    assert_int_equal(kvtier_get_stats_totals(a, &st), -EOPNOTSUPP);
+    assert_null(st);
     assert_int_equal(kvtier_on_request_finished(a, "e-1"), 0);
     kvtier_close(a);
 }

@@ -61,7 +61,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvtier <command> [--socket PATH] [--metrics HOST:PORT] [options]\n\n"
                "commands:\n"
                "  status                  node reachable, region geometry, /healthz\n"
-               "  stats [--json]          the manager's stats (deltas since the last get_stats)\n"
+               "  stats [--json]          the node's stats since it started (as /metrics)\n"
                "  peers                   peer gauges and counters from /metrics\n"
                "  lookup KEYHEX... [--once]\n"
                "                          look keys up (steps until HIT or MISS unless --once)\n"
@@ -256,7 +256,7 @@ static int cmd_stats(struct cli *cl)
 
     if (rc != 0)
         return rc;
-    rc = kvtier_get_stats(c, &st);
+    rc = kvtier_get_stats_totals(c, &st); /* since the node started, as /metrics */
     kvtier_close(c);
     if (rc < 0)
         return fail("get_stats: %s", kvt_tool_strerror(rc));

@@ -269,6 +269,10 @@ static void test_put_get_pattern(void **state)
     CHECK(1, "differs from pattern 12346", kvtier_bin, "get", "0badcafe", "--pattern", "12346",
           "--socket", sock);
     CHECK(0, "vllm:kv_offload_tiering_chunk_queries", kvtier_bin, "stats", "--socket", sock);
+    /* Totals since the node started: neither a second reader nor the node's own
+     * once-a-second collection for /metrics takes them away. */
+    usleep(1100 * 1000);
+    CHECK(0, "vllm:kv_offload_tiering_chunk_queries", kvtier_bin, "stats", "--socket", sock);
 }
 
 static void test_peers(void **state)

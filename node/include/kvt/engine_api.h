@@ -46,6 +46,9 @@ struct kvt_engine_server_config {
      * each client then gets what accumulated since its own last get_stats. NULL:
      * get_stats takes kvt_manager_get_stats directly (one consumer). */
     void (*collect_stats)(void *arg);
+    /* get_stats with KVT_ESTATS_TOTALS: adds the node's totals since start to *out
+     * (0 or -errno). NULL: such requests get -EOPNOTSUPP. Same arg. */
+    int (*total_stats)(void *arg, struct kvt_stats *out);
     void *collect_arg;
 };
 

@@ -277,6 +277,10 @@ struct kvtier_stats {
 /* get_stats: the manager's metrics since the previous get_stats (counters are
  * deltas, as vLLM's get_stats; gauges current). Free with kvtier_stats_free. */
 int kvtier_get_stats(struct kvtier_client *c, struct kvtier_stats **stats_p);
+/* The node's totals since it started (counters cumulative, over every engine; gauges
+ * current), what `kvtier stats` and /metrics show; leaves this client's deltas alone.
+ * -EOPNOTSUPP from a server that keeps no totals. */
+int kvtier_get_stats_totals(struct kvtier_client *c, struct kvtier_stats **stats_p);
 void kvtier_stats_free(struct kvtier_stats *stats);
 /* A counter/gauge value or a histogram's count; 0 when absent. label NULL = "". */
 double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, const char *label);

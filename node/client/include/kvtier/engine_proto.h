@@ -70,6 +70,9 @@ enum kvt_eproto_field {
     KVT_EF_COUNT = 21,
 };
 
+/* GET_STATS request flags (KVT_EF_FLAGS). */
+#define KVT_ESTATS_TOTALS 1u /* the node's totals, not this client's deltas */
+
 /* HELLO reply geometry, KVT_EF_GEOM[i]. */
 enum kvt_eproto_geom {
     KVT_EG_CLIENT_ID = 0,
