@@ -906,8 +906,9 @@ static void nt_read_done(void *arg, int status)
         for (uint32_t i = b->first; i < b->first + b->n; i++) {
             const struct kvt_wire_chunk *ch = &f->chunks[i];
             const struct kvt_job *job = f->lj->job;
-            const uint8_t *row = nt->base.primary_base +
-                                 (size_t)job->chunk_ids[f->idx[ch->key_index]] * nt->base.row_bytes;
+            uint32_t ki = f->idx[ch->key_index]; /* the key's place in the job */
+            const uint8_t *row =
+                nt->base.primary_base + (size_t)job->chunk_ids[ki] * nt->base.row_bytes;
 
             uint64_t h, t0;
 
@@ -920,7 +921,7 @@ static void nt_read_done(void *arg, int status)
                 f->chunk_ok[i] = true;
                 /* The primary then need not hash the row again when the promotion
                  * completes (checksum_on_complete). */
-                (void)kvt_primary_set_checksum(nt->primary, &job->keys[f->idx[ch->key_index]], h);
+                (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], h);
             } else {
                 nt->c.checksum_failures++; /* torn or stale read: never loaded */
                 kvt_warn(NT_MOD, "checksum mismatch on a chunk from %016" PRIx64 " (gen %u)",

@@ -88,7 +88,7 @@ static void key_of(uint32_t seed, uint32_t i, struct kvt_key *k)
  * timed in the pull bench). */
 static uint64_t *pattern_create(size_t row)
 {
-    uint64_t *p = kvt_calloc(row / 8 + 1, sizeof(*p)), x = 0x2545f4914f6cdd1dull;
+    uint64_t *p = kvt_calloc(row / 8 + 1, sizeof(*p)), x = 0x2545f4914f6cdd1dull; /* +1: row < 8 */
 
     for (size_t w = 0; p != NULL && w < row / 8; w++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
