@@ -13,9 +13,15 @@
  * "progress ..." may come before the answer). Between commands the node steps.
  *
  *   store SEED FIRST N            stores chunks (SEED, FIRST..FIRST+N-1)
- *   load SEED FIRST N TIMEOUT_MS  looks them up until HIT or MISS, loads the hits and
+ *   load SEED FIRST N TIMEOUT_MS [pause]
+ *                                 looks them up until HIT or MISS, loads the hits and
  *                                 checks their bytes: hit miss corrupt retry pending
- *                                 steps_p50 steps_p99 ms_p50 ms_p99 seconds
+ *                                 steps_p50 steps_p99 ms_p50 ms_p99 seconds. With
+ *                                 "pause", once the load's first GRANT is in, the node
+ *                                 prints "progress paused ..." and neither steps nor
+ *                                 reads more until the line "continue": a fixed point
+ *                                 mid-pull (leases held, at most fetches_per_peer
+ *                                 FETCHes granted) for the tests that kill a node there
  *   pull SEED FIRST N TIMEOUT_MS REQ_KEYS INFLIGHT [STEP_US]
  *                                 the same keys as engine requests of REQ_KEYS keys,
  *                                 INFLIGHT of them at a time (a new one starts when one
@@ -206,8 +212,27 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The "pause" of a load: blocks, not stepping, until the driver says "continue". */
+static void pause_until_continue(struct node *n)
+{
+    struct kvt_net_tier_counts c;
+    char line[64];
+
+    kvt_net_tier_counts(n->net, &c);
+    printf("progress paused fetches=%" PRIu64 " grants=%" PRIu64 " pulled=%" PRIu64 "\n", c.fetches,
+           c.grants, c.pulled_chunks);
+    fflush(stdout);
+    while (fgets(line, sizeof(line), stdin) != NULL) {
+        if (strncmp(line, "continue", 8) == 0)
+            return;
+        printf("progress paused: expected continue, got %s", line);
+        fflush(stdout);
+    }
+    exit(0); /* the driver went away */
+}
+
 static void cmd_load(struct node *n, uint32_t seed, uint32_t first, uint32_t count,
-                     unsigned timeout_ms)
+                     unsigned timeout_ms, bool pause)
 {
     struct kvt_key *keys = kvt_calloc(count ? count : 1, sizeof(*keys));
     int *res = kvt_calloc(count ? count : 1, sizeof(*res));
@@ -220,11 +245,13 @@ static void cmd_load(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
     uint32_t n_hits = 0;
     struct kvt_key *hk;
     int64_t *slots;
+    struct kvt_net_tier_counts c0;
 
     if (keys == NULL || res == NULL || steps == NULL || ns == NULL || ctx == NULL) {
         printf("err out of memory\n");
         goto out;
     }
+    kvt_net_tier_counts(n->net, &c0);
     for (uint32_t i = 0; i < count; i++) {
         key_of(seed, first + i, &keys[i]);
         res[i] = -1;
@@ -249,6 +276,15 @@ static void cmd_load(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
         }
         step(n);
         nstep++;
+        if (pause) {
+            struct kvt_net_tier_counts c;
+
+            kvt_net_tier_counts(n->net, &c);
+            if (c.grants > c0.grants) {
+                pause_until_continue(n);
+                pause = false;
+            }
+        }
         if (kvt_now_ns() - last_progress > 5000000ull) {
             struct kvt_net_tier_counts c;
 
@@ -625,7 +661,7 @@ static int run(struct node *n)
             else if (sscanf(line, "store %u %u %u", &a, &b, &c) == 3)
                 cmd_store(n, a, b, c);
             else if (sscanf(line, "load %u %u %u %u", &a, &b, &c, &d) == 4)
-                cmd_load(n, a, b, c, d);
+                cmd_load(n, a, b, c, d, strstr(line, " pause") != NULL);
             else if (sscanf(line, "rewrite %u %u %u %u", &a, &b, &c, &d) == 4)
                 cmd_rewrite(n, a, b, c, d);
             else if (sscanf(line, "garbage %" SCNx64 " %u", &id, &a) == 2)
