@@ -516,6 +516,22 @@ static void test_messages_both_ways(void **state)
 }
 
 /* READ batches of 1..1024 chunks of 4 KiB..4 MiB, every byte verified. */
+/* How this instance's READs moved (kvt_tp_ep_info, after the first batches: UCX may
+ * move an endpoint to other lanes once wireup ends). KVT_CONF_EXPECT_PATH, when set,
+ * must be part of it: the shared-memory instance checks that its GETs go over cma,
+ * not back over tcp. */
+static void check_read_path(void)
+{
+    const char *want = getenv("KVT_CONF_EXPECT_PATH");
+    char info[96] = "";
+    int ret = kvt_tp_ep_info(C.ep, info, sizeof(info));
+
+    if (ret == 0)
+        printf("# READ path: %s\n", info);
+    if (want != NULL && (ret != 0 || strstr(info, want) == NULL))
+        fail_msg("READ path '%s' (ep_info %d), expected '%s'", info, ret, want);
+}
+
 static void test_read_batches(void **state)
 {
     static const size_t counts[] = {1, 3, 16, 32, 256, 1024};
@@ -554,6 +570,7 @@ static void test_read_batches(void **state)
     assert_int_equal(conf_pump(C.tp, NULL, NULL, 50), 0);
     assert_int_equal(C.closed, 0);
     printf("# %u batches verified\n", batches);
+    check_read_path();
 }
 
 #define INFLIGHT         64

@@ -3,7 +3,8 @@
  * One UCP context and one worker per transport, single-threaded, owned by the node's
  * loop. Control messages are active messages (one AM id) with a small header
  * {magic, version, type, seq}; data moves with ucp_get_nbx against rkeys the peer
- * packed with ucp_rkey_pack. UCX_TLS is left alone: tcp and shared memory here,
+ * packed with ucp_rkey_pack over RDMA, else as READ over active messages (see
+ * ucx_ep_rd_path). UCX_TLS is left alone: tcp and shared memory (sysv, cma) here,
  * verbs where a device exists.
  *
  * Why every user callback is deferred: UCX calls us back from inside
@@ -31,8 +32,8 @@
  * complete and in sequence, so a rendezvous message never overtakes an eager one.
  * -EAGAIN on send is the local bound: recv_credits messages not yet completed by UCX.
  *
- * READ batches: n ucp_get_nbx into the local registration (its memh passed, no
- * per-op registration); the batch counts its outstanding requests; it completes
+ * READ batches (GET path): n ucp_get_nbx into the local registration (its memh
+ * passed, no per-op registration); the batch counts its outstanding requests; it completes
  * (from dispatch, never inside read()) when the count reaches 0, with the first
  * error seen. Any request error fails the endpoint. Batches older than
  * op_timeout_ms fail the endpoint with -ETIMEDOUT.
@@ -109,6 +110,14 @@ struct ucx_handle_hdr {
 
 enum ucx_ep_state { EP_ACCEPTING, EP_CONNECTING, EP_CONNECTED, EP_FAILED, EP_DEAD };
 
+/* How an endpoint's READs move (see ucx_ep_rd_path): not yet known, ucp_get_nbx (a
+ * one-sided GET: RDMA or cross-memory attach), or our READ over active messages. */
+enum ucx_rd_path { RD_PATH_AUTO, RD_PATH_GET, RD_PATH_AM };
+/* UCX may still move an endpoint to other lanes this long after it connected
+ * (wireup ends after the first messages); until then an AM choice is re-checked. */
+#define UCX_WIREUP_SETTLE_NS   (2ull * 1000000000ull)
+#define UCX_RD_PATH_RECHECK_NS (10ull * 1000000ull)
+
 /* The transport; every field belongs to the owner's thread. */
 struct ucx_tp {
     struct kvt_transport pub;
@@ -122,12 +131,12 @@ struct ucx_tp {
     struct kvt_list orphans; /* batches reported at close whose UCX requests never ended */
     struct ucx_ep *last_ep;  /* lookup cache for ucx_ep_find */
     uint64_t next_ep_id;
-    struct kvt_list mrs;     /* remote registrations (READ over AM serves these) */
-    struct kvt_list rd_sent; /* ucx_rd_tx whose send UCX has not completed */
-    uint64_t timer_at_ns;    /* when the armed timerfd fires (0: not armed) */
-    bool read_am;            /* READs as active messages (see ucx_read_mode) */
-    bool test_no_rcheck;     /* tests only: the client skips the remote range check */
-    bool kick;               /* a UCX callback left work for dispatch */
+    struct kvt_list mrs;         /* remote registrations (READ over AM serves these) */
+    struct kvt_list rd_sent;     /* ucx_rd_tx whose send UCX has not completed */
+    uint64_t timer_at_ns;        /* when the armed timerfd fires (0: not armed) */
+    enum ucx_rd_path read_force; /* KVT_UCX_READ: the path every endpoint takes */
+    bool test_no_rcheck;         /* tests only: READs over AM skip the remote range check */
+    bool kick;                   /* a UCX callback left work for dispatch */
     bool closing;
 };
 
@@ -154,6 +163,9 @@ struct ucx_ep {
     uint32_t next_batch_id;
     struct kvt_list rd_q; /* ucx_rd_tx: READ replies to send from dispatch */
     uint64_t rd_inflight; /* bytes of the replies UCX is still sending */
+    enum ucx_rd_path rd_path;
+    uint64_t connected_ns, rd_path_checked_ns;
+    char am_lanes[32], bw_lanes[32]; /* the transports of its AM and rma_bw lanes */
 };
 
 struct ucx_msg {
@@ -631,6 +643,7 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
                 break;
             }
             ep->state = EP_CONNECTED;
+            ep->connected_ns = ucx_now_ns();
             if (cb->on_ep_state != NULL)
                 cb->on_ep_state(cb->arg, &ep->pub, KVT_EP_CONNECTED, 0);
             continue;
@@ -656,6 +669,7 @@ static int ucx_accept(struct ucx_ep *ep)
     int ret;
 
     ep->state = EP_CONNECTED;
+    ep->connected_ns = ucx_now_ns();
     ret = cb->on_accept != NULL ? cb->on_accept(cb->arg, &ep->pub) : 0;
     if (ret < 0) {
         ep->silent = true;
@@ -801,36 +815,49 @@ static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_le
 static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
                                  size_t length, const ucp_am_recv_param_t *param);
 
-/* How READs move: ucp_get_nbx where UCX can do a hardware GET (an RDMA device and
- * UCX_TLS not narrowed to tcp or shared memory), else active messages (see "READ over
- * active messages" below for why). KVT_UCX_READ=get|am overrides. The choice is the
- * reader's: every transport answers READ requests whichever it uses itself. */
-static bool ucx_read_mode(void)
+/* KVT_UCX_READ=get|am: every endpoint's READs take that path; else each endpoint's
+ * own lanes decide (ucx_ep_rd_path). */
+static enum ucx_rd_path ucx_read_force(void)
 {
     const char *force = getenv("KVT_UCX_READ");
-    const char *tls = getenv("UCX_TLS");
-    bool rdma = false;
-    DIR *d;
 
     if (force != NULL && strcmp(force, "am") == 0)
-        return true;
+        return RD_PATH_AM;
     if (force != NULL && strcmp(force, "get") == 0)
-        return false;
-    d = opendir("/sys/class/infiniband");
-    if (d != NULL) {
-        struct dirent *e;
+        return RD_PATH_GET;
+    return RD_PATH_AUTO;
+}
 
-        while ((e = readdir(d)) != NULL)
-            if (e->d_name[0] != '.')
-                rdma = true;
-        closedir(d);
-    }
-    if (!rdma)
+/* Whether UCX_TLS (NULL: UCX's default, all) lets UCX open posix or sysv. */
+static bool ucx_tls_has_mm(const char *tls)
+{
+    static const char *const mm[] = {"all", "sm", "shm", "mm", "posix", "sysv"};
+    bool named = false;
+
+    if (tls == NULL)
         return true;
-    if (tls == NULL || tls[0] == '^' || strstr(tls, "all") != NULL)
-        return false;
-    return strstr(tls, "rc") == NULL && strstr(tls, "ud") == NULL && strstr(tls, "dc") == NULL &&
-           strstr(tls, "ib") == NULL;
+    for (size_t i = 0; i < KVT_ARRAY_SIZE(mm); i++) {
+        const char *p = strstr(tls, mm[i]);
+        size_t n = strlen(mm[i]);
+
+        /* whole names of the comma-separated list only */
+        for (; p != NULL; p = strstr(p + 1, mm[i]))
+            if ((p == tls || p[-1] == ',' || p[-1] == '^') && (p[n] == '\0' || p[n] == ','))
+                named = true;
+    }
+    return tls[0] == '^' ? !named : named;
+}
+
+/* Peer-failure handling on posix/sysv and invalidation on cma (above), as UCT
+ * settings on the config: each unless the user set it. Not for a UCX_TLS without
+ * posix/sysv: UCX warns (on stdout) about a setting no transport took. */
+static void ucx_config_shm(ucp_config_t *config)
+{
+    if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL && getenv("UCX_SYSV_ERROR_HANDLING") == NULL &&
+        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(getenv("UCX_TLS")))
+        (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    if (getenv("UCX_CMA_MEMORY_INVALIDATE") == NULL)
+        (void)ucp_config_modify(config, "MEMORY_INVALIDATE", "y");
 }
 
 static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
@@ -856,15 +883,16 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     kvt_list_init(&tp->orphans);
     kvt_list_init(&tp->mrs);
     kvt_list_init(&tp->rd_sent);
-    tp->read_am = ucx_read_mode();
+    tp->read_force = ucx_read_force();
     /* Test-only (tests/conformance test_read_refused_by_server): READs over AM skip
      * the client's check of the remote range, so the server's check is what refuses
      * them. Never set in production; ucp_get_nbx keeps the check (nothing on the
-     * server checks a software GET). */
-    tp->test_no_rcheck = tp->read_am && getenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK") != NULL;
+     * server checks a GET). */
+    tp->test_no_rcheck = getenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK") != NULL;
 
-    /* A node restarted after SIGKILL listens on its port again while the dead
-     * process's connections sit in TIME_WAIT; the user's setting wins. */
+    /* The user's settings win over each of these. A node restarted after SIGKILL
+     * listens on its port again while the dead process's connections sit in
+     * TIME_WAIT. */
     setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
     setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
     st = ucp_config_read(NULL, NULL, &config);
@@ -872,6 +900,13 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
         ret = ucx_errno(st);
         goto err_free;
     }
+    /* Shared memory between two nodes on one host: our endpoints need peer-failure
+     * handling (mode PEER), and UCX 1.13 gives such endpoints shared memory only
+     * when posix/sysv report peer failures (off by default) and cma invalidates
+     * registrations (required of PEER-mode rendezvous lanes). With them active
+     * messages move over sysv and large ones by rendezvous over cma
+     * (process_vm_readv); without them every byte went through loopback tcp. */
+    ucx_config_shm(config);
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
         .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
@@ -1397,6 +1432,94 @@ static bool ucx_in_range(uint64_t off, uint64_t len, uint64_t size)
     return len > 0 && off <= size && len <= size - off;
 }
 
+/* Appends the transport of a ucp_ep_print_info lane line ("lane[3]:  5:cma/memory.0
+ * md[4] -> ... rma_bw#0") to the comma-separated list out, once. */
+static void ucx_lane_add(const char *line, char *out, size_t cap)
+{
+    const char *p = strstr(line, "]:");
+    char name[16];
+    size_t n, used = strlen(out);
+
+    if (p == NULL)
+        return;
+    p += 2;
+    while (*p == ' ' || (*p >= '0' && *p <= '9'))
+        p++;
+    if (*p++ != ':')
+        return;
+    n = strcspn(p, "/ ");
+    if (n == 0 || n >= sizeof(name))
+        return;
+    memcpy(name, p, n);
+    name[n] = '\0';
+    if (strstr(out, name) != NULL || used + n + 2 > cap)
+        return;
+    snprintf(out + used, cap - used, "%s%s", used > 0 ? "," : "", name);
+}
+
+/* The transports of ep's AM lane and of its high-bandwidth RMA lanes (GET, and the
+ * rendezvous of large AM replies), from ucp_ep_print_info: UCX 1.13 has no query. */
+static void ucx_ep_lanes(struct ucx_ep *ep)
+{
+    char *text = NULL, *line, *save = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+
+    ep->am_lanes[0] = ep->bw_lanes[0] = '\0';
+    if (f == NULL)
+        return;
+    ucp_ep_print_info(ep->uep, f);
+    fclose(f);
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        if (strstr(line, "lane[") == NULL)
+            continue;
+        if (strstr(line, " am ") != NULL)
+            ucx_lane_add(line, ep->am_lanes, sizeof(ep->am_lanes));
+        if (strstr(line, "rma_bw#") != NULL)
+            ucx_lane_add(line, ep->bw_lanes, sizeof(ep->bw_lanes));
+    }
+    free(text);
+}
+
+/* Whether every name in the list is an RDMA transport (rc_verbs, rc_mlx5, dc_mlx5). */
+static bool ucx_lanes_rdma(const char *list)
+{
+    if (list[0] == '\0')
+        return false;
+    for (const char *p = list;; p++) {
+        if (strncmp(p, "rc", 2) != 0 && strncmp(p, "dc", 2) != 0)
+            return false;
+        if ((p = strchr(p, ',')) == NULL)
+            return true;
+    }
+}
+
+/* How ep's READs move: ucp_get_nbx where UCP does the GET in hardware, i.e. the
+ * endpoint's RMA lanes are RDMA; everywhere else UCP 1.13 would emulate GET over
+ * its AM lane (tcp, or sysv shared memory between two nodes on one host: UCP does
+ * not GET over cma from memory it did not allocate itself), with the abort
+ * described at "READ over active messages", so there our own READ over AM (on one
+ * host: requests over sysv, large replies by rendezvous over cma). An AM choice is
+ * re-checked while wireup may still move the endpoint to other lanes; GET is final.
+ * KVT_UCX_READ overrides. */
+static enum ucx_rd_path ucx_ep_rd_path(struct ucx_ep *ep)
+{
+    uint64_t now;
+
+    if (ep->tp->read_force != RD_PATH_AUTO)
+        return ep->tp->read_force;
+    if (ep->rd_path == RD_PATH_GET)
+        return RD_PATH_GET;
+    now = ucx_now_ns();
+    if (ep->rd_path == RD_PATH_AM && (now - ep->connected_ns > UCX_WIREUP_SETTLE_NS ||
+                                      now - ep->rd_path_checked_ns < UCX_RD_PATH_RECHECK_NS))
+        return RD_PATH_AM;
+    ep->rd_path_checked_ns = now;
+    ucx_ep_lanes(ep);
+    ep->rd_path = ucx_lanes_rdma(ep->bw_lanes) ? RD_PATH_GET : RD_PATH_AM;
+    return ep->rd_path;
+}
+
 static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
                        struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
                        size_t *posted_p);
@@ -1413,13 +1536,15 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
     if (rk == NULL || local == NULL || ops == NULL || n == 0 || n > UINT32_MAX || cb == NULL ||
         rk->ep_id != ep->id || local->tp != ep->tp)
         return -EINVAL;
+    bool am = ucx_ep_rd_path(ep) == RD_PATH_AM;
+
     for (size_t i = 0; i < n; i++)
-        if ((!ep->tp->test_no_rcheck && !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
+        if ((!(am && ep->tp->test_no_rcheck) &&
+             !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
             !ucx_in_range(ops[i].local_off, ops[i].len, local->len))
             return -EINVAL;
     if (ep->n_batches >= ep->tp->pub.cfg.max_batches)
         return -EAGAIN;
-    bool am = ep->tp->read_am;
 
     b = kvt_calloc(1, sizeof(*b) + (am ? n * sizeof(b->ops[0]) : 0));
     if (b == NULL)
@@ -1901,6 +2026,24 @@ static int ucx_arm(struct kvt_transport *t)
     return 0;
 }
 
+static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
+{
+    struct ucx_ep *ep = ep_of(pep);
+    enum ucx_rd_path path;
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    path = ucx_ep_rd_path(ep);
+    ucx_ep_lanes(ep);
+    if (path == RD_PATH_GET)
+        snprintf(buf, cap, "get over %s%s", ep->bw_lanes,
+                 ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "");
+    else
+        snprintf(buf, cap, "am over %s, rndv over %s%s", ep->am_lanes, ep->bw_lanes,
+                 ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "");
+    return 0;
+}
+
 const struct kvt_transport_ops kvt_ucx_transport_ops = {
     .name = "ucx",
     .open = ucx_open,
@@ -1919,4 +2062,5 @@ const struct kvt_transport_ops kvt_ucx_transport_ops = {
     .progress = ucx_progress,
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,
+    .ep_info = ucx_ep_info,
 };

@@ -1757,6 +1757,18 @@ static int vb_arm(struct kvt_transport *t)
     return 0;
 }
 
+static int vb_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
+{
+    struct vb_ep *ep = ep_of(pep);
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    snprintf(buf, cap, "rdma read over %s",
+             ep->id != NULL && ep->id->verbs != NULL ? ibv_get_device_name(ep->id->verbs->device)
+                                                     : "?");
+    return 0;
+}
+
 const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .name = "verbs",
     .open = vb_open,
@@ -1775,4 +1787,5 @@ const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .progress = vb_progress,
     .event_fd = vb_event_fd,
     .arm = vb_arm,
+    .ep_info = vb_ep_info,
 };

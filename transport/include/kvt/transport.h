@@ -107,6 +107,9 @@ struct kvt_transport_ops {
     int (*event_fd)(struct kvt_transport *tp);
     /* 0: safe to sleep on event_fd; -EAGAIN: call progress again first. */
     int (*arm)(struct kvt_transport *tp);
+    /* How READs to this peer move, for people and tests ("get over cma", "am over
+     * tcp", "rdma read"): a NUL-terminated line in buf. Optional. */
+    int (*ep_info)(struct kvt_tp_ep *ep, char *buf, size_t cap);
 };
 
 /* Fields every backend's endpoint and transport start with. */
@@ -194,6 +197,10 @@ static inline int kvt_tp_progress(struct kvt_transport *tp)
 static inline int kvt_tp_event_fd(struct kvt_transport *tp)
 {
     return tp->ops->event_fd(tp);
+}
+static inline int kvt_tp_ep_info(struct kvt_tp_ep *ep, char *buf, size_t cap)
+{
+    return ep->tp->ops->ep_info == NULL ? -ENOTSUP : ep->tp->ops->ep_info(ep, buf, cap);
 }
 static inline int kvt_tp_arm(struct kvt_transport *tp)
 {
