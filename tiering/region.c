@@ -267,6 +267,10 @@ int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r)
         goto err_close;
     }
     r->base = base;
+    /* Huge pages where the kernel gives them to shared memory (shmem_enabled advise,
+     * within_size or always; Debian's default is never): see the anonymous primary in
+     * primary.c for what they save a pulling peer. Advice only. */
+    (void)madvise(base, size, MADV_HUGEPAGE);
 
     if (cfg->populate) {
         rc = region_populate(r);

@@ -43,6 +43,7 @@
 #include <netinet/in.h>
 
 #include "bench.h"
+#include "kvt/alloc.h"
 #include "kvt/transport.h"
 
 #define BT_SHAPES   3
@@ -127,7 +128,7 @@ static int bt_server(const struct bt_opts *o, size_t region, int ready_fd)
     };
     struct kvt_transport *tp;
     struct kvt_tp_mr *mr;
-    uint8_t *buf = aligned_alloc(4096, region);
+    uint8_t *buf = kvt_calloc_table(region, 1); /* huge-page advised, as a node's primary */
     uint16_t port = 0;
     int ret;
 
@@ -167,7 +168,7 @@ static int bt_server(const struct bt_opts *o, size_t region, int ready_fd)
     }
     kvt_tp_dereg(mr, tp);
     kvt_tp_close(tp);
-    free(buf);
+    kvt_free_table(buf, region, 1);
     return 0;
 }
 
@@ -340,7 +341,7 @@ static int bt_client_run(const struct bt_opts *o, uint16_t port, size_t local_by
     struct kvt_transport *tp;
     struct kvt_tp_mr *local = NULL;
     struct kvt_tp_rkey *rk = NULL;
-    uint8_t *buf = aligned_alloc(4096, local_bytes);
+    uint8_t *buf = kvt_calloc_table(local_bytes, 1);
     int ret;
 
     if (buf == NULL)
@@ -377,7 +378,7 @@ static int bt_client_run(const struct bt_opts *o, uint16_t port, size_t local_by
         kvt_tp_dereg(local, tp);
     kvt_tp_close(tp);
 out_free:
-    free(buf);
+    kvt_free_table(buf, local_bytes, 1);
     return ret;
 }
 
