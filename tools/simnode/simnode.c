@@ -28,7 +28,9 @@
  *                                 is loaded); the engine looks its waiting keys up and
  *                                 steps every STEP_US (500) us, the node polls the
  *                                 network tier in between and sleeps only when nothing
- *                                 is in flight: hit miss corrupt timeout
+ *                                 is in flight; a loaded request's bytes are checked
+ *                                 on a thread of their own (the engine's, see
+ *                                 struct checker): hit miss corrupt timeout
  *                                 requests req_ms_p50 req_ms_p99 (request start to its
  *                                 last key HIT) ms_p50 ms_p99 (per key) steps seconds
  *   timing                        where the network tier's time went (sums, ms)
@@ -45,6 +47,8 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -379,31 +383,121 @@ struct pull_req {
     uint64_t t0;
 };
 
-static void pull_req_end(struct node *n, struct pull_req *r, const struct kvt_key *keys,
-                         const int *res, uint32_t *hit, uint32_t *corrupt)
+/* The engine's use of a loaded request, off the node's thread: in a deployment the
+ * engine is another process (and its copies to the GPU are DMA), so the pull's
+ * byte-for-byte check runs on a thread of its own, as an engine would consume its
+ * loaded blocks while the node moves the next ones. The rows stay pinned (prepared
+ * for load) until the check is done; then the node thread completes the load. */
+struct check_job {
+    struct check_job *next;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key *keys;
+    int64_t *slots;
+    uint32_t n, bad;
+};
+
+struct checker {
+    const struct node *node;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    struct check_job *todo, **todo_tail, *done;
+    bool stop;
+};
+
+static void *checker_main(void *arg)
 {
-    struct kvt_key *hk = kvt_calloc(r->n, sizeof(*hk));
-    int64_t *slots = kvt_calloc(r->n, sizeof(*slots));
+    struct checker *c = arg;
+
+    pthread_mutex_lock(&c->lock);
+    for (;;) {
+        struct check_job *j;
+
+        while (c->todo == NULL && !c->stop)
+            pthread_cond_wait(&c->cond, &c->lock);
+        if (c->todo == NULL)
+            break;
+        j = c->todo;
+        c->todo = j->next;
+        if (c->todo == NULL)
+            c->todo_tail = &c->todo;
+        pthread_mutex_unlock(&c->lock);
+        for (uint32_t i = 0; i < j->n; i++)
+            if (!check(c->node, c->node->net->primary_base + (size_t)j->slots[i] * c->node->row,
+                       &j->keys[i]))
+                j->bad++;
+        pthread_mutex_lock(&c->lock);
+        j->next = c->done;
+        c->done = j;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return NULL;
+}
+
+/* Completes the loads the checker is done with; with wait, all of them. */
+static void checker_reap(struct node *n, struct checker *c, bool wait, uint32_t *pending,
+                         uint32_t *hit, uint32_t *corrupt)
+{
+    do {
+        struct check_job *j;
+
+        pthread_mutex_lock(&c->lock);
+        j = c->done;
+        c->done = NULL;
+        pthread_mutex_unlock(&c->lock);
+        while (j != NULL) {
+            struct check_job *next = j->next;
+
+            *corrupt += j->bad;
+            *hit += j->n - j->bad;
+            kvt_manager_complete_load(n->m, j->keys, j->n, j->ctx);
+            end_req(n, j->ctx);
+            kvt_free(j->keys);
+            kvt_free(j->slots);
+            kvt_free(j);
+            (*pending)--;
+            j = next;
+        }
+        if (wait && *pending > 0)
+            usleep(50);
+    } while (wait && *pending > 0);
+}
+
+/* A request whose keys all answered: its hits are prepared for load and handed to
+ * the checker (the request ends when the check does). */
+static void pull_req_end(struct node *n, struct pull_req *r, const struct kvt_key *keys,
+                         const int *res, struct checker *c, uint32_t *pending, uint32_t *corrupt)
+{
+    struct check_job *j = kvt_calloc(1, sizeof(*j));
     uint32_t nh = 0;
 
-    for (uint32_t i = 0; hk != NULL && slots != NULL && i < r->n; i++) {
-        if (res[r->first + i] == KVT_HIT)
-            hk[nh++] = keys[r->first + i];
+    if (j != NULL) {
+        j->keys = kvt_calloc(r->n, sizeof(*j->keys));
+        j->slots = kvt_calloc(r->n, sizeof(*j->slots));
     }
-    if (nh > 0 && kvt_manager_prepare_load(n->m, hk, nh, r->ctx, slots) == 0) {
-        for (uint32_t i = 0; i < nh; i++) {
-            if (check(n, row_of(n, slots[i]), &hk[i]))
-                (*hit)++;
-            else
-                (*corrupt)++;
-        }
-        kvt_manager_complete_load(n->m, hk, nh, r->ctx);
+    for (uint32_t i = 0; j != NULL && j->keys != NULL && i < r->n; i++) {
+        if (res[r->first + i] == KVT_HIT)
+            j->keys[nh++] = keys[r->first + i];
+    }
+    if (nh > 0 && j->slots != NULL &&
+        kvt_manager_prepare_load(n->m, j->keys, nh, r->ctx, j->slots) == 0) {
+        j->n = nh;
+        j->ctx = r->ctx;
+        pthread_mutex_lock(&c->lock);
+        *c->todo_tail = j;
+        c->todo_tail = &j->next;
+        pthread_cond_signal(&c->cond);
+        pthread_mutex_unlock(&c->lock);
+        (*pending)++;
     } else {
         *corrupt += nh; /* a HIT that cannot be loaded is a lie too */
+        end_req(n, r->ctx);
+        if (j != NULL) {
+            kvt_free(j->keys);
+            kvt_free(j->slots);
+        }
+        kvt_free(j);
     }
-    kvt_free(hk);
-    kvt_free(slots);
-    end_req(n, r->ctx);
     r->ctx = NULL;
 }
 
@@ -418,11 +512,22 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
     struct pull_req *act = kvt_calloc(inflight ? inflight : 1, sizeof(*act));
     uint64_t t0 = kvt_now_ns(), deadline = t0 + (uint64_t)timeout_ms * 1000000ull;
     uint32_t next = 0, done = 0, hit = 0, miss = 0, corrupt = 0, timeout = 0, k = 0;
+    uint32_t checking = 0;
     uint64_t steps = 0, next_step = 0;
+    struct checker chk = {.node = n};
 
+    chk.todo_tail = &chk.todo;
     if (per == 0 || inflight == 0 || keys == NULL || res == NULL || ns == NULL || req_ns == NULL ||
         act == NULL) {
         printf("err bad arguments or out of memory\n");
+        goto out;
+    }
+    pthread_mutex_init(&chk.lock, NULL);
+    pthread_cond_init(&chk.cond, NULL);
+    if (pthread_create(&chk.thread, NULL, checker_main, &chk) != 0) {
+        printf("err cannot start the checker thread\n");
+        pthread_mutex_destroy(&chk.lock);
+        pthread_cond_destroy(&chk.cond);
         goto out;
     }
     for (uint32_t i = 0; i < count; i++) {
@@ -465,13 +570,22 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
             }
             if (r->left == 0) {
                 req_ns[done++] = kvt_now_ns() - r->t0;
-                pull_req_end(n, r, keys, res, &hit, &corrupt);
+                pull_req_end(n, r, keys, res, &chk, &checking, &corrupt);
             }
         }
+        checker_reap(n, &chk, false, &checking, &hit, &corrupt);
         step(n);
         steps++;
         wait_events(n);
     }
+    checker_reap(n, &chk, true, &checking, &hit, &corrupt);
+    pthread_mutex_lock(&chk.lock);
+    chk.stop = true;
+    pthread_cond_signal(&chk.cond);
+    pthread_mutex_unlock(&chk.lock);
+    pthread_join(chk.thread, NULL);
+    pthread_mutex_destroy(&chk.lock);
+    pthread_cond_destroy(&chk.cond);
     for (uint32_t a = 0; a < inflight; a++) {
         if (act[a].ctx != NULL)
             end_req(n, act[a].ctx);
