@@ -262,6 +262,13 @@ static void test_pull_1000(void **state)
     assert_int_equal(field(r, "hit"), 1000);
     r = sn_cmd(&n[1], 5000, "counts");
     assert_int_equal(field(r, "pulled"), 1000);
+    /* C pulls them as the bench does (engine requests of 32 keys, 4 in flight, the
+     * bytes checked on the simulator's checker thread), from A or B. */
+    r = sn_cmd(&n[2], 60000, "pull 1 0 1000 30000 32 4");
+    printf("# pull as requests: %s\n", r);
+    assert_int_equal(field(r, "hit"), 1000);
+    assert_int_equal(field(r, "corrupt"), 0);
+    assert_int_equal(field(r, "requests"), 32);
     stop3(n);
 }
 
