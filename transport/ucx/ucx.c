@@ -828,24 +828,31 @@ static enum ucx_rd_path ucx_read_force(void)
     return RD_PATH_AUTO;
 }
 
+/* Whether UCX_TLS names an entry (whole, or with a ":aux"-like suffix). */
+static bool ucx_tls_names(const char *tls, const char *name)
+{
+    size_t n = strlen(name);
+
+    for (const char *p = strstr(tls, name); p != NULL; p = strstr(p + 1, name))
+        if ((p == tls || p[-1] == ',' || p[-1] == '^') &&
+            (p[n] == '\0' || p[n] == ',' || p[n] == ':'))
+            return true;
+    return false;
+}
+
 /* Whether UCX_TLS (NULL: UCX's default, all) lets UCX open posix or sysv. */
 static bool ucx_tls_has_mm(const char *tls)
 {
-    static const char *const mm[] = {"all", "sm", "shm", "mm", "posix", "sysv"};
-    bool named = false;
+    bool group, posix, sysv;
 
     if (tls == NULL)
         return true;
-    for (size_t i = 0; i < KVT_ARRAY_SIZE(mm); i++) {
-        const char *p = strstr(tls, mm[i]);
-        size_t n = strlen(mm[i]);
-
-        /* whole names of the comma-separated list only */
-        for (; p != NULL; p = strstr(p + 1, mm[i]))
-            if ((p == tls || p[-1] == ',' || p[-1] == '^') && (p[n] == '\0' || p[n] == ','))
-                named = true;
-    }
-    return tls[0] == '^' ? !named : named;
+    group = ucx_tls_names(tls, "sm") || ucx_tls_names(tls, "shm") || ucx_tls_names(tls, "mm");
+    posix = ucx_tls_names(tls, "posix");
+    sysv = ucx_tls_names(tls, "sysv");
+    if (tls[0] == '^') /* an exclusion list: is any of the two left? */
+        return !group && !(posix && sysv);
+    return group || posix || sysv || ucx_tls_names(tls, "all");
 }
 
 /* Peer-failure handling on posix/sysv and invalidation on cma (above), as UCT
@@ -856,6 +863,7 @@ static void ucx_config_shm(ucp_config_t *config)
     if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL && getenv("UCX_SYSV_ERROR_HANDLING") == NULL &&
         getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(getenv("UCX_TLS")))
         (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+    /* Only cma's memory domain has this field in UCX 1.13 (src/uct/sm/scopy/cma). */
     if (getenv("UCX_CMA_MEMORY_INVALIDATE") == NULL)
         (void)ucp_config_modify(config, "MEMORY_INVALIDATE", "y");
 }
@@ -1432,53 +1440,84 @@ static bool ucx_in_range(uint64_t off, uint64_t len, uint64_t size)
     return len > 0 && off <= size && len <= size - off;
 }
 
+/* Whether the comma-separated list holds name as a whole entry. */
+static bool ucx_list_has(const char *list, const char *name, size_t n)
+{
+    for (const char *p = list; *p != '\0'; p += *p == ',') {
+        size_t len = strcspn(p, ",");
+
+        if (len == n && strncmp(p, name, n) == 0)
+            return true;
+        p += len;
+    }
+    return false;
+}
+
 /* Appends the transport of a ucp_ep_print_info lane line ("lane[3]:  5:cma/memory.0
- * md[4] -> ... rma_bw#0") to the comma-separated list out, once. */
-static void ucx_lane_add(const char *line, char *out, size_t cap)
+ * md[4] -> ... rma_bw#0") to the comma-separated list out, once. False when the line
+ * cannot be read or the name does not fit: the caller then assumes the worst. */
+static bool ucx_lane_add(const char *line, char *out, size_t cap)
 {
     const char *p = strstr(line, "]:");
-    char name[16];
     size_t n, used = strlen(out);
 
     if (p == NULL)
-        return;
+        return false;
     p += 2;
     while (*p == ' ' || (*p >= '0' && *p <= '9'))
         p++;
     if (*p++ != ':')
-        return;
+        return false;
     n = strcspn(p, "/ ");
-    if (n == 0 || n >= sizeof(name))
-        return;
-    memcpy(name, p, n);
-    name[n] = '\0';
-    if (strstr(out, name) != NULL || used + n + 2 > cap)
-        return;
-    snprintf(out + used, cap - used, "%s%s", used > 0 ? "," : "", name);
+    if (n == 0)
+        return false;
+    if (ucx_list_has(out, p, n))
+        return true;
+    if (used + n + 2 > cap)
+        return false;
+    snprintf(out + used, cap - used, "%s%.*s", used > 0 ? "," : "", (int)n, p);
+    return true;
+}
+
+/* Whether a lane line carries the given role word (" am", "rma_bw#0", ...). */
+static bool ucx_lane_is(const char *line, const char *role)
+{
+    size_t n = strlen(role);
+
+    for (const char *p = strstr(line, role); p != NULL; p = strstr(p + 1, role))
+        if (p[n] == ' ' || p[n] == '\0' || p[n] == '#')
+            return true;
+    return false;
 }
 
 /* The transports of ep's AM lane and of its high-bandwidth RMA lanes (GET, and the
- * rendezvous of large AM replies), from ucp_ep_print_info: UCX 1.13 has no query. */
-static void ucx_ep_lanes(struct ucx_ep *ep)
+ * rendezvous of large AM replies), from ucp_ep_print_info: UCX 1.13 has no query.
+ * False when some lane could not be read (the lists are then incomplete). */
+static bool ucx_ep_lanes(struct ucx_ep *ep)
 {
     char *text = NULL, *line, *save = NULL;
     size_t len = 0;
+    bool ok = true;
     FILE *f = open_memstream(&text, &len);
 
     ep->am_lanes[0] = ep->bw_lanes[0] = '\0';
     if (f == NULL)
-        return;
+        return false;
     ucp_ep_print_info(ep->uep, f);
-    fclose(f);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return false;
+    }
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
         if (strstr(line, "lane[") == NULL)
             continue;
-        if (strstr(line, " am ") != NULL)
-            ucx_lane_add(line, ep->am_lanes, sizeof(ep->am_lanes));
-        if (strstr(line, "rma_bw#") != NULL)
-            ucx_lane_add(line, ep->bw_lanes, sizeof(ep->bw_lanes));
+        if (ucx_lane_is(line, " am"))
+            ok &= ucx_lane_add(line, ep->am_lanes, sizeof(ep->am_lanes));
+        if (ucx_lane_is(line, "rma_bw"))
+            ok &= ucx_lane_add(line, ep->bw_lanes, sizeof(ep->bw_lanes));
     }
     free(text);
+    return ok;
 }
 
 /* Whether every name in the list is an RDMA transport (rc_verbs, rc_mlx5, dc_mlx5). */
@@ -1515,8 +1554,7 @@ static enum ucx_rd_path ucx_ep_rd_path(struct ucx_ep *ep)
                                       now - ep->rd_path_checked_ns < UCX_RD_PATH_RECHECK_NS))
         return RD_PATH_AM;
     ep->rd_path_checked_ns = now;
-    ucx_ep_lanes(ep);
-    ep->rd_path = ucx_lanes_rdma(ep->bw_lanes) ? RD_PATH_GET : RD_PATH_AM;
+    ep->rd_path = ucx_ep_lanes(ep) && ucx_lanes_rdma(ep->bw_lanes) ? RD_PATH_GET : RD_PATH_AM;
     return ep->rd_path;
 }
 
@@ -2031,10 +2069,12 @@ static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
     struct ucx_ep *ep = ep_of(pep);
     enum ucx_rd_path path;
 
+    if (cap == 0)
+        return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
     path = ucx_ep_rd_path(ep);
-    ucx_ep_lanes(ep);
+    (void)ucx_ep_lanes(ep); /* as they are now, for people */
     if (path == RD_PATH_GET)
         snprintf(buf, cap, "get over %s%s", ep->bw_lanes,
                  ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "");

@@ -1761,6 +1761,8 @@ static int vb_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
 {
     struct vb_ep *ep = ep_of(pep);
 
+    if (cap == 0)
+        return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
     snprintf(buf, cap, "rdma read over %s",
