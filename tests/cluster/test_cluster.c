@@ -269,6 +269,9 @@ static void test_pull_1000(void **state)
     assert_int_equal(field(r, "hit"), 1000);
     assert_int_equal(field(r, "corrupt"), 0);
     assert_int_equal(field(r, "requests"), 32);
+    r = sn_cmd(&n[2], 5000, "counts");
+    assert_int_equal(field(r, "pulled"), 1000);
+    assert_int_equal(field(r, "checksum_fail"), 0);
     stop3(n);
 }
 

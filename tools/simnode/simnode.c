@@ -458,8 +458,10 @@ static void checker_reap(struct node *n, struct checker *c, bool wait, uint32_t 
             (*pending)--;
             j = next;
         }
-        if (wait && *pending > 0)
+        if (wait && *pending > 0) {
+            step(n); /* peers' READs over tcp need our progress meanwhile */
             usleep(50);
+        }
     } while (wait && *pending > 0);
 }
 
@@ -544,7 +546,9 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
         for (uint32_t a = 0; a < inflight; a++) {
             struct pull_req *r = &act[a];
 
-            if (r->ctx == NULL && next < n_req) {
+            /* A request being checked still pins its rows: at most inflight of
+             * those too, as an engine holds its loaded blocks until it uses them. */
+            if (r->ctx == NULL && next < n_req && checking < inflight) {
                 r->ctx = new_req(n, "pull");
                 if (r->ctx == NULL)
                     continue;
