@@ -1021,7 +1021,7 @@ static void test_op_timeout(void **state)
 
     (void)state;
     assert_int_equal(conn_send(&C, silence ? M_SILENCE : M_STALL, 4000, NULL, 0), 0);
-    assert_int_equal(conf_pump(C.tp, NULL, NULL, 300), 0); /* the peer is silent now */
+    assert_int_equal(conf_pump(C.tp, NULL, NULL, 500), 0); /* the peer is silent now */
     make_ops(ops, 64, 4096, 0);
 
     uint64_t t0 = conf_now_ms();

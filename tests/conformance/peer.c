@@ -9,11 +9,14 @@
  * a peer that never answers a connect. The single-host suite starts one peer per test
  * (exec of its own binary); the two-host supervisor restarts one per connection. */
 #include <errno.h>
+#include <net/if.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -112,21 +115,34 @@ struct peer {
 
 /* Takes this host's link down or up: how an RDMA peer is made to stop answering, as
  * its NIC serves READs without its CPU. Only inside the soft-RoCE guests, which name
- * the link in KVT_NETDEV (tools/rxe-harness); anywhere else it refuses. */
+ * the link in KVT_NETDEV (tools/rxe-harness); anywhere else it refuses. An ioctl, not
+ * `ip link`: the client posts its READs 500 ms after M_SILENCE, and a fork and exec
+ * of ip in a loaded TCG guest took longer (the READ completed before the link went
+ * down). */
 static int peer_link(bool up)
 {
     const char *dev = getenv("KVT_NETDEV");
-    char cmd[128];
-    int rc;
+    struct ifreq ifr = {0};
+    int fd, rc = -1;
 
-    if (dev == NULL || strspn(dev, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(dev)) {
+    if (dev == NULL || strlen(dev) >= sizeof(ifr.ifr_name) ||
+        strspn(dev, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(dev)) {
         fprintf(stderr, "peer: M_SILENCE needs KVT_NETDEV (a soft-RoCE guest's link)\n");
         return -1;
     }
-    snprintf(cmd, sizeof(cmd), "ip link set dev %s %s", dev, up ? "up" : "down");
-    rc = system(cmd);
+    memcpy(ifr.ifr_name, dev, strlen(dev));
+    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && ioctl(fd, SIOCGIFFLAGS, &ifr) == 0) {
+        if (up)
+            ifr.ifr_flags |= IFF_UP;
+        else
+            ifr.ifr_flags &= ~IFF_UP;
+        rc = ioctl(fd, SIOCSIFFLAGS, &ifr);
+    }
     if (rc != 0)
-        fprintf(stderr, "peer: '%s' exited %d\n", cmd, rc);
+        fprintf(stderr, "peer: link %s %s: %s\n", dev, up ? "up" : "down", strerror(errno));
+    if (fd >= 0)
+        close(fd);
     return rc == 0 ? 0 : -1;
 }
 
