@@ -690,17 +690,25 @@ static void test_generation_changes_on_every_reuse(void **state)
     fx_free(f);
 }
 
-static void test_checksum_on_complete(void **state)
+/* 4 rows of 256 bytes, each store hashed at completion; out is ready for use. */
+static struct kvt_primary *checksum_primary(struct kvt_store_output *out)
 {
     struct kvt_primary_config pc = {
         .num_chunks = 4, .row_bytes = 256, .checksum_on_complete = true};
     struct kvt_primary *p;
+
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
+    kvt_store_output_init(out);
+    return p;
+}
+
+static void test_checksum_on_complete(void **state)
+{
     struct kvt_store_output out;
+    struct kvt_primary *p = checksum_primary(&out);
     struct kvt_key k = kt_key(9);
     struct kvt_primary_entry_info info;
     uint8_t *row;
-    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
-    kvt_store_output_init(&out);
     assert_int_equal(kvt_primary_prepare_store(p, &k, 1, &out), 0);
     row = kvt_primary_base(p) + out.chunk_ids[0] * 256;
     for (int i = 0; i < 256; i++)
@@ -723,15 +731,11 @@ static void test_checksum_on_complete(void **state)
  * next store of the key, which is hashed again. */
 static void test_checksum_set_while_pending(void **state)
 {
-    struct kvt_primary_config pc = {
-        .num_chunks = 4, .row_bytes = 256, .checksum_on_complete = true};
-    struct kvt_primary *p;
     struct kvt_store_output out;
+    struct kvt_primary *p = checksum_primary(&out);
     struct kvt_key k = kt_key(9);
     struct kvt_primary_entry_info info;
     uint8_t *row;
-    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
-    kvt_store_output_init(&out);
     assert_int_equal(kvt_primary_prepare_write(p, &k, 1, &out), 0);
     assert_int_equal(kvt_primary_set_checksum(p, &k, 42), 0);
     assert_int_equal(kvt_primary_complete_write(p, &k, 1, true), 0);

@@ -136,7 +136,7 @@ static bool check(const struct node *n, const uint8_t *row, const struct kvt_key
     return diff == 0;
 }
 
-static uint8_t *row_of(struct node *n, int64_t slot)
+static uint8_t *row_of(const struct node *n, int64_t slot)
 {
     return n->net->primary_base + (size_t)slot * n->row;
 }
@@ -423,8 +423,7 @@ static void *checker_main(void *arg)
             c->todo_tail = &c->todo;
         pthread_mutex_unlock(&c->lock);
         for (uint32_t i = 0; i < j->n; i++)
-            if (!check(c->node, c->node->net->primary_base + (size_t)j->slots[i] * c->node->row,
-                       &j->keys[i]))
+            if (!check(c->node, row_of(c->node, j->slots[i]), &j->keys[i]))
                 j->bad++;
         pthread_mutex_lock(&c->lock);
         j->next = c->done;
@@ -432,6 +431,40 @@ static void *checker_main(void *arg)
     }
     pthread_mutex_unlock(&c->lock);
     return NULL;
+}
+
+static int checker_start(struct checker *c, const struct node *n)
+{
+    *c = (struct checker){.node = n};
+    c->todo_tail = &c->todo;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_cond_init(&c->cond, NULL);
+    if (pthread_create(&c->thread, NULL, checker_main, c) == 0)
+        return 0;
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+    return -1;
+}
+
+/* After checker_reap(wait): nothing is queued or done any more. */
+static void checker_stop(struct checker *c)
+{
+    pthread_mutex_lock(&c->lock);
+    c->stop = true;
+    pthread_cond_signal(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    pthread_join(c->thread, NULL);
+    pthread_mutex_destroy(&c->lock);
+    pthread_cond_destroy(&c->cond);
+}
+
+static void check_job_free(struct check_job *j)
+{
+    if (j == NULL)
+        return;
+    kvt_free(j->keys);
+    kvt_free(j->slots);
+    kvt_free(j);
 }
 
 /* Completes the loads the checker is done with; with wait, all of them. */
@@ -452,9 +485,7 @@ static void checker_reap(struct node *n, struct checker *c, bool wait, uint32_t 
             *hit += j->n - j->bad;
             kvt_manager_complete_load(n->m, j->keys, j->n, j->ctx);
             end_req(n, j->ctx);
-            kvt_free(j->keys);
-            kvt_free(j->slots);
-            kvt_free(j);
+            check_job_free(j);
             (*pending)--;
             j = next;
         }
@@ -494,11 +525,7 @@ static void pull_req_end(struct node *n, struct pull_req *r, const struct kvt_ke
     } else {
         *corrupt += nh; /* a HIT that cannot be loaded is a lie too */
         end_req(n, r->ctx);
-        if (j != NULL) {
-            kvt_free(j->keys);
-            kvt_free(j->slots);
-        }
-        kvt_free(j);
+        check_job_free(j);
     }
     r->ctx = NULL;
 }
@@ -516,20 +543,15 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
     uint32_t next = 0, done = 0, hit = 0, miss = 0, corrupt = 0, timeout = 0, k = 0;
     uint32_t checking = 0;
     uint64_t steps = 0, next_step = 0;
-    struct checker chk = {.node = n};
+    struct checker chk;
 
-    chk.todo_tail = &chk.todo;
     if (per == 0 || inflight == 0 || keys == NULL || res == NULL || ns == NULL || req_ns == NULL ||
         act == NULL) {
         printf("err bad arguments or out of memory\n");
         goto out;
     }
-    pthread_mutex_init(&chk.lock, NULL);
-    pthread_cond_init(&chk.cond, NULL);
-    if (pthread_create(&chk.thread, NULL, checker_main, &chk) != 0) {
+    if (checker_start(&chk, n) != 0) {
         printf("err cannot start the checker thread\n");
-        pthread_mutex_destroy(&chk.lock);
-        pthread_cond_destroy(&chk.cond);
         goto out;
     }
     for (uint32_t i = 0; i < count; i++) {
@@ -583,13 +605,7 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
         wait_events(n);
     }
     checker_reap(n, &chk, true, &checking, &hit, &corrupt);
-    pthread_mutex_lock(&chk.lock);
-    chk.stop = true;
-    pthread_cond_signal(&chk.cond);
-    pthread_mutex_unlock(&chk.lock);
-    pthread_join(chk.thread, NULL);
-    pthread_mutex_destroy(&chk.lock);
-    pthread_cond_destroy(&chk.cond);
+    checker_stop(&chk);
     for (uint32_t a = 0; a < inflight; a++) {
         if (act[a].ctx != NULL)
             end_req(n, act[a].ctx);

@@ -164,6 +164,7 @@ struct ucx_ep {
     struct kvt_list rd_q; /* ucx_rd_tx: READ replies to send from dispatch */
     uint64_t rd_inflight; /* bytes of the replies UCX is still sending */
     enum ucx_rd_path rd_path;
+    bool rd_path_final; /* GET, or AM once wireup has had time to settle */
     uint64_t connected_ns, rd_path_checked_ns;
     char am_lanes[32], bw_lanes[32]; /* the transports of its AM and rma_bw lanes */
 };
@@ -828,16 +829,24 @@ static enum ucx_rd_path ucx_read_force(void)
     return RD_PATH_AUTO;
 }
 
-/* Whether UCX_TLS names an entry (whole, or with a ":aux"-like suffix). */
+/* Whether a comma-separated list (UCX_TLS, or our lists of lane transports) holds
+ * the first n bytes of name as an entry: whole, after UCX_TLS's leading "^", or with
+ * a ":aux"-like suffix. */
+static bool ucx_list_has(const char *list, const char *name, size_t n)
+{
+    for (const char *p = list + (list[0] == '^'); *p != '\0'; p += *p == ',') {
+        size_t len = strcspn(p, ",");
+
+        if (len >= n && strncmp(p, name, n) == 0 && (len == n || p[n] == ':'))
+            return true;
+        p += len;
+    }
+    return false;
+}
+
 static bool ucx_tls_names(const char *tls, const char *name)
 {
-    size_t n = strlen(name);
-
-    for (const char *p = strstr(tls, name); p != NULL; p = strstr(p + 1, name))
-        if ((p == tls || p[-1] == ',' || p[-1] == '^') &&
-            (p[n] == '\0' || p[n] == ',' || p[n] == ':'))
-            return true;
-    return false;
+    return ucx_list_has(tls, name, strlen(name));
 }
 
 /* Whether UCX_TLS (NULL: UCX's default, all) lets UCX open posix or sysv. */
@@ -1440,19 +1449,6 @@ static bool ucx_in_range(uint64_t off, uint64_t len, uint64_t size)
     return len > 0 && off <= size && len <= size - off;
 }
 
-/* Whether the comma-separated list holds name as a whole entry. */
-static bool ucx_list_has(const char *list, const char *name, size_t n)
-{
-    for (const char *p = list; *p != '\0'; p += *p == ',') {
-        size_t len = strcspn(p, ",");
-
-        if (len == n && strncmp(p, name, n) == 0)
-            return true;
-        p += len;
-    }
-    return false;
-}
-
 /* Appends the transport of a ucp_ep_print_info lane line ("lane[3]:  5:cma/memory.0
  * md[4] -> ... rma_bw#0") to the comma-separated list out, once. False when the line
  * cannot be read or the name does not fit: the caller then assumes the worst. */
@@ -1547,14 +1543,14 @@ static enum ucx_rd_path ucx_ep_rd_path(struct ucx_ep *ep)
 
     if (ep->tp->read_force != RD_PATH_AUTO)
         return ep->tp->read_force;
-    if (ep->rd_path == RD_PATH_GET)
-        return RD_PATH_GET;
+    if (ep->rd_path_final) /* every READ after the first seconds: no clock, no parse */
+        return ep->rd_path;
     now = ucx_now_ns();
-    if (ep->rd_path == RD_PATH_AM && (now - ep->connected_ns > UCX_WIREUP_SETTLE_NS ||
-                                      now - ep->rd_path_checked_ns < UCX_RD_PATH_RECHECK_NS))
+    if (ep->rd_path == RD_PATH_AM && now - ep->rd_path_checked_ns < UCX_RD_PATH_RECHECK_NS)
         return RD_PATH_AM;
     ep->rd_path_checked_ns = now;
     ep->rd_path = ucx_ep_lanes(ep) && ucx_lanes_rdma(ep->bw_lanes) ? RD_PATH_GET : RD_PATH_AM;
+    ep->rd_path_final = ep->rd_path == RD_PATH_GET || now - ep->connected_ns > UCX_WIREUP_SETTLE_NS;
     return ep->rd_path;
 }
 
@@ -2067,6 +2063,7 @@ static int ucx_arm(struct kvt_transport *t)
 static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
 {
     struct ucx_ep *ep = ep_of(pep);
+    const char *forced;
     enum ucx_rd_path path;
 
     if (cap == 0)
@@ -2075,12 +2072,11 @@ static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
         return -ENOTCONN;
     path = ucx_ep_rd_path(ep);
     (void)ucx_ep_lanes(ep); /* as they are now, for people */
+    forced = ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "";
     if (path == RD_PATH_GET)
-        snprintf(buf, cap, "get over %s%s", ep->bw_lanes,
-                 ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "");
+        snprintf(buf, cap, "get over %s%s", ep->bw_lanes, forced);
     else
-        snprintf(buf, cap, "am over %s, rndv over %s%s", ep->am_lanes, ep->bw_lanes,
-                 ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "");
+        snprintf(buf, cap, "am over %s, rndv over %s%s", ep->am_lanes, ep->bw_lanes, forced);
     return 0;
 }
 
