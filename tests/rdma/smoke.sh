@@ -15,6 +15,8 @@ BW="ib_read_bw -R -F -d rxe0 -s 65536 -n 300"
 
 fail() {
   echo "FAIL (role $KVT_ROLE): $*"
+  echo "----- the kernel's last messages (a stalled NIC logs NETDEV WATCHDOG)"
+  dmesg | tail -20
   exit 1
 }
 
@@ -38,11 +40,15 @@ grep -qx 'rc_verbs rxe0:1' "$R/ucx_transports.out" || fail "UCX does not list rc
 # ib_read_bw client with retries: the server (another process or guest) may not
 # listen yet (on a loaded 2-core host its guest can be a minute behind). Retries
 # for up to 120 s. $1 = server address, $2 = output file.
+# Every attempt's output is kept in $2.attempts, printed when all have failed.
 client() {
   end=$(($(date +%s) + 120))
+  n=0
   while :; do
+    n=$((n + 1))
     timeout 60 $BW "$1" >"$2" 2>&1 && return 0
-    [ "$(date +%s)" -lt "$end" ] || return 1
+    { echo "--- attempt $n, exit $?, $(date +%T)"; tail -5 "$2"; } >>"$2.attempts"
+    [ "$(date +%s)" -lt "$end" ] || { tail -40 "$2.attempts"; return 1; }
     sleep 1
   done
 }
