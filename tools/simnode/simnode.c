@@ -417,12 +417,18 @@ static void pull_req_end(struct node *n, struct pull_req *r, const struct kvt_ke
         h->keys = kvt_calloc(r->n, sizeof(*h->keys));
         h->slots = kvt_calloc(r->n, sizeof(*h->slots));
     }
-    for (uint32_t i = 0; h != NULL && h->keys != NULL && i < r->n; i++) {
+    if (h == NULL || h->keys == NULL || h->slots == NULL) {
+        fprintf(stderr, "kvtier-simnode: pull: out of memory, a request's hits not loaded\n");
+        end_req(n, r->ctx);
+        held_load_free(h);
+        r->ctx = NULL;
+        return;
+    }
+    for (uint32_t i = 0; i < r->n; i++) {
         if (res[r->first + i] == KVT_HIT)
             h->keys[nh++] = keys[r->first + i];
     }
-    if (nh > 0 && h->slots != NULL &&
-        kvt_manager_prepare_load(n->m, h->keys, nh, r->ctx, h->slots) == 0) {
+    if (nh > 0 && kvt_manager_prepare_load(n->m, h->keys, nh, r->ctx, h->slots) == 0) {
         h->n = nh;
         h->ctx = r->ctx;
         h->next = *held;
