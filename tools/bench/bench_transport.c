@@ -13,6 +13,10 @@
  *   32 x 2   batches of 32, two in flight (32..64 outstanding): the headline figure;
  *   8 x 4    batches of 8, four in flight (24..32 outstanding, never more than the
  *            reference's 32).
+ * With --chunks N every READ takes the next of N distinct chunks on both sides, so
+ * the bytes come from and go to memory as in a pull of N chunks; without it the same
+ * 32 remote chunks are read again and again and stay in the caches (ucx_perftest too
+ * reads one buffer).
  * Latency: one 4 KiB READ (a batch of one) at a time, --lat-iters, p50/p99/avg.
  *
  * References (UCX only), each run in every repetition:
@@ -63,6 +67,12 @@ struct bt_opts {
     unsigned lat_iters; /* 4 KiB READs */
     unsigned ref_lat_iters;
     unsigned reps;
+    /* 0: the chunks of a batch are read from the same 32 remote chunks into the same
+     * local ones every time (as ucx_perftest reads one buffer), so both sides stay in
+     * the caches. N: regions of N chunks on both sides and every READ takes the next
+     * chunk, remote chunk i into local chunk i, so each is moved from and into memory
+     * as a pull of N distinct chunks moves them. */
+    unsigned chunks;
     bool json;
 };
 
@@ -179,14 +189,16 @@ struct bt_client {
     bool connected, closed, have_handle;
     uint8_t handle[KVT_TP_MAX_HANDLE_SIZE];
     size_t handle_len;
-    unsigned done; /* batches completed */
-    int status;    /* the last error a batch reported */
+    unsigned done;           /* batches completed */
+    int status;              /* the last error a batch reported */
+    size_t size;             /* --chunks: bytes of a chunk, the chunks of both regions, */
+    unsigned chunks, cursor; /* and the next chunk to read */
 };
 
 /* One batch's place in the window: its own local chunks, busy while in flight. */
 struct bt_slot {
     struct bt_client *c;
-    const struct kvt_read_op *ops;
+    struct kvt_read_op *ops;
     bool busy;
 };
 
@@ -242,6 +254,13 @@ static int bt_run_window(struct kvt_transport *tp, struct bt_client *c, struct k
             if (slots[w].busy)
                 continue;
             slots[w].busy = true;
+            for (unsigned i = 0; c->chunks != 0 && i < sh->batch; i++) {
+                uint64_t off = (uint64_t)c->cursor * c->size;
+
+                slots[w].ops[i] =
+                    (struct kvt_read_op){.remote_off = off, .local_off = off, .len = c->size};
+                c->cursor = (c->cursor + 1) % c->chunks;
+            }
             ret = kvt_tp_read(c->ep, rk, local, slots[w].ops, sh->batch, bt_read_cb, &slots[w]);
             if (ret == -EAGAIN) {
                 slots[w].busy = false;
@@ -359,8 +378,11 @@ static int bt_client_run(const struct bt_opts *o, uint16_t port, size_t local_by
         ret = -ECONNREFUSED;
     if (ret == 0)
         ret = kvt_tp_unpack(c.ep, c.handle, c.handle_len, &rk);
+    c.size = o->size;
+    c.chunks = o->chunks;
     for (unsigned k = 0; k < BT_SHAPES && ret == 0; k++)
         ret = bt_throughput(tp, &c, rk, local, o, &bt_shapes[k], &r->mbps[k]);
+    c.chunks = 0; /* the latency READ is one 4 KiB op of its own */
     if (ret == 0)
         ret = bt_latency(tp, &c, rk, local, o, r);
     if (ret == 0 && buf[0] != 0x5a)
@@ -386,7 +408,7 @@ out_free:
  * back through a pipe. */
 static int bt_ours(const struct bt_opts *o, struct bt_result *r)
 {
-    size_t region = (size_t)32 * o->size, local_bytes = 0;
+    size_t region = (size_t)(o->chunks != 0 ? o->chunks : 32) * o->size, local_bytes = 0;
     int fds[2], res[2], st, ret = 0;
     char line[32] = {0};
     unsigned port;
@@ -397,6 +419,8 @@ static int bt_ours(const struct bt_opts *o, struct bt_result *r)
 
         local_bytes = need > local_bytes ? need : local_bytes;
     }
+    if (o->chunks != 0)
+        local_bytes = region;
     if (pipe(fds) < 0)
         return -errno;
     srv = fork();
@@ -578,7 +602,7 @@ static int bt_raw_ref(unsigned iters, struct bt_rep *rep, char *cmd, size_t cmd_
 static int bt_usage(void)
 {
     fprintf(stderr, "usage: kvtier-bench transport [--json] [--backend ucx|verbs] [--size 262144] "
-                    "[--iters N] [--lat-iters N] [--ref-lat-iters N] [--reps N] "
+                    "[--iters N] [--lat-iters N] [--ref-lat-iters N] [--reps N] [--chunks N] "
                     "[--addr 127.0.0.1]\n");
     return 2;
 }
@@ -643,8 +667,9 @@ static void bt_print_json(const struct bt_opts *o, const struct bt_rep *reps, un
                           const char *raw_cmd)
 {
     printf("{\"bench\":\"transport\",\"backend\":\"%s\",\"ucx_tls\":\"%s\",\"size\":%zu,"
-           "\"iters\":%u,\"lat_iters\":%u,\"ref_lat_iters\":%u,\"reps\":[",
-           o->backend, getenv("UCX_TLS"), o->size, o->iters, o->lat_iters, o->ref_lat_iters);
+           "\"iters\":%u,\"chunks\":%u,\"lat_iters\":%u,\"ref_lat_iters\":%u,\"reps\":[",
+           o->backend, getenv("UCX_TLS"), o->size, o->iters, o->chunks, o->lat_iters,
+           o->ref_lat_iters);
     for (unsigned i = 0; i < n; i++) {
         const struct bt_rep *r = &reps[i];
 
@@ -694,7 +719,12 @@ static void bt_print_text(const struct bt_opts *o, const struct bt_rep *reps, un
 {
     printf("transport %s (UCX_TLS=%s), two processes on %s, %u repetitions interleaved\n",
            o->backend, getenv("UCX_TLS"), bt_addr, n);
-    printf("READ %zu B chunks, MB/s (batch x batches in flight):\n", o->size);
+    if (o->chunks != 0)
+        printf("READ %zu B chunks, each the next of %u distinct chunks (both sides), MB/s "
+               "(batch x batches in flight):\n",
+               o->size, o->chunks);
+    else
+        printf("READ %zu B chunks, MB/s (batch x batches in flight):\n", o->size);
     printf("  rep   ");
     for (unsigned k = 0; k < BT_SHAPES; k++)
         printf("    %2ux%u", bt_shapes[k].batch, bt_shapes[k].window);
@@ -778,16 +808,20 @@ int kvt_bench_transport(int argc, char **argv)
             o.ref_lat_iters = (unsigned)strtoul(argv[++i], NULL, 0);
         else if (i + 1 < argc && strcmp(argv[i], "--reps") == 0)
             o.reps = (unsigned)strtoul(argv[++i], NULL, 0);
+        else if (i + 1 < argc && strcmp(argv[i], "--chunks") == 0)
+            o.chunks = (unsigned)strtoul(argv[++i], NULL, 0);
         else if (i + 1 < argc && strcmp(argv[i], "--addr") == 0)
             bt_addr = argv[++i];
         else
             return bt_usage();
     }
     if (o.size < 4096 || o.iters == 0 || o.lat_iters < 100 || o.ref_lat_iters < 100 ||
-        o.reps == 0 || o.reps > BT_MAX_REPS || (uint64_t)o.size * 64 > KVT_TP_MAX_REG_BYTES) {
+        o.reps == 0 || o.reps > BT_MAX_REPS || (uint64_t)o.size * 64 > KVT_TP_MAX_REG_BYTES ||
+        (o.chunks != 0 && (o.chunks < 64 || (uint64_t)o.size * o.chunks > KVT_TP_MAX_REG_BYTES))) {
         fprintf(stderr,
                 "kvtier-bench transport: size >= 4096, size x 64 <= 2 GiB, iters >= 1, "
-                "lat-iters and ref-lat-iters >= 100, 1 <= reps <= %u\n",
+                "lat-iters and ref-lat-iters >= 100, 1 <= reps <= %u, chunks 0 or >= 64 "
+                "with size x chunks <= 2 GiB\n",
                 BT_MAX_REPS);
         return 2;
     }
