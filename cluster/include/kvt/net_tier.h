@@ -76,7 +76,7 @@ struct kvt_net_tier_config {
     uint32_t park_timeout_ms;    /* serving: RETRY/HIT_PENDING wait; 0 = 1000 */
     uint32_t record_ttl_ms;      /* directory records (re-published at half); 0 = 600000 */
     unsigned max_holders;        /* per key in the directory; 0 = 8 */
-    unsigned max_ops_per_batch;  /* READ ops per batch; 0 = 32 */
+    unsigned max_ops_per_batch;  /* READ ops per batch; 0 = 8 */
     unsigned keys_per_fetch;     /* keys per FETCH (at most 256); 0 = 64 */
     unsigned fetches_per_peer;   /* FETCHes out (sent, not ended) per peer; 0 = 4 */
 };
