@@ -1950,9 +1950,10 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     DEFAULT(park_timeout_ms, 1000);
     DEFAULT(record_ttl_ms, 600000);
     DEFAULT(max_holders, 8);
-    /* 8 x 256 KiB: a batch's rows are hashed right after their READs, while most of
-     * them are still in the core's L2 (2 MiB here): with 32 the check read them
-     * back from L3, verify time 55-68 ms against 38-44 ms for a 6400-chunk pull. */
+    /* 8 rows of 256 KiB are 2 MiB, this core's L2: a batch's rows are hashed right
+     * after their READs, while still there (with 32 the check read them back from L3:
+     * verify 55-68 ms against 33-44 ms for a 6400-chunk pull). Counted in ops, so
+     * the reason holds for 256 KiB rows; larger rows want fewer ops per batch. */
     DEFAULT(max_ops_per_batch, 8);
     DEFAULT(keys_per_fetch, 64);
     DEFAULT(fetches_per_peer, 4);
