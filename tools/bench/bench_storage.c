@@ -16,7 +16,7 @@
  * take that kind of work (writes: read + write threads, reads: read threads); for
  * reads also with as many jobs as the tier has reads in flight (read threads x read
  * depth), the stricter reference. Its --output-format=json bandwidth is parsed.
- * R rounds (default 3), each: tier write, fio write, tier read, fio read, with tier
+ * R rounds (default 5), each: tier write, fio write, tier read, fio read, with tier
  * and fio swapping places every other round, so that each pair runs back to back on
  * this shared machine; the figures are the medians, the ratios the medians of the
  * rounds' ratios. Rebuild: that many small files (4 KiB rows) written through the
@@ -30,7 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/sysmacros.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,7 +64,8 @@ struct sb_result {
     double med[SB_N];
     double ratio_write, ratio_read, ratio_read_depth; /* medians of the rounds' ratios */
     bool direct, fio_ok, io_uring;
-    unsigned fio_write_jobs, fio_read_jobs, fio_read_depth_jobs, read_depth;
+    unsigned fio_jobs, read_depth;
+    bool fio_huge; /* fio's buffers on huge pages, as the tier's rows */
     size_t rebuild_files, rebuild_found;
     double rebuild_s, rebuild_create_s;
     size_t load_failures;
@@ -87,6 +90,8 @@ static void make_key(struct kvt_key *k, uint64_t i)
 
 struct sb_run {
     struct kvt_tier *t;
+    uint8_t *mem; /* the slots; NULL: leave their bytes as they are */
+    size_t row;
     struct kvt_job jobs[MAX_INFLIGHT];
     struct kvt_key keys[MAX_INFLIGHT][JOB_KEYS];
     int64_t ids[MAX_INFLIGHT][JOB_KEYS];
@@ -109,6 +114,19 @@ static void sb_done(void *arg, const struct kvt_job_result *r)
 
 static unsigned poll_us = 1000;
 
+/* Makes the row of chunk i differ from every other chunk's in each 4 KiB block, as
+ * KV chunks do and as fio's own blocks do (its scramble_buffers). Stored from slots
+ * reused for every 16th job, the rows were 16 copies of 256 contents, and this host's
+ * disk read repeated contents back slower (2026-12-06: 4.1-4.3 against 4.2-5.5 GB/s
+ * for unique blocks, same files, same reader). */
+static void stamp_row(uint8_t *row, size_t len, uint64_t i)
+{
+    for (size_t off = 0; off + sizeof(uint64_t) <= len; off += 4096) {
+        uint64_t v = i << 16 | off >> 12;
+        memcpy(row + off, &v, sizeof(v));
+    }
+}
+
 /* Stores (or loads) keys 0..n-1 in jobs of JOB_KEYS, inflight jobs at once; job group
  * g uses primary slots g*JOB_KEYS... Returns the seconds taken. */
 static double sb_pass(struct sb_run *run, bool load, size_t n, unsigned inflight)
@@ -125,6 +143,8 @@ static double sb_pass(struct sb_run *run, bool load, size_t n, unsigned inflight
             for (size_t i = 0; i < m; i++) {
                 make_key(&run->keys[g][i], next + i);
                 run->ids[g][i] = (int64_t)(g * JOB_KEYS + i);
+                if (!load && run->mem != NULL)
+                    stamp_row(run->mem + (g * JOB_KEYS + i) * run->row, run->row, next + i);
             }
             /* Job ids map back to their group: id - 1 = g (mod MAX_INFLIGHT). */
             *j = (struct kvt_job){.id = (seq++) * MAX_INFLIGHT + g + 1,
@@ -177,6 +197,40 @@ static int rm_rf(const char *path)
     return system(cmd);
 }
 
+/* Lets the disk finish what the phases before left it before a timed phase starts:
+ * the host's writeback of a virtio disk's last writes and ext4's online discards of
+ * the files just deleted. Without it the first phase after the writes paid for them:
+ * in 5 of 6 runs on 2026-12-06 the read that came first in a round (tier or fio) was
+ * the slower one, by up to 2x. syncfs sends the disk a FLUSH, which the host answers
+ * once the image's writes are down; then the device's I/O counters must stay still
+ * for 200 ms (10 s at most). Done the same way before the tier's phases and fio's. */
+static void settle(const char *dir)
+{
+    char path[64], prev[512] = "", cur[512];
+    struct stat st;
+    unsigned still_ms = 0;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)syncfs(fd);
+        close(fd);
+    }
+    if (stat(dir, &st) != 0)
+        return;
+    snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/stat", major(st.st_dev),
+             minor(st.st_dev));
+    for (unsigned waited_ms = 0; waited_ms < 10000 && still_ms < 200; waited_ms += 20) {
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            return; /* not a block device (tmpfs): nothing to wait for */
+        if (fgets(cur, sizeof(cur), f) == NULL)
+            cur[0] = '\0';
+        fclose(f);
+        still_ms = strcmp(cur, prev) == 0 ? still_ms + 20 : 0;
+        memcpy(prev, cur, sizeof(prev));
+        usleep(20000);
+    }
+}
+
 /* ---- fio ------------------------------------------------------------------------------ */
 
 /* The "bw_bytes" of the "read" or "write" section of fio's JSON (group_reporting: one
@@ -195,21 +249,78 @@ static double fio_bw(const char *json, const char *dir)
     return strtod(p + strlen("\"bw_bytes\" : "), NULL);
 }
 
-static double run_fio(const char *dir, bool write, size_t nfiles, unsigned jobs, bool direct)
+/* fio's I/O buffers on huge pages, as the tier's rows are: hugetlb pages (fio
+ * --mem=shmhuge; it has no transparent huge pages), reserved for the run when the
+ * pool has too few free and given back at the end. 4 KiB pages are no fair
+ * reference on this host: each 256 KiB O_DIRECT request becomes a scatter list of up
+ * to 64 pieces, and fio read 2.3-2.6 GB/s from malloc buffers against 5.8-6.4 GB/s
+ * from huge pages (2026-12-06), the tier 1.5-3.0 against 3.6-4.1. */
+#define FIO_HUGE_PAGES 16 /* 4 jobs x one 2 MiB page for their 256 KiB buffers, and room */
+
+static long hugetlb_read(const char *what)
 {
-    char cmd[8600];
+    char line[128];
+    long v = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    size_t n = strlen(what);
+    if (f == NULL)
+        return -1;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strncmp(line, what, n) == 0 && line[n] == ':')
+            v = strtol(line + n + 1, NULL, 10);
+    }
+    fclose(f);
+    return v;
+}
+
+static bool hugetlb_set(long pages)
+{
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "w");
+    bool ok = f != NULL && fprintf(f, "%ld\n", pages) > 0;
+    if (f != NULL && fclose(f) != 0)
+        ok = false;
+    return ok;
+}
+
+/* Returns the pool size to restore afterwards (-1: nothing to restore); *ok tells
+ * whether FIO_HUGE_PAGES pages are free now. */
+static long hugetlb_reserve(bool *ok)
+{
+    long total = hugetlb_read("HugePages_Total"), free_ = hugetlb_read("HugePages_Free");
+    *ok = free_ >= FIO_HUGE_PAGES;
+    if (*ok || total < 0 || free_ < 0)
+        return -1;
+    if (!hugetlb_set(total + FIO_HUGE_PAGES - free_))
+        return -1; /* not root: fio keeps malloc buffers */
+    *ok = hugetlb_read("HugePages_Free") >= FIO_HUGE_PAGES;
+    return total;
+}
+
+/* fio over nfiles files of 256 KiB in dir, jobs jobs each with its own nfiles/jobs
+ * files (named kvt.<job>.<file>: the same names for the write and the reads, so the
+ * reads take exactly the files the write made). depth 0: psync, one request per job;
+ * else io_uring with depth requests in flight per job over as many open files. */
+static double run_fio(const char *dir, bool write, size_t nfiles, unsigned jobs, unsigned depth,
+                      bool direct, bool huge)
+{
+    char cmd[8600], engine[96];
     FILE *p;
     char *out = NULL;
     size_t len = 0, cap = 0;
     double bw;
     unsigned per = (unsigned)((nfiles + jobs - 1) / jobs);
+    if (depth == 0)
+        snprintf(engine, sizeof(engine), "--ioengine=psync --openfiles=1 "
+                                         "--file_service_type=sequential");
+    else
+        snprintf(engine, sizeof(engine), "--ioengine=io_uring --iodepth=%u --openfiles=%u "
+                 "--file_service_type=roundrobin", depth, depth);
     snprintf(cmd, sizeof(cmd),
              "fio --output-format=json --name=kvt --directory='%s' --rw=%s --bs=256k "
-             "--filesize=256k --nrfiles=%u --numjobs=%u --openfiles=1 "
-             "--file_service_type=sequential --ioengine=psync --direct=%d --thread "
+             "--filesize=256k --nrfiles=%u --numjobs=%u %s --mem=%s --direct=%d --thread "
              "--group_reporting %s 2>/dev/null",
-             dir, write ? "write" : "read", per, jobs, direct ? 1 : 0,
-             write ? "--create_on_open=1 --fallocate=none" : "");
+             dir, write ? "write" : "read", per, jobs, engine, huge ? "shmhuge" : "malloc",
+             direct ? 1 : 0, write ? "--create_on_open=1 --fallocate=none" : "");
     p = popen(cmd, "r");
     if (p == NULL)
         return -1;
@@ -276,7 +387,8 @@ static void fio_write_step(struct sb_fio_step *f)
     double w;
     rm_rf(f->dir);
     mkdir(f->dir, 0755);
-    w = run_fio(f->dir, true, f->o->chunks, f->r->fio_write_jobs, f->r->direct);
+    settle(f->dir);
+    w = run_fio(f->dir, true, f->o->chunks, f->r->fio_jobs, 0, f->r->direct, f->r->fio_huge);
     f->r->gbs[SB_FW][f->round] = w * 1e-9;
     if (w <= 0)
         f->r->fio_ok = false;
@@ -284,8 +396,12 @@ static void fio_write_step(struct sb_fio_step *f)
 
 static void fio_read_step(struct sb_fio_step *f)
 {
-    double rd = run_fio(f->dir, false, f->o->chunks, f->r->fio_read_jobs, f->r->direct);
-    double rdd = run_fio(f->dir, false, f->o->chunks, f->r->fio_read_depth_jobs, f->r->direct);
+    double rd, rdd;
+    settle(f->dir);
+    rd = run_fio(f->dir, false, f->o->chunks, f->r->fio_jobs, 0, f->r->direct, f->r->fio_huge);
+    settle(f->dir);
+    rdd = run_fio(f->dir, false, f->o->chunks, f->r->fio_jobs, f->r->read_depth, f->r->direct,
+                  f->r->fio_huge);
     f->r->gbs[SB_FR][f->round] = rd * 1e-9;
     f->r->gbs[SB_FRD][f->round] = rdd * 1e-9;
     if (rd <= 0 || rdd <= 0)
@@ -301,9 +417,13 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
     struct sb_run *run;
     struct sb_fio_step fs = {.o = o, .r = r};
     double bytes = (double)o->chunks * CHUNK;
+    long hugetlb_restore = -1;
     int rc = 0;
     if (mem == MAP_FAILED)
         return -ENOMEM;
+    /* The same kind of memory as the primary tier's rows (tiering/primary.c): huge
+     * pages where the kernel gives them. */
+    (void)madvise(mem, nslots * CHUNK, MADV_HUGEPAGE);
     run = calloc(1, sizeof(*run));
     if (run == NULL) {
         munmap(mem, nslots * CHUNK);
@@ -314,6 +434,8 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
     snprintf(root, sizeof(root), "%s/tier", o->dir);
     snprintf(fs.dir, sizeof(fs.dir), "%s/fio", o->dir);
     r->fio_ok = !o->no_fio;
+    if (r->fio_ok)
+        hugetlb_restore = hugetlb_reserve(&r->fio_huge);
     for (unsigned k = 0; k < o->rounds && rc == 0; k++) {
         /* fio first in odd rounds: neither side always runs on the warmer machine. */
         bool fio_first = k % 2 == 1 && !o->no_fio;
@@ -326,17 +448,20 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
             fprintf(stderr, "storage bench: cannot open the tier in %s: %s\n", root, strerror(-rc));
             break;
         }
+        run->mem = mem;
+        run->row = CHUNK;
         kvt_storage_tier_info(run->t, &info);
         r->direct = info.direct_io;
         r->io_uring = info.io_uring;
         r->read_depth = info.read_depth;
-        /* The same reads in flight as the tier: read threads x read depth. */
-        r->fio_write_jobs = N_READ + N_WRITE; /* the tier's read + write threads store */
-        r->fio_read_jobs = N_READ;            /* its read threads load */
-        r->fio_read_depth_jobs = N_READ * info.read_depth;
+        /* As many jobs as the tier has read threads, for the write too: the reads must
+         * take the files the write made (fio names them by job), and with 6 write jobs
+         * and 4 read jobs a third of the files fio read it had laid out just before. */
+        r->fio_jobs = N_READ;
         if (fio_first)
             fio_write_step(&fs);
         run->failed_jobs = 0;
+        settle(o->dir);
         ws = sb_pass(run, false, o->chunks, o->inflight);
         if (run->failed_jobs > 0)
             fprintf(stderr, "storage bench: %zu store job(s) failed\n", run->failed_jobs);
@@ -346,6 +471,7 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
         if (fio_first)
             fio_read_step(&fs);
         run->failed_keys = 0;
+        settle(o->dir);
         rs = sb_pass(run, true, o->chunks, o->inflight);
         r->load_failures += run->failed_keys;
         if (!fio_first && !o->no_fio)
@@ -355,6 +481,8 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
         r->gbs[SB_TR][k] = bytes / rs * 1e-9;
     }
     rm_rf(root);
+    if (hugetlb_restore >= 0)
+        (void)hugetlb_set(hugetlb_restore);
     if (!o->no_fio) {
         rm_rf(fs.dir);
         if (!r->fio_ok)
@@ -504,7 +632,7 @@ static int parse(int argc, char **argv, struct sb_opts *o)
 int kvt_bench_storage(int argc, char **argv)
 {
     struct sb_opts o = {
-        .chunks = 4096, .rebuild_files = 100000, .inflight = 16, .rounds = 3, .poll_us = 1000};
+        .chunks = 4096, .rebuild_files = 100000, .inflight = 16, .rounds = 5, .poll_us = 1000};
     struct sb_result r = {0};
     char defdir[256];
     bool made = false;
@@ -540,9 +668,9 @@ int kvt_bench_storage(int argc, char **argv)
                "\"read_threads\":%d,\"read_depth\":%u,\"poll_us\":%u,\"rounds\":%u,",
                o.dir, CHUNK, o.chunks, o.inflight, JOB_KEYS, r.direct ? "true" : "false",
                r.io_uring ? "true" : "false", N_READ, r.read_depth, o.poll_us, o.rounds);
-        printf("\"fio\":{\"ok\":%s,\"write_jobs\":%u,\"read_jobs\":%u,\"read_depth_jobs\":%u},",
-               r.fio_ok ? "true" : "false", r.fio_write_jobs, r.fio_read_jobs,
-               r.fio_read_depth_jobs);
+        printf("\"fio\":{\"ok\":%s,\"jobs\":%u,\"read_depth\":%u,\"huge_pages\":%s},",
+               r.fio_ok ? "true" : "false", r.fio_jobs, r.read_depth,
+               r.fio_huge ? "true" : "false");
         printf("\"gbs\":{");
         for (int m = 0; m < SB_N; m++) {
             printf("%s\"%s\":{\"median\":%.3f,\"rounds\":[", m ? "," : "", names[m], r.med[m]);
@@ -561,6 +689,11 @@ int kvt_bench_storage(int argc, char **argv)
                "  %d read threads x %u reads in flight (%s), %u rounds, poll every %u us\n",
                o.chunks, o.dir, r.direct ? "O_DIRECT" : "buffered", o.inflight, JOB_KEYS, N_READ,
                r.read_depth, r.io_uring ? "io_uring" : "blocking", o.rounds, o.poll_us);
+        if (r.fio_ok)
+            printf("  rows and fio's buffers on %s\n",
+                   r.fio_huge ? "huge pages (fio --mem=shmhuge)"
+                              : "DIFFERENT pages: fio's on 4 KiB (no hugetlb pages: root "
+                                "reserves them), the tier's huge: not a fair reference");
         printf("  %-22s %s\n", "GB/s per round", "(median)");
         for (int m = 0; m < SB_N; m++) {
             static const char *const labels[SB_N] = {"tier write", "fio write", "tier read",
@@ -571,12 +704,10 @@ int kvt_bench_storage(int argc, char **argv)
             for (unsigned k = 0; k < o.rounds; k++)
                 printf(" %6.3f", r.gbs[m][k]);
             printf("  (%.3f)", r.med[m]);
-            if (m == SB_FW)
-                printf("  %u jobs", r.fio_write_jobs);
-            else if (m == SB_FR)
-                printf("  %u jobs", r.fio_read_jobs);
+            if (m == SB_FW || m == SB_FR)
+                printf("  %u jobs, psync", r.fio_jobs);
             else if (m == SB_FRD)
-                printf("  %u jobs", r.fio_read_depth_jobs);
+                printf("  %u jobs x %u, io_uring", r.fio_jobs, r.read_depth);
             printf("\n");
         }
         if (r.fio_ok) {
