@@ -127,6 +127,11 @@ struct st_thread {
     bool reader;  /* read threads prefer loads, then removals, then stores */
     uint8_t *mem; /* header buffers (1 + depth of ST_BLOCK), aligned, inside mem */
     uint8_t *hdr;
+    /* A file's whole image (header block + row) for one contiguous write, mapped at
+     * the first store (wbuf_bytes 0 before; NULL after a failed map: header and row
+     * are then written from their two places). */
+    uint8_t *wbuf;
+    size_t wbuf_bytes;
     bool started;
     /* Read threads with io_uring: the ring (struct io_uring, storage_io.c only) and
      * depth slots for the reads in flight. */

@@ -8,9 +8,9 @@
  *   field zeroed | zeros up to 4096 | the row.
  * The header checksum covers the padding too, so a flipped bit anywhere in the file is
  * caught: in the block by the header sum, in the row by the payload sum. The payload
- * starts at 4096 so that the same file can be written and read with O_DIRECT (header
- * block from an aligned buffer, row straight from/into the primary slot, one
- * pwritev/preadv) or buffered.
+ * starts at 4096 so that the same file can be written and read with O_DIRECT or
+ * buffered: written as one contiguous image (header block + a copy of the row) from
+ * the thread's huge-page buffer, read with one preadv straight into the slot.
  *
  * Publishing: write "<key hex>.tmp", optionally fdatasync, rename to ".kvc" (atomic),
  * optionally fsync the folder. A crash leaves at most a .tmp file, removed at start;
@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -234,27 +235,67 @@ static int fsync_shard(struct st_tier *s, const char *name)
     return err;
 }
 
+#define ST_HUGE_PAGE (2u << 20)
+
+/* The thread's buffer for a whole file image, mapped on first use; NULL when it
+ * cannot be. Whole 2 MiB pages, aligned, advised huge as the primary's rows: a
+ * buffer of 4 KiB pages makes each O_DIRECT request a scatter list of 65 pieces. */
+static uint8_t *write_buffer(struct st_thread *th, size_t bytes)
+{
+    if (th->wbuf_bytes == 0) {
+        size_t len = (bytes + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
+        uint8_t *m = mmap(NULL, len + ST_HUGE_PAGE, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            th->wbuf_bytes = 1; /* tried */
+            return NULL;
+        }
+        /* Keep the aligned part only. */
+        size_t lead = (ST_HUGE_PAGE - (uintptr_t)m % ST_HUGE_PAGE) % ST_HUGE_PAGE;
+        if (lead > 0)
+            munmap(m, lead);
+        munmap(m + lead + len, ST_HUGE_PAGE - lead);
+        th->wbuf = m + lead;
+        th->wbuf_bytes = len;
+        (void)madvise(th->wbuf, len, MADV_HUGEPAGE);
+    }
+    return th->wbuf;
+}
+
+/* Writes the chunk's file as one contiguous request (header block and a copy of the
+ * row in the thread's buffer), not as a two-piece pwritev of the header buffer and
+ * the slot: on this project's virtio disk files written in two pieces read back at
+ * 3.4-3.8 GB/s, the same bytes written in one at 4.3-5.9 (2026-12-06). The copy also
+ * fixes the bytes that the checksum covers. */
 static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
                        bool direct)
 {
     size_t row = s->base.row_bytes;
     uint8_t *src = s->base.primary_base + (size_t)it->chunk * row;
+    uint8_t *img = write_buffer(th, ST_BLOCK + row);
+    uint8_t *hdr = img != NULL ? img : th->hdr;
     char tmp[ST_NAME_MAX], fin[ST_NAME_MAX];
     int err = take_fault(s, KVT_STORAGE_FAULT_WRITE);
     if (err != 0)
         return err;
     kvt__st_name(&it->key, ".tmp", tmp);
     kvt__st_name(&it->key, ".kvc", fin);
-    kvt__st_hdr_encode(th->hdr, s->ns, &it->key, row, kvt_hash64(src, row));
+    if (img != NULL) {
+        memcpy(img + ST_BLOCK, src, row);
+        src = img + ST_BLOCK;
+    }
+    kvt__st_hdr_encode(hdr, s->ns, &it->key, row, kvt_hash64(src, row));
     for (;;) {
         int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
-        struct iovec iov[2] = {{th->hdr, ST_BLOCK}, {src, row}};
+        struct iovec iov[2] = {{hdr, ST_BLOCK}, {src, row}};
         size_t done = 0;
         int fd = openat(s->dir_fd, tmp, flags, 0644);
+        if (img != NULL)
+            iov[0].iov_len += row; /* the image is contiguous: one piece */
         if (fd < 0) {
             err = errno;
         } else {
-            err = full_io(fd, true, iov, 2, &done);
+            err = full_io(fd, true, iov, img != NULL ? 1 : 2, &done);
             if (err == 0 && s->fsync && fdatasync(fd) != 0)
                 err = errno;
             if (close(fd) != 0 && err == 0)
@@ -275,13 +316,25 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
     return err;
 }
 
+/* Opens a chunk file for reading without updating its access time: with relatime
+ * the first read after a write dirtied the inode, a journalled metadata write for
+ * every chunk loaded (6 % of the read threads' time in touch_atime, 2026-12-06).
+ * O_NOATIME is refused (EPERM) for files of another owner: then opened plainly. */
+static int open_noatime(int dir_fd, const char *name, int flags)
+{
+    int fd = openat(dir_fd, name, flags | O_NOATIME);
+    if (fd < 0 && errno == EPERM)
+        fd = openat(dir_fd, name, flags);
+    return fd;
+}
+
 /* Opens key's file for a load; falls back to buffered where O_DIRECT is refused. */
 static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct, int *fd_p)
 {
     char fin[ST_NAME_MAX];
     kvt__st_name(&it->key, ".kvc", fin);
     for (;;) {
-        int fd = openat(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (*direct ? O_DIRECT : 0));
+        int fd = open_noatime(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (*direct ? O_DIRECT : 0));
         if (fd >= 0) {
             *fd_p = fd;
             return 0;
@@ -809,6 +862,8 @@ void kvt__st_pool_cleanup(struct st_tier *s)
             ring_exit(&p->threads[i]);
             kvt_free(p->threads[i].rd);
             kvt_free(p->threads[i].mem);
+            if (p->threads[i].wbuf != NULL)
+                munmap(p->threads[i].wbuf, p->threads[i].wbuf_bytes);
         }
         kvt_free(p->threads);
         p->threads = NULL;
@@ -994,7 +1049,7 @@ static int check_file(struct st_tier *s, int shard_fd, unsigned shard, const cha
     stem[len - 4] = '\0';
     if (kvt_key_from_hex(&f->key, stem) != 0 || (kvt_key_hash(&f->key) >> 56) != shard)
         return ST_ERR_CORRUPT;
-    fd = openat(shard_fd, name, O_RDONLY | O_CLOEXEC);
+    fd = open_noatime(shard_fd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return errno == ENOENT ? ENOENT : ST_ERR_CORRUPT;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
