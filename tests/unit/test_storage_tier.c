@@ -413,6 +413,37 @@ static void test_store_load_data_integrity(void **state)
     fx_free(f);
 }
 
+static size_t open_fds(void)
+{
+    size_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
+}
+
+/* Stores and loads leave no file open (each chunk's file is opened and closed by the
+ * thread that writes or reads it), and closing the tier gives back every fd it took. */
+static void test_no_fd_left_open(void **state)
+{
+    size_t before = open_fds(), during;
+    struct fx *f = fx_new(16384, 32);
+    int keys[16];
+    (void)state;
+    during = open_fds();
+    for (int round = 0; round < 8; round++) {
+        for (int i = 0; i < 16; i++)
+            keys[i] = round * 16 + i;
+        assert_true(wait_job(f, store_keys(f, keys, 16))->success);
+        assert_true(wait_job(f, load_keys(f, keys, 16))->success);
+    }
+    assert_int_equal(open_fds(), during);
+    fx_free(f);
+    assert_int_equal(open_fds(), before);
+}
+
 /* The same round trip with buffered I/O and with a row size O_DIRECT cannot take. */
 static void test_store_then_load_roundtrip_buffered(void **state)
 {
@@ -1342,6 +1373,7 @@ int main(void)
         cmocka_unit_test(test_store_creates_file_and_lookup_succeeds),
         cmocka_unit_test(test_store_load_data_integrity),
         cmocka_unit_test(test_store_then_load_roundtrip_buffered),
+        cmocka_unit_test(test_no_fd_left_open),
         cmocka_unit_test(test_store_skips_present_keys),
         cmocka_unit_test(test_invalid_path_raises_at_construction),
         cmocka_unit_test(test_failed_load_missing_file),
