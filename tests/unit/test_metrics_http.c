@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -764,18 +763,6 @@ static void test_http_publish_while_serving(void **state)
     kvt_metrics_http_destroy(srv);
 }
 
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-
-    assert_non_null(d);
-    while (readdir(d) != NULL)
-        n++;
-    closedir(d);
-    return n;
-}
-
 static void test_http_listen_errors_and_cleanup(void **state)
 {
     struct kvt_metrics_http *srv = NULL, *other = NULL;
@@ -812,7 +799,7 @@ static void test_http_listen_errors_and_cleanup(void **state)
     }
 
     /* Start and stop leak no descriptor (libmicrohttpd closes our listen socket). */
-    before = count_fds();
+    before = kt_open_fds();
     for (int i = 0; i < 10; i++) {
         struct http_reply r;
 
@@ -822,7 +809,7 @@ static void test_http_listen_errors_and_cleanup(void **state)
         free(r.body);
         kvt_metrics_http_destroy(srv);
     }
-    assert_int_equal(count_fds(), before);
+    assert_int_equal(kt_open_fds(), before);
 }
 
 int main(void)

@@ -413,35 +413,24 @@ static void test_store_load_data_integrity(void **state)
     fx_free(f);
 }
 
-static size_t open_fds(void)
-{
-    size_t n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    while (readdir(d) != NULL)
-        n++;
-    closedir(d);
-    return n;
-}
-
 /* Stores and loads leave no file open (each chunk's file is opened and closed by the
  * thread that writes or reads it), and closing the tier gives back every fd it took. */
 static void test_no_fd_left_open(void **state)
 {
-    size_t before = open_fds(), during;
+    int before = kt_open_fds(), during;
     struct fx *f = fx_new(16384, 32);
     int keys[16];
     (void)state;
-    during = open_fds();
+    during = kt_open_fds();
     for (int round = 0; round < 8; round++) {
         for (int i = 0; i < 16; i++)
             keys[i] = round * 16 + i;
         assert_true(wait_job(f, store_keys(f, keys, 16))->success);
         assert_true(wait_job(f, load_keys(f, keys, 16))->success);
     }
-    assert_int_equal(open_fds(), during);
+    assert_int_equal(kt_open_fds(), during);
     fx_free(f);
-    assert_int_equal(open_fds(), before);
+    assert_int_equal(kt_open_fds(), before);
 }
 
 /* The same round trip with buffered I/O and with a row size O_DIRECT cannot take. */

@@ -1,4 +1,5 @@
 /* Shared test helpers: keys like vLLM's fixtures, contexts, abort expectations. */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -66,4 +67,15 @@ char *kt_tmpdir(const char *name)
         return NULL;
     }
     return path;
+}
+
+int kt_open_fds(void)
+{
+    DIR *d = opendir("/proc/self/fd");
+    int n = 0;
+    assert_non_null(d);
+    while (readdir(d) != NULL)
+        n++;
+    closedir(d);
+    return n;
 }

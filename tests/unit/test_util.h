@@ -24,4 +24,8 @@ bool kt_expect_abort(void (*fn)(void *), void *arg);
 /* A fresh directory for this test under $KVT_TEST_TMPDIR (or /tmp); caller frees. */
 char *kt_tmpdir(const char *name);
 
+/* How many file descriptors this process has open (entries of /proc/self/fd, the
+ * one reading them included): for tests that nothing leaks one. */
+int kt_open_fds(void);
+
 #endif
