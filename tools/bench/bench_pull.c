@@ -123,6 +123,10 @@ static double bp_redis(unsigned n, size_t size, unsigned clients, char *cmd, siz
         char portb[16];
 
         snprintf(portb, sizeof(portb), "%u", port);
+        /* Its log (warnings included) goes to stderr: our stdout is the figures, one
+         * JSON object with --json. */
+        if (dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
+            _exit(127);
         execlp("redis-server", "redis-server", "--port", portb, "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning", (char *)NULL);
         _exit(127);
