@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Every kvtier-bench subcommand once, at a tiny size, with --json: the benchmarks the
+# docs quote keep running, and what they check of their own work holds (every load
+# verified, no corrupt chunk, every rebuilt file found). Not a speed test: no figure
+# is compared with a target here (docs/bench-*.md hold those, from quiet Release runs).
+#   smoke.sh PATH/TO/kvtier-bench PATH/TO/kvtier-simnode SCRATCH_DIR
+set -euo pipefail
+BENCH=${1:?usage: smoke.sh KVTIER_BENCH KVTIER_SIMNODE SCRATCH}
+SIMNODE=${2:?}
+SCRATCH=${3:?}
+fail=0
+check() { # name, jq filter that must print true, json
+  if [ "$(jq -r "$2" <<<"$3")" != "true" ]; then
+    echo "FAIL: $1: $2"
+    echo "$3" | head -c 3000; echo
+    fail=1
+  else
+    echo "ok: $1"
+  fi
+}
+
+rm -rf "$SCRATCH"; mkdir -p "$SCRATCH"
+trap 'rm -rf "$SCRATCH"' EXIT
+
+out=$("$BENCH" core --json --repeat 1)
+check "core: 6 rows (3 sizes x LRU, ARC), every time positive" \
+  '(.results | length) == 6 and all(.results[]; .lookup_hit_ns > 0 and .lookup_miss_ns > 0
+     and .store_complete_ns > 0 and .store_complete_evict_ns > 0 and .touch16_ns > 0
+     and .index_bytes_per_chunk > .key_bytes_per_chunk)' "$out"
+
+out=$("$BENCH" storage --json --dir "$SCRATCH/storage" --chunks 64 --rounds 2 --rebuild-files 300)
+check "storage: every chunk loaded and checked, every file rebuilt, fio beside it" \
+  '.load_failures == 0 and .rebuild.found == .rebuild.files and .rebuild.files == 300
+     and .fio.ok and all(.gbs[]; .median > 0)' "$out"
+
+out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" transport --json --iters 64 --lat-iters 200 \
+        --ref-lat-iters 200 --reps 1 --chunks 64)
+check "transport: READs moved, latencies measured, ucx_perftest beside them" \
+  '.median.read_mbps > 0 and .median.lat4k_p50_us > 0 and .median.ucx_perftest_read_mbps > 0' \
+  "$out"
+
+out=$("$BENCH" pull --json --chunks 256 --tls tcp --simnode "$SIMNODE" 2>/dev/null)
+check "pull: all 256 chunks hit, none corrupt, ceiling and redis beside it" \
+  '(.rows | length) == 1 and .rows[0].hit == 256 and .rows[0].corrupt == 0
+     and .rows[0].gbps > 0 and .rows[0].transport_gbps > 0 and .redis_gbps > 0' "$out"
+
+if [ $fail -ne 0 ]; then
+  echo "bench smoke: FAILED"
+  exit 1
+fi
+echo "bench smoke: all 4 subcommands ran and checked their work"
