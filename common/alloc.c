@@ -64,8 +64,28 @@ char *kvt_strdup(const char *s)
     return d;
 }
 
-/* Below one huge page a table is not worth its own mapping. */
+/* Below one huge page a table is not worth its own mapping; larger ones start on a
+ * huge-page boundary. */
 #define TABLE_MIN_BYTES (2u << 20)
+
+/* len zeroed bytes starting on a huge-page boundary (NULL: no memory): mapped one huge
+ * page larger and trimmed, since a mapping that starts inside a huge page cannot hold
+ * one there. munmap(p, len) frees exactly it. */
+static void *map_aligned(size_t len)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t lead, mapped = (len + page - 1) / page * page;
+    uint8_t *m = mmap(NULL, mapped + TABLE_MIN_BYTES, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+    if (m == MAP_FAILED)
+        return NULL;
+    lead = (TABLE_MIN_BYTES - (uintptr_t)m % TABLE_MIN_BYTES) % TABLE_MIN_BYTES;
+    if (lead > 0)
+        munmap(m, lead);
+    munmap(m + lead + mapped, TABLE_MIN_BYTES - lead);
+    return m + lead;
+}
 
 void *kvt_calloc_table(size_t n, size_t size)
 {
@@ -77,10 +97,9 @@ void *kvt_calloc_table(size_t n, size_t size)
         return kvt_calloc(n, size);
     if (should_fail())
         return NULL;
-    p = mmap(NULL, n * size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    (void)madvise(p, n * size, MADV_HUGEPAGE); /* advice only: 4 KiB pages still work */
+    p = map_aligned(n * size);
+    if (p != NULL)
+        (void)madvise(p, n * size, MADV_HUGEPAGE); /* advice only: 4 KiB pages still work */
     return p;
 }
 

@@ -127,9 +127,9 @@ struct st_thread {
     bool reader;  /* read threads prefer loads, then removals, then stores */
     uint8_t *mem; /* header buffers (1 + depth of ST_BLOCK), aligned, inside mem */
     uint8_t *hdr;
-    /* A file's whole image (header block + row) for one contiguous write, mapped at
-     * the first store (wbuf_bytes 0 before; NULL after a failed map: header and row
-     * are then written from their two places). */
+    /* A file's whole image (header block + row) for one contiguous write, a
+     * kvt_calloc_table of wbuf_bytes made at the first store (wbuf_bytes 0 before;
+     * wbuf NULL when it failed: header and row are then written from their places). */
     uint8_t *wbuf;
     size_t wbuf_bytes;
     bool started;

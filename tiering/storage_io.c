@@ -41,7 +41,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -57,7 +56,8 @@
 #include <liburing.h>
 #endif
 
-#define MOD "storage"
+#define MOD          "storage"
+#define ST_HUGE_PAGE (2u << 20)
 
 /* ---- names and format ------------------------------------------------------------ */
 
@@ -235,29 +235,14 @@ static int fsync_shard(struct st_tier *s, const char *name)
     return err;
 }
 
-#define ST_HUGE_PAGE (2u << 20)
-
-/* The thread's buffer for a whole file image, mapped on first use; NULL when it
- * cannot be. Whole 2 MiB pages, aligned, advised huge as the primary's rows: a
- * buffer of 4 KiB pages makes each O_DIRECT request a scatter list of 65 pieces. */
+/* The thread's buffer for a whole file image (whole 2 MiB pages, so huge ones: a
+ * buffer of 4 KiB pages makes each O_DIRECT request a scatter list of 65 pieces),
+ * mapped on first use; NULL when it cannot be. */
 static uint8_t *write_buffer(struct st_thread *th, size_t bytes)
 {
     if (th->wbuf_bytes == 0) {
-        size_t len = (bytes + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
-        uint8_t *m = mmap(NULL, len + ST_HUGE_PAGE, PROT_READ | PROT_WRITE,
-                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) {
-            th->wbuf_bytes = 1; /* tried */
-            return NULL;
-        }
-        /* Keep the aligned part only. */
-        size_t lead = (ST_HUGE_PAGE - (uintptr_t)m % ST_HUGE_PAGE) % ST_HUGE_PAGE;
-        if (lead > 0)
-            munmap(m, lead);
-        munmap(m + lead + len, ST_HUGE_PAGE - lead);
-        th->wbuf = m + lead;
-        th->wbuf_bytes = len;
-        (void)madvise(th->wbuf, len, MADV_HUGEPAGE);
+        th->wbuf_bytes = (bytes + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
+        th->wbuf = kvt_calloc_table(1, th->wbuf_bytes);
     }
     return th->wbuf;
 }
@@ -274,28 +259,29 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
     uint8_t *src = s->base.primary_base + (size_t)it->chunk * row;
     uint8_t *img = write_buffer(th, ST_BLOCK + row);
     uint8_t *hdr = img != NULL ? img : th->hdr;
+    struct iovec iov[2] = {{hdr, ST_BLOCK}, {src, row}};
+    int n_iov = 2;
     char tmp[ST_NAME_MAX], fin[ST_NAME_MAX];
     int err = take_fault(s, KVT_STORAGE_FAULT_WRITE);
     if (err != 0)
         return err;
     kvt__st_name(&it->key, ".tmp", tmp);
     kvt__st_name(&it->key, ".kvc", fin);
-    if (img != NULL) {
+    if (img != NULL) { /* header and row contiguous: one piece */
         memcpy(img + ST_BLOCK, src, row);
         src = img + ST_BLOCK;
+        iov[0].iov_len = ST_BLOCK + row;
+        n_iov = 1;
     }
     kvt__st_hdr_encode(hdr, s->ns, &it->key, row, kvt_hash64(src, row));
     for (;;) {
         int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
-        struct iovec iov[2] = {{hdr, ST_BLOCK}, {src, row}};
         size_t done = 0;
         int fd = openat(s->dir_fd, tmp, flags, 0644);
-        if (img != NULL)
-            iov[0].iov_len += row; /* the image is contiguous: one piece */
         if (fd < 0) {
             err = errno;
         } else {
-            err = full_io(fd, true, iov, img != NULL ? 1 : 2, &done);
+            err = full_io(fd, true, iov, n_iov, &done);
             if (err == 0 && s->fsync && fdatasync(fd) != 0)
                 err = errno;
             if (close(fd) != 0 && err == 0)
@@ -862,8 +848,7 @@ void kvt__st_pool_cleanup(struct st_tier *s)
             ring_exit(&p->threads[i]);
             kvt_free(p->threads[i].rd);
             kvt_free(p->threads[i].mem);
-            if (p->threads[i].wbuf != NULL)
-                munmap(p->threads[i].wbuf, p->threads[i].wbuf_bytes);
+            kvt_free_table(p->threads[i].wbuf, 1, p->threads[i].wbuf_bytes);
         }
         kvt_free(p->threads);
         p->threads = NULL;

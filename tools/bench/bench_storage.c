@@ -24,16 +24,16 @@
  * drops the page cache first (root). Ratios are tier / fio; the target is >= 0.8 in
  * both directions. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/sysmacros.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -216,8 +216,7 @@ static void settle(const char *dir)
     }
     if (stat(dir, &st) != 0)
         return;
-    snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/stat", major(st.st_dev),
-             minor(st.st_dev));
+    snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/stat", major(st.st_dev), minor(st.st_dev));
     for (unsigned waited_ms = 0; waited_ms < 10000 && still_ms < 200; waited_ms += 20) {
         FILE *f = fopen(path, "r");
         if (f == NULL)
@@ -310,11 +309,14 @@ static double run_fio(const char *dir, bool write, size_t nfiles, unsigned jobs,
     double bw;
     unsigned per = (unsigned)((nfiles + jobs - 1) / jobs);
     if (depth == 0)
-        snprintf(engine, sizeof(engine), "--ioengine=psync --openfiles=1 "
-                                         "--file_service_type=sequential");
+        snprintf(engine, sizeof(engine),
+                 "--ioengine=psync --openfiles=1 "
+                 "--file_service_type=sequential");
     else
-        snprintf(engine, sizeof(engine), "--ioengine=io_uring --iodepth=%u --openfiles=%u "
-                 "--file_service_type=roundrobin", depth, depth);
+        snprintf(engine, sizeof(engine),
+                 "--ioengine=io_uring --iodepth=%u --openfiles=%u "
+                 "--file_service_type=roundrobin",
+                 depth, depth);
     snprintf(cmd, sizeof(cmd),
              "fio --output-format=json --name=kvt --directory='%s' --rw=%s --bs=256k "
              "--filesize=256k --nrfiles=%u --numjobs=%u %s --mem=%s --direct=%d --thread "
@@ -433,6 +435,12 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
         ((uint64_t *)mem)[i] = kvt_hash64_seed(&i, sizeof(i), 1);
     snprintf(root, sizeof(root), "%s/tier", o->dir);
     snprintf(fs.dir, sizeof(fs.dir), "%s/fio", o->dir);
+    run->mem = mem;
+    run->row = CHUNK;
+    /* As many fio jobs as the tier has read threads, for the write too: the reads must
+     * take the files the write made (fio names them by job), and with 6 write jobs and
+     * 4 read jobs a third of the files fio read it had laid out just before. */
+    r->fio_jobs = N_READ;
     r->fio_ok = !o->no_fio;
     if (r->fio_ok)
         hugetlb_restore = hugetlb_reserve(&r->fio_huge);
@@ -448,16 +456,10 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
             fprintf(stderr, "storage bench: cannot open the tier in %s: %s\n", root, strerror(-rc));
             break;
         }
-        run->mem = mem;
-        run->row = CHUNK;
         kvt_storage_tier_info(run->t, &info);
         r->direct = info.direct_io;
         r->io_uring = info.io_uring;
         r->read_depth = info.read_depth;
-        /* As many jobs as the tier has read threads, for the write too: the reads must
-         * take the files the write made (fio names them by job), and with 6 write jobs
-         * and 4 read jobs a third of the files fio read it had laid out just before. */
-        r->fio_jobs = N_READ;
         if (fio_first)
             fio_write_step(&fs);
         run->failed_jobs = 0;

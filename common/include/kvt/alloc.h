@@ -14,9 +14,11 @@ void kvt_free(void *p);
 char *kvt_strdup(const char *s);
 
 /* Zeroed n * size bytes for large, randomly accessed tables (indexes of millions
- * of entries): a private mapping advised for transparent huge pages, so a lookup
- * pays a cache miss but not also a TLB miss. Same failure injection as the others;
- * free with kvt_free_table and the same n * size. */
+ * of entries) and I/O buffers: from 2 MiB on, a private mapping that starts on a
+ * 2 MiB boundary, advised for transparent huge pages, so a lookup pays a cache miss
+ * but not also a TLB miss and an O_DIRECT request is not a scatter list of 4 KiB
+ * pages. Same failure injection as the others; free with kvt_free_table and the
+ * same n * size. */
 void *kvt_calloc_table(size_t n, size_t size);
 void kvt_free_table(void *p, size_t n, size_t size);
 /* Zeroes such a table; a large one is handed back to the kernel (zero pages on the
