@@ -101,6 +101,9 @@ static const struct key_def keys[] = {
      "folder of the storage tier, created if missing"},
     {"storage.capacity", T_SIZE, F(storage_capacity), 0, "10GiB", 0, UINT64_MAX, NULL, 0,
      "bound on the storage tier's bytes; 0 = none"},
+    {"storage.read_depth", T_U32, F(storage_read_depth), 0, "16", 1, 256, NULL, 0,
+     "chunk reads each of the storage tier's 4 read threads keeps in flight (io_uring); 1 = "
+     "one blocking read at a time"},
     {"storage.high_water_us", T_U32, F(storage_high_water_us), 0, "5000", 1, 60000000, NULL, 0,
      "back-pressure high watermark: store latency EMA in us per MiB"},
     {"storage.low_water_us", T_U32, F(storage_low_water_us), 0, "1000", 1, 60000000, NULL, 0,

@@ -152,6 +152,7 @@ static int open_storage(struct daemon *d, struct kvt_tier **t_p)
     struct kvt_storage_tier_config sc = {
         .root = d->cfg.storage_root,
         .capacity_bytes = d->cfg.storage_capacity,
+        .read_depth = d->cfg.storage_read_depth,
         .enable_events = true,
     };
     struct kvt_bp_config bp;

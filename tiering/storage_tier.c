@@ -759,7 +759,7 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     s->n_read = cfg->n_read_threads ? cfg->n_read_threads : 4;
     s->n_write = cfg->n_write_threads ? cfg->n_write_threads : 2;
     s->n_scan = cfg->scan_threads ? cfg->scan_threads : 4;
-    s->read_depth = cfg->read_depth ? cfg->read_depth : 2;
+    s->read_depth = cfg->read_depth ? cfg->read_depth : 16;
     s->no_uring = cfg->no_io_uring;
     kvt_map_init(&s->index);
     kvt_list_init(&s->lru);

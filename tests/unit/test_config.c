@@ -181,6 +181,7 @@ static void test_defaults_without_file(void **state)
     assert_true(cfg.network_heartbeat_ms < cfg.network_lease_ms);
     assert_true(cfg.network_heartbeat_misses >= 1);
     assert_true(cfg.storage_low_water_us <= cfg.storage_high_water_us);
+    assert_int_equal(cfg.storage_read_depth, 16);
     assert_string_equal(cfg.metrics_listen, "127.0.0.1");
     assert_int_equal(cfg.metrics_port, 9464);
     assert_int_equal(cfg.log_level, KVT_LOG_INFO);
@@ -218,6 +219,7 @@ static void test_file_and_sets(void **state)
              "storage.enabled: false\n"
              "storage:\n"
              "  capacity: 10GB\n"
+             "  read_depth: 4\n"
              "  high_water_us: 9000\n"
              "  low_water_us: 3000\n"
              "network:\n"
@@ -248,6 +250,7 @@ static void test_file_and_sets(void **state)
     assert_int_equal(cfg.primary_policy, KVT_POLICY_ARC);
     assert_false(cfg.storage_enabled);
     assert_int_equal(cfg.storage_capacity, 10000000000ull);
+    assert_int_equal(cfg.storage_read_depth, 4);
     assert_int_equal(cfg.storage_high_water_us, 9000);
     assert_int_equal(cfg.storage_low_water_us, 3000);
     assert_int_equal(cfg.network_transport, KVT_TRANSPORT_VERBS);
@@ -337,6 +340,8 @@ static void test_out_of_range(void **state)
     expect_bad("node:\n  id: 99999999999999999999999\n", NULL, 0, 0,
                WANT(at_line(2), "node.id", "out of range"));
     expect_bad("node:\n  id: 0\n", NULL, 0, 0, WANT(at_line(2), "node.id", "out of range"));
+    expect_bad("storage:\n  read_depth: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "storage.read_depth", "out of range (1..256)"));
     expect_bad("\n\nnetwork:\n  lease_ms: 5\n", NULL, 0, 0,
                WANT(at_line(4), "network.lease_ms", "out of range"));
     /* Cross-key: the key that was set is the one named. */

@@ -254,7 +254,16 @@ static double fio_bw(const char *json, const char *dir)
  * reference on this host: each 256 KiB O_DIRECT request becomes a scatter list of up
  * to 64 pieces, and fio read 2.3-2.6 GB/s from malloc buffers against 5.8-6.4 GB/s
  * from huge pages (2026-12-06), the tier 1.5-3.0 against 3.6-4.1. */
-#define FIO_HUGE_PAGES 16 /* 4 jobs x one 2 MiB page for their 256 KiB buffers, and room */
+#define HUGE_PAGE (2u << 20)
+
+/* Each fio job maps its own buffers, iodepth x 256 KiB (1 for psync) in whole huge
+ * pages; fio 3.33 asks for more than that (4 jobs at depth 32 failed with 20 pages,
+ * ran with 40), so twice that and 2 more, only for the run. */
+static long fio_huge_pages(unsigned jobs, unsigned depth)
+{
+    size_t bytes = (size_t)(depth > 1 ? depth : 1) * CHUNK;
+    return (long)jobs * (long)(2 * ((bytes + HUGE_PAGE - 1) / HUGE_PAGE) + 2);
+}
 
 static long hugetlb_read(const char *what)
 {
@@ -282,16 +291,16 @@ static bool hugetlb_set(long pages)
 }
 
 /* Returns the pool size to restore afterwards (-1: nothing to restore); *ok tells
- * whether FIO_HUGE_PAGES pages are free now. */
-static long hugetlb_reserve(bool *ok)
+ * whether want pages are free now. */
+static long hugetlb_reserve(long want, bool *ok)
 {
     long total = hugetlb_read("HugePages_Total"), free_ = hugetlb_read("HugePages_Free");
-    *ok = free_ >= FIO_HUGE_PAGES;
+    *ok = free_ >= want;
     if (*ok || total < 0 || free_ < 0)
         return -1;
-    if (!hugetlb_set(total + FIO_HUGE_PAGES - free_))
+    if (!hugetlb_set(total + want - free_))
         return -1; /* not root: fio keeps malloc buffers */
-    *ok = hugetlb_read("HugePages_Free") >= FIO_HUGE_PAGES;
+    *ok = hugetlb_read("HugePages_Free") >= want;
     return total;
 }
 
@@ -442,8 +451,6 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
      * 4 read jobs a third of the files fio read it had laid out just before. */
     r->fio_jobs = N_READ;
     r->fio_ok = !o->no_fio;
-    if (r->fio_ok)
-        hugetlb_restore = hugetlb_reserve(&r->fio_huge);
     for (unsigned k = 0; k < o->rounds && rc == 0; k++) {
         /* fio first in odd rounds: neither side always runs on the warmer machine. */
         bool fio_first = k % 2 == 1 && !o->no_fio;
@@ -460,6 +467,9 @@ static int bench_bandwidth(const struct sb_opts *o, struct sb_result *r)
         r->direct = info.direct_io;
         r->io_uring = info.io_uring;
         r->read_depth = info.read_depth;
+        if (k == 0 && r->fio_ok) /* fio's same-depth read needs the tier's depth */
+            hugetlb_restore =
+                hugetlb_reserve(fio_huge_pages(r->fio_jobs, r->read_depth), &r->fio_huge);
         if (fio_first)
             fio_write_step(&fs);
         run->failed_jobs = 0;

@@ -50,7 +50,8 @@ struct kvt_config {
 
     bool storage_enabled;
     char *storage_root;
-    uint64_t storage_capacity; /* bytes; 0 = no bound */
+    uint64_t storage_capacity;   /* bytes; 0 = no bound */
+    uint32_t storage_read_depth; /* reads in flight per read thread */
     /* Back-pressure watermarks of the storage tier's detector (store latency EMA, in
      * microseconds per MiB; high >= low). */
     uint32_t storage_high_water_us;

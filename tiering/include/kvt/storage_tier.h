@@ -41,7 +41,8 @@ struct kvt_storage_tier_config {
     unsigned n_read_threads;  /* 0 = 4 */
     unsigned n_write_threads; /* 0 = 2 */
     /* Chunk reads each read thread keeps in flight through its io_uring, so that it
-     * checks one chunk while the next is read; 0 = 2. 1, no_io_uring, or a kernel
+     * checks one chunk while the next are read; 0 = 16 (docs/bench-storage.md: 2 read
+     * at 0.72-0.79x fio, 8 and 16 at 0.92-1.05x). 1, no_io_uring, or a kernel
      * (or seccomp policy) that refuses io_uring: one blocking read at a time. */
     unsigned read_depth;
     bool no_io_uring;
