@@ -536,6 +536,37 @@ static int kill_spawned(void **state)
     return 0;
 }
 
+/* Primaries over 2 and 4 GiB (kvtierd takes up to 64 TiB): both nodes register them
+ * and B pulls A's chunks that lie above 4 GiB. Until 2026-12-06 the UCX backend
+ * refused registrations over 2 GiB and such a node served no peer. Rows of 4 MiB, so
+ * that A's region fills in 1040 chunks. */
+static void test_primary_over_4gib(void **state)
+{
+    struct sn a, b;
+    char seed[64];
+    const char *r;
+
+    (void)state;
+    sn_start(&a, 1, 0, good_secret, "ns", "--row", "4194304", "--chunks", "1040", "--lease-ms",
+             "20000", NULL);
+    snprintf(seed, sizeof(seed), "%s", seed_of(&a));
+    sn_start(&b, 2, 0, good_secret, "ns", "--peer", seed, "--row", "4194304", "--chunks", "600",
+             "--fetch-timeout-ms", "20000", "--lease-ms", "20000", NULL);
+    sn_cmd(&a, 15000, "wait-live 2 10000");
+    sn_cmd(&b, 15000, "wait-live 2 10000");
+    r = sn_cmd(&a, 120000, "store 9 0 1040"); /* slots 0..1039: 1024 and up above 4 GiB */
+    assert_int_equal(field(r, "stored"), 1040);
+    r = sn_cmd(&b, 120000, "load 9 1000 40 60000");
+    printf("# 40 x 4 MiB pulled from above 4 GiB of a 4.06 GiB primary: %s\n", r);
+    assert_int_equal(field(r, "hit"), 40);
+    assert_int_equal(field(r, "corrupt"), 0);
+    r = sn_cmd(&b, 5000, "counts");
+    assert_int_equal(field(r, "pulled"), 40);
+    assert_int_equal(field(r, "checksum_fail"), 0);
+    sn_quit(&b);
+    sn_quit(&a);
+}
+
 static void write_secret(const char *path, const char *text)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -567,6 +598,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_torn_reads, kill_spawned),
         cmocka_unit_test_teardown(test_wrong_secret_and_namespace, kill_spawned),
         cmocka_unit_test_teardown(test_malformed_from_peer, kill_spawned),
+        cmocka_unit_test_teardown(test_primary_over_4gib, kill_spawned),
     };
 
     if (argc < 2) {

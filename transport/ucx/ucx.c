@@ -101,6 +101,12 @@ struct ucx_rd_hdr {
     uint64_t tag; /* the requester's: batch id << 32 | op index */
 };
 
+/* One ucp_mem_map covers a whole region, however large (a node's primary: kvtierd
+ * takes up to 64 TiB); UCX registers it with each of its transports as they need.
+ * KVT_TP_MAX_REG_BYTES is the verbs backend's piece size, not a bound here: with it,
+ * a primary over 2 GiB could not be registered and its node served no peer. */
+#define UCX_MAX_REG_BYTES (64ull << 40)
+
 struct ucx_handle_hdr {
     uint32_t magic;
     uint32_t rkey_len;
@@ -1252,7 +1258,7 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     ucs_status_t st;
     int ret;
 
-    if (base == NULL || len == 0 || len > KVT_TP_MAX_REG_BYTES || mr_p == NULL)
+    if (base == NULL || len == 0 || len > UCX_MAX_REG_BYTES || mr_p == NULL)
         return -EINVAL;
     mr = kvt_calloc(1, sizeof(*mr));
     if (mr == NULL)
@@ -1398,7 +1404,7 @@ static int ucx_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct
     h.base = le64toh(h.base);
     h.len = le64toh(h.len);
     if (h.magic != UCX_MAGIC || h.rkey_len != len - sizeof(h) || h.rkey_len == 0 || h.len == 0 ||
-        h.len > KVT_TP_MAX_REG_BYTES || h.base + h.len < h.base)
+        h.len > UCX_MAX_REG_BYTES || h.base + h.len < h.base)
         return -EPROTO;
     rk = kvt_calloc(1, sizeof(*rk));
     if (rk == NULL)

@@ -17,7 +17,8 @@
  * -EAGAIN when the peer has no receive credit left (try after progress).
  *
  * Memory: kvt_tp_reg_remote registers memory that peers may READ (read only to
- * them; split into registrations of at most KVT_TP_MAX_REG_BYTES); its handle is
+ * them; any length a node's primary may have: verbs splits it into registrations of
+ * at most KVT_TP_MAX_REG_BYTES, UCX maps it whole); its handle is
  * packed to bytes the peer unpacks into a kvt_tp_rkey. kvt_tp_reg_local registers
  * a destination for our own READs. Register once, not per operation. A peer names
  * remote memory by offsets from the start of the registration, never by pointer.
@@ -39,7 +40,7 @@
 #include <stdint.h>
 #include <stdbool.h>
 
-#define KVT_TP_MAX_REG_BYTES   (2ull << 30) /* one registration covers at most 2 GiB */
+#define KVT_TP_MAX_REG_BYTES   (2ull << 30) /* verbs: one ibv_reg_mr covers at most 2 GiB */
 #define KVT_TP_MAX_HANDLE_SIZE 4096         /* packed handle of one registered region */
 
 struct kvt_transport;
