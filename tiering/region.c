@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -267,9 +268,11 @@ int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r)
         goto err_close;
     }
     r->base = base;
-    /* Huge pages where the kernel gives them to shared memory (shmem_enabled advise,
-     * within_size or always; Debian's default is never): see the anonymous primary in
-     * primary.c for what they save a pulling peer. Advice only. */
+    /* Huge pages where the file system gives them: a tmpfs mounted huge=advise,
+     * within_size or always (/dev/shm is huge=never unless remounted; shmem_enabled
+     * deny or force overrides every mount), or hugetlbfs, whose pages are huge anyway.
+     * See the anonymous primary in primary.c for what they save a pulling peer. Advice
+     * only; kvt_region_huge_bytes says what came of it. */
     (void)madvise(base, size, MADV_HUGEPAGE);
 
     if (cfg->populate) {
@@ -290,6 +293,56 @@ err_close:
     close(r->fd);
 err_reset:
     region_reset(r);
+    return rc;
+}
+
+/* /proc/self/smaps: a mapping's header line is "start-end perms ...", then "Key: n kB"
+ * lines. Huge pages of a shared file mapping show as ShmemPmdMapped (tmpfs) or
+ * FilePmdMapped; a hugetlbfs mapping has a KernelPageSize above the base page. */
+int kvt_region_huge_bytes_from(FILE *smaps, const void *base, size_t size, size_t *huge)
+{
+    char line[512];
+    bool in = false, found = false;
+    unsigned long long pmd = 0, kps = 0;
+
+    while (fgets(line, sizeof(line), smaps) != NULL) {
+        unsigned long long start, end, v;
+        char key[64];
+
+        if (sscanf(line, "%llx-%llx ", &start, &end) == 2) { /* no key has a '-' */
+            if (in)
+                break; /* past our mapping */
+            in = start == (uintptr_t)base;
+            found = found || in;
+            continue;
+        }
+        if (!in || sscanf(line, "%63[^:]: %llu kB", key, &v) != 2)
+            continue;
+        if (strcmp(key, "ShmemPmdMapped") == 0 || strcmp(key, "FilePmdMapped") == 0)
+            pmd += v;
+        else if (strcmp(key, "KernelPageSize") == 0)
+            kps = v;
+    }
+    if (!found)
+        return -ENOENT;
+    *huge = kps * 1024 > (unsigned long long)sysconf(_SC_PAGESIZE) ? size : (size_t)(pmd * 1024);
+    if (*huge > size)
+        *huge = size;
+    return 0;
+}
+
+int kvt_region_huge_bytes(const struct kvt_region *r, size_t *huge)
+{
+    FILE *f;
+    int rc;
+
+    if (r == NULL || !r->open || huge == NULL)
+        return -EINVAL;
+    f = fopen("/proc/self/smaps", "re");
+    if (f == NULL)
+        return -errno;
+    rc = kvt_region_huge_bytes_from(f, r->base, r->size, huge);
+    fclose(f);
     return rc;
 }
 

@@ -10,11 +10,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <linux/magic.h>
@@ -989,6 +991,128 @@ static void test_populate_prefaults_own_cells(void **state)
     kvt_region_cleanup(&all);
 }
 
+/* The smaps reader: a tmpfs mapping's ShmemPmdMapped, a hugetlbfs mapping (its
+ * KernelPageSize) counted whole, a mapping that is not there, and the neighbours'
+ * figures not taken. */
+static void test_huge_bytes_from_smaps(void **state)
+{
+    static const char text[] =
+        "7f0000000000-7f0000400000 rw-s 00000000 00:1a 11 /dev/shm/other\n"
+        "Size:               4096 kB\n"
+        "KernelPageSize:        4 kB\n"
+        "ShmemPmdMapped:     4096 kB\n"
+        "7f1000000000-7f1000800000 rw-s 00000000 00:1a 12 /dev/shm/kvtier-1.mmap\n"
+        "Size:               8192 kB\n"
+        "KernelPageSize:        4 kB\n"
+        "AnonHugePages:         0 kB\n"
+        "ShmemPmdMapped:     6144 kB\n"
+        "FilePmdMapped:         0 kB\n"
+        "VmFlags: rd wr sh mr mw me ms sd hg\n"
+        "7f2000000000-7f2000800000 rw-s 00000000 00:2b 13 /dev/hugepages/kvtier-2.mmap\n"
+        "Size:               8192 kB\n"
+        "KernelPageSize:     2048 kB\n"
+        "ShmemPmdMapped:        0 kB\n"
+        "7f3000000000-7f3000800000 rw-s 00000000 00:1a 14 /dev/shm/small.mmap\n"
+        "KernelPageSize:        4 kB\n"
+        "ShmemPmdMapped:        0 kB\n";
+    struct {
+        uintptr_t base;
+        int rc;
+        size_t huge;
+    } cases[] = {
+        {0x7f1000000000, 0, 6u << 20},
+        {0x7f2000000000, 0, 8u << 20},
+        {0x7f3000000000, 0, 0},
+        {0x7f4000000000, -ENOENT, 0},
+    };
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        FILE *f = fmemopen((void *)text, sizeof(text) - 1, "r");
+        size_t huge = 12345;
+
+        assert_non_null(f);
+        assert_int_equal(
+            kvt_region_huge_bytes_from(f, (const void *)cases[i].base, 8u << 20, &huge),
+            cases[i].rc);
+        if (cases[i].rc == 0)
+            assert_int_equal(huge, cases[i].huge);
+        fclose(f);
+    }
+}
+
+/* In a child with a mount namespace of its own (root): a region on a tmpfs of ours
+ * mounted huge=never has no huge page, one mounted huge=advise has some (the region
+ * advises them), unless shmem_enabled denies or forces them for every mount. Exit
+ * status: 0, or the number of the check that failed. */
+static int huge_child(void)
+{
+    static const char *const modes[] = {"size=64m,huge=never", "size=64m,huge=advise"};
+    char dir[] = "/tmp/kvt-huge-XXXXXX", path[PATH_MAX], setting[256] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    bool deny, force;
+
+    if (f != NULL) {
+        if (fgets(setting, sizeof(setting), f) == NULL)
+            setting[0] = '\0';
+        fclose(f);
+    }
+    deny = strstr(setting, "[deny]") != NULL;
+    force = strstr(setting, "[force]") != NULL;
+    if (unshare(CLONE_NEWNS) != 0 || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mkdtemp(dir) == NULL) {
+        fprintf(stderr, "huge pages test: no mount namespace of our own (needs root): %s\n",
+                strerror(errno));
+        return 1;
+    }
+    for (int m = 0; m < 2; m++) {
+        struct kvt_region r;
+        struct kvt_region_config cfg;
+        size_t huge = 1;
+        int rc;
+
+        if (mount("tmpfs", dir, "tmpfs", 0, modes[m]) != 0)
+            return 2;
+        snprintf(path, sizeof(path), "%s/r.mmap", dir);
+        cfg = cfg_of(path, 8, 2u << 20, 1, KVT_REGION_RANK_ALL);
+        if (kvt_region_open(&cfg, &r) != 0)
+            return 3;
+        rc = kvt_region_huge_bytes(&r, &huge);
+        printf("# region on tmpfs %s (shmem_enabled %s): %zu of %zu bytes on huge pages\n",
+               modes[m], strtok(setting, "\n") ? setting : "?", huge, r.size);
+        fflush(stdout); /* the child ends with _exit */
+        if (rc != 0 || huge > r.size || huge % (2u << 20) != 0)
+            return 4;
+        if (m == 0 && !force && huge != 0)
+            return 5;
+        if (m == 1 && !deny && huge == 0)
+            return 6;
+        kvt_region_cleanup(&r);
+        if (umount(dir) != 0)
+            return 7;
+    }
+    return rmdir(dir) == 0 ? 0 : 8;
+}
+
+static void test_huge_bytes_of_a_region(void **state)
+{
+    struct kvt_region r = {0};
+    size_t huge = 0;
+    int st = 0;
+    pid_t pid;
+
+    (void)state;
+    fflush(stdout);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(huge_child());
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) != 0)
+        fail_msg("huge pages child: check %d of huge_child failed", WEXITSTATUS(st));
+    assert_int_equal(kvt_region_huge_bytes(&r, &huge), -EINVAL); /* not open */
+}
+
 /* ----- fixture ----- */
 
 static int group_setup(void **state)
@@ -1028,6 +1152,8 @@ static int group_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_huge_bytes_from_smaps),
+        cmocka_unit_test(test_huge_bytes_of_a_region),
         cmocka_unit_test(test_create_next_view_shape_and_stride),
         cmocka_unit_test(test_create_next_view_storage_offset_rank0),
         cmocka_unit_test(test_create_next_view_storage_offset_rank1),

@@ -9,10 +9,11 @@
 #ifndef KVT_REGION_H
 #define KVT_REGION_H
 
+#include <limits.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdbool.h>
-#include <limits.h>
+#include <stdio.h>
 
 #define KVT_REGION_RANK_ALL (-1) /* the scheduler / node: pre-faults the whole region */
 
@@ -46,7 +47,7 @@ struct kvt_region_view {
     uint8_t *base;
     size_t rows;
     size_t row_stride;
-    size_t bytes; /* tensor page bytes of this view */
+    size_t bytes;  /* tensor page bytes of this view */
     size_t offset; /* storage offset inside a row */
 };
 
@@ -55,6 +56,12 @@ struct kvt_region_view {
 int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r);
 /* Unmaps and closes; the creator also unlinks. Safe to call twice. */
 void kvt_region_cleanup(struct kvt_region *r);
+/* Bytes of this process's mapping of the region that sit on huge pages (hugetlbfs,
+ * or shared-memory THP where shmem_enabled allows it), counted once faulted in (a
+ * populated region): peers' READs pin or walk one 2 MiB page instead of 512. 0 or
+ * -errno. kvt_region_huge_bytes_from reads the smaps text of the mapping at base. */
+int kvt_region_huge_bytes(const struct kvt_region *r, size_t *huge);
+int kvt_region_huge_bytes_from(FILE *smaps, const void *base, size_t size, size_t *huge);
 
 /* Next tensor view of this worker's cell; -ERANGE if it would exceed the worker
  * area end (cursor unchanged); -EINVAL for rank ALL. */
