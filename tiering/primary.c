@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/metrics.h"
@@ -240,7 +241,11 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
          * or walks one 2 MiB page, not 512 (the pull bench: 2.7 -> 4.6 GB/s over
          * shared memory, 1.8 -> 2.7 over tcp on this machine), and the engine's
          * passes over rows miss the TLB less. */
-        m = kvt_calloc_table(cfg->num_chunks, p->cfg.row_bytes);
+        /* At least 2 MiB: below that kvt_calloc_table gives heap memory, which is not
+         * page aligned (the storage tier's O_DIRECT and verbs registrations want
+         * whole pages). Only the pages touched are backed. */
+        bytes = KVT_MAX(bytes, (size_t)2 << 20);
+        m = kvt_calloc_table(1, bytes);
         if (m == NULL) {
             rc = -ENOMEM;
             goto fail_pol;
@@ -272,7 +277,7 @@ void kvt_primary_destroy(struct kvt_primary *p)
         kvt_region_cleanup(p->region);
         kvt_free(p->region);
     } else if (p->mem_bytes > 0) {
-        kvt_free_table(p->base, p->cfg.num_chunks, p->cfg.row_bytes);
+        kvt_free_table(p->base, 1, p->mem_bytes);
     }
     kvt_events_cleanup(&p->events);
     kvt_stats_cleanup(&p->pending_stats);

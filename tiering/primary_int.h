@@ -99,7 +99,7 @@ struct kvt_primary {
 
     struct kvt_region *region;
     uint8_t *base;
-    size_t mem_bytes; /* rows of our own (kvt_calloc_table) when region == NULL */
+    size_t mem_bytes; /* mapped for rows of our own (kvt_calloc_table, >= 2 MiB), no region */
 };
 
 static inline bool pr_key_ok(const struct kvt_key *k)

@@ -33,6 +33,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -42,6 +43,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
+#include "kvt/common.h"
 #include "kvt/log.h"
 #include "kvt/region.h"
 
@@ -296,38 +298,41 @@ err_reset:
     return rc;
 }
 
-/* /proc/self/smaps: a mapping's header line is "start-end perms ...", then "Key: n kB"
- * lines. Huge pages of a shared file mapping show as ShmemPmdMapped (tmpfs) or
- * FilePmdMapped; a hugetlbfs mapping has a KernelPageSize above the base page. */
+/* /proc/self/smaps: each mapping's header line is "start-end perms offset dev inode
+ * path", then "Key: n kB" lines. Huge pages of a shared file mapping show as
+ * ShmemPmdMapped (tmpfs) or FilePmdMapped; a hugetlbfs mapping has a KernelPageSize
+ * above the base page. The region may be split into several mappings (mprotect, a
+ * partial madvise): every one inside [base, base + size) counts. */
 int kvt_region_huge_bytes_from(FILE *smaps, const void *base, size_t size, size_t *huge)
 {
-    char line[512];
+    unsigned long long lo = (uintptr_t)base, hi = lo + size, len = 0, sum = 0;
+    unsigned long long page = (unsigned long long)sysconf(_SC_PAGESIZE);
+    char *line = NULL;
+    size_t cap = 0;
     bool in = false, found = false;
-    unsigned long long pmd = 0, kps = 0;
 
-    while (fgets(line, sizeof(line), smaps) != NULL) {
+    while (getline(&line, &cap, smaps) > 0) {
         unsigned long long start, end, v;
         char key[64];
 
-        if (sscanf(line, "%llx-%llx ", &start, &end) == 2) { /* no key has a '-' */
-            if (in)
-                break; /* past our mapping */
-            in = start == (uintptr_t)base;
+        /* A header: hex, '-', hex at the start of a line (no key has a '-'). */
+        if (sscanf(line, "%llx-%llx ", &start, &end) == 2) {
+            in = start >= lo && end <= hi && start < end;
+            len = in ? end - start : 0;
             found = found || in;
             continue;
         }
         if (!in || sscanf(line, "%63[^:]: %llu kB", key, &v) != 2)
             continue;
         if (strcmp(key, "ShmemPmdMapped") == 0 || strcmp(key, "FilePmdMapped") == 0)
-            pmd += v;
-        else if (strcmp(key, "KernelPageSize") == 0)
-            kps = v;
+            sum += v * 1024;
+        else if (strcmp(key, "KernelPageSize") == 0 && v * 1024 > page)
+            sum += len; /* hugetlbfs: the whole mapping */
     }
+    free(line);
     if (!found)
         return -ENOENT;
-    *huge = kps * 1024 > (unsigned long long)sysconf(_SC_PAGESIZE) ? size : (size_t)(pmd * 1024);
-    if (*huge > size)
-        *huge = size;
+    *huge = (size_t)KVT_MIN(sum, (unsigned long long)size);
     return 0;
 }
 
