@@ -294,14 +294,22 @@ static bool hugetlb_set(long pages)
  * whether want pages are free now. */
 static long hugetlb_reserve(long want, bool *ok)
 {
-    long total = hugetlb_read("HugePages_Total"), free_ = hugetlb_read("HugePages_Free");
+    /* The persistent pool as set (HugePages_Total also counts surplus pages), and the
+     * pages free of reservations by others. */
+    long pool = -1, free_ = hugetlb_read("HugePages_Free") - hugetlb_read("HugePages_Rsvd");
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%ld", &pool) != 1)
+            pool = -1;
+        fclose(f);
+    }
     *ok = free_ >= want;
-    if (*ok || total < 0 || free_ < 0)
+    if (*ok || pool < 0 || free_ < 0)
         return -1;
-    if (!hugetlb_set(total + want - free_))
+    if (!hugetlb_set(pool + want - free_))
         return -1; /* not root: fio keeps malloc buffers */
-    *ok = hugetlb_read("HugePages_Free") >= want;
-    return total;
+    *ok = hugetlb_read("HugePages_Free") - hugetlb_read("HugePages_Rsvd") >= want;
+    return pool;
 }
 
 /* fio over nfiles files of 256 KiB in dir, jobs jobs each with its own nfiles/jobs
