@@ -66,7 +66,7 @@ char *kvt_strdup(const char *s)
 
 /* Below one huge page a table is not worth its own mapping; larger ones start on a
  * huge-page boundary. */
-#define TABLE_MIN_BYTES (2u << 20)
+#define TABLE_MIN_BYTES KVT_HUGE_PAGE_BYTES
 
 /* len zeroed bytes starting on a huge-page boundary (NULL: no memory): mapped one huge
  * page larger and trimmed, since a mapping that starts inside a huge page cannot hold

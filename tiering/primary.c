@@ -240,11 +240,10 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
         /* Huge pages (advised, from a 2 MiB boundary): a peer's READ of a row pins
          * or walks one 2 MiB page, not 512 (the pull bench: 2.7 -> 4.6 GB/s over
          * shared memory, 1.8 -> 2.7 over tcp on this machine), and the engine's
-         * passes over rows miss the TLB less. */
-        /* At least 2 MiB: below that kvt_calloc_table gives heap memory, which is not
-         * page aligned (the storage tier's O_DIRECT and verbs registrations want
-         * whole pages). Only the pages touched are backed. */
-        bytes = KVT_MAX(bytes, (size_t)2 << 20);
+         * passes over rows miss the TLB less. At least one huge page, so that even a
+         * small primary's rows are mapped pages (the storage tier's O_DIRECT and
+         * verbs registrations want whole pages); only the pages touched are backed. */
+        bytes = KVT_MAX(bytes, KVT_HUGE_PAGE_BYTES);
         m = kvt_calloc_table(1, bytes);
         if (m == NULL) {
             rc = -ENOMEM;

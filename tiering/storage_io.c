@@ -56,8 +56,7 @@
 #include <liburing.h>
 #endif
 
-#define MOD          "storage"
-#define ST_HUGE_PAGE (2u << 20)
+#define MOD "storage"
 
 /* ---- names and format ------------------------------------------------------------ */
 
@@ -241,7 +240,8 @@ static int fsync_shard(struct st_tier *s, const char *name)
 static uint8_t *write_buffer(struct st_thread *th, size_t bytes)
 {
     if (th->wbuf_bytes == 0) {
-        th->wbuf_bytes = (bytes + ST_HUGE_PAGE - 1) / ST_HUGE_PAGE * ST_HUGE_PAGE;
+        th->wbuf_bytes =
+            (bytes + KVT_HUGE_PAGE_BYTES - 1) / KVT_HUGE_PAGE_BYTES * KVT_HUGE_PAGE_BYTES;
         th->wbuf = kvt_calloc_table(1, th->wbuf_bytes);
     }
     return th->wbuf;

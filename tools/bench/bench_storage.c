@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "kvt/alloc.h"
 #include "kvt/hash.h"
 #include "kvt/storage_tier.h"
 #include "kvt/tier.h"
@@ -253,16 +254,14 @@ static double fio_bw(const char *json, const char *dir)
  * pool has too few free and given back at the end. 4 KiB pages are no fair
  * reference on this host: each 256 KiB O_DIRECT request becomes a scatter list of up
  * to 64 pieces, and fio read 2.3-2.6 GB/s from malloc buffers against 5.8-6.4 GB/s
- * from huge pages (2026-12-06), the tier 1.5-3.0 against 3.6-4.1. */
-#define HUGE_PAGE (2u << 20)
-
-/* Each fio job maps its own buffers, iodepth x 256 KiB (1 for psync) in whole huge
- * pages; fio 3.33 asks for more than that (4 jobs at depth 32 failed with 20 pages,
- * ran with 40), so twice that and 2 more, only for the run. */
+ * from huge pages (2026-12-06), the tier 1.5-3.0 against 3.6-4.1.
+ * How many: each fio job maps its own buffers, iodepth x 256 KiB (1 for psync) in
+ * whole huge pages; fio 3.33 asks for more than that (4 jobs at depth 32 failed with
+ * 20 pages, ran with 40), so twice that and 2 more, only for the run. */
 static long fio_huge_pages(unsigned jobs, unsigned depth)
 {
     size_t bytes = (size_t)(depth > 1 ? depth : 1) * CHUNK;
-    return (long)jobs * (long)(2 * ((bytes + HUGE_PAGE - 1) / HUGE_PAGE) + 2);
+    return (long)jobs * (long)(2 * ((bytes + KVT_HUGE_PAGE_BYTES - 1) / KVT_HUGE_PAGE_BYTES) + 2);
 }
 
 static long hugetlb_read(const char *what)
@@ -281,6 +280,25 @@ static long hugetlb_read(const char *what)
     return v;
 }
 
+/* Huge pages free, net of what others reserved. */
+static long hugetlb_free(void)
+{
+    return hugetlb_read("HugePages_Free") - hugetlb_read("HugePages_Rsvd");
+}
+
+/* The persistent pool as set (HugePages_Total also counts surplus pages). */
+static long hugetlb_pool(void)
+{
+    long pool = -1;
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%ld", &pool) != 1)
+            pool = -1;
+        fclose(f);
+    }
+    return pool;
+}
+
 static bool hugetlb_set(long pages)
 {
     FILE *f = fopen("/proc/sys/vm/nr_hugepages", "w");
@@ -294,21 +312,13 @@ static bool hugetlb_set(long pages)
  * whether want pages are free now. */
 static long hugetlb_reserve(long want, bool *ok)
 {
-    /* The persistent pool as set (HugePages_Total also counts surplus pages), and the
-     * pages free of reservations by others. */
-    long pool = -1, free_ = hugetlb_read("HugePages_Free") - hugetlb_read("HugePages_Rsvd");
-    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "r");
-    if (f != NULL) {
-        if (fscanf(f, "%ld", &pool) != 1)
-            pool = -1;
-        fclose(f);
-    }
+    long pool = hugetlb_pool(), free_ = hugetlb_free();
     *ok = free_ >= want;
     if (*ok || pool < 0 || free_ < 0)
         return -1;
     if (!hugetlb_set(pool + want - free_))
         return -1; /* not root: fio keeps malloc buffers */
-    *ok = hugetlb_read("HugePages_Free") - hugetlb_read("HugePages_Rsvd") >= want;
+    *ok = hugetlb_free() >= want;
     return pool;
 }
 

@@ -13,6 +13,10 @@ void *kvt_reallocarray(void *p, size_t n, size_t size);
 void kvt_free(void *p);
 char *kvt_strdup(const char *s);
 
+/* A huge page: from this size on kvt_calloc_table maps (on this boundary); below
+ * it a table is heap memory, not even page aligned. */
+#define KVT_HUGE_PAGE_BYTES ((size_t)2 << 20)
+
 /* Zeroed n * size bytes for large, randomly accessed tables (indexes of millions
  * of entries) and I/O buffers: from 2 MiB on, a private mapping that starts on a
  * 2 MiB boundary, advised for transparent huge pages, so a lookup pays a cache miss

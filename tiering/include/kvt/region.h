@@ -57,7 +57,7 @@ int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r);
 /* Unmaps and closes; the creator also unlinks. Safe to call twice. */
 void kvt_region_cleanup(struct kvt_region *r);
 /* Bytes of this process's mapping of the region that sit on huge pages (hugetlbfs,
- * or shared-memory THP where shmem_enabled allows it), counted once faulted in (a
+ * or a tmpfs mounted huge=advise or more: see kvt_region_open), counted once faulted in (a
  * populated region): peers' READs pin or walk one 2 MiB page instead of 512. 0 or
  * -errno. kvt_region_huge_bytes_from reads the smaps text of the mapping at base. */
 int kvt_region_huge_bytes(const struct kvt_region *r, size_t *huge);
