@@ -23,8 +23,12 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 
 R=""
+KEEP=""
 for a in $(cat /proc/cmdline); do
-  case "$a" in kvt.results=*) R="${a#kvt.results=}" ;; esac
+  case "$a" in
+    kvt.results=*) R="${a#kvt.results=}" ;;
+    kvt.keep=*) KEEP="${a#kvt.keep=}" ;;
+  esac
 done
 
 halt_now() {
@@ -61,6 +65,11 @@ until mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288,ro hostroot /hos
   [ $n -lt 10 ] || die "cannot mount the host root (9p tag hostroot)"
   sleep 0.2
 done
+# The host's root as it is, before our tmpfs mounts hide its /tmp, /run and /dev/shm:
+# the paths in kvt.keep (the repository or working folder under one of those) are
+# bound back from it afterwards.
+mkdir -p /hostroot
+mount -o bind /host /hostroot || die "bind the host root"
 mount -t proc proc /host/proc || die "mount /host/proc"
 mount -t sysfs sysfs /host/sys || die "mount /host/sys"
 mount -t devtmpfs devtmpfs /host/dev || die "mount /host/dev"
@@ -69,6 +78,9 @@ mount -t tmpfs -o mode=1777 tmpfs /host/dev/shm || die "mount /host/dev/shm"
 mount -t devpts devpts /host/dev/pts || true
 mount -t tmpfs -o mode=1777 tmpfs /host/tmp || die "mount /host/tmp"
 mount -t tmpfs -o mode=755 tmpfs /host/run || die "mount /host/run"
+for p in $(echo "$KEEP" | tr ',' ' '); do
+  mkdir -p "/host$p" && mount -o bind "/hostroot$p" "/host$p" || die "bind $p back from the host"
+done
 # After the tmpfs mounts, so that a results folder under /tmp or /run is not hidden
 # (the mount point is then created in the guest's tmpfs).
 mkdir -p "/host$R" 2>/dev/null
