@@ -12,6 +12,7 @@
  *
  * Restart after SIGKILL: a lock file next to the region (flock) tells a live daemon
  * from a dead one; a dead one's region file and socket are removed first. */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -65,6 +66,8 @@ struct daemon {
     struct kvt_engine_server *engines;
     struct kvt_metrics_http *http;
     struct kvt_prom_acc prom;
+    uint64_t render_failures; /* renders of /metrics that failed */
+    int render_failing;       /* the last render's error while failing, else 0 */
 
     int ep, sig_fd, tick_fd;
     uint64_t last_step_ns, last_metrics_ns;
@@ -282,9 +285,9 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
 
 #define SAMPLE(nm, hp, k, val)                                                                     \
     do {                                                                                           \
-        if (n < cap)                                                                               \
-            v[n++] = (struct kvt_prom_sample){                                                     \
-                .name = (nm), .help = (hp), .kind = (k), .value = (double)(val)};                  \
+        assert(n < cap);                                                                           \
+        v[n++] = (struct kvt_prom_sample){                                                         \
+            .name = (nm), .help = (hp), .kind = (k), .value = (double)(val)};                      \
     } while (0)
     kvt_engine_server_get_counters(d->engines, &ec);
     SAMPLE("kvtier_engine_clients", "Engines attached now", KVT_METRIC_GAUGE, ec.clients);
@@ -294,6 +297,23 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
            KVT_METRIC_COUNTER, ec.malformed + ec.oversized);
     SAMPLE("kvtier_engine_cleanups", "Pins released for engines that went away", KVT_METRIC_COUNTER,
            ec.released_pins);
+    {
+        size_t chunks = kvt_primary_num_chunks(d->primary), row = kvt_primary_row_bytes(d->primary);
+        size_t used = kvt_primary_num_entries(d->primary);
+
+        SAMPLE("kvtier_primary_chunks", "Chunks in the primary tier now (stored or being written)",
+               KVT_METRIC_GAUGE, used);
+        SAMPLE("kvtier_primary_capacity_chunks", "Chunks the primary tier holds at most",
+               KVT_METRIC_GAUGE, chunks);
+        SAMPLE("kvtier_primary_used_bytes", "Bytes of the primary tier's chunks now",
+               KVT_METRIC_GAUGE, (double)used * (double)row);
+        SAMPLE("kvtier_primary_capacity_bytes", "Bytes of the primary region", KVT_METRIC_GAUGE,
+               (double)chunks * (double)row);
+        SAMPLE("kvtier_primary_evictions", "Chunks evicted from the primary tier to make room",
+               KVT_METRIC_COUNTER, kvt_primary_num_evicted(d->primary));
+    }
+    SAMPLE("kvtier_metrics_render_failures", "Renders of /metrics that failed (answered 500)",
+           KVT_METRIC_COUNTER, d->render_failures);
     if (d->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
@@ -307,10 +327,6 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
                KVT_METRIC_COUNTER, pc.refused);
         SAMPLE("kvtier_peers_malformed", "Malformed messages from authenticated peers",
                KVT_METRIC_COUNTER, pc.malformed);
-        SAMPLE("kvtier_net_served_bytes", "Bytes of chunks granted to peers", KVT_METRIC_COUNTER,
-               c.served_bytes);
-        SAMPLE("kvtier_net_pulled_bytes", "Bytes of chunks pulled from peers and verified",
-               KVT_METRIC_COUNTER, c.pulled_bytes);
         SAMPLE("kvtier_net_leases", "Leases peers hold on our chunks", KVT_METRIC_GAUGE,
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
@@ -345,19 +361,35 @@ static int total_stats(void *arg, struct kvt_stats *out)
     return kvt_stats_aggregate(out, &d->prom.totals);
 }
 
+/* A page that cannot be rendered is never replaced by the last good one: /metrics
+ * answers 500 with the cause, the failure is counted (shown on the next good page)
+ * and logged once per run of failures. */
 static void publish_metrics(struct daemon *d)
 {
-    struct kvt_prom_sample samples[16];
+    struct kvt_prom_sample samples[32];
     char *text = NULL;
     size_t len = 0, n;
+    int rc;
 
     collect_stats(d);
     if (d->http == NULL)
         return;
     n = node_samples(d, samples, KVT_ARRAY_SIZE(samples));
-    if (kvt_prom_render(&d->prom.totals, samples, n, 0, &text, &len) == 0)
-        kvt_metrics_http_publish(d->http, text, len);
+    rc = kvt_prom_render(&d->prom.totals, samples, n, 0, &text, &len);
+    if (rc == 0)
+        rc = kvt_metrics_http_publish(d->http, text, len);
+    else
+        kvt_metrics_http_publish_failure(d->http, rc);
     free(text);
+    if (rc != 0) {
+        if (d->render_failing == 0)
+            kvt_error(MOD, "/metrics: cannot render the page: %s (answering 500)", strerror(-rc));
+        d->render_failing = rc;
+        d->render_failures++;
+    } else if (d->render_failing != 0) {
+        kvt_info(MOD, "/metrics: rendering again");
+        d->render_failing = 0;
+    }
 }
 
 static int start_services(struct daemon *d)

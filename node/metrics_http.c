@@ -38,6 +38,7 @@ struct kvt_metrics_http {
     pthread_mutex_t lock;
     char *page; /* NULL until the first publish */
     size_t page_len;
+    int failed; /* negative errno of the last render or publish that failed, else 0 */
     atomic_bool healthy;
 };
 
@@ -45,6 +46,7 @@ static const char not_found[] = "not found\n";
 static const char not_allowed[] = "method not allowed\n";
 static const char no_page[] = "no metrics published yet\n";
 static const char ok_body[] = "ok\n";
+static const char failed_page[] = "metrics could not be rendered: ";
 static const char unavailable[] = "unavailable\n";
 
 static enum MHD_Result reply(struct MHD_Connection *conn, unsigned status, const char *type,
@@ -77,11 +79,20 @@ static enum MHD_Result serve_metrics(struct kvt_metrics_http *srv, struct MHD_Co
 {
     struct MHD_Response *r = NULL;
     enum MHD_Result ret;
+    int failed;
 
     pthread_mutex_lock(&srv->lock);
-    if (srv->page != NULL)
+    failed = srv->failed;
+    if (srv->page != NULL && failed == 0)
         r = MHD_create_response_from_buffer(srv->page_len, srv->page, MHD_RESPMEM_MUST_COPY);
     pthread_mutex_unlock(&srv->lock);
+    if (failed != 0) {
+        /* Never the last good page: a scraper must see that the numbers stopped. */
+        char body[128];
+        int n = snprintf(body, sizeof(body), "%s%s\n", failed_page, strerror(-failed));
+
+        return reply_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, body, (size_t)n);
+    }
     if (r == NULL) {
         bool published;
 
@@ -233,17 +244,27 @@ int kvt_metrics_http_publish(struct kvt_metrics_http *srv, const char *text, siz
 {
     char *copy = kvt_malloc(len + 1), *old;
 
-    if (copy == NULL)
+    if (copy == NULL) {
+        kvt_metrics_http_publish_failure(srv, -ENOMEM);
         return -ENOMEM;
+    }
     memcpy(copy, text, len);
     copy[len] = '\0';
     pthread_mutex_lock(&srv->lock);
     old = srv->page;
     srv->page = copy;
     srv->page_len = len;
+    srv->failed = 0;
     pthread_mutex_unlock(&srv->lock);
     kvt_free(old);
     return 0;
+}
+
+void kvt_metrics_http_publish_failure(struct kvt_metrics_http *srv, int err)
+{
+    pthread_mutex_lock(&srv->lock);
+    srv->failed = err < 0 ? err : -EIO;
+    pthread_mutex_unlock(&srv->lock);
 }
 
 void kvt_metrics_http_set_healthy(struct kvt_metrics_http *srv, bool healthy)

@@ -479,6 +479,7 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
             pr_release(p, s);
         }
         out->n_evicted = need;
+        p->num_evicted += need;
         if (p->on_removed != NULL)
             p->on_removed(p->on_removed_arg, out->evicted, need);
         if (p->cfg.enable_events &&
@@ -718,6 +719,11 @@ size_t kvt_primary_num_free(const struct kvt_primary *p)
 size_t kvt_primary_num_entries(const struct kvt_primary *p)
 {
     return p->num_entries;
+}
+
+uint64_t kvt_primary_num_evicted(const struct kvt_primary *p)
+{
+    return p->num_evicted;
 }
 
 size_t kvt_primary_index_bytes(const struct kvt_primary *p)

@@ -80,6 +80,7 @@ struct kvt_primary {
     uint32_t *free_list;  /* LIFO of freed slots */
     size_t n_free_list;
     size_t num_entries, num_evictable, num_write_pending;
+    uint64_t num_evicted; /* chunks evicted since the primary was created (/metrics) */
     uint32_t mark; /* current prepare_store's protection mark (never 0) */
 
     struct pr_list l1, l2;

@@ -763,6 +763,48 @@ static void test_http_publish_while_serving(void **state)
     kvt_metrics_http_destroy(srv);
 }
 
+/* A render that fails is never hidden behind the last good page: /metrics answers
+ * 500 naming the cause until a page is published again (kvtierd froze its page for
+ * good when two families clashed after a pull). */
+static void test_http_render_failure_is_500(void **state)
+{
+    struct kvt_metrics_http *srv = start_server();
+    uint16_t port = kvt_metrics_http_port(srv);
+    static const char good[] = "# TYPE kvtier_x counter\nkvtier_x_total 1\n";
+    struct http_reply r;
+    (void)state;
+
+    assert_int_equal(kvt_metrics_http_publish(srv, good, sizeof(good) - 1), 0);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, good);
+    free(r.body);
+
+    kvt_metrics_http_publish_failure(srv, -EINVAL);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 500);
+    assert_non_null(strstr(r.body, strerror(EINVAL)));
+    assert_null(strstr(r.body, "kvtier_x"));
+    free(r.body);
+    http_request(port, "GET", "/healthz", &r); /* health is the node's, not the page's */
+    assert_int_equal(r.status, 200);
+    free(r.body);
+
+    assert_int_equal(kvt_metrics_http_publish(srv, good, sizeof(good) - 1), 0);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+
+    /* A publish that cannot copy its page (out of memory) fails the page too. */
+    kvt_alloc_fail_after(0);
+    assert_int_equal(kvt_metrics_http_publish(srv, good, sizeof(good) - 1), -ENOMEM);
+    kvt_alloc_fail_after(-1);
+    http_request(port, "GET", "/metrics", &r);
+    assert_int_equal(r.status, 500);
+    free(r.body);
+    kvt_metrics_http_destroy(srv);
+}
+
 static void test_http_listen_errors_and_cleanup(void **state)
 {
     struct kvt_metrics_http *srv = NULL, *other = NULL;
@@ -826,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_render_out_of_memory),
         cmocka_unit_test(test_http_endpoints),
         cmocka_unit_test(test_http_publish_while_serving),
+        cmocka_unit_test(test_http_render_failure_is_500),
         cmocka_unit_test(test_http_listen_errors_and_cleanup),
     };
 

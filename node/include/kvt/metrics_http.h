@@ -1,6 +1,7 @@
 /* kvtierd's HTTP endpoint (libmicrohttpd, one internal thread):
  *   GET /metrics  the latest published page, Content-Type KVT_PROM_CONTENT_TYPE
- *                 (503 until the first publish)
+ *                 (503 until the first publish; 500 with the cause while the node's
+ *                 last render or publish failed: never a stale page)
  *   GET /healthz  "ok\n" (503 "unavailable\n" once the node says it is not healthy,
  *                 e.g. while it drains on SIGTERM)
  *   anything else 404; a method other than GET or HEAD 405 (with "Allow: GET, HEAD").
@@ -30,9 +31,12 @@ void kvt_metrics_http_destroy(struct kvt_metrics_http *srv);
 /* The port the server listens on (the chosen one when created with port 0). */
 uint16_t kvt_metrics_http_port(const struct kvt_metrics_http *srv);
 
-/* Replaces the page served on /metrics by a copy of text[0..len). 0 or -ENOMEM (the
- * previous page stays). */
+/* Replaces the page served on /metrics by a copy of text[0..len). 0, or -ENOMEM
+ * (then /metrics answers 500 until a publish succeeds). */
 int kvt_metrics_http_publish(struct kvt_metrics_http *srv, const char *text, size_t len);
+/* The node could not render its page (err: negative errno): /metrics answers 500
+ * naming the cause until the next successful publish. */
+void kvt_metrics_http_publish_failure(struct kvt_metrics_http *srv, int err);
 void kvt_metrics_http_set_healthy(struct kvt_metrics_http *srv, bool healthy);
 
 #endif

@@ -114,6 +114,8 @@ size_t kvt_primary_num_evictable(const struct kvt_primary *p);
 size_t kvt_primary_num_write_pending(const struct kvt_primary *p);
 size_t kvt_primary_num_free(const struct kvt_primary *p);
 size_t kvt_primary_num_entries(const struct kvt_primary *p);
+/* Chunks evicted to make room since creation (reset_cache does not count). */
+uint64_t kvt_primary_num_evicted(const struct kvt_primary *p);
 /* Bytes of index and policy memory (benchmarks). */
 size_t kvt_primary_index_bytes(const struct kvt_primary *p);
 
