@@ -1208,8 +1208,39 @@ static const char *type_name(const struct key_def *k, char *buf, size_t len)
     return "?";
 }
 
+/* Prints text at indent, wrapped at word boundaries to HELP_WIDTH columns. */
+#define HELP_WIDTH 80
+static void print_wrapped(FILE *out, int indent, const char *text)
+{
+    int col = indent;
+
+    fprintf(out, "%*s", indent, "");
+    while (*text != '\0') {
+        size_t word = strcspn(text, " ");
+
+        if (col > indent && col + 1 + (int)word > HELP_WIDTH) {
+            fprintf(out, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', out);
+            col++;
+        }
+        fprintf(out, "%.*s", (int)word, text);
+        col += (int)word;
+        text += word;
+        text += strspn(text, " ");
+    }
+    fputc('\n', out);
+}
+
+/* One key per paragraph: name, value type and default on the first line (the names
+ * padded to the longest), its help wrapped below. */
 void kvt_config_print_help(FILE *out)
 {
+    int name_w = 0;
+
+    for (size_t i = 0; i < N_KEYS; i++)
+        name_w = KVT_MAX(name_w, (int)strlen(keys[i].name));
     fprintf(out, "Configuration keys (in the YAML file, or --set KEY=VALUE after it):\n");
     for (size_t i = 0; i < N_KEYS; i++) {
         const struct key_def *k = &keys[i];
@@ -1217,14 +1248,14 @@ void kvt_config_print_help(FILE *out)
 
         if (k->type == T_U32 || k->type == T_U64 || k->type == T_PORT)
             snprintf(range, sizeof(range), ", %" PRIu64 "..%" PRIu64, k->min, k->max);
-        fprintf(out, "  %-20s %-17s %s (default: %s%s)%s\n", k->name, type_name(k, names, 64),
-                k->help,
+        fprintf(out, "\n  %-*s  %s  (default: %s%s)%s\n", name_w, k->name, type_name(k, names, 64),
                 k->def == NULL ? "derived"
                 : k->def[0]    ? k->def
                                : "none",
                 range, k->flags & K_RELOAD ? " [reloadable]" : "");
+        print_wrapped(out, 6, k->help);
     }
-    fprintf(out, "Sizes take KiB, MiB, GiB, TiB (x1024) or kB, MB, GB, TB (x1000); lists are\n"
+    fprintf(out, "\nSizes take KiB, MiB, GiB, TiB (x1024) or kB, MB, GB, TB (x1000); lists are\n"
                  "YAML sequences or comma-separated; \"{id}\" in a path is node.id in hex.\n");
 }
 

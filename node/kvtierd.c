@@ -81,8 +81,7 @@ static void usage(FILE *f)
                "  --config FILE   YAML configuration (default: none, built-in defaults)\n"
                "  --set KEY=VAL   override one key (repeatable; applied after the file)\n"
                "  --check         validate the configuration and exit (0 or 78)\n"
-               "  --dump          print the effective configuration as YAML and exit\n\n"
-               "configuration keys:\n");
+               "  --dump          print the effective configuration as YAML and exit\n\n");
     kvt_config_print_help(f);
 }
 

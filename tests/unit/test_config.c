@@ -611,6 +611,15 @@ static void test_help(void **state)
     assert_non_null(strstr(buf, "ucx|verbs"));
     assert_non_null(strstr(buf, "[reloadable]"));
     assert_non_null(strstr(buf, "1GiB"));
+    /* Columns hold for the longest key, the header comes once, help wraps at 80. */
+    assert_null(strstr(strstr(buf, "Configuration keys") + 1, "Configuration keys"));
+    for (const char *line = buf; *line != '\0';) {
+        size_t n = strcspn(line, "\n");
+
+        if (n > 80 && line[0] == ' ' && line[2] == ' ')
+            fail_msg("help line over 80 columns: %.*s", (int)n, line);
+        line += n + (line[n] == '\n');
+    }
     free(buf);
 }
 
