@@ -28,6 +28,8 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "kvtier/client.h"
 #include "tool_util.h"
 
@@ -169,6 +171,21 @@ static void fmt_bytes(double b, char *out, size_t n)
     snprintf(out, n, u ? "%.1f %s" : "%.0f %s", b, units[u]);
 }
 
+/* A stat's value for people: bytes with a unit, whole counts as integers, other
+ * values (ratios, seconds, rates) with two decimals; suffix ("/s") appended. */
+static void fmt_value(const char *name, double v, const char *suffix, char *out, size_t n)
+{
+    char num[32];
+
+    if (strstr(name, "bytes") != NULL && v >= 0)
+        fmt_bytes(v, num, sizeof(num));
+    else if (v == floor(v) && fabs(v) < 1e15)
+        snprintf(num, sizeof(num), "%.0f", v);
+    else
+        snprintf(num, sizeof(num), "%.2f", v);
+    snprintf(out, n, "%s%s", num, suffix);
+}
+
 /* ---- status ------------------------------------------------------------------- */
 
 static int cmd_status(struct cli *cl)
@@ -219,30 +236,41 @@ static const char *kind_name(int kind)
 static void print_stats(const struct kvtier_stats *st, bool json)
 {
     if (json) {
-        printf("[");
+        json_t *arr = json_array();
+
         for (size_t i = 0; i < st->n; i++) {
             const struct kvtier_stat *s = &st->s[i];
+            json_t *o = json_pack("{s:s, s:s, s:s}", "name", s->name, "label", s->label, "kind",
+                                  kind_name(s->kind));
 
-            printf("%s\n {\"name\": \"%s\", \"label\": \"%s\", \"kind\": \"%s\"", i ? "," : "",
-                   s->name, s->label, kind_name(s->kind));
-            if (s->kind == KVTIER_HISTOGRAM)
-                printf(", \"count\": %" PRIu64 ", \"sum\": %.9g}", s->count, s->sum);
-            else
-                printf(", \"value\": %.17g}", s->value);
+            if (s->kind == KVTIER_HISTOGRAM) {
+                json_object_set_new(o, "count", json_integer((json_int_t)s->count));
+                json_object_set_new(o, "sum", json_real(s->sum));
+            } else {
+                json_object_set_new(o, "value", json_real(s->value));
+            }
+            json_array_append_new(arr, o);
         }
-        printf("\n]\n");
+        json_dumpf(arr, stdout, JSON_INDENT(1));
+        putchar('\n');
+        json_decref(arr);
         return;
     }
     printf("%-62s %-12s %-9s %s\n", "NAME", "TIER", "KIND", "VALUE");
     for (size_t i = 0; i < st->n; i++) {
         const struct kvtier_stat *s = &st->s[i];
 
+        char v[48], sum[48], mean[48];
+
         printf("%-62s %-12s %-9s ", s->name, s->label[0] ? s->label : "-", kind_name(s->kind));
-        if (s->kind == KVTIER_HISTOGRAM)
-            printf("count %" PRIu64 " sum %.6g mean %.6g\n", s->count, s->sum,
-                   s->count ? s->sum / (double)s->count : 0.0);
-        else
-            printf("%.6g\n", s->value);
+        if (s->kind == KVTIER_HISTOGRAM) {
+            fmt_value(s->name, s->sum, "", sum, sizeof(sum));
+            fmt_value(s->name, s->count ? s->sum / (double)s->count : 0.0, "", mean, sizeof(mean));
+            printf("count %" PRIu64 " sum %s mean %s\n", s->count, sum, mean);
+        } else {
+            fmt_value(s->name, s->value, "", v, sizeof(v));
+            printf("%s\n", v);
+        }
     }
     if (st->n == 0)
         printf("(no stats since the last get_stats)\n");
@@ -683,10 +711,15 @@ static void top_frame(const struct cli *cl, const struct kvtier_stats *st, doubl
     for (size_t i = 0; i < st->n; i++) {
         const struct kvtier_stat *s = &st->s[i];
 
+        char v[48];
+
         if (s->kind == KVTIER_HISTOGRAM)
             continue;
-        printf("%-62s %-12s %.6g\n", s->name, s->label[0] ? s->label : "-",
-               s->kind == KVTIER_COUNTER ? s->value / dt : s->value);
+        if (s->kind == KVTIER_COUNTER)
+            fmt_value(s->name, s->value / dt, "/s", v, sizeof(v));
+        else
+            fmt_value(s->name, s->value, "", v, sizeof(v));
+        printf("%-62s %-12s %s\n", s->name, s->label[0] ? s->label : "-", v);
     }
     fflush(stdout);
 }

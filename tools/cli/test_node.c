@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "tool_util.h"
 
@@ -275,6 +276,45 @@ static void test_put_get_pattern(void **state)
     CHECK(0, "vllm:kv_offload_tiering_chunk_queries", kvtier_bin, "stats", "--socket", sock);
 }
 
+/* stats --json is JSON (jansson parses it, every element named, with a value or a
+ * count); the human forms print no exponents (1.3312e+06 bytes was unreadable). */
+static void test_stats_forms(void **state)
+{
+    static char out[1 << 20];
+    char *json_argv[] = {(char *)kvtier_bin, "stats", "--json", "--socket", sock, NULL};
+    char *top_argv[] = {(char *)kvtier_bin,
+                        "top",
+                        "--iterations",
+                        "2",
+                        "--interval",
+                        "0.2",
+                        "--socket",
+                        sock,
+                        NULL};
+    json_error_t err;
+    json_t *arr;
+    (void)state;
+
+    CHECK(0, "stored in chunk", kvtier_bin, "put", "5eed0001", "--pattern", "7", "--socket", sock);
+    assert_int_equal(run_argv(out, sizeof(out), json_argv), 0);
+    arr = json_loads(out, 0, &err);
+    if (arr == NULL)
+        fail_msg("stats --json is not JSON (%s at line %d):\n%s", err.text, err.line, out);
+    assert_true(json_is_array(arr) && json_array_size(arr) > 0);
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *o = json_array_get(arr, i);
+
+        assert_true(json_is_string(json_object_get(o, "name")));
+        assert_true(json_object_get(o, "value") != NULL || json_object_get(o, "count") != NULL);
+    }
+    json_decref(arr);
+    CHECK(0, "vllm:kv_offload_tiering", kvtier_bin, "stats", "--socket", sock);
+    assert_int_equal(run_argv(out, sizeof(out), top_argv), 0);
+    assert_non_null(strstr(out, "kvtier top"));
+    if (strstr(out, "e+") != NULL)
+        fail_msg("top prints an exponent:\n%s", out);
+}
+
 static void test_peers(void **state)
 {
     (void)state;
@@ -299,8 +339,11 @@ static void test_load(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_status),          cmocka_unit_test(test_put_get_file),
-        cmocka_unit_test(test_put_get_pattern), cmocka_unit_test(test_load),
+        cmocka_unit_test(test_status),
+        cmocka_unit_test(test_put_get_file),
+        cmocka_unit_test(test_put_get_pattern),
+        cmocka_unit_test(test_load),
+        cmocka_unit_test(test_stats_forms),
         cmocka_unit_test(test_peers), /* kvtierd only: the stand-in serves no /metrics */
     };
     size_t n_tests = sizeof(tests) / sizeof(tests[0]);
