@@ -1,4 +1,4 @@
-/* The network tier (cluster/net_tier.c) between two nodes in one process over the
+/* The network tier (cluster/net_*.c) between two nodes in one process over the
  * UCX transport on 127.0.0.1: each node is peers + primary + network tier + manager,
  * stepped round-robin by the test thread. A stores chunks of known content, B looks
  * them up through its manager (RETRY, HIT_PENDING, HIT) and loads them. Checked:
