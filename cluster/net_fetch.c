@@ -40,23 +40,52 @@ static void nt_fetch_free(struct net_tier *nt, struct fetch *f);
 
 /* ---- submit: the job becomes fetches ----------------------------------------- */
 
-/* Keys with no live holder, or no memory for their fetch, fail; the others go to
- * their peer's queue, up to keys_per_fetch keys of one holder per fetch. */
-void kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+/* The load job, whole: its record, its arrays of job->n (see struct load_job). */
+static struct load_job *nt_load_job_new(const struct kvt_job *job)
+{
+    size_t n = job->n;
+    struct load_job *lj =
+        kvt_calloc(1, sizeof(*lj) + n * (sizeof(uint32_t) + sizeof(struct kvt_key) + 2));
+
+    if (lj == NULL)
+        return NULL;
+    lj->job = job;
+    lj->idx = (uint32_t *)(lj + 1); /* the block's alignment, then bytes */
+    lj->ok_keys = (struct kvt_key *)(lj->idx + n);
+    lj->ok = (bool *)(lj->ok_keys + n);
+    lj->used = lj->ok + n;
+    return lj;
+}
+
+/* A fetch of n keys, whole: idx, chunks and chunk_ok in the same block. */
+static struct fetch *nt_fetch_new(uint32_t n)
+{
+    struct fetch *f = kvt_calloc(
+        1, sizeof(*f) + n * (sizeof(struct kvt_wire_chunk) + sizeof(uint32_t) + sizeof(bool)));
+
+    if (f == NULL)
+        return NULL;
+    f->chunks = (struct kvt_wire_chunk *)(f + 1);
+    f->idx = (uint32_t *)(f->chunks + n);
+    f->chunk_ok = (bool *)(f->idx + n);
+    f->n = n;
+    return f;
+}
+
+/* Refused (-ENOMEM) only when the load job cannot be made, before anything is sent.
+ * Once accepted, keys with no live holder, or no memory for their fetch, fail; the
+ * others go to their peer's queue, up to keys_per_fetch keys of one holder a fetch. */
+int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct net_tier *nt = nt_of(t);
-    struct load_job *lj = kvt_calloc(1, sizeof(*lj));
-    uint32_t *idx = NULL;
-    bool *used = NULL;
+    struct load_job *lj = nt_load_job_new(job);
     uint32_t per = KVT_MIN(nt->cfg.keys_per_fetch, (unsigned)NT_KEYS_PER_MSG);
 
-    if (lj == NULL || (lj->ok = kvt_calloc(job->n ? job->n : 1, sizeof(bool))) == NULL)
-        goto fail;
-    idx = kvt_malloc((job->n ? job->n : 1) * sizeof(*idx));
-    used = kvt_calloc(job->n ? job->n : 1, sizeof(*used));
-    if (idx == NULL || used == NULL)
-        goto fail;
-    lj->job = job;
+    if (lj == NULL) {
+        /* As after a failed load (seed livelock rule): the next lookup asks again. */
+        kvt_async_lookup_mark_miss(nt->al, job->keys, job->n);
+        return -ENOMEM;
+    }
     lj->start_ns = kvt_now_ns();
     lj->parts_pending = 1; /* ours, dropped at the end: parts may end synchronously */
     for (size_t i = 0; i < job->n; i++) {
@@ -66,32 +95,29 @@ void kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
         struct fetch *f;
         uint32_t n = 0;
 
-        if (used[i])
+        if (lj->used[i])
             continue;
         if (h == NULL || !kvt__nt_holder_live(nt, h)) {
-            used[i] = true; /* no live holder: this key fails */
+            lj->used[i] = true; /* no live holder: this key fails */
             continue;
         }
         hh = *h;
         for (size_t j = i; j < job->n && n < per; j++) {
             const struct holder *hj;
 
-            if (used[j])
+            if (lj->used[j])
                 continue;
             hj = kvt_map_get(&nt->holders, job->keys[j].bytes, job->keys[j].len);
             if (hj == NULL || hj->node_id != hh.node_id || hj->incarnation != hh.incarnation)
                 continue;
-            used[j] = true;
-            idx[n++] = (uint32_t)j;
+            lj->used[j] = true;
+            lj->idx[n++] = (uint32_t)j;
         }
         p = kvt__nt_peer_get(nt, hh.node_id);
-        f = p != NULL ? kvt_calloc(1, sizeof(*f)) : NULL;
-        if (f == NULL || (f->idx = kvt_malloc(n * sizeof(*idx))) == NULL) {
-            kvt_free(f); /* these keys fail */
-            continue;
-        }
-        memcpy(f->idx, idx, n * sizeof(*idx));
-        f->n = n;
+        f = p != NULL ? nt_fetch_new(n) : NULL;
+        if (f == NULL)
+            continue; /* these keys fail */
+        memcpy(f->idx, lj->idx, n * sizeof(*f->idx));
         f->id = nt->next_id++;
         f->lj = lj;
         f->node = hh.node_id;
@@ -99,25 +125,15 @@ void kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
         f->state = F_QUEUED;
         f->queued_ns = kvt_now_ns();
         if (kvt_map_put_u64(&nt->fetches, f->id, f) != 0) {
-            kvt_free(f->idx);
             kvt_free(f);
             continue;
         }
         kvt_list_add_tail(&p->queue, &f->qnode);
         lj->parts_pending++;
     }
-    kvt_free(idx);
-    kvt_free(used);
     kvt__nt_pump(nt);
     nt_load_part_done(nt, lj);
-    return;
-fail:
-    kvt_free(idx);
-    kvt_free(used);
-    if (lj != NULL)
-        kvt_free(lj->ok);
-    kvt_free(lj);
-    kvt__nt_finish_job(nt, job->id, false, NULL, 0, -1, -1);
+    return 0;
 }
 
 /* ---- the window: FETCH ----------------------------------------------------------- */
@@ -184,16 +200,15 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     const struct kvt_wire_grant *g = &m->u.grant;
     struct fetch *f = kvt_map_get_u64(&nt->fetches, g->job_id);
     size_t row = nt->base.row_bytes;
-    bool *seen;
+    bool seen[NT_KEYS_PER_MSG] = {false};
     int rc;
 
     if (f == NULL || f->node != from || f->state != F_SENT || f->failed) {
         nt->c.refused++;
         return;
     }
-    seen = kvt_calloc(f->n ? f->n : 1, sizeof(*seen));
-    if (seen == NULL)
-        goto fail;
+    /* Each chunk names a key of the fetch once: so at most f->n of them, the room
+     * the fetch was made with. */
     for (uint32_t i = 0; i < g->n_chunks; i++) {
         const struct kvt_wire_chunk *ch = &g->chunks[i];
 
@@ -201,12 +216,10 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
             kvt_warn(NT_MOD, "GRANT from %016" PRIx64 " names chunk %u wrongly: refused", from,
                      ch->key_index);
             nt->c.refused++;
-            kvt_free(seen);
             goto fail;
         }
         seen[ch->key_index] = true;
     }
-    kvt_free(seen);
     nt->c.grants++;
     f->grant_ns = kvt_now_ns();
     nt->c.grant_wait_ns += f->grant_ns - f->sent_ns;
@@ -219,9 +232,7 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
         nt_fetch_end(nt, f);
         return;
     }
-    f->chunks = kvt_malloc(g->n_chunks * sizeof(*f->chunks));
-    f->chunk_ok = kvt_calloc(g->n_chunks, sizeof(bool));
-    if (f->chunks == NULL || f->chunk_ok == NULL || !kvt__nt_register(nt))
+    if (!kvt__nt_register(nt))
         goto fail_reading;
     memcpy(f->chunks, g->chunks, g->n_chunks * sizeof(*f->chunks));
     f->n_chunks = g->n_chunks;
@@ -391,31 +402,27 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
 static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
 {
     const struct kvt_job *job = lj->job;
-    struct kvt_key *ok_keys;
-    size_t n_ok = 0, n_bad = 0;
+    size_t n_ok = 0;
 
     if (--lj->parts_pending > 0)
         return;
-    ok_keys = kvt_malloc((job->n ? job->n : 1) * sizeof(*ok_keys));
     for (size_t i = 0; i < job->n; i++) {
         if (lj->ok[i]) {
-            if (ok_keys != NULL)
-                ok_keys[n_ok++] = job->keys[i];
+            lj->ok_keys[n_ok++] = job->keys[i];
             continue;
         }
-        n_bad++;
         /* Seed livelock rule: a failed load makes the verdict MISS, and this holder
          * is not asked again for the key. */
         kvt_async_lookup_mark_miss(nt->al, &job->keys[i], 1);
         kvt_free(kvt_map_remove(&nt->holders, job->keys[i].bytes, job->keys[i].len));
     }
-    if (ok_keys == NULL) /* cannot list them: report every key failed */
-        n_ok = 0, n_bad = job->n;
-    kvt__nt_finish_job(nt, job->id, n_bad == 0, ok_keys, n_ok,
-                       (double)(kvt_now_ns() - lj->start_ns) * 1e-9, (int64_t)lj->bytes);
-    kvt_free(ok_keys);
-    kvt_free(lj->ok);
-    kvt_free(lj);
+    lj->done = (struct nt_done){.job_id = job->id,
+                                .success = n_ok == job->n,
+                                .ok_keys = n_ok > 0 && n_ok < job->n ? lj->ok_keys : NULL,
+                                .n_ok = n_ok < job->n ? n_ok : 0,
+                                .seconds = (double)(kvt_now_ns() - lj->start_ns) * 1e-9,
+                                .bytes = (int64_t)lj->bytes};
+    kvt__nt_job_done(nt, &lj->done);
 }
 
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f)
@@ -423,9 +430,6 @@ static void nt_fetch_free(struct net_tier *nt, struct fetch *f)
     kvt_map_remove_u64(&nt->fetches, f->id);
     if (f->rk != NULL)
         kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
-    kvt_free(f->idx);
-    kvt_free(f->chunks);
-    kvt_free(f->chunk_ok);
     kvt_free(f);
 }
 
@@ -517,9 +521,6 @@ void kvt__nt_fetch_cleanup(struct net_tier *nt)
 
         if (f->rk != NULL)
             kvt_tp_rkey_destroy(tp, f->rk);
-        kvt_free(f->idx);
-        kvt_free(f->chunks);
-        kvt_free(f->chunk_ok);
     }
     kvt__nt_free_map(&nt->fetches);
 }

@@ -9,6 +9,7 @@
  * and at once after a membership change (homes moved). A publication lost to a
  * failed send or to memory is repaired by that re-publication; a lost
  * unpublication ages out with its record. */
+#include <errno.h>
 #include <string.h>
 
 #include "kvt/alloc.h"
@@ -16,10 +17,14 @@
 #include "kvt/log.h"
 #include "net_tier_int.h"
 
-void kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+/* The job's record first: without it the job is refused, nothing published. */
+int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct net_tier *nt = nt_of(t);
+    struct nt_done *d = kvt_calloc(1, sizeof(*d));
 
+    if (d == NULL)
+        return -ENOMEM;
     for (size_t i = 0; i < job->n; i++) {
         const struct kvt_key *k = &job->keys[i];
 
@@ -29,7 +34,9 @@ void kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
             kvt__nt_keyvec_push(&nt->pub, k) != 0)
             kvt_warn(NT_MOD, "out of memory: a chunk is not published (peers will miss it)");
     }
-    kvt__nt_finish_job(nt, job->id, true, NULL, 0, -1, 0);
+    *d = (struct nt_done){.job_id = job->id, .success = true, .seconds = -1, .bytes = 0};
+    kvt__nt_job_done(nt, d);
+    return 0;
 }
 
 void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n)

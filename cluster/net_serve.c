@@ -22,6 +22,8 @@
 #include "kvt/primary.h"
 #include "net_tier_int.h"
 
+static struct lease *nt_lease_new(void);
+static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success);
 static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired);
 
 /* ---- inbound FETCHes ----------------------------------------------------------- */
@@ -120,6 +122,8 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
     uint32_t n_hit = 0, n_denied = 0;
     bool waiting = false;
     const struct kvt_job *job = NULL;
+    struct lease *l = NULL;
+    struct kvt_wire_msg g;
 
     if (in->ep == NULL || nt->shut) { /* requester gone, or we are stopping */
         if (nt->shut)
@@ -164,20 +168,29 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
     }
     if (n_hit > 0 && !kvt__nt_register(nt))
         n_hit = 0;
+    /* The lease, with the store job's finished record, before the job: once the
+     * parent has pinned the rows, ending the job cannot fail. */
+    if (n_hit > 0 && (l = nt_lease_new()) == NULL) {
+        nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+        goto finish;
+    }
     if (n_hit > 0 && kvt_parent_create_store_job(parent, sc.hit_keys, n_hit, in->ctx, &job) != 0)
         job = NULL;
     if (job == NULL) {
+        kvt_free(l);
         nt->c.denies++;
         nt_send_deny(nt, in, KVT_WIRE_R_NOT_FOUND);
         goto finish;
     }
+    *l = (struct lease){
+        .job = job, .from = in->from, .ep = in->ep, .deadline_ns = now + ms_ns(nt->cfg.lease_ms)};
     for (uint32_t i = 0; i < n_hit; i++) {
         struct kvt_primary_entry_info info;
         const uint8_t *rowp;
 
         if (kvt_primary_entry_info(nt->primary, &sc.hit_keys[i], &info) != 0 || info.slot < 0) {
             /* Cannot happen while the job pins it; refuse rather than guess. */
-            kvt__nt_finish_job(nt, job->id, false, NULL, 0, -1, -1);
+            nt_lease_done(nt, l, false);
             nt_send_deny(nt, in, KVT_WIRE_R_UNSPEC);
             goto finish;
         }
@@ -192,44 +205,34 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
                                                .offset = (uint64_t)info.slot * nt->base.row_bytes,
                                                .checksum = info.checksum};
     }
-    {
-        struct lease *l = kvt_calloc(1, sizeof(*l));
-        struct kvt_wire_msg g;
+    l->id = nt->next_id++;
+    if (kvt_map_put_u64(&nt->leases, l->id, l) != 0) {
+        nt_lease_done(nt, l, false);
+        nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+        goto finish;
+    }
+    kvt_wire_msg_init(&g, KVT_WIRE_GRANT);
+    g.u.grant.job_id = in->fetch_id;
+    g.u.grant.lease_id = l->id;
+    g.u.grant.lease_ttl_ms = nt->cfg.lease_ms;
+    g.u.grant.handle_len = (uint32_t)nt->handle_len;
+    g.u.grant.handle = nt->handle;
+    g.u.grant.n_chunks = n_hit;
+    g.u.grant.chunks = sc.chunks;
+    g.u.grant.n_denied = n_denied;
+    g.u.grant.denied = sc.denied;
+    if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
+        nt_lease_end(nt, l, false); /* the requester times out */
+    } else {
+        struct nt_peer *p = kvt__nt_peer_get(nt, in->from);
+        uint64_t bytes = (uint64_t)n_hit * nt->base.row_bytes;
 
-        if (l == NULL || kvt_map_put_u64(&nt->leases, nt->next_id, l) != 0) {
-            kvt_free(l);
-            kvt__nt_finish_job(nt, job->id, false, NULL, 0, -1, -1);
-            nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
-            goto finish;
-        }
-        *l = (struct lease){.id = nt->next_id++,
-                            .job = job,
-                            .from = in->from,
-                            .ep = in->ep,
-                            .deadline_ns = now + ms_ns(nt->cfg.lease_ms)};
-        kvt_wire_msg_init(&g, KVT_WIRE_GRANT);
-        g.u.grant.job_id = in->fetch_id;
-        g.u.grant.lease_id = l->id;
-        g.u.grant.lease_ttl_ms = nt->cfg.lease_ms;
-        g.u.grant.handle_len = (uint32_t)nt->handle_len;
-        g.u.grant.handle = nt->handle;
-        g.u.grant.n_chunks = n_hit;
-        g.u.grant.chunks = sc.chunks;
-        g.u.grant.n_denied = n_denied;
-        g.u.grant.denied = sc.denied;
-        if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
-            nt_lease_end(nt, l, false); /* the requester times out */
-        } else {
-            struct nt_peer *p = kvt__nt_peer_get(nt, in->from);
-            uint64_t bytes = (uint64_t)n_hit * nt->base.row_bytes;
-
-            nt->c.served_chunks += n_hit;
-            nt->c.served_bytes += bytes;
-            nt->c.served_fetches++;
-            nt->c.serve_wait_ns += kvt_now_ns() - in->arrival_ns;
-            if (p != NULL)
-                p->served_bytes += bytes;
-        }
+        nt->c.served_chunks += n_hit;
+        nt->c.served_bytes += bytes;
+        nt->c.served_fetches++;
+        nt->c.serve_wait_ns += kvt_now_ns() - in->arrival_ns;
+        if (p != NULL)
+            p->served_bytes += bytes;
     }
 finish:
     kvt_parent_on_request_finished(parent, in->ctx);
@@ -268,13 +271,28 @@ void kvt__nt_serve_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
 
 /* ---- leases -------------------------------------------------------------------- */
 
+/* The caller fills it in once the job exists. */
+static struct lease *nt_lease_new(void)
+{
+    return kvt_calloc(1, sizeof(struct lease));
+}
+
+/* The lease's store job ended (the manager unpins its rows): reported at the next
+ * get_finished_jobs, which frees the lease. Not in nt->leases any more. */
+static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success)
+{
+    l->done =
+        (struct nt_done){.job_id = l->job->id, .success = success, .seconds = -1, .bytes = -1};
+    kvt__nt_job_done(nt, &l->done);
+}
+
+/* RELEASE, expiry, reaping, drain: the rows may no longer be read. */
 static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired)
 {
     if (expired)
         nt->c.lease_expiries++;
     kvt_map_remove_u64(&nt->leases, l->id);
-    kvt__nt_finish_job(nt, l->job->id, true, NULL, 0, -1, -1); /* unpins */
-    kvt_free(l);
+    nt_lease_done(nt, l, true);
 }
 
 void kvt__nt_on_release(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)

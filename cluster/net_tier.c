@@ -27,14 +27,10 @@
 void kvt__nt_for_each(struct net_tier *nt, const struct kvt_map *m, kvt__nt_visit_fn fn, void *arg)
 {
     struct kvt_map_entry *e;
-    size_t it = 0, n = 0;
-    void **v = kvt_map_size(m) ? kvt_malloc(kvt_map_size(m) * sizeof(*v)) : NULL;
 
-    while (v != NULL && kvt_map_next(m, &it, &e))
-        v[n++] = e->value;
-    for (size_t i = 0; i < n; i++)
-        fn(nt, v[i], arg);
-    kvt_free(v);
+    /* The map allows removing the current entry while iterating (kvt/map.h). */
+    for (size_t it = 0; kvt_map_next(m, &it, &e);)
+        fn(nt, e->value, arg);
 }
 
 int kvt__nt_keyvec_push(struct keyvec *kv, const struct kvt_key *k)
@@ -71,34 +67,6 @@ int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
                  node, strerror(-rc));
     }
     return rc;
-}
-
-int kvt__nt_finish_job(struct net_tier *nt, kvt_job_id_t id, bool success,
-                       const struct kvt_key *ok_keys, size_t n_ok, double secs, int64_t bytes)
-{
-    struct finished *f;
-
-    if (nt->n_fin == nt->cap_fin) {
-        size_t cap = nt->cap_fin ? nt->cap_fin * 2 : 32;
-        struct finished *v = kvt_reallocarray(nt->fin, cap, sizeof(*v));
-
-        if (v == NULL)
-            return -ENOMEM;
-        nt->fin = v;
-        nt->cap_fin = cap;
-    }
-    f = &nt->fin[nt->n_fin];
-    *f = (struct finished){.job_id = id, .success = success, .seconds = secs, .bytes = bytes};
-    if (!success && n_ok > 0) {
-        f->ok_keys = kvt_malloc(n_ok * sizeof(*ok_keys));
-        if (f->ok_keys == NULL)
-            n_ok = 0; /* reported as all failed: a lost hit, never a lie */
-        else
-            memcpy(f->ok_keys, ok_keys, n_ok * sizeof(*ok_keys));
-        f->n_ok = n_ok;
-    }
-    nt->n_fin++;
-    return 0;
 }
 
 struct nt_peer *kvt__nt_peer_get(struct net_tier *nt, uint64_t node)
@@ -140,6 +108,44 @@ bool kvt__nt_register(struct net_tier *nt)
         return false;
     }
     return true;
+}
+
+/* ---- finished jobs --------------------------------------------------------------- */
+
+void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d)
+{
+    kvt_list_add_tail(&nt->done, &d->link);
+}
+
+static void nt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
+{
+    struct net_tier *nt = nt_of(t);
+    struct kvt_list done, *pos, *tmp;
+
+    /* The callbacks may hand us new jobs that end at once: they wait for the next
+     * call, on a list of their own. */
+    kvt_list_init(&done);
+    if (!kvt_list_empty(&nt->done)) {
+        done.next = nt->done.next;
+        done.prev = nt->done.prev;
+        done.next->prev = &done;
+        done.prev->next = &done;
+        kvt_list_init(&nt->done);
+    }
+    kvt_list_for_each_safe(pos, tmp, &done)
+    {
+        struct nt_done *d = kvt_list_entry(pos, struct nt_done, link);
+        struct kvt_job_result r = {.job_id = d->job_id,
+                                   .success = d->success,
+                                   .successful_keys = d->ok_keys,
+                                   .n_successful = d->n_ok,
+                                   .transfer_time = d->seconds,
+                                   .transfer_bytes = d->bytes};
+
+        kvt_list_del(&d->link);
+        cb(arg, &r);
+        kvt_free(d); /* with the load_job or lease it opens */
+    }
 }
 
 /* ---- peer callbacks: each message to its role ----------------------------------- */
@@ -215,7 +221,7 @@ int kvt__nt_progress(struct net_tier *nt)
     rc = kvt_peers_progress(nt->peers);
     kvt__nt_take_locates(nt);
     now = kvt_now_ns();
-    /* Deadlines are in ms: the scans (a snapshot of each map) run once a ms, not on
+    /* Deadlines are in ms: the scans of the maps run once a ms, not on
      * every poll of a busy loop. */
     if (now >= nt->next_expire_ns) {
         nt->next_expire_ns = now + MS;
@@ -241,33 +247,10 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t)
     return nt_of(t)->wake_fd;
 }
 
-static void nt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
-{
-    struct net_tier *nt = nt_of(t);
-    struct finished *fin = nt->fin;
-    size_t n = nt->n_fin;
-
-    /* The callbacks may hand us new jobs that finish at once: they go to a new list. */
-    nt->fin = NULL;
-    nt->n_fin = nt->cap_fin = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct kvt_job_result r = {.job_id = fin[i].job_id,
-                                   .success = fin[i].success,
-                                   .successful_keys = fin[i].ok_keys,
-                                   .n_successful = fin[i].n_ok,
-                                   .transfer_time = fin[i].seconds,
-                                   .transfer_bytes = fin[i].bytes};
-
-        cb(arg, &r);
-        kvt_free(fin[i].ok_keys);
-    }
-    kvt_free(fin);
-}
-
 static bool nt_busy(struct net_tier *nt)
 {
     return kvt_map_size(&nt->fetches) > 0 || kvt_map_size(&nt->leases) > 0 || nt->n_in > 0 ||
-           nt->n_fin > 0;
+           !kvt_list_empty(&nt->done);
 }
 
 static int nt_drain_jobs(struct kvt_tier *t)
@@ -403,6 +386,7 @@ static void nt_destroy(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
     struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+    struct kvt_list *pos, *tmp;
 
     nt_shutdown(t);
     kvt_peers_set_handlers(nt->peers, NULL);
@@ -412,9 +396,11 @@ static void nt_destroy(struct kvt_tier *t)
     kvt__nt_serve_cleanup(nt);
     kvt__nt_free_map(&nt->nodes);
     kvt_map_cleanup(&nt->published);
-    for (size_t i = 0; i < nt->n_fin; i++)
-        kvt_free(nt->fin[i].ok_keys);
-    kvt_free(nt->fin);
+    kvt_list_for_each_safe(pos, tmp, &nt->done)
+    {
+        kvt_list_del(pos);
+        kvt_free(kvt_list_entry(pos, struct nt_done, link));
+    }
     kvt__nt_keyvec_free(&nt->pub);
     kvt__nt_keyvec_free(&nt->unpub);
     if (nt->mr_local != NULL)
@@ -481,6 +467,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     nt->self = kvt_peers_self(cfg->peers);
     nt->next_id = 1;
     nt->lq_tail = &nt->lq_head;
+    kvt_list_init(&nt->done);
     nt->next_republish_ns = kvt_now_ns() + ms_ns(nt->cfg.record_ttl_ms) / 2;
     pthread_mutex_init(&nt->mu, NULL);
     pthread_condattr_init(&ca);

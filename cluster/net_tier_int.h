@@ -71,18 +71,41 @@ struct holder {
     uint64_t incarnation;
 };
 
+/* A job's finished record. It is part of what the tier keeps for the job from the
+ * moment it accepts it - the first member of the load_job, of the lease, or a
+ * store's record on its own - goes on nt->done when the job ends and is freed, with
+ * what it is part of, after get_finished_jobs reported it: reporting a job never
+ * allocates and cannot fail. */
+struct nt_done {
+    struct kvt_list link; /* on nt->done once the job ended */
+    kvt_job_id_t job_id;
+    bool success;
+    const struct kvt_key *ok_keys; /* successful_keys of a failed load, or NULL */
+    size_t n_ok;
+    double seconds; /* -1: not measured */
+    int64_t bytes;  /* -1: not measured */
+};
+
+/* A load job: made whole at submit (job->n entries in each array, one allocation),
+ * freed after its report. */
 struct load_job {
+    struct nt_done done; /* first: the block is freed through it */
     const struct kvt_job *job;
-    bool *ok;
-    size_t parts_pending;
+    size_t parts_pending; /* fetches not ended, + 1 while submit runs */
     uint64_t start_ns;
     uint64_t bytes;
+    uint32_t *idx;           /* submit's scratch: one fetch's key indexes */
+    struct kvt_key *ok_keys; /* the report's successful keys */
+    bool *ok;                /* key i was read and verified */
+    bool *used;              /* submit's scratch: key i is in a fetch, or failed */
 };
 
 /* A fetch waits QUEUED on its peer until fewer than fetches_per_peer of that peer's
  * fetches are SENT or READING; its deadline starts when its FETCH leaves. */
 enum { F_QUEUED, F_SENT, F_READING };
 
+/* A fetch and its arrays (idx, chunks, chunk_ok: n entries each) are one block,
+ * made at submit: a GRANT is validated and read without allocating. */
 struct fetch {
     uint64_t id;
     struct load_job *lj;
@@ -90,14 +113,14 @@ struct fetch {
     int state;
     struct kvt_list qnode; /* on its nt_peer's queue while QUEUED */
     uint64_t queued_ns, sent_ns, grant_ns;
-    uint32_t *idx; /* job key indexes, in FETCH order */
+    uint32_t *idx; /* job key indexes, in FETCH order (n <= NT_KEYS_PER_MSG) */
     uint32_t n;
     uint64_t deadline_ns, lease_deadline_ns;
     uint64_t lease_id;
     struct kvt_tp_ep *ep;
     struct kvt_tp_rkey *rk;
-    struct kvt_wire_chunk *chunks;
-    bool *chunk_ok;
+    struct kvt_wire_chunk *chunks; /* the GRANT's, at most n (checked) */
+    bool *chunk_ok;                /* chunk i read and verified */
     uint32_t n_chunks, next_chunk;
     unsigned batches_in_flight;
     bool failed; /* timed out, link lost or peer down: no more batches, no RELEASE */
@@ -119,21 +142,16 @@ struct inbound { /* a peer's FETCH waiting for the serving loop */
     struct kvt_req_ctx *ctx; /* after on_new_request */
 };
 
+/* A GRANT's lease: the store job that pins the granted rows until it ends. Made
+ * before the job, so ending it cannot fail; in nt->leases while active, then on
+ * nt->done until reported. */
 struct lease {
+    struct nt_done done; /* first: the lease is freed through it */
     uint64_t id;
     const struct kvt_job *job;
     uint64_t from;
     struct kvt_tp_ep *ep;
     uint64_t deadline_ns;
-};
-
-struct finished {
-    kvt_job_id_t job_id;
-    bool success;
-    struct kvt_key *ok_keys;
-    size_t n_ok;
-    double seconds;
-    int64_t bytes;
 };
 
 struct keyvec {
@@ -190,8 +208,7 @@ struct net_tier {
 
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
-    struct finished *fin; /* jobs to report at the next get_finished_jobs */
-    size_t n_fin, cap_fin;
+    struct kvt_list done;     /* nt_done of ended jobs, reported by get_finished_jobs */
     struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
     bool republish_all;
     uint64_t next_republish_ns;
@@ -204,6 +221,10 @@ struct net_tier {
     struct kvt_net_tier_counts c, reported;
     bool shut;
 };
+
+/* get_finished_jobs frees a record and what it opens in one kvt_free. */
+_Static_assert(offsetof(struct load_job, done) == 0, "a load job opens with its record");
+_Static_assert(offsetof(struct lease, done) == 0, "a lease opens with its record");
 
 static inline struct net_tier *nt_of(struct kvt_tier *t)
 {
@@ -225,9 +246,9 @@ static inline uint64_t nt_home(const struct kvt_key *key, const uint64_t *live, 
 
 /* ---- net_tier.c ----------------------------------------------------------------- */
 
-/* Calls fn(nt, v, arg) for every value v of m, on a snapshot of the values: fn may
- * remove v from m (and nothing else from m). With no memory for the snapshot nothing
- * is visited: the work waits for the next poll. */
+/* Calls fn(nt, v, arg) for every value v of m, in place (it never allocates, so
+ * expiry, reaping and drain cannot fail): fn may remove v from m, and must neither
+ * remove another value from m nor add one. */
 typedef void (*kvt__nt_visit_fn)(struct net_tier *nt, void *v, void *arg);
 void kvt__nt_for_each(struct net_tier *nt, const struct kvt_map *m, kvt__nt_visit_fn fn, void *arg);
 int kvt__nt_keyvec_push(struct keyvec *kv, const struct kvt_key *k);
@@ -236,9 +257,8 @@ void kvt__nt_keyvec_free(struct keyvec *kv);
  * (a reply). A message that could not be sent is counted and logged. */
 int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
                  const struct kvt_wire_msg *m);
-/* Queues a job's result for get_finished_jobs (ok_keys copied). */
-int kvt__nt_finish_job(struct net_tier *nt, kvt_job_id_t id, bool success,
-                       const struct kvt_key *ok_keys, size_t n_ok, double secs, int64_t bytes);
+/* The job of d ended: d is filled in, queued for get_finished_jobs. */
+void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d);
 /* The per-peer state of node, created on first use; NULL when out of memory. */
 struct nt_peer *kvt__nt_peer_get(struct net_tier *nt, uint64_t node);
 /* Peer messages, LOCATEs from the worker, deadlines (once a ms), FETCH windows. */
@@ -272,7 +292,7 @@ void kvt__nt_locate_cleanup(struct net_tier *nt);
 
 /* ---- net_publish.c -------------------------------------------------------------- */
 
-void kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job);
+int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job);
 /* The primary's removed hook (keys NULL: everything). */
 void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n);
 /* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; empties kv. */
@@ -282,7 +302,7 @@ void kvt__nt_flush_publishes(struct net_tier *nt);
 
 /* ---- net_fetch.c ---------------------------------------------------------------- */
 
-void kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job);
+int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job);
 /* Sends queued fetches where a peer's window has room (loop top level only). */
 void kvt__nt_pump(struct net_tier *nt);
 void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,

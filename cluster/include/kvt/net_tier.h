@@ -1,5 +1,5 @@
-/* The network tier (DESIGN.md §5-§6): a kvt_tier_ops backend that makes the other
- * nodes' primary tiers this node's slowest secondary tier.
+/* The network tier: a kvt_tier_ops backend that makes the other nodes' primary
+ * tiers this node's slowest secondary tier.
  *
  * Requester side (this node's engines miss locally):
  *   lookup        async lookup helper; its batch_lookup (worker thread) hands the
@@ -36,12 +36,20 @@
  * (kvt/peers.h); PUBLISH for another node, GRANTs for fetches never sent, chunk
  * indexes out of range, lengths other than a row: refused and counted.
  *
+ * Out of memory (kvt/tier.h's policy): submit_load and submit_store refuse a job
+ * whose record cannot be made (-ENOMEM; a refused load drops the keys' lookup
+ * verdicts as a failed one does); a load's fetches and a GRANT's lease, with room
+ * for everything the job's report needs, are made before anything is sent or
+ * pinned, so ending and reporting a job never allocate. What memory fails later
+ * fails keys (a fetch, a LOCATE, a GRANT becomes a DENY BUSY), never a report.
+ *
  * Threading: the loop thread (the manager's), except the async lookup worker. */
 #ifndef KVT_NET_TIER_H
 #define KVT_NET_TIER_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 
 #include "kvt/peers.h"
 #include "kvt/primary.h"
