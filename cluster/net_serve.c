@@ -22,7 +22,7 @@
 #include "kvt/primary.h"
 #include "net_tier_int.h"
 
-static struct lease *nt_lease_new(void);
+static struct lease *nt_lease_new(uint32_t n_rows);
 static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success);
 static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired);
 
@@ -170,7 +170,7 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         n_hit = 0;
     /* The lease, with the store job's finished record, before the job: once the
      * parent has pinned the rows, ending the job cannot fail. */
-    if (n_hit > 0 && (l = nt_lease_new()) == NULL) {
+    if (n_hit > 0 && (l = nt_lease_new(n_hit)) == NULL) {
         nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
         goto finish;
     }
@@ -182,8 +182,11 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         nt_send_deny(nt, in, KVT_WIRE_R_NOT_FOUND);
         goto finish;
     }
-    *l = (struct lease){
-        .job = job, .from = in->from, .ep = in->ep, .deadline_ns = now + ms_ns(nt->cfg.lease_ms)};
+    *l = (struct lease){.job = job,
+                        .from = in->from,
+                        .ep = in->ep,
+                        .deadline_ns = now + ms_ns(nt->cfg.lease_ms),
+                        .n_rows = n_hit};
     for (uint32_t i = 0; i < n_hit; i++) {
         struct kvt_primary_entry_info info;
         const uint8_t *rowp;
@@ -199,10 +202,11 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
             info.checksum = kvt_hash64(rowp, nt->base.row_bytes);
             kvt_primary_set_checksum(nt->primary, &sc.hit_keys[i], info.checksum);
         }
+        l->rows[i] = (uint64_t)info.slot * nt->base.row_bytes;
         sc.chunks[i] = (struct kvt_wire_chunk){.key_index = sc.hit_idx[i],
                                                .length = (uint32_t)nt->base.row_bytes,
                                                .generation = info.generation,
-                                               .offset = (uint64_t)info.slot * nt->base.row_bytes,
+                                               .offset = l->rows[i],
                                                .checksum = info.checksum};
     }
     l->id = nt->next_id++;
@@ -271,10 +275,10 @@ void kvt__nt_serve_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
 
 /* ---- leases -------------------------------------------------------------------- */
 
-/* The caller fills it in once the job exists. */
-static struct lease *nt_lease_new(void)
+/* Room for n_rows granted rows; the caller fills the rest once the job exists. */
+static struct lease *nt_lease_new(uint32_t n_rows)
 {
-    return kvt_calloc(1, sizeof(struct lease));
+    return kvt_calloc(1, sizeof(struct lease) + (size_t)n_rows * sizeof(uint64_t));
 }
 
 /* The lease's store job ended (the manager unpins its rows): reported at the next
@@ -293,6 +297,32 @@ static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired)
         nt->c.lease_expiries++;
     kvt_map_remove_u64(&nt->leases, l->id);
     nt_lease_done(nt, l, true);
+}
+
+bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len)
+{
+    uint64_t row = nt->base.row_bytes, now = kvt_now_ns(), end;
+
+    if (len == 0 || row == 0 || off > UINT64_MAX - len)
+        return false;
+    end = off + len;
+    /* Row by row: each row the range touches must be granted to this peer. */
+    for (uint64_t r = off - off % row; r < end; r += row) {
+        struct kvt_map_entry *e;
+        bool granted = false;
+
+        for (size_t it = 0; !granted && kvt_map_next(&nt->leases, &it, &e);) {
+            const struct lease *l = e->value;
+
+            if (l->from != peer_node_id || now >= l->deadline_ns)
+                continue;
+            for (uint32_t i = 0; !granted && i < l->n_rows; i++)
+                granted = l->rows[i] == r;
+        }
+        if (!granted)
+            return false;
+    }
+    return true;
 }
 
 void kvt__nt_on_release(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)

@@ -341,6 +341,11 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     return rc != 0 ? -ENOMEM : 0;
 }
 
+bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len)
+{
+    return kvt__net_may_read(nt_of(t), peer_node_id, off, len);
+}
+
 void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out)
 {
     struct net_tier *nt = nt_of(t);

@@ -142,9 +142,10 @@ struct inbound { /* a peer's FETCH waiting for the serving loop */
     struct kvt_req_ctx *ctx; /* after on_new_request */
 };
 
-/* A GRANT's lease: the store job that pins the granted rows until it ends. Made
- * before the job, so ending it cannot fail; in nt->leases while active, then on
- * nt->done until reported. */
+/* A GRANT's lease: the store job that pins the granted rows, and the rows (their
+ * offsets in the primary region, each row_bytes long) the peer may read until it
+ * ends. Made before the job, so ending it cannot fail; in nt->leases while active,
+ * then on nt->done until reported. */
 struct lease {
     struct nt_done done; /* first: the lease is freed through it */
     uint64_t id;
@@ -152,6 +153,8 @@ struct lease {
     uint64_t from;
     struct kvt_tp_ep *ep;
     uint64_t deadline_ns;
+    uint32_t n_rows;
+    uint64_t rows[]; /* granted row offsets */
 };
 
 struct keyvec {
@@ -332,6 +335,12 @@ void kvt__nt_expire_leases(struct net_tier *nt, uint64_t now);
 void kvt__nt_end_leases(struct net_tier *nt);
 /* ep's link closed: its parked FETCHes get no answer. */
 void kvt__nt_serve_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
+/* The grant check for one-sided READs of the primary region (the transport asks it
+ * for each READ a peer posts): true when every byte of [off, off + len) - offsets in
+ * the region, as in a GRANT's chunks - lies in a row granted to peer_node_id by a
+ * lease that is active: neither released, reaped nor past its deadline. Loop
+ * thread. */
+bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len);
 /* Destroy: frees the leases and the parked FETCHes. */
 void kvt__nt_serve_cleanup(struct net_tier *nt);
 

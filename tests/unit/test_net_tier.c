@@ -285,6 +285,40 @@ static void a_store(struct tn *a, uint32_t first, size_t n, int64_t *slots_p)
     kvt_store_output_cleanup(&out);
 }
 
+/* B's network tier finds a holder for each key (its own lookups: the manager starts
+ * no promotion), then B's manager promotes them all as one job and sends its
+ * FETCHes; A alone is stepped until it has granted want_leases of them, so the
+ * leases stay active until the test steps B again. */
+static void hold_grants(struct tn *a, struct tn *b, struct kvt_req_ctx *ctx, uint32_t first,
+                        size_t n, uint64_t want_leases)
+{
+    struct kvt_net_tier_counts c;
+    struct kvt_key keys[64];
+
+    assert_true(n <= KVT_ARRAY_SIZE(keys));
+    for (size_t i = 0; i < n; i++)
+        key_of(first + (uint32_t)i, &keys[i]);
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < n; i++)
+                                 all &= kvt_tier_lookup(b->net, &keys[i], ctx) == KVT_HIT;
+                             all;
+                         })));
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(kvt_manager_lookup(b->m, &keys[i], ctx), KVT_HIT_PENDING);
+    kvt_manager_on_schedule_end(b->m, NULL); /* the promotion's FETCHes leave */
+    for (int i = 0; i < 10000; i++) {
+        kvt_manager_on_schedule_end(a->m, NULL);
+        kvt_net_tier_counts(a->net, &c);
+        if (c.active_leases >= want_leases)
+            break;
+        usleep(100);
+    }
+    kvt_net_tier_counts(a->net, &c);
+    assert_int_equal(c.active_leases, want_leases);
+}
+
 /* Nothing in flight on t, and no row of its primary pinned or write-pending. */
 static bool settled(struct tn *t)
 {
@@ -294,6 +328,77 @@ static bool settled(struct tn *t)
     return kvt_manager_num_jobs(t->m) == 0 && !kvt_manager_has_pending_work(t->m) &&
            c.active_leases == 0 && kvt_primary_num_write_pending(t->pr) == 0 &&
            kvt_primary_num_entries(t->pr) == kvt_primary_num_evictable(t->pr);
+}
+
+/* The grant check: a peer may read the rows of its active leases, nothing else, and
+ * not after RELEASE or past the lease's deadline. */
+static void test_may_read_answers_from_active_leases(void **state)
+{
+    enum { K = 8 }; /* two fetches of 4 keys, both out at once */
+    struct kvt_net_tier_config nc = {.lease_ms = 1000};
+    struct kvt_net_tier_counts ca;
+    struct kvt_req_ctx *ctx;
+    struct tn a, b;
+    int64_t slot[2 * K];
+    bool pair_in = false, pair_edge = false;
+
+    (void)state;
+    tn_start_cfg(&a, 0xA, 0, &nc);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 100, 2 * K, slot);
+    for (int i = 0; i < 100; i++)
+        spin();
+
+    /* Keys 100..107 granted to B and not read yet: their rows, only to B. */
+    ctx = new_req(&b);
+    hold_grants(&a, &b, ctx, 100, K, 2);
+    for (size_t i = 0; i < 2 * K; i++) {
+        uint64_t off = (uint64_t)slot[i] * ROW;
+
+        assert_int_equal(kvt_net_tier_may_read(a.net, 0xB, off, ROW), i < K);
+        assert_int_equal(kvt_net_tier_may_read(a.net, 0xB, off + ROW / 4, ROW / 2), i < K);
+        assert_false(kvt_net_tier_may_read(a.net, 0xC, off, ROW)); /* not its lease */
+        assert_false(kvt_net_tier_may_read(a.net, 0xA, off, ROW));
+        assert_false(kvt_net_tier_may_read(a.net, 0xB, off, 0));
+    }
+    /* A range over two rows needs both granted. */
+    for (size_t i = 0; i < 2 * K; i++) {
+        for (size_t j = 0; j < 2 * K; j++) {
+            uint64_t off = (uint64_t)slot[i] * ROW + ROW / 2;
+
+            if (slot[j] != slot[i] + 1 || i >= K)
+                continue;
+            assert_int_equal(kvt_net_tier_may_read(a.net, 0xB, off, ROW), j < K);
+            pair_in |= j < K;
+            pair_edge |= j >= K;
+        }
+    }
+    assert_true(pair_in && pair_edge);
+    assert_false(kvt_net_tier_may_read(a.net, 0xB, (uint64_t)CHUNKS * ROW, ROW));
+    assert_false(kvt_net_tier_may_read(a.net, 0xB, UINT64_MAX - ROW / 2, ROW));
+
+    /* B reads and releases: nothing may be read any more. */
+    assert_true(WAIT_FOR(5000, settled(&a) && settled(&b)));
+    for (size_t i = 0; i < K; i++)
+        assert_false(kvt_net_tier_may_read(a.net, 0xB, (uint64_t)slot[i] * ROW, ROW));
+
+    /* Keys 108..115 granted, then the leases run out while A is not stepped: the
+     * leases are still there (nothing reaped them) but their deadline has passed. */
+    hold_grants(&a, &b, ctx, 100 + K, K, 2);
+    assert_true(kvt_net_tier_may_read(a.net, 0xB, (uint64_t)slot[K] * ROW, ROW));
+    usleep((nc.lease_ms + 100) * 1000);
+    kvt_net_tier_counts(a.net, &ca);
+    assert_int_equal(ca.active_leases, 2);
+    for (size_t i = 0; i < 2 * K; i++)
+        assert_false(kvt_net_tier_may_read(a.net, 0xB, (uint64_t)slot[i] * ROW, ROW));
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+
+    tn_stop(&b);
+    tn_stop(&a);
 }
 
 /* Every allocation index of a pull, in turn, and all that follow it, fail: B looks
@@ -394,6 +499,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pull_pipelined_and_per_peer_stats),
+        cmocka_unit_test(test_may_read_answers_from_active_leases),
         cmocka_unit_test(test_pull_survives_allocation_failures),
     };
 

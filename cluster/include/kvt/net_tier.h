@@ -97,6 +97,14 @@ int kvt_net_tier_poll(struct kvt_tier *t);
 /* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
 
+/* The grant check for one-sided READs of this node's primary region: true when
+ * every byte of [off, off + len) (offsets in the region, as in GRANTs) lies in a row
+ * granted to peer_node_id by an active lease (not released, reaped or past its
+ * deadline). For the transport to ask before it serves a peer's READ: an
+ * authenticated peer reads only the rows it was granted, while the grant lasts.
+ * Loop thread. */
+bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len);
+
 /* Cumulative counts (tests, the CLI, /metrics). */
 struct kvt_net_tier_counts {
     uint64_t locates, locate_timeouts, fetches, grants, denies;
