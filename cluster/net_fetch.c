@@ -38,7 +38,7 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f);
 static void nt_load_part_done(struct net_tier *nt, struct load_job *lj);
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f);
 
-/* ---- submit: the job becomes fetches ----------------------------------------- */
+/* ---- submit: the job becomes fetches ------------------------------------------- */
 
 /* The load job, whole: its record, its arrays of job->n (see struct load_job). */
 static struct load_job *nt_load_job_new(const struct kvt_job *job)
@@ -136,7 +136,7 @@ int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     return 0;
 }
 
-/* ---- the window: FETCH ----------------------------------------------------------- */
+/* ---- the window: FETCH --------------------------------------------------------- */
 
 /* Sends p's queued fetches while fewer than fetches_per_peer of its fetches are out.
  * Only from the loop's top level (kvt__nt_progress, kvt__nt_submit_load): a send that
@@ -180,7 +180,7 @@ void kvt__nt_pump(struct net_tier *nt)
         nt_pump_peer(nt, e->value);
 }
 
-/* ---- the holder answers: DENY, or a GRANT to validate ------------------------------ */
+/* ---- the holder answers: DENY, or a GRANT to validate -------------------------- */
 
 void kvt__nt_on_deny(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)
 {
@@ -258,7 +258,7 @@ fail:
     nt_fetch_end(nt, f);
 }
 
-/* ---- READ and validation ----------------------------------------------------- */
+/* ---- READ and validation ------------------------------------------------------- */
 
 static void nt_post_reads(struct net_tier *nt, struct fetch *f)
 {
@@ -344,7 +344,7 @@ static void nt_read_done(void *arg, int status)
     kvt_free(b);
 }
 
-/* ---- the end: RELEASE, the job's verdicts ------------------------------------------ */
+/* ---- the end: RELEASE, the job's verdicts -------------------------------------- */
 
 /* Ends a fetch once nothing of it is in flight: verdicts, RELEASE, job part. */
 static void nt_fetch_end(struct net_tier *nt, struct fetch *f)

@@ -376,7 +376,7 @@ void kvt__nt_locate_cleanup(struct net_tier *nt)
     kvt__nt_free_map(&nt->holders);
 }
 
-/* ---- home: the directory -------------------------------------------------------- */
+/* ---- home: the directory ------------------------------------------------------- */
 
 void kvt__nt_on_publish(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
                         const struct kvt_wire_msg *m)

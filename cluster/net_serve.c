@@ -10,7 +10,11 @@
  * or a DENY. The store job is the lease's: it ends, and unpins, on RELEASE, at the
  * lease's expiry, or when the requester's link closes or its node goes down. A
  * requester reading after the lease ended may read a reused slot: the checksum in the
- * GRANT tells it so. */
+ * GRANT tells it so.
+ *
+ * A lease also keeps the offsets of the rows it granted, so that the transport can
+ * ask, for each one-sided READ a peer posts, whether that peer holds an active lease
+ * on every row the READ touches (kvt__net_may_read). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>

@@ -22,7 +22,7 @@
 #include "kvt/log.h"
 #include "net_tier_int.h"
 
-/* ---- helpers the roles share ---------------------------------------------------- */
+/* ---- helpers the roles share --------------------------------------------------- */
 
 void kvt__nt_for_each(struct net_tier *nt, const struct kvt_map *m, kvt__nt_visit_fn fn, void *arg)
 {
@@ -110,7 +110,7 @@ bool kvt__nt_register(struct net_tier *nt)
     return true;
 }
 
-/* ---- finished jobs --------------------------------------------------------------- */
+/* ---- finished jobs ------------------------------------------------------------- */
 
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d)
 {
@@ -148,7 +148,7 @@ static void nt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, voi
     }
 }
 
-/* ---- peer callbacks: each message to its role ----------------------------------- */
+/* ---- peer callbacks: each message to its role ---------------------------------- */
 
 static void nt_on_msg(void *arg, uint64_t from, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m)
 {

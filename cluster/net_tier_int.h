@@ -34,7 +34,7 @@
 #define NT_MAX_NODES    KVT_MEMBERS_MAX
 #define MS              1000000ull
 
-/* ---- shared with the lookup worker (under nt->mu) ----------------------------- */
+/* ---- shared with the lookup worker (under nt->mu) ------------------------------ */
 
 enum { LR_QUEUED, LR_TAKEN, LR_DONE };
 
@@ -247,7 +247,7 @@ static inline uint64_t nt_home(const struct kvt_key *key, const uint64_t *live, 
     return i < 0 ? 0 : live[i];
 }
 
-/* ---- net_tier.c ----------------------------------------------------------------- */
+/* ---- net_tier.c ---------------------------------------------------------------- */
 
 /* Calls fn(nt, v, arg) for every value v of m, in place (it never allocates, so
  * expiry, reaping and drain cannot fail): fn may remove v from m, and must neither
@@ -272,7 +272,7 @@ void kvt__nt_free_map(struct kvt_map *m);
  * when it cannot be (logged once, never retried). */
 bool kvt__nt_register(struct net_tier *nt);
 
-/* ---- net_locate.c --------------------------------------------------------------- */
+/* ---- net_locate.c -------------------------------------------------------------- */
 
 /* The async lookup helper's batch_lookup (worker thread). */
 int kvt__nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
@@ -293,7 +293,7 @@ void kvt__nt_on_locate(struct net_tier *nt, struct kvt_tp_ep *ep, const struct k
 /* Destroy: frees the locate ops and parts (with their worker references). */
 void kvt__nt_locate_cleanup(struct net_tier *nt);
 
-/* ---- net_publish.c -------------------------------------------------------------- */
+/* ---- net_publish.c ------------------------------------------------------------- */
 
 int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job);
 /* The primary's removed hook (keys NULL: everything). */
@@ -303,7 +303,7 @@ void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_ty
 /* Re-publication when due, then the batched UNPUBLISHes and PUBLISHes. */
 void kvt__nt_flush_publishes(struct net_tier *nt);
 
-/* ---- net_fetch.c ---------------------------------------------------------------- */
+/* ---- net_fetch.c --------------------------------------------------------------- */
 
 int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job);
 /* Sends queued fetches where a peer's window has room (loop top level only). */
@@ -321,7 +321,7 @@ void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
 /* Destroy: frees the fetches. */
 void kvt__nt_fetch_cleanup(struct net_tier *nt);
 
-/* ---- net_serve.c ---------------------------------------------------------------- */
+/* ---- net_serve.c --------------------------------------------------------------- */
 
 void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
                       const struct kvt_wire_msg *m);
