@@ -64,35 +64,41 @@ static bool roll_fail(struct ex_tier *x)
     return (double)(v >> 11) / 9007199254740992.0 < x->fail_rate;
 }
 
-static int queue_result(struct ex_tier *x, const struct kvt_job *job, bool success,
-                        const struct kvt_key *ok, size_t n_ok)
+/* Room for the job's result, n_ok successful keys included, made before the job is
+ * accepted (so reporting it never allocates); the caller fills it and counts it
+ * (n_res++). NULL when memory is short. */
+static struct ex_result *reserve_result(struct ex_tier *x, size_t n_ok)
 {
     struct ex_result *r;
     if (x->n_res == x->cap_res) {
         size_t cap = x->cap_res ? x->cap_res * 2 : 16;
         struct ex_result *res = kvt_reallocarray(x->res, cap, sizeof(*res));
         if (res == NULL)
-            return -ENOMEM;
+            return NULL;
         x->res = res;
         x->cap_res = cap;
     }
     r = &x->res[x->n_res];
     memset(r, 0, sizeof(*r));
     if (n_ok > 0) {
-        r->ok_keys = kvt_reallocarray(NULL, n_ok, sizeof(*ok));
+        r->ok_keys = kvt_reallocarray(NULL, n_ok, sizeof(*r->ok_keys));
         if (r->ok_keys == NULL)
-            return -ENOMEM;
-        memcpy(r->ok_keys, ok, n_ok * sizeof(*ok));
+            return NULL;
     }
+    return r;
+}
+
+static void queue_result(struct ex_tier *x, struct ex_result *r, const struct kvt_job *job,
+                         bool success, size_t n_ok)
+{
     r->r = (struct kvt_job_result){.job_id = job->id,
                                    .success = success,
-                                   .successful_keys = r->ok_keys,
+                                   .successful_keys = n_ok > 0 ? r->ok_keys : NULL,
                                    .n_successful = n_ok,
                                    .transfer_time = -1,
                                    .transfer_bytes = -1};
     r->polls_left = x->cfg.delay_polls;
     x->n_res++;
-    return 0;
 }
 
 static enum kvt_lookup_result ex_lookup(struct kvt_tier *t, const struct kvt_key *key,
@@ -130,11 +136,14 @@ static int put_key(struct ex_tier *x, const struct kvt_key *key, const void *row
     return rc;
 }
 
-static void ex_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+static int ex_submit_store(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct ex_tier *x = ex(t);
+    struct ex_result *r = reserve_result(x, 0);
     bool ok = !roll_fail(x);
     note(x, KVT_EX_SUBMIT_STORE, job, job->ctx, job->keys, job->n);
+    if (r == NULL)
+        return -ENOMEM;
     for (size_t i = 0; ok && i < job->n; i++) {
         const uint8_t *row = NULL;
         if (t->primary_base != NULL)
@@ -144,19 +153,19 @@ static void ex_submit_store(struct kvt_tier *t, const struct kvt_job *job)
     }
     if (ok && x->cfg.emit_events)
         kvt_events_push(&x->events, job->keys, job->n, t->medium, t->locality, false);
-    if (queue_result(x, job, ok, NULL, 0) != 0)
-        abort(); /* a test double out of memory cannot keep its contract */
+    queue_result(x, r, job, ok, 0);
+    return 0;
 }
 
-static void ex_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+static int ex_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct ex_tier *x = ex(t);
-    struct kvt_key *ok = kvt_reallocarray(NULL, job->n ? job->n : 1, sizeof(*ok));
+    struct ex_result *r = reserve_result(x, job->n);
     size_t n_ok = 0;
     bool any_absent = false;
     note(x, KVT_EX_SUBMIT_LOAD, job, job->ctx, job->keys, job->n);
-    if (ok == NULL)
-        abort();
+    if (r == NULL)
+        return -ENOMEM;
     for (size_t i = 0; i < job->n; i++) {
         void *row = kvt_map_get(&x->keys, job->keys[i].bytes, job->keys[i].len);
         if (row == NULL) {
@@ -167,16 +176,14 @@ static void ex_submit_load(struct kvt_tier *t, const struct kvt_job *job)
             continue;
         if (row != &present_marker && t->primary_base != NULL)
             memcpy(t->primary_base + (size_t)job->chunk_ids[i] * t->row_bytes, row, t->row_bytes);
-        ok[n_ok++] = job->keys[i];
+        r->ok_keys[n_ok++] = job->keys[i];
     }
     /* The original fails the whole job when any key is absent; random failures
      * report the loaded subset (successful_keys), as real tiers do. */
     if (any_absent)
         n_ok = 0;
-    if (queue_result(x, job, n_ok == job->n, n_ok == job->n ? NULL : ok,
-                     n_ok == job->n ? 0 : n_ok) != 0)
-        abort();
-    kvt_free(ok);
+    queue_result(x, r, job, n_ok == job->n, n_ok == job->n ? 0 : n_ok);
+    return 0;
 }
 
 static void ex_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)

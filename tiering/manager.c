@@ -14,7 +14,11 @@
  * The order inside on_schedule_end is the seed's: poll, serve external requests,
  * reset the gate, flush promotions, flush parked cascades, tiers' on_schedule_end,
  * request-allocated metrics. Tests depend on the gate: a job completed in step N
- * after the step's first poll is consumed in step N+1. */
+ * after the step's first poll is consumed in step N+1.
+ *
+ * Out of memory, the policy of kvt/tier.h: a call fails with -ENOMEM before it
+ * changes anything; a job a tier refuses leaves the registry at once, its rows
+ * unpinned (cascade) or its slots freed (promotion), and is never reported. */
 #include <assert.h>
 #include <errno.h>
 #include <string.h>
@@ -110,7 +114,25 @@ static int register_job(struct kvt_manager *m, struct job_meta *jm, int tier_idx
     if (rc != 0)
         return rc;
     m->next_job_id++;
-    kvt_metrics_on_job_registered(m->metrics, &jm->job, tier_idx);
+    return 0;
+}
+
+/* Hands a registered job to its tier. A refused job (out of memory: the tier did
+ * nothing with it) leaves the registry unreported; the caller undoes its pins or
+ * slots and frees it. */
+static int submit_job(struct kvt_manager *m, struct job_meta *jm)
+{
+    struct kvt_tier *t = m->tiers[jm->tier_idx];
+    int rc = jm->job.is_promotion ? kvt_tier_submit_load(t, &jm->job)
+                                  : kvt_tier_submit_store(t, &jm->job);
+
+    if (rc != 0) {
+        kvt_map_remove_u64(&m->jobs, jm->job.id);
+        kvt_error(MOD, "tier #%d (%s) refused a %s of %zu chunks: %s", jm->tier_idx, t->type,
+                  jm->job.is_promotion ? "promotion" : "cascade", jm->job.n, strerror(-rc));
+        return rc;
+    }
+    kvt_metrics_on_job_registered(m->metrics, &jm->job, jm->tier_idx);
     return 0;
 }
 
@@ -136,6 +158,24 @@ static int create_store_job(struct kvt_manager *m, const struct kvt_key *keys, s
     }
     *jm_p = jm;
     return 0;
+}
+
+/* A cascade of keys to tier tier_idx: pinned, submitted, or nothing pinned. */
+static void cascade(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
+                    struct kvt_req_ctx *ctx, int tier_idx)
+{
+    struct job_meta *jm;
+    int rc = create_store_job(m, keys, n, ctx, tier_idx, &jm);
+
+    if (rc != 0) {
+        kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%d failed: %s", ctx->req_id, n,
+                  tier_idx, strerror(-rc));
+        return;
+    }
+    if (submit_job(m, jm) != 0) {
+        kvt_primary_complete_read(m->primary, jm->job.keys, jm->job.n);
+        job_free(jm);
+    }
 }
 
 static bool should_store_to_tier(struct kvt_tier *t, size_t n)
@@ -319,7 +359,12 @@ static void flush_pending_promotions(struct kvt_manager *m)
         size_t it = 0;
         while (kvt_map_next(pl, &it, &e)) {
             struct pending_promotion *pp = e->value;
-            struct job_meta *jm = job_alloc(pp->n);
+            struct job_meta *jm;
+            if (pp->n == 0) { /* its only key could not be appended (out of memory) */
+                pending_free(pp);
+                continue;
+            }
+            jm = job_alloc(pp->n);
             if (jm != NULL) {
                 memcpy(jm->job.keys, pp->keys, pp->n * sizeof(*pp->keys));
                 memcpy(jm->job.chunk_ids, pp->chunk_ids, pp->n * sizeof(*pp->chunk_ids));
@@ -330,8 +375,9 @@ static void flush_pending_promotions(struct kvt_manager *m)
                 kvt_primary_complete_write(m->primary, pp->keys, pp->n, false);
                 if (jm != NULL)
                     job_free(jm);
-            } else {
-                kvt_tier_submit_load(m->tiers[tier_idx], &jm->job);
+            } else if (submit_job(m, jm) != 0) {
+                kvt_primary_complete_write(m->primary, pp->keys, pp->n, false);
+                job_free(jm);
             }
             pending_free(pp);
         }
@@ -417,13 +463,11 @@ static void cascade_existing(struct kvt_manager *m, struct req_state *st,
             assert(r == KVT_MISS && "primary tier returned RETRY for a cascade key");
     }
     for (size_t i = 0; n_ready > 0 && i < m->n_tiers; i++) {
-        struct job_meta *jm;
         if (!(st->request_level_tiers & (1u << i)))
             continue;
         if (!should_store_to_tier(m->tiers[i], n_ready))
             continue;
-        if (create_store_job(m, ready, n_ready, st->ctx, (int)i, &jm) == 0)
-            kvt_tier_submit_store(m->tiers[i], &jm->job);
+        cascade(m, ready, n_ready, st->ctx, (int)i);
     }
     kvt_free(ready);
 }
@@ -564,6 +608,7 @@ int kvt_manager_prepare_store(struct kvt_manager *m, const struct kvt_key *keys,
                               struct kvt_req_ctx *ctx, struct kvt_store_output *out)
 {
     struct req_state *st = req_get(m, ctx);
+    struct kvt_key *existing = NULL;
     int rc;
     if (st == NULL)
         return -EINVAL;
@@ -571,17 +616,22 @@ int kvt_manager_prepare_store(struct kvt_manager *m, const struct kvt_key *keys,
     /* Completions first: cascade completions unpin and promotion completions make
      * chunks evictable for the first time, both before the eviction decision. */
     maybe_process_finished_jobs(m);
+    if (st->request_level_tiers != 0) {
+        /* Before the store: out of memory must change nothing. */
+        existing = kvt_reallocarray(NULL, n ? n : 1, sizeof(*existing));
+        if (existing == NULL)
+            return -ENOMEM;
+    }
     rc = kvt_primary_prepare_store(m->primary, keys, n, out);
-    if (rc != 0)
+    if (rc != 0) {
+        kvt_free(existing);
         return rc;
+    }
     if (out->n_store > 0)
         st->pending_primary_stores++;
 
-    if (st->request_level_tiers != 0) {
-        struct kvt_key *existing = kvt_reallocarray(NULL, n ? n : 1, sizeof(*existing));
+    if (existing != NULL) {
         size_t n_existing = 0;
-        if (existing == NULL)
-            return -ENOMEM; /* the store itself went through; only the cascade is lost */
         for (size_t i = 0; i < n; i++) {
             if (!key_in(&keys[i], out->keys_to_store, out->n_store))
                 existing[n_existing++] = keys[i];
@@ -608,14 +658,8 @@ int kvt_manager_complete_store(struct kvt_manager *m, const struct kvt_key *keys
 
     kvt_primary_complete_store(m->primary, keys, n, success);
     for (size_t i = 0; success && i < m->n_tiers; i++) {
-        struct job_meta *jm;
-        if (!should_store_to_tier(m->tiers[i], n))
-            continue;
-        if (create_store_job(m, keys, n, ctx, (int)i, &jm) == 0)
-            kvt_tier_submit_store(m->tiers[i], &jm->job);
-        else
-            kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%zu failed", ctx->req_id, n,
-                      i);
+        if (should_store_to_tier(m->tiers[i], n))
+            cascade(m, keys, n, ctx, (int)i);
     }
     st->pending_primary_stores--;
     maybe_finalize_request(m, st, NO_EXCLUDE);
@@ -887,9 +931,11 @@ int kvt_parent_create_store_job(struct kvt_parent *p, const struct kvt_key *keys
     if (!p->active)
         return -EINVAL;
     rc = create_store_job(p->m, keys, n, ctx, p->origin, &jm);
-    if (rc == 0)
-        *job_p = &jm->job;
-    return rc;
+    if (rc != 0)
+        return rc;
+    kvt_metrics_on_job_registered(p->m->metrics, &jm->job, p->origin);
+    *job_p = &jm->job;
+    return 0;
 }
 
 int kvt_parent_on_request_finished(struct kvt_parent *p, struct kvt_req_ctx *ctx)

@@ -505,14 +505,17 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
     uint64_t h[PR_GROUP];
     uint32_t slot[PR_GROUP];
     size_t n_stored = 0;
+    bool event = success && p->cfg.enable_events;
 
-    if (success && p->cfg.enable_events && n > p->scratch_cap) {
+    if (event && n > p->scratch_cap) {
         struct kvt_key *k = kvt_reallocarray(p->scratch, n, sizeof(*k));
 
-        if (k == NULL)
-            return -ENOMEM;
-        p->scratch = k;
-        p->scratch_cap = n;
+        if (k != NULL) {
+            p->scratch = k;
+            p->scratch_cap = n;
+        } else {
+            event = false; /* the slots still complete: only the event is lost */
+        }
     }
     for (size_t i = 0; i < n; i++) {
         uint32_t s;
@@ -540,8 +543,12 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
             x->checksum = kvt_hash64(p->base + (size_t)s * p->cfg.row_bytes, p->cfg.row_bytes);
             x->has_checksum = true;
         }
-        if (p->cfg.enable_events)
+        if (event)
             p->scratch[n_stored++] = keys[i];
+    }
+    if (success && p->cfg.enable_events && !event) {
+        kvt_warn("primary", "out of memory: a stored event was lost");
+        return -ENOMEM;
     }
     if (n_stored > 0 &&
         kvt_events_push(&p->events, p->scratch, n_stored, KVT_MEDIUM_CPU, KVT_ANY, false) != 0) {

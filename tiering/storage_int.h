@@ -78,7 +78,11 @@ struct st_job {
     bool direct;
     size_t n_items, cap_items;
     struct st_item *items;
-    struct st_task *tasks;
+    struct st_task *tasks; /* cap_tasks, made with the job: queueing never allocates */
+    unsigned cap_tasks;
+    /* Loads: room for the report's successful keys (from the front) and the keys
+     * whose files went bad (from the back), made at submit so reporting cannot fail. */
+    struct kvt_key *result_keys;
     unsigned tasks_left;       /* pool.mu */
     uint64_t start_ns, end_ns; /* pool.mu */
     size_t n_dropped;          /* stores: keys refused for capacity at submit */
@@ -206,6 +210,8 @@ int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, u
  * writable at all. */
 int kvt__st_probe_direct(int dir_fd);
 
+/* How many tasks a job of n items of this kind is split into (at most). */
+unsigned kvt__st_max_tasks(const struct st_tier *s, enum st_kind kind, size_t n);
 /* Mutex, condition variables, queues; no threads yet. */
 void kvt__st_pool_init(struct st_tier *s);
 int kvt__st_pool_start(struct st_tier *s);

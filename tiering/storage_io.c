@@ -855,22 +855,24 @@ void kvt__st_pool_cleanup(struct st_tier *s)
     }
 }
 
-/* Splits sj into tasks (no lock). */
+unsigned kvt__st_max_tasks(const struct st_tier *s, enum st_kind kind, size_t n)
+{
+    if (kind == ST_LOAD)
+        return (unsigned)KVT_MIN(n, (size_t)s->n_read);
+    if (kind == ST_STORE && s->base.locality == KVT_REMOTE)
+        return (unsigned)KVT_MIN(n, (size_t)s->n_write);
+    return n > 0 ? 1 : 0;
+}
+
+/* Splits sj into its tasks, made with the job (no lock, no allocation). */
 static void split(struct st_tier *s, struct st_job *sj)
 {
-    size_t n = sj->n_items, k = 1;
-    if (sj->kind == ST_LOAD)
-        k = KVT_MIN(n, (size_t)s->n_read);
-    else if (sj->kind == ST_STORE && s->base.locality == KVT_REMOTE)
-        k = KVT_MIN(n, (size_t)s->n_write);
-    sj->n_tasks = n == 0 ? 0 : (unsigned)k;
+    size_t n = sj->n_items, k = kvt__st_max_tasks(s, sj->kind, n);
+    sj->n_tasks = (unsigned)k;
     if (n == 0)
         return;
-    sj->tasks = kvt_calloc(k, sizeof(*sj->tasks));
-    if (sj->tasks == NULL) {
-        kvt_error(MOD, "out of memory queueing a job: cannot keep the job contract");
-        abort();
-    }
+    assert(sj->tasks != NULL && k <= sj->cap_tasks);
+    memset(sj->tasks, 0, k * sizeof(*sj->tasks));
     /* divmod split, as vLLM's _batch_tasks: the first n % k tasks get one more. */
     for (size_t i = 0, begin = 0; i < k; i++) {
         struct st_task *t = &sj->tasks[i];

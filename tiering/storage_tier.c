@@ -32,7 +32,14 @@
  *
  * Errors: ENOSPC, EIO, a read-only or vanished root fail the affected chunks (the job
  * fails, kvtier_storage_tier_errors rises) and the tier keeps serving what it can. A
- * root that cannot be created or written at start is a configuration error. */
+ * root that cannot be created or written at start is a configuration error.
+ *
+ * Out of memory (the policy in kvt/tier.h): a submit is refused with -ENOMEM before
+ * anything happens. An accepted job carries all it will need - its items, its tasks
+ * and, for a load, room for its report's keys - so queueing, completing and
+ * reporting it never allocate; a key that cannot get an index entry, or whose
+ * eviction cannot be queued (a doomed file always has its removal queued), is
+ * dropped and the job fails. */
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -59,12 +66,6 @@ static struct st_tier *st(struct kvt_tier *t)
 {
     assert(t->ops == &storage_ops);
     return KVT_CONTAINER_OF(t, struct st_tier, base);
-}
-
-static void oom_abort(void)
-{
-    kvt_error(MOD, "out of memory: cannot keep the job contract");
-    abort();
 }
 
 static struct st_entry *find(struct st_tier *s, const struct kvt_key *key)
@@ -96,43 +97,71 @@ static void lru_touch(struct st_tier *s, struct st_entry *e)
     kvt_list_add_tail(&s->lru, &e->lru);
 }
 
-static struct st_job *new_job(const struct kvt_job *job, enum st_kind kind, size_t cap)
-{
-    struct st_job *sj = kvt_calloc(1, sizeof(*sj));
-    if (sj == NULL)
-        oom_abort();
-    sj->job = job;
-    sj->kind = kind;
-    if (cap > 0) {
-        sj->items = kvt_reallocarray(NULL, cap, sizeof(*sj->items));
-        if (sj->items == NULL)
-            oom_abort();
-        sj->cap_items = cap;
-    }
-    return sj;
-}
-
 static void free_job(struct st_job *sj)
 {
     kvt_free(sj->items);
     kvt_free(sj->tasks);
+    kvt_free(sj->result_keys);
     kvt_free(sj);
 }
 
-/* Queues the removal of e's file with the other removals of this call. */
-static void add_unlink(struct st_tier *s, struct st_entry *e)
+/* A job with room for cap items, its tasks and (loads) its report's keys: all it
+ * will need, so that once it is accepted nothing of it can fail for want of memory.
+ * NULL when memory is short. */
+static struct st_job *new_job(struct st_tier *s, const struct kvt_job *job, enum st_kind kind,
+                              size_t cap)
+{
+    struct st_job *sj = kvt_calloc(1, sizeof(*sj));
+    unsigned k = kvt__st_max_tasks(s, kind, cap);
+    if (sj == NULL)
+        return NULL;
+    sj->job = job;
+    sj->kind = kind;
+    if (cap > 0) {
+        sj->items = kvt_reallocarray(NULL, cap, sizeof(*sj->items));
+        sj->cap_items = cap;
+    }
+    if (k > 0)
+        sj->tasks = kvt_calloc(k, sizeof(*sj->tasks));
+    sj->cap_tasks = k;
+    if (kind == ST_LOAD && cap > 0)
+        sj->result_keys = kvt_reallocarray(NULL, cap, sizeof(*sj->result_keys));
+    if ((cap > 0 && sj->items == NULL) || (k > 0 && sj->tasks == NULL) ||
+        (kind == ST_LOAD && cap > 0 && sj->result_keys == NULL)) {
+        free_job(sj);
+        return NULL;
+    }
+    return sj;
+}
+
+/* Room in this call's removal job for one more file; -ENOMEM (nothing may be
+ * evicted then: a doomed entry must have its removal queued). */
+static int unlink_room(struct st_tier *s)
 {
     struct st_job *sj = s->pending_unlinks;
-    if (sj == NULL)
-        sj = s->pending_unlinks = new_job(NULL, ST_UNLINK, 16);
+    if (sj == NULL) {
+        sj = new_job(s, NULL, ST_UNLINK, 16);
+        if (sj == NULL)
+            return -ENOMEM;
+        s->pending_unlinks = sj;
+    }
     if (sj->n_items == sj->cap_items) {
         size_t cap = 2 * sj->cap_items;
         struct st_item *items = kvt_reallocarray(sj->items, cap, sizeof(*items));
         if (items == NULL)
-            oom_abort();
+            return -ENOMEM;
         sj->items = items;
         sj->cap_items = cap;
     }
+    return 0;
+}
+
+/* Queues the removal of e's file with the other removals of this call (room made by
+ * unlink_room). */
+static void add_unlink(struct st_tier *s, struct st_entry *e)
+{
+    struct st_job *sj = s->pending_unlinks;
+    assert(sj != NULL && sj->n_items < sj->cap_items);
     sj->items[sj->n_items++] = (struct st_item){.key = e->key, .chunk = -1, .e = e};
     e->unlink_pending = true;
 }
@@ -177,24 +206,29 @@ static void doom(struct st_tier *s, struct st_entry *e)
     s->used -= e->bytes;
 }
 
-static void evict(struct st_tier *s, struct st_entry *e)
+/* -ENOMEM (nothing done) when there is no room to queue the file's removal. */
+static int evict(struct st_tier *s, struct st_entry *e)
 {
     assert(e->pins == 0);
+    if (unlink_room(s) != 0)
+        return -ENOMEM;
     doom(s, e);
     add_unlink(s, e);
     s->c.evictions++;
+    return 0;
 }
 
-/* Reserves need bytes, evicting least recently used unpinned files; false (nothing
- * evicted beyond what is already gone) when it cannot fit. */
-static bool reserve(struct st_tier *s, uint64_t need)
+/* Reserves need bytes, evicting least recently used unpinned files: 0, -ENOSPC when
+ * it cannot fit, -ENOMEM when an eviction cannot be queued (nothing evicted beyond
+ * what is already gone, in both cases). */
+static int reserve(struct st_tier *s, uint64_t need)
 {
     if (s->capacity == 0) {
         s->used += need;
-        return true;
+        return 0;
     }
     if (need > s->capacity)
-        return false;
+        return -ENOSPC;
     while (s->used + need > s->capacity) {
         struct kvt_list *pos, *tmp;
         struct st_entry *victim = NULL;
@@ -207,11 +241,12 @@ static bool reserve(struct st_tier *s, uint64_t need)
             }
         }
         if (victim == NULL)
-            return false;
-        evict(s, victim);
+            return -ENOSPC;
+        if (evict(s, victim) != 0)
+            return -ENOMEM;
     }
     s->used += need;
-    return true;
+    return 0;
 }
 
 static bool use_direct(struct st_tier *s)
@@ -252,15 +287,21 @@ static void st_touch(struct kvt_tier *t, const struct kvt_key *keys, size_t n,
     }
 }
 
-static void st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+/* Refused (-ENOMEM) only before anything happened. Once accepted, a key that cannot
+ * be admitted - present already, a bad slot, no room, no memory for its entry or
+ * for an eviction - is left out and the job fails. */
+static int st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct st_tier *s = st(t);
-    struct st_job *sj = new_job(job, ST_STORE, job->n);
+    struct st_job *sj = new_job(s, job, ST_STORE, job->n);
     uint64_t fbytes = kvt__st_file_bytes(t->row_bytes);
+    if (sj == NULL)
+        return -ENOMEM;
     s->n_unreported++;
     for (size_t i = 0; i < job->n; i++) {
         const struct kvt_key *key = &job->keys[i];
         struct st_entry *e;
+        int rc;
         if (find(s, key) != NULL) { /* present, being written, or being removed */
             sj->n_skipped++;
             s->c.skipped++;
@@ -273,14 +314,23 @@ static void st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
             s->c.errors++;
             continue;
         }
-        if (!reserve(s, fbytes)) {
+        rc = reserve(s, fbytes);
+        if (rc == -ENOSPC) {
             sj->n_dropped++;
             s->c.capacity_drops++;
             continue;
         }
-        e = kvt_calloc(1, sizeof(*e));
-        if (e == NULL || kvt_map_put(&s->index, key->bytes, key->len, e) != 0)
-            oom_abort();
+        e = rc == 0 ? kvt_calloc(1, sizeof(*e)) : NULL;
+        if (e == NULL || kvt_map_put(&s->index, key->bytes, key->len, e) != 0) {
+            if (rc == 0)
+                s->used -= fbytes;
+            kvt_free(e);
+            kvt_warn(MOD, "store job %llu: out of memory, a chunk is not stored",
+                     (unsigned long long)job->id);
+            sj->n_dropped++;
+            s->c.errors++;
+            continue;
+        }
         e->key = *key;
         e->bytes = fbytes;
         e->state = ST_WRITING;
@@ -292,12 +342,16 @@ static void st_submit_store(struct kvt_tier *t, const struct kvt_job *job)
     sj->direct = use_direct(s);
     /* The evicted files go first: the store may need their room on disk. */
     kvt__st_pool_submit_after(s, take_unlinks(s), sj);
+    return 0;
 }
 
-static void st_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+/* Refused (-ENOMEM) only before anything is pinned. */
+static int st_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct st_tier *s = st(t);
-    struct st_job *sj = new_job(job, ST_LOAD, job->n);
+    struct st_job *sj = new_job(s, job, ST_LOAD, job->n);
+    if (sj == NULL)
+        return -ENOMEM;
     s->n_unreported++;
     for (size_t i = 0; i < job->n; i++) {
         struct st_entry *e = find(s, &job->keys[i]);
@@ -309,6 +363,7 @@ static void st_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     }
     sj->direct = use_direct(s);
     kvt__st_pool_submit(s, sj);
+    return 0;
 }
 
 static void count_error(struct st_tier *s, int err)
@@ -388,15 +443,13 @@ static void finish_store(struct st_tier *s, struct st_job *sj, kvt_job_result_cb
          * when they are published; not those still being written or removed). */
         struct kvt_key *keys = kvt_reallocarray(NULL, job->n, sizeof(*keys));
         size_t n = 0;
-        if (keys == NULL)
-            oom_abort();
-        for (size_t i = 0; i < job->n; i++) {
+        for (size_t i = 0; keys != NULL && i < job->n; i++) {
             struct st_entry *e = find(s, &job->keys[i]);
             if (e != NULL && e->state == ST_PUBLISHED)
                 keys[n++] = job->keys[i];
         }
-        if (n > 0 &&
-            kvt_events_push(&s->events, keys, n, KVT_MEDIUM_STORAGE, s->base.locality, false) != 0)
+        if (keys == NULL || (n > 0 && kvt_events_push(&s->events, keys, n, KVT_MEDIUM_STORAGE,
+                                                      s->base.locality, false) != 0))
             kvt_warn(MOD, "out of memory: stored event lost");
         kvt_free(keys);
     }
@@ -407,13 +460,12 @@ static void finish_store(struct st_tier *s, struct st_job *sj, kvt_job_result_cb
 static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_t cb, void *arg)
 {
     const struct kvt_job *job = sj->job;
-    struct kvt_key *ok = kvt_reallocarray(NULL, job->n ? job->n : 1, sizeof(*ok));
-    struct kvt_key *gone = kvt_reallocarray(NULL, job->n ? job->n : 1, sizeof(*gone));
+    /* Successful keys from the front, bad files' keys from the back (n_items keys in
+     * all, at most job->n): room made at submit. */
+    struct kvt_key *ok = sj->result_keys, *gone;
     size_t n_ok = 0, n_gone = 0;
     int first_err = 0;
     struct kvt_job_result r;
-    if (ok == NULL || gone == NULL)
-        oom_abort();
     for (size_t i = 0; i < sj->n_items; i++) {
         struct st_item *it = &sj->items[i];
         struct st_entry *e = it->e;
@@ -430,7 +482,7 @@ static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_
                 first_err = it->err;
             if (e->state == ST_PUBLISHED) {
                 doom(s, e);
-                gone[n_gone++] = e->key;
+                ok[sj->n_items - ++n_gone] = e->key;
             }
         }
         maybe_free(s, e);
@@ -438,6 +490,12 @@ static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_
     if (first_err != 0)
         kvt_warn(MOD, "load job %llu: %zu of %zu chunk(s) failed: %s", (unsigned long long)job->id,
                  job->n - n_ok, job->n, err_name(first_err));
+    gone = n_gone > 0 ? &ok[sj->n_items - n_gone] : NULL;
+    for (size_t i = 0; i < n_gone / 2; i++) { /* back in item order */
+        struct kvt_key k = gone[i];
+        gone[i] = gone[n_gone - 1 - i];
+        gone[n_gone - 1 - i] = k;
+    }
     if (n_gone > 0 && s->enable_events &&
         kvt_events_push(&s->events, gone, n_gone, KVT_MEDIUM_STORAGE, s->base.locality, true) != 0)
         kvt_warn(MOD, "out of memory: removed event lost");
@@ -449,8 +507,6 @@ static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_
                                 .transfer_bytes = (int64_t)(n_ok * s->base.row_bytes)};
     s->n_unreported--;
     cb(arg, &r);
-    kvt_free(ok);
-    kvt_free(gone);
 }
 
 static void st_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
@@ -657,8 +713,8 @@ static int rebuild_index(struct st_tier *s)
     kvt_free(found);
     /* A smaller capacity than last time: evict the oldest. */
     while (rc == 0 && s->capacity > 0 && s->used > s->capacity) {
-        evict(s, kvt_list_entry(s->lru.next, struct st_entry, lru));
-        s->restart.evicted++;
+        rc = evict(s, kvt_list_entry(s->lru.next, struct st_entry, lru));
+        s->restart.evicted += rc == 0;
     }
     s->c.evictions = 0;
     return rc;

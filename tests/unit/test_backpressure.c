@@ -740,7 +740,7 @@ static enum kvt_lookup_result dt_lookup(struct kvt_tier *t, const struct kvt_key
     return dt_has(dt_of(t), k) ? KVT_HIT : KVT_MISS;
 }
 
-static void dt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+static int dt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct delayed_tier *d = dt_of(t);
     for (size_t i = 0; i < job->n; i++) {
@@ -752,13 +752,15 @@ static void dt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
     assert_true(d->n_held < DT_MAX);
     d->held[d->n_held++] = job->id;
     d->stores++;
+    return 0;
 }
 
-static void dt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+static int dt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct delayed_tier *d = dt_of(t);
     assert_true(d->n_released < DT_MAX);
     d->released[d->n_released++] = job->id;
+    return 0;
 }
 
 static void dt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
@@ -800,7 +802,7 @@ static void dt_serve(struct kvt_tier *t, struct kvt_parent *p)
         return;
     assert_int_equal(kvt_parent_create_store_job(p, d->force, d->n_force, d->force_ctx, &job), 0);
     d->n_force = 0;
-    dt_submit_store(t, job);
+    assert_int_equal(dt_submit_store(t, job), 0);
 }
 
 static void dt_destroy(struct kvt_tier *t)

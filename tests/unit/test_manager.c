@@ -5,6 +5,7 @@
  * Fixture as upstream: a primary of 5 chunks with 16-byte rows and two example
  * tiers; keys kt_key(i) = make_offload_key(str(i).encode(), 0); a step is
  * on_schedule_end with no new requests followed by take_events. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "kvt/alloc.h"
 #include "kvt/backpressure.h"
 #include "kvt/clock.h"
+#include "kvt/common.h"
 #include "kvt/example_tier.h"
 #include "kvt/manager.h"
 #include "kvt/metrics.h"
@@ -220,13 +222,15 @@ static enum kvt_lookup_result st_lookup(struct kvt_tier *t, const struct kvt_key
     s->lookups++;
     return s->next_seq < s->n_seq ? s->seq[s->next_seq++] : s->dflt;
 }
-static void st_store(struct kvt_tier *t, const struct kvt_job *j)
+static int st_store(struct kvt_tier *t, const struct kvt_job *j)
 {
     st_of(t)->stores[st_of(t)->n_stores++] = j;
+    return 0;
 }
-static void st_load(struct kvt_tier *t, const struct kvt_job *j)
+static int st_load(struct kvt_tier *t, const struct kvt_job *j)
 {
     st_of(t)->loads[st_of(t)->n_loads++] = j;
+    return 0;
 }
 static void st_finished(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
 {
@@ -1488,6 +1492,252 @@ static void test_reset_cache_clears_backpressure(void **state)
     fx_free(f);
 }
 
+/* ---- out of memory ------------------------------------------------------------- */
+
+/* A tier that keeps a record of each job from kvt_malloc, so failure injection
+ * reaches it as it reaches real tiers: without its record it refuses the job
+ * (-ENOMEM), with it the job is reported at the next get_finished_jobs, from the
+ * record, without allocating. Every job it is handed is counted by id: accepted,
+ * refused, reported. It is request-level, so prepare_store cascades existing keys
+ * to it, and while serve_keys is set it serves one remote request through the
+ * parent, recording its job before asking the parent for it. */
+#define LT_IDS 1024
+struct lt_rec {
+    struct lt_rec *next;
+    kvt_job_id_t id;
+};
+struct ledger_tier {
+    struct kvt_tier base;
+    struct lt_rec *pending;
+    int accepted[LT_IDS], refused[LT_IDS], reported[LT_IDS];
+    struct kvt_key has[64];
+    size_t n_has;
+    const struct kvt_key *serve_keys;
+    size_t n_serve;
+    struct kvt_req_ctx *serve_ctx;
+    unsigned stores, loads, served; /* accepted */
+};
+
+static struct ledger_tier *lt_of(struct kvt_tier *t)
+{
+    return (struct ledger_tier *)t;
+}
+static enum kvt_lookup_result lt_lookup(struct kvt_tier *t, const struct kvt_key *k,
+                                        struct kvt_req_ctx *c)
+{
+    struct ledger_tier *l = lt_of(t);
+    for (size_t i = 0; i < l->n_has; i++) {
+        if (kvt_key_eq(&l->has[i], k))
+            return KVT_HIT;
+    }
+    return KVT_MISS;
+}
+/* The record of a job handed to the tier, or NULL (counted refused). */
+static struct lt_rec *lt_record(struct ledger_tier *l, const struct kvt_job *j)
+{
+    struct lt_rec *r = kvt_malloc(sizeof(*r));
+    assert_true(j->id < LT_IDS);
+    if (r == NULL) {
+        l->refused[j->id]++;
+        return NULL;
+    }
+    r->id = j->id;
+    r->next = l->pending;
+    l->pending = r;
+    l->accepted[j->id]++;
+    return r;
+}
+static int lt_store(struct kvt_tier *t, const struct kvt_job *j)
+{
+    struct ledger_tier *l = lt_of(t);
+    if (lt_record(l, j) == NULL)
+        return -ENOMEM;
+    l->stores++;
+    for (size_t i = 0; i < j->n && l->n_has < KVT_ARRAY_SIZE(l->has); i++) {
+        if (lt_lookup(t, &j->keys[i], NULL) == KVT_MISS)
+            l->has[l->n_has++] = j->keys[i];
+    }
+    return 0;
+}
+static int lt_load(struct kvt_tier *t, const struct kvt_job *j)
+{
+    if (lt_record(lt_of(t), j) == NULL)
+        return -ENOMEM;
+    lt_of(t)->loads++;
+    return 0;
+}
+static void lt_finished(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
+{
+    struct ledger_tier *l = lt_of(t);
+    struct lt_rec *r = l->pending;
+    l->pending = NULL;
+    while (r != NULL) {
+        struct lt_rec *next = r->next;
+        struct kvt_job_result res = {
+            .job_id = r->id, .success = true, .transfer_time = -1, .transfer_bytes = -1};
+        l->reported[r->id]++;
+        kvt_free(r);
+        cb(arg, &res);
+        r = next;
+    }
+}
+static bool lt_pending(struct kvt_tier *t)
+{
+    return lt_of(t)->pending != NULL;
+}
+static int lt_drain(struct kvt_tier *t)
+{
+    return 0;
+}
+static enum kvt_offload_policy lt_on_new_request(struct kvt_tier *t, struct kvt_req_ctx *ctx)
+{
+    return KVT_REQUEST_LEVEL;
+}
+static void lt_serve(struct kvt_tier *t, struct kvt_parent *p)
+{
+    struct ledger_tier *l = lt_of(t);
+    struct lt_rec *r;
+    const struct kvt_job *job;
+    enum kvt_offload_policy pol;
+    bool all = true;
+    if (l->serve_keys == NULL || kvt_parent_on_new_request(p, l->serve_ctx, &pol) != 0)
+        return;
+    for (size_t i = 0; i < l->n_serve; i++)
+        all &= kvt_parent_lookup(p, &l->serve_keys[i], l->serve_ctx) == KVT_HIT;
+    r = all ? kvt_malloc(sizeof(*r)) : NULL; /* the record first, as the contract asks */
+    if (r != NULL &&
+        kvt_parent_create_store_job(p, l->serve_keys, l->n_serve, l->serve_ctx, &job) == 0) {
+        assert_true(job->id < LT_IDS);
+        r->id = job->id;
+        r->next = l->pending;
+        l->pending = r;
+        l->accepted[job->id]++;
+        l->served++;
+        l->serve_keys = NULL;
+    } else {
+        kvt_free(r);
+    }
+    kvt_parent_on_request_finished(p, l->serve_ctx);
+}
+static void lt_destroy(struct kvt_tier *t)
+{
+    free(t);
+}
+static const struct kvt_tier_ops ledger_ops = {
+    .lookup = lt_lookup,
+    .submit_store = lt_store,
+    .submit_load = lt_load,
+    .get_finished_jobs = lt_finished,
+    .drain_jobs = lt_drain,
+    .has_pending_work = lt_pending,
+    .on_new_request = lt_on_new_request,
+    .serve_external_requests = lt_serve,
+    .destroy = lt_destroy,
+};
+
+/* What an engine does with the manager, carrying on whatever a call returns: request
+ * A stores keys 0-5 (cascades to both tiers), B stores 10-17 (evicting A's), C looks
+ * 0-5 up (promotions from the ledger tier), D stores 10-13 again (the ledger tier
+ * is request-level: existing keys cascade), the ledger tier serves 14-17 to a
+ * remote requester; every request ends. */
+static void oom_workload(struct kvt_manager *m, struct ledger_tier *l, struct kvt_req_ctx **ctx)
+{
+    struct kvt_key keys[8];
+    struct kvt_store_output out;
+    enum kvt_lookup_result r;
+    const int first[4] = {0, 10, 0, 10};
+    const size_t n[4] = {6, 8, 6, 4};
+    kvt_store_output_init(&out);
+    for (int q = 0; q < 4; q++) {
+        (void)kvt_manager_on_new_request(m, ctx[q], NULL);
+        kt_keys(keys, first[q], n[q]);
+        if (q == 2) {
+            for (size_t i = 0; i < n[q]; i++)
+                r = kvt_manager_lookup(m, &keys[i], ctx[q]);
+            (void)r;
+        } else if (kvt_manager_prepare_store(m, keys, n[q], ctx[q], &out) == 0) {
+            (void)kvt_manager_complete_store(m, out.keys_to_store, out.n_store, ctx[q], true);
+        }
+        kvt_manager_on_schedule_end(m, NULL);
+        kvt_manager_on_schedule_end(m, NULL);
+    }
+    l->serve_keys = &keys[4]; /* 14-17, stored by B */
+    l->n_serve = 4;
+    for (int i = 0; i < 3; i++)
+        kvt_manager_on_schedule_end(m, NULL);
+    l->serve_keys = NULL;
+    for (int q = 0; q < 4; q++)
+        (void)kvt_manager_on_request_finished(m, ctx[q]);
+    kvt_store_output_cleanup(&out);
+}
+
+/* Every allocation index of oom_workload, in turn, and all that follow it, fail:
+ * no crash, no leak (ASan); every job a tier accepted is reported exactly once and
+ * a refused one never; once memory is back and the manager settles, no job is
+ * left, no request, no row pinned or write-pending, and the metrics are idle
+ * (reset_cache asserts it). An example tier takes the cascades too. */
+static void test_allocation_failures_keep_the_job_contract(void **state)
+{
+    long n;
+    int refused = 0;
+    for (n = 0; n < 100000; n++) {
+        struct kvt_primary_config pc = {.num_chunks = 8, .row_bytes = 16, .enable_events = true};
+        struct kvt_example_tier_config ec = {0};
+        struct kvt_primary *p;
+        struct kvt_tier *tiers[2];
+        struct kvt_manager *m;
+        struct ledger_tier *l = calloc(1, sizeof(*l));
+        struct kvt_req_ctx *ctx[4] = {kt_ctx("oom-a"), kt_ctx("oom-b"), kt_ctx("oom-c"),
+                                      kt_ctx("oom-d")};
+        void *probe;
+        bool reached;
+        assert_non_null(l);
+        kvt_tier_init(&l->base, &ledger_ops, "ledger", KVT_MEDIUM_CPU, KVT_ANY);
+        l->serve_ctx = kt_ctx("oom-remote");
+        assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
+        assert_int_equal(kvt_example_tier_create(&ec, &tiers[1]), 0);
+        tiers[0] = &l->base;
+        assert_int_equal(kvt_manager_create(p, tiers, 2, &m), 0);
+
+        kvt_alloc_fail_after(n);
+        oom_workload(m, l, ctx);
+        probe = kvt_malloc(1);
+        reached = probe == NULL;
+        kvt_free(probe);
+        kvt_alloc_fail_after(-1);
+
+        for (int i = 0; i < 4 && kvt_manager_has_pending_work(m); i++)
+            kvt_manager_on_schedule_end(m, NULL);
+        assert_false(kvt_manager_has_pending_work(m));
+        assert_int_equal(kvt_manager_num_jobs(m), 0);
+        assert_int_equal(kvt_manager_num_requests(m), 0);
+        for (size_t id = 0; id < LT_IDS; id++) {
+            assert_true(l->accepted[id] + l->refused[id] <= 1);
+            assert_int_equal(l->reported[id], l->accepted[id]);
+            refused += l->refused[id];
+        }
+        assert_int_equal(kvt_example_tier_num_unreported(tiers[1]), 0);
+        assert_int_equal(kvt_primary_num_write_pending(p), 0);
+        assert_int_equal(kvt_primary_num_entries(p), kvt_primary_num_evictable(p));
+        assert_int_equal(kvt_manager_reset_cache(m), 0);
+        /* With memory the workload does all it says: cascades (A, B and D's
+         * existing keys), promotions, a remote request served. */
+        if (!reached)
+            assert_true(l->stores >= 3 && l->loads >= 1 && l->served == 1);
+        kvt_req_ctx_unref(l->serve_ctx);
+        assert_int_equal(kvt_manager_shutdown(m), 0);
+        kvt_manager_destroy(m); /* and the tiers */
+        for (int q = 0; q < 4; q++)
+            kvt_req_ctx_unref(ctx[q]);
+        if (!reached)
+            break; /* the workload needed fewer allocations than n: every index failed */
+    }
+    print_message("manager: allocation indexes 0-%ld failed in turn, %d jobs refused\n", n - 1,
+                  refused);
+    assert_true(n > 0 && n < 100000);
+    assert_true(refused > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1540,6 +1790,7 @@ int main(void)
         cmocka_unit_test(test_metrics_reported_via_get_stats),
         cmocka_unit_test(test_reset_cache_clears_backpressure),
         cmocka_unit_test(test_lookup_many_matches_one_by_one),
+        cmocka_unit_test(test_allocation_failures_keep_the_job_contract),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
-/* The network tier (DESIGN.md §5-§6): a kvt_tier_ops backend that makes the other
- * nodes' primary tiers this node's slowest secondary tier.
+/* The network tier: a kvt_tier_ops backend that makes the other nodes' primary
+ * tiers this node's slowest secondary tier.
  *
  * Requester side (this node's engines miss locally):
  *   lookup        async lookup helper; its batch_lookup (worker thread) hands the
@@ -36,12 +36,20 @@
  * (kvt/peers.h); PUBLISH for another node, GRANTs for fetches never sent, chunk
  * indexes out of range, lengths other than a row: refused and counted.
  *
+ * Out of memory (kvt/tier.h's policy): submit_load and submit_store refuse a job
+ * whose record cannot be made (-ENOMEM; a refused load drops the keys' lookup
+ * verdicts as a failed one does); a load's fetches and a GRANT's lease, with room
+ * for everything the job's report needs, are made before anything is sent or
+ * pinned, so ending and reporting a job never allocate. What memory fails later
+ * fails keys (a fetch, a LOCATE, a GRANT becomes a DENY BUSY), never a report.
+ *
  * Threading: the loop thread (the manager's), except the async lookup worker. */
 #ifndef KVT_NET_TIER_H
 #define KVT_NET_TIER_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdbool.h>
 
 #include "kvt/peers.h"
 #include "kvt/primary.h"
@@ -88,6 +96,14 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
 int kvt_net_tier_poll(struct kvt_tier *t);
 /* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
+
+/* The grant check for one-sided READs of this node's primary region: true when
+ * every byte of [off, off + len) (offsets in the region, as in GRANTs) lies in a row
+ * granted to peer_node_id by an active lease (not released, reaped or past its
+ * deadline). For the transport to ask before it serves a peer's READ: an
+ * authenticated peer reads only the rows it was granted, while the grant lasts.
+ * Loop thread. */
+bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len);
 
 /* Cumulative counts (tests, the CLI, /metrics). */
 struct kvt_net_tier_counts {

@@ -1,17 +1,34 @@
-/* The secondary-tier contract (spec §4.1, vLLM's SecondaryTierManager) as an ops
- * table, and the parent handle tiers use to act for remote requesters.
+/* The secondary-tier contract (vLLM's SecondaryTierManager) as an ops table, and
+ * the parent handle tiers use to act for remote requesters.
  *
  * Every call happens on the scheduler thread and must not block (drain_jobs and
  * shutdown excepted). Tier back ends talk to the scheduler only through queues
  * drained in get_finished_jobs(), lookup() and on_schedule_end().
  *
- * Jobs: every job handed to submit_store/submit_load, or created through the
- * parent's create_store_job, must be reported exactly once through
- * get_finished_jobs (success or failure). The job stays valid and unchanged until
- * then; the tier must not keep it after reporting it.
+ * Jobs: submit_store/submit_load accept a job (0) or refuse it (a negative errno,
+ * -ENOMEM when memory is short) before doing anything with it. Every job accepted,
+ * or created through the parent's create_store_job, must be reported exactly once
+ * through get_finished_jobs (success or failure); a refused job is never reported.
+ * The job stays valid and unchanged until then; the tier must not keep it after
+ * reporting it.
+ *
+ * Out of memory, one policy for the manager and every tier:
+ * - A call that cannot get the memory it needs fails with -ENOMEM before it changes
+ *   anything: a refused submit leaves the job to the manager, which unpins a
+ *   cascade's rows or frees a promotion's slots at once, as for a failed job; a
+ *   kvt_parent_create_store_job that fails has pinned nothing.
+ * - Once a job is accepted, everything its report needs - the finished record and
+ *   room for its successful keys - exists (allocated at submit, inside the tier's
+ *   own record of the job), so finishing, reporting, expiring, releasing and
+ *   draining never allocate and cannot fail. Memory that runs out while an accepted
+ *   job runs fails some of its keys (reported failed, never lost); a slot is never
+ *   left pinned or write-pending for want of memory.
+ * - What no slot depends on - stats, events, publications to peers, lookup caches,
+ *   a lookup's RETRY that becomes a MISS - is best effort: lost with a warning or a
+ *   counter, and repaired by the next step, TTL or re-publication where it can be.
  *
  * A tier that caches positive lookup verdicts must invalidate them when one of its
- * own loads fails (seed livelock rule, #49176). */
+ * own loads fails or is refused (seed livelock rule, #49176). */
 #ifndef KVT_TIER_H
 #define KVT_TIER_H
 
@@ -32,9 +49,10 @@ struct kvt_tier_ops {
     /* Required. */
     enum kvt_lookup_result (*lookup)(struct kvt_tier *t, const struct kvt_key *key,
                                      struct kvt_req_ctx *ctx); /* HIT, MISS or RETRY */
-    void (*submit_store)(struct kvt_tier *t, const struct kvt_job *job);
-    void (*submit_load)(struct kvt_tier *t, const struct kvt_job *job);
-    /* Calls cb once per finished job, then forgets those jobs. */
+    /* 0: accepted, reported once; negative errno: refused, never reported. */
+    int (*submit_store)(struct kvt_tier *t, const struct kvt_job *job);
+    int (*submit_load)(struct kvt_tier *t, const struct kvt_job *job);
+    /* Calls cb once per finished job, then forgets those jobs; never allocates. */
     void (*get_finished_jobs)(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg);
     /* Blocks until every submitted job is complete or failed (never aborts a copy). */
     int (*drain_jobs)(struct kvt_tier *t);
@@ -69,25 +87,23 @@ struct kvt_tier {
 };
 
 /* Initialises the common part; type is copied (truncated to 31 bytes). */
-void kvt_tier_init(struct kvt_tier *t, const struct kvt_tier_ops *ops, const char *type,
-                   int medium, int locality);
+void kvt_tier_init(struct kvt_tier *t, const struct kvt_tier_ops *ops, const char *type, int medium,
+                   int locality);
 
-static inline enum kvt_lookup_result kvt_tier_lookup(struct kvt_tier *t,
-                                                     const struct kvt_key *key,
+static inline enum kvt_lookup_result kvt_tier_lookup(struct kvt_tier *t, const struct kvt_key *key,
                                                      struct kvt_req_ctx *ctx)
 {
     return t->ops->lookup(t, key, ctx);
 }
-static inline void kvt_tier_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+static inline int kvt_tier_submit_store(struct kvt_tier *t, const struct kvt_job *job)
 {
-    t->ops->submit_store(t, job);
+    return t->ops->submit_store(t, job);
 }
-static inline void kvt_tier_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+static inline int kvt_tier_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
-    t->ops->submit_load(t, job);
+    return t->ops->submit_load(t, job);
 }
-static inline void kvt_tier_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb,
-                                              void *arg)
+static inline void kvt_tier_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
 {
     t->ops->get_finished_jobs(t, cb, arg);
 }
@@ -141,7 +157,7 @@ static inline int kvt_tier_shutdown(struct kvt_tier *t)
 /* Frees the tier and its detector. */
 void kvt_tier_destroy(struct kvt_tier *t);
 
-/* ParentManager (spec §1.9): valid only during serve_external_requests. Every call
+/* ParentManager: valid only during serve_external_requests. Every call
  * excludes the calling tier. Per remote request: on_new_request, lookup per key,
  * create_store_job for the hits (pins them; the tier owns and reports the job),
  * on_request_finished (always, even when nothing was found). */
@@ -149,7 +165,8 @@ int kvt_parent_on_new_request(struct kvt_parent *p, struct kvt_req_ctx *ctx,
                               enum kvt_offload_policy *policy_p);
 enum kvt_lookup_result kvt_parent_lookup(struct kvt_parent *p, const struct kvt_key *key,
                                          struct kvt_req_ctx *ctx);
-/* -EINVAL (nothing pinned) unless every key is present and ready in the primary. */
+/* -EINVAL (nothing pinned) unless every key is present and ready in the primary;
+ * -ENOMEM (nothing pinned). On success the job is the calling tier's to report. */
 int kvt_parent_create_store_job(struct kvt_parent *p, const struct kvt_key *keys, size_t n,
                                 struct kvt_req_ctx *ctx, const struct kvt_job **job_p);
 int kvt_parent_on_request_finished(struct kvt_parent *p, struct kvt_req_ctx *ctx);

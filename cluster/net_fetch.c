@@ -1,0 +1,526 @@
+/* The network tier's loads (net_tier_int.h), in the order a fetch happens:
+ *
+ *   submit_load   the job's keys, grouped by the holder their lookup found, become
+ *                 fetches of at most keys_per_fetch keys, QUEUED on their peer
+ *   pump          a peer has at most fetches_per_peer fetches out: the next FETCH
+ *                 leaves (SENT) when one ends; its deadline starts then
+ *   DENY / GRANT  the holder refused, or granted chunks with a lease: every chunk
+ *                 must name a key of the fetch once and be one row long, else the
+ *                 GRANT is refused (counted) and the fetch fails (READING)
+ *   READ          batches of max_ops_per_batch one-sided READs straight into the
+ *                 job's primary slots, all of a fetch's batches in flight
+ *   validation    each chunk's XXH3-64 against the GRANT's checksum, as its batch
+ *                 completes; a fetch read after its lease or deadline ended counts
+ *                 nothing (the holder may have reused the slot)
+ *   RELEASE       once no batch is in flight: the holder unpins; the fetch's keys
+ *                 are verdicts of the load job, reported when its last fetch ends
+ *
+ * So one fetch's READs overlap the next one's FETCH/GRANT round trip, a fetch's
+ * READs end well inside its lease however big the job, and the holder pins only what
+ * is in flight. A job is reported only once no READ of it is in flight, so a failed
+ * job's slots are never written after it ends. Keys that fail are marked missing in
+ * the lookup cache and their holder forgotten (seed livelock rule). Timeouts, dead
+ * peers and closed links fail fetches (kvt__nt_fail_fetches, expire_fetches). */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "kvt/alloc.h"
+#include "kvt/clock.h"
+#include "kvt/hash.h"
+#include "kvt/log.h"
+#include "kvt/primary.h"
+#include "net_tier_int.h"
+
+static void nt_post_reads(struct net_tier *nt, struct fetch *f);
+static void nt_read_done(void *arg, int status);
+static void nt_fetch_end(struct net_tier *nt, struct fetch *f);
+static void nt_load_part_done(struct net_tier *nt, struct load_job *lj);
+static void nt_fetch_free(struct net_tier *nt, struct fetch *f);
+
+/* ---- submit: the job becomes fetches ------------------------------------------- */
+
+/* The load job, whole: its record, its arrays of job->n (see struct load_job). */
+static struct load_job *nt_load_job_new(const struct kvt_job *job)
+{
+    size_t n = job->n;
+    struct load_job *lj =
+        kvt_calloc(1, sizeof(*lj) + n * (sizeof(uint32_t) + sizeof(struct kvt_key) + 2));
+
+    if (lj == NULL)
+        return NULL;
+    lj->job = job;
+    lj->idx = (uint32_t *)(lj + 1); /* the block's alignment, then bytes */
+    lj->ok_keys = (struct kvt_key *)(lj->idx + n);
+    lj->ok = (bool *)(lj->ok_keys + n);
+    lj->used = lj->ok + n;
+    return lj;
+}
+
+/* A fetch of n keys, whole: idx, chunks and chunk_ok in the same block. */
+static struct fetch *nt_fetch_new(uint32_t n)
+{
+    struct fetch *f = kvt_calloc(
+        1, sizeof(*f) + n * (sizeof(struct kvt_wire_chunk) + sizeof(uint32_t) + sizeof(bool)));
+
+    if (f == NULL)
+        return NULL;
+    f->chunks = (struct kvt_wire_chunk *)(f + 1);
+    f->idx = (uint32_t *)(f->chunks + n);
+    f->chunk_ok = (bool *)(f->idx + n);
+    f->n = n;
+    return f;
+}
+
+/* Refused (-ENOMEM) only when the load job cannot be made, before anything is sent.
+ * Once accepted, keys with no live holder, or no memory for their fetch, fail; the
+ * others go to their peer's queue, up to keys_per_fetch keys of one holder a fetch. */
+int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
+{
+    struct net_tier *nt = nt_of(t);
+    struct load_job *lj = nt_load_job_new(job);
+    uint32_t per = KVT_MIN(nt->cfg.keys_per_fetch, (unsigned)NT_KEYS_PER_MSG);
+
+    if (lj == NULL) {
+        /* As after a failed load (seed livelock rule): the next lookup asks again. */
+        kvt_async_lookup_mark_miss(nt->al, job->keys, job->n);
+        return -ENOMEM;
+    }
+    lj->start_ns = kvt_now_ns();
+    lj->parts_pending = 1; /* ours, dropped at the end: parts may end synchronously */
+    for (size_t i = 0; i < job->n; i++) {
+        const struct holder *h = kvt_map_get(&nt->holders, job->keys[i].bytes, job->keys[i].len);
+        struct holder hh;
+        struct nt_peer *p;
+        struct fetch *f;
+        uint32_t n = 0;
+
+        if (lj->used[i])
+            continue;
+        if (h == NULL || !kvt__nt_holder_live(nt, h)) {
+            lj->used[i] = true; /* no live holder: this key fails */
+            continue;
+        }
+        hh = *h;
+        for (size_t j = i; j < job->n && n < per; j++) {
+            const struct holder *hj;
+
+            if (lj->used[j])
+                continue;
+            hj = kvt_map_get(&nt->holders, job->keys[j].bytes, job->keys[j].len);
+            if (hj == NULL || hj->node_id != hh.node_id || hj->incarnation != hh.incarnation)
+                continue;
+            lj->used[j] = true;
+            lj->idx[n++] = (uint32_t)j;
+        }
+        p = kvt__nt_peer_get(nt, hh.node_id);
+        f = p != NULL ? nt_fetch_new(n) : NULL;
+        if (f == NULL)
+            continue; /* these keys fail */
+        memcpy(f->idx, lj->idx, n * sizeof(*f->idx));
+        f->id = nt->next_id++;
+        f->lj = lj;
+        f->node = hh.node_id;
+        f->incarnation = hh.incarnation;
+        f->state = F_QUEUED;
+        f->queued_ns = kvt_now_ns();
+        if (kvt_map_put_u64(&nt->fetches, f->id, f) != 0) {
+            kvt_free(f);
+            continue;
+        }
+        kvt_list_add_tail(&p->queue, &f->qnode);
+        lj->parts_pending++;
+    }
+    kvt__nt_pump(nt);
+    nt_load_part_done(nt, lj);
+    return 0;
+}
+
+/* ---- the window: FETCH --------------------------------------------------------- */
+
+/* Sends p's queued fetches while fewer than fetches_per_peer of its fetches are out.
+ * Only from the loop's top level (kvt__nt_progress, kvt__nt_submit_load): a send that
+ * fails ends a fetch, which must not happen inside a walk over the fetches. */
+static void nt_pump_peer(struct net_tier *nt, struct nt_peer *p)
+{
+    while (!kvt_list_empty(&p->queue) && p->active < nt->cfg.fetches_per_peer) {
+        struct fetch *f = kvt_list_entry(p->queue.next, struct fetch, qnode);
+        const struct kvt_job *job = f->lj->job;
+        struct kvt_key ks[NT_KEYS_PER_MSG];
+        struct kvt_wire_msg m;
+
+        kvt_list_del(&f->qnode);
+        f->state = F_SENT;
+        p->active++;
+        f->sent_ns = kvt_now_ns();
+        nt->c.fetch_queue_ns += f->sent_ns - f->queued_ns;
+        f->deadline_ns = f->sent_ns + ms_ns(nt->cfg.fetch_timeout_ms);
+        f->lease_deadline_ns = f->deadline_ns;
+        for (uint32_t i = 0; i < f->n; i++)
+            ks[i] = job->keys[f->idx[i]];
+        kvt_wire_msg_init(&m, KVT_WIRE_FETCH);
+        m.u.fetch.job_id = f->id;
+        m.u.fetch.n_keys = f->n;
+        m.u.fetch.keys = ks;
+        nt->c.fetches++;
+        if (kvt__nt_send(nt, f->node, NULL, &m) != 0) {
+            f->failed = true;
+            nt_fetch_end(nt, f);
+        }
+    }
+}
+
+void kvt__nt_pump(struct net_tier *nt)
+{
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    /* Ending fetches never adds or removes nodes: a plain walk is safe. */
+    while (kvt_map_next(&nt->nodes, &it, &e))
+        nt_pump_peer(nt, e->value);
+}
+
+/* ---- the holder answers: DENY, or a GRANT to validate -------------------------- */
+
+void kvt__nt_on_deny(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)
+{
+    struct fetch *f = kvt_map_get_u64(&nt->fetches, m->u.deny.job_id);
+
+    if (f == NULL || f->node != from || f->state != F_SENT) {
+        nt->c.refused++;
+        return;
+    }
+    nt->c.denies++;
+    nt_fetch_end(nt, f); /* every key of this part fails */
+}
+
+void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
+                      const struct kvt_wire_msg *m)
+{
+    const struct kvt_wire_grant *g = &m->u.grant;
+    struct fetch *f = kvt_map_get_u64(&nt->fetches, g->job_id);
+    size_t row = nt->base.row_bytes;
+    bool seen[NT_KEYS_PER_MSG] = {false};
+    int rc;
+
+    if (f == NULL || f->node != from || f->state != F_SENT || f->failed) {
+        nt->c.refused++;
+        return;
+    }
+    /* Each chunk names a key of the fetch once: so at most f->n of them, the room
+     * the fetch was made with. */
+    for (uint32_t i = 0; i < g->n_chunks; i++) {
+        const struct kvt_wire_chunk *ch = &g->chunks[i];
+
+        if (ch->key_index >= f->n || seen[ch->key_index] || ch->length != row) {
+            kvt_warn(NT_MOD, "GRANT from %016" PRIx64 " names chunk %u wrongly: refused", from,
+                     ch->key_index);
+            nt->c.refused++;
+            goto fail;
+        }
+        seen[ch->key_index] = true;
+    }
+    nt->c.grants++;
+    f->grant_ns = kvt_now_ns();
+    nt->c.grant_wait_ns += f->grant_ns - f->sent_ns;
+    f->lease_id = g->lease_id;
+    /* The lease started after our FETCH left: timing it from then errs early. */
+    f->lease_deadline_ns = kvt_now_ns() + ms_ns(g->lease_ttl_ms);
+    f->ep = ep;
+    f->state = F_READING;
+    if (g->n_chunks == 0) {
+        nt_fetch_end(nt, f);
+        return;
+    }
+    if (!kvt__nt_register(nt))
+        goto fail_reading;
+    memcpy(f->chunks, g->chunks, g->n_chunks * sizeof(*f->chunks));
+    f->n_chunks = g->n_chunks;
+    rc = kvt_tp_unpack(ep, g->handle, g->handle_len, &f->rk);
+    if (rc != 0) {
+        kvt_warn(NT_MOD, "GRANT from %016" PRIx64 ": region handle refused: %s", from,
+                 strerror(-rc));
+        nt->c.refused++;
+        goto fail_reading;
+    }
+    nt_post_reads(nt, f);
+    return;
+fail_reading:
+    f->failed = true;
+    nt_fetch_end(nt, f);
+    return;
+fail:
+    f->failed = true;
+    f->state = F_READING; /* nothing granted is read; RELEASE still frees the pins */
+    f->n_chunks = 0;
+    f->ep = ep;
+    f->lease_id = g->lease_id;
+    nt_fetch_end(nt, f);
+}
+
+/* ---- READ and validation ------------------------------------------------------- */
+
+static void nt_post_reads(struct net_tier *nt, struct fetch *f)
+{
+    struct kvt_read_op ops[256];
+    unsigned per = KVT_MIN(nt->cfg.max_ops_per_batch, (unsigned)KVT_ARRAY_SIZE(ops));
+
+    while (!f->failed && f->next_chunk < f->n_chunks) {
+        uint32_t n = KVT_MIN(per, f->n_chunks - f->next_chunk);
+        struct batch *b = kvt_malloc(sizeof(*b));
+        int rc;
+
+        if (b == NULL)
+            break; /* retried at the next poll */
+        for (uint32_t i = 0; i < n; i++) {
+            const struct kvt_wire_chunk *ch = &f->chunks[f->next_chunk + i];
+
+            ops[i].remote_off = ch->offset;
+            ops[i].local_off =
+                (uint64_t)f->lj->job->chunk_ids[f->idx[ch->key_index]] * nt->base.row_bytes;
+            ops[i].len = ch->length;
+        }
+        *b = (struct batch){.nt = nt, .fetch_id = f->id, .first = f->next_chunk, .n = n};
+        rc = kvt_tp_read(f->ep, f->rk, nt->mr_local, ops, n, nt_read_done, b);
+        if (rc == -EINPROGRESS)
+            rc = 0; /* posted: nt_read_done follows */
+        if (rc == -EAGAIN) {
+            kvt_free(b);
+            break;
+        }
+        if (rc != 0) {
+            kvt_free(b);
+            kvt_info(NT_MOD, "READ not posted to %016" PRIx64 ": %s", f->node, strerror(-rc));
+            f->failed = true;
+            break;
+        }
+        f->batches_in_flight++;
+        f->next_chunk += n;
+    }
+    if (f->batches_in_flight == 0 && (f->failed || f->next_chunk == f->n_chunks))
+        nt_fetch_end(nt, f);
+}
+
+static void nt_read_done(void *arg, int status)
+{
+    struct batch *b = arg;
+    struct net_tier *nt = b->nt;
+    struct fetch *f = kvt_map_get_u64(&nt->fetches, b->fetch_id);
+
+    if (f != NULL) {
+        f->batches_in_flight--;
+        for (uint32_t i = b->first; i < b->first + b->n; i++) {
+            const struct kvt_wire_chunk *ch = &f->chunks[i];
+            const struct kvt_job *job = f->lj->job;
+            uint32_t ki = f->idx[ch->key_index]; /* the key's place in the job */
+            const uint8_t *row =
+                nt->base.primary_base + (size_t)job->chunk_ids[ki] * nt->base.row_bytes;
+
+            uint64_t h, t0;
+
+            if (status != 0)
+                continue;
+            t0 = kvt_now_ns();
+            h = kvt_hash64(row, ch->length);
+            nt->c.verify_ns += kvt_now_ns() - t0;
+            if (h == ch->checksum) {
+                f->chunk_ok[i] = true;
+                /* The primary then need not hash the row again when the promotion
+                 * completes (checksum_on_complete). */
+                (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], h);
+            } else {
+                nt->c.checksum_failures++; /* torn or stale read: never loaded */
+                kvt_warn(NT_MOD, "checksum mismatch on a chunk from %016" PRIx64 " (gen %u)",
+                         f->node, ch->generation);
+            }
+        }
+        if (status != 0 && !f->failed) {
+            kvt_info(NT_MOD, "READ from %016" PRIx64 " failed: %s", f->node, strerror(-status));
+            f->failed = true;
+        }
+        if (f->batches_in_flight == 0 && (f->failed || f->next_chunk == f->n_chunks))
+            nt_fetch_end(nt, f);
+    }
+    kvt_free(b);
+}
+
+/* ---- the end: RELEASE, the job's verdicts -------------------------------------- */
+
+/* Ends a fetch once nothing of it is in flight: verdicts, RELEASE, job part. */
+static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
+{
+    struct load_job *lj = f->lj;
+    uint64_t now = kvt_now_ns();
+    bool in_time = now < f->lease_deadline_ns && now < f->deadline_ns;
+
+    if (f->batches_in_flight > 0)
+        return;
+    if (f->state == F_QUEUED) {
+        kvt_list_del(&f->qnode);
+    } else {
+        struct nt_peer *p = kvt_map_get_u64(&nt->nodes, f->node);
+
+        /* The window opens; kvt__nt_pump sends the next one from the loop's top level. */
+        if (p != NULL && p->active > 0)
+            p->active--;
+    }
+    if (f->state == F_READING) {
+        if (!f->failed && !in_time) {
+            nt->c.lease_expiries++; /* read too late: the slot may have been reused */
+            f->failed = true;
+        }
+        struct nt_peer *p = kvt_map_get_u64(&nt->nodes, f->node);
+
+        for (uint32_t i = 0; i < f->n_chunks; i++) {
+            if (f->failed || !f->chunk_ok[i])
+                continue;
+            lj->ok[f->idx[f->chunks[i].key_index]] = true;
+            lj->bytes += f->chunks[i].length;
+            nt->c.pulled_chunks++;
+            nt->c.pulled_bytes += f->chunks[i].length;
+            if (p != NULL)
+                p->pulled_bytes += f->chunks[i].length;
+        }
+        if (f->grant_ns != 0)
+            nt->c.read_ns += now - f->grant_ns;
+        if (f->ep != NULL) {
+            struct kvt_wire_msg m;
+
+            kvt_wire_msg_init(&m, KVT_WIRE_RELEASE);
+            m.u.release.job_id = f->id;
+            m.u.release.lease_id = f->lease_id;
+            /* Lost RELEASE: the holder's lease expires on its own. */
+            (void)kvt__nt_send(nt, f->node, f->ep, &m);
+        }
+    }
+    if (f->failed)
+        nt->c.failed_fetches++;
+    nt_fetch_free(nt, f);
+    nt_load_part_done(nt, lj);
+}
+
+static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
+{
+    const struct kvt_job *job = lj->job;
+    size_t n_ok = 0;
+
+    if (--lj->parts_pending > 0)
+        return;
+    for (size_t i = 0; i < job->n; i++) {
+        if (lj->ok[i]) {
+            lj->ok_keys[n_ok++] = job->keys[i];
+            continue;
+        }
+        /* Seed livelock rule: a failed load makes the verdict MISS, and this holder
+         * is not asked again for the key. */
+        kvt_async_lookup_mark_miss(nt->al, &job->keys[i], 1);
+        kvt_free(kvt_map_remove(&nt->holders, job->keys[i].bytes, job->keys[i].len));
+    }
+    lj->done = (struct nt_done){.job_id = job->id,
+                                .success = n_ok == job->n,
+                                .ok_keys = n_ok > 0 && n_ok < job->n ? lj->ok_keys : NULL,
+                                .n_ok = n_ok < job->n ? n_ok : 0,
+                                .seconds = (double)(kvt_now_ns() - lj->start_ns) * 1e-9,
+                                .bytes = (int64_t)lj->bytes};
+    kvt__nt_job_done(nt, &lj->done);
+}
+
+static void nt_fetch_free(struct net_tier *nt, struct fetch *f)
+{
+    kvt_map_remove_u64(&nt->fetches, f->id);
+    if (f->rk != NULL)
+        kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
+    kvt_free(f);
+}
+
+/* ---- failures: timeouts, dead peers, closed links ------------------------------ */
+
+struct fail_match {
+    uint64_t node, keep_from;
+    struct kvt_tp_ep *ep;
+};
+
+static void nt_fail_fetch(struct net_tier *nt, void *v, void *arg)
+{
+    const struct fail_match *fm = arg;
+    struct fetch *f = v;
+    bool hit =
+        fm->ep != NULL ? f->ep == fm->ep : (f->node == fm->node && f->incarnation < fm->keep_from);
+
+    if (!hit || f->failed)
+        return;
+    f->failed = true;
+    if (fm->ep != NULL)
+        f->ep = NULL; /* the link is gone: no RELEASE on it */
+    if (f->batches_in_flight == 0)
+        nt_fetch_end(nt, f);
+}
+
+/* Fails every fetch to node (any incarnation older than keep_from) not yet reading;
+ * those reading end when their batches complete (the transport fails them). */
+void kvt__nt_fail_fetches(struct net_tier *nt, uint64_t node, uint64_t keep_from,
+                          struct kvt_tp_ep *ep)
+{
+    struct fail_match fm = {.node = node, .keep_from = keep_from, .ep = ep};
+
+    kvt__nt_for_each(nt, &nt->fetches, nt_fail_fetch, &fm);
+}
+
+static void nt_expire_fetch(struct net_tier *nt, void *v, void *arg)
+{
+    uint64_t now = *(const uint64_t *)arg;
+    struct fetch *f = v;
+
+    if (f->failed || f->state == F_QUEUED) /* no deadline before it is sent */
+        return;
+    if (now >= f->deadline_ns) {
+        f->failed = true;
+        kvt_info(NT_MOD, "fetch %" PRIu64 " from %016" PRIx64 " timed out", f->id, f->node);
+        if (f->batches_in_flight == 0)
+            nt_fetch_end(nt, f);
+    } else if (f->state == F_READING && f->next_chunk < f->n_chunks) {
+        nt_post_reads(nt, f); /* -EAGAIN earlier: room now? */
+    }
+}
+
+void kvt__nt_expire_fetches(struct net_tier *nt, uint64_t now)
+{
+    kvt__nt_for_each(nt, &nt->fetches, nt_expire_fetch, &now);
+}
+
+/* Fetches still reading on ep: the transport completed their batches before this
+ * call; their rkeys go now, while ep lives. */
+void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    kvt__nt_fail_fetches(nt, 0, 0, ep);
+    while (kvt_map_next(&nt->fetches, &it, &e)) {
+        struct fetch *f = e->value;
+
+        if (f->ep == ep) {
+            f->ep = NULL;
+            f->failed = true;
+        }
+        if (f->ep == NULL && f->rk != NULL && f->batches_in_flight == 0) {
+            kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
+            f->rk = NULL;
+        }
+    }
+}
+
+void kvt__nt_fetch_cleanup(struct net_tier *nt)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    while (kvt_map_next(&nt->fetches, &it, &e)) {
+        struct fetch *f = e->value;
+
+        if (f->rk != NULL)
+            kvt_tp_rkey_destroy(tp, f->rk);
+    }
+    kvt__nt_free_map(&nt->fetches);
+}

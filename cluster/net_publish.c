@@ -1,0 +1,175 @@
+/* The network tier's holder side of the directory (net_tier_int.h): what this node
+ * holds is published to each key's home, what the primary evicts is unpublished.
+ *
+ * The cascade (submit_store) only records the keys: the bytes stay in the primary,
+ * so the job is done at once. Keys to PUBLISH and UNPUBLISH collect in two vectors
+ * and leave batched, one message per home and NT_KEYS_PER_MSG keys, at the next
+ * flush (every schedule end and poll); keys homed here go straight to our own
+ * directory. Every record has a TTL: all held keys are re-published at half of it,
+ * and at once after a membership change (homes moved). A publication lost to a
+ * failed send or to memory is repaired by that re-publication; a lost
+ * unpublication ages out with its record. */
+#include <errno.h>
+#include <string.h>
+
+#include "kvt/alloc.h"
+#include "kvt/clock.h"
+#include "kvt/log.h"
+#include "net_tier_int.h"
+
+/* The job's record first: without it the job is refused, nothing published. */
+int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job)
+{
+    struct net_tier *nt = nt_of(t);
+    struct nt_done *d = kvt_calloc(1, sizeof(*d));
+
+    if (d == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < job->n; i++) {
+        const struct kvt_key *k = &job->keys[i];
+
+        if (kvt_map_get(&nt->published, k->bytes, k->len) != NULL)
+            continue;
+        if (kvt_map_put(&nt->published, k->bytes, k->len, (void *)1) != 0 ||
+            kvt__nt_keyvec_push(&nt->pub, k) != 0)
+            kvt_warn(NT_MOD, "out of memory: a chunk is not published (peers will miss it)");
+    }
+    *d = (struct nt_done){.job_id = job->id, .success = true, .seconds = -1, .bytes = 0};
+    kvt__nt_job_done(nt, d);
+    return 0;
+}
+
+void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n)
+{
+    struct net_tier *nt = arg;
+
+    if (keys == NULL) { /* reset_cache: everything */
+        struct kvt_map_entry *e;
+        size_t it = 0;
+
+        while (kvt_map_next(&nt->published, &it, &e)) {
+            struct kvt_key k;
+
+            k.len = e->key_len;
+            memcpy(k.bytes, e->key, e->key_len);
+            if (kvt__nt_keyvec_push(&nt->unpub, &k) != 0)
+                break; /* the records age out with their TTL */
+        }
+        kvt_map_clear(&nt->published);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (kvt_map_remove(&nt->published, keys[i].bytes, keys[i].len) != NULL &&
+            kvt__nt_keyvec_push(&nt->unpub, &keys[i]) != 0)
+            kvt_warn(NT_MOD, "out of memory: an unpublish was lost (its record ages out)");
+    }
+}
+
+static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
+                         const struct kvt_key *ks, size_t n)
+{
+    uint64_t inc = kvt_peers_incarnation(nt->peers);
+    struct kvt_wire_msg m;
+
+    if (home == nt->self) {
+        if (type == KVT_WIRE_PUBLISH)
+            kvt_directory_publish(nt->dir, nt->self, inc, ks, n, kvt_now_ns());
+        else
+            kvt_directory_unpublish(nt->dir, nt->self, inc, ks, n);
+        return;
+    }
+    if (home == 0)
+        return;
+    kvt_wire_msg_init(&m, type);
+    m.u.publish.node_id = nt->self;
+    m.u.publish.incarnation = inc;
+    m.u.publish.n_keys = (uint32_t)n;
+    m.u.publish.keys = (struct kvt_key *)ks;
+    /* A home we cannot reach now gets the keys at the next membership change. */
+    (void)kvt__nt_send(nt, home, NULL, &m);
+}
+
+/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; empties kv. */
+void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type)
+{
+    uint64_t live[NT_MAX_NODES];
+    size_t n_live;
+    uint64_t *homes;
+    bool *used;
+
+    if (kv->n == 0)
+        return;
+    n_live = kvt_peers_live(nt->peers, live, NT_MAX_NODES);
+    homes = kvt_malloc(kv->n * sizeof(*homes));
+    used = kvt_calloc(kv->n, sizeof(*used));
+    if (homes == NULL || used == NULL)
+        goto out;
+    for (size_t i = 0; i < kv->n; i++)
+        homes[i] = nt_home(&kv->v[i], live, n_live);
+    for (size_t i = 0; i < kv->n; i++) {
+        struct kvt_key ks[NT_KEYS_PER_MSG];
+        size_t n = 0;
+
+        if (used[i])
+            continue;
+        for (size_t j = i; j < kv->n; j++) {
+            if (used[j] || homes[j] != homes[i])
+                continue;
+            used[j] = true;
+            ks[n++] = kv->v[j];
+            if (n == NT_KEYS_PER_MSG) {
+                nt_send_keys(nt, homes[i], type, ks, n);
+                n = 0;
+            }
+        }
+        if (n > 0)
+            nt_send_keys(nt, homes[i], type, ks, n);
+    }
+out:
+    kvt_free(homes);
+    kvt_free(used);
+    kv->n = 0;
+}
+
+static bool nt_homed_here(void *arg, const struct kvt_key *key)
+{
+    struct net_tier *nt = arg;
+    uint64_t live[NT_MAX_NODES];
+    size_t n_live = kvt_peers_live(nt->peers, live, NT_MAX_NODES);
+
+    return nt_home(key, live, n_live) == nt->self;
+}
+
+void kvt__nt_flush_publishes(struct net_tier *nt)
+{
+    uint64_t now = kvt_now_ns();
+
+    if (now >= nt->next_republish_ns) { /* refresh records before their TTL ends */
+        nt->republish_all = true;
+        nt->next_republish_ns = now + ms_ns(nt->cfg.record_ttl_ms) / 2;
+    }
+    if (nt->republish_all) {
+        struct kvt_map_entry *e;
+        size_t it = 0;
+
+        nt->republish_all = false;
+        nt->pub.n = 0; /* all of them follow */
+        while (kvt_map_next(&nt->published, &it, &e)) {
+            struct kvt_key k;
+
+            k.len = e->key_len;
+            memcpy(k.bytes, e->key, e->key_len);
+            if (kvt__nt_keyvec_push(&nt->pub, &k) != 0)
+                break;
+        }
+        kvt_directory_retain(nt->dir, nt_homed_here, nt);
+    }
+    kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
+    kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
+    /* A scan of every record: once a second (locate checks each record's expiry
+     * anyway; this only frees them). */
+    if (now >= nt->next_dir_expire_ns) {
+        nt->next_dir_expire_ns = now + 1000 * MS;
+        kvt_directory_expire(nt->dir, now);
+    }
+}

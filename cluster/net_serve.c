@@ -1,0 +1,399 @@
+/* The network tier's holder side (net_tier_int.h): peers' FETCHes served through the
+ * parent, and the leases that keep the granted rows pinned while peers read them.
+ *
+ * A FETCH is parked (nt->in) until the next schedule end, when the manager lets the
+ * tier act as a requester of its own (serve_external_requests): each parked FETCH
+ * becomes a synthetic request - on_new_request, a lookup per key, kept parked while
+ * any key answers RETRY or HIT_PENDING (up to park_timeout_ms), create_store_job for
+ * the hits (which pins their rows), on_request_finished - and is answered by a GRANT
+ * (offset, length, generation and checksum of each row, the region handle, a lease)
+ * or a DENY. The store job is the lease's: it ends, and unpins, on RELEASE, at the
+ * lease's expiry, or when the requester's link closes or its node goes down. A
+ * requester reading after the lease ended may read a reused slot: the checksum in the
+ * GRANT tells it so.
+ *
+ * A lease also keeps the offsets of the rows it granted, so that the transport can
+ * ask, for each one-sided READ a peer posts, whether that peer holds an active lease
+ * on every row the READ touches (kvt__net_may_read). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kvt/alloc.h"
+#include "kvt/clock.h"
+#include "kvt/hash.h"
+#include "kvt/log.h"
+#include "kvt/primary.h"
+#include "net_tier_int.h"
+
+static struct lease *nt_lease_new(uint32_t n_rows);
+static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success);
+static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired);
+
+/* ---- inbound FETCHes ----------------------------------------------------------- */
+
+/* Parks the FETCH for the next schedule end; BUSY when it cannot be kept. */
+void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
+                      const struct kvt_wire_msg *m)
+{
+    struct inbound *in;
+    uint64_t id, inc;
+
+    if (kvt_peers_link_peer(nt->peers, ep, &id, &inc) != 0)
+        return;
+    if (nt->n_in == nt->cap_in) {
+        size_t cap = nt->cap_in ? nt->cap_in * 2 : 16;
+        struct inbound *v = kvt_reallocarray(nt->in, cap, sizeof(*v));
+
+        if (v == NULL)
+            goto busy;
+        nt->in = v;
+        nt->cap_in = cap;
+    }
+    in = &nt->in[nt->n_in];
+    *in = (struct inbound){.from = from,
+                           .from_inc = inc,
+                           .ep = ep,
+                           .fetch_id = m->u.fetch.job_id,
+                           .n = m->u.fetch.n_keys,
+                           .arrival_ns = kvt_now_ns()};
+    in->keys = kvt_malloc((in->n ? in->n : 1) * sizeof(*in->keys));
+    if (in->keys == NULL)
+        goto busy;
+    memcpy(in->keys, m->u.fetch.keys, in->n * sizeof(*in->keys));
+    nt->n_in++;
+    return;
+busy : {
+    struct kvt_wire_msg d;
+
+    kvt_wire_msg_init(&d, KVT_WIRE_DENY);
+    d.u.deny.job_id = m->u.fetch.job_id;
+    d.u.deny.reason = KVT_WIRE_R_BUSY;
+    (void)kvt__nt_send(nt, 0, ep, &d);
+}
+}
+
+/* ---- the serving loop ---------------------------------------------------------- */
+
+static void nt_send_deny(struct net_tier *nt, struct inbound *in, uint32_t reason)
+{
+    struct kvt_wire_msg d;
+
+    if (in->ep == NULL)
+        return;
+    kvt_wire_msg_init(&d, KVT_WIRE_DENY);
+    d.u.deny.job_id = in->fetch_id;
+    d.u.deny.reason = reason;
+    (void)kvt__nt_send(nt, in->from, in->ep, &d);
+}
+
+/* The arrays of one FETCH being served, n + 1 entries each (never zero bytes), in
+ * one allocation: the parent's verdict per key, the hits (key, index in the FETCH,
+ * the GRANT's chunk) and the indexes denied. */
+struct serve_scratch {
+    struct kvt_wire_chunk *chunks;
+    struct kvt_key *hit_keys;
+    uint32_t *hit_idx, *denied;
+    enum kvt_lookup_result *res;
+};
+
+#define NT_ROUND8(x) (((x) + 7) & ~(size_t)7)
+
+/* The block to free, or NULL. */
+static void *nt_scratch_alloc(struct serve_scratch *sc, uint32_t n)
+{
+    size_t m = (size_t)n + 1;
+    size_t chunks = NT_ROUND8(m * sizeof(*sc->chunks)), keys = NT_ROUND8(m * sizeof(*sc->hit_keys));
+    size_t idx = NT_ROUND8(m * sizeof(uint32_t)), res = m * sizeof(*sc->res);
+    char *p = kvt_malloc(chunks + keys + 2 * idx + res);
+
+    if (p == NULL)
+        return NULL;
+    sc->chunks = (struct kvt_wire_chunk *)p;
+    sc->hit_keys = (struct kvt_key *)(p + chunks);
+    sc->hit_idx = (uint32_t *)(p + chunks + keys);
+    sc->denied = (uint32_t *)(p + chunks + keys + idx);
+    sc->res = (enum kvt_lookup_result *)(p + chunks + keys + 2 * idx);
+    return p;
+}
+
+/* One parked FETCH: true when it is answered (and can be dropped). */
+static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct inbound *in,
+                         uint64_t now)
+{
+    struct serve_scratch sc;
+    void *block = NULL;
+    uint32_t n_hit = 0, n_denied = 0;
+    bool waiting = false;
+    const struct kvt_job *job = NULL;
+    struct lease *l = NULL;
+    struct kvt_wire_msg g;
+
+    if (in->ep == NULL || nt->shut) { /* requester gone, or we are stopping */
+        if (nt->shut)
+            nt_send_deny(nt, in, KVT_WIRE_R_SHUTDOWN);
+        goto done;
+    }
+    if (in->ctx == NULL) {
+        char id[64];
+        enum kvt_offload_policy pol;
+
+        snprintf(id, sizeof(id), "net-%016" PRIx64 "-%" PRIu64, in->from, in->fetch_id);
+        if (kvt_req_ctx_create(id, NULL, &in->ctx) != 0) {
+            nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+            goto done;
+        }
+        if (kvt_parent_on_new_request(parent, in->ctx, &pol) != 0) {
+            nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+            goto done;
+        }
+    }
+    block = nt_scratch_alloc(&sc, in->n);
+    if (block == NULL) {
+        nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+        goto finish;
+    }
+    for (uint32_t i = 0; i < in->n; i++) {
+        sc.res[i] = kvt_parent_lookup(parent, &in->keys[i], in->ctx);
+        if (sc.res[i] == KVT_RETRY || sc.res[i] == KVT_HIT_PENDING)
+            waiting = true;
+    }
+    if (waiting && now < in->arrival_ns + ms_ns(nt->cfg.park_timeout_ms)) {
+        kvt_free(block);
+        return false; /* parked: asked again at the next schedule end */
+    }
+    for (uint32_t i = 0; i < in->n; i++) {
+        if (sc.res[i] == KVT_HIT) {
+            sc.hit_keys[n_hit] = in->keys[i];
+            sc.hit_idx[n_hit++] = i;
+        } else {
+            sc.denied[n_denied++] = i;
+        }
+    }
+    if (n_hit > 0 && !kvt__nt_register(nt))
+        n_hit = 0;
+    /* The lease, with the store job's finished record, before the job: once the
+     * parent has pinned the rows, ending the job cannot fail. */
+    if (n_hit > 0 && (l = nt_lease_new(n_hit)) == NULL) {
+        nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+        goto finish;
+    }
+    if (n_hit > 0 && kvt_parent_create_store_job(parent, sc.hit_keys, n_hit, in->ctx, &job) != 0)
+        job = NULL;
+    if (job == NULL) {
+        kvt_free(l);
+        nt->c.denies++;
+        nt_send_deny(nt, in, KVT_WIRE_R_NOT_FOUND);
+        goto finish;
+    }
+    *l = (struct lease){.job = job,
+                        .from = in->from,
+                        .ep = in->ep,
+                        .deadline_ns = now + ms_ns(nt->cfg.lease_ms),
+                        .n_rows = n_hit};
+    for (uint32_t i = 0; i < n_hit; i++) {
+        struct kvt_primary_entry_info info;
+        const uint8_t *rowp;
+
+        if (kvt_primary_entry_info(nt->primary, &sc.hit_keys[i], &info) != 0 || info.slot < 0) {
+            /* Cannot happen while the job pins it; refuse rather than guess. */
+            nt_lease_done(nt, l, false);
+            nt_send_deny(nt, in, KVT_WIRE_R_UNSPEC);
+            goto finish;
+        }
+        rowp = nt->base.primary_base + (size_t)info.slot * nt->base.row_bytes;
+        if (!info.has_checksum) {
+            info.checksum = kvt_hash64(rowp, nt->base.row_bytes);
+            kvt_primary_set_checksum(nt->primary, &sc.hit_keys[i], info.checksum);
+        }
+        l->rows[i] = (uint64_t)info.slot * nt->base.row_bytes;
+        sc.chunks[i] = (struct kvt_wire_chunk){.key_index = sc.hit_idx[i],
+                                               .length = (uint32_t)nt->base.row_bytes,
+                                               .generation = info.generation,
+                                               .offset = l->rows[i],
+                                               .checksum = info.checksum};
+    }
+    l->id = nt->next_id++;
+    if (kvt_map_put_u64(&nt->leases, l->id, l) != 0) {
+        nt_lease_done(nt, l, false);
+        nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+        goto finish;
+    }
+    kvt_wire_msg_init(&g, KVT_WIRE_GRANT);
+    g.u.grant.job_id = in->fetch_id;
+    g.u.grant.lease_id = l->id;
+    g.u.grant.lease_ttl_ms = nt->cfg.lease_ms;
+    g.u.grant.handle_len = (uint32_t)nt->handle_len;
+    g.u.grant.handle = nt->handle;
+    g.u.grant.n_chunks = n_hit;
+    g.u.grant.chunks = sc.chunks;
+    g.u.grant.n_denied = n_denied;
+    g.u.grant.denied = sc.denied;
+    if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
+        nt_lease_end(nt, l, false); /* the requester times out */
+    } else {
+        struct nt_peer *p = kvt__nt_peer_get(nt, in->from);
+        uint64_t bytes = (uint64_t)n_hit * nt->base.row_bytes;
+
+        nt->c.served_chunks += n_hit;
+        nt->c.served_bytes += bytes;
+        nt->c.served_fetches++;
+        nt->c.serve_wait_ns += kvt_now_ns() - in->arrival_ns;
+        if (p != NULL)
+            p->served_bytes += bytes;
+    }
+finish:
+    kvt_parent_on_request_finished(parent, in->ctx);
+done:
+    if (in->ctx != NULL)
+        kvt_req_ctx_unref(in->ctx);
+    in->ctx = NULL;
+    kvt_free(block);
+    return true;
+}
+
+void kvt__nt_serve(struct kvt_tier *t, struct kvt_parent *parent)
+{
+    struct net_tier *nt = nt_of(t);
+    uint64_t now;
+    size_t w = 0;
+
+    kvt__nt_progress(nt);
+    now = kvt_now_ns();
+    for (size_t i = 0; i < nt->n_in; i++) {
+        if (nt_serve_one(nt, parent, &nt->in[i], now))
+            kvt_free(nt->in[i].keys);
+        else
+            nt->in[w++] = nt->in[i];
+    }
+    nt->n_in = w;
+}
+
+void kvt__nt_serve_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    for (size_t i = 0; i < nt->n_in; i++) {
+        if (nt->in[i].ep == ep)
+            nt->in[i].ep = NULL;
+    }
+}
+
+/* ---- leases -------------------------------------------------------------------- */
+
+/* Room for n_rows granted rows; the caller fills the rest once the job exists. */
+static struct lease *nt_lease_new(uint32_t n_rows)
+{
+    return kvt_calloc(1, sizeof(struct lease) + (size_t)n_rows * sizeof(uint64_t));
+}
+
+/* The lease's store job ended (the manager unpins its rows): reported at the next
+ * get_finished_jobs, which frees the lease. Not in nt->leases any more. */
+static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success)
+{
+    l->done =
+        (struct nt_done){.job_id = l->job->id, .success = success, .seconds = -1, .bytes = -1};
+    kvt__nt_job_done(nt, &l->done);
+}
+
+/* RELEASE, expiry, reaping, drain: the rows may no longer be read. */
+static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired)
+{
+    if (expired)
+        nt->c.lease_expiries++;
+    kvt_map_remove_u64(&nt->leases, l->id);
+    nt_lease_done(nt, l, true);
+}
+
+bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len)
+{
+    uint64_t row = nt->base.row_bytes, now = kvt_now_ns(), end;
+
+    if (len == 0 || row == 0 || off > UINT64_MAX - len)
+        return false;
+    end = off + len;
+    /* Row by row: each row the range touches must be granted to this peer. */
+    for (uint64_t r = off - off % row; r < end; r += row) {
+        struct kvt_map_entry *e;
+        bool granted = false;
+
+        for (size_t it = 0; !granted && kvt_map_next(&nt->leases, &it, &e);) {
+            const struct lease *l = e->value;
+
+            if (l->from != peer_node_id || now >= l->deadline_ns)
+                continue;
+            for (uint32_t i = 0; !granted && i < l->n_rows; i++)
+                granted = l->rows[i] == r;
+        }
+        if (!granted)
+            return false;
+    }
+    return true;
+}
+
+void kvt__nt_on_release(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)
+{
+    struct lease *l = kvt_map_get_u64(&nt->leases, m->u.release.lease_id);
+
+    if (l == NULL || l->from != from) {
+        nt->c.refused++; /* also a RELEASE after its lease expired */
+        return;
+    }
+    nt_lease_end(nt, l, false);
+}
+
+struct reap_match {
+    uint64_t node;
+    struct kvt_tp_ep *ep;
+};
+
+static void nt_reap_lease(struct net_tier *nt, void *v, void *arg)
+{
+    const struct reap_match *rm = arg;
+    struct lease *l = v;
+
+    if (rm->ep != NULL ? l->ep != rm->ep : l->from != rm->node)
+        return;
+    nt->c.leases_reaped++;
+    nt_lease_end(nt, l, false);
+}
+
+void kvt__nt_reap_leases(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep)
+{
+    struct reap_match rm = {.node = node, .ep = ep};
+
+    kvt__nt_for_each(nt, &nt->leases, nt_reap_lease, &rm);
+}
+
+static void nt_expire_lease(struct net_tier *nt, void *v, void *arg)
+{
+    struct lease *l = v;
+
+    if (*(const uint64_t *)arg >= l->deadline_ns)
+        nt_lease_end(nt, l, true);
+}
+
+void kvt__nt_expire_leases(struct net_tier *nt, uint64_t now)
+{
+    kvt__nt_for_each(nt, &nt->leases, nt_expire_lease, &now);
+}
+
+static void nt_end_lease(struct net_tier *nt, void *v, void *arg)
+{
+    (void)arg;
+    nt_lease_end(nt, v, false);
+}
+
+void kvt__nt_end_leases(struct net_tier *nt)
+{
+    kvt__nt_for_each(nt, &nt->leases, nt_end_lease, NULL);
+}
+
+void kvt__nt_serve_cleanup(struct net_tier *nt)
+{
+    kvt__nt_free_map(&nt->leases);
+    for (size_t i = 0; i < nt->n_in; i++) {
+        kvt_free(nt->in[i].keys);
+        if (nt->in[i].ctx != NULL)
+            kvt_req_ctx_unref(nt->in[i].ctx);
+    }
+    kvt_free(nt->in);
+}

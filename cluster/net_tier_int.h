@@ -1,0 +1,347 @@
+/* Private parts of the network tier (kvt/net_tier.h), shared by its five files:
+ *   net_tier.c     the ops table, create/destroy, the poll, finished jobs, stats and
+ *                  the peer callbacks that fan out to the roles below
+ *   net_locate.c   requester: lookups by LOCATE (the worker's queue, the loop's
+ *                  parts); home: the location directory (PUBLISH/UNPUBLISH, LOCATE)
+ *   net_publish.c  holder: publishing what the primary holds, unpublishing evictions
+ *   net_fetch.c    requester: a load as FETCH, GRANT, READ, validation, RELEASE
+ *   net_serve.c    holder: inbound FETCHes, the serving loop, leases
+ *
+ * Threads: everything runs on the loop thread (the manager's scheduler thread; the
+ * transport's callbacks run inside its progress, on the same thread) except the
+ * async lookup worker, which runs kvt__nt_batch_lookup and touches only the fields
+ * marked "under mu" and the locate_req it queued. */
+#ifndef KVT_NET_TIER_INT_H
+#define KVT_NET_TIER_INT_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#include "kvt/async_lookup.h"
+#include "kvt/common.h"
+#include "kvt/directory.h"
+#include "kvt/list.h"
+#include "kvt/map.h"
+#include "kvt/net_tier.h"
+#include "kvt/placement.h"
+
+#define NT_MOD "net"
+/* Keys per PUBLISH/UNPUBLISH/LOCATE/FETCH: keeps every message far below the
+ * transport's 64 KiB control-message default. */
+#define NT_KEYS_PER_MSG 256
+#define NT_MAX_NODES    KVT_MEMBERS_MAX
+#define MS              1000000ull
+
+/* ---- shared with the lookup worker (under nt->mu) ------------------------------ */
+
+enum { LR_QUEUED, LR_TAKEN, LR_DONE };
+
+struct locate_req {
+    struct locate_req *next;
+    struct kvt_key *keys; /* the worker's copy; the loop reads it while TAKEN */
+    size_t n;
+    bool *found; /* written by the loop under mu, then state DONE */
+    int state;
+    int refs; /* worker + loop */
+};
+
+/* ---- loop-side state ----------------------------------------------------------- */
+
+struct locate_op { /* one locate_req being answered */
+    uint64_t id;
+    struct locate_req *req;
+    bool *found;
+    size_t parts_pending;
+    uint64_t deadline_ns;
+};
+
+struct locate_part { /* one LOCATE on the wire */
+    uint64_t wire_id;
+    struct locate_op *op;
+    uint64_t node;
+    uint32_t *idx; /* into op->req->keys */
+    uint32_t n;
+    uint64_t sent_ns;
+};
+
+struct holder {
+    uint64_t node_id;
+    uint64_t incarnation;
+};
+
+/* A job's finished record. It is part of what the tier keeps for the job from the
+ * moment it accepts it - the first member of the load_job, of the lease, or a
+ * store's record on its own - goes on nt->done when the job ends and is freed, with
+ * what it is part of, after get_finished_jobs reported it: reporting a job never
+ * allocates and cannot fail. */
+struct nt_done {
+    struct kvt_list link; /* on nt->done once the job ended */
+    kvt_job_id_t job_id;
+    bool success;
+    const struct kvt_key *ok_keys; /* successful_keys of a failed load, or NULL */
+    size_t n_ok;
+    double seconds; /* -1: not measured */
+    int64_t bytes;  /* -1: not measured */
+};
+
+/* A load job: made whole at submit (job->n entries in each array, one allocation),
+ * freed after its report. */
+struct load_job {
+    struct nt_done done; /* first: the block is freed through it */
+    const struct kvt_job *job;
+    size_t parts_pending; /* fetches not ended, + 1 while submit runs */
+    uint64_t start_ns;
+    uint64_t bytes;
+    uint32_t *idx;           /* submit's scratch: one fetch's key indexes */
+    struct kvt_key *ok_keys; /* the report's successful keys */
+    bool *ok;                /* key i was read and verified */
+    bool *used;              /* submit's scratch: key i is in a fetch, or failed */
+};
+
+/* A fetch waits QUEUED on its peer until fewer than fetches_per_peer of that peer's
+ * fetches are SENT or READING; its deadline starts when its FETCH leaves. */
+enum { F_QUEUED, F_SENT, F_READING };
+
+/* A fetch and its arrays (idx, chunks, chunk_ok: n entries each) are one block,
+ * made at submit: a GRANT is validated and read without allocating. */
+struct fetch {
+    uint64_t id;
+    struct load_job *lj;
+    uint64_t node, incarnation;
+    int state;
+    struct kvt_list qnode; /* on its nt_peer's queue while QUEUED */
+    uint64_t queued_ns, sent_ns, grant_ns;
+    uint32_t *idx; /* job key indexes, in FETCH order (n <= NT_KEYS_PER_MSG) */
+    uint32_t n;
+    uint64_t deadline_ns, lease_deadline_ns;
+    uint64_t lease_id;
+    struct kvt_tp_ep *ep;
+    struct kvt_tp_rkey *rk;
+    struct kvt_wire_chunk *chunks; /* the GRANT's, at most n (checked) */
+    bool *chunk_ok;                /* chunk i read and verified */
+    uint32_t n_chunks, next_chunk;
+    unsigned batches_in_flight;
+    bool failed; /* timed out, link lost or peer down: no more batches, no RELEASE */
+};
+
+struct batch {
+    struct net_tier *nt;
+    uint64_t fetch_id;
+    uint32_t first, n;
+};
+
+struct inbound { /* a peer's FETCH waiting for the serving loop */
+    uint64_t from, from_inc;
+    struct kvt_tp_ep *ep; /* NULL once the link closed */
+    uint64_t fetch_id;
+    struct kvt_key *keys;
+    uint32_t n;
+    uint64_t arrival_ns;
+    struct kvt_req_ctx *ctx; /* after on_new_request */
+};
+
+/* A GRANT's lease: the store job that pins the granted rows, and the rows (their
+ * offsets in the primary region, each row_bytes long) the peer may read until it
+ * ends. Made before the job, so ending it cannot fail; in nt->leases while active,
+ * then on nt->done until reported. */
+struct lease {
+    struct nt_done done; /* first: the lease is freed through it */
+    uint64_t id;
+    const struct kvt_job *job;
+    uint64_t from;
+    struct kvt_tp_ep *ep;
+    uint64_t deadline_ns;
+    uint32_t n_rows;
+    uint64_t rows[]; /* granted row offsets */
+};
+
+struct keyvec {
+    struct kvt_key *v;
+    size_t n, cap;
+};
+
+/* Per peer node id (any incarnation): the FETCH window and the per-peer byte counts
+ * of get_stats. Created on first use, kept for the tier's life (bounded by the
+ * members ever seen). */
+struct nt_peer {
+    uint64_t node;
+    struct kvt_list queue; /* QUEUED fetches, FIFO */
+    unsigned active;       /* fetches SENT or READING */
+    uint64_t pulled_bytes, served_bytes;
+    uint64_t reported_pulled, reported_served;
+};
+
+/* The tier. Owns every map's values, the directory, the async lookup helper, the
+ * wake eventfd and the primary region's registrations; not the peers or the
+ * primary. Who touches what:
+ *   fixed after create   base (the manager fills its primary fields at adoption),
+ *                        cfg, peers, primary, al, self, wake_fd; read by both threads
+ *                        (the worker reads only cfg.locate_timeout_ms and wake_fd)
+ *   under mu             lq_head, lq_tail, stopping, woken: worker and loop
+ *   loop thread only     everything else, without a lock */
+struct net_tier {
+    struct kvt_tier base;
+    struct kvt_net_tier_config cfg;
+    struct kvt_peers *peers;
+    struct kvt_primary *primary;
+    struct kvt_async_lookup *al;
+    struct kvt_directory *dir; /* loop: the records of the keys homed here */
+    uint64_t self;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;                     /* the loop answered a locate_req, or stopping */
+    struct locate_req *lq_head, **lq_tail; /* under mu: queued by the worker */
+    bool stopping;                         /* under mu */
+    int wake_fd;
+    bool woken; /* under mu: wake_fd was written and not yet read (one read a wake,
+                   not one read per poll) */
+
+    /* Loop thread only from here on. */
+    struct kvt_map locate_ops;   /* id -> locate_op (net_locate.c) */
+    struct kvt_map locate_parts; /* wire id -> locate_part (net_locate.c) */
+    struct kvt_map holders;      /* key -> holder: who to fetch a found key from */
+    struct kvt_map fetches;      /* id -> fetch (net_fetch.c) */
+    struct kvt_map leases;       /* id -> lease (net_serve.c) */
+    struct kvt_map nodes;        /* node id -> nt_peer */
+    struct kvt_map published;    /* key -> (void *)1: what we told homes we hold */
+    uint64_t next_id;            /* locate ops and parts, fetches, leases */
+    uint64_t next_expire_ns, next_dir_expire_ns;
+
+    struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
+    size_t n_in, cap_in;
+    struct kvt_list done;     /* nt_done of ended jobs, reported by get_finished_jobs */
+    struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
+    bool republish_all;
+    uint64_t next_republish_ns;
+
+    struct kvt_tp_mr *mr_remote, *mr_local; /* the primary region, on first need */
+    uint8_t handle[KVT_TP_MAX_HANDLE_SIZE];
+    size_t handle_len;
+    bool reg_failed;
+
+    struct kvt_net_tier_counts c, reported;
+    bool shut;
+};
+
+/* get_finished_jobs frees a record and what it opens in one kvt_free. */
+_Static_assert(offsetof(struct load_job, done) == 0, "a load job opens with its record");
+_Static_assert(offsetof(struct lease, done) == 0, "a lease opens with its record");
+
+static inline struct net_tier *nt_of(struct kvt_tier *t)
+{
+    return KVT_CONTAINER_OF(t, struct net_tier, base);
+}
+
+static inline uint64_t ms_ns(uint32_t ms)
+{
+    return (uint64_t)ms * MS;
+}
+
+/* Home of a key among the live members (self included); 0 when nobody is live. */
+static inline uint64_t nt_home(const struct kvt_key *key, const uint64_t *live, size_t n_live)
+{
+    long i = kvt_hrw_home(key, live, n_live);
+
+    return i < 0 ? 0 : live[i];
+}
+
+/* ---- net_tier.c ---------------------------------------------------------------- */
+
+/* Calls fn(nt, v, arg) for every value v of m, in place (it never allocates, so
+ * expiry, reaping and drain cannot fail): fn may remove v from m, and must neither
+ * remove another value from m nor add one. */
+typedef void (*kvt__nt_visit_fn)(struct net_tier *nt, void *v, void *arg);
+void kvt__nt_for_each(struct net_tier *nt, const struct kvt_map *m, kvt__nt_visit_fn fn, void *arg);
+int kvt__nt_keyvec_push(struct keyvec *kv, const struct kvt_key *k);
+void kvt__nt_keyvec_free(struct keyvec *kv);
+/* Every message of the tier goes through here: to node, or on ep when it is not NULL
+ * (a reply). A message that could not be sent is counted and logged. */
+int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
+                 const struct kvt_wire_msg *m);
+/* The job of d ended: d is filled in, queued for get_finished_jobs. */
+void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d);
+/* The per-peer state of node, created on first use; NULL when out of memory. */
+struct nt_peer *kvt__nt_peer_get(struct net_tier *nt, uint64_t node);
+/* Peer messages, LOCATEs from the worker, deadlines (once a ms), FETCH windows. */
+int kvt__nt_progress(struct net_tier *nt);
+/* Frees every value of m, then m. */
+void kvt__nt_free_map(struct kvt_map *m);
+/* Registers the primary region with the transport once (both directions); false
+ * when it cannot be (logged once, never retried). */
+bool kvt__nt_register(struct net_tier *nt);
+
+/* ---- net_locate.c -------------------------------------------------------------- */
+
+/* The async lookup helper's batch_lookup (worker thread). */
+int kvt__nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
+                         const struct kvt_req_ctx *ctx, bool *found);
+/* Loop: sends the LOCATEs of the requests the worker queued. */
+void kvt__nt_take_locates(struct net_tier *nt);
+void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m);
+void kvt__nt_expire_locates(struct net_tier *nt, uint64_t now);
+bool kvt__nt_holder_live(struct net_tier *nt, const struct holder *h);
+/* Forgets the holders on node with an incarnation below keep_from. */
+void kvt__nt_forget_holders(struct net_tier *nt, uint64_t node, uint64_t keep_from);
+enum kvt_lookup_result kvt__nt_lookup(struct kvt_tier *t, const struct kvt_key *key,
+                                      struct kvt_req_ctx *ctx);
+/* Home side. */
+void kvt__nt_on_publish(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
+                        const struct kvt_wire_msg *m);
+void kvt__nt_on_locate(struct net_tier *nt, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m);
+/* Destroy: frees the locate ops and parts (with their worker references). */
+void kvt__nt_locate_cleanup(struct net_tier *nt);
+
+/* ---- net_publish.c ------------------------------------------------------------- */
+
+int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job);
+/* The primary's removed hook (keys NULL: everything). */
+void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n);
+/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; empties kv. */
+void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type);
+/* Re-publication when due, then the batched UNPUBLISHes and PUBLISHes. */
+void kvt__nt_flush_publishes(struct net_tier *nt);
+
+/* ---- net_fetch.c --------------------------------------------------------------- */
+
+int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job);
+/* Sends queued fetches where a peer's window has room (loop top level only). */
+void kvt__nt_pump(struct net_tier *nt);
+void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
+                      const struct kvt_wire_msg *m);
+void kvt__nt_on_deny(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m);
+/* Fails every fetch to node with an incarnation below keep_from not yet reading, or
+ * with ep not NULL every fetch on ep. */
+void kvt__nt_fail_fetches(struct net_tier *nt, uint64_t node, uint64_t keep_from,
+                          struct kvt_tp_ep *ep);
+void kvt__nt_expire_fetches(struct net_tier *nt, uint64_t now);
+/* ep's link closed: its fetches fail, their rkeys go while ep lives. */
+void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
+/* Destroy: frees the fetches. */
+void kvt__nt_fetch_cleanup(struct net_tier *nt);
+
+/* ---- net_serve.c --------------------------------------------------------------- */
+
+void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
+                      const struct kvt_wire_msg *m);
+void kvt__nt_on_release(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m);
+/* The ParentManager loop over the parked FETCHes. */
+void kvt__nt_serve(struct kvt_tier *t, struct kvt_parent *parent);
+/* Ends every lease of node, or with ep not NULL every lease on ep (reaped). */
+void kvt__nt_reap_leases(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep);
+void kvt__nt_expire_leases(struct net_tier *nt, uint64_t now);
+/* Drain: ends every lease now. */
+void kvt__nt_end_leases(struct net_tier *nt);
+/* ep's link closed: its parked FETCHes get no answer. */
+void kvt__nt_serve_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
+/* The grant check for one-sided READs of the primary region (the transport asks it
+ * for each READ a peer posts): true when every byte of [off, off + len) - offsets in
+ * the region, as in a GRANT's chunks - lies in a row granted to peer_node_id by a
+ * lease that is active: neither released, reaped nor past its deadline. Loop
+ * thread. */
+bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len);
+/* Destroy: frees the leases and the parked FETCHes. */
+void kvt__nt_serve_cleanup(struct net_tier *nt);
+
+#endif
