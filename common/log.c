@@ -1,5 +1,9 @@
 /* Logging: one line per event on stderr, "<LEVEL> <module>: text". The level is a
- * process-wide setting (daemon config or KVT_LOG_LEVEL in the environment). */
+ * process-wide setting (daemon config or KVT_LOG_LEVEL in the environment).
+ *
+ * Strings from engines and peers go through kvt_log_escape at their call sites (a
+ * readable, unambiguous form), and kvt_log_write replaces any control byte still in a
+ * line, so that no input can end a line early and forge the next one. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -56,5 +60,51 @@ void kvt_log_write(enum kvt_log_level level, const char *module, const char *fmt
     va_start(ap, fmt);
     vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
     va_end(ap);
+    /* One event, one line: a control byte from an unescaped string cannot start
+     * another. */
+    for (char *p = buf; *p != '\0'; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
     fprintf(stderr, "%s\n", buf);
+}
+
+const char *kvt_log_escape(char *buf, size_t len, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+
+    if (len == 0)
+        return buf;
+    if (s == NULL)
+        s = "(null)";
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        char e[4];
+        size_t n = 0;
+
+        if (*p == '\\' || *p == '\n' || *p == '\r' || *p == '\t') {
+            e[n++] = '\\';
+            e[n++] = *p == '\\' ? '\\' : *p == '\n' ? 'n' : *p == '\r' ? 'r' : 't';
+        } else if (*p >= 0x20 && *p < 0x7f) {
+            e[n++] = (char)*p;
+        } else {
+            e[n++] = '\\';
+            e[n++] = 'x';
+            e[n++] = hex[*p >> 4];
+            e[n++] = hex[*p & 0xf];
+        }
+        /* Room for this escape and, when more follows, for "..." after it. */
+        if (o + n + (p[1] != '\0' ? 3 : 0) >= len) {
+            if (len >= 4) { /* the reservation above left room for it */
+                memcpy(buf + o, "...", 3);
+                o += 3;
+            } else {
+                o = 0;
+            }
+            break;
+        }
+        memcpy(buf + o, e, n);
+        o += n;
+    }
+    buf[o] = '\0';
+    return buf;
 }
