@@ -103,6 +103,7 @@ struct eclient {
     bool fd_to_send; /* the next byte written carries the region fd */
     bool want_out;   /* epoll watches EPOLLOUT (else EPOLLIN) */
     bool out_full;   /* frames wait for max_output_bytes (counted once per wait) */
+    bool shut_wr;    /* closing: all sent, our side shut down, waiting for its EOF */
     uint8_t *in;
     size_t in_len, in_cap;
     struct kvt_ebuf out;
@@ -1063,6 +1064,29 @@ static int read_some(struct kvt_engine_server *s, struct eclient *c)
     }
 }
 
+/* A closing client whose replies have all left: our side is shut down (it reads the
+ * ERROR frame, then EOF) and what it still sends is read and dropped until its EOF,
+ * because closing a unix socket with unread bytes resets the peer's connection before
+ * it could read the ERROR frame. 1 when it is gone, 0 while we wait. */
+static int linger(struct eclient *c)
+{
+    uint8_t sink[4096];
+
+    if (!c->shut_wr) {
+        shutdown(c->fd, SHUT_WR);
+        c->shut_wr = true;
+    }
+    for (;;) {
+        ssize_t n = recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
+
+        if (n > 0)
+            continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 1;
+    }
+}
+
 /* Moves a client on as far as it can go now: replies out, then the frames waiting,
  * then new bytes in; requests are executed only when the previous replies have left,
  * so what is queued for a client is bounded by max_output_bytes plus one reply. */
@@ -1073,6 +1097,8 @@ static int client_service(struct kvt_engine_server *s, struct eclient *c)
 
         if (rc < 0)
             return rc;
+        if (c->closing && c->out.len == 0)
+            return linger(c) ? -ECONNRESET : update_watch(s, c);
         if (c->closing || c->out.len > 0)
             break;
         run_frames(s, c);
@@ -1097,16 +1123,16 @@ static void client_event(struct kvt_engine_server *s, struct eclient *c, uint32_
         rc = -ECONNRESET;
     else
         rc = client_service(s, c);
-    if (rc < 0) {
-        client_destroy(s, c, rc == -ECONNRESET ? "disconnected" : strerror(-rc));
-        return;
-    }
-    if (c->closing && c->out.len == 0)
-        client_destroy(s, c, "closed by the server");
+    if (rc < 0)
+        client_destroy(s, c,
+                       c->closing          ? "closed by the server"
+                       : rc == -ECONNRESET ? "disconnected"
+                                           : strerror(-rc));
 }
 
-/* Closes clients past their HELLO deadline, and refused clients whose ERROR frame
- * has left (or had its time to). Runs after the events of a batch, never during. */
+/* Refuses clients past their HELLO deadline, and closes refused clients once their
+ * ERROR frame has left and they closed too (or had CLOSING_GRACE_NS to). Runs after
+ * the events of a batch, never during. */
 static void sweep(struct kvt_engine_server *s)
 {
     uint64_t now = kvt_now_ns();
@@ -1120,7 +1146,8 @@ static void sweep(struct kvt_engine_server *s)
         }
         if (!c->closing)
             continue;
-        if (flush_out(s, c) < 0 || c->out.len == 0 || now - c->closing_ns >= CLOSING_GRACE_NS)
+        if (flush_out(s, c) < 0 || (c->out.len == 0 && linger(c)) ||
+            now - c->closing_ns >= CLOSING_GRACE_NS)
             client_destroy(s, c, "closed by the server");
         else
             update_watch(s, c);
