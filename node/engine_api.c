@@ -66,8 +66,9 @@
 #define READS_PER_TURN 16
 /* A refused client's ERROR frame gets this long to leave before the connection goes. */
 #define CLOSING_GRACE_NS 1000000000ull
-/* An input buffer this large is freed when empty (it grew for one big frame). */
-#define IN_KEEP_BYTES (64u << 10)
+/* An input buffer larger than this is freed when empty (it grew for a rare big frame;
+ * bulk requests of max_keys keys, ~70 KiB, keep theirs). */
+#define IN_KEEP_BYTES (256u << 10)
 
 _Static_assert(sizeof(struct kvtier_key) == sizeof(struct kvt_key), "key layouts differ");
 _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, bytes),
@@ -1037,6 +1038,11 @@ static int read_some(struct kvt_engine_server *s, struct eclient *c)
     if (c->in_len == c->in_cap) {
         size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
         uint8_t *p;
+
+        /* A header says how much is coming: room for the whole frame at once. */
+        if (c->in_len >= KVT_EPROTO_HDR &&
+            KVT_EPROTO_HDR + (size_t)kvt__eproto_frame_len(c->in) > cap)
+            cap = KVT_EPROTO_HDR + (size_t)kvt__eproto_frame_len(c->in);
 
         if (cap > frame_cap)
             cap = frame_cap;

@@ -22,6 +22,7 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -1053,28 +1054,28 @@ static void test_full_of_silent_connections(void **state)
     kvtier_close(e2);
 }
 
-/* Milliseconds of the best of 5 prepare_load + complete_load pairs of one key named
- * n times. */
-static double load_pair_ms(struct kvtier_client *a, const struct kvtier_key *many, size_t n,
-                           int64_t *ids)
+/* CPU milliseconds the server's thread spent on 5 prepare_load + complete_load pairs
+ * of one key named n times (its CPU time, not the wall clock: other processes on
+ * the machine do not count). */
+static double load_pairs_cpu_ms(struct kvtier_client *a, const struct kvtier_key *many, size_t n,
+                                int64_t *ids)
 {
-    double best = 1e9;
+    struct timespec t0, t1;
+    clockid_t cid;
 
+    assert_int_equal(pthread_getcpuclockid(g.thread, &cid), 0);
+    assert_int_equal(clock_gettime(cid, &t0), 0);
     for (int r = 0; r < 5; r++) {
-        uint64_t t0 = kvt_now_ns();
-
         assert_int_equal(kvtier_prepare_load(a, "l-1", many, n, ids), 0);
         assert_int_equal(kvtier_complete_load(a, "l-1", many, n), 0);
-        double ms = (double)(kvt_now_ns() - t0) / 1e6;
-        if (ms < best)
-            best = ms;
     }
-    return best;
+    assert_int_equal(clock_gettime(cid, &t1), 0);
+    return (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
 }
 
-/* One key named max_keys times in prepare_load/complete_load: the mirror's checks cost
- * O(1) per key, so 8 times the keys take about 8 times as long (a quadratic check
- * took 64 times as long: 36 ms for 4096). */
+/* One key named 4096 times in prepare_load/complete_load: the mirror's checks cost
+ * O(1) per key, so 8 times the keys take about 8 times as long (the quadratic check
+ * took about 64 times as long: 36 ms a pair for 4096). */
 static void test_repeated_key_loads_linear(void **state)
 {
     struct kvtier_client *a = conn("repeat");
@@ -1089,11 +1090,13 @@ static void test_repeated_key_loads_linear(void **state)
     assert_int_equal(store(a, "l-1", 1000, 1, 0), 0);
     for (size_t i = 0; i < n; i++)
         many[i] = key(1000);
-    small = load_pair_ms(a, many, n / 8, ids);
-    large = load_pair_ms(a, many, n, ids);
-    print_message("prepare_load+complete_load of one key: %zu times %.3f ms, %zu times %.3f ms\n",
+    load_pairs_cpu_ms(a, many, n, ids); /* warm: buffers at their size */
+    small = load_pairs_cpu_ms(a, many, n / 8, ids);
+    large = load_pairs_cpu_ms(a, many, n, ids);
+    print_message("5 x prepare_load+complete_load of one key, server CPU: %zu times %.3f ms, "
+                  "%zu times %.3f ms\n",
                   n / 8, small, n, large);
-    assert_true(large < 24 * (small > 0.05 ? small : 0.05));
+    assert_true(large < 24 * (small > 0.2 ? small : 0.2));
     assert_int_equal(entry(1000).ref_cnt, 0);
     /* One pin more named than held: refused, counted, nothing unpinned. */
     assert_int_equal(kvtier_prepare_load(a, "l-1", many, 2, ids), 0);
@@ -1169,42 +1172,54 @@ static void test_socket_mode_and_group(void **state)
     struct kvt_engine_server_config sc = {.manager = g.m};
     struct kvt_engine_server *s2 = NULL;
     char path[300], gid[32];
-    struct stat st;
-    mode_t old = umask(0);
+    struct stat st_default = {0}, st_set = {0};
+    int rc_default, rc_set, rc_group, rc_mode, left_behind;
+    mode_t old;
 
     snprintf(path, sizeof(path), "%s/mode.sock", g.dir);
     snprintf(gid, sizeof(gid), "%u", (unsigned)getgid());
     sc.socket_path = path;
+    /* Under the lock (the manager is the server thread's); asserts after it. */
     pthread_mutex_lock(&g.lock);
-    /* Default: 0660, even under umask 0. */
-    assert_int_equal(kvt_engine_server_create(&sc, &s2), 0);
-    assert_int_equal(stat(path, &st), 0);
-    assert_true(S_ISSOCK(st.st_mode));
-    assert_int_equal(st.st_mode & 07777, 0660);
-    kvt_engine_server_destroy(s2);
-    /* Configured: 0600 and our own group, under umask 022. */
+    old = umask(0);
+    rc_default = kvt_engine_server_create(&sc, &s2); /* 0660, even under umask 0 */
+    if (rc_default == 0) {
+        stat(path, &st_default);
+        kvt_engine_server_destroy(s2);
+    }
     umask(022);
     sc.socket_mode = 0600;
     sc.socket_group = gid;
-    assert_int_equal(kvt_engine_server_create(&sc, &s2), 0);
-    assert_int_equal(stat(path, &st), 0);
-    assert_int_equal(st.st_mode & 07777, 0600);
-    assert_int_equal(st.st_gid, getgid());
-    kvt_engine_server_destroy(s2);
-    /* A group that does not exist, a mode that is not one: refused, nothing left. */
+    rc_set = kvt_engine_server_create(&sc, &s2);
+    if (rc_set == 0) {
+        stat(path, &st_set);
+        kvt_engine_server_destroy(s2);
+    }
     sc.socket_group = "no-such-group-kvtier";
-    assert_int_equal(kvt_engine_server_create(&sc, &s2), -EINVAL);
+    rc_group = kvt_engine_server_create(&sc, &s2);
     sc.socket_group = NULL;
     sc.socket_mode = 01777;
-    assert_int_equal(kvt_engine_server_create(&sc, &s2), -EINVAL);
-    pthread_mutex_unlock(&g.lock);
-    assert_int_equal(access(path, F_OK), -1);
+    rc_mode = kvt_engine_server_create(&sc, &s2);
     umask(old);
+    pthread_mutex_unlock(&g.lock);
+
+    assert_int_equal(rc_default, 0);
+    assert_true(S_ISSOCK(st_default.st_mode));
+    assert_int_equal(st_default.st_mode & 07777, 0660);
+    assert_int_equal(rc_set, 0);
+    assert_int_equal(st_set.st_mode & 07777, 0600);
+    assert_int_equal(st_set.st_gid, getgid());
+    /* A group that does not exist, a mode that is not one: refused, nothing left. */
+    assert_int_equal(rc_group, -EINVAL);
+    assert_int_equal(rc_mode, -EINVAL);
+    assert_int_equal(access(path, F_OK), -1);
     /* No private directory was left beside the socket. */
     DIR *d = opendir(g.dir);
+    left_behind = 0;
     for (struct dirent *e; (e = readdir(d)) != NULL;)
-        assert_true(strncmp(e->d_name, ".kvtier-", 8) != 0);
+        left_behind += strncmp(e->d_name, ".kvtier-", 8) == 0;
     closedir(d);
+    assert_int_equal(left_behind, 0);
 }
 
 int main(void)
