@@ -68,42 +68,53 @@ void kvt_log_write(enum kvt_log_level level, const char *module, const char *fmt
     fprintf(stderr, "%s\n", buf);
 }
 
-const char *kvt_log_escape(char *buf, size_t len, const char *s)
+/* The escaped form of byte c into e[4]; its length. */
+static size_t escape_byte(unsigned char c, char e[4])
 {
     static const char hex[] = "0123456789abcdef";
-    size_t o = 0;
+
+    if (c == '\\' || c == '\n' || c == '\r' || c == '\t') {
+        e[0] = '\\';
+        e[1] = c == '\\' ? '\\' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+        return 2;
+    }
+    if (c >= 0x20 && c < 0x7f) {
+        e[0] = (char)c;
+        return 1;
+    }
+    e[0] = '\\';
+    e[1] = 'x';
+    e[2] = hex[c >> 4];
+    e[3] = hex[c & 0xf];
+    return 4;
+}
+
+const char *kvt_log_escape(char *buf, size_t len, const char *s)
+{
+    const unsigned char *p;
+    size_t o = 0, total = 0;
+    char e[4];
 
     if (len == 0)
         return buf;
     if (s == NULL)
         s = "(null)";
-    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-        char e[4];
-        size_t n = 0;
+    for (p = (const unsigned char *)s; *p != '\0'; p++)
+        total += escape_byte(*p, e);
+    /* Cut short, the result keeps room for "..." after the last whole escape. */
+    size_t room = total < len ? len - 1 : len >= 4 ? len - 4 : 0;
 
-        if (*p == '\\' || *p == '\n' || *p == '\r' || *p == '\t') {
-            e[n++] = '\\';
-            e[n++] = *p == '\\' ? '\\' : *p == '\n' ? 'n' : *p == '\r' ? 'r' : 't';
-        } else if (*p >= 0x20 && *p < 0x7f) {
-            e[n++] = (char)*p;
-        } else {
-            e[n++] = '\\';
-            e[n++] = 'x';
-            e[n++] = hex[*p >> 4];
-            e[n++] = hex[*p & 0xf];
-        }
-        /* Room for this escape and, when more follows, for "..." after it. */
-        if (o + n + (p[1] != '\0' ? 3 : 0) >= len) {
-            if (len >= 4) { /* the reservation above left room for it */
-                memcpy(buf + o, "...", 3);
-                o += 3;
-            } else {
-                o = 0;
-            }
+    for (p = (const unsigned char *)s; *p != '\0'; p++) {
+        size_t n = escape_byte(*p, e);
+
+        if (o + n > room)
             break;
-        }
         memcpy(buf + o, e, n);
         o += n;
+    }
+    if (total >= len && len >= 4) {
+        memcpy(buf + o, "...", 3);
+        o += 3;
     }
     buf[o] = '\0';
     return buf;
