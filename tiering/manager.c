@@ -403,7 +403,8 @@ static void cascade_existing(struct kvt_manager *m, struct req_state *st,
     struct kvt_key *ready = kvt_reallocarray(NULL, n ? n : 1, sizeof(*ready));
     size_t n_ready = 0;
     if (ready == NULL) {
-        kvt_error(MOD, "request %s: no memory to cascade %zu existing chunks", st->ctx->req_id, n);
+        kvt_error(MOD, "request %s: no memory to cascade %zu existing chunks",
+                  KVT_LOG_STR(st->ctx->req_id), n);
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -412,7 +413,8 @@ static void cascade_existing(struct kvt_manager *m, struct req_state *st,
             ready[n_ready++] = keys[i];
         else if (r == KVT_HIT_PENDING) {
             if (park_key(st, &keys[i]) != 0)
-                kvt_error(MOD, "request %s: cannot park a cascade key", st->ctx->req_id);
+                kvt_error(MOD, "request %s: cannot park a cascade key",
+                          KVT_LOG_STR(st->ctx->req_id));
         } else
             assert(r == KVT_MISS && "primary tier returned RETRY for a cascade key");
     }
@@ -614,8 +616,8 @@ int kvt_manager_complete_store(struct kvt_manager *m, const struct kvt_key *keys
         if (create_store_job(m, keys, n, ctx, (int)i, &jm) == 0)
             kvt_tier_submit_store(m->tiers[i], &jm->job);
         else
-            kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%zu failed", ctx->req_id, n,
-                      i);
+            kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%zu failed",
+                      KVT_LOG_STR(ctx->req_id), n, i);
     }
     st->pending_primary_stores--;
     maybe_finalize_request(m, st, NO_EXCLUDE);
