@@ -1082,15 +1082,16 @@ static int linger(struct eclient *c)
         shutdown(c->fd, SHUT_WR);
         c->shut_wr = true;
     }
-    for (;;) {
+    /* Bounded: a client that keeps sending waits for the next turn (and is closed
+     * after CLOSING_GRACE_NS whatever it does). */
+    for (int i = 0; i < READS_PER_TURN; i++) {
         ssize_t n = recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
 
-        if (n > 0)
-            continue;
-        if (n < 0 && errno == EINTR)
+        if (n > 0 || (n < 0 && errno == EINTR))
             continue;
         return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 1;
     }
+    return 0;
 }
 
 /* Moves a client on as far as it can go now: replies out, then the frames waiting,

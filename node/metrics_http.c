@@ -41,6 +41,7 @@
 #define MOD         "metrics_http"
 #define REQUEST_MAX 8192 /* bytes of a request line and its headers */
 #define HEAD_MAX    512  /* bytes of our reply's status line and headers */
+#define TURN_MAX    64   /* recv or accept calls per connection (or listen socket) per poll */
 
 enum hstate { H_READ, H_WRITE, H_DRAIN };
 
@@ -205,7 +206,9 @@ static void start_write(struct kvt_metrics_http *srv, struct hconn *c, uint64_t 
 
 static void conn_read(struct kvt_metrics_http *srv, struct hconn *c, uint64_t now)
 {
-    for (;;) {
+    /* Bounded per turn: a client that floods its connection waits for the next one
+     * (and for its deadline) like the others. */
+    for (int i = 0; i < TURN_MAX; i++) {
         ssize_t n;
 
         if (c->state == H_DRAIN) {
@@ -313,7 +316,7 @@ static void compact(struct kvt_metrics_http *srv)
 
 static void accept_all(struct kvt_metrics_http *srv, uint64_t now)
 {
-    for (;;) {
+    for (int i = 0; i < TURN_MAX; i++) {
         int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         struct hconn *c;
 
