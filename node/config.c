@@ -908,8 +908,8 @@ static int load_file(struct loader *ld)
     yaml_parser_t parser;
     yaml_document_t doc;
     yaml_node_t *root;
-    unsigned char *text;
-    size_t len;
+    unsigned char *text = NULL;
+    size_t len = 0;
     struct stat st;
     FILE *f;
     int rc = 0;
