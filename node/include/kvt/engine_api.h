@@ -121,7 +121,9 @@ void kvt_engine_server_destroy(struct kvt_engine_server *srv);
 /* The one fd to poll for readability. */
 int kvt_engine_server_fd(const struct kvt_engine_server *srv);
 /* Does all the work that is ready, never blocks. 0, or a negative errno when the
- * server itself failed (epoll); errors of one client only close that client. */
+ * server itself failed (epoll); errors of one client only close that client. Call it
+ * also when the fd is not readable, every loop turn or tick: it moves the manager's
+ * events to the bounded queue and enforces the HELLO deadline. */
 int kvt_engine_server_progress(struct kvt_engine_server *srv);
 
 /* Adds one stats delta to every attached client's pending stats (see collect_stats). */
