@@ -1,4 +1,4 @@
-/* A real kvtierd against clients that do not follow the protocol (issue #21, "engine
+/* A real kvtierd against clients that do not follow the protocol ("engine
  * isolation and bounds"): each attack below once worked against the daemon; here it
  * must be refused or bounded, counted on /metrics with its reason, and leave the
  * daemon serving real engines.

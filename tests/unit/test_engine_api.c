@@ -775,7 +775,7 @@ static void test_daemon_gone(void **state)
     start(0, 0);
 }
 
-/* ---- bounds and isolation (issue #21) ------------------------------------------------ */
+/* ---- bounds and isolation ------------------------------------------------------------ */
 
 /* Writes one encoded frame of m. */
 static void raw_send(int fd, const struct kvt_emsg *m)
