@@ -314,7 +314,7 @@ static void count_refusal(struct kvt_peers *p, struct peer_link *l, uint32_t rea
     if (!l->logged) {
         l->logged = true;
         kvt_warn(MOD, "%s link (peer %llu, %s:%u): %s %s", l->client ? "outgoing" : "incoming",
-                 (unsigned long long)l->peer_id, l->client ? l->dial_addr : "?",
+                 (unsigned long long)l->peer_id, l->client ? KVT_LOG_STR(l->dial_addr) : "?",
                  l->client ? l->dial_port : 0, what, reason_name(idx));
     }
 }
@@ -373,7 +373,7 @@ static void dial(struct kvt_peers *p, const char *host, uint16_t port, int seed,
     l->dial_port = port;
     ret = kvt_tp_connect(p->tp, host, port, l, &l->ep);
     if (ret < 0) {
-        kvt_debug(MOD, "connect %s:%u: %s", host, port, strerror(-ret));
+        kvt_debug(MOD, "connect %s:%u: %s", KVT_LOG_STR(host), port, strerror(-ret));
         link_free(p, l);
     }
 }
@@ -451,7 +451,8 @@ static void client_connected(struct kvt_peers *p, struct peer_link *l)
         ret = send_msg(p, l, &m);
     }
     if (ret < 0) {
-        kvt_warn(MOD, "HELLO to %s:%u: %s", l->dial_addr, l->dial_port, strerror(-ret));
+        kvt_warn(MOD, "HELLO to %s:%u: %s", KVT_LOG_STR(l->dial_addr), l->dial_port,
+                 strerror(-ret));
         link_close(p, l);
         return;
     }
@@ -636,8 +637,8 @@ static void learn_members(struct kvt_peers *p, const struct kvt_wire_members *ms
             continue; /* an older life than we know */
         if (has_link_to(p, w->node_id))
             continue;
-        kvt_debug(MOD, "learned node %llu at %s:%u", (unsigned long long)w->node_id, w->addr,
-                  w->port);
+        kvt_debug(MOD, "learned node %llu at %s:%u", (unsigned long long)w->node_id,
+                  KVT_LOG_STR(w->addr), w->port);
         dial(p, w->addr, w->port, -1, w->node_id);
     }
 }
@@ -717,7 +718,7 @@ static void tp_on_ep_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state st
                  err != 0 ? strerror(-err) : "by the peer");
         leave_up(p, l, LINK_CLOSING);
     } else if (l->state == LINK_DIALING) {
-        kvt_debug(MOD, "connect %s:%u failed: %s", l->dial_addr, l->dial_port,
+        kvt_debug(MOD, "connect %s:%u failed: %s", KVT_LOG_STR(l->dial_addr), l->dial_port,
                   strerror(err < 0 ? -err : EPIPE));
     }
     ep->user = NULL;

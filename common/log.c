@@ -1,5 +1,9 @@
 /* Logging: one line per event on stderr, "<LEVEL> <module>: text". The level is a
- * process-wide setting (daemon config or KVT_LOG_LEVEL in the environment). */
+ * process-wide setting (daemon config or KVT_LOG_LEVEL in the environment).
+ *
+ * Strings from engines and peers go through kvt_log_escape at their call sites (a
+ * readable, unambiguous form), and kvt_log_write replaces any control byte still in a
+ * line, so that no input can end a line early and forge the next one. */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -56,5 +60,62 @@ void kvt_log_write(enum kvt_log_level level, const char *module, const char *fmt
     va_start(ap, fmt);
     vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
     va_end(ap);
+    /* One event, one line: a control byte from an unescaped string cannot start
+     * another. */
+    for (char *p = buf; *p != '\0'; p++)
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+            *p = '?';
     fprintf(stderr, "%s\n", buf);
+}
+
+/* The escaped form of byte c into e[4]; its length. */
+static size_t escape_byte(unsigned char c, char e[4])
+{
+    static const char hex[] = "0123456789abcdef";
+
+    if (c == '\\' || c == '\n' || c == '\r' || c == '\t') {
+        e[0] = '\\';
+        e[1] = c == '\\' ? '\\' : c == '\n' ? 'n' : c == '\r' ? 'r' : 't';
+        return 2;
+    }
+    if (c >= 0x20 && c < 0x7f) {
+        e[0] = (char)c;
+        return 1;
+    }
+    e[0] = '\\';
+    e[1] = 'x';
+    e[2] = hex[c >> 4];
+    e[3] = hex[c & 0xf];
+    return 4;
+}
+
+const char *kvt_log_escape(char *buf, size_t len, const char *s)
+{
+    const unsigned char *p;
+    size_t o = 0, total = 0;
+    char e[4];
+
+    if (len == 0)
+        return buf;
+    if (s == NULL)
+        s = "(null)";
+    for (p = (const unsigned char *)s; *p != '\0'; p++)
+        total += escape_byte(*p, e);
+    /* Cut short, the result keeps room for "..." after the last whole escape. */
+    size_t room = total < len ? len - 1 : len >= 4 ? len - 4 : 0;
+
+    for (p = (const unsigned char *)s; *p != '\0'; p++) {
+        size_t n = escape_byte(*p, e);
+
+        if (o + n > room)
+            break;
+        memcpy(buf + o, e, n);
+        o += n;
+    }
+    if (total >= len && len >= 4) {
+        memcpy(buf + o, "...", 3);
+        o += 3;
+    }
+    buf[o] = '\0';
+    return buf;
 }

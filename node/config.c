@@ -26,6 +26,7 @@
 #include <string.h>
 #include <strings.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@ enum key_type {
     T_U64,   /* uint64_t, decimal or 0x hex */
     T_U32,   /* uint32_t */
     T_PORT,  /* uint16_t */
+    T_MODE,  /* uint32_t permission bits, octal ("0660") */
     T_SIZE,  /* uint64_t bytes with unit suffixes */
     T_BOOL,  /* bool */
     T_STR,   /* char *, plain */
@@ -130,10 +132,32 @@ static const struct key_def keys[] = {
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
     {"engine.socket", T_PATH, F(engine_socket), 0, "/tmp/kvtier-{id}.sock", 1, 107, NULL, 0,
      "unix socket the engines attach to"},
+    {"engine.socket_mode", T_MODE, F(engine_socket_mode), 0, "0660", 0600, 0777, NULL, 0,
+     "permission bits of the engine socket (octal; owner read and write required)"},
+    {"engine.socket_group", T_STR, F(engine_socket_group), 0, "", 1, 255, NULL, K_OPTIONAL,
+     "group of the engine socket (a name or number); none = the daemon's"},
+    {"engine.hello_timeout_ms", T_U32, F(engine_hello_timeout_ms), 0, "5000", 10, 3600000, NULL, 0,
+     "an engine connection that has not said HELLO by then is closed, in ms"},
+    {"engine.max_requests", T_U32, F(engine_max_requests), 0, "4096", 1, 1048576, NULL, 0,
+     "live requests per engine; more are refused"},
+    {"engine.max_params_bytes", T_SIZE, F(engine_max_params_bytes), 0, "64KiB", 1, 1 * MIB, NULL, 0,
+     "kv_transfer_params of one request; larger are refused"},
+    {"engine.max_client_params", T_SIZE, F(engine_max_client_params), 0, "4MiB", 1, 1 * GIB, NULL,
+     0, "kv_transfer_params bytes of all the live requests of one engine"},
+    {"engine.max_output_bytes", T_SIZE, F(engine_max_output_bytes), 0, "1MiB", 4 * KIB, 1 * GIB,
+     NULL, 0, "replies queued for an engine that does not read them; its requests then wait"},
+    {"engine.max_event_keys", T_U32, F(engine_max_event_keys), 0, "65536", 1, 16777216, NULL, 0,
+     "keys of the events kept for take_events; past it the oldest events are dropped"},
     {"metrics.listen", T_STR, F(metrics_listen), 0, "127.0.0.1", 1, 255, NULL, K_ADDR,
      "address of the /metrics and /healthz HTTP server"},
     {"metrics.port", T_PORT, F(metrics_port), 0, "9464", 0, 65535, NULL, 0,
      "port of the HTTP server; 0 = off"},
+    {"metrics.max_connections", T_U32, F(metrics_max_connections), 0, "16", 1, 1024, NULL, 0,
+     "HTTP connections at once; when full, the oldest still sending its request is closed"},
+    {"metrics.read_timeout_ms", T_U32, F(metrics_read_timeout_ms), 0, "5000", 10, 600000, NULL, 0,
+     "an HTTP request not received whole by then is closed, in ms"},
+    {"metrics.write_timeout_ms", T_U32, F(metrics_write_timeout_ms), 0, "10000", 10, 600000, NULL,
+     0, "an HTTP reply not taken whole by then is closed, in ms"},
     {"log.level", T_ENUM, F(log_level), 0, "info", 0, 0, level_names, K_RELOAD, "log level"},
     {"loop.tick_ms", T_U32, F(loop_tick_ms), 0, "1", 1, 10000, NULL, K_RELOAD,
      "step loop timer tick when no engine drives it, in ms"},
@@ -189,6 +213,24 @@ static int parse_u64(const char *s, uint64_t *v_p)
         return -EINVAL;
     if (errno == ERANGE)
         return -ERANGE;
+    *v_p = v;
+    return 0;
+}
+
+/* Octal permission bits: "0660", "660" or "0o660". */
+static int parse_mode(const char *s, uint64_t *v_p)
+{
+    uint64_t v = 0;
+
+    if (s[0] == '0' && (s[1] == 'o' || s[1] == 'O'))
+        s += 2;
+    if (*s == '\0' || strlen(s) > 5)
+        return -EINVAL;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '7')
+            return -EINVAL;
+        v = v * 8 + (uint64_t)(*s - '0');
+    }
     *v_p = v;
     return 0;
 }
@@ -336,6 +378,20 @@ static bool valid_namespace(const char *s)
     return true;
 }
 
+/* A group name or number this host knows (the engine socket is given it). */
+static bool valid_group(const char *s)
+{
+    struct group gr, *found = NULL;
+    char buf[4096], *end;
+    unsigned long v;
+
+    errno = 0;
+    v = strtoul(s, &end, 10);
+    if (s[0] >= '0' && s[0] <= '9' && *end == '\0')
+        return errno == 0 && v < (gid_t)-1;
+    return getgrnam_r(s, &gr, buf, sizeof(buf), &found) == 0 && found != NULL;
+}
+
 static char *trim(char *s)
 {
     char *end;
@@ -465,6 +521,10 @@ static int set_string(struct kvt_config *cfg, const struct key_def *k, const cha
         snprintf(why, why_len, "\"%s\" is not a host name or address", s);
         return -EINVAL;
     }
+    if (k->off == F(engine_socket_group) && len != 0 && !valid_group(s)) {
+        snprintf(why, why_len, "\"%s\" is not a group of this host", s);
+        return -EINVAL;
+    }
     if (k->off == F(node_namespace) && !valid_namespace(s)) {
         snprintf(why, why_len, "\"%s\" may hold only letters, digits, '.', '-' and '_'", s);
         return -EINVAL;
@@ -507,6 +567,20 @@ static int set_scalar(struct kvt_config *cfg, const struct key_def *k, const cha
             *FIELD(cfg, k, uint16_t) = (uint16_t)v;
         else
             *FIELD(cfg, k, uint64_t) = v;
+        return 0;
+    case T_MODE:
+        rc = parse_mode(s, &v);
+        if (rc < 0) {
+            snprintf(why, why_len, "\"%s\" is not an octal mode (e.g. 0660)", s);
+            return rc;
+        }
+        if (v > k->max || (v & k->min) != k->min) {
+            snprintf(why, why_len,
+                     "%s: the owner must keep read and write (%04" PRIo64 "), at most %04" PRIo64,
+                     s, k->min, k->max);
+            return -EINVAL;
+        }
+        *FIELD(cfg, k, uint32_t) = (uint32_t)v;
         return 0;
     case T_BOOL:
         if (parse_bool(s, &b) < 0) {
@@ -742,11 +816,100 @@ static int apply_mapping(struct loader *ld, const char *prefix, yaml_document_t 
     return 0;
 }
 
+/* libyaml nests collections without limit, and its scanner slows down with the depth
+ * of flow collections (100,000 '[' took minutes to refuse): the file is first read as
+ * events, which stops at the first collection deeper than KVT_CONFIG_DEPTH_MAX (no
+ * configuration needs more than a few levels) before libyaml scans the rest. Syntax
+ * errors are left to the document load that follows, which reports them. */
+static int check_depth(struct loader *ld, const unsigned char *text, size_t len)
+{
+    yaml_parser_t parser;
+    yaml_event_t ev;
+    int depth = 0, rc = 0;
+    bool done = false;
+
+    if (!yaml_parser_initialize(&parser))
+        return -ENOMEM;
+    yaml_parser_set_input_string(&parser, text, len);
+    while (!done && rc == 0) {
+        if (!yaml_parser_parse(&parser, &ev)) {
+            rc = parser.error == YAML_MEMORY_ERROR ? -ENOMEM : 0;
+            break;
+        }
+        switch (ev.type) {
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT:
+            if (++depth > KVT_CONFIG_DEPTH_MAX)
+                rc = fail(ld, (int)ev.start_mark.line + 1, NULL,
+                          "nested deeper than %d levels of mappings and lists",
+                          KVT_CONFIG_DEPTH_MAX);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT:
+            depth--;
+            break;
+        case YAML_STREAM_END_EVENT:
+            done = true;
+            break;
+        default:
+            break;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+/* The whole file in memory (both passes read it; a pipe cannot be read twice). */
+static int read_text(struct loader *ld, FILE *f, unsigned char **text_p, size_t *len_p)
+{
+    unsigned char *text = NULL;
+    size_t len = 0, cap = 0;
+
+    for (;;) {
+        if (len == cap) {
+            unsigned char *p;
+
+            if (cap >= KVT_CONFIG_FILE_MAX) {
+                kvt_free(text);
+                snprintf(ld->err, ld->err_len, "config %s: larger than %d MiB", ld->path,
+                         KVT_CONFIG_FILE_MAX >> 20);
+                return -EINVAL;
+            }
+            cap = cap ? 2 * cap : 16384;
+            p = kvt_realloc(text, cap);
+            if (p == NULL) {
+                kvt_free(text);
+                return -ENOMEM;
+            }
+            text = p;
+        }
+        size_t n = fread(text + len, 1, cap - len, f);
+
+        len += n;
+        if (n == 0) {
+            if (ferror(f)) {
+                int rc = errno ? -errno : -EIO;
+
+                kvt_free(text);
+                snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(-rc));
+                return rc;
+            }
+            break;
+        }
+    }
+    *text_p = text;
+    *len_p = len;
+    return 0;
+}
+
 static int load_file(struct loader *ld)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
     yaml_node_t *root;
+    unsigned char *text = NULL;
+    size_t len = 0;
     struct stat st;
     FILE *f;
     int rc = 0;
@@ -763,11 +926,20 @@ static int load_file(struct loader *ld)
         fclose(f);
         return rc;
     }
+    rc = read_text(ld, f, &text, &len);
+    fclose(f);
+    if (rc < 0)
+        return rc;
+    rc = check_depth(ld, text, len);
+    if (rc < 0) {
+        kvt_free(text);
+        return rc;
+    }
     if (!yaml_parser_initialize(&parser)) {
-        fclose(f);
+        kvt_free(text);
         return -ENOMEM;
     }
-    yaml_parser_set_input_file(&parser, f);
+    yaml_parser_set_input_string(&parser, text, len);
     if (!yaml_parser_load(&parser, &doc)) {
         if (parser.error == YAML_MEMORY_ERROR) {
             rc = -ENOMEM;
@@ -811,7 +983,7 @@ out_doc:
     yaml_document_delete(&doc);
 out_parser:
     yaml_parser_delete(&parser);
-    fclose(f);
+    kvt_free(text);
     return rc;
 }
 
@@ -1126,6 +1298,9 @@ static void print_value(FILE *out, const struct kvt_config *cfg, const struct ke
     case T_PORT:
         fprintf(out, "%u", (unsigned)*FIELD(cfg, k, uint16_t));
         break;
+    case T_MODE:
+        fprintf(out, "0%03" PRIo32, *FIELD(cfg, k, uint32_t));
+        break;
     case T_SIZE:
         format_size(out, *FIELD(cfg, k, uint64_t));
         break;
@@ -1190,6 +1365,8 @@ static const char *type_name(const struct key_def *k, char *buf, size_t len)
         return "N";
     case T_PORT:
         return "PORT";
+    case T_MODE:
+        return "MODE";
     case T_SIZE:
         return "SIZE";
     case T_BOOL:

@@ -4,25 +4,43 @@
  * Layout: one epoll fd over the listen socket (data.ptr NULL) and every client
  * (data.ptr its struct eclient), level-triggered. progress() takes what is ready:
  * accepts, reads into the client's bounded input buffer (header + max_msg_bytes),
- * executes every complete frame in order, queues replies in the client's output
+ * executes the complete frames in order, queues replies in the client's output
  * buffer and writes what the socket takes. While a client has output queued the
- * server reads no more from it (EPOLLOUT instead of EPOLLIN): a client that does
- * not read its replies stalls only itself.
+ * server reads no more from it (EPOLLOUT instead of EPOLLIN), and it stops executing
+ * a client's buffered frames once its queued replies reach max_output_bytes: a
+ * client that does not read its replies stalls only itself and costs at most its
+ * input buffer plus max_output_bytes (and one reply).
  *
  * Client state machine: NEW (only HELLO accepted) -> READY -> gone. HELLO's reply
  * carries the region fd; it is the first frame queued, so the fd rides on the
- * first byte written. Going away (EOF, error, protocol violation) runs the
- * cleanup: stores prepared and not completed are completed as failed (each
- * outstanding manager-level prepare_store once, so the manager's per-request
- * count drops to 0 and the write-pending slots are freed), pins are unpinned one
- * by one, unfinished requests are finished, and the client's references dropped.
+ * first byte written. A NEW client has hello_timeout_ms to say HELLO; when the
+ * server is full, a new connection closes the oldest NEW client rather than being
+ * refused, so connections that never speak cannot keep engines out. Going away
+ * (EOF, error, protocol violation) runs the cleanup: stores prepared and not
+ * completed are completed as failed (each outstanding manager-level prepare_store
+ * once, so the manager's per-request count drops to 0 and the write-pending slots
+ * are freed), pins are unpinned one by one, unfinished requests are finished, and
+ * the client's references dropped.
  *
  * What a client holds is mirrored here exactly as the manager accepted it (only
  * calls that returned 0 change the mirror), so the cleanup never asks the manager
- * for something it would refuse. */
+ * for something it would refuse, and a client cannot name what another holds: its
+ * complete_store may name only write-pending keys it prepared in that request (the
+ * manager alone would complete anyone's), its complete_load only its own pins. The
+ * mirror is hash maps (requests, each request's keys being written, pins) so that
+ * every check costs O(1) per key, whatever a client holds.
+ *
+ * Events: the manager's events are moved into one queue here at every progress()
+ * and handed to whichever client calls take_events. The queue holds at most
+ * max_event_keys keys; past it the oldest events are dropped (and counted): the
+ * newest say what the primary holds now, the oldest are the likeliest to be stale
+ * (evicted since), and an engine that never takes events then costs a bounded
+ * amount instead of ~150 bytes per chunk ever stored. */
 #include <assert.h>
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -31,6 +49,8 @@
 #include <unistd.h>
 
 #include "kvt/alloc.h"
+#include "kvt/clock.h"
+#include "kvt/common.h"
 #include "kvt/engine_api.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
@@ -41,7 +61,14 @@
 
 #define MOD        "engine_api"
 #define MAX_EVENTS 64
-#define READ_CHUNK (64u << 10)
+/* recv calls for one client per progress(): a client that keeps sending cannot keep
+ * the loop from the others (epoll is level-triggered: the rest waits a turn). */
+#define READS_PER_TURN 16
+/* A refused client's ERROR frame gets this long to leave before the connection goes. */
+#define CLOSING_GRACE_NS 1000000000ull
+/* An input buffer larger than this is freed when empty (it grew for a rare big frame;
+ * bulk requests of max_keys keys, ~70 KiB, keep theirs). */
+#define IN_KEEP_BYTES (256u << 10)
 
 _Static_assert(sizeof(struct kvtier_key) == sizeof(struct kvt_key), "key layouts differ");
 _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, bytes),
@@ -53,14 +80,15 @@ _Static_assert(KVTIER_STAT_NAME_MAX == KVT_STAT_NAME_MAX, "stat names differ");
 _Static_assert(KVTIER_STAT_LABEL_MAX == KVT_STAT_LABEL_MAX, "stat labels differ");
 
 /* One request of a client: its context reference, whether the client finished it,
- * how many manager-level prepared stores are outstanding, and the keys it prepared
- * and has not completed yet. */
+ * how many manager-level prepared stores are outstanding, the bytes of its params
+ * (charged to the client's budget) and the keys it prepared and has not completed
+ * (key bytes -> (void *)1). */
 struct ereq {
     struct kvt_req_ctx *ctx;
     bool finished;
     int pending_stores;
-    struct kvt_key *writing;
-    size_t n_writing, cap_writing;
+    size_t params_bytes;
+    struct kvt_map writing;
 };
 
 /* Loop thread only. */
@@ -68,15 +96,20 @@ struct eclient {
     int fd;
     uint64_t id;
     pid_t pid;
-    char name[KVTIER_NAME_MAX + 1];
+    uint64_t accepted_ns;
+    uint64_t closing_ns;
+    char name[KVT_LOG_ESC_MAX]; /* the HELLO name, escaped: only ever logged */
     bool hello_done;
     bool closing;    /* flush what is queued, then go */
     bool fd_to_send; /* the next byte written carries the region fd */
     bool want_out;   /* epoll watches EPOLLOUT (else EPOLLIN) */
+    bool out_full;   /* frames wait for max_output_bytes (counted once per wait) */
+    bool shut_wr;    /* closing: all sent, our side shut down, waiting for its EOF */
     uint8_t *in;
     size_t in_len, in_cap;
     struct kvt_ebuf out;
     size_t out_off;
+    uint64_t params_bytes;  /* of its live requests */
     struct kvt_map reqs;    /* req_id -> struct ereq */
     struct kvt_map pins;    /* key bytes -> (uintptr_t) pin count */
     struct kvt_stats stats; /* fan-out mode: deltas since this client's last get_stats */
@@ -93,7 +126,13 @@ struct kvt_engine_server {
     struct kvt_eproto_limits lim;
     unsigned max_clients;
     uint32_t max_requests;
+    uint32_t max_params;
+    uint64_t max_client_params;
+    uint64_t max_output;
+    uint64_t hello_timeout_ns;
+    uint32_t max_event_keys;
     uint64_t next_id;
+    unsigned n_new; /* clients without HELLO */
     struct eclient *clients;
     struct kvt_engine_server_counters ctr;
     void (*collect_stats)(void *arg);
@@ -101,56 +140,71 @@ struct kvt_engine_server {
     void *collect_arg;
     struct kvt_req_ctx *anon_ctx;      /* touch/loads that name no request */
     struct kvt_store_output store_out; /* prepare_store's, reused */
-    struct kvt_events evs;             /* take_events', until its reply is encoded */
+    struct kvt_events evq;             /* queued for take_events: ev[evq_head..n) */
+    size_t evq_head;
+    uint64_t evq_keys;     /* keys of ev[evq_head..n), an event counting at least 1 */
+    struct kvt_events evs; /* take_events', until its reply is encoded */
+    struct kvt_map named;  /* complete_load's scratch: key bytes -> times named */
 };
+
+static const char *const refusal_names[KVT_EREF_COUNT] = {
+    [KVT_EREF_CLIENTS] = "clients",
+    [KVT_EREF_MALFORMED] = "malformed",
+    [KVT_EREF_OVERSIZED] = "oversized",
+    [KVT_EREF_HELLO_TIMEOUT] = "hello_timeout",
+    [KVT_EREF_HELLO_EVICTED] = "hello_evicted",
+    [KVT_EREF_FOREIGN_STORE] = "foreign_store",
+    [KVT_EREF_FOREIGN_LOAD] = "foreign_load",
+    [KVT_EREF_UNKNOWN_REQUEST] = "unknown_request",
+    [KVT_EREF_PARAMS] = "params_bytes",
+    [KVT_EREF_CLIENT_PARAMS] = "client_params_bytes",
+    [KVT_EREF_REQUESTS] = "requests",
+    [KVT_EREF_OUTPUT_FULL] = "output_full",
+    [KVT_EREF_EVENTS_DROPPED] = "events_dropped",
+};
+
+const char *kvt_engine_refusal_name(enum kvt_engine_refusal r)
+{
+    return (unsigned)r < KVT_EREF_COUNT ? refusal_names[r] : "unknown";
+}
+
+static void count(struct kvt_engine_server *s, enum kvt_engine_refusal r)
+{
+    s->ctr.refused_by[r]++;
+}
 
 /* ---- the client's mirror ------------------------------------------------------ */
 
-static void ereq_free(struct ereq *r)
+static void ereq_free(struct eclient *c, struct ereq *r)
 {
+    c->params_bytes -= r->params_bytes;
     kvt_req_ctx_unref(r->ctx);
-    kvt_free(r->writing);
+    kvt_map_cleanup(&r->writing);
     kvt_free(r);
 }
 
+/* Remembers keys[0..n) as being written by r; all or nothing. */
 static int writing_add(struct ereq *r, const struct kvt_key *keys, size_t n)
 {
-    if (n == 0)
-        return 0; /* a plan with nothing to write: memcpy(NULL, ..., 0) is UB */
-    if (r->n_writing + n > r->cap_writing) {
-        size_t cap = r->cap_writing ? r->cap_writing : 8;
-        struct kvt_key *p;
-
-        while (cap < r->n_writing + n)
-            cap *= 2;
-        p = kvt_reallocarray(r->writing, cap, sizeof(*p));
-        if (p == NULL)
+    for (size_t i = 0; i < n; i++) {
+        if (kvt_map_put(&r->writing, keys[i].bytes, keys[i].len, (void *)1) != 0) {
+            /* The manager planned each key once and none of them was being written
+             * (write-pending keys are never planned): every one of them is new. */
+            for (size_t j = 0; j < i; j++)
+                kvt_map_remove(&r->writing, keys[j].bytes, keys[j].len);
             return -ENOMEM;
-        r->writing = p;
-        r->cap_writing = cap;
-    }
-    memcpy(r->writing + r->n_writing, keys, n * sizeof(*keys));
-    r->n_writing += n;
-    return 0;
-}
-
-static void writing_remove(struct ereq *r, const struct kvt_key *key)
-{
-    for (size_t i = 0; i < r->n_writing; i++) {
-        if (kvt_key_eq(&r->writing[i], key)) {
-            r->writing[i] = r->writing[--r->n_writing];
-            return;
         }
     }
+    return 0;
 }
 
 /* Drops the mirror of a request the client finished and holds nothing of. */
 static void ereq_maybe_drop(struct eclient *c, struct ereq *r)
 {
-    if (!r->finished || r->pending_stores > 0 || r->n_writing > 0)
+    if (!r->finished || r->pending_stores > 0 || kvt_map_size(&r->writing) > 0)
         return;
     kvt_map_remove(&c->reqs, r->ctx->req_id, r->ctx->req_id_len);
-    ereq_free(r);
+    ereq_free(c, r);
 }
 
 static uintptr_t pin_count(const struct eclient *c, const struct kvt_key *k)
@@ -167,6 +221,26 @@ static int pin_set(struct eclient *c, const struct kvt_key *k, uintptr_t n)
     return kvt_map_put(&c->pins, k->bytes, k->len, (void *)n);
 }
 
+/* Fails every key r is writing, in batches and without allocating: the primary
+ * frees their slots; the manager's outstanding count is settled by the caller. */
+static void writing_abort(struct kvt_primary *primary, struct ereq *r)
+{
+    struct kvt_key batch[64];
+    struct kvt_map_entry *e;
+    size_t it = 0, n = 0;
+
+    while (kvt_map_next(&r->writing, &it, &e)) {
+        kvt_key_set(&batch[n++], e->key, e->key_len);
+        if (n == KVT_ARRAY_SIZE(batch)) {
+            kvt_primary_complete_store(primary, batch, n, false);
+            n = 0;
+        }
+    }
+    if (n > 0)
+        kvt_primary_complete_store(primary, batch, n, false);
+    kvt_map_clear(&r->writing);
+}
+
 /* The cleanup of a client that went away (see the top of the file). */
 static void client_release(struct kvt_engine_server *s, struct eclient *c)
 {
@@ -177,21 +251,19 @@ static void client_release(struct kvt_engine_server *s, struct eclient *c)
     while (kvt_map_next(&c->reqs, &it, &e)) {
         struct ereq *r = e->value;
 
-        if (r->pending_stores > 0) {
-            kvt_manager_complete_store(s->m, r->writing, r->n_writing, r->ctx, false);
-            for (int i = 1; i < r->pending_stores; i++)
+        if (r->pending_stores > 0 || kvt_map_size(&r->writing) > 0) {
+            /* A failed complete_store is the primary's failure plus the manager's
+             * count: the same, one step at a time. */
+            writing_abort(primary, r);
+            for (int i = 0; i < r->pending_stores; i++)
                 kvt_manager_complete_store(s->m, NULL, 0, r->ctx, false);
-            s->ctr.aborted_stores += (uint64_t)r->pending_stores;
-        } else if (r->n_writing > 0) {
-            /* Keys left out of every complete_store: free their slots directly. */
-            kvt_primary_complete_store(primary, r->writing, r->n_writing, false);
-            s->ctr.aborted_stores++;
+            s->ctr.aborted_stores += r->pending_stores > 0 ? (uint64_t)r->pending_stores : 1;
         }
         if (!r->finished) {
             kvt_manager_on_request_finished(s->m, r->ctx);
             s->ctr.finished_reqs++;
         }
-        ereq_free(r);
+        ereq_free(c, r);
     }
     kvt_map_clear(&c->reqs);
     it = 0;
@@ -209,6 +281,46 @@ static void client_release(struct kvt_engine_server *s, struct eclient *c)
         s->ctr.released_pins += n;
     }
     kvt_map_clear(&c->pins);
+}
+
+/* ---- events --------------------------------------------------------------------- */
+
+static uint64_t event_weight(const struct kvt_event *e)
+{
+    return e->n > 0 ? e->n : 1;
+}
+
+/* Drops the oldest events until the queue is within max_event_keys. */
+static void evq_trim(struct kvt_engine_server *s)
+{
+    while (s->evq_keys > s->max_event_keys && s->evq_head < s->evq.n) {
+        struct kvt_event *e = &s->evq.ev[s->evq_head++];
+
+        s->evq_keys -= event_weight(e);
+        kvt_free(e->keys);
+        e->keys = NULL;
+        e->n = 0;
+        count(s, KVT_EREF_EVENTS_DROPPED);
+    }
+    if (s->evq_head > 0 && (s->evq_head == s->evq.n || 2 * s->evq_head >= s->evq.n)) {
+        memmove(s->evq.ev, s->evq.ev + s->evq_head, (s->evq.n - s->evq_head) * sizeof(*s->evq.ev));
+        s->evq.n -= s->evq_head;
+        s->evq_head = 0;
+    }
+}
+
+/* Moves the manager's new events to the queue. */
+static void evq_fill(struct kvt_engine_server *s)
+{
+    size_t n0 = s->evq.n;
+    int rc = kvt_manager_take_events(s->m, &s->evq);
+
+    if (rc < 0)
+        kvt_debug(MOD, "taking the manager's events: %s", strerror(-rc));
+    for (size_t i = n0; i < s->evq.n; i++)
+        s->evq_keys += event_weight(&s->evq.ev[i]);
+    if (s->evq_keys > s->max_event_keys || s->evq_head > 0)
+        evq_trim(s);
 }
 
 /* ---- connections ------------------------------------------------------------------ */
@@ -233,6 +345,8 @@ static void client_destroy(struct kvt_engine_server *s, struct eclient *c, const
     if (c->hello_done)
         kvt_info(MOD, "client %llu (%s, pid %d) gone: %s", (unsigned long long)c->id, c->name,
                  (int)c->pid, why);
+    else
+        s->n_new--;
     client_release(s, c);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -246,7 +360,8 @@ static void client_destroy(struct kvt_engine_server *s, struct eclient *c, const
     s->ctr.disconnects++;
 }
 
-/* Writes what the socket takes. 0, or -errno when the client is to be dropped. */
+/* Writes what the socket takes (the caller updates the epoll watch). 0, or -errno
+ * when the client is to be dropped. */
 static int flush_out(struct kvt_engine_server *s, struct eclient *c)
 {
     while (c->out_off < c->out.len) {
@@ -284,11 +399,15 @@ static int flush_out(struct kvt_engine_server *s, struct eclient *c)
         c->out.len = 0;
         c->out_off = 0;
     }
+    return 0;
+}
+
+/* EPOLLOUT while replies are queued, else EPOLLIN. */
+static int update_watch(struct kvt_engine_server *s, struct eclient *c)
+{
     bool pending = c->out.len > 0;
 
-    if (pending != c->want_out)
-        return watch(s, c, pending);
-    return 0;
+    return pending != c->want_out ? watch(s, c, pending) : 0;
 }
 
 static int queue(struct eclient *c, const struct kvt_emsg *m)
@@ -307,8 +426,20 @@ static void refuse(struct eclient *c, int err, const char *why)
     m.has = 1u << KVT_EF_OP | 1u << KVT_EF_RC;
     queue(c, &m);
     c->closing = true;
+    c->closing_ns = kvt_now_ns();
     kvt_warn(MOD, "client %llu (%s, pid %d): %s (%s); closing", (unsigned long long)c->id,
              c->name[0] ? c->name : "-", (int)c->pid, why, strerror(-err));
+}
+
+/* The oldest client other than except that has not said HELLO and is not closing. */
+static struct eclient *oldest_new(struct kvt_engine_server *s, const struct eclient *except)
+{
+    struct eclient *found = NULL;
+
+    for (struct eclient *x = s->clients; x != NULL; x = x->next) /* newest first */
+        if (x != except && !x->hello_done && !x->closing)
+            found = x;
+    return found;
 }
 
 static void accept_one(struct kvt_engine_server *s)
@@ -333,6 +464,7 @@ static void accept_one(struct kvt_engine_server *s)
     c->fd = fd;
     c->id = ++s->next_id;
     c->pid = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : -1;
+    c->accepted_ns = kvt_now_ns();
     kvt_map_init(&c->reqs);
     kvt_map_init(&c->pins);
     kvt_stats_init(&c->stats);
@@ -346,11 +478,21 @@ static void accept_one(struct kvt_engine_server *s)
     }
     c->next = s->clients;
     s->clients = c;
+    s->n_new++;
     s->ctr.clients++;
     s->ctr.accepted++;
     if (s->ctr.clients > s->max_clients) {
-        s->ctr.refused++;
-        refuse(c, -EUSERS, "too many clients");
+        /* Full: a connection that never said HELLO gives way to the new one (closed
+         * at the end of this progress, not now: events of this batch may name it). */
+        struct eclient *old = oldest_new(s, c);
+
+        if (old != NULL) {
+            count(s, KVT_EREF_HELLO_EVICTED);
+            refuse(old, -EUSERS, "no HELLO yet and the server is full");
+        } else {
+            s->ctr.refused++;
+            refuse(c, -EUSERS, "too many clients");
+        }
     }
 }
 
@@ -363,6 +505,17 @@ static struct ereq *own_req(struct eclient *c, const struct kvt_emsg *q)
     return kvt_map_get(&c->reqs, q->req_id, strlen(q->req_id));
 }
 
+/* The request q names, which must be one of the client's: NULL (counted) if not. */
+static struct ereq *named_req(struct kvt_engine_server *s, struct eclient *c,
+                              const struct kvt_emsg *q)
+{
+    struct ereq *er = own_req(c, q);
+
+    if (er == NULL && kvt__emsg_has(q, KVT_EF_REQ_ID))
+        count(s, KVT_EREF_UNKNOWN_REQUEST);
+    return er;
+}
+
 static const struct kvt_key *keys_of(const struct kvt_emsg *q)
 {
     return (const struct kvt_key *)q->keys;
@@ -373,8 +526,10 @@ static int op_hello(struct kvt_engine_server *s, struct eclient *c, const struct
 {
     if (!kvt__emsg_has(q, KVT_EF_MAJOR) || q->major != KVTIER_PROTO_MAJOR)
         return -EPROTO;
-    snprintf(c->name, sizeof(c->name), "%s", q->name[0] ? q->name : "engine");
+    /* The name is the engine's to choose: kept only in its log-safe form. */
+    kvt_log_escape(c->name, sizeof(c->name), q->name[0] ? q->name : "engine");
     c->hello_done = true;
+    s->n_new--;
     memcpy(r->geom, s->geom, sizeof(s->geom));
     r->geom[KVT_EG_CLIENT_ID] = c->id;
     r->n_geom = KVT_EG_COUNT;
@@ -391,6 +546,7 @@ static int op_new_request(struct kvt_engine_server *s, struct eclient *c, const 
                           struct kvt_emsg *r)
 {
     enum kvt_offload_policy policy = KVT_CHUNK_LEVEL;
+    size_t params_bytes = q->params != NULL ? q->params_len : 0;
     struct kvt_req_ctx *ctx;
     struct ereq *er;
     int rc;
@@ -399,8 +555,18 @@ static int op_new_request(struct kvt_engine_server *s, struct eclient *c, const 
         return -EINVAL;
     if (own_req(c, q) != NULL)
         return -EEXIST; /* (the mirror's entry must not be replaced) */
-    if (kvt_map_size(&c->reqs) >= s->max_requests)
+    if (kvt_map_size(&c->reqs) >= s->max_requests) {
+        count(s, KVT_EREF_REQUESTS);
         return -ENOBUFS;
+    }
+    if (params_bytes > s->max_params) {
+        count(s, KVT_EREF_PARAMS);
+        return -EMSGSIZE;
+    }
+    if (c->params_bytes + params_bytes > s->max_client_params) {
+        count(s, KVT_EREF_CLIENT_PARAMS);
+        return -ENOBUFS;
+    }
     rc = kvt_req_ctx_create(q->req_id, q->params, &ctx);
     if (rc < 0)
         return rc;
@@ -418,14 +584,17 @@ static int op_new_request(struct kvt_engine_server *s, struct eclient *c, const 
         return -ENOMEM;
     }
     er->ctx = ctx;
+    er->params_bytes = params_bytes;
+    c->params_bytes += params_bytes;
+    kvt_map_init(&er->writing);
     if (kvt_map_put(&c->reqs, ctx->req_id, ctx->req_id_len, er) != 0) {
-        ereq_free(er);
+        ereq_free(c, er);
         return -ENOMEM;
     }
     rc = kvt_manager_on_new_request(s->m, ctx, &policy);
     if (rc < 0) {
         kvt_map_remove(&c->reqs, ctx->req_id, ctx->req_id_len);
-        ereq_free(er);
+        ereq_free(c, er);
         return rc;
     }
     r->flags = policy == KVT_REQUEST_LEVEL;
@@ -436,7 +605,7 @@ static int op_new_request(struct kvt_engine_server *s, struct eclient *c, const 
 static int op_lookup(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
                      struct kvt_emsg *r)
 {
-    struct ereq *er = own_req(c, q);
+    struct ereq *er = named_req(s, c, q);
     enum kvt_lookup_result *res;
     size_t n;
 
@@ -463,7 +632,8 @@ static int op_prepare_store(struct kvt_engine_server *s, struct eclient *c,
                             const struct kvt_emsg *q, struct kvt_emsg *r)
 {
     struct kvt_store_output *out = &s->store_out;
-    struct ereq *er = own_req(c, q);
+    struct ereq *er = named_req(s, c, q);
+    uint32_t i = 0;
     int rc;
 
     if (er == NULL || er->finished || !kvt__emsg_has(q, KVT_EF_KEYS))
@@ -479,12 +649,12 @@ static int op_prepare_store(struct kvt_engine_server *s, struct eclient *c,
             kvt_manager_complete_store(s->m, out->keys_to_store, out->n_store, er->ctx, false);
         return -ENOMEM;
     }
+    /* The plan lists the first occurrence of each planned key in the order given:
+     * one forward pass finds every index. */
     for (size_t j = 0; j < out->n_store; j++) {
-        uint32_t i = 0;
-
         while (i < q->n_keys && !kvt_key_eq(&keys_of(q)[i], &out->keys_to_store[j]))
             i++;
-        assert(i < q->n_keys && "prepare_store planned a key it was not given");
+        assert(i < q->n_keys && "prepare_store planned a key it was not given, or out of order");
         r->index[j] = i;
         r->ids[j] = out->chunk_ids[j];
     }
@@ -497,20 +667,38 @@ static int op_prepare_store(struct kvt_engine_server *s, struct eclient *c,
     return 0;
 }
 
+/* Every key the client names in complete_store that is being written must be one it
+ * prepared in this request: the manager would complete anyone's write-pending key,
+ * and a third engine would then load a row nobody finished writing. A key that is not
+ * being written (ready, or gone) is left to the manager, which ignores it. */
 static int op_complete_store(struct kvt_engine_server *s, struct eclient *c,
                              const struct kvt_emsg *q, struct kvt_emsg *r)
 {
-    struct ereq *er = own_req(c, q);
+    struct kvt_primary *primary = kvt_manager_primary(s->m);
+    struct ereq *er = named_req(s, c, q);
     int rc;
 
     if (er == NULL || er->pending_stores <= 0 || !kvt__emsg_has(q, KVT_EF_KEYS))
         return -EINVAL;
+    for (uint32_t i = 0; i < q->n_keys; i++) {
+        const struct kvt_key *k = &keys_of(q)[i];
+        struct kvt_primary_entry_info info;
+
+        if (kvt_map_get(&er->writing, k->bytes, k->len) != NULL)
+            continue;
+        if (kvt_primary_entry_info(primary, k, &info) == 0 && info.ref_cnt < 0) {
+            count(s, KVT_EREF_FOREIGN_STORE);
+            kvt_debug(MOD, "client %llu (%s): complete_store of a key it is not writing",
+                      (unsigned long long)c->id, c->name);
+            return -EINVAL;
+        }
+    }
     rc = kvt_manager_complete_store(s->m, keys_of(q), q->n_keys, er->ctx, q->flags != 0);
     if (rc < 0)
         return rc;
     er->pending_stores--;
     for (uint32_t i = 0; i < q->n_keys; i++)
-        writing_remove(er, &keys_of(q)[i]);
+        kvt_map_remove(&er->writing, keys_of(q)[i].bytes, keys_of(q)[i].len);
     ereq_maybe_drop(c, er);
     return 0;
 }
@@ -518,7 +706,7 @@ static int op_complete_store(struct kvt_engine_server *s, struct eclient *c,
 static struct kvt_req_ctx *ctx_for(struct kvt_engine_server *s, struct eclient *c,
                                    const struct kvt_emsg *q, int *rc_p)
 {
-    struct ereq *er = own_req(c, q);
+    struct ereq *er = named_req(s, c, q);
 
     *rc_p = 0;
     if (er != NULL)
@@ -563,6 +751,28 @@ static int op_prepare_load(struct kvt_engine_server *s, struct eclient *c, const
     return 0;
 }
 
+/* Whether the client has pinned every key at least as often as keys names it:
+ * 1 yes, 0 no, -ENOMEM. O(n): the names are counted in a scratch map. */
+static int pins_cover(struct kvt_engine_server *s, struct eclient *c, const struct kvt_key *keys,
+                      size_t n)
+{
+    int rc = 1;
+    size_t i;
+
+    for (i = 0; i < n && rc == 1; i++) {
+        const struct kvt_key *k = &keys[i];
+        uintptr_t named = (uintptr_t)kvt_map_get(&s->named, k->bytes, k->len) + 1;
+
+        if (named > pin_count(c, k))
+            rc = 0;
+        else if (kvt_map_put(&s->named, k->bytes, k->len, (void *)named) != 0)
+            rc = -ENOMEM;
+    }
+    while (i-- > 0) /* emptied key by key: clearing would cost the table's size */
+        kvt_map_remove(&s->named, keys[i].bytes, keys[i].len);
+    return rc;
+}
+
 static int op_complete_load(struct kvt_engine_server *s, struct eclient *c,
                             const struct kvt_emsg *q, struct kvt_emsg *r)
 {
@@ -571,15 +781,12 @@ static int op_complete_load(struct kvt_engine_server *s, struct eclient *c,
 
     if (rc < 0 || !kvt__emsg_has(q, KVT_EF_KEYS))
         return -EINVAL;
-    /* Every key must be pinned by this client as many times as it is named. */
-    for (uint32_t i = 0; i < q->n_keys; i++) {
-        const struct kvt_key *k = &keys_of(q)[i];
-        uintptr_t named = 0;
-
-        for (uint32_t j = 0; j < q->n_keys; j++)
-            named += kvt_key_eq(k, &keys_of(q)[j]);
-        if (pin_count(c, k) < named)
-            return -EINVAL;
+    rc = pins_cover(s, c, keys_of(q), q->n_keys);
+    if (rc < 0)
+        return rc;
+    if (rc == 0) {
+        count(s, KVT_EREF_FOREIGN_LOAD);
+        return -EINVAL;
     }
     rc = kvt_manager_complete_load(s->m, keys_of(q), q->n_keys, ctx);
     if (rc < 0)
@@ -607,7 +814,7 @@ static int op_touch(struct kvt_engine_server *s, struct eclient *c, const struct
 static int op_request_finished(struct kvt_engine_server *s, struct eclient *c,
                                const struct kvt_emsg *q, struct kvt_emsg *r)
 {
-    struct ereq *er = own_req(c, q);
+    struct ereq *er = named_req(s, c, q);
     int rc;
 
     if (er == NULL || er->finished)
@@ -645,15 +852,24 @@ static int op_take_events(struct kvt_engine_server *s, struct eclient *c, const 
                           struct kvt_emsg *r)
 {
     struct kvt_events *evs = &s->evs; /* emptied once the reply is encoded */
-    int rc = kvt_manager_take_events(s->m, evs);
+    struct kvt_events tmp;
 
-    if (rc == 0 && evs->n > 0) {
+    /* The whole queue becomes this reply's (s->evs is empty between frames). */
+    evq_fill(s);
+    if (s->evq_head > 0) {
+        memmove(s->evq.ev, s->evq.ev + s->evq_head, (s->evq.n - s->evq_head) * sizeof(*s->evq.ev));
+        s->evq.n -= s->evq_head;
+        s->evq_head = 0;
+    }
+    tmp = *evs;
+    *evs = s->evq;
+    s->evq = tmp;
+    s->evq_keys = 0;
+    if (evs->n > 0) {
         r->events = kvt_calloc(evs->n, sizeof(*r->events));
         if (r->events == NULL)
-            rc = -ENOMEM;
+            return -ENOMEM;
     }
-    if (rc < 0)
-        return rc;
     for (size_t i = 0; i < evs->n; i++) {
         r->events[i] = (struct kvtier_event){.keys = (struct kvtier_key *)evs->ev[i].keys,
                                              .n = evs->ev[i].n,
@@ -777,84 +993,177 @@ static void handle_frame(struct kvt_engine_server *s, struct eclient *c, const u
     kvt__emsg_free(&q);
 }
 
-/* Reads what is there and runs every complete frame. */
-static int client_read(struct kvt_engine_server *s, struct eclient *c)
+/* Executes the complete frames buffered, in order, until the client's queued replies
+ * reach max_output_bytes; the rest wait in the input buffer. */
+static void run_frames(struct kvt_engine_server *s, struct eclient *c)
+{
+    size_t off = 0;
+
+    while (!c->closing && c->in_len - off >= KVT_EPROTO_HDR) {
+        uint32_t len = kvt__eproto_frame_len(c->in + off);
+
+        if (len > s->lim.max_body) {
+            s->ctr.oversized++;
+            refuse(c, -EMSGSIZE, "frame over max_msg_bytes");
+            break;
+        }
+        if (c->in_len - off < KVT_EPROTO_HDR + (size_t)len)
+            break;
+        if (c->out.len - c->out_off >= s->max_output) {
+            if (!c->out_full)
+                count(s, KVT_EREF_OUTPUT_FULL);
+            c->out_full = true;
+            break;
+        }
+        c->out_full = false;
+        handle_frame(s, c, c->in + off + KVT_EPROTO_HDR, len);
+        off += KVT_EPROTO_HDR + len;
+    }
+    if (off > 0) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    if (c->in_len == 0 && c->in_cap > IN_KEEP_BYTES) {
+        kvt_free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+}
+
+/* One recv into the input buffer: 1 bytes came, 0 nothing to read, or -errno. */
+static int read_some(struct kvt_engine_server *s, struct eclient *c)
 {
     size_t frame_cap = KVT_EPROTO_HDR + s->lim.max_body;
 
+    if (c->in_len == c->in_cap) {
+        size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
+        uint8_t *p;
+
+        /* A header says how much is coming: room for the whole frame at once. */
+        if (c->in_len >= KVT_EPROTO_HDR &&
+            KVT_EPROTO_HDR + (size_t)kvt__eproto_frame_len(c->in) > cap)
+            cap = KVT_EPROTO_HDR + (size_t)kvt__eproto_frame_len(c->in);
+
+        if (cap > frame_cap)
+            cap = frame_cap;
+        /* Full at frame_cap would hold a whole frame, and run_frames left none. */
+        if (cap <= c->in_cap)
+            return -EMSGSIZE;
+        p = kvt_realloc(c->in, cap);
+        if (p == NULL)
+            return -ENOMEM;
+        c->in = p;
+        c->in_cap = cap;
+    }
     for (;;) {
-        ssize_t n;
+        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
 
-        if (c->in_len == c->in_cap) {
-            size_t cap = c->in_cap ? c->in_cap * 2 : 4096;
-            uint8_t *p;
-
-            if (cap > frame_cap)
-                cap = frame_cap;
-            if (cap <= c->in_cap)
-                return -EMSGSIZE; /* cannot happen: frames are checked below */
-            p = kvt_realloc(c->in, cap);
-            if (p == NULL)
-                return -ENOMEM;
-            c->in = p;
-            c->in_cap = cap;
+        if (n > 0) {
+            c->in_len += (size_t)n;
+            return 1;
         }
-        n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
         if (n == 0)
             return -ECONNRESET;
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return 0;
-            return -errno;
-        }
-        c->in_len += (size_t)n;
-
-        size_t off = 0;
-
-        while (!c->closing && c->in_len - off >= KVT_EPROTO_HDR) {
-            uint32_t len = kvt__eproto_frame_len(c->in + off);
-
-            if (len > s->lim.max_body) {
-                s->ctr.oversized++;
-                refuse(c, -EMSGSIZE, "frame over max_msg_bytes");
-                break;
-            }
-            if (c->in_len - off < KVT_EPROTO_HDR + (size_t)len)
-                break;
-            handle_frame(s, c, c->in + off + KVT_EPROTO_HDR, len);
-            off += KVT_EPROTO_HDR + len;
-        }
-        if (off > 0) {
-            memmove(c->in, c->in + off, c->in_len - off);
-            c->in_len -= off;
-        }
-        if (c->closing || c->out.len > 0)
-            return 0; /* replies first (EPOLLOUT), then read on */
+        if (errno == EINTR)
+            continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -errno;
     }
+}
+
+/* A closing client whose replies have all left: our side is shut down (it reads the
+ * ERROR frame, then EOF) and what it still sends is read and dropped until its EOF,
+ * because closing a unix socket with unread bytes resets the peer's connection before
+ * it could read the ERROR frame. 1 when it is gone, 0 while we wait. */
+static int linger(struct eclient *c)
+{
+    uint8_t sink[4096];
+
+    if (!c->shut_wr) {
+        shutdown(c->fd, SHUT_WR);
+        c->shut_wr = true;
+    }
+    /* Bounded: a client that keeps sending waits for the next turn (and is closed
+     * after CLOSING_GRACE_NS whatever it does). */
+    for (int i = 0; i < READS_PER_TURN; i++) {
+        ssize_t n = recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
+
+        if (n > 0 || (n < 0 && errno == EINTR))
+            continue;
+        return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : 1;
+    }
+    return 0;
+}
+
+/* Moves a client on as far as it can go now: replies out, then the frames waiting,
+ * then new bytes in; requests are executed only when the previous replies have left,
+ * so what is queued for a client is bounded by max_output_bytes plus one reply. */
+static int client_service(struct kvt_engine_server *s, struct eclient *c)
+{
+    for (int reads = 0;;) {
+        int rc = flush_out(s, c);
+
+        if (rc < 0)
+            return rc;
+        if (c->closing && c->out.len == 0)
+            return linger(c) ? -ECONNRESET : update_watch(s, c);
+        if (c->closing || c->out.len > 0)
+            break;
+        run_frames(s, c);
+        if (c->closing || c->out.len > 0)
+            continue;
+        if (reads++ == READS_PER_TURN)
+            break;
+        rc = read_some(s, c);
+        if (rc < 0)
+            return rc;
+        if (rc == 0)
+            break;
+    }
+    return update_watch(s, c);
 }
 
 static void client_event(struct kvt_engine_server *s, struct eclient *c, uint32_t events)
 {
-    int rc = 0;
+    int rc;
 
-    if (events & EPOLLIN)
-        rc = client_read(s, c);
-    else if (events & (EPOLLERR | EPOLLHUP))
+    if (!(events & (EPOLLIN | EPOLLOUT)) && (events & (EPOLLERR | EPOLLHUP)))
         rc = -ECONNRESET;
-    if (rc == 0)
-        rc = flush_out(s, c);
-    if (rc < 0) {
-        client_destroy(s, c, rc == -ECONNRESET ? "disconnected" : strerror(-rc));
-        return;
+    else
+        rc = client_service(s, c);
+    if (rc < 0)
+        client_destroy(s, c,
+                       c->closing          ? "closed by the server"
+                       : rc == -ECONNRESET ? "disconnected"
+                                           : strerror(-rc));
+}
+
+/* Refuses clients past their HELLO deadline, and closes refused clients once their
+ * ERROR frame has left and they closed too (or had CLOSING_GRACE_NS to). Runs after
+ * the events of a batch, never during. */
+static void sweep(struct kvt_engine_server *s)
+{
+    uint64_t now = kvt_now_ns();
+    struct eclient *next;
+
+    for (struct eclient *c = s->clients; c != NULL; c = next) {
+        next = c->next;
+        if (!c->hello_done && !c->closing && now - c->accepted_ns >= s->hello_timeout_ns) {
+            count(s, KVT_EREF_HELLO_TIMEOUT);
+            refuse(c, -ETIMEDOUT, "no HELLO in time");
+        }
+        if (!c->closing)
+            continue;
+        if (flush_out(s, c) < 0 || (c->out.len == 0 && linger(c)) ||
+            now - c->closing_ns >= CLOSING_GRACE_NS)
+            client_destroy(s, c, "closed by the server");
+        else
+            update_watch(s, c);
     }
-    if (c->closing && c->out.len == 0)
-        client_destroy(s, c, "closed by the server");
 }
 
 int kvt_engine_server_progress(struct kvt_engine_server *s)
 {
+    evq_fill(s);
     for (;;) {
         struct epoll_event evs[MAX_EVENTS];
         int n = epoll_wait(s->epfd, evs, MAX_EVENTS, 0);
@@ -882,8 +1191,11 @@ int kvt_engine_server_progress(struct kvt_engine_server *s)
                 client_event(s, c, evs[i].events);
         }
         if (n < MAX_EVENTS)
-            return 0;
+            break;
     }
+    if (s->clients != NULL)
+        sweep(s);
+    return 0;
 }
 
 /* ---- life cycle --------------------------------------------------------------------- */
@@ -916,6 +1228,102 @@ static int claim_path(const char *path)
     return 0;
 }
 
+/* A group name or number; -EINVAL when there is no such group. */
+static int resolve_group(const char *name, gid_t *gid_p)
+{
+    struct group gr, *found = NULL;
+    char buf[4096], *end;
+    unsigned long v;
+
+    errno = 0;
+    v = strtoul(name, &end, 10);
+    if (name[0] >= '0' && name[0] <= '9' && *end == '\0' && errno == 0 && v < (gid_t)-1) {
+        *gid_p = (gid_t)v;
+        return 0;
+    }
+    if (getgrnam_r(name, &gr, buf, sizeof(buf), &found) != 0 || found == NULL)
+        return -EINVAL;
+    *gid_p = gr.gr_gid;
+    return 0;
+}
+
+/* Gives the socket file at path its mode and group. */
+static int set_owner(const char *path, mode_t mode, bool has_gid, gid_t gid)
+{
+    if (has_gid && chown(path, (uid_t)-1, gid) != 0) {
+        int rc = -errno;
+
+        kvt_error(MOD, "cannot give %s the group %u: %s", path, (unsigned)gid, strerror(-rc));
+        return rc;
+    }
+    if (chmod(path, mode) != 0) {
+        int rc = -errno;
+
+        kvt_error(MOD, "chmod %04o %s: %s", (unsigned)mode, path, strerror(-rc));
+        return rc;
+    }
+    return 0;
+}
+
+/* Binds and listens on s->path with the socket's mode and group set before the path
+ * appears: the socket is bound in a fresh 0700 directory beside the path (nobody else
+ * can reach it there), given its mode and group, then renamed into place. When that
+ * directory's name would not fit in sun_path, the bind runs under umask 0177 instead
+ * (the socket is the owner's only until chmod; other threads creating files meanwhile
+ * get stricter modes, never looser). */
+static int bind_listen(struct kvt_engine_server *s, mode_t mode, bool has_gid, gid_t gid)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char dir[sizeof(sa.sun_path)];
+    const char *slash = strrchr(s->path, '/');
+    int dir_len = slash == NULL ? 1 : slash == s->path ? 1 : (int)(slash - s->path);
+    const char *dir_of = slash == NULL ? "." : s->path;
+    int n, rc;
+
+    n = snprintf(dir, sizeof(dir), "%.*s/.kvtier-XXXXXX", dir_len, dir_of);
+    if (n > 0 && (size_t)n + 3 <= sizeof(sa.sun_path)) {
+        if (mkdtemp(dir) == NULL) {
+            rc = -errno;
+            kvt_error(MOD, "cannot create a private directory beside %s: %s", s->path,
+                      strerror(-rc));
+            return rc;
+        }
+        memcpy(sa.sun_path, dir, (size_t)n);
+        memcpy(sa.sun_path + n, "/s", 3); /* fits: checked above */
+        if (bind(s->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+            rc = -errno;
+            kvt_error(MOD, "bind %s: %s", sa.sun_path, strerror(-rc));
+            rmdir(dir);
+            return rc;
+        }
+        rc = set_owner(sa.sun_path, mode, has_gid, gid);
+        if (rc == 0 && listen(s->listen_fd, 64) != 0)
+            rc = -errno;
+        if (rc == 0 && rename(sa.sun_path, s->path) != 0) {
+            rc = -errno;
+            kvt_error(MOD, "rename %s to %s: %s", sa.sun_path, s->path, strerror(-rc));
+        }
+        if (rc != 0)
+            unlink(sa.sun_path);
+        rmdir(dir);
+        return rc;
+    }
+    memcpy(sa.sun_path, s->path, strlen(s->path) + 1);
+    mode_t old = umask(0177);
+    rc = bind(s->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 ? 0 : -errno;
+    umask(old);
+    if (rc != 0) {
+        kvt_error(MOD, "bind %s: %s", s->path, strerror(-rc));
+        return rc;
+    }
+    rc = set_owner(s->path, mode, has_gid, gid);
+    if (rc == 0 && listen(s->listen_fd, 64) != 0)
+        rc = -errno;
+    if (rc != 0)
+        unlink(s->path);
+    return rc;
+}
+
 int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
                              struct kvt_engine_server **srv_p)
 {
@@ -923,11 +1331,19 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     struct kvt_engine_server *s;
     struct kvt_region *region;
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
+    mode_t mode;
+    gid_t gid = 0;
     int rc;
 
     if (cfg == NULL || cfg->socket_path == NULL || cfg->manager == NULL ||
-        strlen(cfg->socket_path) == 0 || strlen(cfg->socket_path) >= sizeof(sa.sun_path))
+        strlen(cfg->socket_path) == 0 || strlen(cfg->socket_path) >= sizeof(sa.sun_path) ||
+        cfg->socket_mode > 0777)
         return -EINVAL;
+    mode = cfg->socket_mode ? (mode_t)cfg->socket_mode : 0660;
+    if (cfg->socket_group != NULL && resolve_group(cfg->socket_group, &gid) != 0) {
+        kvt_error(MOD, "engine socket group %s: no such group", KVT_LOG_STR(cfg->socket_group));
+        return -EINVAL;
+    }
     region =
         cfg->region != NULL ? cfg->region : kvt_primary_region(kvt_manager_primary(cfg->manager));
     if (region == NULL || region->fd < 0 || !region->open || region->num_chunks == 0) {
@@ -949,12 +1365,18 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
         s->lim.max_body = cfg->max_msg_bytes;
     if (cfg->max_keys)
         s->lim.max_keys = cfg->max_keys;
-    if (cfg->max_params_bytes)
-        s->lim.max_params = cfg->max_params_bytes;
+    /* Params are bounded per request by op_new_request (a refusal, not a cut
+     * connection); the decoder only keeps them within the frame. */
+    s->lim.max_params = s->lim.max_body;
     s->lim.max_events = 0; /* requests carry none */
     s->lim.max_stats = 0;
     s->max_clients = cfg->max_clients ? cfg->max_clients : 64;
-    s->max_requests = cfg->max_requests ? cfg->max_requests : 65536;
+    s->max_requests = cfg->max_requests ? cfg->max_requests : 4096;
+    s->max_params = cfg->max_params_bytes ? cfg->max_params_bytes : 64u << 10;
+    s->max_client_params = cfg->max_client_params_bytes ? cfg->max_client_params_bytes : 4ull << 20;
+    s->max_output = cfg->max_output_bytes ? cfg->max_output_bytes : 1ull << 20;
+    s->hello_timeout_ns = (cfg->hello_timeout_ms ? cfg->hello_timeout_ms : 5000) * 1000000ull;
+    s->max_event_keys = cfg->max_event_keys ? cfg->max_event_keys : 65536;
     s->geom[KVT_EG_NUM_CHUNKS] = region->num_chunks;
     s->geom[KVT_EG_ROW_BYTES] = region->row_bytes;
     s->geom[KVT_EG_PAGE_BYTES] = region->page_bytes;
@@ -962,7 +1384,9 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->geom[KVT_EG_SIZE] = region->size;
     s->geom[KVT_EG_MAX_KEYS] = s->lim.max_keys;
     kvt_store_output_init(&s->store_out);
+    kvt_events_init(&s->evq);
     kvt_events_init(&s->evs);
+    kvt_map_init(&s->named);
     rc = kvt_req_ctx_create("kvtierd-engine-api", NULL, &s->anon_ctx);
     if (rc < 0)
         goto err_free;
@@ -978,16 +1402,9 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
         rc = -errno;
         goto err_free;
     }
-    memcpy(sa.sun_path, s->path, strlen(s->path) + 1);
-    if (bind(s->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-        rc = -errno;
-        kvt_error(MOD, "bind %s: %s", s->path, strerror(-rc));
+    rc = bind_listen(s, mode, cfg->socket_group != NULL, gid);
+    if (rc != 0)
         goto err_close;
-    }
-    if (listen(s->listen_fd, 64) != 0) {
-        rc = -errno;
-        goto err_unlink;
-    }
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
         rc = -errno;
@@ -997,8 +1414,8 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
         rc = -errno;
         goto err_epoll;
     }
-    kvt_info(MOD, "engine API on %s (%zu chunks of %zu bytes)", s->path, region->num_chunks,
-             region->row_bytes);
+    kvt_info(MOD, "engine API on %s (mode %04o; %zu chunks of %zu bytes)", s->path, (unsigned)mode,
+             region->num_chunks, region->row_bytes);
     *srv_p = s;
     return 0;
 
@@ -1027,7 +1444,9 @@ void kvt_engine_server_destroy(struct kvt_engine_server *s)
     unlink(s->path);
     kvt_req_ctx_unref(s->anon_ctx);
     kvt_store_output_cleanup(&s->store_out);
+    kvt_events_cleanup(&s->evq);
     kvt_events_cleanup(&s->evs);
+    kvt_map_cleanup(&s->named);
     kvt_free(s);
 }
 
@@ -1051,4 +1470,8 @@ void kvt_engine_server_get_counters(const struct kvt_engine_server *s,
                                     struct kvt_engine_server_counters *out)
 {
     *out = s->ctr;
+    out->event_keys = s->evq_keys;
+    out->refused_by[KVT_EREF_CLIENTS] = s->ctr.refused;
+    out->refused_by[KVT_EREF_MALFORMED] = s->ctr.malformed;
+    out->refused_by[KVT_EREF_OVERSIZED] = s->ctr.oversized;
 }

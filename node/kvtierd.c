@@ -288,6 +288,16 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
         v[n++] = (struct kvt_prom_sample){                                                         \
             .name = (nm), .help = (hp), .kind = (k), .value = (double)(val)};                      \
     } while (0)
+#define LSAMPLE(nm, hp, k, ln, lv, val)                                                            \
+    do {                                                                                           \
+        assert(n < cap);                                                                           \
+        v[n++] = (struct kvt_prom_sample){.name = (nm),                                            \
+                                          .help = (hp),                                            \
+                                          .kind = (k),                                             \
+                                          .label_name = (ln),                                      \
+                                          .label_value = (lv),                                     \
+                                          .value = (double)(val)};                                 \
+    } while (0)
     kvt_engine_server_get_counters(d->engines, &ec);
     SAMPLE("kvtier_engine_clients", "Engines attached now", KVT_METRIC_GAUGE, ec.clients);
     SAMPLE("kvtier_engine_requests", "Engine API requests executed", KVT_METRIC_COUNTER,
@@ -313,6 +323,27 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
     }
     SAMPLE("kvtier_metrics_render_failures", "Renders of /metrics that failed (answered 500)",
            KVT_METRIC_COUNTER, d->render_failures);
+    for (int r = 0; r < KVT_EREF_COUNT; r++) {
+        if (r == KVT_EREF_EVENTS_DROPPED)
+            continue;
+        LSAMPLE("kvtier_engine_refused",
+                "Engine API connections and requests refused or closed, by reason",
+                KVT_METRIC_COUNTER, "reason", kvt_engine_refusal_name(r), ec.refused_by[r]);
+    }
+    SAMPLE("kvtier_engine_events_dropped",
+           "Events dropped, oldest first, because no engine took them (engine.max_event_keys)",
+           KVT_METRIC_COUNTER, ec.refused_by[KVT_EREF_EVENTS_DROPPED]);
+    SAMPLE("kvtier_engine_event_keys_queued", "Keys of the events waiting for take_events",
+           KVT_METRIC_GAUGE, ec.event_keys);
+    if (d->http != NULL) {
+        struct kvt_metrics_http_counters hc;
+
+        kvt_metrics_http_get_counters(d->http, &hc);
+        for (int r = 0; r < KVT_MHTTP_DROP_COUNT; r++)
+            LSAMPLE("kvtier_metrics_http_dropped",
+                    "HTTP connections to /metrics and /healthz closed early, by reason",
+                    KVT_METRIC_COUNTER, "reason", kvt_metrics_http_drop_name(r), hc.dropped[r]);
+    }
     if (d->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
@@ -332,6 +363,7 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
                KVT_METRIC_COUNTER, c.checksum_failures);
     }
 #undef SAMPLE
+#undef LSAMPLE
     return n;
 }
 
@@ -365,7 +397,7 @@ static int total_stats(void *arg, struct kvt_stats *out)
  * and logged once per run of failures. */
 static void publish_metrics(struct daemon *d)
 {
-    struct kvt_prom_sample samples[32];
+    struct kvt_prom_sample samples[64];
     char *text = NULL;
     size_t len = 0, n;
     int rc;
@@ -395,6 +427,14 @@ static int start_services(struct daemon *d)
 {
     struct kvt_engine_server_config ec = {
         .socket_path = d->cfg.engine_socket,
+        .socket_mode = d->cfg.engine_socket_mode,
+        .socket_group = d->cfg.engine_socket_group,
+        .max_requests = d->cfg.engine_max_requests,
+        .max_params_bytes = (uint32_t)d->cfg.engine_max_params_bytes,
+        .max_client_params_bytes = d->cfg.engine_max_client_params,
+        .max_output_bytes = d->cfg.engine_max_output_bytes,
+        .hello_timeout_ms = d->cfg.engine_hello_timeout_ms,
+        .max_event_keys = d->cfg.engine_max_event_keys,
         .manager = d->m,
         .region = d->region,
         .collect_stats = collect_stats,
@@ -415,7 +455,15 @@ static int start_services(struct daemon *d)
     if (rc != 0)
         return rc;
     if (d->cfg.metrics_port != 0) {
-        rc = kvt_metrics_http_create(d->cfg.metrics_listen, d->cfg.metrics_port, &d->http);
+        struct kvt_metrics_http_config hc = {
+            .listen = d->cfg.metrics_listen,
+            .port = d->cfg.metrics_port,
+            .max_connections = d->cfg.metrics_max_connections,
+            .read_timeout_ms = d->cfg.metrics_read_timeout_ms,
+            .write_timeout_ms = d->cfg.metrics_write_timeout_ms,
+        };
+
+        rc = kvt_metrics_http_create_cfg(&hc, &d->http);
         if (rc != 0) {
             kvt_error(MOD, "/metrics on %s:%u: %s", d->cfg.metrics_listen, d->cfg.metrics_port,
                       strerror(-rc));

@@ -168,8 +168,8 @@ static void cascade(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
     int rc = create_store_job(m, keys, n, ctx, tier_idx, &jm);
 
     if (rc != 0) {
-        kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%d failed: %s", ctx->req_id, n,
-                  tier_idx, strerror(-rc));
+        kvt_error(MOD, "request %s: cascade of %zu chunks to tier #%d failed: %s",
+                  KVT_LOG_STR(ctx->req_id), n, tier_idx, strerror(-rc));
         return;
     }
     if (submit_job(m, jm) != 0) {
@@ -449,7 +449,8 @@ static void cascade_existing(struct kvt_manager *m, struct req_state *st,
     struct kvt_key *ready = kvt_reallocarray(NULL, n ? n : 1, sizeof(*ready));
     size_t n_ready = 0;
     if (ready == NULL) {
-        kvt_error(MOD, "request %s: no memory to cascade %zu existing chunks", st->ctx->req_id, n);
+        kvt_error(MOD, "request %s: no memory to cascade %zu existing chunks",
+                  KVT_LOG_STR(st->ctx->req_id), n);
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -458,7 +459,8 @@ static void cascade_existing(struct kvt_manager *m, struct req_state *st,
             ready[n_ready++] = keys[i];
         else if (r == KVT_HIT_PENDING) {
             if (park_key(st, &keys[i]) != 0)
-                kvt_error(MOD, "request %s: cannot park a cascade key", st->ctx->req_id);
+                kvt_error(MOD, "request %s: cannot park a cascade key",
+                          KVT_LOG_STR(st->ctx->req_id));
         } else
             assert(r == KVT_MISS && "primary tier returned RETRY for a cascade key");
     }

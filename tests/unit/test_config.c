@@ -15,6 +15,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/config.h"
 
@@ -707,6 +708,130 @@ static void test_out_of_memory(void **state)
     kvt_config_free(&cfg);
 }
 
+/* Nesting: refused at the line where it gets deeper than KVT_CONFIG_DEPTH_MAX, and
+ * quickly, however deep the file goes (100,000 '[' took minutes in libyaml). */
+static void test_deep_nesting_refused_quickly(void **state)
+{
+    char *text;
+    size_t n = 100000;
+    uint64_t t0;
+
+    (void)state;
+    text = malloc(n + 64);
+    assert_non_null(text);
+    /* Flow style: 100,000 '[' on line 3. */
+    strcpy(text, "log:\n  level: info\nprimary: ");
+    memset(text + strlen(text), '[', n);
+    strcpy(text + strlen("log:\n  level: info\nprimary: ") + n, "\n");
+    t0 = kvt_now_ns();
+    expect_bad(text, NULL, 0, 0, WANT(at_line(3), "nested deeper than 16 levels"));
+    print_message("100000 '[' refused in %.3f s\n", (double)(kvt_now_ns() - t0) / 1e9);
+    assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    /* '{' too. */
+    memset(text, '{', n);
+    strcpy(text + n, "\n");
+    t0 = kvt_now_ns();
+    expect_bad(text, NULL, 0, 0, WANT(at_line(1), "nested deeper"));
+    assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    free(text);
+
+    /* Block style: one level per line; the 17th level is on line 17. */
+    text = malloc(64 * 1024);
+    assert_non_null(text);
+    text[0] = '\0';
+    for (int i = 0; i < 40; i++)
+        sprintf(text + strlen(text), "%*sk%d:\n", 2 * i, "", i);
+    sprintf(text + strlen(text), "%*sv\n", 80, "");
+    expect_bad(text, NULL, 0, 0, WANT(at_line(17), "nested deeper"));
+    /* 16 levels are read (and refused for what they hold, not for depth); 17 are not. */
+    for (int depth = 16; depth <= 17; depth++) {
+        text[0] = '\0';
+        for (int i = 0; i < depth; i++)
+            strcat(text, "[");
+        strcat(text, "1");
+        for (int i = 0; i < depth; i++)
+            strcat(text, "]");
+        strcat(text, "\n");
+        expect_bad(text, NULL, 0, 0,
+                   WANT(at_line(1), depth == 16 ? "mapping of keys" : "nested deeper"));
+    }
+    free(text);
+}
+
+/* A file over KVT_CONFIG_FILE_MAX bytes is refused without parsing it. */
+static void test_huge_file_refused(void **state)
+{
+    size_t n = KVT_CONFIG_FILE_MAX + 1;
+    char *text = malloc(n + 1);
+
+    (void)state;
+    assert_non_null(text);
+    memset(text, '#', n);
+    text[n] = '\0';
+    expect_bad(text, NULL, 0, 0, WANT("larger than 16 MiB"));
+    free(text);
+}
+
+static void test_engine_and_metrics_keys(void **state)
+{
+    struct kvt_config cfg;
+    char text[1024], err[512], gid[32], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_int_equal(cfg.engine_socket_mode, 0660);
+    assert_null(cfg.engine_socket_group);
+    assert_int_equal(cfg.engine_hello_timeout_ms, 5000);
+    assert_int_equal(cfg.engine_max_requests, 4096);
+    assert_int_equal(cfg.engine_max_params_bytes, 64 * 1024);
+    assert_int_equal(cfg.engine_max_client_params, 4 << 20);
+    assert_int_equal(cfg.engine_max_output_bytes, 1 << 20);
+    assert_int_equal(cfg.engine_max_event_keys, 65536);
+    assert_int_equal(cfg.metrics_max_connections, 16);
+    assert_int_equal(cfg.metrics_read_timeout_ms, 5000);
+    assert_int_equal(cfg.metrics_write_timeout_ms, 10000);
+    kvt_config_free(&cfg);
+
+    snprintf(gid, sizeof(gid), "%u", (unsigned)getgid());
+    snprintf(text, sizeof(text),
+             "engine:\n  socket_mode: 0600\n  socket_group: %s\n  hello_timeout_ms: 250\n"
+             "  max_requests: 8\n  max_params_bytes: 1KiB\n  max_client_params: 4KiB\n"
+             "  max_output_bytes: 64KiB\n  max_event_keys: 100\n"
+             "metrics:\n  max_connections: 4\n  read_timeout_ms: 300\n  write_timeout_ms: 400\n",
+             gid);
+    write_file(fx.conf, text, 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_int_equal(cfg.engine_socket_mode, 0600);
+    assert_string_equal(cfg.engine_socket_group, gid);
+    assert_int_equal(cfg.engine_hello_timeout_ms, 250);
+    assert_int_equal(cfg.engine_max_requests, 8);
+    assert_int_equal(cfg.engine_max_params_bytes, 1024);
+    assert_int_equal(cfg.engine_max_client_params, 4096);
+    assert_int_equal(cfg.engine_max_output_bytes, 65536);
+    assert_int_equal(cfg.engine_max_event_keys, 100);
+    assert_int_equal(cfg.metrics_max_connections, 4);
+    assert_int_equal(cfg.metrics_read_timeout_ms, 300);
+    assert_int_equal(cfg.metrics_write_timeout_ms, 400);
+    kvt_config_free(&cfg);
+
+    expect_bad("engine:\n  socket_mode: 0999\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.socket_mode", "not an octal mode"));
+    expect_bad("engine:\n  socket_mode: 0440\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.socket_mode", "owner must keep read and write"));
+    expect_bad("engine:\n  socket_mode: 01660\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.socket_mode"));
+    expect_bad("\nengine:\n  socket_group: no-such-group-kvtier\n", NULL, 0, 0,
+               WANT(at_line(3), "engine.socket_group", "not a group of this host"));
+    expect_bad("engine:\n  hello_timeout_ms: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.hello_timeout_ms", "out of range"));
+    expect_bad("engine:\n  max_params_bytes: 2MiB\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.max_params_bytes", "out of range"));
+    expect_bad("metrics:\n  max_connections: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "metrics.max_connections", "out of range"));
+    char *bad_set[] = {"engine.socket_mode=rw"};
+    expect_bad(NULL, bad_set, 1, 0, WANT("option --set engine.socket_mode=rw"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -725,6 +850,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_out_of_memory, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deep_nesting_refused_quickly, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_huge_file_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_engine_and_metrics_keys, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -8,7 +8,9 @@
  *
  * The server thread runs progress() under g.lock; the tests take g.lock to look at
  * the manager, so every access to it is ordered (TSan). */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,14 +18,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/clock.h"
 #include "kvt/engine_api.h"
+#include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"
 #include "kvt/region.h"
@@ -59,7 +66,9 @@ static void *server_main(void *arg)
     return NULL;
 }
 
-static void start(unsigned max_clients, uint32_t max_msg)
+/* Starts a server whose limits (max_*, hello_timeout_ms, socket mode and group) are
+ * lim's; the rest is the test's. */
+static void start_with(const struct kvt_engine_server_config *lim)
 {
     static unsigned seq;
     struct kvt_region *r = kvt_calloc(1, sizeof(*r));
@@ -69,7 +78,7 @@ static void start(unsigned max_clients, uint32_t max_msg)
                                    .rank = KVT_REGION_RANK_ALL,
                                    .join_timeout_s = 5};
     struct kvt_primary_config pc = {.num_chunks = NUM_CHUNKS, .enable_events = true};
-    struct kvt_engine_server_config sc = {0};
+    struct kvt_engine_server_config sc = *lim;
 
     g.page = (size_t)sysconf(_SC_PAGESIZE);
     snprintf(g.region_path, sizeof(g.region_path), "%s/region.%u", g.dir, seq);
@@ -82,12 +91,16 @@ static void start(unsigned max_clients, uint32_t max_msg)
     assert_int_equal(kvt_manager_create(p, NULL, 0, &g.m), 0);
     sc.socket_path = g.sock;
     sc.manager = g.m;
-    sc.max_clients = max_clients;
-    sc.max_msg_bytes = max_msg;
     assert_int_equal(kvt_engine_server_create(&sc, &g.srv), 0);
     g.stop = 0;
     pthread_mutex_init(&g.lock, NULL);
     assert_int_equal(pthread_create(&g.thread, NULL, server_main, NULL), 0);
+}
+
+static void start(unsigned max_clients, uint32_t max_msg)
+{
+    start_with(
+        &(struct kvt_engine_server_config){.max_clients = max_clients, .max_msg_bytes = max_msg});
 }
 
 static void stop(void)
@@ -762,6 +775,453 @@ static void test_daemon_gone(void **state)
     start(0, 0);
 }
 
+/* ---- bounds and isolation ------------------------------------------------------------ */
+
+/* Writes one encoded frame of m. */
+static void raw_send(int fd, const struct kvt_emsg *m)
+{
+    struct kvt_ebuf b;
+
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(m, &b), 0);
+    assert_int_equal(write(fd, b.data, b.len), (ssize_t)b.len);
+    kvt__ebuf_cleanup(&b);
+}
+
+/* Reads one frame (10 s at most) and decodes it into *m; 0 or -1 (EOF or timeout). */
+static int raw_recv(int fd, struct kvt_emsg *m)
+{
+    static const struct kvt_eproto_limits lim = {.max_body = 64u << 20,
+                                                 .max_keys = UINT32_MAX,
+                                                 .max_params = 1u << 20,
+                                                 .max_events = UINT32_MAX,
+                                                 .max_stats = UINT32_MAX};
+    struct timeval tv = {.tv_sec = 10};
+    uint8_t hdr[4], *body;
+    uint32_t len;
+
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (recv(fd, hdr, 4, MSG_WAITALL) != 4)
+        return -1;
+    len = kvt__eproto_frame_len(hdr);
+    body = malloc(len ? len : 1);
+    assert_non_null(body);
+    if (len > 0 && recv(fd, body, len, MSG_WAITALL) != (ssize_t)len) {
+        free(body);
+        return -1;
+    }
+    assert_int_equal(kvt__emsg_decode(body, len, &lim, m), 0);
+    free(body);
+    return 0;
+}
+
+/* A raw connection that said HELLO (the region fd of the reply is discarded). */
+static int raw_hello(const char *name)
+{
+    int fd = raw_connect();
+    struct kvt_emsg m;
+
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_HELLO;
+    m.seq = 1;
+    m.major = KVTIER_PROTO_MAJOR;
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_MAJOR | 1u << KVT_EF_NAME;
+    raw_send(fd, &m);
+    assert_int_equal(raw_recv(fd, &m), 0);
+    assert_int_equal(m.op, KVT_EOP_HELLO | KVT_EOP_REPLY);
+    assert_int_equal(m.rc, 0);
+    kvt__emsg_free(&m);
+    return fd;
+}
+
+static uint64_t refused(enum kvt_engine_refusal r)
+{
+    return counters().refused_by[r];
+}
+
+/* Engine B's complete_store of engine A's write-pending key is refused and counted:
+ * the key stays write-pending, so a third engine cannot load a row A has not
+ * finished writing. */
+static void test_complete_store_of_another_clients_key_refused(void **state)
+{
+    struct kvtier_client *a = conn("a"), *b = conn("b"), *c = conn("c");
+    struct kvtier_key ka[2], kb = key(811), kc = key(812), both[2];
+    uint32_t idx[2];
+    int64_t ids[2];
+    uint8_t res;
+    struct kvtier_store_plan plan = {.store_index = idx, .chunk_ids = ids};
+
+    keys(ka, 800, 2);
+    assert_int_equal(kvtier_on_new_request(a, "a-1", NULL, NULL), 0);
+    assert_int_equal(kvtier_prepare_store(a, "a-1", ka, 2, &plan), 0);
+    assert_int_equal(plan.n_store, 2);
+    assert_int_equal(entry(800).ref_cnt, -1);
+
+    /* B has a store of its own outstanding, then names A's key. */
+    assert_int_equal(kvtier_on_new_request(b, "b-1", NULL, NULL), 0);
+    assert_int_equal(kvtier_prepare_store(b, "b-1", &kb, 1, &plan), 0);
+    assert_int_equal(kvtier_complete_store(b, "b-1", &ka[0], 1, true), -EINVAL);
+    both[0] = kb;
+    both[1] = ka[1];
+    assert_int_equal(kvtier_complete_store(b, "b-1", both, 2, true), -EINVAL);
+    assert_int_equal(refused(KVT_EREF_FOREIGN_STORE), 2);
+    assert_int_equal(entry(800).ref_cnt, -1); /* still A's, still being written */
+    assert_int_equal(entry(801).ref_cnt, -1);
+    assert_int_equal(entry(811).ref_cnt, -1); /* the refusal was all or nothing */
+
+    /* The third engine sees it pending and cannot pin it. */
+    assert_int_equal(kvtier_on_new_request(c, "c-1", NULL, NULL), 0);
+    assert_int_equal(kvtier_lookup(c, "c-1", &ka[0], 1, 0, &res, NULL), 0);
+    assert_int_equal(res, KVTIER_HIT_PENDING);
+    assert_int_equal(kvtier_prepare_load(c, "c-1", &ka[0], 1, ids), -EINVAL);
+
+    /* A's other request cannot complete it either (per-request bookkeeping). */
+    assert_int_equal(kvtier_on_new_request(a, "a-2", NULL, NULL), 0);
+    assert_int_equal(kvtier_prepare_store(a, "a-2", &kc, 1, &plan), 0);
+    assert_int_equal(kvtier_complete_store(a, "a-2", ka, 2, true), -EINVAL);
+    assert_int_equal(refused(KVT_EREF_FOREIGN_STORE), 3);
+
+    /* The owners complete; naming a key that is ready (nobody's store) is harmless. */
+    assert_int_equal(kvtier_complete_store(b, "b-1", &kb, 1, true), 0);
+    assert_int_equal(kvtier_complete_store(a, "a-1", ka, 2, true), 0);
+    assert_int_equal(entry(800).ref_cnt, 0);
+    both[0] = kc;
+    both[1] = ka[0];
+    assert_int_equal(kvtier_complete_store(a, "a-2", both, 2, true), 0);
+    assert_int_equal(entry(812).ref_cnt, 0);
+    assert_int_equal(refused(KVT_EREF_FOREIGN_STORE), 3);
+    for (struct kvtier_client **x = (struct kvtier_client *[]){a, b, c, NULL}; *x; x++)
+        kvtier_close(*x);
+}
+
+/* An engine that never takes events: the queue stays within max_event_keys, the
+ * oldest events go first (counted), the newest are delivered. */
+static void test_events_bounded_oldest_dropped(void **state)
+{
+    struct kvtier_client *a;
+    struct kvtier_events *ev = NULL;
+
+    stop();
+    start_with(&(struct kvt_engine_server_config){.max_event_keys = 8});
+    a = conn("quiet");
+    assert_int_equal(kvtier_on_new_request(a, "q-1", NULL, NULL), 0);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(store(a, "q-1", 900 + 3 * i, 3, 0), 0);
+    /* Wait for the server's loop to have queued the last one. */
+    for (int i = 0; i < 2000 && refused(KVT_EREF_EVENTS_DROPPED) < 3; i++)
+        usleep(5000);
+    assert_int_equal(refused(KVT_EREF_EVENTS_DROPPED), 3);
+    assert_true(counters().event_keys <= 8);
+    assert_int_equal(kvtier_take_events(a, &ev), 0);
+    assert_int_equal(ev->n, 2);
+    struct kvtier_key k0 = key(909), k1 = key(914);
+    assert_memory_equal(&ev->ev[0].keys[0], &k0, sizeof(k0));
+    assert_memory_equal(&ev->ev[1].keys[2], &k1, sizeof(k1));
+    kvtier_events_free(ev);
+    assert_int_equal(counters().event_keys, 0);
+    assert_int_equal(kvtier_on_request_finished(a, "q-1"), 0);
+    kvtier_close(a);
+}
+
+/* Params over max_params_bytes, over the client's params budget, and requests over
+ * max_requests are refused (the connection stays) and counted. */
+static void test_params_and_requests_bounded(void **state)
+{
+    struct kvtier_client *a;
+    char big[102], mid[81];
+
+    stop();
+    start_with(&(struct kvt_engine_server_config){
+        .max_params_bytes = 100, .max_client_params_bytes = 200, .max_requests = 3});
+    a = conn("params");
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    memset(mid, 'y', sizeof(mid) - 1);
+    mid[sizeof(mid) - 1] = '\0';
+    assert_int_equal(
+        kvtier_on_new_request(a, "p-big", &(struct kvtier_request_opts){.params_json = big}, NULL),
+        -EMSGSIZE);
+    assert_false(has_request("p-big"));
+    assert_int_equal(refused(KVT_EREF_PARAMS), 1);
+    assert_int_equal(
+        kvtier_on_new_request(a, "p-1", &(struct kvtier_request_opts){.params_json = mid}, NULL),
+        0);
+    assert_int_equal(
+        kvtier_on_new_request(a, "p-2", &(struct kvtier_request_opts){.params_json = mid}, NULL),
+        0);
+    /* 3 x 80 bytes > 200: the client's budget. */
+    assert_int_equal(
+        kvtier_on_new_request(a, "p-3", &(struct kvtier_request_opts){.params_json = mid}, NULL),
+        -ENOBUFS);
+    assert_int_equal(refused(KVT_EREF_CLIENT_PARAMS), 1);
+    assert_int_equal(kvtier_on_new_request(a, "p-3", NULL, NULL), 0);
+    /* A fourth request. */
+    assert_int_equal(kvtier_on_new_request(a, "p-4", NULL, NULL), -ENOBUFS);
+    assert_int_equal(refused(KVT_EREF_REQUESTS), 1);
+    assert_false(has_request("p-4"));
+    /* Finishing one gives its request slot and its params bytes back. */
+    assert_int_equal(kvtier_on_request_finished(a, "p-1"), 0);
+    assert_int_equal(
+        kvtier_on_new_request(a, "p-4", &(struct kvtier_request_opts){.params_json = mid}, NULL),
+        0);
+    assert_int_equal(counters().malformed + counters().oversized, 0);
+    kvtier_close(a);
+}
+
+/* A client that pipelines requests and does not read its replies: the server stops
+ * executing them once its replies reach max_output_bytes (counted), and executes
+ * the rest as the client reads. */
+static void test_unread_replies_bounded(void **state)
+{
+    enum { N = 2000 };
+    struct kvt_ebuf b;
+    struct kvt_emsg m;
+    uint64_t before, executed;
+    int fd, replies = 0;
+
+    stop();
+    start_with(&(struct kvt_engine_server_config){.max_output_bytes = 4096});
+    fd = raw_hello("pipeliner");
+    kvt__ebuf_init(&b);
+    for (int i = 0; i < N; i++) {
+        kvt__emsg_init(&m);
+        m.op = KVT_EOP_GET_STATS;
+        m.seq = 2 + (uint64_t)i;
+        m.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ;
+        assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    }
+    before = counters().requests;
+    assert_int_equal(write(fd, b.data, b.len), (ssize_t)b.len);
+    kvt__ebuf_cleanup(&b);
+    usleep(300000);
+    executed = counters().requests - before;
+    print_message("%d get_stats pipelined, %llu executed while the client did not read\n", N,
+                  (unsigned long long)executed);
+    assert_true(executed < N / 2);
+    assert_true(refused(KVT_EREF_OUTPUT_FULL) >= 1);
+    /* Reading lets the rest through, in order. */
+    while (replies < N && raw_recv(fd, &m) == 0) {
+        assert_int_equal(m.seq, 2 + (uint64_t)replies);
+        assert_int_equal(m.rc, 0);
+        kvt__emsg_free(&m);
+        replies++;
+    }
+    assert_int_equal(replies, N);
+    assert_int_equal(counters().requests - before, N);
+    close(fd);
+}
+
+/* A connection that never says HELLO is closed after hello_timeout_ms. */
+static void test_hello_timeout(void **state)
+{
+    uint64_t t0;
+    int fd;
+
+    stop();
+    start_with(&(struct kvt_engine_server_config){.hello_timeout_ms = 200});
+    t0 = kvt_now_ns();
+    fd = raw_connect();
+    assert_int_equal(read_error_then_eof(fd), -ETIMEDOUT);
+    assert_true(kvt_now_ns() - t0 >= 200000000ull);
+    assert_int_equal(refused(KVT_EREF_HELLO_TIMEOUT), 1);
+    kvtier_close(conn("after")); /* a real engine still gets in */
+    assert_int_equal(refused(KVT_EREF_HELLO_TIMEOUT), 1);
+}
+
+/* Full of connections that never said HELLO: an engine still gets in, the oldest
+ * silent one makes room. Full of engines: refused as before. */
+static void test_full_of_silent_connections(void **state)
+{
+    struct kvtier_client *e1, *e2, *x = NULL;
+    int s1, s2;
+
+    stop();
+    start_with(&(struct kvt_engine_server_config){.max_clients = 2, .hello_timeout_ms = 60000});
+    s1 = raw_connect();
+    s2 = raw_connect();
+    for (int i = 0; i < 2000 && counters().accepted < 2; i++)
+        usleep(5000);
+    e1 = conn("e1");
+    assert_int_equal(read_error_then_eof(s1), -EUSERS);
+    assert_int_equal(refused(KVT_EREF_HELLO_EVICTED), 1);
+    e2 = conn("e2");
+    assert_int_equal(read_error_then_eof(s2), -EUSERS);
+    assert_int_equal(refused(KVT_EREF_HELLO_EVICTED), 2);
+    assert_int_equal(kvtier_connect(g.sock, NULL, &x), -EUSERS);
+    assert_int_equal(counters().refused, 1);
+    kvtier_close(e1);
+    kvtier_close(e2);
+}
+
+/* CPU milliseconds the server's thread spent on 5 prepare_load + complete_load pairs
+ * of one key named n times (its CPU time, not the wall clock: other processes on
+ * the machine do not count). */
+static double load_pairs_cpu_ms(struct kvtier_client *a, const struct kvtier_key *many, size_t n,
+                                int64_t *ids)
+{
+    struct timespec t0, t1;
+    clockid_t cid;
+
+    assert_int_equal(pthread_getcpuclockid(g.thread, &cid), 0);
+    assert_int_equal(clock_gettime(cid, &t0), 0);
+    for (int r = 0; r < 5; r++) {
+        assert_int_equal(kvtier_prepare_load(a, "l-1", many, n, ids), 0);
+        assert_int_equal(kvtier_complete_load(a, "l-1", many, n), 0);
+    }
+    assert_int_equal(clock_gettime(cid, &t1), 0);
+    return (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+}
+
+/* One key named 4096 times in prepare_load/complete_load: the mirror's checks cost
+ * O(1) per key, so 8 times the keys take about 8 times as long (the quadratic check
+ * took about 64 times as long: 36 ms a pair for 4096). */
+static void test_repeated_key_loads_linear(void **state)
+{
+    struct kvtier_client *a = conn("repeat");
+    size_t n = kvtier_client_max_keys(a);
+    struct kvtier_key *many = calloc(n, sizeof(*many));
+    int64_t *ids = calloc(n, sizeof(*ids));
+    double small, large;
+
+    assert_true(n >= 4096);
+    n = 4096;
+    assert_int_equal(kvtier_on_new_request(a, "l-1", NULL, NULL), 0);
+    assert_int_equal(store(a, "l-1", 1000, 1, 0), 0);
+    for (size_t i = 0; i < n; i++)
+        many[i] = key(1000);
+    load_pairs_cpu_ms(a, many, n, ids); /* warm: buffers at their size */
+    small = load_pairs_cpu_ms(a, many, n / 8, ids);
+    large = load_pairs_cpu_ms(a, many, n, ids);
+    print_message("5 x prepare_load+complete_load of one key, server CPU: %zu times %.3f ms, "
+                  "%zu times %.3f ms\n",
+                  n / 8, small, n, large);
+    assert_true(large < 24 * (small > 0.2 ? small : 0.2));
+    assert_int_equal(entry(1000).ref_cnt, 0);
+    /* One pin more named than held: refused, counted, nothing unpinned. */
+    assert_int_equal(kvtier_prepare_load(a, "l-1", many, 2, ids), 0);
+    assert_int_equal(kvtier_complete_load(a, "l-1", many, 3), -EINVAL);
+    assert_int_equal(refused(KVT_EREF_FOREIGN_LOAD), 1);
+    assert_int_equal(entry(1000).ref_cnt, 2);
+    assert_int_equal(kvtier_complete_load(a, "l-1", many, 2), 0);
+    assert_int_equal(kvtier_on_request_finished(a, "l-1"), 0);
+    free(many);
+    free(ids);
+    kvtier_close(a);
+}
+
+/* Runs fn with stderr in a file; returns what was written (caller frees). */
+static char *capture_stderr(void (*fn)(void))
+{
+    char path[300], *text;
+    int saved = dup(2), fd;
+    FILE *f;
+    long len;
+
+    snprintf(path, sizeof(path), "%s/stderr.txt", g.dir);
+    fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    assert_true(fd >= 0 && saved >= 0);
+    fflush(stderr);
+    dup2(fd, 2);
+    fn();
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    len = ftell(f);
+    rewind(f);
+    text = calloc(1, (size_t)len + 1);
+    assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    unlink(path);
+    return text;
+}
+
+static const char evil_name[] = "x\nwarn engine_api: forged line\x1b[2J\\";
+
+static void attach_evil(void)
+{
+    enum kvt_log_level saved = kvt_log_get_level();
+    uint64_t gone = counters().disconnects;
+
+    kvt_log_set_level(KVT_LOG_INFO);
+    kvtier_close(conn(evil_name));
+    wait_disconnects(gone + 1);
+    kvt_log_set_level(saved);
+}
+
+/* A HELLO name with a newline and escape sequences cannot forge a log line. */
+static void test_hello_name_cannot_forge_log_lines(void **state)
+{
+    char *text = capture_stderr(attach_evil);
+
+    print_message("log:\n%s", text);
+    assert_non_null(strstr(text, "(x\\nwarn engine_api: forged line\\x1b[2J\\\\, pid"));
+    for (char *l = text; l != NULL && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        assert_true(strncmp(l, "warn engine_api: forged", 23) != 0);
+    assert_null(strchr(text, '\x1b'));
+    free(text);
+}
+
+/* The socket's mode and group come from the configuration, whatever the umask. */
+static void test_socket_mode_and_group(void **state)
+{
+    struct kvt_engine_server_config sc = {.manager = g.m};
+    struct kvt_engine_server *s2 = NULL;
+    char path[300], gid[32];
+    struct stat st_default = {0}, st_set = {0};
+    int rc_default, rc_set, rc_group, rc_mode, left_behind;
+    mode_t old;
+
+    snprintf(path, sizeof(path), "%s/mode.sock", g.dir);
+    snprintf(gid, sizeof(gid), "%u", (unsigned)getgid());
+    sc.socket_path = path;
+    /* Under the lock (the manager is the server thread's); asserts after it. */
+    pthread_mutex_lock(&g.lock);
+    old = umask(0);
+    rc_default = kvt_engine_server_create(&sc, &s2); /* 0660, even under umask 0 */
+    if (rc_default == 0) {
+        stat(path, &st_default);
+        kvt_engine_server_destroy(s2);
+    }
+    umask(022);
+    sc.socket_mode = 0600;
+    sc.socket_group = gid;
+    rc_set = kvt_engine_server_create(&sc, &s2);
+    if (rc_set == 0) {
+        stat(path, &st_set);
+        kvt_engine_server_destroy(s2);
+    }
+    sc.socket_group = "no-such-group-kvtier";
+    rc_group = kvt_engine_server_create(&sc, &s2);
+    sc.socket_group = NULL;
+    sc.socket_mode = 01777;
+    rc_mode = kvt_engine_server_create(&sc, &s2);
+    umask(old);
+    pthread_mutex_unlock(&g.lock);
+
+    assert_int_equal(rc_default, 0);
+    assert_true(S_ISSOCK(st_default.st_mode));
+    assert_int_equal(st_default.st_mode & 07777, 0660);
+    assert_int_equal(rc_set, 0);
+    assert_int_equal(st_set.st_mode & 07777, 0600);
+    assert_int_equal(st_set.st_gid, getgid());
+    /* A group that does not exist, a mode that is not one: refused, nothing left. */
+    assert_int_equal(rc_group, -EINVAL);
+    assert_int_equal(rc_mode, -EINVAL);
+    assert_int_equal(access(path, F_OK), -1);
+    /* No private directory was left beside the socket. */
+    DIR *d = opendir(g.dir);
+    left_behind = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        left_behind += strncmp(e->d_name, ".kvtier-", 8) == 0;
+    closedir(d);
+    assert_int_equal(left_behind, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -777,6 +1237,16 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_max_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_path_stale_and_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_complete_store_of_another_clients_key_refused, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_events_bounded_oldest_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_params_and_requests_bounded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unread_replies_bounded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hello_timeout, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_full_of_silent_connections, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repeated_key_loads_linear, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hello_name_cannot_forge_log_lines, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_socket_mode_and_group, setup, teardown),
     };
     int rc;
 

@@ -20,6 +20,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/metrics.h"
 #include "kvt/metrics_http.h"
@@ -840,7 +841,7 @@ static void test_http_listen_errors_and_cleanup(void **state)
         }
     }
 
-    /* Start and stop leak no descriptor (libmicrohttpd closes our listen socket). */
+    /* Start and stop leak no descriptor (the server closes every socket it opened). */
     before = kt_open_fds();
     for (int i = 0; i < 10; i++) {
         struct http_reply r;
@@ -852,6 +853,167 @@ static void test_http_listen_errors_and_cleanup(void **state)
         kvt_metrics_http_destroy(srv);
     }
     assert_int_equal(kt_open_fds(), before);
+}
+
+/* ---- slow and hostile clients ---- */
+
+static int tcp_connect(uint16_t port)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+    assert_true(fd >= 0);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+        fail_msg("connect to port %u: %s", port, strerror(errno));
+    return fd;
+}
+
+/* Whether the server closed fd within ms (EOF or reset). */
+static bool closed_within(int fd, int ms)
+{
+    struct timeval tv = {.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000};
+    char buf[4096];
+
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    for (;;) {
+        ssize_t n = recv(fd, buf, sizeof(buf), 0);
+
+        if (n == 0 || (n < 0 && errno == ECONNRESET))
+            return true;
+        if (n < 0)
+            return false; /* timed out */
+    }
+}
+
+static struct kvt_metrics_http_counters http_counters(struct kvt_metrics_http *srv)
+{
+    struct kvt_metrics_http_counters c;
+
+    kvt_metrics_http_get_counters(srv, &c);
+    return c;
+}
+
+/* 80 connections that each send one byte and stop (more than libmicrohttpd's 64 slots,
+ * which then refused every scrape): a scrape still gets its page at once. */
+static void test_http_idle_crowd_cannot_block_scrapes(void **state)
+{
+    struct kvt_metrics_http *srv = start_server();
+    uint16_t port = kvt_metrics_http_port(srv);
+    int fds[80];
+    struct http_reply r;
+    uint64_t t0;
+
+    (void)state;
+    assert_int_equal(kvt_metrics_http_publish(srv, "# x\n", 4), 0);
+    for (int i = 0; i < 80; i++) {
+        fds[i] = tcp_connect(port);
+        assert_int_equal(send(fds[i], "G", 1, MSG_NOSIGNAL), 1);
+    }
+    usleep(100000);
+    t0 = kvt_now_ns();
+    http_request(port, "GET", "/metrics", &r);
+    print_message("scrape behind 80 idle connections: %.1f ms\n",
+                  (double)(kvt_now_ns() - t0) / 1e6);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.body, "# x\n");
+    free(r.body);
+    assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    struct kvt_metrics_http_counters c = http_counters(srv);
+    assert_true(c.dropped[KVT_MHTTP_FULL] >= 80 - 16);
+    assert_true(c.connections <= 16);
+    for (int i = 0; i < 80; i++)
+        close(fds[i]);
+    kvt_metrics_http_destroy(srv);
+}
+
+/* A request trickled a byte at a time is closed at read_timeout_ms from its
+ * connection, however steadily it trickles; a reply nobody reads at
+ * write_timeout_ms. Both are counted. */
+static void test_http_read_and_write_timeouts(void **state)
+{
+    struct kvt_metrics_http_config cfg = {.listen = "127.0.0.1",
+                                          .max_connections = 4,
+                                          .read_timeout_ms = 300,
+                                          .write_timeout_ms = 300};
+    struct kvt_metrics_http *srv = NULL;
+    const char *req = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n";
+    size_t big = 64u << 20;
+    char *page = malloc(big);
+    uint64_t t0;
+    int fd, rcv = 4096, sent = 0;
+
+    (void)state;
+    assert_int_equal(kvt_metrics_http_create_cfg(&cfg, &srv), 0);
+    /* Trickle: one byte every 50 ms would need 1.7 s; the deadline is 300 ms. */
+    fd = tcp_connect(kvt_metrics_http_port(srv));
+    t0 = kvt_now_ns();
+    while (kvt_now_ns() - t0 < 2000000000ull && sent < (int)strlen(req) &&
+           send(fd, req + sent, 1, MSG_NOSIGNAL) == 1) {
+        sent++;
+        usleep(50000);
+    }
+    assert_true(closed_within(fd, 2000));
+    print_message("trickling client closed after %.0f ms, %d bytes sent\n",
+                  (double)(kvt_now_ns() - t0) / 1e6, sent);
+    assert_true(sent < (int)strlen(req));
+    close(fd);
+    assert_int_equal(http_counters(srv).dropped[KVT_MHTTP_READ_TIMEOUT], 1);
+
+    /* A 64 MiB page to a client that never reads it. */
+    memset(page, '#', big);
+    page[big - 1] = '\n';
+    assert_int_equal(kvt_metrics_http_publish(srv, page, big), 0);
+    free(page);
+    fd = tcp_connect(kvt_metrics_http_port(srv));
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+    assert_int_equal(send(fd, req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    for (int i = 0; i < 400 && http_counters(srv).dropped[KVT_MHTTP_WRITE_TIMEOUT] == 0; i++)
+        usleep(10000);
+    assert_int_equal(http_counters(srv).dropped[KVT_MHTTP_WRITE_TIMEOUT], 1);
+    close(fd);
+    /* The server still serves. */
+    struct http_reply r;
+    http_request(kvt_metrics_http_port(srv), "GET", "/healthz", &r);
+    assert_int_equal(r.status, 200);
+    free(r.body);
+    kvt_metrics_http_destroy(srv);
+}
+
+/* Not HTTP, or headers that never end: 400, counted. */
+static void test_http_bad_requests(void **state)
+{
+    struct kvt_metrics_http *srv = start_server();
+    uint16_t port = kvt_metrics_http_port(srv);
+    char buf[256], *junk = malloc(9000);
+    ssize_t n;
+    int fd;
+
+    (void)state;
+    fd = tcp_connect(port);
+    assert_int_equal(send(fd, "hello\r\n\r\n", 9, MSG_NOSIGNAL), 9);
+    n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
+    assert_true(n > 12);
+    buf[n] = '\0';
+    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
+    close(fd);
+
+    memset(junk, 'a', 9000);
+    memcpy(junk, "GET /metrics HTTP/1.1\r\nX: ", 26);
+    fd = tcp_connect(port);
+    assert_int_equal(send(fd, junk, 9000, MSG_NOSIGNAL), 9000);
+    n = recv(fd, buf, sizeof(buf) - 1, 0);
+    assert_true(n > 12);
+    buf[n] = '\0';
+    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
+    close(fd);
+    free(junk);
+
+    struct kvt_metrics_http_counters c = http_counters(srv);
+    assert_int_equal(c.dropped[KVT_MHTTP_BAD_REQUEST], 2);
+    assert_int_equal(c.accepted, 2);
+    assert_string_equal(kvt_metrics_http_drop_name(KVT_MHTTP_BAD_REQUEST), "bad_request");
+    kvt_metrics_http_destroy(srv);
 }
 
 int main(void)
@@ -870,6 +1032,9 @@ int main(void)
         cmocka_unit_test(test_http_publish_while_serving),
         cmocka_unit_test(test_http_render_failure_is_500),
         cmocka_unit_test(test_http_listen_errors_and_cleanup),
+        cmocka_unit_test(test_http_idle_crowd_cannot_block_scrapes),
+        cmocka_unit_test(test_http_read_and_write_timeouts),
+        cmocka_unit_test(test_http_bad_requests),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,7 +12,9 @@
  * tier on 127.0.0.1:7170 with no peers, /metrics on 127.0.0.1:9464.
  *
  * Loading only reads: it creates, opens for writing and removes nothing (the secret
- * file is opened read-only to check it), so a bad configuration leaves no trace.
+ * file is opened read-only to check it), so a bad configuration leaves no trace. A file
+ * nested deeper than KVT_CONFIG_DEPTH_MAX collections is refused at the line where it
+ * gets too deep, before the rest is parsed; one over KVT_CONFIG_FILE_MAX bytes too.
  * Reloadable keys (SIGHUP): log.level, loop.tick_ms, network.peers; a reload that
  * changes any other key is refused as a whole and the old configuration stays. */
 #ifndef KVT_CONFIG_H
@@ -33,8 +35,12 @@ enum kvt_transport_kind { KVT_TRANSPORT_UCX, KVT_TRANSPORT_VERBS };
 enum kvt_tier_kind { KVT_TIER_STORAGE, KVT_TIER_NETWORK };
 
 #define KVT_CONFIG_TIERS_MAX 2
+/* Collections (mappings, lists) nested in a configuration file, at most. */
+#define KVT_CONFIG_DEPTH_MAX 16
+/* Bytes of a configuration file, at most. */
+#define KVT_CONFIG_FILE_MAX (16 << 20)
 /* Upper bound of the number of keys of the schema (for struct kvt_config_diff). */
-#define KVT_CONFIG_KEYS_MAX 48
+#define KVT_CONFIG_KEYS_MAX 64
 
 /* The effective configuration after kvt_config_load: every derived default and "{id}"
  * is resolved. Strings and the peer list are owned (kvt_config_free). */
@@ -73,8 +79,19 @@ struct kvt_config {
     char *cluster_secret_file;
 
     char *engine_socket;
+    uint32_t engine_socket_mode;       /* permission bits of the socket file; owner rw always */
+    char *engine_socket_group;         /* NULL: the daemon's group; else an existing group */
+    uint32_t engine_hello_timeout_ms;  /* a connection has this long to say HELLO */
+    uint32_t engine_max_requests;      /* live requests per engine */
+    uint64_t engine_max_params_bytes;  /* kv_transfer_params of one request */
+    uint64_t engine_max_client_params; /* params bytes of all of one engine's requests */
+    uint64_t engine_max_output_bytes;  /* replies queued for one engine */
+    uint32_t engine_max_event_keys;    /* keys of events queued for take_events */
     char *metrics_listen;
-    uint16_t metrics_port; /* 0: /metrics off */
+    uint16_t metrics_port;             /* 0: /metrics off */
+    uint32_t metrics_max_connections;  /* HTTP connections at once */
+    uint32_t metrics_read_timeout_ms;  /* to receive a whole request */
+    uint32_t metrics_write_timeout_ms; /* to send a whole reply */
     enum kvt_log_level log_level;
     uint32_t loop_tick_ms;
 

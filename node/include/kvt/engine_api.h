@@ -17,7 +17,10 @@
  * Bad peers: every frame is bounded (max_msg_bytes) and decoded without allocation
  * from declared lengths; a malformed, oversized or out-of-order message gets an
  * ERROR reply, is counted, and its connection is closed (after the cleanup above).
- * Other clients are not affected. */
+ * Other clients are not affected. What one client can make the server hold is
+ * bounded too: its requests and their params, its queued replies, the time it may
+ * take to say HELLO; the events queued for take_events are bounded for all. A
+ * request that would pass a bound is refused (its rc) and counted by reason. */
 #ifndef KVT_ENGINE_API_H
 #define KVT_ENGINE_API_H
 
@@ -31,6 +34,11 @@ struct kvt_region;
 
 struct kvt_engine_server_config {
     const char *socket_path; /* required; a stale socket file is replaced */
+    /* The socket file's mode (0 = 0660) and group (NULL = the daemon's): set before
+     * the path appears, so the umask never decides who may attach. The group is a
+     * name or a number; the daemon must be allowed to give the file that group. */
+    unsigned socket_mode;
+    const char *socket_group;
     struct kvt_manager *manager;
     /* The region whose fd engines map; NULL = the manager primary's region (the
      * primary must then have one). */
@@ -38,8 +46,17 @@ struct kvt_engine_server_config {
     unsigned max_clients;      /* 0 = 64; more connections are refused (ERROR reply) */
     uint32_t max_msg_bytes;    /* 0 = 1 MiB: largest request body */
     uint32_t max_keys;         /* 0 = 4096: keys (and request ids) per request */
-    uint32_t max_requests;     /* 0 = 65536: live requests per client */
-    uint32_t max_params_bytes; /* 0 = 64 KiB: kv_transfer_params JSON */
+    uint32_t max_requests;     /* 0 = 4096: live requests per client */
+    uint32_t max_params_bytes; /* 0 = 64 KiB: kv_transfer_params JSON of one request */
+    /* 0 = 4 MiB: params bytes of all the live requests of one client */
+    uint64_t max_client_params_bytes;
+    /* 0 = 1 MiB: replies queued for one client; at the bound its further requests
+     * wait (unread) until it has read its replies */
+    uint64_t max_output_bytes;
+    uint32_t hello_timeout_ms; /* 0 = 5000: a connection without HELLO by then is closed */
+    /* 0 = 65536: keys of the events queued for take_events; past it the oldest events
+     * are dropped (an engine that never takes events costs at most this much) */
+    uint32_t max_event_keys;
     /* Stats fan-out (several consumers of return-and-reset stats): when set,
      * get_stats calls collect(arg) first, which should take the manager's delta and
      * hand it to kvt_engine_server_fanout_stats (and to its own consumers, /metrics);
@@ -52,6 +69,28 @@ struct kvt_engine_server_config {
     void *collect_arg;
 };
 
+/* Why the server refused a request or a client, or dropped something: one counter
+ * each (kvt_engine_server_counters.refused_by), named by kvt_engine_refusal_name for
+ * /metrics. */
+enum kvt_engine_refusal {
+    KVT_EREF_CLIENTS = 0,     /* a connection over max_clients */
+    KVT_EREF_MALFORMED,       /* a frame that did not decode, or came out of order */
+    KVT_EREF_OVERSIZED,       /* a frame over max_msg_bytes or a count limit */
+    KVT_EREF_HELLO_TIMEOUT,   /* no HELLO within hello_timeout_ms: closed */
+    KVT_EREF_HELLO_EVICTED,   /* no HELLO yet, closed to make room for a new connection */
+    KVT_EREF_FOREIGN_STORE,   /* complete_store of a write-pending key it did not prepare */
+    KVT_EREF_FOREIGN_LOAD,    /* complete_load of a key it has not pinned */
+    KVT_EREF_UNKNOWN_REQUEST, /* names a request that is not its own (or not live) */
+    KVT_EREF_PARAMS,          /* new_request params over max_params_bytes */
+    KVT_EREF_CLIENT_PARAMS,   /* new_request params over the client's budget */
+    KVT_EREF_REQUESTS,        /* new_request over max_requests */
+    KVT_EREF_OUTPUT_FULL,     /* replies reached max_output_bytes: reading paused */
+    KVT_EREF_EVENTS_DROPPED,  /* events dropped, oldest first, over max_event_keys */
+    KVT_EREF_COUNT,
+};
+/* "clients", "malformed", ... (a Prometheus label value). */
+const char *kvt_engine_refusal_name(enum kvt_engine_refusal r);
+
 struct kvt_engine_server_counters {
     uint64_t clients;        /* connected now */
     uint64_t accepted;       /* connections accepted, ever */
@@ -63,6 +102,10 @@ struct kvt_engine_server_counters {
     uint64_t finished_reqs;  /* requests finished on behalf of gone clients */
     uint64_t released_pins;  /* pins released on behalf of gone clients */
     uint64_t aborted_stores; /* prepared stores completed as failed for them */
+    uint64_t event_keys;     /* keys of the events queued now */
+    /* Every refusal and drop by reason (clients, malformed and oversized repeat the
+     * three counters above); events_dropped counts events. */
+    uint64_t refused_by[KVT_EREF_COUNT];
 };
 
 struct kvt_engine_server;
@@ -78,7 +121,9 @@ void kvt_engine_server_destroy(struct kvt_engine_server *srv);
 /* The one fd to poll for readability. */
 int kvt_engine_server_fd(const struct kvt_engine_server *srv);
 /* Does all the work that is ready, never blocks. 0, or a negative errno when the
- * server itself failed (epoll); errors of one client only close that client. */
+ * server itself failed (epoll); errors of one client only close that client. Call it
+ * also when the fd is not readable, every loop turn or tick: it moves the manager's
+ * events to the bounded queue and enforces the HELLO deadline. */
 int kvt_engine_server_progress(struct kvt_engine_server *srv);
 
 /* Adds one stats delta to every attached client's pending stats (see collect_stats). */

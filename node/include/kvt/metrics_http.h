@@ -1,4 +1,4 @@
-/* kvtierd's HTTP endpoint (libmicrohttpd, one internal thread):
+/* kvtierd's HTTP endpoint (one thread of its own):
  *   GET /metrics  the latest published page, Content-Type KVT_PROM_CONTENT_TYPE
  *                 (503 until the first publish; 500 with the cause while the node's
  *                 last render or publish failed: never a stale page)
@@ -8,8 +8,14 @@
  * The node loop renders the page (kvt/prom.h) and publishes it; the HTTP thread only
  * copies the latest published text under a mutex, so it never touches the manager.
  *
- * Threads: create, publish, set_healthy and destroy on one thread (the node loop);
- * the server thread only reads the snapshot. */
+ * Slow or idle clients cannot take the endpoint: at most max_connections at once,
+ * each with read_timeout_ms from its connection to its whole request and
+ * write_timeout_ms for the whole reply; when all are taken, a new connection closes
+ * the oldest one still sending its request. One request per connection (the reply
+ * says "Connection: close"). Every connection closed early is counted by reason.
+ *
+ * Threads: create, publish, set_healthy, get_counters and destroy on one thread (the
+ * node loop); the server thread only reads the snapshot. */
 #ifndef KVT_METRICS_HTTP_H
 #define KVT_METRICS_HTTP_H
 
@@ -19,13 +25,22 @@
 
 struct kvt_metrics_http;
 
-/* Listens on listen (a numeric address or a host name; its first address) and port
- * (0: any free port, see kvt_metrics_http_port) and starts the server thread.
- * -EINVAL for an address that does not resolve, the bind/listen errno
- * (-EADDRINUSE, -EACCES, -EADDRNOTAVAIL...), -ENOMEM, or -EIO when libmicrohttpd
- * refuses to start. Logs the cause once. */
+struct kvt_metrics_http_config {
+    const char *listen;        /* a numeric address or a host name (its first address) */
+    uint16_t port;             /* 0: any free port, see kvt_metrics_http_port */
+    unsigned max_connections;  /* 0 = 16 */
+    unsigned read_timeout_ms;  /* 0 = 5000: connection to the end of the request */
+    unsigned write_timeout_ms; /* 0 = 10000: the whole reply */
+};
+
+/* Listens and starts the server thread. -EINVAL for an address that does not resolve,
+ * the bind/listen errno (-EADDRINUSE, -EACCES, -EADDRNOTAVAIL...), -ENOMEM, or the
+ * errno of a thread that cannot start. Logs the cause once. */
+int kvt_metrics_http_create_cfg(const struct kvt_metrics_http_config *cfg,
+                                struct kvt_metrics_http **srv_p);
+/* The same with the default bounds. */
 int kvt_metrics_http_create(const char *listen, uint16_t port, struct kvt_metrics_http **srv_p);
-/* Stops the thread (requests in progress finish or are cut), closes the socket. */
+/* Stops the thread (requests in progress are cut), closes every socket. */
 void kvt_metrics_http_destroy(struct kvt_metrics_http *srv);
 
 /* The port the server listens on (the chosen one when created with port 0). */
@@ -38,5 +53,25 @@ int kvt_metrics_http_publish(struct kvt_metrics_http *srv, const char *text, siz
  * naming the cause until the next successful publish. */
 void kvt_metrics_http_publish_failure(struct kvt_metrics_http *srv, int err);
 void kvt_metrics_http_set_healthy(struct kvt_metrics_http *srv, bool healthy);
+
+/* Why a connection was closed before its reply was sent. */
+enum kvt_metrics_http_drop {
+    KVT_MHTTP_FULL = 0,      /* max_connections reached: the oldest reading one, or the new */
+    KVT_MHTTP_READ_TIMEOUT,  /* no whole request within read_timeout_ms */
+    KVT_MHTTP_WRITE_TIMEOUT, /* the reply not taken within write_timeout_ms */
+    KVT_MHTTP_BAD_REQUEST,   /* not an HTTP request, or headers over 8 KiB (400 sent) */
+    KVT_MHTTP_DROP_COUNT,
+};
+/* "full", "read_timeout", ... (a Prometheus label value). */
+const char *kvt_metrics_http_drop_name(enum kvt_metrics_http_drop d);
+
+struct kvt_metrics_http_counters {
+    uint64_t accepted;    /* connections, ever */
+    uint64_t served;      /* replies sent whole */
+    uint64_t connections; /* open now */
+    uint64_t dropped[KVT_MHTTP_DROP_COUNT];
+};
+void kvt_metrics_http_get_counters(const struct kvt_metrics_http *srv,
+                                   struct kvt_metrics_http_counters *out);
 
 #endif

@@ -163,7 +163,9 @@ struct kvtier_request_opts {
 };
 
 /* on_new_request. opts may be NULL. policy_p (may be NULL) receives
- * REQUEST_LEVEL if some tier asked for it. -EEXIST if the id is known. */
+ * REQUEST_LEVEL if some tier asked for it. -EEXIST if the id is known; the daemon's
+ * bounds: -EMSGSIZE params over engine.max_params_bytes, -ENOBUFS this client has
+ * engine.max_requests live requests or its params would pass engine.max_client_params. */
 int kvtier_on_new_request(struct kvtier_client *c, const char *req_id,
                           const struct kvtier_request_opts *opts,
                           enum kvtier_offload_policy *policy_p);
@@ -208,7 +210,9 @@ int kvtier_prepare_store(struct kvtier_client *c, const char *req_id, const stru
                          size_t n, struct kvtier_store_plan *plan);
 
 /* complete_store: the rows of keys are written (success) or not (the slots are
- * freed). -EINVAL when the request has no prepared store outstanding. */
+ * freed). -EINVAL when the request has no prepared store outstanding, or when a key
+ * is being written by a store this client did not prepare in this request (nothing
+ * is completed then). Keys that are not being written are ignored. */
 int kvtier_complete_store(struct kvtier_client *c, const char *req_id,
                           const struct kvtier_key *keys, size_t n, bool success);
 
