@@ -1,15 +1,22 @@
-/* Logging: one line per event on stderr, "<LEVEL> <module>: text". The level is a
- * process-wide setting (daemon config or KVT_LOG_LEVEL in the environment).
+/* Logging: one line per event on stderr, "<time> <level> <module>: text", the time
+ * in UTC to the microsecond (RFC 3339). When stderr is systemd's journal (the
+ * JOURNAL_STREAM it exports names our stderr), the line starts with the syslog
+ * priority instead ("<3>error module: text"): journald takes the priority from it
+ * and stamps the time itself. The level is a process-wide setting (daemon config or
+ * KVT_LOG_LEVEL in the environment).
  *
  * Strings from engines and peers go through kvt_log_escape at their call sites (a
  * readable, unambiguous form), and kvt_log_write replaces any control byte still in a
  * line, so that no input can end a line early and forge the next one. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "kvt/log.h"
 
@@ -52,11 +59,40 @@ enum kvt_log_level kvt_log_get_level(void)
     return (enum kvt_log_level)l;
 }
 
+/* Asked at every line (a getenv and an fstat: logging is not a hot path), so that a
+ * stderr redirected later is followed. */
+static bool stderr_is_journal(void)
+{
+    const char *env = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+
+    return env != NULL && sscanf(env, "%llu:%llu", &dev, &ino) == 2 && fstat(2, &st) == 0 &&
+           (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+/* The line's prefix: "<N>" (syslog priority) for the journal, else the UTC time. */
+static int line_prefix(char *buf, size_t cap, enum kvt_log_level level)
+{
+    static const int syslog_prio[] = {3, 4, 6, 7}; /* err, warning, info, debug */
+    struct timespec ts;
+    struct tm tm;
+
+    if (stderr_is_journal())
+        return snprintf(buf, cap, "<%d>", syslog_prio[level]);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    return snprintf(buf, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%06ldZ ", tm.tm_year + 1900,
+                    tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000);
+}
+
 void kvt_log_write(enum kvt_log_level level, const char *module, const char *fmt, ...)
 {
     char buf[1024];
     va_list ap;
-    int n = snprintf(buf, sizeof(buf), "%s %s: ", level_names[level], module);
+    int n = line_prefix(buf, sizeof(buf), level);
+
+    n += snprintf(buf + n, sizeof(buf) - (size_t)n, "%s %s: ", level_names[level], module);
     va_start(ap, fmt);
     vsnprintf(buf + n, sizeof(buf) - (size_t)n, fmt, ap);
     va_end(ap);

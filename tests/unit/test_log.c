@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -59,7 +61,42 @@ static void test_write_keeps_one_line(void **state)
     close(fd);
     unlink(path);
     assert_true(n > 0);
-    assert_string_equal(text, "error test: name x?error test: forged?[2J end\n");
+    /* "2026-12-06T13:50:01.123456Z " then the event. */
+    assert_true(n > 28 && text[4] == '-' && text[10] == 'T' && text[26] == 'Z' && text[27] == ' ');
+    assert_string_equal(text + 28, "error test: name x?error test: forged?[2J end\n");
+}
+
+/* With stderr on the journal (JOURNAL_STREAM names it), a line starts with its syslog
+ * priority and carries no time of its own (in a child: its environment and stderr). */
+static void test_write_to_journal(void **state)
+{
+    char path[] = "/tmp/kvt-test-log.XXXXXX", text[512] = "", env[64];
+    int fd = mkstemp(path), status;
+    struct stat st;
+    pid_t pid;
+    ssize_t n;
+
+    (void)state;
+    assert_true(fd >= 0 && fstat(fd, &st) == 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        snprintf(env, sizeof(env), "%llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
+        setenv("JOURNAL_STREAM", env, 1);
+        dup2(fd, 2);
+        kvt_log_write(KVT_LOG_ERROR, "test", "one");
+        kvt_log_write(KVT_LOG_WARN, "test", "two");
+        kvt_log_write(KVT_LOG_INFO, "test", "three");
+        fflush(stderr);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    n = pread(fd, text, sizeof(text) - 1, 0);
+    close(fd);
+    unlink(path);
+    assert_true(n > 0);
+    assert_string_equal(text, "<3>error test: one\n<4>warn test: two\n<6>info test: three\n");
 }
 
 int main(void)
@@ -67,6 +104,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_escape),
         cmocka_unit_test(test_write_keeps_one_line),
+        cmocka_unit_test(test_write_to_journal),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
