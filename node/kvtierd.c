@@ -43,6 +43,7 @@
 #include "kvt/prom.h"
 #include "kvt/region.h"
 #include "kvt/storage_tier.h"
+#include "kvt/version.h"
 
 #define MOD "kvtierd"
 
@@ -627,7 +628,7 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
             usage(stdout);
             return 0;
         case 'V':
-            printf("kvtierd %s\n", KVT_VERSION);
+            printf("kvtierd %s\n", kvt_version_string());
             return 0;
         default:
             usage(stderr);
