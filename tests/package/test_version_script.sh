@@ -8,9 +8,9 @@
 #
 #   test_version_script.sh CMAKE KVTVERSION_CMAKE TMPDIR
 set -uo pipefail
-cmake=$1 script=$2 tmp=$3
+cmake=$1 script=$(realpath "$2") tmp=$3
 mkdir -p "$tmp"
-work=$(mktemp -d "$tmp/version.XXXXXX")
+work=$(realpath "$(mktemp -d "$tmp/version.XXXXXX")")
 trap 'rm -rf "$work"' EXIT
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok - $*"; }
