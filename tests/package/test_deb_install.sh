@@ -3,9 +3,9 @@
 #
 #   1. tools/build-deb builds kvtier_<version>_amd64.deb (its own build tree, reruns
 #      are incremental); its contents, control fields, conffiles and shlibs are checked.
-#   2. A minimal Debian 12 root (debootstrap --variant=minbase, plus systemd for
-#      sysusers/tmpfiles/systemd-analyze and python3 for the module), made once and
-#      kept as a tarball in BUILD_DIR/package-cache/, is unpacked afresh.
+#   2. A minimal Debian 12 root (debian-root.sh: debootstrap --variant=minbase, plus
+#      systemd for sysusers/tmpfiles/systemd-analyze and python3 for the module), made
+#      once and kept as a tarball in BUILD_DIR/package-cache/, is unpacked afresh.
 #   3. In a chroot, in mount and pid namespaces of its own: `apt-get install
 #      ./kvtier_*.deb` resolves the dependencies from the Debian mirror (apt's lists
 #      and downloaded packages are cached too; the lists are refreshed once a day);
@@ -25,9 +25,8 @@
 # shellcheck disable=SC2016,SC2034 # check() evals its condition, in single quotes
 set -uo pipefail
 
-mirror=${KVT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# What the cached root is made of: a change here makes a new root.
-recipe="bookworm minbase systemd,python3 $mirror v1"
+# shellcheck source=tests/package/debian-root.sh
+. "$(dirname "$0")/debian-root.sh"
 
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok - $*"; }
@@ -39,10 +38,6 @@ phase() { # prints the time since the previous phase
   now=$(date +%s.%N)
   awk -v a="$t_last" -v b="$now" -v w="$1" 'BEGIN { printf "time: %-34s %6.1f s\n", w, b - a }'
   t_last=$now
-}
-in_root() {
-  chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-    DEBIAN_FRONTEND=noninteractive "$@"
 }
 
 # ---- inside the namespaces: the network phase (a fresh network namespace) ----
@@ -138,27 +133,10 @@ EOF
 # ---- inside the namespaces: install and check ----
 inside() {
   root=$1 deb=$2 cache=$3
-  local lists=$cache/apt-lists archives=$cache/apt-archives stamp
-  mount -t proc proc "$root/proc"
-  mount --rbind /dev "$root/dev"
-  mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm" # the region stays off the host's
-  mount --rbind /sys "$root/sys"
-  mount -t tmpfs -o mode=755 tmpfs "$root/run"
-  mkdir -p "$lists/partial" "$archives/partial"
-  mount --bind "$lists" "$root/var/lib/apt/lists"
-  mount --bind "$archives" "$root/var/cache/apt/archives"
-  cp /etc/resolv.conf "$root/etc/resolv.conf"
-  stamp=$cache/apt-lists.stamp
-  if [ ! -f "$stamp" ] || [ -n "$(find "$stamp" -mmin +1440)" ]; then
-    if in_root apt-get update -qq; then
-      touch "$stamp"
-    elif [ -f "$stamp" ]; then
-      echo "note: apt-get update failed; using the lists of $(date -r "$stamp")"
-    else
-      bad "apt-get update in the chroot (the Debian mirror $mirror)"
-      return 1
-    fi
-  fi
+  chroot_setup "$root" "$cache" || {
+    bad "preparing the chroot"
+    return 1
+  }
   phase "apt lists"
   cp "$deb" "$root/tmp/"
   if in_root apt-get install -y -q --no-install-recommends \
@@ -274,31 +252,12 @@ check "ldconfig trigger" 'grep -q ldconfig "$ctl/triggers"'
 rm -rf "$ctl"
 phase "package contents"
 
-tarball=$cache/debian12-root.tar.zst
-if [ ! -f "$tarball" ] || [ "$(cat "$cache/debian12-root.recipe" 2>/dev/null)" != "$recipe" ]; then
-  echo "making the Debian 12 root (once; cached in $cache)"
-  rm -rf "$cache/root.new" "$tarball"
-  if ! debootstrap --variant=minbase --include=systemd,python3 bookworm "$cache/root.new" \
-    "$mirror" >"$cache/debootstrap.log" 2>&1; then
-    echo "FAIL - debootstrap: $(tail -5 "$cache/debootstrap.log")"
-    rm -rf "$cache/root.new"
-    exit 1
-  fi
-  security=${mirror%/debian}/debian-security
-  cat >"$cache/root.new/etc/apt/sources.list" <<EOF
-deb $mirror bookworm main
-deb $mirror bookworm-updates main
-deb $security bookworm-security main
-EOF
-  # as on the host: a clock ahead of the mirror's Release files must not stop apt
-  printf 'Acquire::Check-Valid-Until "false";\nAcquire::Check-Date "false";\n' \
-    >"$cache/root.new/etc/apt/apt.conf.d/99kvtier-test"
-  rm -rf "$cache/root.new/var/cache/apt/archives/"*.deb "$cache/root.new/var/lib/apt/lists/"*
-  tar -C "$cache/root.new" --numeric-owner --zstd -cf "$tarball" . &&
-    echo "$recipe" >"$cache/debian12-root.recipe"
-  rm -rf "$cache/root.new" "$cache/apt-lists.stamp"
-  phase "debootstrap (first run only)"
+first=$([ -f "$cache/debian12-root.tar.zst" ] || echo yes)
+if ! tarball=$(debian_root_tarball "$cache"); then
+  echo "FAIL - no Debian 12 root"
+  exit 1
 fi
+[ -n "$first" ] && phase "debootstrap (first run only)"
 
 work=$(realpath "$(mktemp -d "$build/test-tmp/deb.XXXXXX")")
 trap 'rm -rf "$work"' EXIT
