@@ -25,6 +25,8 @@ kvtierd, tmp = sys.argv[1], sys.argv[2]
 os.makedirs(tmp, exist_ok=True)
 work = tempfile.mkdtemp(prefix="notify.", dir=os.path.abspath(tmp))
 passed = failed = 0
+procs = []  # every daemon started: killed at exit if still running
+regions = []
 
 
 def ok(what):
@@ -111,10 +113,12 @@ engine:
 metrics:
   port: %d
 """ % (os.getpid(), name, work, name, mport))
+    regions.append("/dev/shm/kvtier-notify-%d-%s.mmap" % (os.getpid(), name))
     mgr = Manager(name + ".notify")
     env = dict(os.environ, NOTIFY_SOCKET=mgr.path, **extra_env)
     log = open(os.path.join(work, name + ".log"), "w")
     p = subprocess.Popen([kvtierd, "--config", cfg], env=env, stdout=log, stderr=subprocess.STDOUT)
+    procs.append(p)
     return p, mgr, mport
 
 
@@ -198,6 +202,14 @@ try:
         else:
             bad("%s: STOPPING %s, exit %s" % (name, got, rc))
 finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    for r in regions:
+        for f in (r, r + ".lock"):
+            if os.path.exists(f):
+                os.unlink(f)
     shutil.rmtree(work, ignore_errors=True)
 
 print("%d passed, %d failed" % (passed, failed))
