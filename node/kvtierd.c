@@ -42,7 +42,9 @@
 #include "kvt/primary.h"
 #include "kvt/prom.h"
 #include "kvt/region.h"
+#include "kvt/service.h"
 #include "kvt/storage_tier.h"
+#include "kvt/version.h"
 
 #define MOD "kvtierd"
 
@@ -558,6 +560,7 @@ static int run(struct daemon *d)
             step(d);
         if (d->net != NULL)
             kvt_net_tier_poll(d->net);
+        kvt_service_tick(); /* the watchdog: this loop still turns */
         if (kvt_now_ns() - d->last_metrics_ns >= 1000000000ull) {
             publish_metrics(d);
             d->last_metrics_ns = kvt_now_ns();
@@ -598,6 +601,7 @@ static int stop(struct daemon *d)
     uint64_t t0 = kvt_now_ns();
     int rc;
 
+    kvt_service_stopping();
     if (d->http != NULL)
         kvt_metrics_http_set_healthy(d->http, false); /* draining: not ready for new work */
     if (d->engines != NULL)
@@ -674,7 +678,7 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
             usage(stdout);
             return 0;
         case 'V':
-            printf("kvtierd %s\n", KVT_VERSION);
+            printf("kvtierd %s\n", kvt_version_string());
             return 0;
         default:
             usage(stderr);
@@ -724,6 +728,13 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
     ep_add(dp, dp->tick_fd);
     kvt_info(MOD, "ready: node %016" PRIx64 ", %" PRIu64 " MiB primary at %s, %zu tier(s)",
              dp->cfg.node_id, dp->cfg.primary_size >> 20, dp->cfg.primary_path, dp->n_tiers);
+    {
+        char status[256];
+
+        snprintf(status, sizeof(status), "serving: node %016" PRIx64 ", engines at %s",
+                 dp->cfg.node_id, dp->cfg.engine_socket);
+        kvt_service_ready(status);
+    }
     run(dp);
     return stop(dp);
 }

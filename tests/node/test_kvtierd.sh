@@ -52,6 +52,13 @@ EOF
 check "--help exits 0 and lists the keys" '[ $? = 0 ] && grep -q "primary.size" "$work/help"'
 "$kvtierd" --version >"$work/ver" 2>&1
 check "--version prints a version" 'grep -q "^kvtierd [0-9]" "$work/ver"'
+# ... and the git revision it was built from: this tree's HEAD when it is a checkout
+src=$(cd "$(dirname "$0")/../.." && pwd -P)
+rev='[0-9a-f]{8}(, dirty)?|unknown'
+[ "$(git -C "$src" rev-parse --show-toplevel 2>/dev/null)" = "$src" ] &&
+  rev="$(git -C "$src" rev-parse --short=8 HEAD)(, dirty)?"
+check "--version names the git revision ($rev)" \
+  'grep -Eq "^kvtierd [0-9]+\.[0-9]+\.[0-9]+ \(git ($rev)\)\$" "$work/ver"'
 
 # ---- bad configurations: exit 78, key named (and its line for files), nothing created ----
 bad_cfg() { # name, expected text, kvtierd args...

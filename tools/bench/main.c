@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "kvt/version.h"
 
 struct subcommand {
     const char *name;
@@ -21,7 +22,8 @@ static const struct subcommand subcommands[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvtier-bench <subcommand> [--json] [options]\n\nsubcommands:\n");
+    fprintf(f, "usage: kvtier-bench <subcommand> [--json] [options]\n"
+               "       kvtier-bench --version\n\nsubcommands:\n");
     for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++)
         fprintf(f, "  %-10s %s%s\n", subcommands[i].name, subcommands[i].what,
                 subcommands[i].run ? "" : " (not built)");
@@ -32,6 +34,10 @@ int main(int argc, char **argv)
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {
+        printf("kvtier-bench %s\n", kvt_version_string());
+        return 0;
     }
     for (size_t i = 0; i < sizeof(subcommands) / sizeof(subcommands[0]); i++) {
         if (strcmp(argv[1], subcommands[i].name) != 0)

@@ -30,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "kvt/version.h"
 #include "kvtier/client.h"
 #include "tool_util.h"
 
@@ -81,7 +82,8 @@ static void usage(FILE *f)
                "  --metrics HOST:PORT     the daemon's /metrics server (default: $KVTIER_METRICS,\n"
                "                          else " DEFAULT_METRICS ")\n"
                "  --timeout MS            per-call timeout (default 10000)\n"
-               "  -h, --help              this text\n\n"
+               "  -h, --help              this text\n"
+               "  -V, --version           the version and git revision of this build\n\n"
                "exit status: 0 ok, 1 failed, 2 bad command line\n");
 }
 
@@ -891,6 +893,10 @@ int main(int argc, char **argv)
         return bad_usage("missing command");
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "-V") || !strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("kvtier %s\n", kvt_version_string());
         return 0;
     }
     cl.cmd = argv[1];

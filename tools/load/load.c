@@ -40,6 +40,7 @@
 
 #include <xxhash.h>
 
+#include "kvt/version.h"
 #include "kvtier/client.h"
 #include "tool_util.h"
 
@@ -918,7 +919,8 @@ static void usage(FILE *f)
         "  --seed N               workload seed; same seed = same keys (default 1)\n"
         "  --json                 the final report as JSON on stdout\n"
         "  --quiet                no progress output\n"
-        "  -h, --help             this text\n\n"
+        "  -h, --help             this text\n"
+        "  -V, --version          the version and git revision of this build\n\n"
         "exit status: 0 no errors, 1 errors (verify failures, API errors) or no node,\n"
         "2 bad command line\n",
         MAX_NODES);
@@ -972,6 +974,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"json", no_argument, NULL, O_JSON},
         {"quiet", no_argument, NULL, O_QUIET},
         {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     int opt;
@@ -988,10 +991,13 @@ static int parse_args(int argc, char **argv, struct opts *o)
                        .zipf = 1.0,
                        .seed = 1};
     opterr = 0;
-    while ((opt = getopt_long(argc, argv, ":h", lo, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, ":hV", lo, NULL)) != -1) {
         switch (opt) {
         case 'h':
             usage(stdout);
+            return 1;
+        case 'V':
+            printf("kvtier-load %s\n", kvt_version_string());
             return 1;
         case '?':
             return bad_usage("unknown option '%s'", argv[optind - 1]);

@@ -19,6 +19,7 @@
 #include "kvt/map.h"
 #include "kvt/metrics.h"
 #include "kvt/storage_tier.h"
+#include "kvt/version.h"
 
 #define EX_USAGE   64
 #define EX_DATAERR 65
@@ -57,6 +58,7 @@ static void usage(FILE *f)
         "                               request_level,medium=cpu|storage,locality=local|remote]\n"
         "                       storage:root=DIR[,capacity=BYTES,type=T]\n"
         "  --summary-only       print only the summary line\n"
+        "  -V, --version        the version and git revision of this build\n"
         "See docs/replay-format.md for the trace format.\n");
 }
 
@@ -592,6 +594,9 @@ int main(int argc, char **argv)
 
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--version") == 0 || strcmp(a, "-V") == 0) {
+            printf("kvtier-replay %s\n", kvt_version_string());
             return 0;
         } else if (strcmp(a, "--summary-only") == 0) {
             r.quiet = true;

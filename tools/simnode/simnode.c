@@ -7,6 +7,7 @@
  *               [--chunks N] [--row BYTES] [--lease-ms MS] [--heartbeat-ms MS]
  *               [--fetch-timeout-ms MS] [--backend ucx|verbs] [--addr A]
  *               [--keys-per-fetch N] [--fetches-per-peer N] [--ops-per-batch N]
+ *   kvtier-simnode --version
  *
  * It prints "ready id=<hex> port=<p> inc=<hex>" and then reads commands on stdin,
  * one per line, answering each with one line "ok ..." or "err ..." (progress lines
@@ -66,6 +67,7 @@
 #include "kvt/net_tier.h"
 #include "kvt/peers.h"
 #include "kvt/primary.h"
+#include "kvt/version.h"
 
 #define MAX_PEERS 16
 
@@ -764,6 +766,7 @@ int main(int argc, char **argv)
         {"keys-per-fetch", required_argument, NULL, 'K'},
         {"fetches-per-peer", required_argument, NULL, 'F'},
         {"ops-per-batch", required_argument, NULL, 'O'},
+        {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     const char *peer_list[MAX_PEERS];
@@ -830,6 +833,9 @@ int main(int argc, char **argv)
         case 'O':
             nc.max_ops_per_batch = (unsigned)strtoul(optarg, NULL, 0);
             break;
+        case 'V':
+            printf("kvtier-simnode %s\n", kvt_version_string());
+            return 0;
         default:
             fprintf(stderr, "kvtier-simnode: bad option\n");
             return 2;
