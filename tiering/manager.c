@@ -46,8 +46,9 @@ struct req_state {
     struct kvt_req_ctx *ctx;
     int pending_primary_stores;
     bool is_finished;
-    uint32_t request_level_tiers; /* bit i: tier i asked for REQUEST_LEVEL */
-    struct kvt_key *parked;       /* pending_cascade_keys */
+    uint32_t request_level_tiers;   /* bit i: tier i asked for REQUEST_LEVEL */
+    struct kvt_primary_access *acc; /* its cache access, given to the policy at finish */
+    struct kvt_key *parked;         /* pending_cascade_keys */
     size_t n_parked, cap_parked;
 };
 
@@ -73,6 +74,9 @@ struct kvt_manager {
     struct kvt_store_output scratch; /* promotion allocations */
     bool shutdown_failed;
 };
+
+static struct kvt_primary_access *req_acc(const struct kvt_manager *m,
+                                          const struct kvt_req_ctx *ctx);
 
 /* ---- jobs ---------------------------------------------------------------- */
 
@@ -297,7 +301,9 @@ static bool initiate_promotion(struct kvt_manager *m, int tier_idx, const struct
 {
     struct kvt_store_output *out = &m->scratch;
     struct pending_promotion *pp;
-    if (kvt_primary_prepare_write(m->primary, key, 1, out) != 0) {
+    /* vLLM's prepare_write is the request's prepare_store: it records the key in
+     * the request's access and is a store miss (ARC adapts to a ghost). */
+    if (kvt_primary_prepare_store_req(m->primary, key, 1, req_acc(m, ctx), out) != 0) {
         kvt_metrics_on_promotion_allocation_failure(m->metrics);
         return false;
     }
@@ -360,8 +366,19 @@ static struct req_state *req_get(const struct kvt_manager *m, const struct kvt_r
     return kvt_map_get(&m->req_state, ctx->req_id, ctx->req_id_len);
 }
 
+/* The cache access of the request of ctx, or NULL when the manager does not know
+ * it. */
+static struct kvt_primary_access *req_acc(const struct kvt_manager *m,
+                                          const struct kvt_req_ctx *ctx)
+{
+    struct req_state *st = req_get(m, ctx);
+
+    return st != NULL ? st->acc : NULL;
+}
+
 static void req_free(struct req_state *st)
 {
+    kvt_primary_access_destroy(st->acc);
     kvt_req_ctx_unref(st->ctx);
     kvt_free(st->parked);
     kvt_free(st);
@@ -543,7 +560,9 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
 int kvt_manager_prepare_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
                              struct kvt_req_ctx *ctx, int64_t *chunk_ids)
 {
-    return kvt_primary_prepare_load(m->primary, keys, n, chunk_ids);
+    /* A load of a request the manager does not know records nothing: no finish
+     * would ever apply it. */
+    return kvt_primary_prepare_load_req(m->primary, keys, n, req_acc(m, ctx), chunk_ids);
 }
 
 int kvt_manager_complete_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
@@ -555,7 +574,10 @@ int kvt_manager_complete_load(struct kvt_manager *m, const struct kvt_key *keys,
 void kvt_manager_touch(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
                        struct kvt_req_ctx *ctx)
 {
-    kvt_primary_touch(m->primary, keys, n);
+    /* Part of the request's access; a touch of no known (or of a finished)
+     * request is an access of its own, applied at once. */
+    if (kvt_primary_touch_req(m->primary, keys, n, req_acc(m, ctx)) != 0)
+        kvt_error(MOD, "touch of %zu keys: out of memory, not recorded", n);
     for (size_t i = 0; i < m->n_tiers; i++)
         kvt_tier_touch(m->tiers[i], keys, n, ctx);
 }
@@ -571,7 +593,7 @@ int kvt_manager_prepare_store(struct kvt_manager *m, const struct kvt_key *keys,
     /* Completions first: cascade completions unpin and promotion completions make
      * chunks evictable for the first time, both before the eviction decision. */
     maybe_process_finished_jobs(m);
-    rc = kvt_primary_prepare_store(m->primary, keys, n, out);
+    rc = kvt_primary_prepare_store_req(m->primary, keys, n, st->acc, out);
     if (rc != 0)
         return rc;
     if (out->n_store > 0)
@@ -632,7 +654,8 @@ static int on_new_request_ex(struct kvt_manager *m, struct kvt_req_ctx *ctx, int
     if (st == NULL)
         return -ENOMEM;
     st->ctx = kvt_req_ctx_ref(ctx);
-    if (kvt_map_put(&m->req_state, ctx->req_id, ctx->req_id_len, st) != 0) {
+    if (kvt_primary_access_create(&st->acc) != 0 ||
+        kvt_map_put(&m->req_state, ctx->req_id, ctx->req_id_len, st) != 0) {
         req_free(st);
         return -ENOMEM;
     }
@@ -659,7 +682,7 @@ static int on_request_finished_ex(struct kvt_manager *m, struct kvt_req_ctx *ctx
     struct req_state *st = req_get(m, ctx);
     if (st == NULL)
         return -EINVAL;
-    kvt_primary_on_request_finished(m->primary, ctx);
+    kvt_primary_request_finished(m->primary, st->acc);
     st->is_finished = true;
     maybe_finalize_request(m, st, exclude);
     return 0;

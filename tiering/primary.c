@@ -1,12 +1,24 @@
-/* The CPU primary tier (spec §2.1-2.2, 2.4): entries per slot, the key index, the
- * slot allocator, the ref-count state machine and its counters, events and gauges.
- * The recency order and victim choice belong to the policy (policy_*.c).
+/* The CPU primary tier: entries per slot, the key index, the slot allocator, the
+ * ref-count state machine and its counters, events and gauges, and the record of
+ * each request's cache access (vLLM's _RequestCacheAccess). The recency order and
+ * victim choice belong to the policy (policy_*.c).
  *
  * One rule carries the whole design: an operation either succeeds completely or
  * changes nothing. prepare_store checks keys, capacity and victims before it
- * touches any entry; pin/unpin check every key before changing the first. */
+ * touches any entry; pin/unpin check every key before changing the first. The
+ * one exception is vLLM's own: a store's request access and ARC's store-miss
+ * adaptation are recorded before the store finds it has no room, so they stay
+ * when it fails with -ENOSPC (memory for them is reserved first, so -ENOMEM
+ * still changes nothing).
+ *
+ * A request's access is a table of the distinct keys it saw, in first-seen
+ * order, each with its KV cache group and what the request did with it
+ * (inserted, reused, missed on store). At finish the keys are ordered by group
+ * (stable), given their kinds and handed to the policy once; the table is then
+ * freed. */
 #include <errno.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvt/alloc.h"
@@ -112,8 +124,8 @@ static void pr_index_del(struct kvt_primary *p, uint32_t s)
     kvt_oa_del(p->index, p->index_size, kvt_oa_cell(p->e[s].hash, s));
 }
 
-void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                       pr_touch_fn *move)
+void kvt_pr_finish_each(struct kvt_primary *p, const struct kvt_key *keys, const uint8_t *kinds,
+                        size_t n, pr_move_fn *move)
 {
     uint64_t h[PR_GROUP];
     uint32_t slot[PR_GROUP];
@@ -126,9 +138,240 @@ void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t
             if (slot[i] != PR_NIL)
                 pr_prefetch_links(p, slot[i]);
         for (size_t i = m; i-- > 0;)
-            move(p, &keys[b + i], h[i], slot[i]);
+            if (slot[i] != PR_NIL)
+                move(p, slot[i], kinds[b + i]);
         end = b;
     }
+}
+
+/* ---- request access ----------------------------------------------------- */
+
+enum { PR_AF_INSERTED = 1, PR_AF_REUSED = 2, PR_AF_STORE_MISS = 4 };
+
+struct pr_acc_key {
+    uint64_t hash;
+    uint32_t group;
+    uint8_t flags; /* PR_AF_* */
+    struct kvt_key key;
+};
+
+/* Owned by its creator (the manager's request state); touched only by the
+ * primary's calls, on the scheduler thread. */
+struct kvt_primary_access {
+    uint64_t generation; /* the primary's at the first record; another one is stale */
+    bool finished;
+    bool many_groups;     /* a key of another group than the first key's was seen */
+    struct pr_acc_key *k; /* first-seen order */
+    size_t n, cap;
+    uint32_t *tab; /* open addressing by hash: index into k + 1, 0 empty */
+    size_t tab_mask;
+};
+
+/* vLLM's get_offload_group_idx: the last 4 bytes, big-endian. */
+static uint32_t pr_key_group(const struct kvt_key *k)
+{
+    uint32_t g = 0;
+
+    for (size_t i = k->len > 4 ? k->len - 4 : 0; i < k->len; i++)
+        g = g << 8 | k->bytes[i];
+    return g;
+}
+
+int kvt_primary_access_create(struct kvt_primary_access **acc_p)
+{
+    struct kvt_primary_access *acc = kvt_calloc(1, sizeof(*acc));
+
+    if (acc == NULL)
+        return -ENOMEM;
+    *acc_p = acc;
+    return 0;
+}
+
+static void acc_release(struct kvt_primary_access *acc)
+{
+    kvt_free(acc->k);
+    kvt_free(acc->tab);
+    acc->k = NULL;
+    acc->tab = NULL;
+    acc->n = acc->cap = acc->tab_mask = 0;
+    acc->many_groups = false;
+}
+
+void kvt_primary_access_destroy(struct kvt_primary_access *acc)
+{
+    if (acc == NULL)
+        return;
+    acc_release(acc);
+    kvt_free(acc);
+}
+
+/* An access recorded before the last reset_cache starts over (vLLM makes a new
+ * state for a stale cache generation). */
+static void acc_bind(const struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    if (acc->generation == p->generation)
+        return;
+    acc->generation = p->generation;
+    acc->finished = false;
+    acc->many_groups = false;
+    acc->n = 0;
+    if (acc->tab != NULL)
+        memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+}
+
+static void acc_tab_put(struct kvt_primary_access *acc, uint32_t idx)
+{
+    size_t i = (size_t)acc->k[idx].hash & acc->tab_mask;
+
+    while (acc->tab[i] != 0)
+        i = (i + 1) & acc->tab_mask;
+    acc->tab[i] = idx + 1;
+}
+
+/* Room for extra more keys, so that recording never fails half-way. */
+static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
+{
+    size_t want = acc->n + extra, tab_cap = 16;
+
+    if (want <= acc->cap)
+        return 0;
+    if (want < 2 * acc->cap)
+        want = 2 * acc->cap;
+    struct pr_acc_key *k = kvt_reallocarray(acc->k, want, sizeof(*k));
+
+    if (k == NULL)
+        return -ENOMEM;
+    acc->k = k;
+    while (tab_cap < 2 * want)
+        tab_cap <<= 1;
+    uint32_t *tab = kvt_calloc(tab_cap, sizeof(*tab));
+
+    if (tab == NULL)
+        return -ENOMEM; /* k grew, nothing else changed */
+    kvt_free(acc->tab);
+    acc->tab = tab;
+    acc->tab_mask = tab_cap - 1;
+    acc->cap = want;
+    for (size_t i = 0; i < acc->n; i++)
+        acc_tab_put(acc, (uint32_t)i);
+    return 0;
+}
+
+/* The index of key in acc, recorded as seen if it was not (room reserved). */
+static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+{
+    size_t i = (size_t)h & acc->tab_mask;
+    uint32_t idx;
+
+    for (uint32_t v; (v = acc->tab[i]) != 0; i = (i + 1) & acc->tab_mask) {
+        const struct pr_acc_key *x = &acc->k[v - 1];
+
+        if (x->hash == h && kvt_key_eq(&x->key, key))
+            return v - 1;
+    }
+    idx = (uint32_t)acc->n++;
+    acc->k[idx].hash = h;
+    acc->k[idx].group = pr_key_group(key);
+    acc->k[idx].flags = 0;
+    acc->k[idx].key = *key;
+    acc->tab[i] = idx + 1;
+    if (idx > 0 && acc->k[idx].group != acc->k[0].group)
+        acc->many_groups = true;
+    return idx;
+}
+
+/* A use of a ready chunk: reuse, unless this request inserted it. */
+static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+{
+    struct pr_acc_key *x = &acc->k[acc_see(acc, key, h)];
+
+    if (!(x->flags & PR_AF_INSERTED))
+        x->flags |= PR_AF_REUSED;
+}
+
+/* The access that records, or NULL (none given, or finished). */
+static struct kvt_primary_access *acc_live(const struct kvt_primary *p,
+                                           struct kvt_primary_access *acc)
+{
+    if (acc == NULL)
+        return NULL;
+    acc_bind(p, acc);
+    return acc->finished ? NULL : acc;
+}
+
+static int fin_reserve(struct kvt_primary *p, size_t n)
+{
+    if (n <= p->fin_cap)
+        return 0;
+    struct kvt_key *k = kvt_reallocarray(p->fin_keys, n, sizeof(*k));
+
+    if (k == NULL)
+        return -ENOMEM;
+    p->fin_keys = k;
+    uint8_t *kinds = kvt_reallocarray(p->fin_kinds, n, sizeof(*kinds));
+
+    if (kinds == NULL)
+        return -ENOMEM;
+    p->fin_kinds = kinds;
+    uint32_t *order = kvt_reallocarray(p->fin_order, n, sizeof(*order));
+
+    if (order == NULL)
+        return -ENOMEM;
+    p->fin_order = order;
+    p->fin_cap = n;
+    return 0;
+}
+
+static const struct kvt_primary_access *fin_sort_acc;
+
+/* Group, then first-seen order: a stable sort by group. */
+static int fin_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    uint32_t gx = fin_sort_acc->k[x].group, gy = fin_sort_acc->k[y].group;
+
+    if (gx != gy)
+        return gx < gy ? -1 : 1;
+    return x < y ? -1 : x > y;
+}
+
+static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    size_t n = acc->n;
+
+    if (n == 0)
+        return;
+    if (fin_reserve(p, n) != 0) {
+        kvt_warn("primary", "out of memory: a request's cache access of %zu keys was lost", n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        p->fin_order[i] = (uint32_t)i;
+    if (acc->many_groups) {
+        fin_sort_acc = acc;
+        qsort(p->fin_order, n, sizeof(*p->fin_order), fin_cmp);
+        fin_sort_acc = NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+
+        p->fin_keys[i] = x->key;
+        p->fin_kinds[i] = (x->flags & PR_AF_REUSED)     ? PR_ACC_REUSED
+                          : (x->flags & PR_AF_INSERTED) ? PR_ACC_INSERTED_ONLY
+                                                        : PR_ACC_NEITHER;
+    }
+    p->pol->finish(p, p->fin_keys, p->fin_kinds, n);
+}
+
+void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    if (acc == NULL || acc->finished)
+        return;
+    /* A stale access (recorded before a reset) applies nothing. */
+    if (acc->generation == p->generation)
+        acc_apply(p, acc);
+    acc->finished = true;
+    acc_release(acc);
 }
 
 /* ---- slots and entries -------------------------------------------------- */
@@ -210,6 +453,7 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
         p->cfg.row_bytes = region->row_bytes;
     p->pol = pol;
     p->mark = 2;
+    p->generation = 1; /* a new access (generation 0) binds at its first record */
     pr_list_init(&p->l1);
     pr_list_init(&p->l2);
     kvt_events_init(&p->events);
@@ -286,6 +530,12 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_free(p->victims);
     kvt_free(p->dedup);
     kvt_free(p->scratch);
+    kvt_free(p->acc_idx);
+    kvt_free(p->miss_hash);
+    kvt_free(p->fin_keys);
+    kvt_free(p->fin_kinds);
+    kvt_free(p->fin_order);
+    kvt_primary_access_destroy(p->oneshot);
     kvt_free(p);
 }
 
@@ -410,10 +660,39 @@ static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
     return 0;
 }
 
-int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                              struct kvt_store_output *out)
+/* Scratch of n entries for a prepare_store: victims (at most one per key), the
+ * access index and hash of each key to store, the hashes of its store misses. */
+static int pr_store_reserve(struct kvt_primary *p, size_t n)
 {
-    size_t n_new = 0, need, free_slots;
+    if (n > p->victims_cap) {
+        uint32_t *v = kvt_reallocarray(p->victims, n, sizeof(*v));
+
+        if (v == NULL)
+            return -ENOMEM;
+        p->victims = v;
+        p->victims_cap = n;
+    }
+    if (n > p->miss_cap) {
+        uint32_t *idx = kvt_reallocarray(p->acc_idx, n, sizeof(*idx));
+
+        if (idx == NULL)
+            return -ENOMEM;
+        p->acc_idx = idx;
+        uint64_t *mh = kvt_reallocarray(p->miss_hash, 2 * n, sizeof(*mh));
+
+        if (mh == NULL)
+            return -ENOMEM;
+        p->miss_hash = mh;
+        p->miss_cap = n;
+    }
+    return 0;
+}
+
+int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                  struct kvt_primary_access *acc, struct kvt_store_output *out)
+{
+    size_t n_new = 0, n_miss = 0, need, free_slots;
+    uint64_t *new_hash, *miss_hash;
     int rc;
 
     out->n_store = 0;
@@ -425,14 +704,24 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
         return 0;
     if (n > UINT32_MAX - 1)
         return -EINVAL;
+    /* Every allocation first: past this point only -ENOSPC can fail. */
     rc = pr_dedup_reserve(p, n);
     if (rc == 0)
-        rc = out_reserve(out, n, 0);
+        rc = out_reserve(out, n, n);
+    if (rc == 0)
+        rc = pr_store_reserve(p, n);
+    acc = acc_live(p, acc);
+    if (rc == 0 && acc != NULL)
+        rc = acc_reserve(acc, n);
     if (rc != 0)
         return rc;
+    new_hash = p->miss_hash + n;
+    miss_hash = p->miss_hash;
 
     /* Protect every offered key (present ones keep their place whatever happens)
-     * and collect the absent ones, once each. */
+     * and collect the absent ones, once each. The request's access records, in
+     * offer order, the absent keys and the ready present ones (reused); a key
+     * still being written is neither. */
     pr_next_mark(p);
     for (size_t b = 0; b < n; b += PR_GROUP) {
         size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
@@ -441,12 +730,32 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
 
         kvt_pr_find_group(p, keys + b, m, h, s);
         for (size_t i = 0; i < m; i++) {
-            if (s[i] != PR_NIL)
+            if (s[i] != PR_NIL) {
                 p->e[s[i]].mark = p->mark;
-            else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))
+                if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
+                    acc_reuse(acc, &keys[b + i], h[i]);
+            } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
+                if (acc != NULL)
+                    p->acc_idx[n_new] = acc_see(acc, &keys[b + i], h[i]);
+                new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
+            }
         }
     }
+    /* Store misses this request has not had yet, before allocation removes their
+     * ghosts (ARC adapts to them even if the store then fails). */
+    for (size_t i = 0; i < n_new; i++) {
+        if (acc != NULL) {
+            struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
+
+            if (x->flags & PR_AF_STORE_MISS)
+                continue;
+            x->flags |= PR_AF_STORE_MISS;
+        }
+        miss_hash[n_miss++] = new_hash[i];
+    }
+    if (n_miss > 0 && p->pol->store_miss != NULL)
+        p->pol->store_miss(p, miss_hash, n_miss);
     if (n_new == 0)
         return 0;
 
@@ -455,17 +764,6 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
     if (need > 0) {
         if (need > p->num_evictable) /* fail fast without a scan (#45757) */
             return -ENOSPC;
-        rc = out_reserve(out, n_new, need);
-        if (rc == 0 && need > p->victims_cap) {
-            uint32_t *v = kvt_reallocarray(p->victims, need, sizeof(*v));
-
-            if (v == NULL)
-                return -ENOMEM;
-            p->victims = v;
-            p->victims_cap = need;
-        }
-        if (rc != 0)
-            return rc;
         rc = p->pol->evict(p, need, p->victims); /* atomic: -ENOSPC changes nothing */
         if (rc != 0)
             return rc;
@@ -491,11 +789,19 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
         if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
             p->pol->will_insert(p, k, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
 
-        out->chunk_ids[i] = pr_insert(p, k, kvt_key_hash(k));
+        out->chunk_ids[i] = pr_insert(p, k, new_hash[i]);
+        if (acc != NULL)
+            acc->k[p->acc_idx[i]].flags |= PR_AF_INSERTED;
     }
     out->n_store = n_new;
     kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
     return 0;
+}
+
+int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                              struct kvt_store_output *out)
+{
+    return kvt_primary_prepare_store_req(p, keys, n, NULL, out);
 }
 
 int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
@@ -578,14 +884,30 @@ static int pr_pin(struct kvt_primary *p, const struct kvt_key *keys, size_t n, i
     return 0;
 }
 
+int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                 struct kvt_primary_access *acc, int64_t *chunk_ids)
+{
+    int rc;
+
+    acc = acc_live(p, acc);
+    if (acc != NULL && (rc = acc_reserve(acc, n)) != 0)
+        return rc;
+    rc = pr_pin(p, keys, n, chunk_ids);
+    if (rc != 0 || acc == NULL)
+        return rc;
+    /* A GPU load is a use of every key (vLLM's record_access=True). */
+    for (size_t i = 0; i < n; i++)
+        acc_reuse(acc, &keys[i], p->e[chunk_ids[i]].hash);
+    return 0;
+}
+
 int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                              int64_t *chunk_ids)
 {
     return pr_pin(p, keys, n, chunk_ids);
 }
 
-/* A cascade read is not a reuse: it records no access (the simple-form policies
- * record none at pin time anyway, so both calls pin the same way). */
+/* A cascade read is not a reuse: it records no access (vLLM's prepare_read). */
 int kvt_primary_prepare_read(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                              int64_t *chunk_ids)
 {
@@ -615,19 +937,61 @@ int kvt_primary_complete_load(struct kvt_primary *p, const struct kvt_key *keys,
     return 0;
 }
 
-void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+/* The present ready keys of keys[0..n) as reused by acc (room reserved). */
+static void pr_record_ready(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                            struct kvt_primary_access *acc)
 {
-    p->pol->touch(p, keys, n);
+    uint64_t h[PR_GROUP];
+    uint32_t s[PR_GROUP];
+
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
+
+        kvt_pr_find_group(p, keys + b, m, h, s);
+        for (size_t i = 0; i < m; i++)
+            if (s[i] != PR_NIL && p->e[s[i]].ref_cnt >= 0)
+                acc_reuse(acc, &keys[b + i], h[i]);
+    }
 }
 
-void kvt_primary_on_request_finished(struct kvt_primary *p, const struct kvt_req_ctx *ctx)
+int kvt_primary_touch_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                          struct kvt_primary_access *acc)
 {
-    (void)p;
-    (void)ctx;
+    struct kvt_primary_access *live = acc_live(p, acc);
+    int rc;
+
+    if (n == 0)
+        return 0;
+    if (live == NULL) {
+        /* a request of its own, finished at once */
+        if (p->oneshot == NULL && (rc = kvt_primary_access_create(&p->oneshot)) != 0)
+            return rc;
+        live = acc_live(p, p->oneshot);
+    }
+    rc = acc_reserve(live, n);
+    if (rc != 0)
+        return rc;
+    pr_record_ready(p, keys, n, live);
+    if (live == p->oneshot) {
+        /* keep the table for the next touch: only the keys go */
+        if (live->n > 0)
+            acc_apply(p, live);
+        live->n = 0;
+        live->many_groups = false;
+        memset(live->tab, 0, (live->tab_mask + 1) * sizeof(*live->tab));
+    }
+    return 0;
+}
+
+void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+{
+    if (kvt_primary_touch_req(p, keys, n, NULL) != 0)
+        kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
 }
 
 void kvt_primary_reset_cache(struct kvt_primary *p)
 {
+    p->generation++; /* every access recorded so far is stale */
     p->pol->clear(p);
     kvt_zero_table(p->index, p->index_size, sizeof(*p->index));
     for (size_t i = 0; i < p->cfg.num_chunks; i++) {

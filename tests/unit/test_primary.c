@@ -358,15 +358,19 @@ static void test_arc_adaptive_target(void **state)
     assert_int_equal(PREP(f, 3), 0); /* evicts 1 into B1 */
     COMPLETE(f, 3);
     assert_int_equal(ghost_of(f, 1), 1);
-    TOUCH(f, 1); /* a miss, but a B1 hit: favour recency */
+    TOUCH(f, 1); /* a ghost is not reused: no adaptation on a touch */
+    assert_float_equal(kvt_primary_arc_target(f->p), initial, 0);
+    assert_int_equal(PREP(f, 1), 0); /* a store miss, but a B1 hit: favour recency */
     assert_true(kvt_primary_arc_target(f->p) > initial);
     assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0); /* max(1, 0/1) */
+    assert_int_equal(ghost_of(f, 1), 0);                      /* stored again */
     fx_free(f);
 }
 
 static void test_arc_adaptive_target_b2_hit_decreases(void **state)
 {
     struct fx *f = fx_make(2, "arc", false, 0);
+    int64_t c[2];
     assert_int_equal(PREP(f, 1, 2), 0);
     COMPLETE(f, 1, 2);
     TOUCH(f, 1, 2);                  /* both to T2 */
@@ -374,10 +378,15 @@ static void test_arc_adaptive_target_b2_hit_decreases(void **state)
     COMPLETE(f, 3);
     assert_int_equal(ghost_of(f, 2), 2); /* reverse touch left 1 MRU, 2 LRU */
     kvt__primary_arc_set_target(f->p, 1.5);
-    TOUCH(f, 2);
+    /* Everything pinned: the stores of 2 fail, after their store miss adapted. */
+    assert_int_equal(LOAD(f, c, 1, 3), 0);
+    assert_int_equal(PREP(f, 2), -ENOSPC);
     assert_float_equal(kvt_primary_arc_target(f->p), 0.5, 1e-12);
-    TOUCH(f, 2);
+    assert_int_equal(PREP(f, 2), -ENOSPC);
     assert_float_equal(kvt_primary_arc_target(f->p), 0.0, 0); /* floored at 0 */
+    assert_int_equal(ghost_of(f, 2), 2);
+    assert_int_equal(kvt_primary_num_entries(f->p), 2);
+    assert_int_equal(UNLOAD(f, 1, 3), 0);
     fx_free(f);
 }
 
@@ -953,11 +962,14 @@ static void test_lookup_many_matches_lookup(void **state)
 }
 
 /* ---- ARC against a reference model ----------------------------------------
- * The policy of spec §2.3 written the obvious way (ordered arrays of key ids,
- * LRU first), driven side by side with the primary through random stores and
+ * vLLM's ARC rules written the obvious way (ordered arrays of key ids, LRU
+ * first), driven side by side with the primary through random stores and
  * touches of present, ghost and unknown keys; after every call the lists T1, T2,
- * the ghost lists and the target must agree. Entries are always ready and
- * unpinned here: the pin and write-pending rules have their own tests above. */
+ * the ghost lists and the target must agree. A touch is a request of its own
+ * that reuses the present keys and finishes at once (ghosts and unknown keys are
+ * not touched); a store's misses adapt the target to ghosts, tail first, before
+ * it evicts. Entries are always ready and unpinned here: the pin and
+ * write-pending rules have their own tests above. */
 #define ARC_CAP  8
 #define ARC_KEYS 40
 
@@ -995,18 +1007,28 @@ static void am_touch(struct arc_model *m, const int *keys, size_t n)
 {
     for (size_t i = n; i-- > 0;) {
         int w = am_where(m, keys[i]);
+
+        if (w != 0 && w != 1)
+            continue; /* a ghost or an unknown key: nothing to reuse */
+        am_remove(m, w, keys[i]);
+        am_append(m, 1, keys[i]); /* T1 -> T2, T2 -> its MRU end */
+    }
+}
+
+/* on_store_miss: each miss, tail first, that is a ghost. */
+static void am_store_miss(struct arc_model *m, const int *keys, size_t n)
+{
+    for (size_t i = n; i-- > 0;) {
+        int w = am_where(m, keys[i]);
         double b1 = (double)m->n[2], b2 = (double)m->n[3];
 
-        if (w < 0)
+        if (w < 2)
             continue;
         am_remove(m, w, keys[i]);
-        if (w == 0 || w == 1)
-            am_append(m, 1, keys[i]); /* T1 -> T2, T2 -> its MRU end */
-        else
-            am_append(m, w, keys[i]); /* a ghost moves to its MRU end */
+        am_append(m, w, keys[i]); /* a ghost moves to its MRU end */
         if (w == 2)
             m->target = fmin(m->target + fmax(1.0, b2 / b1), ARC_CAP);
-        if (w == 3)
+        else
             m->target = fmax(m->target - fmax(1.0, b1 / b2), 0.0);
     }
 }
@@ -1018,7 +1040,7 @@ static void am_store(struct arc_model *m, const int *keys, size_t n)
     int add[8];
     size_t n_add = 0, n_t = m->n[0] + m->n[1], need;
     bool prot[ARC_KEYS] = {false};
-    size_t c1 = 0, c2 = 0, virtual_t1 = m->n[0], limit = (size_t)floor(m->target);
+    size_t c1 = 0, c2 = 0, virtual_t1 = m->n[0], limit;
     int victims[8], from[8];
 
     for (size_t i = 0; i < n; i++) {
@@ -1029,6 +1051,8 @@ static void am_store(struct arc_model *m, const int *keys, size_t n)
         else
             add[n_add++] = keys[i];
     }
+    am_store_miss(m, add, n_add);
+    limit = (size_t)floor(m->target);
     need = n_t + n_add > ARC_CAP ? n_t + n_add - ARC_CAP : 0;
     for (size_t v = 0; v < need; v++) { /* cursors walk T1 and T2 from the LRU end */
         int got = -1;
