@@ -574,10 +574,9 @@ int kvt_manager_complete_load(struct kvt_manager *m, const struct kvt_key *keys,
 void kvt_manager_touch(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
                        struct kvt_req_ctx *ctx)
 {
-    /* Part of the request's access; a touch of no known (or of a finished)
-     * request is an access of its own, applied at once. */
-    if (kvt_primary_touch_req(m->primary, keys, n, req_acc(m, ctx)) != 0)
-        kvt_error(MOD, "touch of %zu keys: out of memory, not recorded", n);
+    /* An access of its own, applied at once (as touch always was): it does not
+     * join the request's access, which its finish applies. */
+    kvt_primary_touch(m->primary, keys, n);
     for (size_t i = 0; i < m->n_tiers; i++)
         kvt_tier_touch(m->tiers[i], keys, n, ctx);
 }

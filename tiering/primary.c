@@ -954,39 +954,27 @@ static void pr_record_ready(struct kvt_primary *p, const struct kvt_key *keys, s
     }
 }
 
-int kvt_primary_touch_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                          struct kvt_primary_access *acc)
-{
-    struct kvt_primary_access *live = acc_live(p, acc);
-    int rc;
-
-    if (n == 0)
-        return 0;
-    if (live == NULL) {
-        /* a request of its own, finished at once */
-        if (p->oneshot == NULL && (rc = kvt_primary_access_create(&p->oneshot)) != 0)
-            return rc;
-        live = acc_live(p, p->oneshot);
-    }
-    rc = acc_reserve(live, n);
-    if (rc != 0)
-        return rc;
-    pr_record_ready(p, keys, n, live);
-    if (live == p->oneshot) {
-        /* keep the table for the next touch: only the keys go */
-        if (live->n > 0)
-            acc_apply(p, live);
-        live->n = 0;
-        live->many_groups = false;
-        memset(live->tab, 0, (live->tab_mask + 1) * sizeof(*live->tab));
-    }
-    return 0;
-}
-
 void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
 {
-    if (kvt_primary_touch_req(p, keys, n, NULL) != 0)
-        kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
+    struct kvt_primary_access *acc;
+
+    if (n == 0)
+        return;
+    /* a request of its own, finished at once; its table is kept for the next */
+    if (p->oneshot == NULL && kvt_primary_access_create(&p->oneshot) != 0)
+        goto oom;
+    acc = acc_live(p, p->oneshot);
+    if (acc_reserve(acc, n) != 0)
+        goto oom;
+    pr_record_ready(p, keys, n, acc);
+    if (acc->n > 0)
+        acc_apply(p, acc);
+    acc->n = 0;
+    acc->many_groups = false;
+    memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+    return;
+oom:
+    kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
 }
 
 void kvt_primary_reset_cache(struct kvt_primary *p)

@@ -109,8 +109,7 @@ static inline int kvt_primary_complete_write(struct kvt_primary *p, const struct
  *                  become inserted. ARC adapts target_t1_size to each new store
  *                  miss that hits a ghost before allocating, even when the store
  *                  then fails with -ENOSPC (vLLM's order);
- *   prepare_load   every key (seen, reused);
- *   touch          present ready keys (seen, reused).
+ *   prepare_load   every key (seen, reused).
  * A key counts as reused only if the request had not inserted it before (a
  * re-read of its own chunk is an internal transfer). reset_cache forgets every
  * access recorded before it. Calls without an access (the plain functions) are
@@ -125,15 +124,13 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                                   struct kvt_primary_access *acc, struct kvt_store_output *out);
 int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                                  struct kvt_primary_access *acc, int64_t *chunk_ids);
-/* Records present ready keys into acc; with acc NULL or finished, the keys are a
- * request of their own that finishes at once (kvt_primary_touch). -ENOMEM. */
-int kvt_primary_touch_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                          struct kvt_primary_access *acc);
 /* Applies acc's access (once: later calls do nothing) and frees what it holds. */
 void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_access *acc);
 
-/* One access of its own, applied at once: the present ready keys of keys[0..n)
- * as reused by a request that finishes now. */
+/* An access of its own, applied at once: the present ready keys of keys[0..n)
+ * as reused by a request that finishes now (vLLM's re-offer of a ready prefix by
+ * a request of its own). Keys absent, still being written or ghosts are left
+ * alone. */
 void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
 /* Clears everything (policy, ghosts, counters, slots); no per-key events. */
 void kvt_primary_reset_cache(struct kvt_primary *p);
