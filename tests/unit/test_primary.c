@@ -1165,6 +1165,169 @@ static void test_arc_matches_reference_model(void **state)
     }
 }
 
+/* ---- request-scoped access ------------------------------------------------ */
+
+static int rprep(struct fx *f, struct kvt_primary_access *acc, const int *ids, int group)
+{
+    struct kvt_key k[MAXK];
+    size_t n = 0;
+
+    for (; ids[n] >= 0; n++) {
+        char s[16];
+        int len = snprintf(s, sizeof(s), "%d", ids[n]);
+
+        assert_int_equal(kvt_key_make(&k[n], s, (size_t)len, (uint32_t)group), 0);
+    }
+    return kvt_primary_prepare_store_req(f->p, k, n, acc, &f->out);
+}
+
+static struct kvt_key gkey(int id, int group)
+{
+    struct kvt_key k;
+    char s[16];
+    int len = snprintf(s, sizeof(s), "%d", id);
+
+    assert_int_equal(kvt_key_make(&k, s, (size_t)len, (uint32_t)group), 0);
+    return k;
+}
+
+static void complete_all(struct fx *f)
+{
+    assert_int_equal(kvt_primary_complete_store(f->p, f->out.keys_to_store, f->out.n_store, true),
+                     0);
+}
+
+/* Key groups in ascending order, each in first-seen order, the tail applied
+ * first: the head of the lowest group ends most recent. */
+static void test_request_finish_orders_keys_by_group(void **state)
+{
+    struct fx *f = fx_make(8, "lru", false, 0);
+    struct kvt_primary_access *acc;
+    struct kvt_key order[8];
+    struct kvt_key want[6] = {gkey(9, 0), gkey(2, 1), gkey(1, 1),
+                              gkey(3, 0), gkey(2, 0), gkey(1, 0)}; /* LRU -> MRU */
+
+    assert_int_equal(kvt_primary_access_create(&acc), 0);
+    assert_int_equal(rprep(f, NULL, L(9), 0), 0); /* not the request's */
+    complete_all(f);
+    assert_int_equal(rprep(f, acc, L(1, 2), 1), 0); /* group 1 first */
+    complete_all(f);
+    assert_int_equal(rprep(f, acc, L(1, 2, 3), 0), 0);
+    complete_all(f);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 6);
+    kvt_primary_request_finished(f->p, acc);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(kvt_key_eq(&order[i], &want[i]));
+    kvt_primary_request_finished(f->p, acc); /* once only */
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(kvt_key_eq(&order[i], &want[i]));
+    kvt_primary_access_destroy(acc);
+    fx_free(f);
+}
+
+/* ARC: loading a chunk the request itself stored is no reuse; loading one
+ * another request stored is, and only a ready one counts. */
+static void test_request_reuse_of_its_own_insert_is_not_reuse(void **state)
+{
+    struct fx *f = fx_make(8, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2;
+    int64_t c[2];
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), 0);
+    complete_all(f);
+    assert_int_equal(rprep(f, r2, L(2), 0), 0);
+    complete_all(f);
+    struct kvt_key k[2] = {kt_key(1), kt_key(2)};
+
+    assert_int_equal(kvt_primary_prepare_load_req(f->p, k, 2, r1, c), 0);
+    assert_int_equal(UNLOAD(f, 1, 2), 0);
+    kvt_primary_request_finished(f->p, r1);
+    assert_true(in_list(f, 0, 1)); /* its own: insertion only, stays in T1 */
+    assert_true(in_list(f, 1, 2)); /* another's, ready: T1 -> T2 */
+    /* r2 re-offers its own 2 (reused by r1, not by r2) and offers 3 */
+    assert_int_equal(rprep(f, r2, L(2, 3), 0), 0);
+    kvt_primary_request_finished(f->p, r2); /* 3 still being written */
+    assert_true(in_list(f, 1, 2));
+    assert_true(in_list(f, 0, 3));
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* ARC: a request's store miss adapts once, even if its store fails and it
+ * offers the key again; another request's miss adapts again. */
+static void test_store_miss_adapts_once_per_request(void **state)
+{
+    struct fx *f = fx_make(2, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2;
+    int64_t c[2];
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    assert_int_equal(PREP(f, 3, 4), 0); /* 1 and 2 into B1 */
+    COMPLETE(f, 3, 4);
+    assert_int_equal(LOAD(f, c, 3, 4), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), -ENOSPC);
+    assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), -ENOSPC);
+    assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0); /* not again */
+    assert_int_equal(rprep(f, r2, L(1), 0), -ENOSPC);
+    assert_float_equal(kvt_primary_arc_target(f->p), 2.0, 0);
+    assert_int_equal(PREP(f, 2), -ENOSPC);                    /* no request: every call adapts */
+    assert_float_equal(kvt_primary_arc_target(f->p), 2.0, 0); /* at capacity */
+    assert_int_equal(kvt_primary_num_entries(f->p), 2);
+    assert_int_equal(UNLOAD(f, 3, 4), 0);
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* An access recorded before reset_cache applies nothing; one recorded after it
+ * does. */
+static void test_access_before_reset_is_forgotten(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    struct kvt_primary_access *r1, *r2;
+    struct kvt_key order[4], k1 = kt_key(1), k2 = kt_key(2);
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), 0);
+    assert_int_equal(rprep(f, r2, L(2), 0), 0);
+    kvt_primary_reset_cache(f->p);
+    assert_int_equal(PREP(f, 1, 2, 3), 0);
+    COMPLETE(f, 1, 2, 3);
+    kvt_primary_request_finished(f->p, r1);     /* stale: 1 stays LRU */
+    assert_int_equal(rprep(f, r2, L(2), 0), 0); /* after the reset: counts */
+    kvt_primary_request_finished(f->p, r2);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 4), 3);
+    assert_true(kvt_key_eq(&order[0], &k1));
+    assert_true(kvt_key_eq(&order[2], &k2));
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* A touch moves only present ready keys; pending keys and ghosts stay. */
+static void test_touch_moves_ready_keys_only(void **state)
+{
+    struct fx *f = fx_make(3, "arc", false, 0);
+
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1);
+    TOUCH(f, 1, 2);
+    assert_true(in_list(f, 1, 1)); /* ready: to T2 */
+    assert_true(in_list(f, 0, 2)); /* being written: stays in T1 */
+    COMPLETE(f, 2);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1200,6 +1363,11 @@ int main(void)
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
         cmocka_unit_test(test_lookup_many_matches_lookup),
         cmocka_unit_test(test_arc_matches_reference_model),
+        cmocka_unit_test(test_request_finish_orders_keys_by_group),
+        cmocka_unit_test(test_request_reuse_of_its_own_insert_is_not_reuse),
+        cmocka_unit_test(test_store_miss_adapts_once_per_request),
+        cmocka_unit_test(test_access_before_reset_is_forgotten),
+        cmocka_unit_test(test_touch_moves_ready_keys_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
