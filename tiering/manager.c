@@ -22,6 +22,7 @@
 #include "kvt/alloc.h"
 #include "kvt/backpressure.h"
 #include "kvt/clock.h"
+#include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/map.h"
@@ -470,9 +471,18 @@ static void flush_pending_cascades(struct kvt_manager *m)
 
 /* ---- the OffloadingManager API ------------------------------------------------ */
 
+/* Seconds since kvt_ticks() gave t0: a lookup's sync delay (vLLM times each tier's
+ * lookup; two clock reads would cost more than the primary's lookup). */
+static double ticks_since_s(uint64_t t0)
+{
+    uint64_t t1 = kvt_ticks();
+
+    return t1 > t0 ? kvt_ticks_to_s(t1 - t0) : 0;
+}
+
 /* The secondary tiers' part of a lookup that missed the primary. */
-static enum kvt_lookup_result lookup_secondaries(struct kvt_manager *m, const struct kvt_key *key,
-                                                 struct kvt_req_ctx *ctx, int exclude)
+static enum kvt_lookup_result lookup_secondaries_h(struct kvt_manager *m, const struct kvt_key *key,
+                                                   uint64_t h, struct kvt_req_ctx *ctx, int exclude)
 {
     enum kvt_lookup_result r;
     bool any_retry = false;
@@ -483,9 +493,9 @@ static enum kvt_lookup_result lookup_secondaries(struct kvt_manager *m, const st
         if ((int)i == exclude ||
             !kvt_tier_filter_allows(&ctx->load_tier_filter, t->medium, t->locality))
             continue;
-        t0 = kvt_now_ns();
+        t0 = kvt_ticks();
         r = kvt_tier_lookup(t, key, ctx);
-        kvt_metrics_on_lookup(m->metrics, ctx, key, i + 1, r, (double)(kvt_now_ns() - t0) * 1e-9);
+        kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, i + 1, r, ticks_since_s(t0));
         if (r == KVT_HIT)
             return initiate_promotion(m, (int)i, key, ctx) ? KVT_HIT_PENDING : KVT_MISS;
         if (r == KVT_RETRY)
@@ -500,13 +510,16 @@ static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_
     enum kvt_lookup_result r;
     uint64_t t0;
 
+    /* An invalid key (length 0 or over 64) misses; it is hashed by no one. */
+    uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
+
     maybe_process_finished_jobs(m);
-    t0 = kvt_now_ns();
-    r = kvt_primary_lookup(m->primary, key);
-    kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, (double)(kvt_now_ns() - t0) * 1e-9);
+    t0 = kvt_ticks();
+    r = kvt_primary_lookup_h(m->primary, key, h);
+    kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, ticks_since_s(t0));
     if (r == KVT_HIT || r == KVT_HIT_PENDING)
         return r;
-    return lookup_secondaries(m, key, ctx, exclude);
+    return lookup_secondaries_h(m, key, h, ctx, exclude);
 }
 
 enum kvt_lookup_result kvt_manager_lookup(struct kvt_manager *m, const struct kvt_key *key,
@@ -530,20 +543,22 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
     while (done < n) {
         size_t g = n - done < PRIMARY_GROUP ? n - done : PRIMARY_GROUP;
         bool fresh = true;
-        uint64_t t0 = kvt_now_ns();
+        uint64_t t0 = kvt_ticks();
         double each;
 
         kvt_primary_lookup_many(m->primary, keys + done, g, group);
-        each = (double)(kvt_now_ns() - t0) * 1e-9 / (double)g;
+        each = ticks_since_s(t0) / (double)g;
         for (size_t i = 0; i < g; i++) {
             const struct kvt_key *key = &keys[done];
             enum kvt_lookup_result r;
 
             if (fresh) {
+                uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
+
                 r = group[i];
-                kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, each);
+                kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, each);
                 if (r == KVT_MISS && m->n_tiers > 0) {
-                    r = lookup_secondaries(m, key, ctx, NO_EXCLUDE);
+                    r = lookup_secondaries_h(m, key, h, ctx, NO_EXCLUDE);
                     fresh = false;
                 }
             } else {
@@ -622,12 +637,8 @@ int kvt_manager_complete_store(struct kvt_manager *m, const struct kvt_key *keys
         return -EINVAL;
     /* Every key of a successful store must be in the primary (ready or being
      * written) so that each tier's cascade can pin it. */
-    for (size_t i = 0; success && i < n; i++) {
-        if (kvt_primary_lookup(m->primary, &keys[i]) == KVT_MISS)
-            return -EINVAL;
-    }
-
-    kvt_primary_complete_store(m->primary, keys, n, success);
+    if (kvt_primary_complete_store_strict(m->primary, keys, n, success) == -EINVAL)
+        return -EINVAL;
     for (size_t i = 0; success && i < m->n_tiers; i++) {
         struct job_meta *jm;
         if (!should_store_to_tier(m->tiers[i], n))

@@ -259,10 +259,9 @@ static void arc_move(struct kvt_primary *p, uint32_t s, uint8_t kind)
     }
 }
 
-static void arc_finish(struct kvt_primary *p, const struct kvt_key *keys, const uint8_t *kinds,
-                       size_t n)
+static void arc_finish(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds, size_t n)
 {
-    kvt_pr_finish_each(p, keys, kinds, n, arc_move);
+    kvt_pr_finish_each(p, slots, kinds, n, arc_move);
 }
 
 static void arc_store_miss(struct kvt_primary *p, const uint64_t *hashes, size_t n)

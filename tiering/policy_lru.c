@@ -42,10 +42,9 @@ static void lru_move(struct kvt_primary *p, uint32_t s, uint8_t kind)
     pr_list_append(p, &p->l1, PR_L1, s);
 }
 
-static void lru_finish(struct kvt_primary *p, const struct kvt_key *keys, const uint8_t *kinds,
-                       size_t n)
+static void lru_finish(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds, size_t n)
 {
-    kvt_pr_finish_each(p, keys, kinds, n, lru_move);
+    kvt_pr_finish_each(p, slots, kinds, n, lru_move);
 }
 
 static int lru_evict(struct kvt_primary *p, size_t n, uint32_t *victims)

@@ -124,23 +124,15 @@ static void pr_index_del(struct kvt_primary *p, uint32_t s)
     kvt_oa_del(p->index, p->index_size, kvt_oa_cell(p->e[s].hash, s));
 }
 
-void kvt_pr_finish_each(struct kvt_primary *p, const struct kvt_key *keys, const uint8_t *kinds,
+void kvt_pr_finish_each(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds,
                         size_t n, pr_move_fn *move)
 {
-    uint64_t h[PR_GROUP];
-    uint32_t slot[PR_GROUP];
+    enum { AHEAD = 8 };
 
-    for (size_t end = n; end > 0;) {
-        size_t m = end < PR_GROUP ? end : PR_GROUP, b = end - m;
-
-        kvt_pr_find_group(p, keys + b, m, h, slot);
-        for (size_t i = 0; i < m; i++)
-            if (slot[i] != PR_NIL)
-                pr_prefetch_links(p, slot[i]);
-        for (size_t i = m; i-- > 0;)
-            if (slot[i] != PR_NIL)
-                move(p, slot[i], kinds[b + i]);
-        end = b;
+    for (size_t i = n; i-- > 0;) {
+        if (i >= AHEAD)
+            pr_prefetch_links(p, slots[i - AHEAD]);
+        move(p, slots[i], kinds[i]);
     }
 }
 
@@ -303,64 +295,92 @@ static int fin_reserve(struct kvt_primary *p, size_t n)
 {
     if (n <= p->fin_cap)
         return 0;
-    struct kvt_key *k = kvt_reallocarray(p->fin_keys, n, sizeof(*k));
-
-    if (k == NULL)
-        return -ENOMEM;
-    p->fin_keys = k;
-    uint8_t *kinds = kvt_reallocarray(p->fin_kinds, n, sizeof(*kinds));
-
-    if (kinds == NULL)
-        return -ENOMEM;
-    p->fin_kinds = kinds;
     uint32_t *order = kvt_reallocarray(p->fin_order, n, sizeof(*order));
 
     if (order == NULL)
         return -ENOMEM;
     p->fin_order = order;
+    uint32_t *slots = kvt_reallocarray(p->fin_slots, n, sizeof(*slots));
+
+    if (slots == NULL)
+        return -ENOMEM;
+    p->fin_slots = slots;
+    uint8_t *kinds = kvt_reallocarray(p->fin_kinds, n, sizeof(*kinds));
+
+    if (kinds == NULL)
+        return -ENOMEM;
+    p->fin_kinds = kinds;
     p->fin_cap = n;
     return 0;
 }
 
-static const struct kvt_primary_access *fin_sort_acc;
-
-/* Group, then first-seen order: a stable sort by group. */
+/* (group << 32 | position) sorts to group order, stable. */
 static int fin_cmp(const void *a, const void *b)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    uint32_t gx = fin_sort_acc->k[x].group, gy = fin_sort_acc->k[y].group;
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
 
-    if (gx != gy)
-        return gx < gy ? -1 : 1;
     return x < y ? -1 : x > y;
+}
+
+/* fin_order[0..n) := the positions 0..n-1 ordered by group, stable (vLLM's key
+ * groups in ascending order); group(arg, i) is position i's group. */
+static int fin_order_by_group(struct kvt_primary *p, size_t n, bool many_groups,
+                              uint32_t (*group)(const void *arg, size_t i), const void *arg)
+{
+    uint64_t *sort;
+
+    for (size_t i = 0; i < n; i++)
+        p->fin_order[i] = (uint32_t)i;
+    if (!many_groups)
+        return 0;
+    sort = kvt_reallocarray(NULL, n, sizeof(*sort));
+    if (sort == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        sort[i] = (uint64_t)group(arg, i) << 32 | i;
+    qsort(sort, n, sizeof(*sort), fin_cmp);
+    for (size_t i = 0; i < n; i++)
+        p->fin_order[i] = (uint32_t)sort[i];
+    kvt_free(sort);
+    return 0;
+}
+
+static uint32_t acc_group(const void *arg, size_t i)
+{
+    return ((const struct kvt_primary_access *)arg)->k[i].group;
 }
 
 static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
 {
-    size_t n = acc->n;
+    size_t n = acc->n, m = 0;
 
     if (n == 0)
         return;
-    if (fin_reserve(p, n) != 0) {
+    if (fin_reserve(p, n) != 0 || fin_order_by_group(p, n, acc->many_groups, acc_group, acc) != 0) {
         kvt_warn("primary", "out of memory: a request's cache access of %zu keys was lost", n);
         return;
     }
-    for (size_t i = 0; i < n; i++)
-        p->fin_order[i] = (uint32_t)i;
-    if (acc->many_groups) {
-        fin_sort_acc = acc;
-        qsort(p->fin_order, n, sizeof(*p->fin_order), fin_cmp);
-        fin_sort_acc = NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+    /* The present keys' slots in prefix order, found by the hashes recorded, a
+     * group at a time with the index cells requested first. */
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t e = n - b < PR_GROUP ? n : b + PR_GROUP;
 
-        p->fin_keys[i] = x->key;
-        p->fin_kinds[i] = (x->flags & PR_AF_REUSED)     ? PR_ACC_REUSED
-                          : (x->flags & PR_AF_INSERTED) ? PR_ACC_INSERTED_ONLY
-                                                        : PR_ACC_NEITHER;
+        for (size_t i = b; i < e; i++)
+            __builtin_prefetch(&p->index[kvt_oa_home(acc->k[p->fin_order[i]].hash, p->index_size)]);
+        for (size_t i = b; i < e; i++) {
+            const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+            uint32_t s = pr_find_h(p, &x->key, x->hash);
+
+            if (s == PR_NIL)
+                continue;
+            p->fin_slots[m] = s;
+            p->fin_kinds[m++] = (x->flags & PR_AF_REUSED)     ? PR_ACC_REUSED
+                                : (x->flags & PR_AF_INSERTED) ? PR_ACC_INSERTED_ONLY
+                                                              : PR_ACC_NEITHER;
+        }
     }
-    p->pol->finish(p, p->fin_keys, p->fin_kinds, n);
+    if (m > 0)
+        p->pol->finish(p, p->fin_slots, p->fin_kinds, m);
 }
 
 void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_access *acc)
@@ -532,10 +552,10 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_free(p->scratch);
     kvt_free(p->acc_idx);
     kvt_free(p->miss_hash);
-    kvt_free(p->fin_keys);
+    kvt_free(p->fin_slots);
+    kvt_free(p->cs_slot);
     kvt_free(p->fin_kinds);
     kvt_free(p->fin_order);
-    kvt_primary_access_destroy(p->oneshot);
     kvt_free(p);
 }
 
@@ -592,6 +612,12 @@ static enum kvt_lookup_result pr_result(const struct kvt_primary *p, uint32_t s)
 enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key)
 {
     return pr_result(p, kvt_pr_find(p, key));
+}
+
+enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct kvt_key *key,
+                                            uint64_t hash)
+{
+    return pr_result(p, pr_key_ok(key) ? pr_find_h(p, key, hash) : PR_NIL);
 }
 
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
@@ -804,12 +830,14 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
     return kvt_primary_prepare_store_req(p, keys, n, NULL, out);
 }
 
-int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                               bool success)
+/* complete_store; with strict, a successful one of a key that is absent is
+ * -EINVAL and changes nothing. Every key is found once, before the first change. */
+static int pr_complete(struct kvt_primary *p, const struct kvt_key *keys, size_t n, bool success,
+                       bool strict)
 {
     uint64_t h[PR_GROUP];
-    uint32_t slot[PR_GROUP];
     size_t n_stored = 0;
+    uint32_t *slot;
 
     if (success && p->cfg.enable_events && n > p->scratch_cap) {
         struct kvt_key *k = kvt_reallocarray(p->scratch, n, sizeof(*k));
@@ -819,15 +847,26 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
         p->scratch = k;
         p->scratch_cap = n;
     }
+    if (n > p->cs_cap) {
+        uint32_t *c = kvt_reallocarray(p->cs_slot, n, sizeof(*c));
+
+        if (c == NULL)
+            return -ENOMEM;
+        p->cs_slot = c;
+        p->cs_cap = n;
+    }
+    slot = p->cs_slot;
+    for (size_t b = 0; b < n; b += PR_GROUP)
+        kvt_pr_find_group(p, keys + b, n - b < PR_GROUP ? n - b : PR_GROUP, h, slot + b);
+    for (size_t i = 0; strict && success && i < n; i++)
+        if (slot[i] == PR_NIL)
+            return -EINVAL;
     for (size_t i = 0; i < n; i++) {
-        uint32_t s;
+        uint32_t s = slot[i];
         struct pr_entry *x;
 
-        if (i % PR_GROUP == 0)
-            kvt_pr_find_group(p, keys + i, n - i < PR_GROUP ? n - i : PR_GROUP, h, slot);
-        s = slot[i % PR_GROUP];
         /* absent, already ready (idempotent), or released by a repeat of the key
-         * earlier in this call */
+         * earlier in this call (nothing allocates here, so its slot stays free) */
         if (s == PR_NIL || p->e[s].ref_cnt >= 0 || p->e[s].list == PR_NONE)
             continue;
         x = &p->e[s];
@@ -854,6 +893,18 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
         return -ENOMEM;
     }
     return 0;
+}
+
+int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                               bool success)
+{
+    return pr_complete(p, keys, n, success, false);
+}
+
+int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                      bool success)
+{
+    return pr_complete(p, keys, n, success, true);
 }
 
 /* Checks every key before pinning the first: all present and ready, or -EINVAL. */
@@ -937,44 +988,65 @@ int kvt_primary_complete_load(struct kvt_primary *p, const struct kvt_key *keys,
     return 0;
 }
 
-/* The present ready keys of keys[0..n) as reused by acc (room reserved). */
-static void pr_record_ready(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                            struct kvt_primary_access *acc)
+static uint32_t slot_group(const void *arg, size_t i)
 {
-    uint64_t h[PR_GROUP];
-    uint32_t s[PR_GROUP];
+    const struct kvt_primary *p = arg;
 
-    for (size_t b = 0; b < n; b += PR_GROUP) {
-        size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
-
-        kvt_pr_find_group(p, keys + b, m, h, s);
-        for (size_t i = 0; i < m; i++)
-            if (s[i] != PR_NIL && p->e[s[i]].ref_cnt >= 0)
-                acc_reuse(acc, &keys[b + i], h[i]);
-    }
+    return pr_key_group(&p->e[p->fin_slots[i]].key);
 }
 
 void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
 {
-    struct kvt_primary_access *acc;
+    uint64_t h[PR_GROUP];
+    uint32_t s[PR_GROUP];
+    size_t m = 0;
+    bool many_groups = false;
 
     if (n == 0)
         return;
-    /* a request of its own, finished at once; its table is kept for the next */
-    if (p->oneshot == NULL && kvt_primary_access_create(&p->oneshot) != 0)
-        goto oom;
-    acc = acc_live(p, p->oneshot);
-    if (acc_reserve(acc, n) != 0)
-        goto oom;
-    pr_record_ready(p, keys, n, acc);
-    if (acc->n > 0)
-        acc_apply(p, acc);
-    acc->n = 0;
-    acc->many_groups = false;
-    memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
-    return;
-oom:
-    kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
+    if (fin_reserve(p, n) != 0) {
+        kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
+        return;
+    }
+    /* A request of its own, finished at once: each present ready key once, in
+     * first-seen order (a mark tells a repeat), reused. */
+    pr_next_mark(p);
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t g = n - b < PR_GROUP ? n - b : PR_GROUP;
+
+        kvt_pr_find_group(p, keys + b, g, h, s);
+        for (size_t i = 0; i < g; i++) {
+            struct pr_entry *x;
+
+            if (s[i] == PR_NIL)
+                continue;
+            x = &p->e[s[i]];
+            if (x->ref_cnt < 0 || x->mark == p->mark)
+                continue;
+            x->mark = p->mark;
+            if (m > 0 && !many_groups &&
+                pr_key_group(&keys[b + i]) != pr_key_group(&p->e[p->fin_slots[0]].key))
+                many_groups = true;
+            p->fin_slots[m++] = s[i];
+        }
+    }
+    if (m == 0)
+        return;
+    if (many_groups) {
+        uint32_t *slots = kvt_reallocarray(NULL, m, sizeof(*slots));
+
+        if (slots == NULL || fin_order_by_group(p, m, true, slot_group, p) != 0) {
+            kvt_free(slots);
+            kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
+            return;
+        }
+        memcpy(slots, p->fin_slots, m * sizeof(*slots));
+        for (size_t i = 0; i < m; i++)
+            p->fin_slots[i] = slots[p->fin_order[i]];
+        kvt_free(slots);
+    }
+    memset(p->fin_kinds, PR_ACC_REUSED, m);
+    p->pol->finish(p, p->fin_slots, p->fin_kinds, m);
 }
 
 void kvt_primary_reset_cache(struct kvt_primary *p)

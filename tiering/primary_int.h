@@ -62,10 +62,10 @@ struct pr_policy_ops {
     /* Optional (ARC): store misses of one request, in offer order, each seen for
      * the first time by that request; applied in reverse (a ghost hit adapts). */
     void (*store_miss)(struct kvt_primary *p, const uint64_t *hashes, size_t n);
-    /* One request-scoped access: keys in prefix order with their kind
-     * (enum pr_access_kind); applied tail to head, so the head ends most recent. */
-    void (*finish)(struct kvt_primary *p, const struct kvt_key *keys, const uint8_t *kinds,
-                   size_t n);
+    /* One request-scoped access: the slots of its present keys in prefix order,
+     * each once, with their kind (enum pr_access_kind); applied tail to head, so
+     * the head ends most recent. */
+    void (*finish)(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds, size_t n);
     /* Chooses exactly n victims (ref 0, not marked) into victims[] and takes them
      * off the lists; -ENOSPC with no change when fewer exist. */
     int (*evict)(struct kvt_primary *p, size_t n, uint32_t *victims);
@@ -106,13 +106,15 @@ struct kvt_primary {
     uint32_t *acc_idx;
     uint64_t *miss_hash;
     size_t miss_cap;
-    /* request_finished scratch: the keys in prefix order and their kinds */
-    struct kvt_key *fin_keys;
-    uint8_t *fin_kinds;
+    uint32_t *cs_slot; /* complete_store: the slot of each key */
+    size_t cs_cap;
+    /* request_finished / touch scratch: the order of the keys, their slots and
+     * kinds in prefix order */
     uint32_t *fin_order;
+    uint32_t *fin_slots;
+    uint8_t *fin_kinds;
     size_t fin_cap;
-    struct kvt_primary_access *oneshot; /* kvt_primary_touch's access of its own */
-    uint64_t generation;                /* bumped by reset_cache: stale accesses start over */
+    uint64_t generation; /* bumped by reset_cache: stale accesses start over */
 
     struct kvt_events events;
     kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */
@@ -179,11 +181,11 @@ uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key);
 void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                        uint64_t *h, uint32_t *slot);
 
-/* A policy's finish: calls move(p, its slot, kinds[i]) for every present key i
- * from n - 1 down to 0 (the tail of a prefix first), a group at a time with the
- * group's finds and its entries' neighbours requested before the first move. */
+/* A policy's finish: calls move(p, slots[i], kinds[i]) for i from n - 1 down to 0
+ * (the tail of a prefix first), with the neighbours of entries a few moves ahead
+ * requested early. */
 typedef void pr_move_fn(struct kvt_primary *p, uint32_t s, uint8_t kind);
-void kvt_pr_finish_each(struct kvt_primary *p, const struct kvt_key *keys, const uint8_t *kinds,
+void kvt_pr_finish_each(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds,
                         size_t n, pr_move_fn *move);
 
 /* Starts the cache misses of moving entry s in its list (its neighbours' links). */

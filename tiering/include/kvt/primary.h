@@ -55,6 +55,9 @@ void kvt_store_output_init(struct kvt_store_output *out);
 void kvt_store_output_cleanup(struct kvt_store_output *out);
 
 enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key);
+/* The same, given hash == kvt_key_hash(key) (a caller that hashed the key already). */
+enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct kvt_key *key,
+                                            uint64_t hash);
 /* lookup of each of keys[0..n) into out[], the same answers, with the cache misses
  * of neighbouring keys overlapped (what an engine's many-key lookup should call). */
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
@@ -69,6 +72,11 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
  * the event). */
 int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                                bool success);
+/* The same, but a successful completion of a key that is absent is -EINVAL and
+ * completes nothing (the manager: each tier's cascade must be able to pin every
+ * key it names). */
+int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                      bool success);
 /* Pins every key (all present and ready, else -EINVAL and nothing pinned) and
  * writes their slots to chunk_ids (co-indexed). prepare_read records no access. */
 int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
