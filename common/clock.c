@@ -10,24 +10,24 @@
 
 #include "kvt/clock.h"
 
-static const uint64_t *fake_now;
+const uint64_t *kvt__clock_fake;
+double kvt__tick_s;
 
 uint64_t kvt_now_ns(void)
 {
     struct timespec ts;
-    if (fake_now != NULL)
-        return *fake_now;
+    if (kvt__clock_fake != NULL)
+        return *kvt__clock_fake;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 void kvt_clock_set_fake(const uint64_t *fake_ns)
 {
-    fake_now = fake_ns;
+    kvt__clock_fake = fake_ns;
 }
 
 #if defined(__x86_64__)
-static double tick_s; /* seconds per tick */
 static pthread_once_t tick_once = PTHREAD_ONCE_INIT;
 
 static uint64_t mono_ns(void)
@@ -46,24 +46,20 @@ static void tick_calibrate(void)
         n1 = mono_ns();
         t1 = __rdtsc();
     } while (n1 - n0 < 2000000);
-    tick_s = t1 > t0 ? (double)(n1 - n0) * 1e-9 / (double)(t1 - t0) : 1e-9;
+    double tick_s = t1 > t0 ? (double)(n1 - n0) * 1e-9 / (double)(t1 - t0) : 1e-9;
+
+    __atomic_store(&kvt__tick_s, &tick_s, __ATOMIC_RELEASE);
 }
 #endif
 
-uint64_t kvt_ticks(void)
+double kvt__ticks_to_s_slow(uint64_t dticks)
 {
 #if defined(__x86_64__)
-    if (fake_now == NULL)
-        return __rdtsc();
-#endif
-    return kvt_now_ns();
-}
+    if (kvt__clock_fake == NULL) {
+        double tick_s;
 
-double kvt_ticks_to_s(uint64_t dticks)
-{
-#if defined(__x86_64__)
-    if (fake_now == NULL) {
         pthread_once(&tick_once, tick_calibrate);
+        __atomic_load(&kvt__tick_s, &tick_s, __ATOMIC_RELAXED);
         return (double)dticks * tick_s;
     }
 #endif

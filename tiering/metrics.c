@@ -241,7 +241,7 @@ static struct observed *ob_cell(struct req_metrics *rm, uint64_t fp)
 /* Room for one more observation at load factor <= 1/2. */
 static int ob_reserve(struct req_metrics *rm)
 {
-    size_t cap = rm->ob == NULL ? 16 : 2 * (rm->mask + 1);
+    size_t cap = rm->ob == NULL ? 256 : 4 * (rm->mask + 1); /* few regrowths per request */
     struct observed *old = rm->ob;
     size_t old_cap = old == NULL ? 0 : rm->mask + 1;
 
@@ -260,6 +260,13 @@ static int ob_reserve(struct req_metrics *rm)
     return 0;
 }
 
+static uint64_t lookup_fp(uint64_t hash, size_t label_idx)
+{
+    uint64_t fp = hash ^ ((uint64_t)(label_idx + 1) * 0x9e3779b97f4a7c15ull);
+
+    return fp != 0 ? fp : 1;
+}
+
 void kvt_metrics_on_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
                            const struct kvt_key *key, size_t label_idx,
                            enum kvt_lookup_result result, double dt_s)
@@ -273,15 +280,13 @@ void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *c
 {
     struct req_metrics *rm = req_of(mt, ctx);
     struct observed *ob;
-    uint64_t fp = hash ^ ((uint64_t)(label_idx + 1) * 0x9e3779b97f4a7c15ull);
+    uint64_t fp = lookup_fp(hash, label_idx);
 
     (void)key;
     assert(label_idx <= mt->n_tiers);
     if (rm == NULL || !rm->observing ||
         (result != KVT_HIT && result != KVT_MISS && result != KVT_RETRY))
         return;
-    if (fp == 0)
-        fp = 1;
     if (ob_reserve(rm) != 0)
         return; /* best effort: out of memory loses the observation */
     ob = ob_cell(rm, fp);

@@ -143,7 +143,8 @@ enum { PR_AF_INSERTED = 1, PR_AF_REUSED = 2, PR_AF_STORE_MISS = 4 };
 struct pr_acc_key {
     uint64_t hash;
     uint32_t group;
-    uint8_t flags; /* PR_AF_* */
+    uint32_t slot, gen; /* where it was last seen (PR_NIL: absent), that slot's generation */
+    uint8_t flags;      /* PR_AF_* */
     struct kvt_key key;
 };
 
@@ -264,6 +265,7 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
     idx = (uint32_t)acc->n++;
     acc->k[idx].hash = h;
     acc->k[idx].group = pr_key_group(key);
+    acc->k[idx].slot = PR_NIL;
     acc->k[idx].flags = 0;
     acc->k[idx].key = *key;
     acc->tab[i] = idx + 1;
@@ -273,9 +275,13 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
 }
 
 /* A use of a ready chunk: reuse, unless this request inserted it. */
-static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h,
+                      const struct kvt_primary *p, uint32_t s)
 {
     struct pr_acc_key *x = &acc->k[acc_see(acc, key, h)];
+
+    x->slot = s;
+    x->gen = p->e[s].generation;
 
     if (!(x->flags & PR_AF_INSERTED))
         x->flags |= PR_AF_REUSED;
@@ -360,17 +366,28 @@ static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
         kvt_warn("primary", "out of memory: a request's cache access of %zu keys was lost", n);
         return;
     }
-    /* The present keys' slots in prefix order, found by the hashes recorded, a
-     * group at a time with the index cells requested first. */
+    /* The present keys' slots in prefix order: where the access last saw the key
+     * if that slot holds the same allocation still (its generation), else found
+     * by the hash recorded, a group at a time with the index cells requested
+     * first. */
     for (size_t b = 0; b < n; b += PR_GROUP) {
         size_t e = n - b < PR_GROUP ? n : b + PR_GROUP;
 
-        for (size_t i = b; i < e; i++)
-            __builtin_prefetch(&p->index[kvt_oa_home(acc->k[p->fin_order[i]].hash, p->index_size)]);
         for (size_t i = b; i < e; i++) {
             const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
-            uint32_t s = pr_find_h(p, &x->key, x->hash);
 
+            if (x->slot != PR_NIL)
+                __builtin_prefetch(&p->e[x->slot]);
+            else
+                __builtin_prefetch(&p->index[kvt_oa_home(x->hash, p->index_size)]);
+        }
+        for (size_t i = b; i < e; i++) {
+            const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+            uint32_t s = x->slot;
+
+            if (s == PR_NIL || p->e[s].generation != x->gen || p->e[s].list == PR_NONE ||
+                p->e[s].hash != x->hash)
+                s = pr_find_h(p, &x->key, x->hash);
             if (s == PR_NIL)
                 continue;
             p->fin_slots[m] = s;
@@ -620,6 +637,11 @@ enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct 
     return pr_result(p, pr_key_ok(key) ? pr_find_h(p, key, hash) : PR_NIL);
 }
 
+void kvt_primary_prefetch_h(const struct kvt_primary *p, uint64_t hash)
+{
+    __builtin_prefetch(&p->index[pr_home(p, hash)]);
+}
+
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                              enum kvt_lookup_result *out)
 {
@@ -684,6 +706,25 @@ static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
     p->dedup_mask = cap - 1;
     memset(p->dedup, 0, cap * sizeof(*p->dedup));
     return 0;
+}
+
+/* The allocation-size histogram: its one entry in pending_stats is updated in
+ * place once it exists (no name compares on every store). */
+static void pr_observe_alloc(struct kvt_primary *p, size_t n_new)
+{
+    struct kvt_stat *s;
+    size_t b = 0;
+
+    if (p->pending_stats.n != 1) {
+        kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
+        return;
+    }
+    s = &p->pending_stats.s[0];
+    while (b < KVT_HIST_BUCKETS - 1 && (double)n_new > kvt_hist_bounds[b])
+        b++;
+    s->count++;
+    s->sum += (double)n_new;
+    s->buckets[b]++;
 }
 
 /* Scratch of n entries for a prepare_store: victims (at most one per key), the
@@ -759,7 +800,7 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             if (s[i] != PR_NIL) {
                 p->e[s[i]].mark = p->mark;
                 if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
-                    acc_reuse(acc, &keys[b + i], h[i]);
+                    acc_reuse(acc, &keys[b + i], h[i], p, s[i]);
             } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
                 if (acc != NULL)
                     p->acc_idx[n_new] = acc_see(acc, &keys[b + i], h[i]);
@@ -816,11 +857,16 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             p->pol->will_insert(p, k, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
 
         out->chunk_ids[i] = pr_insert(p, k, new_hash[i]);
-        if (acc != NULL)
-            acc->k[p->acc_idx[i]].flags |= PR_AF_INSERTED;
+        if (acc != NULL) {
+            struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
+
+            x->flags |= PR_AF_INSERTED;
+            x->slot = (uint32_t)out->chunk_ids[i];
+            x->gen = p->e[x->slot].generation;
+        }
     }
     out->n_store = n_new;
-    kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
+    pr_observe_alloc(p, n_new);
     return 0;
 }
 
@@ -948,7 +994,7 @@ int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *ke
         return rc;
     /* A GPU load is a use of every key (vLLM's record_access=True). */
     for (size_t i = 0; i < n; i++)
-        acc_reuse(acc, &keys[i], p->e[chunk_ids[i]].hash);
+        acc_reuse(acc, &keys[i], p->e[chunk_ids[i]].hash, p, (uint32_t)chunk_ids[i]);
     return 0;
 }
 

@@ -58,6 +58,9 @@ enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kv
 /* The same, given hash == kvt_key_hash(key) (a caller that hashed the key already). */
 enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct kvt_key *key,
                                             uint64_t hash);
+/* Starts the cache miss of the index cell of the key of this hash, for a lookup
+ * that follows other work. */
+void kvt_primary_prefetch_h(const struct kvt_primary *p, uint64_t hash);
 /* lookup of each of keys[0..n) into out[], the same answers, with the cache misses
  * of neighbouring keys overlapped (what an engine's many-key lookup should call). */
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
