@@ -825,6 +825,8 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         p->pol->store_miss(p, miss_hash, n_miss);
     if (n_new == 0)
         return 0;
+    /* vLLM counts the allocation's size before it knows whether there is room */
+    pr_observe_alloc(p, n_new);
 
     free_slots = pr_num_free(p);
     need = n_new > free_slots ? n_new - free_slots : 0;
@@ -866,7 +868,6 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         }
     }
     out->n_store = n_new;
-    pr_observe_alloc(p, n_new);
     return 0;
 }
 

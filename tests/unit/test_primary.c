@@ -793,6 +793,14 @@ static void test_stats_split_read_and_write(void **state)
     assert_int_equal(kvt_primary_get_stats(f->p, &st), 0); /* histogram consumed */
     assert_null(kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL));
     assert_non_null(kvt_stats_find(&st, KVT_M_CPU_USAGE, NULL));
+    /* vLLM counts an allocation's size before it finds there is no room */
+    assert_int_equal(PREP(f, 5, 6, 7, 8), -ENOSPC);
+    kvt_stats_clear(&st);
+    assert_int_equal(kvt_primary_get_stats(f->p, &st), 0);
+    h = kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL);
+    assert_non_null(h);
+    assert_int_equal(h->count, 1);
+    assert_float_equal(h->sum, 4, 0);
     kvt_stats_cleanup(&st);
     fx_free(f);
 }
