@@ -14,7 +14,8 @@
  * The order inside on_schedule_end is the seed's: poll, serve external requests,
  * reset the gate, flush promotions, flush parked cascades, tiers' on_schedule_end,
  * request-allocated metrics. Tests depend on the gate: a job completed in step N
- * after the step's first poll is consumed in step N+1. */
+ * after the step's first poll is consumed in step N+1 by lookups, but by the next
+ * prepare_store at once (vLLM 0.34 polls there unconditionally). */
 #include <assert.h>
 #include <errno.h>
 #include <string.h>
@@ -621,8 +622,11 @@ int kvt_manager_prepare_store(struct kvt_manager *m, const struct kvt_key *keys,
         return -EINVAL;
 
     /* Completions first: cascade completions unpin and promotion completions make
-     * chunks evictable for the first time, both before the eviction decision. */
-    maybe_process_finished_jobs(m);
+     * chunks evictable for the first time, both before the eviction decision.
+     * Unconditionally, as vLLM 0.34 does: the once-per-step gate may have been set
+     * by this step's first lookup, and eviction must see the freshest completions. */
+    m->processed_jobs_this_step = true;
+    process_finished_jobs(m);
     rc = kvt_primary_prepare_store_req(m->primary, keys, n, st->acc, out);
     if (rc != 0)
         return rc;

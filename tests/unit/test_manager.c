@@ -1608,6 +1608,27 @@ static void test_arc_store_miss_adapts_before_eviction(void **state)
     pfx_free(f);
 }
 
+/* prepare_store polls the tiers even when the step's gate is set (vLLM 0.34):
+ * cascades that finished since the step's first lookup unpin their chunks before
+ * the eviction decision. */
+static void test_prepare_store_polls_past_the_step_gate(void **state)
+{
+    struct fx *f = fx_new_with(1, NULL, NULL, false);
+    struct kvt_key k[7];
+
+    kt_keys(k, 0, 7);
+    start(f, f->ctx);
+    assert_int_equal(kvt_manager_lookup(f->m, &k[6], f->ctx), KVT_MISS); /* sets the gate */
+    assert_int_equal(kvt_manager_prepare_store(f->m, k, 5, f->ctx, &f->out), 0);
+    assert_int_equal(kvt_manager_complete_store(f->m, k, 5, f->ctx, true), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 0); /* pinned by the cascade */
+    /* The cascade has finished in the tier; the same step's store must see it. */
+    assert_int_equal(kvt_manager_prepare_store(f->m, k + 5, 1, f->ctx, &f->out), 0);
+    assert_int_equal(f->out.n_evicted, 1);
+    assert_int_equal(kvt_manager_complete_store(f->m, k + 5, 1, f->ctx, true), 0);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1663,6 +1684,7 @@ int main(void)
         cmocka_unit_test(test_lru_request_finish_ranks_its_keys),
         cmocka_unit_test(test_arc_request_finish_promotes_reused_keys),
         cmocka_unit_test(test_arc_store_miss_adapts_before_eviction),
+        cmocka_unit_test(test_prepare_store_polls_past_the_step_gate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
