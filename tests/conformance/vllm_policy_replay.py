@@ -7,7 +7,11 @@ kvtier-replay trace (docs/replay-format.md) together with vLLM's answer to every
 call, replays the trace through kvtier's manager with kvtier-replay and compares
 the two answers line by line: lookup results, keys stored, slots, evicted keys
 (which chunk, in which order), pinned slots, and every few calls the policy's
-whole state (LRU order; ARC's T1, T2, ghost lists and target).
+whole state (LRU order; ARC's T1, T2, ghost lists and target). Then the same
+with vLLM's TieringOffloadingManager and its ExampleSecondaryTierManager against
+kvtier-replay --tier example, with steps: there the manager drives the policy
+through cascades (pins that record no access) and promotions (a lookup's
+prepare_write, a store miss of the request), as in a real deployment.
 
 The call mapping is one to one, but for touch, which vLLM's manager no longer
 has: kvtier's touch is an access of its own, applied at once, which in vLLM is

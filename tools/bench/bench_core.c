@@ -539,7 +539,7 @@ int kvt_bench_core(int argc, char **argv)
     struct mgr_result mres[6], vres[6];
     bool json = false, have_vllm[6] = {false};
     const char *vllm_python = NULL, *vllm_script = KVT_BENCH_CORE_VLLM_SCRIPT;
-    size_t nres = 0, vllm_ops = 100000;
+    size_t nres = 0, vllm_ops = 100000, max_chunks = 1000000;
     long repeat = 3;
 
     for (int i = 1; i < argc; i++) {
@@ -551,6 +551,10 @@ int kvt_bench_core(int argc, char **argv)
             vllm_python = argv[++i];
         } else if (strcmp(argv[i], "--vllm-script") == 0 && i + 1 < argc) {
             vllm_script = argv[++i];
+        } else if (strcmp(argv[i], "--max-chunks") == 0 && i + 1 < argc) {
+            max_chunks = strtoul(argv[++i], NULL, 10);
+            if (max_chunks < sizes[0])
+                repeat = 0;
         } else if (strcmp(argv[i], "--vllm-ops") == 0 && i + 1 < argc) {
             vllm_ops = strtoul(argv[++i], NULL, 10);
             if (vllm_ops < BATCH)
@@ -577,7 +581,7 @@ int kvt_bench_core(int argc, char **argv)
     }
     for (size_t i = 0; i < 3 * max; i++)
         make_key(&keys[i], i);
-    for (size_t s = 0; s < 3; s++) {
+    for (size_t s = 0; s < 3 && sizes[s] <= max_chunks; s++) {
         for (uint32_t i = 0; i < sizes[s]; i++)
             order[i] = i;
         shuffle(order, sizes[s]);
@@ -653,7 +657,7 @@ int kvt_bench_core(int argc, char **argv)
                res[i].store_evict_ns, res[i].touch16_ns, res[i].index_bytes_per_chunk,
                res[i].dram_ns);
     printf("index B/chunk includes the %zu-byte key held in each entry\n", sizeof(struct kvt_key));
-    for (size_t q = 0; q < 2; q++)
+    for (size_t q = 0; q < 2 && nres == 6; q++)
         printf("growth 1e3 -> 1e6 (%s): hit %.2fx, hit-many %.2fx, store+evict %.2fx\n",
                res[q].policy, res[4 + q].hit_ns / res[q].hit_ns,
                res[4 + q].hit_many_ns / res[q].hit_many_ns,
