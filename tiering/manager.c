@@ -657,7 +657,7 @@ int kvt_manager_complete_store(struct kvt_manager *m, const struct kvt_key *keys
         return -EINVAL;
     /* Every key of a successful store must be in the primary (ready or being
      * written) so that each tier's cascade can pin it. */
-    if (kvt_primary_complete_store_strict(m->primary, keys, n, success) == -EINVAL)
+    if (kvt_primary_complete_store_strict(m->primary, keys, n, success, st->acc) == -EINVAL)
         return -EINVAL;
     for (size_t i = 0; success && i < m->n_tiers; i++) {
         struct job_meta *jm;

@@ -274,6 +274,29 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
     return idx;
 }
 
+/* The slot where acc last saw key if that slot still holds the same allocation,
+ * else PR_NIL (acc holds no record of it, or it moved). */
+static uint32_t acc_slot_of(const struct kvt_primary *p, const struct kvt_primary_access *acc,
+                            const struct kvt_key *key, uint64_t h)
+{
+    if (acc->n == 0 || acc->generation != p->generation)
+        return PR_NIL;
+    for (size_t i = (size_t)h & acc->tab_mask;; i = (i + 1) & acc->tab_mask) {
+        uint32_t v = acc->tab[i];
+        const struct pr_acc_key *x;
+
+        if (v == 0)
+            return PR_NIL;
+        x = &acc->k[v - 1];
+        if (x->hash != h || !kvt_key_eq(&x->key, key))
+            continue;
+        if (x->slot == PR_NIL || p->e[x->slot].generation != x->gen ||
+            p->e[x->slot].list == PR_NONE || p->e[x->slot].hash != h)
+            return PR_NIL;
+        return x->slot;
+    }
+}
+
 /* A use of a ready chunk: reuse, unless this request inserted it. */
 static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h,
                       const struct kvt_primary *p, uint32_t s)
@@ -880,7 +903,7 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
 /* complete_store; with strict, a successful one of a key that is absent is
  * -EINVAL and changes nothing. Every key is found once, before the first change. */
 static int pr_complete(struct kvt_primary *p, const struct kvt_key *keys, size_t n, bool success,
-                       bool strict)
+                       bool strict, const struct kvt_primary_access *acc)
 {
     uint64_t h[PR_GROUP];
     size_t n_stored = 0;
@@ -903,8 +926,20 @@ static int pr_complete(struct kvt_primary *p, const struct kvt_key *keys, size_t
         p->cs_cap = n;
     }
     slot = p->cs_slot;
-    for (size_t b = 0; b < n; b += PR_GROUP)
-        kvt_pr_find_group(p, keys + b, n - b < PR_GROUP ? n - b : PR_GROUP, h, slot + b);
+    if (acc != NULL && acc->n > 0 && acc->generation == p->generation) {
+        /* the request's own stores: where its access saw them allocated, which
+         * spares the index (a cache miss per key in a large primary) */
+        for (size_t i = 0; i < n; i++) {
+            uint64_t hk = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
+
+            slot[i] = pr_key_ok(&keys[i]) ? acc_slot_of(p, acc, &keys[i], hk) : PR_NIL;
+            if (slot[i] == PR_NIL && pr_key_ok(&keys[i]))
+                slot[i] = pr_find_h(p, &keys[i], hk);
+        }
+    } else {
+        for (size_t b = 0; b < n; b += PR_GROUP)
+            kvt_pr_find_group(p, keys + b, n - b < PR_GROUP ? n - b : PR_GROUP, h, slot + b);
+    }
     for (size_t i = 0; strict && success && i < n; i++)
         if (slot[i] == PR_NIL)
             return -EINVAL;
@@ -945,13 +980,13 @@ static int pr_complete(struct kvt_primary *p, const struct kvt_key *keys, size_t
 int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                                bool success)
 {
-    return pr_complete(p, keys, n, success, false);
+    return pr_complete(p, keys, n, success, false, NULL);
 }
 
 int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                                      bool success)
+                                      bool success, const struct kvt_primary_access *acc)
 {
-    return pr_complete(p, keys, n, success, true);
+    return pr_complete(p, keys, n, success, true, acc);
 }
 
 /* Checks every key before pinning the first: all present and ready, or -EINVAL. */

@@ -77,9 +77,11 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
                                bool success);
 /* The same, but a successful completion of a key that is absent is -EINVAL and
  * completes nothing (the manager: each tier's cascade must be able to pin every
- * key it names). */
+ * key it names). acc (may be NULL) is the storing request's access: keys it saw
+ * allocated are found where it saw them. */
+struct kvt_primary_access;
 int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                                      bool success);
+                                      bool success, const struct kvt_primary_access *acc);
 /* Pins every key (all present and ready, else -EINVAL and nothing pinned) and
  * writes their slots to chunk_ids (co-indexed). prepare_read records no access. */
 int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
