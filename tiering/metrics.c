@@ -45,8 +45,6 @@ struct req_metrics {
     bool observing;      /* false once allocated (Python: observed_lookups = None) */
     struct observed *ob; /* open addressing, linear probing; NULL until the first */
     size_t n_ob, mask;
-    size_t id_len;
-    char id[KVT_REQ_ID_MAX + 1];
 };
 
 /* A histogram's observations since the last take_stats. */
@@ -67,10 +65,11 @@ struct kvt_metrics {
     size_t row_bytes;
     char (*labels)[KVT_STAT_LABEL_MAX]; /* [0] primary, [i+1] tier i */
     struct tier_state *tiers;
-    struct label_acc *acc;              /* [n_tiers + 1], by label index */
-    struct kvt_map requests;            /* req_id -> struct req_metrics */
-    const struct kvt_req_ctx *last_ctx; /* the request asked for last, */
-    struct req_metrics *last_rm;        /* and its metrics (checked by id) */
+    struct label_acc *acc;        /* [n_tiers + 1], by label index */
+    struct kvt_map requests;      /* req_id -> struct req_metrics */
+    struct kvt_req_ctx *last_ctx; /* the request asked for last (a reference held, so no
+                                     other context can take its address), */
+    struct req_metrics *last_rm;  /* and its metrics */
     struct kvt_stats stats;
 };
 
@@ -109,13 +108,18 @@ static void req_metrics_free(struct req_metrics *rm)
     kvt_free(rm);
 }
 
+static void req_forget_last(struct kvt_metrics *mt)
+{
+    kvt_req_ctx_unref(mt->last_ctx);
+    mt->last_ctx = NULL;
+    mt->last_rm = NULL;
+}
+
 /* Forgets the remembered request when it goes. */
 static void req_forget(struct kvt_metrics *mt, struct req_metrics *rm)
 {
-    if (mt->last_rm == rm) {
-        mt->last_rm = NULL;
-        mt->last_ctx = NULL;
-    }
+    if (mt->last_rm == rm)
+        req_forget_last(mt);
 }
 
 void kvt_metrics_destroy(struct kvt_metrics *mt)
@@ -124,6 +128,7 @@ void kvt_metrics_destroy(struct kvt_metrics *mt)
 
     if (mt == NULL)
         return;
+    req_forget_last(mt);
     for (size_t it = 0; kvt_map_next(&mt->requests, &it, &e);)
         req_metrics_free(e->value);
     kvt_map_cleanup(&mt->requests);
@@ -147,8 +152,6 @@ static struct req_metrics *req_new(struct kvt_metrics *mt, const struct kvt_req_
     if (rm == NULL)
         return NULL;
     rm->observing = true;
-    rm->id_len = ctx->req_id_len;
-    memcpy(rm->id, ctx->req_id, ctx->req_id_len);
     struct req_metrics *old = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
 
     if (kvt_map_put(&mt->requests, ctx->req_id, ctx->req_id_len, rm) < 0) {
@@ -216,15 +219,16 @@ static void observe_resolved(struct kvt_metrics *mt, size_t label_idx,
 /* The request's metrics, created on first sight (Python's setdefault). */
 static struct req_metrics *req_of(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx)
 {
-    struct req_metrics *rm = mt->last_rm;
+    struct req_metrics *rm;
 
-    if (rm != NULL && mt->last_ctx == ctx && rm->id_len == ctx->req_id_len &&
-        memcmp(rm->id, ctx->req_id, rm->id_len) == 0)
-        return rm;
+    if (mt->last_ctx == ctx)
+        return mt->last_rm;
     rm = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
     if (rm == NULL && (rm = req_new(mt, ctx)) == NULL)
         return NULL;
-    mt->last_ctx = ctx;
+    req_forget_last(mt);
+    /* The reference only pins the address; the context is never changed. */
+    mt->last_ctx = kvt_req_ctx_ref((struct kvt_req_ctx *)ctx);
     mt->last_rm = rm;
     return rm;
 }
