@@ -391,25 +391,35 @@ static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
     }
     /* The present keys' slots in prefix order: where the access last saw the key
      * if that slot holds the same allocation still (its generation), else found
-     * by the hash recorded, a group at a time with the index cells requested
-     * first. */
+     * by the hash recorded (a key that left since, or was never allocated), a
+     * group at a time: the entries requested first, then the index cells of the
+     * keys that moved, then the finds. */
     for (size_t b = 0; b < n; b += PR_GROUP) {
         size_t e = n - b < PR_GROUP ? n : b + PR_GROUP;
+        uint32_t slot[PR_GROUP];
 
         for (size_t i = b; i < e; i++) {
             const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
 
             if (x->slot != PR_NIL)
                 __builtin_prefetch(&p->e[x->slot]);
-            else
-                __builtin_prefetch(&p->index[kvt_oa_home(x->hash, p->index_size)]);
         }
         for (size_t i = b; i < e; i++) {
             const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
             uint32_t s = x->slot;
 
-            if (s == PR_NIL || p->e[s].generation != x->gen || p->e[s].list == PR_NONE ||
-                p->e[s].hash != x->hash)
+            if (s != PR_NIL && (p->e[s].generation != x->gen || p->e[s].list == PR_NONE ||
+                                p->e[s].hash != x->hash))
+                s = PR_NIL;
+            if (s == PR_NIL)
+                __builtin_prefetch(&p->index[kvt_oa_home(x->hash, p->index_size)]);
+            slot[i - b] = s;
+        }
+        for (size_t i = b; i < e; i++) {
+            const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+            uint32_t s = slot[i - b];
+
+            if (s == PR_NIL)
                 s = pr_find_h(p, &x->key, x->hash);
             if (s == PR_NIL)
                 continue;
