@@ -23,6 +23,18 @@ built kvtier-replay. Exit status 0 when every sequence matches, 1 on the first
 mismatch (printed with the trace), 77 when vLLM cannot be imported (a skip).
 
     vllm_policy_replay.py --replay build/tools/replay/kvtier-replay [--seeds 200]
+
+A Python for it (vLLM's wheel with --no-deps, then what importing
+vllm.v1.kv_offload.cpu.manager needs; all CPU, no GPU import on that path):
+
+    python3 -m venv VENV && VENV/bin/pip install torch==2.13.0   # the +cpu build
+    VENV/bin/pip install --no-deps vllm-0.34.0-cp38-abi3-manylinux_2_28_x86_64.whl
+    VENV/bin/pip install --no-deps packaging psutil pyzmq urllib3 regex numpy pydantic \
+        pydantic_core typing-inspection annotated-types transformers huggingface_hub tqdm \
+        httpx2 idna pyyaml httpcore2 truststore h11 safetensors tokenizers aiohttp \
+        multidict attrs yarl propcache aiohappyeyeballs aiosignal frozenlist requests \
+        certifi pillow pybase64 cachetools cbor2 msgspec cloudpickle uvloop py-cpuinfo \
+        prometheus_client llguidance xgrammar apache-tvm-ffi
 """
 
 import argparse
