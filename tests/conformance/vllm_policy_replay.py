@@ -364,7 +364,8 @@ def compare(seq, got, label):
 
 
 SCENARIOS = {
-    # issue #25's three scenarios, as traces; A..E are keys 1..5
+    # the three scenarios where the simple-form policies evicted another chunk
+    # than vLLM, as traces; A..E are keys 1..5
     "lru-finish": ("lru", 2, [
         ("new_request", "r0"), ("new_request", "r1"), ("new_request", "r2"),
         ("store", "r0", [1]), ("store", "r1", [2]), ("request_finished", "r0"),

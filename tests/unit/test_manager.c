@@ -1488,7 +1488,7 @@ static void test_reset_cache_clears_backpressure(void **state)
     fx_free(f);
 }
 
-/* ---- the policies as vLLM's CPU tier drives them (issue #25) ---------------
+/* ---- the policies as vLLM's CPU tier drives them ---------------------------
  * A manager without secondary tiers over a tiny primary; A, B, ... are
  * kt_key(1), kt_key(2), ... Each scenario's evictions were checked against
  * vLLM 0.34's CPUOffloadingManager (tests/conformance/vllm_policy_replay.py). */
