@@ -520,7 +520,7 @@ static void test_evictable_cache_block_count(void **state)
     assert_int_equal(kvt_primary_num_evictable(f->p), 3);
     assert_int_equal(PREP(f, 4, 5, 6), 0); /* one free slot, two evictions */
     assert_int_equal(kvt_primary_num_evictable(f->p), 1);
-    check_out(f, L(4, 5, 6), L(3, 1, 0), L(1, 2)); /* simple-form LRU: 3 survives */
+    check_out(f, L(4, 5, 6), L(3, 1, 0), L(1, 2)); /* LRU: 3 survives (no request finished) */
     COMPLETE_FAIL(f, 4, 5, 6);
     assert_int_equal(kvt_primary_num_evictable(f->p), 1);
     assert_int_equal(kvt_primary_num_write_pending(f->p), 0);
