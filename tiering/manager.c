@@ -14,7 +14,8 @@
  * The order inside on_schedule_end is the seed's: poll, serve external requests,
  * reset the gate, flush promotions, flush parked cascades, tiers' on_schedule_end,
  * request-allocated metrics. Tests depend on the gate: a job completed in step N
- * after the step's first poll is consumed in step N+1.
+ * after the step's first poll is consumed in step N+1 by lookups, but by the next
+ * prepare_store at once (vLLM 0.34 polls there unconditionally).
  *
  * Out of memory, the policy of kvt/tier.h: a call fails with -ENOMEM before it
  * changes anything; a job a tier refuses leaves the registry at once, its rows
@@ -26,6 +27,7 @@
 #include "kvt/alloc.h"
 #include "kvt/backpressure.h"
 #include "kvt/clock.h"
+#include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/map.h"
@@ -50,8 +52,9 @@ struct req_state {
     struct kvt_req_ctx *ctx;
     int pending_primary_stores;
     bool is_finished;
-    uint32_t request_level_tiers; /* bit i: tier i asked for REQUEST_LEVEL */
-    struct kvt_key *parked;       /* pending_cascade_keys */
+    uint32_t request_level_tiers;   /* bit i: tier i asked for REQUEST_LEVEL */
+    struct kvt_primary_access *acc; /* its cache access, given to the policy at finish */
+    struct kvt_key *parked;         /* pending_cascade_keys */
     size_t n_parked, cap_parked;
 };
 
@@ -76,7 +79,12 @@ struct kvt_manager {
     struct kvt_metrics *metrics;
     struct kvt_store_output scratch; /* promotion allocations */
     bool shutdown_failed;
+    uint64_t primary_lookups; /* one-key lookups, for the sampled sync delay */
+    double primary_lookup_s;  /* the last one timed */
 };
+
+static struct kvt_primary_access *req_acc(const struct kvt_manager *m,
+                                          const struct kvt_req_ctx *ctx);
 
 /* ---- jobs ---------------------------------------------------------------- */
 
@@ -337,7 +345,9 @@ static bool initiate_promotion(struct kvt_manager *m, int tier_idx, const struct
 {
     struct kvt_store_output *out = &m->scratch;
     struct pending_promotion *pp;
-    if (kvt_primary_prepare_write(m->primary, key, 1, out) != 0) {
+    /* vLLM's prepare_write is the request's prepare_store: it records the key in
+     * the request's access and is a store miss (ARC adapts to a ghost). */
+    if (kvt_primary_prepare_store_req(m->primary, key, 1, req_acc(m, ctx), out) != 0) {
         kvt_metrics_on_promotion_allocation_failure(m->metrics);
         return false;
     }
@@ -406,8 +416,19 @@ static struct req_state *req_get(const struct kvt_manager *m, const struct kvt_r
     return kvt_map_get(&m->req_state, ctx->req_id, ctx->req_id_len);
 }
 
+/* The cache access of the request of ctx, or NULL when the manager does not know
+ * it. */
+static struct kvt_primary_access *req_acc(const struct kvt_manager *m,
+                                          const struct kvt_req_ctx *ctx)
+{
+    struct req_state *st = req_get(m, ctx);
+
+    return st != NULL ? st->acc : NULL;
+}
+
 static void req_free(struct req_state *st)
 {
+    kvt_primary_access_destroy(st->acc);
     kvt_req_ctx_unref(st->ctx);
     kvt_free(st->parked);
     kvt_free(st);
@@ -496,12 +517,22 @@ static void flush_pending_cascades(struct kvt_manager *m)
 }
 
 #define PRIMARY_GROUP 16 /* keys per kvt_primary_lookup_many call */
+#define PRIMARY_TIMED 16 /* one-key lookups per timed one */
 
 /* ---- the OffloadingManager API ------------------------------------------------ */
 
+/* Seconds since kvt_ticks() gave t0: a lookup's sync delay (vLLM times each tier's
+ * lookup; two clock reads would cost more than the primary's lookup). */
+static double ticks_since_s(uint64_t t0)
+{
+    uint64_t t1 = kvt_ticks();
+
+    return t1 > t0 ? kvt_ticks_to_s(t1 - t0) : 0;
+}
+
 /* The secondary tiers' part of a lookup that missed the primary. */
-static enum kvt_lookup_result lookup_secondaries(struct kvt_manager *m, const struct kvt_key *key,
-                                                 struct kvt_req_ctx *ctx, int exclude)
+static enum kvt_lookup_result lookup_secondaries_h(struct kvt_manager *m, const struct kvt_key *key,
+                                                   uint64_t h, struct kvt_req_ctx *ctx, int exclude)
 {
     enum kvt_lookup_result r;
     bool any_retry = false;
@@ -512,9 +543,9 @@ static enum kvt_lookup_result lookup_secondaries(struct kvt_manager *m, const st
         if ((int)i == exclude ||
             !kvt_tier_filter_allows(&ctx->load_tier_filter, t->medium, t->locality))
             continue;
-        t0 = kvt_now_ns();
+        t0 = kvt_ticks();
         r = kvt_tier_lookup(t, key, ctx);
-        kvt_metrics_on_lookup(m->metrics, ctx, key, i + 1, r, (double)(kvt_now_ns() - t0) * 1e-9);
+        kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, i + 1, r, ticks_since_s(t0));
         if (r == KVT_HIT)
             return initiate_promotion(m, (int)i, key, ctx) ? KVT_HIT_PENDING : KVT_MISS;
         if (r == KVT_RETRY)
@@ -529,13 +560,29 @@ static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_
     enum kvt_lookup_result r;
     uint64_t t0;
 
+    /* An invalid key (length 0 or over 64) misses; it is hashed by no one. */
+    uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
+
+    double dt;
+
+    /* The index cell's miss starts as soon as the hash is known. */
+    kvt_primary_prefetch_h(m->primary, h);
     maybe_process_finished_jobs(m);
-    t0 = kvt_now_ns();
-    r = kvt_primary_lookup(m->primary, key);
-    kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, (double)(kvt_now_ns() - t0) * 1e-9);
+    /* The primary's part of the sync delay: one lookup in PRIMARY_TIMED is timed
+     * and the others take its figure (a clock read costs 25-100 ns on a VM, more
+     * than the lookup it would time; the histogram still counts every lookup). */
+    if (m->primary_lookups++ % PRIMARY_TIMED == 0) {
+        t0 = kvt_ticks();
+        r = kvt_primary_lookup_h(m->primary, key, h);
+        m->primary_lookup_s = dt = ticks_since_s(t0);
+    } else {
+        r = kvt_primary_lookup_h(m->primary, key, h);
+        dt = m->primary_lookup_s;
+    }
+    kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, dt);
     if (r == KVT_HIT || r == KVT_HIT_PENDING)
         return r;
-    return lookup_secondaries(m, key, ctx, exclude);
+    return lookup_secondaries_h(m, key, h, ctx, exclude);
 }
 
 enum kvt_lookup_result kvt_manager_lookup(struct kvt_manager *m, const struct kvt_key *key,
@@ -559,20 +606,22 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
     while (done < n) {
         size_t g = n - done < PRIMARY_GROUP ? n - done : PRIMARY_GROUP;
         bool fresh = true;
-        uint64_t t0 = kvt_now_ns();
+        uint64_t t0 = kvt_ticks();
         double each;
 
         kvt_primary_lookup_many(m->primary, keys + done, g, group);
-        each = (double)(kvt_now_ns() - t0) * 1e-9 / (double)g;
+        each = ticks_since_s(t0) / (double)g;
         for (size_t i = 0; i < g; i++) {
             const struct kvt_key *key = &keys[done];
             enum kvt_lookup_result r;
 
             if (fresh) {
+                uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
+
                 r = group[i];
-                kvt_metrics_on_lookup(m->metrics, ctx, key, 0, r, each);
+                kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, each);
                 if (r == KVT_MISS && m->n_tiers > 0) {
-                    r = lookup_secondaries(m, key, ctx, NO_EXCLUDE);
+                    r = lookup_secondaries_h(m, key, h, ctx, NO_EXCLUDE);
                     fresh = false;
                 }
             } else {
@@ -589,7 +638,9 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
 int kvt_manager_prepare_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
                              struct kvt_req_ctx *ctx, int64_t *chunk_ids)
 {
-    return kvt_primary_prepare_load(m->primary, keys, n, chunk_ids);
+    /* A load of a request the manager does not know records nothing: no finish
+     * would ever apply it. */
+    return kvt_primary_prepare_load_req(m->primary, keys, n, req_acc(m, ctx), chunk_ids);
 }
 
 int kvt_manager_complete_load(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
@@ -601,6 +652,8 @@ int kvt_manager_complete_load(struct kvt_manager *m, const struct kvt_key *keys,
 void kvt_manager_touch(struct kvt_manager *m, const struct kvt_key *keys, size_t n,
                        struct kvt_req_ctx *ctx)
 {
+    /* An access of its own, applied at once (as touch always was): it does not
+     * join the request's access, which its finish applies. */
     kvt_primary_touch(m->primary, keys, n);
     for (size_t i = 0; i < m->n_tiers; i++)
         kvt_tier_touch(m->tiers[i], keys, n, ctx);
@@ -616,15 +669,18 @@ int kvt_manager_prepare_store(struct kvt_manager *m, const struct kvt_key *keys,
         return -EINVAL;
 
     /* Completions first: cascade completions unpin and promotion completions make
-     * chunks evictable for the first time, both before the eviction decision. */
-    maybe_process_finished_jobs(m);
+     * chunks evictable for the first time, both before the eviction decision.
+     * Unconditionally, as vLLM 0.34 does: the once-per-step gate may have been set
+     * by this step's first lookup, and eviction must see the freshest completions. */
+    m->processed_jobs_this_step = true;
+    process_finished_jobs(m);
     if (st->request_level_tiers != 0) {
         /* Before the store: out of memory must change nothing. */
         existing = kvt_reallocarray(NULL, n ? n : 1, sizeof(*existing));
         if (existing == NULL)
             return -ENOMEM;
     }
-    rc = kvt_primary_prepare_store(m->primary, keys, n, out);
+    rc = kvt_primary_prepare_store_req(m->primary, keys, n, st->acc, out);
     if (rc != 0) {
         kvt_free(existing);
         return rc;
@@ -653,12 +709,8 @@ int kvt_manager_complete_store(struct kvt_manager *m, const struct kvt_key *keys
         return -EINVAL;
     /* Every key of a successful store must be in the primary (ready or being
      * written) so that each tier's cascade can pin it. */
-    for (size_t i = 0; success && i < n; i++) {
-        if (kvt_primary_lookup(m->primary, &keys[i]) == KVT_MISS)
-            return -EINVAL;
-    }
-
-    kvt_primary_complete_store(m->primary, keys, n, success);
+    if (kvt_primary_complete_store_strict(m->primary, keys, n, success, st->acc) == -EINVAL)
+        return -EINVAL;
     for (size_t i = 0; success && i < m->n_tiers; i++) {
         if (should_store_to_tier(m->tiers[i], n))
             cascade(m, keys, n, ctx, (int)i);
@@ -678,7 +730,8 @@ static int on_new_request_ex(struct kvt_manager *m, struct kvt_req_ctx *ctx, int
     if (st == NULL)
         return -ENOMEM;
     st->ctx = kvt_req_ctx_ref(ctx);
-    if (kvt_map_put(&m->req_state, ctx->req_id, ctx->req_id_len, st) != 0) {
+    if (kvt_primary_access_create(&st->acc) != 0 ||
+        kvt_map_put(&m->req_state, ctx->req_id, ctx->req_id_len, st) != 0) {
         req_free(st);
         return -ENOMEM;
     }
@@ -705,7 +758,7 @@ static int on_request_finished_ex(struct kvt_manager *m, struct kvt_req_ctx *ctx
     struct req_state *st = req_get(m, ctx);
     if (st == NULL)
         return -EINVAL;
-    kvt_primary_on_request_finished(m->primary, ctx);
+    kvt_primary_request_finished(m->primary, st->acc);
     st->is_finished = true;
     maybe_finalize_request(m, st, exclude);
     return 0;

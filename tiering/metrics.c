@@ -6,7 +6,17 @@
  * - accumulated counters and histograms, popped by take_stats, after gauges that are
  *   re-emitted on every call.
  * Bytes of a finished job are keys x primary row size, as vLLM counts them (a tier's
- * own transfer_bytes is for back-pressure, not for these counters). */
+ * own transfer_bytes is for back-pressure, not for these counters).
+ *
+ * Every engine lookup passes through here, so the lookup path allocates nothing
+ * and compares no strings: a request's observed (label, key) pairs are an
+ * open-addressing table of 64-bit fingerprints (the key's XXH3-64 mixed with the
+ * label) in one array, and the last request asked for is remembered (lookups come
+ * in runs per request); the per-label query and hit counts and the two delay
+ * histograms accumulate in plain arrays and enter the stats at take_stats, exactly
+ * as if each observation had been added at once. Two (label, key) pairs of one
+ * request whose fingerprints collide (about 2^-64 per pair) would count as one
+ * query: a metric, never a cache answer. */
 #include <assert.h>
 #include <errno.h>
 #include <stdio.h>
@@ -14,6 +24,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
+#include "kvt/hash.h"
 #include "kvt/backpressure.h"
 #include "kvt/map.h"
 #include "kvt/metrics.h"
@@ -24,15 +35,28 @@ struct tier_state {
     size_t write_chunks, read_chunks;
 };
 
-/* One observed (tier label, key) of a request. */
+/* One observed (tier label, key) of a request: fp 0 is an empty cell. */
 struct observed {
-    bool has_start; /* a RETRY started the async delay clock */
-    double start_s;
+    uint64_t fp;    /* fingerprint of (label, key) */
+    double start_s; /* >= 0: a RETRY started the async delay clock then; < 0: none */
 };
 
 struct req_metrics {
-    bool observing;          /* false once allocated (Python: observed_lookups = None) */
-    struct kvt_map observed; /* label_idx byte || key bytes -> struct observed */
+    bool observing;      /* false once allocated (Python: observed_lookups = None) */
+    struct observed *ob; /* open addressing, linear probing; NULL until the first */
+    size_t n_ob, mask;
+};
+
+/* A histogram's observations since the last take_stats. */
+struct hist_acc {
+    uint64_t count;
+    double sum;
+    uint64_t buckets[KVT_HIST_BUCKETS];
+};
+
+struct label_acc {
+    uint64_t queries, hits;
+    struct hist_acc sync_delay, async_delay;
 };
 
 struct kvt_metrics {
@@ -41,7 +65,11 @@ struct kvt_metrics {
     size_t row_bytes;
     char (*labels)[KVT_STAT_LABEL_MAX]; /* [0] primary, [i+1] tier i */
     struct tier_state *tiers;
-    struct kvt_map requests; /* req_id -> struct req_metrics */
+    struct label_acc *acc;        /* [n_tiers + 1], by label index */
+    struct kvt_map requests;      /* req_id -> struct req_metrics */
+    struct kvt_req_ctx *last_ctx; /* the request asked for last (a reference held, so no
+                                     other context can take its address), */
+    struct req_metrics *last_rm;  /* and its metrics */
     struct kvt_stats stats;
 };
 
@@ -57,9 +85,11 @@ int kvt_metrics_create(const char *const *tier_types, size_t n_tiers, size_t num
     mt->row_bytes = primary_row_bytes;
     mt->labels = kvt_calloc(n_tiers + 1, sizeof(*mt->labels));
     mt->tiers = kvt_calloc(n_tiers ? n_tiers : 1, sizeof(*mt->tiers));
-    if (mt->labels == NULL || mt->tiers == NULL) {
+    mt->acc = kvt_calloc(n_tiers + 1, sizeof(*mt->acc));
+    if (mt->labels == NULL || mt->tiers == NULL || mt->acc == NULL) {
         kvt_free(mt->labels);
         kvt_free(mt->tiers);
+        kvt_free(mt->acc);
         kvt_free(mt);
         return -ENOMEM;
     }
@@ -74,12 +104,22 @@ int kvt_metrics_create(const char *const *tier_types, size_t n_tiers, size_t num
 
 static void req_metrics_free(struct req_metrics *rm)
 {
-    struct kvt_map_entry *e;
-
-    for (size_t it = 0; kvt_map_next(&rm->observed, &it, &e);)
-        kvt_free(e->value);
-    kvt_map_cleanup(&rm->observed);
+    kvt_free(rm->ob);
     kvt_free(rm);
+}
+
+static void req_forget_last(struct kvt_metrics *mt)
+{
+    kvt_req_ctx_unref(mt->last_ctx);
+    mt->last_ctx = NULL;
+    mt->last_rm = NULL;
+}
+
+/* Forgets the remembered request when it goes. */
+static void req_forget(struct kvt_metrics *mt, struct req_metrics *rm)
+{
+    if (mt->last_rm == rm)
+        req_forget_last(mt);
 }
 
 void kvt_metrics_destroy(struct kvt_metrics *mt)
@@ -88,12 +128,14 @@ void kvt_metrics_destroy(struct kvt_metrics *mt)
 
     if (mt == NULL)
         return;
+    req_forget_last(mt);
     for (size_t it = 0; kvt_map_next(&mt->requests, &it, &e);)
         req_metrics_free(e->value);
     kvt_map_cleanup(&mt->requests);
     kvt_stats_cleanup(&mt->stats);
     kvt_free(mt->labels);
     kvt_free(mt->tiers);
+    kvt_free(mt->acc);
     kvt_free(mt);
 }
 
@@ -110,15 +152,16 @@ static struct req_metrics *req_new(struct kvt_metrics *mt, const struct kvt_req_
     if (rm == NULL)
         return NULL;
     rm->observing = true;
-    kvt_map_init(&rm->observed);
     struct req_metrics *old = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
 
     if (kvt_map_put(&mt->requests, ctx->req_id, ctx->req_id_len, rm) < 0) {
         req_metrics_free(rm);
         return NULL;
     }
-    if (old != NULL)
+    if (old != NULL) {
+        req_forget(mt, old);
         req_metrics_free(old);
+    }
     return rm;
 }
 
@@ -135,81 +178,142 @@ void kvt_metrics_on_request_allocated(struct kvt_metrics *mt, const struct kvt_r
     if (rm == NULL)
         return;
     rm->observing = false;
-    struct kvt_map_entry *e;
-
-    for (size_t it = 0; kvt_map_next(&rm->observed, &it, &e);)
-        kvt_free(e->value);
-    kvt_map_clear(&rm->observed);
+    kvt_free(rm->ob);
+    rm->ob = NULL;
+    rm->n_ob = rm->mask = 0;
 }
 
 void kvt_metrics_on_request_finished(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx)
 {
     struct req_metrics *rm = kvt_map_remove(&mt->requests, ctx->req_id, ctx->req_id_len);
 
-    if (rm != NULL)
+    if (rm != NULL) {
+        req_forget(mt, rm);
         req_metrics_free(rm);
+    }
+}
+
+static void hist_add(struct hist_acc *h, double v)
+{
+    size_t b = 0;
+
+    while (b < KVT_HIST_BUCKETS - 1 && v > kvt_hist_bounds[b])
+        b++;
+    h->count++;
+    h->sum += v;
+    h->buckets[b]++;
 }
 
 static void observe_resolved(struct kvt_metrics *mt, size_t label_idx,
-                             enum kvt_lookup_result result, double dt_s,
-                             const struct observed *start)
+                             enum kvt_lookup_result result, double dt_s, double start_s)
 {
-    const char *label = mt->labels[label_idx];
+    struct label_acc *a = &mt->acc[label_idx];
 
-    kvt_stats_increase(&mt->stats, KVT_M_CHUNK_QUERIES, label, 1);
-    if (result == KVT_HIT)
-        kvt_stats_increase(&mt->stats, KVT_M_CHUNK_HITS, label, 1);
-    kvt_stats_observe(&mt->stats, KVT_M_LOOKUP_SYNC_DELAY, label, dt_s);
-    if (start != NULL && start->has_start)
-        kvt_stats_observe(&mt->stats, KVT_M_LOOKUP_ASYNC_DELAY, label,
-                          kvt_now_s() - start->start_s);
+    a->queries++;
+    a->hits += result == KVT_HIT;
+    hist_add(&a->sync_delay, dt_s);
+    if (start_s >= 0)
+        hist_add(&a->async_delay, kvt_now_s() - start_s);
+}
+
+/* The request's metrics, created on first sight (Python's setdefault). */
+static struct req_metrics *req_of(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx)
+{
+    struct req_metrics *rm;
+
+    if (mt->last_ctx == ctx)
+        return mt->last_rm;
+    rm = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
+    if (rm == NULL && (rm = req_new(mt, ctx)) == NULL)
+        return NULL;
+    req_forget_last(mt);
+    /* The reference only pins the address; the context is never changed. */
+    mt->last_ctx = kvt_req_ctx_ref((struct kvt_req_ctx *)ctx);
+    mt->last_rm = rm;
+    return rm;
+}
+
+/* The cell of fp in rm's table: its own, or the empty one where it goes (room
+ * reserved). */
+static struct observed *ob_cell(struct req_metrics *rm, uint64_t fp)
+{
+    for (size_t i = (size_t)fp & rm->mask;; i = (i + 1) & rm->mask)
+        if (rm->ob[i].fp == fp || rm->ob[i].fp == 0)
+            return &rm->ob[i];
+}
+
+/* Room for one more observation at load factor <= 1/2. */
+static int ob_reserve(struct req_metrics *rm)
+{
+    size_t cap = rm->ob == NULL ? 256 : 4 * (rm->mask + 1); /* few regrowths per request */
+    struct observed *old = rm->ob;
+    size_t old_cap = old == NULL ? 0 : rm->mask + 1;
+
+    if (old != NULL && 2 * (rm->n_ob + 1) <= old_cap)
+        return 0;
+    rm->ob = kvt_calloc(cap, sizeof(*rm->ob));
+    if (rm->ob == NULL) {
+        rm->ob = old;
+        return -ENOMEM;
+    }
+    rm->mask = cap - 1;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].fp != 0)
+            *ob_cell(rm, old[i].fp) = old[i];
+    kvt_free(old);
+    return 0;
+}
+
+static uint64_t lookup_fp(uint64_t hash, size_t label_idx)
+{
+    uint64_t fp = hash ^ ((uint64_t)(label_idx + 1) * 0x9e3779b97f4a7c15ull);
+
+    return fp != 0 ? fp : 1;
 }
 
 void kvt_metrics_on_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
                            const struct kvt_key *key, size_t label_idx,
                            enum kvt_lookup_result result, double dt_s)
 {
-    struct req_metrics *rm = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
-    uint8_t okey[1 + KVT_KEY_MAX];
+    kvt_metrics_on_lookup_h(mt, ctx, key, kvt_key_hash(key), label_idx, result, dt_s);
+}
 
+void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
+                             const struct kvt_key *key, uint64_t hash, size_t label_idx,
+                             enum kvt_lookup_result result, double dt_s)
+{
+    struct req_metrics *rm = req_of(mt, ctx);
+    struct observed *ob;
+    uint64_t fp = lookup_fp(hash, label_idx);
+
+    (void)key;
     assert(label_idx <= mt->n_tiers);
-    if (rm == NULL && (rm = req_new(mt, ctx)) == NULL)
+    if (rm == NULL || !rm->observing ||
+        (result != KVT_HIT && result != KVT_MISS && result != KVT_RETRY))
         return;
-    if (!rm->observing || (result != KVT_HIT && result != KVT_MISS && result != KVT_RETRY))
-        return;
-    okey[0] = (uint8_t)label_idx;
-    memcpy(okey + 1, key->bytes, key->len);
-    struct observed *ob = kvt_map_get(&rm->observed, okey, 1u + key->len);
-
+    if (ob_reserve(rm) != 0)
+        return; /* best effort: out of memory loses the observation */
+    ob = ob_cell(rm, fp);
     if (result == KVT_RETRY) {
-        if (ob != NULL)
+        if (ob->fp != 0)
             return; /* setdefault: the first RETRY starts the clock */
-        ob = kvt_malloc(sizeof(*ob));
-        if (ob == NULL)
-            return;
-        ob->has_start = true;
+        ob->fp = fp;
         ob->start_s = kvt_now_s() - dt_s;
-        if (kvt_map_put(&rm->observed, okey, 1u + key->len, ob) < 0)
-            kvt_free(ob);
+        rm->n_ob++;
         return;
     }
     /* HIT or MISS: counted once, unless a RETRY left a start time. */
-    if (ob != NULL && !ob->has_start)
-        return;
-    if (ob == NULL) {
-        ob = kvt_malloc(sizeof(*ob));
-        if (ob == NULL)
-            return;
-        ob->has_start = false;
-        if (kvt_map_put(&rm->observed, okey, 1u + key->len, ob) < 0) {
-            kvt_free(ob);
-            return;
-        }
-        observe_resolved(mt, label_idx, result, dt_s, NULL);
+    if (ob->fp == 0) {
+        ob->fp = fp;
+        ob->start_s = -1;
+        rm->n_ob++;
+        observe_resolved(mt, label_idx, result, dt_s, -1);
         return;
     }
-    observe_resolved(mt, label_idx, result, dt_s, ob);
-    ob->has_start = false;
+    if (ob->start_s < 0)
+        return;
+    observe_resolved(mt, label_idx, result, dt_s, ob->start_s);
+    ob->start_s = -1;
 }
 
 void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx)
@@ -299,6 +403,51 @@ bool kvt_metrics_is_idle(const struct kvt_metrics *mt)
     return true;
 }
 
+static int flush_hist(struct kvt_stats *st, const char *name, const char *label, struct hist_acc *h)
+{
+    struct kvt_stats one;
+    int rc;
+
+    if (h->count == 0)
+        return 0;
+    /* one histogram entry with these observations, merged as aggregate merges */
+    kvt_stats_init(&one);
+    rc = kvt_stats_observe(&one, name, label, 0);
+    if (rc == 0) {
+        struct kvt_stat *s = &one.s[0];
+
+        s->count = h->count;
+        s->sum = h->sum;
+        memcpy(s->buckets, h->buckets, sizeof(s->buckets));
+        rc = kvt_stats_aggregate(st, &one);
+    }
+    kvt_stats_cleanup(&one);
+    memset(h, 0, sizeof(*h));
+    return rc;
+}
+
+/* The lookup observations since the last take_stats, into mt->stats. */
+static int flush_lookups(struct kvt_metrics *mt)
+{
+    int rc = 0;
+
+    for (size_t i = 0; rc == 0 && i <= mt->n_tiers; i++) {
+        struct label_acc *a = &mt->acc[i];
+        const char *label = mt->labels[i];
+
+        if (a->queries > 0)
+            rc = kvt_stats_increase(&mt->stats, KVT_M_CHUNK_QUERIES, label, (double)a->queries);
+        if (rc == 0 && a->hits > 0)
+            rc = kvt_stats_increase(&mt->stats, KVT_M_CHUNK_HITS, label, (double)a->hits);
+        if (rc == 0)
+            rc = flush_hist(&mt->stats, KVT_M_LOOKUP_SYNC_DELAY, label, &a->sync_delay);
+        if (rc == 0)
+            rc = flush_hist(&mt->stats, KVT_M_LOOKUP_ASYNC_DELAY, label, &a->async_delay);
+        a->queries = a->hits = 0;
+    }
+    return rc;
+}
+
 int kvt_metrics_take_stats(struct kvt_metrics *mt, struct kvt_stats *out)
 {
     double n = (double)mt->num_primary_chunks;
@@ -320,6 +469,8 @@ int kvt_metrics_take_stats(struct kvt_metrics *mt, struct kvt_stats *out)
             rc =
                 kvt_stats_set_gauge(out, KVT_M_ACTIVE_CASCADES, label, (double)ts->active_cascades);
     }
+    if (rc == 0)
+        rc = flush_lookups(mt);
     if (rc == 0)
         rc = kvt_stats_aggregate(out, &mt->stats);
     kvt_stats_clear(&mt->stats);

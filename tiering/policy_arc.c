@@ -1,17 +1,20 @@
-/* ARC (spec §2.3): T1 holds entries seen once, T2 entries seen again; the ghost
- * lists B1/B2 remember what T1/T2 evicted, and a hit on a ghost moves the target
- * size of T1 (target_t1_size, 0..capacity) towards the list that would have kept
- * it.
+/* ARC as vLLM's CPU tier drives it: T1 holds entries used once, T2 entries a
+ * request reused; the ghost lists B1/B2 remember what T1/T2 evicted, and a store
+ * miss on a ghost moves the target size of T1 (target_t1_size, 0..capacity)
+ * towards the list that would have kept it.
  *
- *   insert  T1 MRU; the key leaves B1/B2
- *   touch   keys in reverse: T1 -> T2 MRU (a write-pending entry stays in T1, at
- *           its MRU end: it was just allocated, not used twice); T2 -> MRU;
- *           B1 hit: target += max(1, |B2|/|B1|) (<= capacity); B2 hit:
- *           target -= max(1, |B1|/|B2|) (>= 0); the ghost moves to its MRU end
- *   evict   per victim: from T1 while the simulated |T1| >= int(target), else
- *           from T2, else (newest upstream) from T1 after all; exactly n or none.
- *           T1 victims join B1, T2 victims B2, then each ghost list is cut to
- *           capacity, oldest first.
+ *   insert      T1 MRU; the key leaves B1/B2
+ *   store miss  a request's new store misses, in reverse: B1 hit: target +=
+ *               max(1, |B2|/|B1|) (<= capacity); B2 hit: target -= max(1,
+ *               |B1|/|B2|) (>= 0); the ghost moves to its MRU end. Before the
+ *               store allocates (which removes the ghost), even if it fails.
+ *   finish      a request's keys tail to head: one it only inserted moves to the
+ *               MRU end of its list (T1 stays T1); one it reused moves T1 -> T2
+ *               MRU, or to T2's MRU end; any other key stays.
+ *   evict       per victim: from T1 while the simulated |T1| >= int(target), else
+ *               from T2, else from T1 after all; exactly n or none. T1 victims
+ *               join B1, T2 victims B2, then each ghost list is cut to capacity,
+ *               oldest first.
  *
  * Ghosts keep the key's 64-bit hash (the one the primary's index uses), not the
  * key: 17 bytes instead of 90 per ghost, and there are up to 2 x capacity of
@@ -240,41 +243,53 @@ static void arc_remove(struct kvt_primary *p, uint32_t s)
     pr_list_unlink(p, p->e[s].list == PR_L1 ? &p->l1 : &p->l2, s);
 }
 
-static void arc_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, uint32_t s)
+static void arc_move(struct kvt_primary *p, uint32_t s, uint8_t kind)
 {
-    struct arc *a = arc_of(p);
-    uint32_t gi;
-    double delta;
+    struct pr_list *from = p->e[s].list == PR_L1 ? &p->l1 : &p->l2;
 
-    if (s != PR_NIL) {
-        if (p->e[s].list == PR_L1) {
-            pr_list_unlink(p, &p->l1, s);
-            if (p->e[s].ref_cnt < 0)
-                pr_list_append(p, &p->l1, PR_L1, s);
-            else
-                pr_list_append(p, &p->l2, PR_L2, s);
-        } else {
-            pr_list_unlink(p, &p->l2, s);
-            pr_list_append(p, &p->l2, PR_L2, s);
-        }
-        return;
+    if (kind == PR_ACC_INSERTED_ONLY) {
+        uint8_t id = p->e[s].list;
+
+        /* a store is not a frequency hit: recency only, in the same list */
+        pr_list_unlink(p, from, s);
+        pr_list_append(p, from, id, s);
+    } else if (kind == PR_ACC_REUSED) {
+        pr_list_unlink(p, from, s);
+        pr_list_append(p, &p->l2, PR_L2, s);
     }
-    if (!pr_key_ok(key) || (gi = g_find(a, h)) == PR_NIL)
-        return;
-    if (a->in[gi] == PR_L1) {
-        delta = fmax(1.0, (double)a->b2.n / (double)a->b1.n);
-        a->target = fmin(a->target + delta, (double)a->capacity);
-    } else {
-        delta = fmax(1.0, (double)a->b1.n / (double)a->b2.n);
-        a->target = fmax(a->target - delta, 0.0);
-    }
-    g_unlink(a, gi);
-    g_append(a, a->in[gi], gi);
 }
 
-static void arc_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+static void arc_finish(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds, size_t n)
 {
-    kvt_pr_touch_each(p, keys, n, arc_touch_one);
+    kvt_pr_finish_each(p, slots, kinds, n, arc_move);
+}
+
+static void arc_store_miss(struct kvt_primary *p, const uint64_t *hashes, size_t n)
+{
+    struct arc *a = arc_of(p);
+
+    if (a->n_ghosts == 0)
+        return;
+    for (size_t i = 0; i < n && i < ARC_GROUP; i++)
+        g_prefetch(a, hashes[n - 1 - i]);
+    for (size_t i = n; i-- > 0;) {
+        uint32_t gi;
+        double delta;
+
+        if (i >= ARC_GROUP)
+            g_prefetch(a, hashes[i - ARC_GROUP]);
+        if ((gi = g_find(a, hashes[i])) == PR_NIL)
+            continue;
+        if (a->in[gi] == PR_L1) {
+            delta = fmax(1.0, (double)a->b2.n / (double)a->b1.n);
+            a->target = fmin(a->target + delta, (double)a->capacity);
+        } else {
+            delta = fmax(1.0, (double)a->b1.n / (double)a->b2.n);
+            a->target = fmax(a->target - delta, 0.0);
+        }
+        g_unlink(a, gi);
+        g_append(a, a->in[gi], gi);
+    }
 }
 
 static int arc_evict(struct kvt_primary *p, size_t n, uint32_t *victims)
@@ -357,7 +372,8 @@ const struct pr_policy_ops kvt_pr_arc_ops = {
     .will_insert = arc_will_insert,
     .insert = arc_insert,
     .remove = arc_remove,
-    .touch = arc_touch,
+    .store_miss = arc_store_miss,
+    .finish = arc_finish,
     .evict = arc_evict,
     .clear = arc_clear,
     .list = arc_list,

@@ -1,7 +1,14 @@
-/* LRU, the simple form of spec §2.3: one list from LRU (head) to MRU (tail).
- * insert appends at the MRU end; touch walks the keys in reverse and moves each
- * present one to the MRU end, so the head of a prefix ends most recent and its
- * tail is evicted first; evict takes the LRU-most candidates, exactly n or none.
+/* LRU, vLLM's rank LRU as its CPU tier drives it: every entry has a rank, a new
+ * one at insert and another at its request's finish, and the entry of lowest rank
+ * that can be evicted goes first. vLLM keeps (rank, key) in a lazy heap of the
+ * evictable entries; a rank here is a place in one list from LRU (head) to MRU
+ * (tail), which is the same order because every new rank is the highest yet
+ * (request ranks ordered by token position only exist with positions, which
+ * kvtier's requests do not carry):
+ *   insert  appends at the MRU end;
+ *   finish  walks the request's keys tail to head and moves each present one to
+ *           the MRU end, whatever the request did with it;
+ *   evict   takes the LRU-most candidates, exactly n or none.
  * Pinning does not move an entry: recency is logical. */
 #include <errno.h>
 
@@ -28,19 +35,16 @@ static void lru_remove(struct kvt_primary *p, uint32_t s)
     pr_list_unlink(p, &p->l1, s);
 }
 
-static void lru_touch_one(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, uint32_t s)
+static void lru_move(struct kvt_primary *p, uint32_t s, uint8_t kind)
 {
-    (void)key;
-    (void)h;
-    if (s == PR_NIL)
-        return;
+    (void)kind;
     pr_list_unlink(p, &p->l1, s);
     pr_list_append(p, &p->l1, PR_L1, s);
 }
 
-static void lru_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+static void lru_finish(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds, size_t n)
 {
-    kvt_pr_touch_each(p, keys, n, lru_touch_one);
+    kvt_pr_finish_each(p, slots, kinds, n, lru_move);
 }
 
 static int lru_evict(struct kvt_primary *p, size_t n, uint32_t *victims)
@@ -76,7 +80,7 @@ const struct pr_policy_ops kvt_pr_lru_ops = {
     .fini = lru_fini,
     .insert = lru_insert,
     .remove = lru_remove,
-    .touch = lru_touch,
+    .finish = lru_finish,
     .evict = lru_evict,
     .clear = lru_clear,
     .list = lru_list,

@@ -1,12 +1,24 @@
-/* The CPU primary tier (spec §2.1-2.2, 2.4): entries per slot, the key index, the
- * slot allocator, the ref-count state machine and its counters, events and gauges.
- * The recency order and victim choice belong to the policy (policy_*.c).
+/* The CPU primary tier: entries per slot, the key index, the slot allocator, the
+ * ref-count state machine and its counters, events and gauges, and the record of
+ * each request's cache access (vLLM's _RequestCacheAccess). The recency order and
+ * victim choice belong to the policy (policy_*.c).
  *
  * One rule carries the whole design: an operation either succeeds completely or
  * changes nothing. prepare_store checks keys, capacity and victims before it
- * touches any entry; pin/unpin check every key before changing the first. */
+ * touches any entry; pin/unpin check every key before changing the first. The
+ * one exception is vLLM's own: a store's request access and ARC's store-miss
+ * adaptation are recorded before the store finds it has no room, so they stay
+ * when it fails with -ENOSPC (memory for them is reserved first, so -ENOMEM
+ * still changes nothing).
+ *
+ * A request's access is a table of the distinct keys it saw, in first-seen
+ * order, each with its KV cache group and what the request did with it
+ * (inserted, reused, missed on store). At finish the keys are ordered by group
+ * (stable), given their kinds and handed to the policy once; the table is then
+ * freed. */
 #include <errno.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kvt/alloc.h"
@@ -112,23 +124,324 @@ static void pr_index_del(struct kvt_primary *p, uint32_t s)
     kvt_oa_del(p->index, p->index_size, kvt_oa_cell(p->e[s].hash, s));
 }
 
-void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                       pr_touch_fn *move)
+void kvt_pr_finish_each(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds,
+                        size_t n, pr_move_fn *move)
 {
-    uint64_t h[PR_GROUP];
-    uint32_t slot[PR_GROUP];
+    enum { AHEAD = 8 };
 
-    for (size_t end = n; end > 0;) {
-        size_t m = end < PR_GROUP ? end : PR_GROUP, b = end - m;
-
-        kvt_pr_find_group(p, keys + b, m, h, slot);
-        for (size_t i = 0; i < m; i++)
-            if (slot[i] != PR_NIL)
-                pr_prefetch_links(p, slot[i]);
-        for (size_t i = m; i-- > 0;)
-            move(p, &keys[b + i], h[i], slot[i]);
-        end = b;
+    for (size_t i = n; i-- > 0;) {
+        if (i >= AHEAD)
+            pr_prefetch_links(p, slots[i - AHEAD]);
+        move(p, slots[i], kinds[i]);
     }
+}
+
+/* ---- request access ----------------------------------------------------- */
+
+enum { PR_AF_INSERTED = 1, PR_AF_REUSED = 2, PR_AF_STORE_MISS = 4 };
+
+struct pr_acc_key {
+    uint64_t hash;
+    uint32_t group;
+    uint32_t slot, gen; /* where it was last seen (PR_NIL: absent), that slot's generation */
+    uint8_t flags;      /* PR_AF_* */
+    struct kvt_key key;
+};
+
+/* Owned by its creator (the manager's request state); touched only by the
+ * primary's calls, on the scheduler thread. */
+struct kvt_primary_access {
+    uint64_t generation; /* the primary's at the first record; another one is stale */
+    bool finished;
+    bool many_groups;     /* a key of another group than the first key's was seen */
+    struct pr_acc_key *k; /* first-seen order */
+    size_t n, cap;
+    uint32_t *tab; /* open addressing by hash: index into k + 1, 0 empty */
+    size_t tab_mask;
+};
+
+/* vLLM's get_offload_group_idx: the last 4 bytes, big-endian. */
+static uint32_t pr_key_group(const struct kvt_key *k)
+{
+    uint32_t g = 0;
+
+    for (size_t i = k->len > 4 ? k->len - 4 : 0; i < k->len; i++)
+        g = g << 8 | k->bytes[i];
+    return g;
+}
+
+int kvt_primary_access_create(struct kvt_primary_access **acc_p)
+{
+    struct kvt_primary_access *acc = kvt_calloc(1, sizeof(*acc));
+
+    if (acc == NULL)
+        return -ENOMEM;
+    *acc_p = acc;
+    return 0;
+}
+
+static void acc_release(struct kvt_primary_access *acc)
+{
+    kvt_free(acc->k);
+    kvt_free(acc->tab);
+    acc->k = NULL;
+    acc->tab = NULL;
+    acc->n = acc->cap = acc->tab_mask = 0;
+    acc->many_groups = false;
+}
+
+void kvt_primary_access_destroy(struct kvt_primary_access *acc)
+{
+    if (acc == NULL)
+        return;
+    acc_release(acc);
+    kvt_free(acc);
+}
+
+/* An access recorded before the last reset_cache starts over (vLLM makes a new
+ * state for a stale cache generation). */
+static void acc_bind(const struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    if (acc->generation == p->generation)
+        return;
+    acc->generation = p->generation;
+    acc->finished = false;
+    acc->many_groups = false;
+    acc->n = 0;
+    if (acc->tab != NULL)
+        memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+}
+
+static void acc_tab_put(struct kvt_primary_access *acc, uint32_t idx)
+{
+    size_t i = (size_t)acc->k[idx].hash & acc->tab_mask;
+
+    while (acc->tab[i] != 0)
+        i = (i + 1) & acc->tab_mask;
+    acc->tab[i] = idx + 1;
+}
+
+/* Room for extra more keys, so that recording never fails half-way. */
+static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
+{
+    size_t want = acc->n + extra, tab_cap = 16;
+
+    if (want <= acc->cap)
+        return 0;
+    if (want < 2 * acc->cap)
+        want = 2 * acc->cap;
+    struct pr_acc_key *k = kvt_reallocarray(acc->k, want, sizeof(*k));
+
+    if (k == NULL)
+        return -ENOMEM;
+    acc->k = k;
+    while (tab_cap < 2 * want)
+        tab_cap <<= 1;
+    uint32_t *tab = kvt_calloc(tab_cap, sizeof(*tab));
+
+    if (tab == NULL)
+        return -ENOMEM; /* k grew, nothing else changed */
+    kvt_free(acc->tab);
+    acc->tab = tab;
+    acc->tab_mask = tab_cap - 1;
+    acc->cap = want;
+    for (size_t i = 0; i < acc->n; i++)
+        acc_tab_put(acc, (uint32_t)i);
+    return 0;
+}
+
+/* The index of key in acc, recorded as seen if it was not (room reserved). */
+static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+{
+    size_t i = (size_t)h & acc->tab_mask;
+    uint32_t idx;
+
+    for (uint32_t v; (v = acc->tab[i]) != 0; i = (i + 1) & acc->tab_mask) {
+        const struct pr_acc_key *x = &acc->k[v - 1];
+
+        if (x->hash == h && kvt_key_eq(&x->key, key))
+            return v - 1;
+    }
+    idx = (uint32_t)acc->n++;
+    acc->k[idx].hash = h;
+    acc->k[idx].group = pr_key_group(key);
+    acc->k[idx].slot = PR_NIL;
+    acc->k[idx].flags = 0;
+    acc->k[idx].key = *key;
+    acc->tab[i] = idx + 1;
+    if (idx > 0 && acc->k[idx].group != acc->k[0].group)
+        acc->many_groups = true;
+    return idx;
+}
+
+/* The slot where acc last saw key if that slot still holds the same allocation,
+ * else PR_NIL (acc holds no record of it, or it moved). */
+static uint32_t acc_slot_of(const struct kvt_primary *p, const struct kvt_primary_access *acc,
+                            const struct kvt_key *key, uint64_t h)
+{
+    if (acc->n == 0 || acc->generation != p->generation)
+        return PR_NIL;
+    for (size_t i = (size_t)h & acc->tab_mask;; i = (i + 1) & acc->tab_mask) {
+        uint32_t v = acc->tab[i];
+        const struct pr_acc_key *x;
+
+        if (v == 0)
+            return PR_NIL;
+        x = &acc->k[v - 1];
+        if (x->hash != h || !kvt_key_eq(&x->key, key))
+            continue;
+        if (x->slot == PR_NIL || p->e[x->slot].generation != x->gen ||
+            p->e[x->slot].list == PR_NONE || p->e[x->slot].hash != h)
+            return PR_NIL;
+        return x->slot;
+    }
+}
+
+/* A use of a ready chunk: reuse, unless this request inserted it. */
+static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h,
+                      const struct kvt_primary *p, uint32_t s)
+{
+    struct pr_acc_key *x = &acc->k[acc_see(acc, key, h)];
+
+    x->slot = s;
+    x->gen = p->e[s].generation;
+
+    if (!(x->flags & PR_AF_INSERTED))
+        x->flags |= PR_AF_REUSED;
+}
+
+/* The access that records, or NULL (none given, or finished). */
+static struct kvt_primary_access *acc_live(const struct kvt_primary *p,
+                                           struct kvt_primary_access *acc)
+{
+    if (acc == NULL)
+        return NULL;
+    acc_bind(p, acc);
+    return acc->finished ? NULL : acc;
+}
+
+static int fin_reserve(struct kvt_primary *p, size_t n)
+{
+    if (n <= p->fin_cap)
+        return 0;
+    uint32_t *order = kvt_reallocarray(p->fin_order, n, sizeof(*order));
+
+    if (order == NULL)
+        return -ENOMEM;
+    p->fin_order = order;
+    uint32_t *slots = kvt_reallocarray(p->fin_slots, n, sizeof(*slots));
+
+    if (slots == NULL)
+        return -ENOMEM;
+    p->fin_slots = slots;
+    uint8_t *kinds = kvt_reallocarray(p->fin_kinds, n, sizeof(*kinds));
+
+    if (kinds == NULL)
+        return -ENOMEM;
+    p->fin_kinds = kinds;
+    p->fin_cap = n;
+    return 0;
+}
+
+/* (group << 32 | position) sorts to group order, stable. */
+static int fin_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+    return x < y ? -1 : x > y;
+}
+
+/* fin_order[0..n) := the positions 0..n-1 ordered by group, stable (vLLM's key
+ * groups in ascending order); group(arg, i) is position i's group. */
+static int fin_order_by_group(struct kvt_primary *p, size_t n, bool many_groups,
+                              uint32_t (*group)(const void *arg, size_t i), const void *arg)
+{
+    uint64_t *sort;
+
+    for (size_t i = 0; i < n; i++)
+        p->fin_order[i] = (uint32_t)i;
+    if (!many_groups)
+        return 0;
+    sort = kvt_reallocarray(NULL, n, sizeof(*sort));
+    if (sort == NULL)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++)
+        sort[i] = (uint64_t)group(arg, i) << 32 | i;
+    qsort(sort, n, sizeof(*sort), fin_cmp);
+    for (size_t i = 0; i < n; i++)
+        p->fin_order[i] = (uint32_t)sort[i];
+    kvt_free(sort);
+    return 0;
+}
+
+static uint32_t acc_group(const void *arg, size_t i)
+{
+    return ((const struct kvt_primary_access *)arg)->k[i].group;
+}
+
+static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    size_t n = acc->n, m = 0;
+
+    if (n == 0)
+        return;
+    if (fin_reserve(p, n) != 0 || fin_order_by_group(p, n, acc->many_groups, acc_group, acc) != 0) {
+        kvt_warn("primary", "out of memory: a request's cache access of %zu keys was lost", n);
+        return;
+    }
+    /* The present keys' slots in prefix order: where the access last saw the key
+     * if that slot holds the same allocation still (its generation), else found
+     * by the hash recorded (a key that left since, or was never allocated), a
+     * group at a time: the entries requested first, then the index cells of the
+     * keys that moved, then the finds. */
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t e = n - b < PR_GROUP ? n : b + PR_GROUP;
+        uint32_t slot[PR_GROUP];
+
+        for (size_t i = b; i < e; i++) {
+            const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+
+            if (x->slot != PR_NIL)
+                __builtin_prefetch(&p->e[x->slot]);
+        }
+        for (size_t i = b; i < e; i++) {
+            const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+            uint32_t s = x->slot;
+
+            if (s != PR_NIL && (p->e[s].generation != x->gen || p->e[s].list == PR_NONE ||
+                                p->e[s].hash != x->hash))
+                s = PR_NIL;
+            if (s == PR_NIL)
+                __builtin_prefetch(&p->index[kvt_oa_home(x->hash, p->index_size)]);
+            slot[i - b] = s;
+        }
+        for (size_t i = b; i < e; i++) {
+            const struct pr_acc_key *x = &acc->k[p->fin_order[i]];
+            uint32_t s = slot[i - b];
+
+            if (s == PR_NIL)
+                s = pr_find_h(p, &x->key, x->hash);
+            if (s == PR_NIL)
+                continue;
+            p->fin_slots[m] = s;
+            p->fin_kinds[m++] = (x->flags & PR_AF_REUSED)     ? PR_ACC_REUSED
+                                : (x->flags & PR_AF_INSERTED) ? PR_ACC_INSERTED_ONLY
+                                                              : PR_ACC_NEITHER;
+        }
+    }
+    if (m > 0)
+        p->pol->finish(p, p->fin_slots, p->fin_kinds, m);
+}
+
+void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    if (acc == NULL || acc->finished)
+        return;
+    /* A stale access (recorded before a reset) applies nothing. */
+    if (acc->generation == p->generation)
+        acc_apply(p, acc);
+    acc->finished = true;
+    acc_release(acc);
 }
 
 /* ---- slots and entries -------------------------------------------------- */
@@ -210,6 +523,7 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
         p->cfg.row_bytes = region->row_bytes;
     p->pol = pol;
     p->mark = 2;
+    p->generation = 1; /* a new access (generation 0) binds at its first record */
     pr_list_init(&p->l1);
     pr_list_init(&p->l2);
     kvt_events_init(&p->events);
@@ -286,6 +600,12 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_free(p->victims);
     kvt_free(p->dedup);
     kvt_free(p->scratch);
+    kvt_free(p->acc_idx);
+    kvt_free(p->miss_hash);
+    kvt_free(p->fin_slots);
+    kvt_free(p->cs_slot);
+    kvt_free(p->fin_kinds);
+    kvt_free(p->fin_order);
     kvt_free(p);
 }
 
@@ -342,6 +662,17 @@ static enum kvt_lookup_result pr_result(const struct kvt_primary *p, uint32_t s)
 enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key)
 {
     return pr_result(p, kvt_pr_find(p, key));
+}
+
+enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct kvt_key *key,
+                                            uint64_t hash)
+{
+    return pr_result(p, pr_key_ok(key) ? pr_find_h(p, key, hash) : PR_NIL);
+}
+
+void kvt_primary_prefetch_h(const struct kvt_primary *p, uint64_t hash)
+{
+    __builtin_prefetch(&p->index[pr_home(p, hash)]);
 }
 
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
@@ -410,10 +741,58 @@ static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
     return 0;
 }
 
-int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                              struct kvt_store_output *out)
+/* The allocation-size histogram: its one entry in pending_stats is updated in
+ * place once it exists (no name compares on every store). */
+static void pr_observe_alloc(struct kvt_primary *p, size_t n_new)
 {
-    size_t n_new = 0, need, free_slots;
+    struct kvt_stat *s;
+    size_t b = 0;
+
+    if (p->pending_stats.n != 1) {
+        kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
+        return;
+    }
+    s = &p->pending_stats.s[0];
+    while (b < KVT_HIST_BUCKETS - 1 && (double)n_new > kvt_hist_bounds[b])
+        b++;
+    s->count++;
+    s->sum += (double)n_new;
+    s->buckets[b]++;
+}
+
+/* Scratch of n entries for a prepare_store: victims (at most one per key), the
+ * access index and hash of each key to store, the hashes of its store misses. */
+static int pr_store_reserve(struct kvt_primary *p, size_t n)
+{
+    if (n > p->victims_cap) {
+        uint32_t *v = kvt_reallocarray(p->victims, n, sizeof(*v));
+
+        if (v == NULL)
+            return -ENOMEM;
+        p->victims = v;
+        p->victims_cap = n;
+    }
+    if (n > p->miss_cap) {
+        uint32_t *idx = kvt_reallocarray(p->acc_idx, n, sizeof(*idx));
+
+        if (idx == NULL)
+            return -ENOMEM;
+        p->acc_idx = idx;
+        uint64_t *mh = kvt_reallocarray(p->miss_hash, 2 * n, sizeof(*mh));
+
+        if (mh == NULL)
+            return -ENOMEM;
+        p->miss_hash = mh;
+        p->miss_cap = n;
+    }
+    return 0;
+}
+
+int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                  struct kvt_primary_access *acc, struct kvt_store_output *out)
+{
+    size_t n_new = 0, n_miss = 0, need, free_slots;
+    uint64_t *new_hash, *miss_hash;
     int rc;
 
     out->n_store = 0;
@@ -425,14 +804,24 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
         return 0;
     if (n > UINT32_MAX - 1)
         return -EINVAL;
+    /* Every allocation first: past this point only -ENOSPC can fail. */
     rc = pr_dedup_reserve(p, n);
     if (rc == 0)
-        rc = out_reserve(out, n, 0);
+        rc = out_reserve(out, n, n);
+    if (rc == 0)
+        rc = pr_store_reserve(p, n);
+    acc = acc_live(p, acc);
+    if (rc == 0 && acc != NULL)
+        rc = acc_reserve(acc, n);
     if (rc != 0)
         return rc;
+    new_hash = p->miss_hash + n;
+    miss_hash = p->miss_hash;
 
     /* Protect every offered key (present ones keep their place whatever happens)
-     * and collect the absent ones, once each. */
+     * and collect the absent ones, once each. The request's access records, in
+     * offer order, the absent keys and the ready present ones (reused); a key
+     * still being written is neither. */
     pr_next_mark(p);
     for (size_t b = 0; b < n; b += PR_GROUP) {
         size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
@@ -441,31 +830,42 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
 
         kvt_pr_find_group(p, keys + b, m, h, s);
         for (size_t i = 0; i < m; i++) {
-            if (s[i] != PR_NIL)
+            if (s[i] != PR_NIL) {
                 p->e[s[i]].mark = p->mark;
-            else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))
+                if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
+                    acc_reuse(acc, &keys[b + i], h[i], p, s[i]);
+            } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
+                if (acc != NULL)
+                    p->acc_idx[n_new] = acc_see(acc, &keys[b + i], h[i]);
+                new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
+            }
         }
     }
+    /* Store misses this request has not had yet, before allocation removes their
+     * ghosts (ARC adapts to them even if the store then fails). */
+    for (size_t i = 0; i < n_new; i++) {
+        if (acc != NULL) {
+            struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
+
+            if (x->flags & PR_AF_STORE_MISS)
+                continue;
+            x->flags |= PR_AF_STORE_MISS;
+        }
+        miss_hash[n_miss++] = new_hash[i];
+    }
+    if (n_miss > 0 && p->pol->store_miss != NULL)
+        p->pol->store_miss(p, miss_hash, n_miss);
     if (n_new == 0)
         return 0;
+    /* vLLM counts the allocation's size before it knows whether there is room */
+    pr_observe_alloc(p, n_new);
 
     free_slots = pr_num_free(p);
     need = n_new > free_slots ? n_new - free_slots : 0;
     if (need > 0) {
         if (need > p->num_evictable) /* fail fast without a scan (#45757) */
             return -ENOSPC;
-        rc = out_reserve(out, n_new, need);
-        if (rc == 0 && need > p->victims_cap) {
-            uint32_t *v = kvt_reallocarray(p->victims, need, sizeof(*v));
-
-            if (v == NULL)
-                return -ENOMEM;
-            p->victims = v;
-            p->victims_cap = need;
-        }
-        if (rc != 0)
-            return rc;
         rc = p->pol->evict(p, need, p->victims); /* atomic: -ENOSPC changes nothing */
         if (rc != 0)
             return rc;
@@ -492,20 +892,86 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
         if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
             p->pol->will_insert(p, k, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
 
-        out->chunk_ids[i] = pr_insert(p, k, kvt_key_hash(k));
+        out->chunk_ids[i] = pr_insert(p, k, new_hash[i]);
+        if (acc != NULL) {
+            struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
+
+            x->flags |= PR_AF_INSERTED;
+            x->slot = (uint32_t)out->chunk_ids[i];
+            x->gen = p->e[x->slot].generation;
+        }
     }
     out->n_store = n_new;
-    kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
     return 0;
 }
 
-int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                               bool success)
+int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                              struct kvt_store_output *out)
+{
+    return kvt_primary_prepare_store_req(p, keys, n, NULL, out);
+}
+
+/* Finds the slots of keys[0..n) into slot[]: through the request's access where it
+ * saw them allocated (which spares the index: a cache miss per key in a large
+ * primary), else through the index, PR_GROUP keys at a time. */
+static void pr_complete_find(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                             const struct kvt_primary_access *acc, uint32_t *slot)
 {
     uint64_t h[PR_GROUP];
-    uint32_t slot[PR_GROUP];
+
+    if (acc != NULL && acc->n > 0 && acc->generation == p->generation) {
+        for (size_t i = 0; i < n; i++) {
+            uint64_t hk = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
+
+            slot[i] = pr_key_ok(&keys[i]) ? acc_slot_of(p, acc, &keys[i], hk) : PR_NIL;
+            if (slot[i] == PR_NIL && pr_key_ok(&keys[i]))
+                slot[i] = pr_find_h(p, &keys[i], hk);
+        }
+        return;
+    }
+    for (size_t b = 0; b < n; b += PR_GROUP)
+        kvt_pr_find_group(p, keys + b, n - b < PR_GROUP ? n - b : PR_GROUP, h, slot + b);
+}
+
+/* Completes the write of slot s (of key): ready, or freed when !success. Returns
+ * whether the key was stored by this call. */
+static bool pr_complete_slot(struct kvt_primary *p, uint32_t s, bool success)
+{
+    struct pr_entry *x;
+
+    /* absent, already ready (idempotent), or released by a repeat of the key
+     * earlier in this call (nothing allocates here, so its slot stays free) */
+    if (s == PR_NIL || p->e[s].ref_cnt >= 0 || p->e[s].list == PR_NONE)
+        return false;
+    x = &p->e[s];
+    p->num_write_pending--;
+    if (!success) { /* no event: the key was never stored */
+        p->pol->remove(p, s);
+        pr_release(p, s);
+        return false;
+    }
+    x->ref_cnt = 0;
+    p->num_evictable++;
+    /* A tier that checked the bytes it wrote (the network tier's READs, against the
+     * holder's checksum) has set it already: no second pass over the row. */
+    if (p->cfg.checksum_on_complete && p->base != NULL && !x->has_checksum) {
+        x->checksum = kvt_hash64(p->base + (size_t)s * p->cfg.row_bytes, p->cfg.row_bytes);
+        x->has_checksum = true;
+    }
+    return true;
+}
+
+/* complete_store; with strict, a successful one of a key that is absent is -EINVAL
+ * and changes nothing. It never fails for memory (the slots complete whatever
+ * happens; only the stored event can be lost): every key is found once, before the
+ * first change, into a scratch array, or, when that array cannot grow, PR_GROUP keys
+ * at a time on the stack, in two passes when strict. */
+static int pr_complete(struct kvt_primary *p, const struct kvt_key *keys, size_t n, bool success,
+                       bool strict, const struct kvt_primary_access *acc)
+{
     size_t n_stored = 0;
     bool event = success && p->cfg.enable_events;
+    uint32_t *slot = p->cs_slot, group[PR_GROUP];
 
     if (event && n > p->scratch_cap) {
         struct kvt_key *k = kvt_reallocarray(p->scratch, n, sizeof(*k));
@@ -517,34 +983,41 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
             event = false; /* the slots still complete: only the event is lost */
         }
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t s;
-        struct pr_entry *x;
+    if (n > p->cs_cap) {
+        uint32_t *c = kvt_reallocarray(p->cs_slot, n, sizeof(*c));
 
-        if (i % PR_GROUP == 0)
-            kvt_pr_find_group(p, keys + i, n - i < PR_GROUP ? n - i : PR_GROUP, h, slot);
-        s = slot[i % PR_GROUP];
-        /* absent, already ready (idempotent), or released by a repeat of the key
-         * earlier in this call */
-        if (s == PR_NIL || p->e[s].ref_cnt >= 0 || p->e[s].list == PR_NONE)
-            continue;
-        x = &p->e[s];
-        p->num_write_pending--;
-        if (!success) { /* no event: the key was never stored */
-            p->pol->remove(p, s);
-            pr_release(p, s);
-            continue;
+        if (c != NULL) {
+            p->cs_slot = slot = c;
+            p->cs_cap = n;
+        } else {
+            slot = NULL;
         }
-        x->ref_cnt = 0;
-        p->num_evictable++;
-        /* A tier that checked the bytes it wrote (the network tier's READs, against
-         * the holder's checksum) has set it already: no second pass over the row. */
-        if (p->cfg.checksum_on_complete && p->base != NULL && !x->has_checksum) {
-            x->checksum = kvt_hash64(p->base + (size_t)s * p->cfg.row_bytes, p->cfg.row_bytes);
-            x->has_checksum = true;
+    }
+    if (slot != NULL) {
+        pr_complete_find(p, keys, n, acc, slot);
+        for (size_t i = 0; strict && success && i < n; i++)
+            if (slot[i] == PR_NIL)
+                return -EINVAL;
+        for (size_t i = 0; i < n; i++)
+            if (pr_complete_slot(p, slot[i], success) && event)
+                p->scratch[n_stored++] = keys[i];
+    } else {
+        for (size_t b = 0; strict && success && b < n; b += PR_GROUP) {
+            size_t m = KVT_MIN(n - b, (size_t)PR_GROUP);
+
+            pr_complete_find(p, keys + b, m, acc, group);
+            for (size_t i = 0; i < m; i++)
+                if (group[i] == PR_NIL)
+                    return -EINVAL;
         }
-        if (event)
-            p->scratch[n_stored++] = keys[i];
+        for (size_t b = 0; b < n; b += PR_GROUP) {
+            size_t m = KVT_MIN(n - b, (size_t)PR_GROUP);
+
+            pr_complete_find(p, keys + b, m, acc, group);
+            for (size_t i = 0; i < m; i++)
+                if (pr_complete_slot(p, group[i], success) && event)
+                    p->scratch[n_stored++] = keys[b + i];
+        }
     }
     if (success && p->cfg.enable_events && !event) {
         kvt_warn("primary", "out of memory: a stored event was lost");
@@ -556,6 +1029,18 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
         return -ENOMEM;
     }
     return 0;
+}
+
+int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                               bool success)
+{
+    return pr_complete(p, keys, n, success, false, NULL);
+}
+
+int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                      bool success, const struct kvt_primary_access *acc)
+{
+    return pr_complete(p, keys, n, success, true, acc);
 }
 
 /* Checks every key before pinning the first: all present and ready, or -EINVAL. */
@@ -586,14 +1071,30 @@ static int pr_pin(struct kvt_primary *p, const struct kvt_key *keys, size_t n, i
     return 0;
 }
 
+int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                 struct kvt_primary_access *acc, int64_t *chunk_ids)
+{
+    int rc;
+
+    acc = acc_live(p, acc);
+    if (acc != NULL && (rc = acc_reserve(acc, n)) != 0)
+        return rc;
+    rc = pr_pin(p, keys, n, chunk_ids);
+    if (rc != 0 || acc == NULL)
+        return rc;
+    /* A GPU load is a use of every key (vLLM's record_access=True). */
+    for (size_t i = 0; i < n; i++)
+        acc_reuse(acc, &keys[i], p->e[chunk_ids[i]].hash, p, (uint32_t)chunk_ids[i]);
+    return 0;
+}
+
 int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                              int64_t *chunk_ids)
 {
     return pr_pin(p, keys, n, chunk_ids);
 }
 
-/* A cascade read is not a reuse: it records no access (the simple-form policies
- * record none at pin time anyway, so both calls pin the same way). */
+/* A cascade read is not a reuse: it records no access (vLLM's prepare_read). */
 int kvt_primary_prepare_read(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                              int64_t *chunk_ids)
 {
@@ -623,19 +1124,70 @@ int kvt_primary_complete_load(struct kvt_primary *p, const struct kvt_key *keys,
     return 0;
 }
 
-void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+static uint32_t slot_group(const void *arg, size_t i)
 {
-    p->pol->touch(p, keys, n);
+    const struct kvt_primary *p = arg;
+
+    return pr_key_group(&p->e[p->fin_slots[i]].key);
 }
 
-void kvt_primary_on_request_finished(struct kvt_primary *p, const struct kvt_req_ctx *ctx)
+void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
 {
-    (void)p;
-    (void)ctx;
+    uint64_t h[PR_GROUP];
+    uint32_t s[PR_GROUP];
+    size_t m = 0;
+    bool many_groups = false;
+
+    if (n == 0)
+        return;
+    if (fin_reserve(p, n) != 0) {
+        kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
+        return;
+    }
+    /* A request of its own, finished at once: each present ready key once, in
+     * first-seen order (a mark tells a repeat), reused. */
+    pr_next_mark(p);
+    for (size_t b = 0; b < n; b += PR_GROUP) {
+        size_t g = n - b < PR_GROUP ? n - b : PR_GROUP;
+
+        kvt_pr_find_group(p, keys + b, g, h, s);
+        for (size_t i = 0; i < g; i++) {
+            struct pr_entry *x;
+
+            if (s[i] == PR_NIL)
+                continue;
+            x = &p->e[s[i]];
+            if (x->ref_cnt < 0 || x->mark == p->mark)
+                continue;
+            x->mark = p->mark;
+            if (m > 0 && !many_groups &&
+                pr_key_group(&keys[b + i]) != pr_key_group(&p->e[p->fin_slots[0]].key))
+                many_groups = true;
+            p->fin_slots[m++] = s[i];
+        }
+    }
+    if (m == 0)
+        return;
+    if (many_groups) {
+        uint32_t *slots = kvt_reallocarray(NULL, m, sizeof(*slots));
+
+        if (slots == NULL || fin_order_by_group(p, m, true, slot_group, p) != 0) {
+            kvt_free(slots);
+            kvt_warn("primary", "out of memory: a touch of %zu keys was lost", n);
+            return;
+        }
+        memcpy(slots, p->fin_slots, m * sizeof(*slots));
+        for (size_t i = 0; i < m; i++)
+            p->fin_slots[i] = slots[p->fin_order[i]];
+        kvt_free(slots);
+    }
+    memset(p->fin_kinds, PR_ACC_REUSED, m);
+    p->pol->finish(p, p->fin_slots, p->fin_kinds, m);
 }
 
 void kvt_primary_reset_cache(struct kvt_primary *p)
 {
+    p->generation++; /* every access recorded so far is stale */
     p->pol->clear(p);
     kvt_zero_table(p->index, p->index_size, sizeof(*p->index));
     for (size_t i = 0; i < p->cfg.num_chunks; i++) {

@@ -44,6 +44,11 @@ struct pr_list {
 
 struct kvt_primary;
 
+/* What a request did with a key it accessed, as its finish tells the policy:
+ * inserted it and never reused it (insertion-only), reused it while ready, or
+ * neither (offered for store but never allocated). */
+enum pr_access_kind { PR_ACC_NEITHER = 0, PR_ACC_INSERTED_ONLY = 1, PR_ACC_REUSED = 2 };
+
 /* A cache policy: owns the recency order of the entries (and its own extra state,
  * such as ARC's ghosts); the primary owns the entries, slots and counters. */
 struct pr_policy_ops {
@@ -54,8 +59,13 @@ struct pr_policy_ops {
     void (*will_insert)(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
     void (*insert)(struct kvt_primary *p, uint32_t slot); /* a new entry, ref -1 */
     void (*remove)(struct kvt_primary *p, uint32_t slot); /* a failed store leaves */
-    /* keys in prefix order; applied in reverse (the head of a prefix ends MRU). */
-    void (*touch)(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
+    /* Optional (ARC): store misses of one request, in offer order, each seen for
+     * the first time by that request; applied in reverse (a ghost hit adapts). */
+    void (*store_miss)(struct kvt_primary *p, const uint64_t *hashes, size_t n);
+    /* One request-scoped access: the slots of its present keys in prefix order,
+     * each once, with their kind (enum pr_access_kind); applied tail to head, so
+     * the head ends most recent. */
+    void (*finish)(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds, size_t n);
     /* Chooses exactly n victims (ref 0, not marked) into victims[] and takes them
      * off the lists; -ENOSPC with no change when fewer exist. */
     int (*evict)(struct kvt_primary *p, size_t n, uint32_t *victims);
@@ -92,6 +102,20 @@ struct kvt_primary {
     size_t dedup_cap, dedup_mask;
     struct kvt_key *scratch; /* complete_store: the keys of the stored event */
     size_t scratch_cap;
+    /* prepare_store scratch for the request's access: each key to store's index
+     * in the access, and the hashes of the new store misses */
+    uint32_t *acc_idx;
+    uint64_t *miss_hash;
+    size_t miss_cap;
+    uint32_t *cs_slot; /* complete_store: the slot of each key */
+    size_t cs_cap;
+    /* request_finished / touch scratch: the order of the keys, their slots and
+     * kinds in prefix order */
+    uint32_t *fin_order;
+    uint32_t *fin_slots;
+    uint8_t *fin_kinds;
+    size_t fin_cap;
+    uint64_t generation; /* bumped by reset_cache: stale accesses start over */
 
     struct kvt_events events;
     kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */
@@ -158,12 +182,12 @@ uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key);
 void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                        uint64_t *h, uint32_t *slot);
 
-/* A policy's touch: calls move(p, &keys[i], its hash, its slot or PR_NIL) for i
- * from n - 1 down to 0 (spec §2.3's reverse order), a group at a time with the
- * group's finds and its entries' neighbours requested before the first move. */
-typedef void pr_touch_fn(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, uint32_t s);
-void kvt_pr_touch_each(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                       pr_touch_fn *move);
+/* A policy's finish: calls move(p, slots[i], kinds[i]) for i from n - 1 down to 0
+ * (the tail of a prefix first), with the neighbours of entries a few moves ahead
+ * requested early. */
+typedef void pr_move_fn(struct kvt_primary *p, uint32_t s, uint8_t kind);
+void kvt_pr_finish_each(struct kvt_primary *p, const uint32_t *slots, const uint8_t *kinds,
+                        size_t n, pr_move_fn *move);
 
 /* Starts the cache misses of moving entry s in its list (its neighbours' links). */
 static inline void pr_prefetch_links(const struct kvt_primary *p, uint32_t s)

@@ -5,8 +5,8 @@
 #include "kvt/backpressure.h"
 #include "kvt/tier.h"
 
-void kvt_tier_init(struct kvt_tier *t, const struct kvt_tier_ops *ops, const char *type,
-                   int medium, int locality)
+void kvt_tier_init(struct kvt_tier *t, const struct kvt_tier_ops *ops, const char *type, int medium,
+                   int locality)
 {
     memset(t, 0, sizeof(*t));
     t->ops = ops;

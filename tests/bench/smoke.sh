@@ -27,6 +27,10 @@ check "core: 6 rows (3 sizes x LRU, ARC), every time positive" \
   '(.results | length) == 6 and all(.results[]; .lookup_hit_ns > 0 and .lookup_miss_ns > 0
      and .store_complete_ns > 0 and .store_complete_evict_ns > 0 and .touch16_ns > 0
      and .index_bytes_per_chunk > .key_bytes_per_chunk)' "$out"
+check "core: 6 manager rows, every time positive, no vLLM rows unless asked" \
+  '(.manager | length) == 6 and (.vllm | length) == 0 and all(.manager[]; .lookup_hit_ns > 0
+     and .lookup_miss_ns > 0 and .store_ns > 0 and .store_evict_ns > 0 and .load_ns > 0
+     and .touch16_ns > 0 and .finish_ns > 0 and .finish_evict_ns > 0)' "$out"
 
 out=$("$BENCH" storage --json --dir "$SCRATCH/storage" --chunks 64 --rounds 2 --rebuild-files 300)
 check "storage: every chunk loaded and checked, every file rebuilt, fio beside it" \

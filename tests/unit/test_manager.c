@@ -1738,6 +1738,147 @@ static void test_allocation_failures_keep_the_job_contract(void **state)
     assert_true(refused > 0);
 }
 
+/* ---- the policies as vLLM's CPU tier drives them ---------------------------
+ * A manager without secondary tiers over a tiny primary; A, B, ... are
+ * kt_key(1), kt_key(2), ... Each scenario's evictions were checked against
+ * vLLM 0.34's CPUOffloadingManager (tests/conformance/vllm_policy_replay.py). */
+
+struct pfx {
+    struct kvt_manager *m;
+    struct kvt_primary *p;
+    struct kvt_req_ctx *r[3];
+    struct kvt_store_output out;
+};
+
+static struct pfx *pfx_new(size_t chunks, const char *policy)
+{
+    struct pfx *f = calloc(1, sizeof(*f));
+    struct kvt_primary_config pc = {.num_chunks = chunks, .policy = policy};
+    char id[8];
+
+    assert_non_null(f);
+    assert_int_equal(kvt_primary_create(&pc, NULL, &f->p), 0);
+    assert_int_equal(kvt_manager_create(f->p, NULL, 0, &f->m), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(id, sizeof(id), "r%d", i);
+        f->r[i] = kt_ctx(id);
+        assert_int_equal(kvt_manager_on_new_request(f->m, f->r[i], NULL), 0);
+    }
+    kvt_store_output_init(&f->out);
+    return f;
+}
+
+static void pfx_free(struct pfx *f)
+{
+    for (int i = 0; i < 3; i++) {
+        if (kvt_manager_has_request(f->m, f->r[i]->req_id))
+            assert_int_equal(kvt_manager_on_request_finished(f->m, f->r[i]), 0);
+        kvt_req_ctx_unref(f->r[i]);
+    }
+    assert_int_equal(kvt_manager_shutdown(f->m), 0);
+    kvt_manager_destroy(f->m);
+    kvt_store_output_cleanup(&f->out);
+    free(f);
+}
+
+/* prepare_store + complete_store of ids (-1 ends) by request r; the evicted ids
+ * (-1 ends) must be exactly evicted, in order. */
+static void pstore(struct pfx *f, int r, const int *ids, const int *evicted)
+{
+    struct kvt_key k[8];
+    size_t n = 0, e = 0;
+
+    for (; ids[n] >= 0; n++)
+        k[n] = kt_key(ids[n]);
+    assert_int_equal(kvt_manager_prepare_store(f->m, k, n, f->r[r], &f->out), 0);
+    for (; evicted[e] >= 0; e++) {
+        struct kvt_key x = kt_key(evicted[e]);
+
+        assert_true(e < f->out.n_evicted);
+        if (!kvt_key_eq(&f->out.evicted[e], &x))
+            fail_msg("eviction %zu is not key %d", e, evicted[e]);
+    }
+    assert_int_equal(f->out.n_evicted, e);
+    assert_int_equal(
+        kvt_manager_complete_store(f->m, f->out.keys_to_store, f->out.n_store, f->r[r], true), 0);
+}
+#define IDS(...) ((const int[]){__VA_ARGS__, -1})
+#define NO_IDS   ((const int[]){-1})
+
+enum { A = 1, B, C, D, E };
+
+/* 1. LRU: a request's finish gives its keys a new rank. */
+static void test_lru_request_finish_ranks_its_keys(void **state)
+{
+    struct pfx *f = pfx_new(2, "lru");
+
+    pstore(f, 0, IDS(A), NO_IDS);
+    pstore(f, 1, IDS(B), NO_IDS);
+    assert_int_equal(kvt_manager_on_request_finished(f->m, f->r[0]), 0);
+    pstore(f, 2, IDS(C), IDS(B)); /* the simple form evicted A */
+    pfx_free(f);
+}
+
+/* 2. ARC: a key a request reused while ready moves T1 -> T2 at its finish. */
+static void test_arc_request_finish_promotes_reused_keys(void **state)
+{
+    struct pfx *f = pfx_new(2, "arc");
+    struct kvt_key a = kt_key(A), t2[2];
+    int64_t slot;
+
+    pstore(f, 0, IDS(A, B), NO_IDS);
+    assert_int_equal(kvt_manager_prepare_load(f->m, &a, 1, f->r[1], &slot), 0);
+    assert_int_equal(kvt_manager_complete_load(f->m, &a, 1, f->r[1]), 0);
+    assert_int_equal(kvt_primary_policy_list(f->p, 1, t2, 2), 0); /* not before the finish */
+    assert_int_equal(kvt_manager_on_request_finished(f->m, f->r[1]), 0);
+    assert_int_equal(kvt_primary_policy_list(f->p, 1, t2, 2), 1);
+    assert_true(kvt_key_eq(&t2[0], &a));
+    pstore(f, 2, IDS(C), IDS(B)); /* the simple form evicted A */
+    pfx_free(f);
+}
+
+/* 3. ARC: store misses of ghost keys adapt the target before the store evicts. */
+static void test_arc_store_miss_adapts_before_eviction(void **state)
+{
+    struct pfx *f = pfx_new(3, "arc");
+    struct kvt_key c = kt_key(C), a = kt_key(A), b = kt_key(B);
+
+    pstore(f, 0, IDS(A, B, C), NO_IDS);
+    kvt_manager_touch(f->m, &c, 1, f->r[0]); /* an access of its own: C reused, to T2 */
+    pstore(f, 0, IDS(D, E), IDS(A, B));
+    assert_int_equal(kvt_primary_arc_ghost_of(f->p, &a), 1);
+    assert_int_equal(kvt_primary_arc_ghost_of(f->p, &b), 1);
+    assert_float_equal(kvt_primary_arc_target(f->p), 0.0, 0);
+    /* B then A hit B1: target 0 -> 1 -> 2; then |T1| = 2 >= 2 gives D, and 1 < 2
+     * C from T2 (without the adaptation: D and E) */
+    pstore(f, 1, IDS(A, B), IDS(D, C));
+    assert_float_equal(kvt_primary_arc_target(f->p), 2.0, 0);
+    assert_int_equal(kvt_primary_arc_ghost_len(f->p, 1), 1); /* D; A and B stored */
+    assert_int_equal(kvt_primary_arc_ghost_len(f->p, 2), 1); /* C */
+    pfx_free(f);
+}
+
+/* prepare_store polls the tiers even when the step's gate is set (vLLM 0.34):
+ * cascades that finished since the step's first lookup unpin their chunks before
+ * the eviction decision. */
+static void test_prepare_store_polls_past_the_step_gate(void **state)
+{
+    struct fx *f = fx_new_with(1, NULL, NULL, false);
+    struct kvt_key k[7];
+
+    kt_keys(k, 0, 7);
+    start(f, f->ctx);
+    assert_int_equal(kvt_manager_lookup(f->m, &k[6], f->ctx), KVT_MISS); /* sets the gate */
+    assert_int_equal(kvt_manager_prepare_store(f->m, k, 5, f->ctx, &f->out), 0);
+    assert_int_equal(kvt_manager_complete_store(f->m, k, 5, f->ctx, true), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 0); /* pinned by the cascade */
+    /* The cascade has finished in the tier; the same step's store must see it. */
+    assert_int_equal(kvt_manager_prepare_store(f->m, k + 5, 1, f->ctx, &f->out), 0);
+    assert_int_equal(f->out.n_evicted, 1);
+    assert_int_equal(kvt_manager_complete_store(f->m, k + 5, 1, f->ctx, true), 0);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1791,6 +1932,10 @@ int main(void)
         cmocka_unit_test(test_reset_cache_clears_backpressure),
         cmocka_unit_test(test_lookup_many_matches_one_by_one),
         cmocka_unit_test(test_allocation_failures_keep_the_job_contract),
+        cmocka_unit_test(test_lru_request_finish_ranks_its_keys),
+        cmocka_unit_test(test_arc_request_finish_promotes_reused_keys),
+        cmocka_unit_test(test_arc_store_miss_adapts_before_eviction),
+        cmocka_unit_test(test_prepare_store_polls_past_the_step_gate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -358,15 +358,19 @@ static void test_arc_adaptive_target(void **state)
     assert_int_equal(PREP(f, 3), 0); /* evicts 1 into B1 */
     COMPLETE(f, 3);
     assert_int_equal(ghost_of(f, 1), 1);
-    TOUCH(f, 1); /* a miss, but a B1 hit: favour recency */
+    TOUCH(f, 1); /* a ghost is not reused: no adaptation on a touch */
+    assert_float_equal(kvt_primary_arc_target(f->p), initial, 0);
+    assert_int_equal(PREP(f, 1), 0); /* a store miss, but a B1 hit: favour recency */
     assert_true(kvt_primary_arc_target(f->p) > initial);
     assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0); /* max(1, 0/1) */
+    assert_int_equal(ghost_of(f, 1), 0);                      /* stored again */
     fx_free(f);
 }
 
 static void test_arc_adaptive_target_b2_hit_decreases(void **state)
 {
     struct fx *f = fx_make(2, "arc", false, 0);
+    int64_t c[2];
     assert_int_equal(PREP(f, 1, 2), 0);
     COMPLETE(f, 1, 2);
     TOUCH(f, 1, 2);                  /* both to T2 */
@@ -374,10 +378,15 @@ static void test_arc_adaptive_target_b2_hit_decreases(void **state)
     COMPLETE(f, 3);
     assert_int_equal(ghost_of(f, 2), 2); /* reverse touch left 1 MRU, 2 LRU */
     kvt__primary_arc_set_target(f->p, 1.5);
-    TOUCH(f, 2);
+    /* Everything pinned: the stores of 2 fail, after their store miss adapted. */
+    assert_int_equal(LOAD(f, c, 1, 3), 0);
+    assert_int_equal(PREP(f, 2), -ENOSPC);
     assert_float_equal(kvt_primary_arc_target(f->p), 0.5, 1e-12);
-    TOUCH(f, 2);
+    assert_int_equal(PREP(f, 2), -ENOSPC);
     assert_float_equal(kvt_primary_arc_target(f->p), 0.0, 0); /* floored at 0 */
+    assert_int_equal(ghost_of(f, 2), 2);
+    assert_int_equal(kvt_primary_num_entries(f->p), 2);
+    assert_int_equal(UNLOAD(f, 1, 3), 0);
     fx_free(f);
 }
 
@@ -511,7 +520,7 @@ static void test_evictable_cache_block_count(void **state)
     assert_int_equal(kvt_primary_num_evictable(f->p), 3);
     assert_int_equal(PREP(f, 4, 5, 6), 0); /* one free slot, two evictions */
     assert_int_equal(kvt_primary_num_evictable(f->p), 1);
-    check_out(f, L(4, 5, 6), L(3, 1, 0), L(1, 2)); /* simple-form LRU: 3 survives */
+    check_out(f, L(4, 5, 6), L(3, 1, 0), L(1, 2)); /* LRU: 3 survives (no request finished) */
     COMPLETE_FAIL(f, 4, 5, 6);
     assert_int_equal(kvt_primary_num_evictable(f->p), 1);
     assert_int_equal(kvt_primary_num_write_pending(f->p), 0);
@@ -784,6 +793,14 @@ static void test_stats_split_read_and_write(void **state)
     assert_int_equal(kvt_primary_get_stats(f->p, &st), 0); /* histogram consumed */
     assert_null(kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL));
     assert_non_null(kvt_stats_find(&st, KVT_M_CPU_USAGE, NULL));
+    /* vLLM counts an allocation's size before it finds there is no room */
+    assert_int_equal(PREP(f, 5, 6, 7, 8), -ENOSPC);
+    kvt_stats_clear(&st);
+    assert_int_equal(kvt_primary_get_stats(f->p, &st), 0);
+    h = kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL);
+    assert_non_null(h);
+    assert_int_equal(h->count, 1);
+    assert_float_equal(h->sum, 4, 0);
     kvt_stats_cleanup(&st);
     fx_free(f);
 }
@@ -953,11 +970,14 @@ static void test_lookup_many_matches_lookup(void **state)
 }
 
 /* ---- ARC against a reference model ----------------------------------------
- * The policy of spec §2.3 written the obvious way (ordered arrays of key ids,
- * LRU first), driven side by side with the primary through random stores and
+ * vLLM's ARC rules written the obvious way (ordered arrays of key ids, LRU
+ * first), driven side by side with the primary through random stores and
  * touches of present, ghost and unknown keys; after every call the lists T1, T2,
- * the ghost lists and the target must agree. Entries are always ready and
- * unpinned here: the pin and write-pending rules have their own tests above. */
+ * the ghost lists and the target must agree. A touch is a request of its own
+ * that reuses the present keys and finishes at once (ghosts and unknown keys are
+ * not touched); a store's misses adapt the target to ghosts, tail first, before
+ * it evicts. Entries are always ready and unpinned here: the pin and
+ * write-pending rules have their own tests above. */
 #define ARC_CAP  8
 #define ARC_KEYS 40
 
@@ -995,18 +1015,28 @@ static void am_touch(struct arc_model *m, const int *keys, size_t n)
 {
     for (size_t i = n; i-- > 0;) {
         int w = am_where(m, keys[i]);
+
+        if (w != 0 && w != 1)
+            continue; /* a ghost or an unknown key: nothing to reuse */
+        am_remove(m, w, keys[i]);
+        am_append(m, 1, keys[i]); /* T1 -> T2, T2 -> its MRU end */
+    }
+}
+
+/* on_store_miss: each miss, tail first, that is a ghost. */
+static void am_store_miss(struct arc_model *m, const int *keys, size_t n)
+{
+    for (size_t i = n; i-- > 0;) {
+        int w = am_where(m, keys[i]);
         double b1 = (double)m->n[2], b2 = (double)m->n[3];
 
-        if (w < 0)
+        if (w < 2)
             continue;
         am_remove(m, w, keys[i]);
-        if (w == 0 || w == 1)
-            am_append(m, 1, keys[i]); /* T1 -> T2, T2 -> its MRU end */
-        else
-            am_append(m, w, keys[i]); /* a ghost moves to its MRU end */
+        am_append(m, w, keys[i]); /* a ghost moves to its MRU end */
         if (w == 2)
             m->target = fmin(m->target + fmax(1.0, b2 / b1), ARC_CAP);
-        if (w == 3)
+        else
             m->target = fmax(m->target - fmax(1.0, b1 / b2), 0.0);
     }
 }
@@ -1018,7 +1048,7 @@ static void am_store(struct arc_model *m, const int *keys, size_t n)
     int add[8];
     size_t n_add = 0, n_t = m->n[0] + m->n[1], need;
     bool prot[ARC_KEYS] = {false};
-    size_t c1 = 0, c2 = 0, virtual_t1 = m->n[0], limit = (size_t)floor(m->target);
+    size_t c1 = 0, c2 = 0, virtual_t1 = m->n[0], limit;
     int victims[8], from[8];
 
     for (size_t i = 0; i < n; i++) {
@@ -1029,6 +1059,8 @@ static void am_store(struct arc_model *m, const int *keys, size_t n)
         else
             add[n_add++] = keys[i];
     }
+    am_store_miss(m, add, n_add);
+    limit = (size_t)floor(m->target);
     need = n_t + n_add > ARC_CAP ? n_t + n_add - ARC_CAP : 0;
     for (size_t v = 0; v < need; v++) { /* cursors walk T1 and T2 from the LRU end */
         int got = -1;
@@ -1141,6 +1173,169 @@ static void test_arc_matches_reference_model(void **state)
     }
 }
 
+/* ---- request-scoped access ------------------------------------------------ */
+
+static int rprep(struct fx *f, struct kvt_primary_access *acc, const int *ids, int group)
+{
+    struct kvt_key k[MAXK];
+    size_t n = 0;
+
+    for (; ids[n] >= 0; n++) {
+        char s[16];
+        int len = snprintf(s, sizeof(s), "%d", ids[n]);
+
+        assert_int_equal(kvt_key_make(&k[n], s, (size_t)len, (uint32_t)group), 0);
+    }
+    return kvt_primary_prepare_store_req(f->p, k, n, acc, &f->out);
+}
+
+static struct kvt_key gkey(int id, int group)
+{
+    struct kvt_key k;
+    char s[16];
+    int len = snprintf(s, sizeof(s), "%d", id);
+
+    assert_int_equal(kvt_key_make(&k, s, (size_t)len, (uint32_t)group), 0);
+    return k;
+}
+
+static void complete_all(struct fx *f)
+{
+    assert_int_equal(kvt_primary_complete_store(f->p, f->out.keys_to_store, f->out.n_store, true),
+                     0);
+}
+
+/* Key groups in ascending order, each in first-seen order, the tail applied
+ * first: the head of the lowest group ends most recent. */
+static void test_request_finish_orders_keys_by_group(void **state)
+{
+    struct fx *f = fx_make(8, "lru", false, 0);
+    struct kvt_primary_access *acc;
+    struct kvt_key order[8];
+    struct kvt_key want[6] = {gkey(9, 0), gkey(2, 1), gkey(1, 1),
+                              gkey(3, 0), gkey(2, 0), gkey(1, 0)}; /* LRU -> MRU */
+
+    assert_int_equal(kvt_primary_access_create(&acc), 0);
+    assert_int_equal(rprep(f, NULL, L(9), 0), 0); /* not the request's */
+    complete_all(f);
+    assert_int_equal(rprep(f, acc, L(1, 2), 1), 0); /* group 1 first */
+    complete_all(f);
+    assert_int_equal(rprep(f, acc, L(1, 2, 3), 0), 0);
+    complete_all(f);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 6);
+    kvt_primary_request_finished(f->p, acc);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(kvt_key_eq(&order[i], &want[i]));
+    kvt_primary_request_finished(f->p, acc); /* once only */
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 8), 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(kvt_key_eq(&order[i], &want[i]));
+    kvt_primary_access_destroy(acc);
+    fx_free(f);
+}
+
+/* ARC: loading a chunk the request itself stored is no reuse; loading one
+ * another request stored is, and only a ready one counts. */
+static void test_request_reuse_of_its_own_insert_is_not_reuse(void **state)
+{
+    struct fx *f = fx_make(8, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2;
+    int64_t c[2];
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), 0);
+    complete_all(f);
+    assert_int_equal(rprep(f, r2, L(2), 0), 0);
+    complete_all(f);
+    struct kvt_key k[2] = {kt_key(1), kt_key(2)};
+
+    assert_int_equal(kvt_primary_prepare_load_req(f->p, k, 2, r1, c), 0);
+    assert_int_equal(UNLOAD(f, 1, 2), 0);
+    kvt_primary_request_finished(f->p, r1);
+    assert_true(in_list(f, 0, 1)); /* its own: insertion only, stays in T1 */
+    assert_true(in_list(f, 1, 2)); /* another's, ready: T1 -> T2 */
+    /* r2 re-offers its own 2 (reused by r1, not by r2) and offers 3 */
+    assert_int_equal(rprep(f, r2, L(2, 3), 0), 0);
+    kvt_primary_request_finished(f->p, r2); /* 3 still being written */
+    assert_true(in_list(f, 1, 2));
+    assert_true(in_list(f, 0, 3));
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* ARC: a request's store miss adapts once, even if its store fails and it
+ * offers the key again; another request's miss adapts again. */
+static void test_store_miss_adapts_once_per_request(void **state)
+{
+    struct fx *f = fx_make(2, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2;
+    int64_t c[2];
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1, 2);
+    assert_int_equal(PREP(f, 3, 4), 0); /* 1 and 2 into B1 */
+    COMPLETE(f, 3, 4);
+    assert_int_equal(LOAD(f, c, 3, 4), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), -ENOSPC);
+    assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), -ENOSPC);
+    assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0); /* not again */
+    assert_int_equal(rprep(f, r2, L(1), 0), -ENOSPC);
+    assert_float_equal(kvt_primary_arc_target(f->p), 2.0, 0);
+    assert_int_equal(PREP(f, 2), -ENOSPC);                    /* no request: every call adapts */
+    assert_float_equal(kvt_primary_arc_target(f->p), 2.0, 0); /* at capacity */
+    assert_int_equal(kvt_primary_num_entries(f->p), 2);
+    assert_int_equal(UNLOAD(f, 3, 4), 0);
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* An access recorded before reset_cache applies nothing; one recorded after it
+ * does. */
+static void test_access_before_reset_is_forgotten(void **state)
+{
+    struct fx *f = fx_make(4, "lru", false, 0);
+    struct kvt_primary_access *r1, *r2;
+    struct kvt_key order[4], k1 = kt_key(1), k2 = kt_key(2);
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), 0);
+    assert_int_equal(rprep(f, r2, L(2), 0), 0);
+    kvt_primary_reset_cache(f->p);
+    assert_int_equal(PREP(f, 1, 2, 3), 0);
+    COMPLETE(f, 1, 2, 3);
+    kvt_primary_request_finished(f->p, r1);     /* stale: 1 stays LRU */
+    assert_int_equal(rprep(f, r2, L(2), 0), 0); /* after the reset: counts */
+    kvt_primary_request_finished(f->p, r2);
+    assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 4), 3);
+    assert_true(kvt_key_eq(&order[0], &k1));
+    assert_true(kvt_key_eq(&order[2], &k2));
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* A touch moves only present ready keys; pending keys and ghosts stay. */
+static void test_touch_moves_ready_keys_only(void **state)
+{
+    struct fx *f = fx_make(3, "arc", false, 0);
+
+    assert_int_equal(PREP(f, 1, 2), 0);
+    COMPLETE(f, 1);
+    TOUCH(f, 1, 2);
+    assert_true(in_list(f, 1, 1)); /* ready: to T2 */
+    assert_true(in_list(f, 0, 2)); /* being written: stays in T1 */
+    COMPLETE(f, 2);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1176,6 +1371,11 @@ int main(void)
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
         cmocka_unit_test(test_lookup_many_matches_lookup),
         cmocka_unit_test(test_arc_matches_reference_model),
+        cmocka_unit_test(test_request_finish_orders_keys_by_group),
+        cmocka_unit_test(test_request_reuse_of_its_own_insert_is_not_reuse),
+        cmocka_unit_test(test_store_miss_adapts_once_per_request),
+        cmocka_unit_test(test_access_before_reset_is_forgotten),
+        cmocka_unit_test(test_touch_moves_ready_keys_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

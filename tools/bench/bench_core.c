@@ -16,6 +16,7 @@
 #include "bench.h"
 #include "kvt/alloc.h"
 #include "kvt/hash.h"
+#include "kvt/manager.h"
 #include "kvt/primary.h"
 
 #define BATCH 16
@@ -191,6 +192,240 @@ out:
     return rc;
 }
 
+/* ---- the manager's calls, side by side with vLLM's ------------------------
+ * The engine-facing calls of the tiering manager (no secondary tiers), in the
+ * call sequence tools/bench/bench_core_vllm.py makes on vLLM's
+ * TieringOffloadingManager: requests of PER_REQ keys, each storing them in
+ * batches of BATCH and then finishing; requests of PER_REQ one-key lookups
+ * (hits, then misses); loads of BATCH hits; touches of BATCH ready keys; and a
+ * second and third pass of stores that evict BATCH chunks each. Figures are ns
+ * per key (touch16: per call). */
+#define PER_REQ 256
+
+struct mgr_result {
+    double store_ns, finish_ns, lookup_hit_ns, lookup_miss_ns, load_ns, touch16_ns;
+    double store_evict_ns, finish_evict_ns;
+};
+
+static struct kvt_req_ctx *bench_req(struct kvt_manager *m)
+{
+    static unsigned long serial;
+    struct kvt_req_ctx *ctx;
+    char id[32];
+
+    snprintf(id, sizeof(id), "b%lu", ++serial);
+    if (kvt_req_ctx_create(id, NULL, &ctx) != 0)
+        return NULL;
+    if (kvt_manager_on_new_request(m, ctx, NULL) != 0) {
+        kvt_req_ctx_unref(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static int bench_finish(struct kvt_manager *m, struct kvt_req_ctx *ctx)
+{
+    int rc = kvt_manager_on_request_finished(m, ctx);
+
+    kvt_req_ctx_unref(ctx);
+    return rc;
+}
+
+static int mgr_store_range(struct kvt_manager *m, const struct kvt_key *keys, size_t lo, size_t hi,
+                           struct kvt_store_output *out, double *store_ns, double *finish_ns)
+{
+    double t_store = 0, t_fin = 0;
+
+    for (size_t r = lo; r < hi; r += PER_REQ) {
+        struct kvt_req_ctx *ctx = bench_req(m);
+        size_t end = r + PER_REQ < hi ? r + PER_REQ : hi;
+        double t0, t1;
+
+        if (ctx == NULL)
+            return -ENOMEM;
+        t0 = now_ns();
+        for (size_t b = r; b < end; b += BATCH) {
+            size_t k = end - b < BATCH ? end - b : BATCH;
+            int rc = kvt_manager_prepare_store(m, keys + b, k, ctx, out);
+
+            if (rc == 0)
+                rc = kvt_manager_complete_store(m, out->keys_to_store, out->n_store, ctx, true);
+            if (rc != 0) {
+                bench_finish(m, ctx);
+                return rc;
+            }
+        }
+        t1 = now_ns();
+        if (bench_finish(m, ctx) != 0)
+            return -EIO;
+        t_fin += now_ns() - t1;
+        t_store += t1 - t0;
+    }
+    *store_ns = t_store / (double)(hi - lo);
+    *finish_ns = t_fin / (double)(hi - lo);
+    return 0;
+}
+
+static int mgr_lookups(struct kvt_manager *m, const struct kvt_key *probe, size_t n, size_t ops,
+                       enum kvt_lookup_result want, double *ns)
+{
+    double t = 0;
+
+    for (size_t done = 0; done < ops;) {
+        struct kvt_req_ctx *ctx = bench_req(m);
+        size_t k = ops - done < PER_REQ ? ops - done : PER_REQ;
+        unsigned bad = 0;
+        double t0;
+
+        if (ctx == NULL)
+            return -ENOMEM;
+        t0 = now_ns();
+        for (size_t j = 0; j < k; j++)
+            bad += kvt_manager_lookup(m, &probe[(done + j) % n], ctx) != want;
+        t += now_ns() - t0;
+        const char *ids[1] = {ctx->req_id};
+        struct kvt_schedule_end_ctx se = {.new_req_ids = ids, .n_new = 1};
+
+        kvt_manager_on_schedule_end(m, &se);
+        bench_finish(m, ctx);
+        if (bad)
+            return -EIO;
+        done += k;
+    }
+    *ns = t / (double)ops;
+    return 0;
+}
+
+static int run_manager(size_t n, const char *policy, const struct kvt_key *keys,
+                       const uint32_t *order, size_t ops, struct mgr_result *res)
+{
+    struct kvt_primary_config cfg = {.num_chunks = n, .row_bytes = 0, .policy = policy};
+    struct kvt_store_output out;
+    struct kvt_primary *p;
+    struct kvt_manager *m;
+    struct kvt_key *hits = NULL, *misses = NULL;
+    int64_t ids[BATCH];
+    int rc;
+
+    rc = kvt_primary_create(&cfg, NULL, &p);
+    if (rc < 0)
+        return rc;
+    rc = kvt_manager_create(p, NULL, 0, &m);
+    if (rc < 0) {
+        kvt_primary_destroy(p);
+        return rc;
+    }
+    kvt_store_output_init(&out);
+    rc = mgr_store_range(m, keys, 0, n, &out, &res->store_ns, &res->finish_ns);
+    if (rc == 0) {
+        hits = probe_keys(keys, order, n, 0);
+        misses = probe_keys(keys, order, n, n);
+        if (hits == NULL || misses == NULL)
+            rc = -ENOMEM;
+    }
+    if (rc == 0)
+        rc = mgr_lookups(m, hits, n, ops, KVT_HIT, &res->lookup_hit_ns);
+    if (rc == 0)
+        rc = mgr_lookups(m, misses, n, ops, KVT_MISS, &res->lookup_miss_ns);
+
+    /* prepare_load + complete_load of BATCH hits, requests of PER_REQ keys */
+    double t = 0;
+
+    for (size_t done = 0; rc == 0 && done < ops;) {
+        struct kvt_req_ctx *ctx = bench_req(m);
+        size_t k = ops - done < PER_REQ ? ops - done : PER_REQ;
+        struct kvt_key sel[PER_REQ];
+        double t0;
+
+        if (ctx == NULL) {
+            rc = -ENOMEM;
+            break;
+        }
+        for (size_t j = 0; j < k; j++)
+            sel[j] = hits[(done + j) % n];
+        t0 = now_ns();
+        for (size_t b = 0; rc == 0 && b < k; b += BATCH) {
+            size_t c = k - b < BATCH ? k - b : BATCH;
+
+            rc = kvt_manager_prepare_load(m, sel + b, c, ctx, ids);
+            if (rc == 0)
+                rc = kvt_manager_complete_load(m, sel + b, c, ctx);
+        }
+        t += now_ns() - t0;
+        bench_finish(m, ctx);
+        done += k;
+    }
+    res->load_ns = t / (double)ops;
+
+    /* touch16 (vLLM: a request of its own re-offering BATCH ready keys) */
+    size_t calls = ops / BATCH > 0 ? ops / BATCH : 1;
+    struct kvt_req_ctx *tctx = rc == 0 ? bench_req(m) : NULL;
+
+    if (rc == 0 && tctx == NULL)
+        rc = -ENOMEM;
+    if (rc == 0) {
+        double t0 = now_ns();
+
+        for (size_t i = 0; i < calls; i++)
+            kvt_manager_touch(m, keys + order[i % n] % (n - BATCH + 1), BATCH, tctx);
+        res->touch16_ns = (now_ns() - t0) / (double)calls;
+        bench_finish(m, tctx);
+    }
+    double warm_store, warm_fin;
+
+    if (rc == 0)
+        rc = mgr_store_range(m, keys, n, 2 * n, &out, &warm_store, &warm_fin);
+    if (rc == 0)
+        rc = mgr_store_range(m, keys, 2 * n, 3 * n, &out, &res->store_evict_ns,
+                             &res->finish_evict_ns);
+    free(hits);
+    free(misses);
+    kvt_store_output_cleanup(&out);
+    kvt_manager_shutdown(m);
+    kvt_manager_destroy(m);
+    return rc;
+}
+
+/* Runs tools/bench/bench_core_vllm.py under python for one size and policy and
+ * reads its JSON object into res; -ENOENT when it cannot run. */
+static int run_vllm(const char *python, const char *script, size_t n, const char *policy,
+                    size_t ops, struct mgr_result *res)
+{
+    char cmd[4096], buf[4096];
+    size_t len;
+    FILE *f;
+    int st;
+
+    if (snprintf(cmd, sizeof(cmd), "'%s' '%s' --chunks %zu --policy %s --lookups %zu", python,
+                 script, n, policy, ops) >= (int)sizeof(cmd))
+        return -ENAMETOOLONG;
+    f = popen(cmd, "r");
+    if (f == NULL)
+        return -errno;
+    len = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[len] = '\0';
+    st = pclose(f);
+    if (st != 0)
+        return -ENOENT;
+#define VGET(name)                                                                                 \
+    do {                                                                                           \
+        const char *at = strstr(buf, "\"" #name "\":");                                            \
+        if (at == NULL)                                                                            \
+            return -EPROTO;                                                                        \
+        res->name = strtod(at + strlen("\"" #name "\":"), NULL);                                   \
+    } while (0)
+    VGET(store_ns);
+    VGET(finish_ns);
+    VGET(lookup_hit_ns);
+    VGET(lookup_miss_ns);
+    VGET(load_ns);
+    VGET(touch16_ns);
+    VGET(store_evict_ns);
+    VGET(finish_evict_ns);
+#undef VGET
+    return 0;
+}
+
 /* Each figure is the best of `repeat` runs: on a shared machine a neighbour's burst
  * only ever adds time, so the minimum is the closest to the code's own cost. */
 static int run_best(size_t n, const char *policy, const struct kvt_key *keys, uint32_t *order,
@@ -245,13 +480,66 @@ static double dram_read_ns(size_t bytes, const uint32_t *order, size_t n, size_t
     return at == UINT64_MAX ? 0 : ns; /* uses at, so the chase is not optimised away */
 }
 
+static int run_manager_best(size_t n, const char *policy, const struct kvt_key *keys,
+                            const uint32_t *order, size_t ops, long repeat, struct mgr_result *best)
+{
+    for (long r = 0; r < repeat; r++) {
+        struct mgr_result one;
+        int rc = run_manager(n, policy, keys, order, ops, r == 0 ? best : &one);
+
+        if (rc < 0)
+            return rc;
+        if (r == 0)
+            continue;
+#define KEEP_MIN(f) best->f = one.f < best->f ? one.f : best->f
+        KEEP_MIN(store_ns);
+        KEEP_MIN(finish_ns);
+        KEEP_MIN(lookup_hit_ns);
+        KEEP_MIN(lookup_miss_ns);
+        KEEP_MIN(load_ns);
+        KEEP_MIN(touch16_ns);
+        KEEP_MIN(store_evict_ns);
+        KEEP_MIN(finish_evict_ns);
+#undef KEEP_MIN
+    }
+    return 0;
+}
+
+static void print_mgr_json(const struct mgr_result *r, size_t n, const char *policy, bool first)
+{
+    printf("%s{\"chunks\":%zu,\"policy\":\"%s\",\"store_ns\":%.1f,\"finish_ns\":%.1f,"
+           "\"lookup_hit_ns\":%.1f,\"lookup_miss_ns\":%.1f,\"load_ns\":%.1f,\"touch16_ns\":%.1f,"
+           "\"store_evict_ns\":%.1f,\"finish_evict_ns\":%.1f}",
+           first ? "" : ",", n, policy, r->store_ns, r->finish_ns, r->lookup_hit_ns,
+           r->lookup_miss_ns, r->load_ns, r->touch16_ns, r->store_evict_ns, r->finish_evict_ns);
+}
+
+static void print_mgr_row(const char *who, const struct mgr_result *r, size_t n, const char *policy)
+{
+    printf("%9zu %6s %7s %9.1f %9.1f %9.1f %9.1f %9.1f %10.1f %11.1f %11.1f\n", n, policy, who,
+           r->lookup_hit_ns, r->lookup_miss_ns, r->store_ns, r->store_evict_ns, r->load_ns,
+           r->touch16_ns, r->finish_ns, r->finish_evict_ns);
+}
+
+static void print_ratio_row(const struct mgr_result *v, const struct mgr_result *k, size_t n,
+                            const char *policy)
+{
+    printf("%9zu %6s %7s %8.0fx %8.0fx %8.0fx %8.0fx %8.0fx %9.0fx %10.0fx %10.0fx\n", n, policy,
+           "vllm/kv", v->lookup_hit_ns / k->lookup_hit_ns, v->lookup_miss_ns / k->lookup_miss_ns,
+           v->store_ns / k->store_ns, v->store_evict_ns / k->store_evict_ns,
+           v->load_ns / k->load_ns, v->touch16_ns / k->touch16_ns, v->finish_ns / k->finish_ns,
+           v->finish_evict_ns / k->finish_evict_ns);
+}
+
 int kvt_bench_core(int argc, char **argv)
 {
     static const size_t sizes[] = {1000, 100000, 1000000};
     static const char *const policies[] = {"lru", "arc"};
     struct core_result res[6];
-    bool json = false;
-    size_t nres = 0;
+    struct mgr_result mres[6], vres[6];
+    bool json = false, have_vllm[6] = {false};
+    const char *vllm_python = NULL, *vllm_script = KVT_BENCH_CORE_VLLM_SCRIPT;
+    size_t nres = 0, vllm_ops = 100000, max_chunks = 1000000;
     long repeat = 3;
 
     for (int i = 1; i < argc; i++) {
@@ -259,11 +547,25 @@ int kvt_bench_core(int argc, char **argv)
             json = true;
         } else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc) {
             repeat = strtol(argv[++i], NULL, 10);
+        } else if (strcmp(argv[i], "--vllm-python") == 0 && i + 1 < argc) {
+            vllm_python = argv[++i];
+        } else if (strcmp(argv[i], "--vllm-script") == 0 && i + 1 < argc) {
+            vllm_script = argv[++i];
+        } else if (strcmp(argv[i], "--max-chunks") == 0 && i + 1 < argc) {
+            max_chunks = strtoul(argv[++i], NULL, 10);
+            if (max_chunks < sizes[0])
+                repeat = 0;
+        } else if (strcmp(argv[i], "--vllm-ops") == 0 && i + 1 < argc) {
+            vllm_ops = strtoul(argv[++i], NULL, 10);
+            if (vllm_ops < BATCH)
+                repeat = 0;
         } else {
             repeat = 0;
         }
         if (repeat < 1 || repeat > 100) {
-            fprintf(stderr, "usage: kvtier-bench core [--json] [--repeat R (1..100, default 3)]\n");
+            fprintf(stderr, "usage: kvtier-bench core [--json] [--repeat R (1..100, default 3)]\n"
+                            "                         [--vllm-python PY [--vllm-script PATH] "
+                            "[--vllm-ops N (default 100000)]]\n");
             return 2;
         }
     }
@@ -279,13 +581,16 @@ int kvt_bench_core(int argc, char **argv)
     }
     for (size_t i = 0; i < 3 * max; i++)
         make_key(&keys[i], i);
-    for (size_t s = 0; s < 3; s++) {
+    for (size_t s = 0; s < 3 && sizes[s] <= max_chunks; s++) {
         for (uint32_t i = 0; i < sizes[s]; i++)
             order[i] = i;
         shuffle(order, sizes[s]);
         for (size_t q = 0; q < 2; q++) {
+            size_t ops = sizes[s] < 1000000 ? 1000000 : sizes[s];
             int rc = run_best(sizes[s], policies[q], keys, order, repeat, &res[nres]);
 
+            if (rc == 0)
+                rc = run_manager_best(sizes[s], policies[q], keys, order, ops, repeat, &mres[nres]);
             if (rc < 0) {
                 fprintf(stderr, "bench core: %s at %zu chunks failed: %s\n", policies[q], sizes[s],
                         strerror(-rc));
@@ -300,6 +605,14 @@ int kvt_bench_core(int argc, char **argv)
 
                 if (r == 0 || d < res[nres].dram_ns)
                     res[nres].dram_ns = d;
+            }
+            if (vllm_python != NULL) {
+                rc = run_vllm(vllm_python, vllm_script, sizes[s], policies[q], vllm_ops,
+                              &vres[nres]);
+                if (rc < 0)
+                    fprintf(stderr, "bench core: vLLM's side at %zu chunks (%s) did not run: %s\n",
+                            sizes[s], policies[q], strerror(-rc));
+                have_vllm[nres] = rc == 0;
             }
             nres++;
         }
@@ -320,6 +633,16 @@ int kvt_bench_core(int argc, char **argv)
                    i ? "," : "", res[i].n, res[i].policy, res[i].hit_ns, res[i].hit_many_ns,
                    res[i].miss_ns, res[i].store_ns, res[i].store_evict_ns, res[i].touch16_ns,
                    res[i].index_bytes_per_chunk, sizeof(struct kvt_key), res[i].dram_ns);
+        printf("],\"manager\":[");
+        for (size_t i = 0; i < nres; i++)
+            print_mgr_json(&mres[i], res[i].n, res[i].policy, i == 0);
+        printf("],\"vllm\":[");
+        for (size_t i = 0, first = 1; i < nres; i++) {
+            if (!have_vllm[i])
+                continue;
+            print_mgr_json(&vres[i], res[i].n, res[i].policy, first);
+            first = 0;
+        }
         printf("]}\n");
         return 0;
     }
@@ -334,10 +657,22 @@ int kvt_bench_core(int argc, char **argv)
                res[i].store_evict_ns, res[i].touch16_ns, res[i].index_bytes_per_chunk,
                res[i].dram_ns);
     printf("index B/chunk includes the %zu-byte key held in each entry\n", sizeof(struct kvt_key));
-    for (size_t q = 0; q < 2; q++)
+    for (size_t q = 0; q < 2 && nres == 6; q++)
         printf("growth 1e3 -> 1e6 (%s): hit %.2fx, hit-many %.2fx, store+evict %.2fx\n",
                res[q].policy, res[4 + q].hit_ns / res[q].hit_ns,
                res[4 + q].hit_many_ns / res[q].hit_many_ns,
                res[4 + q].store_evict_ns / res[q].store_evict_ns);
+    printf("\nthe manager's calls (no secondary tiers; requests of %d keys; ns per key, touch16 "
+           "per call)%s\n",
+           PER_REQ, vllm_python != NULL ? ", beside vLLM's TieringOffloadingManager" : "");
+    printf("%9s %6s %7s %9s %9s %9s %9s %9s %10s %11s %11s\n", "chunks", "policy", "who", "lookup",
+           "miss", "store", "st+evict", "load", "touch16", "finish", "fin+evict");
+    for (size_t i = 0; i < nres; i++) {
+        print_mgr_row("kvtier", &mres[i], res[i].n, res[i].policy);
+        if (have_vllm[i]) {
+            print_mgr_row("vllm", &vres[i], res[i].n, res[i].policy);
+            print_ratio_row(&vres[i], &mres[i], res[i].n, res[i].policy);
+        }
+    }
     return 0;
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -43,6 +44,7 @@ struct replay {
     unsigned long lines, calls, steps, lookups, hits, stores_refused;
     unsigned long evicted, promoted_chunks, promotion_jobs, cascade_jobs;
     bool quiet;
+    bool arc; /* the primary's policy is ARC */
 };
 
 static void usage(FILE *f)
@@ -303,6 +305,51 @@ static void drain_events(struct replay *r)
             r->evicted += r->events.ev[i].n;
 }
 
+/* The primary's policy state: its lists LRU first (LRU: "l1" alone; ARC: "l1" =
+ * T1, "l2" = T2), ARC's target and ghost list lengths, and for each key of the
+ * optional "keys" which ghost list holds it (0 none, 1 B1, 2 B2): ghosts keep a
+ * fingerprint, not the key, so they can only be asked about. */
+static int policy_state(struct replay *r, json_t *obj, json_t *res, struct line_err *e)
+{
+    struct kvt_primary *p = kvt_manager_primary(r->m);
+    size_t cap = kvt_primary_num_chunks(p);
+    struct kvt_key *all = calloc(cap, sizeof(*all));
+    bool arc = r->arc;
+
+    if (all == NULL)
+        return -ENOMEM;
+    for (int which = 0; which < (arc ? 2 : 1); which++) {
+        size_t n = kvt_primary_policy_list(p, which, all, cap);
+
+        json_object_set_new(res, which == 0 ? "l1" : "l2", keys_to_json(all, n));
+    }
+    free(all);
+    if (!arc)
+        return 0;
+    json_object_set_new(res, "target", json_real(kvt_primary_arc_target(p)));
+    json_object_set_new(res, "b1", json_integer((json_int_t)kvt_primary_arc_ghost_len(p, 1)));
+    json_object_set_new(res, "b2", json_integer((json_int_t)kvt_primary_arc_ghost_len(p, 2)));
+    if (json_object_get(obj, "keys") != NULL) {
+        struct kvt_key *keys;
+        size_t n;
+        char hex[2 * KVT_KEY_MAX + 1];
+        json_t *g = json_object();
+        int rc = keys_from_json(obj, &keys, &n, e);
+
+        if (rc < 0) {
+            json_decref(g);
+            return rc;
+        }
+        for (size_t i = 0; i < n; i++) {
+            kvt_key_to_hex(&keys[i], hex);
+            json_object_set_new(g, hex, json_integer(kvt_primary_arc_ghost_of(p, &keys[i])));
+        }
+        free(keys);
+        json_object_set_new(res, "ghosts", g);
+    }
+    return 0;
+}
+
 static int run_line(struct replay *r, json_t *obj, json_t *res, struct line_err *e)
 {
     const char *op = json_string_value(json_object_get(obj, "op"));
@@ -417,6 +464,14 @@ static int run_line(struct replay *r, json_t *obj, json_t *res, struct line_err 
         json_object_set_new(res, "stats", o);
         return 0;
     }
+
+    if (strcmp(op, "reset_cache") == 0) {
+        rc = kvt_manager_reset_cache(r->m);
+        json_object_set_new(res, "ok", json_boolean(rc == 0));
+        return 0;
+    }
+    if (strcmp(op, "policy") == 0)
+        return policy_state(r, obj, res, e);
 
     /* Every other op takes keys; most take a request. */
     if ((rc = keys_from_json(obj, &keys, &n, e)) < 0)
@@ -541,7 +596,7 @@ static int build_manager(struct replay *r, size_t chunks, size_t row_bytes, cons
     return rc;
 }
 
-static void print_summary(struct replay *r)
+static void print_summary(struct replay *r, const char *policy)
 {
     json_t *s = json_object(), *tiers = json_object();
 
@@ -561,6 +616,7 @@ static void print_summary(struct replay *r)
         json_object_set_new(t, "hit_rate", json_real(q > 0 ? h / q : 0.0));
         json_object_set_new(tiers, label, t);
     }
+    json_object_set_new(s, "policy", json_string(policy));
     json_object_set_new(s, "lines", json_integer((json_int_t)r->lines));
     json_object_set_new(s, "steps", json_integer((json_int_t)r->steps));
     json_object_set_new(s, "lookups", json_integer((json_int_t)r->lookups));
@@ -579,11 +635,132 @@ static void print_summary(struct replay *r)
     json_decref(wrap);
 }
 
+/* Replays the trace's lines on r's manager; 0 or EX_DATAERR. */
+static int replay_lines(struct replay *r, char **lines, size_t n_lines, const char *path)
+{
+    for (size_t i = 0; i < n_lines; i++) {
+        const char *line = lines[i];
+        json_error_t jerr;
+        struct line_err e = {{0}};
+        json_t *obj, *res;
+
+        r->lines++;
+        if (line[0] == '\0' || line[0] == '\n' || line[0] == '#')
+            continue;
+        obj = json_loads(line, 0, &jerr);
+        if (obj == NULL || !json_is_object(obj)) {
+            fprintf(stderr, "kvtier-replay: %s:%lu: not a JSON object: %s\n", path, r->lines,
+                    obj ? "" : jerr.text);
+            json_decref(obj);
+            return EX_DATAERR;
+        }
+        res = json_object();
+        json_object_set_new(res, "line", json_integer((json_int_t)r->lines));
+        int rc = run_line(r, obj, res, &e);
+
+        if (rc < 0) {
+            fprintf(stderr, "kvtier-replay: %s:%lu: %s\n", path, r->lines,
+                    e.msg[0] ? e.msg : strerror(-rc));
+            json_decref(obj);
+            json_decref(res);
+            return EX_DATAERR;
+        }
+        if (!r->quiet) {
+            char *txt = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
+
+            printf("%s\n", txt);
+            free(txt);
+        }
+        json_decref(obj);
+        json_decref(res);
+    }
+    return 0;
+}
+
+/* One replay of the whole trace under policy; 0, EX_USAGE, EX_DATAERR or 1. */
+static int replay_policy(struct replay *r, const char *policy, size_t chunks, size_t row_bytes,
+                         struct tier_spec *specs, size_t n_specs, char **lines, size_t n_lines,
+                         const char *path)
+{
+    int status;
+
+    kvt_map_init(&r->reqs);
+    kvt_events_init(&r->events);
+    kvt_stats_init(&r->totals);
+    kvt_store_output_init(&r->out);
+    r->arc = strcmp(policy, "arc") == 0;
+    if (build_manager(r, chunks, row_bytes, policy, specs, n_specs) < 0) {
+        status = EX_USAGE;
+        goto out;
+    }
+    status = replay_lines(r, lines, n_lines, path);
+    if (status == 0) {
+        /* what the trace's last steps left undrained counts too */
+        struct kvt_stats st;
+
+        drain_events(r);
+        kvt_stats_init(&st);
+        kvt_manager_get_stats(r->m, &st);
+        kvt_stats_aggregate(&r->totals, &st);
+        kvt_stats_cleanup(&st);
+        print_summary(r, policy);
+    }
+
+    struct kvt_map_entry *me;
+
+    for (size_t it = 0; kvt_map_next(&r->reqs, &it, &me);) {
+        kvt_manager_on_request_finished(r->m, me->value);
+        kvt_req_ctx_unref(me->value);
+    }
+    if (kvt_manager_shutdown(r->m) < 0 && status == 0)
+        status = 1;
+    kvt_manager_destroy(r->m);
+out:
+    kvt_map_cleanup(&r->reqs);
+    kvt_events_cleanup(&r->events);
+    kvt_stats_cleanup(&r->totals);
+    kvt_store_output_cleanup(&r->out);
+    return status;
+}
+
+/* The whole trace in memory: each policy replays it from the start. */
+static int read_lines(FILE *in, char ***lines_p, size_t *n_p)
+{
+    char **lines = NULL, *line = NULL;
+    size_t n = 0, cap = 0, lcap = 0;
+
+    while (getline(&line, &lcap, in) >= 0) {
+        if (n == cap) {
+            size_t c = cap ? 2 * cap : 64;
+            char **l = realloc(lines, c * sizeof(*l));
+
+            if (l == NULL)
+                goto fail;
+            lines = l;
+            cap = c;
+        }
+        lines[n++] = line;
+        line = NULL;
+        lcap = 0;
+    }
+    free(line);
+    *lines_p = lines;
+    *n_p = n;
+    return 0;
+fail:
+    free(line);
+    while (n > 0)
+        free(lines[--n]);
+    free(lines);
+    return -ENOMEM;
+}
+
 int main(int argc, char **argv)
 {
     struct tier_spec specs[KVT_MAX_TIERS];
-    size_t n_specs = 0, chunks = 1024, row_bytes = 0;
-    const char *policy = "lru", *path = "-";
+    size_t n_specs = 0, chunks = 1024, row_bytes = 0, n_lines = 0, n_policies = 0;
+    const char *policy_arg = "lru", *path = "-", *policies[8];
+    char policy_buf[64], **lines = NULL;
     struct replay r;
     int status = 0;
 
@@ -613,7 +790,7 @@ int main(int argc, char **argv)
                 return EX_USAGE;
             }
         } else if (i + 1 < argc && strcmp(a, "--policy") == 0) {
-            policy = argv[++i];
+            policy_arg = argv[++i];
         } else if (i + 1 < argc && strcmp(a, "--tier") == 0) {
             if (n_specs == KVT_MAX_TIERS) {
                 fprintf(stderr, "kvtier-replay: at most %d tiers\n", KVT_MAX_TIERS);
@@ -630,80 +807,73 @@ int main(int argc, char **argv)
             path = a;
         }
     }
+    /* --policy lru,arc (or all): the trace once per policy, a summary each. */
+    if (strcmp(policy_arg, "all") == 0)
+        policy_arg = "lru,arc";
+    if (snprintf(policy_buf, sizeof(policy_buf), "%s", policy_arg) >= (int)sizeof(policy_buf)) {
+        fprintf(stderr, "kvtier-replay: --policy: too long\n");
+        return EX_USAGE;
+    }
+    for (char *save = NULL, *tok = strtok_r(policy_buf, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (n_policies == sizeof(policies) / sizeof(policies[0])) {
+            fprintf(stderr, "kvtier-replay: --policy: at most 8 policies\n");
+            return EX_USAGE;
+        }
+        policies[n_policies++] = tok;
+    }
+    if (n_policies == 0) {
+        fprintf(stderr, "kvtier-replay: --policy: no policy named\n");
+        return EX_USAGE;
+    }
     FILE *in = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
 
     if (in == NULL) {
         fprintf(stderr, "kvtier-replay: %s: %s\n", path, strerror(errno));
         return 66;
     }
-    kvt_map_init(&r.reqs);
-    kvt_events_init(&r.events);
-    kvt_stats_init(&r.totals);
-    kvt_store_output_init(&r.out);
-    if (build_manager(&r, chunks, row_bytes, policy, specs, n_specs) < 0) {
-        status = EX_USAGE;
-        goto out;
-    }
-
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-
-    while ((len = getline(&line, &cap, in)) >= 0) {
-        json_error_t jerr;
-        struct line_err e = {{0}};
-        json_t *obj, *res;
-
-        r.lines++;
-        if (len == 0 || line[0] == '\n' || line[0] == '#')
-            continue;
-        obj = json_loads(line, 0, &jerr);
-        if (obj == NULL || !json_is_object(obj)) {
-            fprintf(stderr, "kvtier-replay: %s:%lu: not a JSON object: %s\n", path, r.lines,
-                    obj ? "" : jerr.text);
-            json_decref(obj);
-            status = EX_DATAERR;
-            break;
-        }
-        res = json_object();
-        json_object_set_new(res, "line", json_integer((json_int_t)r.lines));
-        int rc = run_line(&r, obj, res, &e);
-
-        if (rc < 0) {
-            fprintf(stderr, "kvtier-replay: %s:%lu: %s\n", path, r.lines,
-                    e.msg[0] ? e.msg : strerror(-rc));
-            json_decref(obj);
-            json_decref(res);
-            status = EX_DATAERR;
-            break;
-        }
-        if (!r.quiet) {
-            char *txt = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
-
-            printf("%s\n", txt);
-            free(txt);
-        }
-        json_decref(obj);
-        json_decref(res);
-    }
-    free(line);
-    if (status == 0)
-        print_summary(&r);
-
-    struct kvt_map_entry *me;
-
-    for (size_t it = 0; kvt_map_next(&r.reqs, &it, &me);) {
-        kvt_manager_on_request_finished(r.m, me->value);
-        kvt_req_ctx_unref(me->value);
-    }
-    if (kvt_manager_shutdown(r.m) < 0 && status == 0)
+    if (read_lines(in, &lines, &n_lines) < 0) {
+        fprintf(stderr, "kvtier-replay: %s: out of memory\n", path);
         status = 1;
-    kvt_manager_destroy(r.m);
-out:
-    kvt_map_cleanup(&r.reqs);
-    kvt_events_cleanup(&r.events);
-    kvt_stats_cleanup(&r.totals);
-    kvt_store_output_cleanup(&r.out);
+    }
+    for (size_t q = 0; status == 0 && q < n_policies; q++) {
+        struct replay run = {.quiet = r.quiet};
+        const char *roots[KVT_MAX_TIERS] = {NULL};
+
+        /* Each policy's storage tiers in a folder of their own under root. */
+        for (size_t i = 0; n_policies > 1 && i < n_specs; i++) {
+            if (!specs[i].storage)
+                continue;
+            char *sub = NULL;
+
+            roots[i] = specs[i].st.root;
+            if (asprintf(&sub, "%s/%s", roots[i], policies[q]) < 0) {
+                roots[i] = NULL;
+                status = 1;
+                break;
+            }
+            specs[i].st.root = sub;
+            if (mkdir(sub, 0700) < 0 && errno != EEXIST) {
+                fprintf(stderr, "kvtier-replay: cannot make %s: %s\n", sub, strerror(errno));
+                status = 1;
+            }
+        }
+        for (size_t i = 0; i < n_specs; i++)
+            if (!specs[i].storage)
+                specs[i].ex.cb_arg = &run;
+        if (status == 0)
+            status = replay_policy(&run, policies[q], chunks, row_bytes, specs, n_specs, lines,
+                                   n_lines, path);
+        for (size_t i = 0; i < n_specs; i++) {
+            if (roots[i] != NULL) {
+                free((char *)specs[i].st.root);
+                specs[i].st.root = roots[i];
+            }
+        }
+    }
+    for (size_t i = 0; i < n_lines; i++)
+        free(lines[i]);
+    free(lines);
     for (size_t i = 0; i < n_specs; i++)
         free((char *)specs[i].st.root);
     if (in != stdin)

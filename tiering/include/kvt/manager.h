@@ -6,8 +6,8 @@
  *
  * A step: any number of lookup / prepare_store / complete_store / prepare_load /
  * complete_load / touch calls, then exactly one on_schedule_end. Tier completions
- * are polled at most once per step, by the first lookup/prepare_store/
- * on_schedule_end of the step.
+ * are polled by every prepare_store (eviction must see them), and otherwise at most
+ * once per step, by the first lookup or on_schedule_end of the step.
  *
  * Caller misuse (unknown request, complete_store without prepare_store, unpinning
  * what is not pinned) returns -EINVAL and changes nothing; broken internal

@@ -5,6 +5,7 @@
 #define KVT_METRICS_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdbool.h>
 
 #include "kvt/types.h"
@@ -54,6 +55,10 @@ void kvt_metrics_on_request_finished(struct kvt_metrics *mt, const struct kvt_re
 void kvt_metrics_on_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
                            const struct kvt_key *key, size_t label_idx,
                            enum kvt_lookup_result result, double dt_s);
+/* The same, with hash == kvt_key_hash(key) (the caller has it already). */
+void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
+                             const struct kvt_key *key, uint64_t hash, size_t label_idx,
+                             enum kvt_lookup_result result, double dt_s);
 void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job,
                                    int tier_idx);
 void kvt_metrics_on_job_finished(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx,

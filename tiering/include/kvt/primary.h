@@ -1,6 +1,7 @@
-/* The CPU primary tier (spec §2): the index of the chunks that live in the shared
- * region, their slots and ref counts, and the cache policy (LRU or ARC) that picks
- * eviction victims. Single-threaded (the scheduler thread).
+/* The CPU primary tier: the index of the chunks that live in the shared region,
+ * their slots and ref counts, and the cache policy (LRU or ARC) that picks
+ * eviction victims, with vLLM's request-scoped cache access (below).
+ * Single-threaded (the scheduler thread).
  *
  * ref_cnt: -1 write in flight (GPU store or promotion), 0 ready and evictable,
  * n > 0 pinned by n readers (GPU loads, cascades). Only ref_cnt == 0 is evicted.
@@ -54,19 +55,33 @@ void kvt_store_output_init(struct kvt_store_output *out);
 void kvt_store_output_cleanup(struct kvt_store_output *out);
 
 enum kvt_lookup_result kvt_primary_lookup(struct kvt_primary *p, const struct kvt_key *key);
+/* The same, given hash == kvt_key_hash(key) (a caller that hashed the key already). */
+enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct kvt_key *key,
+                                            uint64_t hash);
+/* Starts the cache miss of the index cell of the key of this hash, for a lookup
+ * that follows other work. */
+void kvt_primary_prefetch_h(const struct kvt_primary *p, uint64_t hash);
 /* lookup of each of keys[0..n) into out[], the same answers, with the cache misses
  * of neighbouring keys overlapped (what an engine's many-key lookup should call). */
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                              enum kvt_lookup_result *out);
 
-/* 0 (out filled; n_store may be 0), -ENOSPC ("cannot store": nothing changed),
- * -EINVAL (a key longer than 64 bytes / zero length), -ENOMEM. */
+/* 0 (out filled; n_store may be 0), -ENOSPC ("cannot store": no entry, slot or
+ * event changed; ARC's store-miss adaptation has happened, see below), -EINVAL (a
+ * key longer than 64 bytes / zero length), -ENOMEM (nothing changed). */
 int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                               struct kvt_store_output *out);
 /* Keys absent or already ready are ignored (idempotent). Always 0 (or -ENOMEM for
  * the event). */
 int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
                                bool success);
+/* The same, but a successful completion of a key that is absent is -EINVAL and
+ * completes nothing (the manager: each tier's cascade must be able to pin every
+ * key it names). acc (may be NULL) is the storing request's access: keys it saw
+ * allocated are found where it saw them. */
+struct kvt_primary_access;
+int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                      bool success, const struct kvt_primary_access *acc);
 /* Pins every key (all present and ready, else -EINVAL and nothing pinned) and
  * writes their slots to chunk_ids (co-indexed). prepare_read records no access. */
 int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
@@ -92,10 +107,44 @@ static inline int kvt_primary_complete_write(struct kvt_primary *p, const struct
     return kvt_primary_complete_store(p, keys, n, success);
 }
 
+/* ---- request-scoped access (vLLM's CPU tier) ----
+ * A request's accesses are recorded while it runs and given to the policy once,
+ * when it finishes, as one access in prefix order (keys grouped by KV cache
+ * group, the group index being the key's last 4 bytes big-endian, groups in
+ * ascending order, each in the order its keys were first seen; the tail is
+ * applied first, so the head ends most recent):
+ *   LRU  every present key it saw gets a new rank (moves to the MRU end);
+ *   ARC  a key it only inserted moves to the MRU end of its list, a key it reused
+ *        while ready moves T1 -> T2 (or to T2's MRU end).
+ * What records, for a request's access acc:
+ *   prepare_store  absent keys (seen) and present ready keys (seen, reused),
+ *                  in offer order; pending keys nothing; the keys it allocates
+ *                  become inserted. ARC adapts target_t1_size to each new store
+ *                  miss that hits a ghost before allocating, even when the store
+ *                  then fails with -ENOSPC (vLLM's order);
+ *   prepare_load   every key (seen, reused).
+ * A key counts as reused only if the request had not inserted it before (a
+ * re-read of its own chunk is an internal transfer). reset_cache forgets every
+ * access recorded before it. Calls without an access (the plain functions) are
+ * those of a request that never finishes: they record nothing, but their store
+ * misses still adapt ARC. */
+struct kvt_primary_access;
+int kvt_primary_access_create(struct kvt_primary_access **acc_p);
+void kvt_primary_access_destroy(struct kvt_primary_access *acc);
+/* As kvt_primary_prepare_store / prepare_load, recording into acc (NULL: none).
+ * An access that has finished records nothing more. */
+int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                  struct kvt_primary_access *acc, struct kvt_store_output *out);
+int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                                 struct kvt_primary_access *acc, int64_t *chunk_ids);
+/* Applies acc's access (once: later calls do nothing) and frees what it holds. */
+void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_access *acc);
+
+/* An access of its own, applied at once: the present ready keys of keys[0..n)
+ * as reused by a request that finishes now (vLLM's re-offer of a ready prefix by
+ * a request of its own). Keys absent, still being written or ghosts are left
+ * alone. */
 void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
-/* Simple-form policies (the spec's "semantics to match") take no request-scoped
- * access at finish; kept so the manager's call sequence matches the seed. */
-void kvt_primary_on_request_finished(struct kvt_primary *p, const struct kvt_req_ctx *ctx);
 /* Clears everything (policy, ghosts, counters, slots); no per-key events. */
 void kvt_primary_reset_cache(struct kvt_primary *p);
 /* Moves the pending events to out (empty unless enable_events). */
