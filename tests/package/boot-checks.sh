@@ -51,8 +51,8 @@ check "ProtectSystem=strict: /usr and /etc are read-only in it" \
   '! nsenter -t "$pid" -m touch /usr/kvt-probe 2>/dev/null && ! nsenter -t "$pid" -m touch /etc/kvt-probe 2>/dev/null'
 check "its StateDirectory and RuntimeDirectory are writable in it" \
   'nsenter -t "$pid" -m sh -c "touch /var/lib/kvtier/probe /run/kvtier/probe && rm /var/lib/kvtier/probe /run/kvtier/probe"'
-check "/run/kvtier 0750 kvtier:kvtier, the socket srwxrwx---, /var/lib/kvtier 0700" \
-  '[ "$(stat -c %a:%U:%G /run/kvtier) $(stat -c %A /run/kvtier/engine.sock) $(stat -c %a /var/lib/kvtier)" = "750:kvtier:kvtier srwxrwx--- 700" ]'
+check "/run/kvtier 0750 kvtier:kvtier, the socket srw-rw----, /var/lib/kvtier 0700" \
+  '[ "$(stat -c %a:%U:%G /run/kvtier) $(stat -c %A /run/kvtier/engine.sock) $(stat -c %a /var/lib/kvtier)" = "750:kvtier:kvtier srw-rw---- 700" ]'
 check "kvtier status (as root)" 'kvtier status --socket /run/kvtier/engine.sock >/tmp/status 2>&1'
 check "an engine of the group kvtier puts and gets a chunk" \
   'setpriv --reuid=engine --regid=engine --init-groups -- kvtier put c0ffee01 --pattern 7 --socket /run/kvtier/engine.sock >/dev/null 2>&1 &&

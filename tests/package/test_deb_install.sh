@@ -72,8 +72,8 @@ except Exception as e:
   check "kvtier status (the installed CLI) exits 0" \
     'in_root kvtier status --socket /run/kvtier/engine.sock --metrics 127.0.0.1:9464 >"$root/tmp/status" 2>&1'
   sed 's/^/    /' "$root/tmp/status"
-  check "the engine socket is in /run/kvtier, group kvtier may connect (srwxrwx---)" \
-    '[ "$(in_root stat -c %A:%U:%G /run/kvtier/engine.sock)" = srwxrwx---:kvtier:kvtier ]'
+  check "the engine socket is in /run/kvtier, group kvtier may connect (srw-rw----, engine.socket_mode)" \
+    '[ "$(in_root stat -c %A:%U:%G /run/kvtier/engine.sock)" = srw-rw----:kvtier:kvtier ]'
   check "kvtier put/get as an engine user of the group kvtier" \
     'in_root setpriv --reuid=engine --regid=engine --init-groups -- kvtier put c0ffee01 --pattern 7 \
        --socket /run/kvtier/engine.sock >"$root/tmp/put" 2>&1 &&
