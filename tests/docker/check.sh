@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Static checks of docker/ that need no container engine (ctest docker_files, label
 # unit). Usage: check.sh REPO_ROOT [KVTIERD]
-#  - compose.yaml parses as YAML (python3-yaml) and, with compose's ${VAR:-default}
-#    defaults applied, has node0..node2 with /dev/infiniband, the uverbs cgroup rule,
-#    NET_ADMIN + IPC_LOCK, memlock unlimited, fixed distinct addresses on one private
-#    bridge subnet, KVT_PEERS naming those addresses in role order, the secret, a
-#    /healthz healthcheck, /dev/shm large enough for the primary region; the test
-#    profile likewise; the build points to docker/Dockerfile;
+#  - the compose files parse as YAML (python3-yaml) and, with compose's ${VAR:-default}
+#    defaults applied: the repository root's compose.yaml includes docker/compose.yaml;
+#    node0..node2 (runtime target) have memlock unlimited, fixed distinct addresses
+#    on one private bridge subnet, KVT_PEERS naming them in role order, the secret, a
+#    /healthz healthcheck, /dev/shm large enough for the primary region, ipc
+#    shareable, the volumes nodeN-run at /run/kvtier and one at /var/lib/kvtier,
+#    peers and /metrics published on 127.0.0.1 at distinct host ports, KVT_RDMA off
+#    and KVT_TRANSPORT ucx with no device, and every variable the entrypoint reads
+#    passed through from the shell (but the per-node ones); merged with
+#    docker/compose.rdma.yaml they have /dev/infiniband, the uverbs cgroup rule and
+#    NET_ADMIN + IPC_LOCK; the test profile likewise (test target); the engine
+#    service joins node0's IPC namespace, mounts node0-run read-only, runs as a user
+#    with group_add = KVT_ENGINE_GID (the Dockerfile's KVT_GID), without network or
+#    secret, after node0 is healthy; with docker compose v2 installed, `docker compose
+#    config` from the repository root accepts each combination;
 #  - entrypoint.sh passes `bash -n` and shellcheck (when installed; said when not);
 #    its `config` mode writes YAML whose keys all exist in node/config.c's schema,
 #    leaves the node's own address out of network.peers, and refuses bad values with
@@ -14,7 +23,9 @@
 #  - the Dockerfile's COPY/ADD sources exist in the repository and are not excluded by
 #    docker/.dockerignore, COPY --from names a stage, every /src/... path a RUN needs
 #    exists (paths the RUN tests with -d/-e/-f first are optional), and
-#    docker/Dockerfile.dockerignore is docker/.dockerignore.
+#    docker/Dockerfile.dockerignore is docker/.dockerignore; the runtime stage is the
+#    package from tools/build-deb installed by docker/install-runtime.sh in one RUN,
+#    the entrypoint, tini (what tests/docker/test_rootfs.sh builds and starts).
 # Each failure prints one line "FAIL: ..."; the exit status is the number of failures
 # (capped at 100), 0 when all pass.
 set -uo pipefail
@@ -57,7 +68,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 # config mode: the YAML it writes, and what it refuses.
-cfg_env=(env -i PATH="$PATH" KVT_ADDR=10.78.0.12 KVT_RUN_DIR="$TMP/run"
+cfg_env=(env -i PATH="$PATH" KVT_ADDR=10.78.0.12 KVT_RUN_DIR="$TMP/run" KVT_ENGINE_GID=970
     KVT_PEERS="10.78.0.11 10.78.0.12,10.78.0.13:7171")
 if "${cfg_env[@]}" "$D/entrypoint.sh" config >"$TMP/kvtierd.yaml" 2>"$TMP/config.err"; then
     pass "entrypoint.sh config"
@@ -93,9 +104,14 @@ if unknown:
     bad.append(f"keys not in {schema}: {unknown}")
 if flat.get("network.listen") != "10.78.0.12":
     bad.append(f"network.listen is {flat.get('network.listen')!r}, want '10.78.0.12'")
+if flat.get("engine.socket") != "/run/kvtier/engine.sock" or flat.get("engine.socket_group") != "970":
+    bad.append("engine.socket is not /run/kvtier/engine.sock in group 970 (KVT_ENGINE_GID)")
+if flat.get("network.transport") != "ucx":
+    bad.append(f"network.transport is {flat.get('network.transport')!r}: ucx by default")
 if flat.get("network.peers") != ["10.78.0.11:7170", "10.78.0.13:7171"]:
     bad.append(f"network.peers is {flat.get('network.peers')!r}: want the two others")
-for k in ("cluster.secret_file", "network.transport", "primary.size", "metrics.port"):
+for k in ("cluster.secret_file", "network.transport", "primary.size", "metrics.port",
+          "primary.path", "engine.socket", "engine.socket_mode", "engine.socket_group"):
     if k not in flat:
         bad.append(f"{k} is not written")
 for b in bad:
@@ -122,6 +138,8 @@ refuse "a quote in a peer" 'KVT_PEERS=10.78.0.11 a"b'
 refuse "an unknown transport" KVT_TRANSPORT=tcp
 refuse "a non-numeric node id" KVT_NODE_ID=abc
 refuse "a KVT_SET without =" KVT_SET=log.level
+refuse "a group name as KVT_ENGINE_GID" KVT_ENGINE_GID=kvtier
+refuse "an unknown KVT_RDMA" KVT_RDMA=roce
 
 if [ -n "$KVTIERD" ]; then
     mkdir -p "$TMP/run"

@@ -35,6 +35,9 @@
 #     byte for byte; nobody without the group cannot connect; SIGTERM to each node's
 #     PID 1 ends it with exit 0, after which its healthcheck fails.
 #
+# KVT_DOCKER_IMAGE_ROOT=DIR: steps 1-2 skipped, DIR is the image's root (an image
+# built from docker/Dockerfile and mounted, e.g. with `buildah mount`).
+#
 # Needs root, debootstrap, zstd, unshare, nsenter, the Debian mirror (first run) and
 # `docker compose` (the CLI plugin; no engine: tools/install-deps installs it); exits
 # 77 (skipped, never passed) without them. Each phase's time is printed.
@@ -507,12 +510,14 @@ mkdir -p "$cache" "$build/test-tmp"
 work=$(realpath "$(mktemp -d "$build/test-tmp/docker.XXXXXX")")
 trap 'rm -rf "$work"' EXIT
 
-deb=$(KVT_JOBS=$(nproc) "$src/tools/build-deb" "$build/package-deb" | tail -n 1)
-if [ ! -f "$deb" ]; then
-  echo "FAIL - tools/build-deb made no package"
-  exit 1
+if [ -z "${KVT_DOCKER_IMAGE_ROOT:-}" ]; then
+  deb=$(KVT_JOBS=$(nproc) "$src/tools/build-deb" "$build/package-deb" | tail -n 1)
+  if [ ! -f "$deb" ]; then
+    echo "FAIL - tools/build-deb made no package"
+    exit 1
+  fi
+  phase "tools/build-deb"
 fi
-phase "tools/build-deb"
 
 # compose's view, from the repository root (the root's compose.yaml includes
 # docker/compose.yaml), with a small region and a short engine run
@@ -533,6 +538,15 @@ ids=$(python3 "$here/compose_plan.py" "$work/compose.json" "$src/docker/Dockerfi
 eval "$ids"
 uid=${IMAGE_ARG_KVT_UID:?} gid=${IMAGE_ARG_KVT_GID:?}
 
+if [ -n "${KVT_DOCKER_IMAGE_ROOT:-}" ]; then
+  # an image built from docker/Dockerfile elsewhere (e.g. `buildah mount`), as is
+  image=$KVT_DOCKER_IMAGE_ROOT
+  [ -x "$image/usr/local/bin/kvtier-entrypoint" ] || {
+    echo "FAIL - KVT_DOCKER_IMAGE_ROOT=$image: no kvtier-entrypoint in it"
+    exit 1
+  }
+  echo "image root: $image (KVT_DOCKER_IMAGE_ROOT), $(chroot "$image" kvtierd --version 2>/dev/null)"
+else
 first=$([ -f "$cache/debian12-minbase.tar.zst" ] || echo yes)
 if ! tarball=$(debian_root_tarball "$cache" debian12-minbase ""); then
   echo "FAIL - no Debian 12 minbase root"
@@ -551,9 +565,11 @@ else
 fi
 echo "image root: $(du -sm "$work/image" | cut -f1) MB"
 phase "image root (unpack + install-runtime.sh)"
+image=$work/image
+fi
 
 unshare --mount --net --pid --fork --mount-proc --propagation private "$0" --cluster "$src" "$work" \
-  "$work/image" "$uid" "$gid"
+  "$image" "$uid" "$gid"
 rc=$?
 [ "$rc" = 0 ] || fail=$((fail + 1))
 echo "$pass passed, $fail failed (outer checks; the cluster phase counted as one)"
