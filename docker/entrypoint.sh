@@ -1,39 +1,56 @@
 #!/usr/bin/env bash
-# The kvtier container's entrypoint (docker/README.md).
+# The kvtier container's entrypoint (docker/README.md); tini runs it as PID 1's child.
 #
-#   kvtier-entrypoint [daemon] [kvtierd args...]  soft-RoCE up, config from env, kvtierd
+#   kvtier-entrypoint [daemon] [kvtierd args...]  config from env, folders, kvtierd
 #   kvtier-entrypoint test [args...]              soft-RoCE up, barrier, cluster test
 #   kvtier-entrypoint config                      print the config it would write, exit
 #   kvtier-entrypoint <command> [args...]         any other command (kvtier status, bash)
 #
-# Soft-RoCE: when no RDMA device carries this container's address, it runs
-# `rdma link add rxe0 type rxe netdev eth0` (names from KVT_RDMA_DEV / KVT_NETDEV),
-# waits for port 1 to be ACTIVE and creates the device's /dev/infiniband/uverbsN node
-# if the container does not have it. Any failure stops the container with a message
-# that says what the host lacks; nothing falls back silently.
+# Daemon mode, as root: writes the node's config from the environment, prepares the
+# folders below, then execs kvtierd as KVT_USER (setpriv: no capabilities, no new
+# privileges), so that SIGTERM from tini reaches kvtierd itself.
+#   /run/kvtier        engine.sock, mode 0660, group KVT_ENGINE_GID; the folder 0750
+#                      KVT_USER:KVT_ENGINE_GID. The volume engine containers mount.
+#   /dev/shm/kvtier    primary.mmap, the region (0700: engines get its fd over the
+#                      socket, never open it by name). /dev/shm is the container's IPC
+#                      namespace's: sized by compose's shm_size, shared with engines
+#                      of ipc "service:<node>".
+#   /var/lib/kvtier    storage tier ({id} below it), 0700 KVT_USER.
+#   KVT_RUN_DIR        the secret's 0600 copy and scratch files, 0700 KVT_USER; kept
+#                      out of /run/kvtier, which engines see.
+#
+# Soft-RoCE (KVT_RDMA=rxe; the test mode always): when no RDMA device carries this
+# container's address, it runs `rdma link add rxe0 type rxe netdev eth0` (names from
+# KVT_RDMA_DEV / KVT_NETDEV), waits for port 1 to be ACTIVE and creates the device's
+# /dev/infiniband/uverbsN node if the container does not have it. Any failure stops
+# the container with a message that says what the host lacks; nothing falls back
+# silently.
 #
 # Environment (defaults in brackets):
-#   KVT_NETDEV [eth0]          netdev that carries RoCE and the cluster traffic
+#   KVT_RDMA [off; rxe in test mode]  rxe: set up soft-RoCE first; off: none
+#   KVT_TRANSPORT [ucx; verbs with KVT_RDMA=rxe]  network.transport: verbs | ucx
+#   KVT_NETDEV [eth0]          netdev that carries the cluster traffic (and RoCE)
 #   KVT_RDMA_DEV [rxe0]        name of the rxe device to create
-#   KVT_RDMA [rxe]             "off": no RDMA set-up (daemon mode only; transport ucx)
 #   KVT_ADDR [KVT_NETDEV's IPv4 address]   network.listen
 #   KVT_PORT [7170]            network.port (every node the same)
 #   KVT_PEERS []               cluster addresses, "host" or "host:port", space or comma
 #                              separated, in role order; this node's own is left out
 #   KVT_ROLE                   this node's index in KVT_PEERS (test mode; else derived)
-#   KVT_TRANSPORT [verbs]      network.transport: verbs | ucx
 #   KVT_NODE_ID []             node.id (empty: derived by kvtierd)
 #   KVT_NAMESPACE [default]    node.namespace
 #   KVT_SECRET_FILE [/run/secrets/kvtier_secret]  shared secret, 16..1024 bytes; copied
-#                              to a 0600 file owned by this user (cluster.secret_file)
+#                              to a 0600 file of KVT_USER (cluster.secret_file)
 #   KVT_PRIMARY_SIZE [512MiB]  primary.size (fits the container's /dev/shm: shm_size)
 #   KVT_STORAGE_ROOT [/var/lib/kvtier/{id}]  KVT_STORAGE_CAPACITY [1GiB]
 #   KVT_METRICS_PORT [9464]    metrics.port, on 0.0.0.0 (/metrics, /healthz)
 #   KVT_LOG_LEVEL [info]
+#   KVT_USER [kvtier]          the user kvtierd runs as ("root": stays root)
+#   KVT_ENGINE_GID [KVT_USER's group]  group (number) of the engine socket and of
+#                              /run/kvtier: engine containers get it with group_add
 #   KVT_SET []                 extra "key=value" overrides, space separated (--set)
 #   KVT_CONFIG []              use this YAML file as is instead of writing one
 #   KVT_CONFIG_OUT [/etc/kvtier/kvtierd.yaml]  where the written config goes
-#   KVT_RUN_DIR [/run/kvtier]  the secret's copy and scratch files
+#   KVT_RUN_DIR [/run/kvtierd] the secret's copy and scratch files
 # Test mode only:
 #   KVT_RESULTS_ROOT [/results]  shared by the nodes; this node writes $ROOT/g<role>/
 #   KVT_BARRIER_TIMEOUT [120]    seconds to wait for every node's rxe device
@@ -57,10 +74,14 @@ NETDEV=${KVT_NETDEV:-eth0}
 RDMA_DEV=${KVT_RDMA_DEV:-rxe0}
 PORT=${KVT_PORT:-7170}
 METRICS_PORT=${KVT_METRICS_PORT:-9464}
-TRANSPORT=${KVT_TRANSPORT:-verbs}
+TRANSPORT= # set in main, from the mode and KVT_RDMA
 SECRET_SRC=${KVT_SECRET_FILE:-/run/secrets/kvtier_secret}
 CONFIG_OUT=${KVT_CONFIG_OUT:-/etc/kvtier/kvtierd.yaml}
-RUN_DIR=${KVT_RUN_DIR:-/run/kvtier}
+RUN_DIR=${KVT_RUN_DIR:-/run/kvtierd}
+ENGINE_DIR=/run/kvtier
+SHM_DIR=/dev/shm/kvtier
+DAEMON_USER=${KVT_USER:-kvtier}
+ENGINE_GID= # set by resolve_user
 
 # ---- checks of single values -------------------------------------------------------
 
@@ -220,14 +241,48 @@ make_uverbs_node() { # dev
 
 # ---- configuration ---------------------------------------------------------------------
 
-# The shared secret as kvtierd wants it: a regular file, mode 0600, owned by us.
+# KVT_USER's uid and gid, and the engine group. With strict unset (config mode, which
+# also runs outside the image), a user this system lacks leaves them empty.
+resolve_user() { # [strict]
+    DAEMON_UID="" DAEMON_GID=""
+    if [ "$DAEMON_USER" = root ]; then
+        DAEMON_UID=0 DAEMON_GID=0
+    elif id -u "$DAEMON_USER" >/dev/null 2>&1; then
+        DAEMON_UID=$(id -u "$DAEMON_USER")
+        DAEMON_GID=$(id -g "$DAEMON_USER")
+    elif [ -n "${1:-}" ]; then
+        die_config "KVT_USER=$DAEMON_USER: no such user in this image"
+    fi
+    ENGINE_GID=${KVT_ENGINE_GID:-$DAEMON_GID}
+    [ -z "$ENGINE_GID" ] || is_uint "$ENGINE_GID" ||
+        die_config "KVT_ENGINE_GID=$ENGINE_GID: a group number (engine containers' group_add)"
+}
+
+# The folders of the header, made or re-owned at every start: volumes and /dev/shm
+# come up empty or owned by whoever made them.
+prepare_dirs() {
+    local u=$DAEMON_UID g=$DAEMON_GID
+    install -d -m 0700 -o "$u" -g "$g" "$RUN_DIR"
+    mkdir -p "$ENGINE_DIR" "$SHM_DIR"
+    chown "$u:$ENGINE_GID" "$ENGINE_DIR"
+    chmod 0750 "$ENGINE_DIR"
+    chown "$u:$g" "$SHM_DIR"
+    chmod 0700 "$SHM_DIR"
+    if [ -z "${KVT_STORAGE_ROOT:-}" ]; then
+        mkdir -p /var/lib/kvtier
+        chown "$u:$g" /var/lib/kvtier
+        chmod 0700 /var/lib/kvtier
+    fi
+}
+
+# The shared secret as kvtierd wants it: a regular file, mode 0600, owned by its user.
 install_secret() {
     local n
     [ -f "$SECRET_SRC" ] || die_config "KVT_SECRET_FILE=$SECRET_SRC: no such file (the compose secret kvtier_secret)"
     n=$(wc -c <"$SECRET_SRC")
     { [ "$n" -ge 16 ] && [ "$n" -le 1024 ]; } ||
         die_config "KVT_SECRET_FILE=$SECRET_SRC: $n bytes; the secret must have 16..1024"
-    install -m 0600 "$SECRET_SRC" "$RUN_DIR/secret"
+    install -m 0600 -o "$DAEMON_UID" -g "$DAEMON_GID" "$SECRET_SRC" "$RUN_DIR/secret"
 }
 
 write_config() { # addr
@@ -255,6 +310,7 @@ write_config() { # addr
         [ -z "$id" ] || echo "  id: $id"
         echo "  namespace: \"$ns\""
         echo "primary:"
+        echo "  path: \"$SHM_DIR/primary.mmap\"" # the container's sized /dev/shm
         echo "  size: \"$size\""
         echo "storage:"
         echo "  root: \"$root\""
@@ -270,6 +326,10 @@ write_config() { # addr
         done
         echo "cluster:"
         echo "  secret_file: \"$RUN_DIR/secret\""
+        echo "engine:"
+        echo "  socket: \"$ENGINE_DIR/engine.sock\""
+        echo "  socket_mode: \"0660\""
+        [ -z "$ENGINE_GID" ] || echo "  socket_group: \"$ENGINE_GID\""
         echo "metrics:"
         echo "  listen: \"0.0.0.0\""
         echo "  port: $METRICS_PORT"
@@ -335,8 +395,9 @@ barrier() { # root role guests
 }
 
 run_test() {
-    local addr=$1 role guests root test peers p
+    local addr=$1 role guests root test peers p kvtierd
     shift
+    kvtierd=$(command -v kvtierd) || die "kvtierd is not in this image"
     test=${KVT_CLUSTER_TEST:-/opt/kvtier/src/tests/cluster/run-cluster-test}
     [ -x "$test" ] || die "the cluster test $test is not in this image (it was not in tests/cluster/ when the image was built)"
     [ -n "${KVT_PEERS:-}" ] || die_config "test mode needs KVT_PEERS (every node's address, in role order)"
@@ -360,7 +421,7 @@ run_test() {
     # The interface of tools/rxe-harness/kvtier-rxe's guests (its README, step 4).
     export KVT_ROLE=$role KVT_ADDR=$addr KVT_PEERS=$peers KVT_GUESTS=$guests \
         KVT_RESULTS=$root/g$role KVT_NETDEV=$NETDEV KVT_RDMA_DEV=$RDMA_DEV \
-        KVT_KVTIERD=/usr/local/bin/kvtierd KVT_CONFIG=$CONFIG
+        KVT_KVTIERD=$kvtierd KVT_CONFIG=$CONFIG
     log "running $test $* (role $role of $guests, $addr, peers: $peers)"
     cd /opt/kvtier/build
     set +e
@@ -373,11 +434,22 @@ run_test() {
 }
 
 main() {
-    local mode=${1:-daemon} addr
+    local mode=${1:-daemon} addr rdma
     case $mode in
     daemon | test | config) shift || true ;;
     -*) mode=daemon ;; # kvtierd options only
     *) exec "$@" ;;
+    esac
+    if [ "$mode" = test ]; then
+        rdma=${KVT_RDMA:-rxe}
+        DAEMON_USER=root # the cluster test's own processes, as in the qemu guests
+    else
+        rdma=${KVT_RDMA:-off}
+    fi
+    case $rdma in
+    rxe) TRANSPORT=${KVT_TRANSPORT:-verbs} ;;
+    off) TRANSPORT=${KVT_TRANSPORT:-ucx} ;;
+    *) die_config "KVT_RDMA=$rdma: rxe or off" ;;
     esac
     addr=${KVT_ADDR:-$(netdev_ipv4 "$NETDEV")}
     [ -n "$addr" ] || die "no address: $NETDEV has no IPv4 address and KVT_ADDR is not set"
@@ -389,27 +461,37 @@ main() {
         sets+=(--set "$s")
     done
     if [ "$mode" = config ]; then
+        resolve_user
         write_config "$addr"
         exit 0
     fi
-    mkdir -p "$RUN_DIR"
-    case ${KVT_RDMA:-rxe} in
-    rxe) setup_rxe "$addr" ;;
-    off)
+    resolve_user strict
+    prepare_dirs
+    if [ "$rdma" = rxe ]; then
+        setup_rxe "$addr"
+    else
         [ "$mode" = daemon ] || die "KVT_RDMA=off: the cluster test runs on soft-RoCE only"
-        log "KVT_RDMA=off: no soft-RoCE set-up"
-        ;;
-    *) die_config "KVT_RDMA=${KVT_RDMA}: rxe or off" ;;
-    esac
+        log "KVT_RDMA=off: no soft-RoCE set-up (transport $TRANSPORT)"
+    fi
     prepare_config "$addr"
     if [ "$mode" = test ]; then
         run_test "$addr" "$@"
     fi
     command -v kvtierd >/dev/null || die "kvtierd is not in this image"
-    kvtierd --config "$CONFIG" "${sets[@]}" --check ||
+    # As KVT_USER from here on: no capabilities (a uid change from root drops them),
+    # none to regain (no_new_privs), the engine group among its groups so that it may
+    # give the socket that group.
+    local as=()
+    if [ "$DAEMON_UID" != 0 ]; then
+        local groups
+        groups=$({ id -G "$DAEMON_USER" | tr ' ' '\n' && echo "$ENGINE_GID"; } | sort -un | paste -sd, -)
+        as=(setpriv --reuid="$DAEMON_UID" --regid="$DAEMON_GID" --groups="$groups"
+            --inh-caps=-all --no-new-privs --)
+    fi
+    "${as[@]}" kvtierd --config "$CONFIG" "${sets[@]}" --check ||
         die_config "kvtierd --check refused $CONFIG (above)"
-    log "exec kvtierd --config $CONFIG ${sets[*]} $*"
-    exec kvtierd --config "$CONFIG" "${sets[@]}" "$@"
+    log "exec ${as[*]} kvtierd --config $CONFIG ${sets[*]} $*"
+    exec "${as[@]}" kvtierd --config "$CONFIG" "${sets[@]}" "$@"
 }
 
 main "$@"

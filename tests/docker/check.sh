@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Static checks of docker/ that need no container engine (ctest docker_files, label
 # unit). Usage: check.sh REPO_ROOT [KVTIERD]
-#  - compose.yaml parses as YAML (python3-yaml) and, with compose's ${VAR:-default}
-#    defaults applied, has node0..node2 with /dev/infiniband, the uverbs cgroup rule,
-#    NET_ADMIN + IPC_LOCK, memlock unlimited, fixed distinct addresses on one private
-#    bridge subnet, KVT_PEERS naming those addresses in role order, the secret, a
-#    /healthz healthcheck, /dev/shm large enough for the primary region; the test
-#    profile likewise; the build points to docker/Dockerfile;
+#  - the compose files parse as YAML (python3-yaml) and, with compose's ${VAR:-default}
+#    defaults applied: the repository root's compose.yaml includes docker/compose.yaml;
+#    node0..node2 (runtime target) have memlock unlimited, fixed distinct addresses
+#    on one private bridge subnet, KVT_PEERS naming them in role order, the secret, a
+#    /healthz healthcheck, /dev/shm large enough for the primary region, ipc
+#    shareable, the volumes nodeN-run at /run/kvtier and one at /var/lib/kvtier,
+#    peers and /metrics published on 127.0.0.1 at distinct host ports, KVT_RDMA off
+#    and KVT_TRANSPORT ucx with no device, and every variable the entrypoint reads
+#    passed through from the shell (but the per-node ones); merged with
+#    docker/compose.rdma.yaml they have /dev/infiniband, the uverbs cgroup rule and
+#    NET_ADMIN + IPC_LOCK; the test profile likewise (test target); the engine
+#    service joins node0's IPC namespace, mounts node0-run read-only, runs as a user
+#    with group_add = KVT_ENGINE_GID (the Dockerfile's KVT_GID), without network or
+#    secret, after node0 is healthy; with docker compose v2 installed, `docker compose
+#    config` from the repository root accepts each combination;
 #  - entrypoint.sh passes `bash -n` and shellcheck (when installed; said when not);
 #    its `config` mode writes YAML whose keys all exist in node/config.c's schema,
 #    leaves the node's own address out of network.peers, and refuses bad values with
@@ -14,7 +23,9 @@
 #  - the Dockerfile's COPY/ADD sources exist in the repository and are not excluded by
 #    docker/.dockerignore, COPY --from names a stage, every /src/... path a RUN needs
 #    exists (paths the RUN tests with -d/-e/-f first are optional), and
-#    docker/Dockerfile.dockerignore is docker/.dockerignore.
+#    docker/Dockerfile.dockerignore is docker/.dockerignore; the runtime stage is the
+#    package from tools/build-deb installed by docker/install-runtime.sh in one RUN,
+#    the entrypoint, tini (what tests/docker/test_rootfs.sh builds and starts).
 # Each failure prints one line "FAIL: ..."; the exit status is the number of failures
 # (capped at 100), 0 when all pass.
 set -uo pipefail
@@ -57,7 +68,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 # config mode: the YAML it writes, and what it refuses.
-cfg_env=(env -i PATH="$PATH" KVT_ADDR=10.78.0.12 KVT_RUN_DIR="$TMP/run"
+cfg_env=(env -i PATH="$PATH" KVT_ADDR=10.78.0.12 KVT_RUN_DIR="$TMP/run" KVT_ENGINE_GID=970
     KVT_PEERS="10.78.0.11 10.78.0.12,10.78.0.13:7171")
 if "${cfg_env[@]}" "$D/entrypoint.sh" config >"$TMP/kvtierd.yaml" 2>"$TMP/config.err"; then
     pass "entrypoint.sh config"
@@ -93,9 +104,14 @@ if unknown:
     bad.append(f"keys not in {schema}: {unknown}")
 if flat.get("network.listen") != "10.78.0.12":
     bad.append(f"network.listen is {flat.get('network.listen')!r}, want '10.78.0.12'")
+if flat.get("engine.socket") != "/run/kvtier/engine.sock" or flat.get("engine.socket_group") != "970":
+    bad.append("engine.socket is not /run/kvtier/engine.sock in group 970 (KVT_ENGINE_GID)")
+if flat.get("network.transport") != "ucx":
+    bad.append(f"network.transport is {flat.get('network.transport')!r}: ucx by default")
 if flat.get("network.peers") != ["10.78.0.11:7170", "10.78.0.13:7171"]:
     bad.append(f"network.peers is {flat.get('network.peers')!r}: want the two others")
-for k in ("cluster.secret_file", "network.transport", "primary.size", "metrics.port"):
+for k in ("cluster.secret_file", "network.transport", "primary.size", "metrics.port",
+          "primary.path", "engine.socket", "engine.socket_mode", "engine.socket_group"):
     if k not in flat:
         bad.append(f"{k} is not written")
 for b in bad:
@@ -122,6 +138,8 @@ refuse "a quote in a peer" 'KVT_PEERS=10.78.0.11 a"b'
 refuse "an unknown transport" KVT_TRANSPORT=tcp
 refuse "a non-numeric node id" KVT_NODE_ID=abc
 refuse "a KVT_SET without =" KVT_SET=log.level
+refuse "a group name as KVT_ENGINE_GID" KVT_ENGINE_GID=kvtier
+refuse "an unknown KVT_RDMA" KVT_RDMA=roce
 
 if [ -n "$KVTIERD" ]; then
     mkdir -p "$TMP/run"
@@ -142,17 +160,19 @@ else
     echo "note: no kvtierd given: the config was checked against the schema table only"
 fi
 
-# ---- compose.yaml ----------------------------------------------------------------------
-"$PY" - "$D/compose.yaml" "$ROOT" <<'EOF' || fails=$((fails + 1))
+# ---- compose files ---------------------------------------------------------------------
+"$PY" - "$ROOT" <<'EOF' || fails=$((fails + 1))
 import ipaddress, os, re, sys, yaml
-path, root = sys.argv[1], sys.argv[2]
-compose_dir = os.path.dirname(path)
+root = sys.argv[1]
+D = os.path.join(root, "docker")
 errs = []
-try:
-    doc = yaml.safe_load(open(path))
-except yaml.YAMLError as e:
-    print(f"FAIL: compose.yaml is not YAML: {e}")
-    sys.exit(1)
+
+def load(path):
+    try:
+        return yaml.safe_load(open(path))
+    except (OSError, yaml.YAMLError) as e:
+        print(f"FAIL: {os.path.relpath(path, root)}: {e}")
+        sys.exit(1)
 
 # compose's interpolation with every variable unset: ${X:-d} and ${X-d} -> d.
 def interp(v):
@@ -166,7 +186,29 @@ def interp(v):
     if isinstance(v, dict):
         return {k: interp(x) for k, x in v.items()}
     return v
-doc = interp(doc)
+
+# compose's merge of an override file, for what docker/compose.rdma.yaml uses:
+# mappings merged key by key, sequences extended.
+def merge(a, b):
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = merge(a[k], v) if k in a else v
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return a + [x for x in b if x not in a]
+    return b
+
+# The repository root's compose.yaml: what `docker compose up` finds there.
+top = load(os.path.join(root, "compose.yaml")) or {}
+inc = [i if isinstance(i, str) else (i or {}).get("path") for i in top.get("include") or []]
+inc = [x if isinstance(x, str) else (x or [None])[0] for x in inc]
+if inc != ["docker/compose.yaml"]:
+    errs.append(f"compose.yaml (root): include is {inc}, want ['docker/compose.yaml']")
+
+raw = load(os.path.join(D, "compose.yaml"))
+doc = interp(raw)
+rdma = merge(doc, interp(load(os.path.join(D, "compose.rdma.yaml"))))
 
 UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
          "gb": 1 << 30, "kib": 1024, "mib": 1 << 20, "gib": 1 << 30}
@@ -176,21 +218,23 @@ def size(s):
         raise ValueError(f"bad size {s!r}")
     return int(m.group(1)) * UNITS[m.group(2).lower()]
 
-services = doc.get("services") or {}
-nets = doc.get("networks") or {}
-secrets = doc.get("secrets") or {}
-
 def env_of(svc):
     e = svc.get("environment") or {}
     if isinstance(e, list):
         e = dict(x.split("=", 1) for x in e)
-    return {k: str(v) for k, v in e.items()}
+    return {k: "" if v is None else str(v) for k, v in e.items()}
 
-def check_service(name, want_health):
-    svc = services.get(name)
-    if svc is None:
-        errs.append(f"service {name} is missing")
-        return None
+def volumes_of(svc):  # [(source, target, ro)]
+    out = []
+    for v in svc.get("volumes") or []:
+        if isinstance(v, dict):
+            out.append((v.get("source"), v.get("target"), bool(v.get("read_only"))))
+        else:
+            p = str(v).split(":")
+            out.append((p[0], p[1] if len(p) > 1 else p[0], len(p) > 2 and "ro" in p[2]))
+    return out
+
+def check_rdma(name, svc):
     devs = [str(d).split(":")[0] for d in svc.get("devices") or []]
     if not any(d == "/dev/infiniband" or d.startswith("/dev/infiniband/") for d in devs):
         errs.append(f"{name}: no /dev/infiniband device")
@@ -202,6 +246,15 @@ def check_service(name, want_health):
     for c in ("NET_ADMIN", "IPC_LOCK"):
         if c not in caps:
             errs.append(f"{name}: cap_add lacks {c}")
+
+def check_service(d, name, want_health, target, rdma_needed):
+    services, nets, secrets = d.get("services") or {}, d.get("networks") or {}, d.get("secrets") or {}
+    svc = services.get(name)
+    if svc is None:
+        errs.append(f"service {name} is missing")
+        return None
+    if rdma_needed:
+        check_rdma(name, svc)
     ml = (svc.get("ulimits") or {}).get("memlock")
     if not (ml == -1 or (isinstance(ml, dict) and ml.get("soft") == -1 and ml.get("hard") == -1)):
         errs.append(f"{name}: ulimits memlock is {ml!r}, want -1 (soft and hard)")
@@ -221,10 +274,11 @@ def check_service(name, want_health):
     except ValueError as e:
         errs.append(f"{name}: {e}")
     b = svc.get("build") or {}
-    df = os.path.normpath(os.path.join(compose_dir, b.get("context", "."),
-                                       b.get("dockerfile", "Dockerfile")))
-    if not b or df != os.path.normpath(os.path.join(root, "docker", "Dockerfile")):
+    df = os.path.normpath(os.path.join(D, b.get("context", "."), b.get("dockerfile", "Dockerfile")))
+    if not b or df != os.path.normpath(os.path.join(D, "Dockerfile")):
         errs.append(f"{name}: build does not point to docker/Dockerfile ({df})")
+    elif b.get("target") != target:
+        errs.append(f"{name}: build target {b.get('target')!r}, want {target!r}")
     if want_health:
         t = (svc.get("healthcheck") or {}).get("test") or []
         t = " ".join(t) if isinstance(t, list) else str(t)
@@ -255,10 +309,11 @@ def check_service(name, want_health):
         return None
     return addr, env
 
-def check_group(names, want_health, mode):
-    got = [check_service(n, want_health) for n in names]
+def check_group(d, names, want_health, mode, target, rdma_needed):
+    got = [check_service(d, n, want_health, target, rdma_needed) for n in names]
     if None in got:
         return
+    services = d["services"]
     addrs = [a for a, _ in got]
     if len(set(addrs)) != len(addrs):
         errs.append(f"{names}: addresses are not distinct: {addrs}")
@@ -277,17 +332,125 @@ def check_group(names, want_health, mode):
         for n in names:
             if "test" not in (services[n].get("profiles") or []):
                 errs.append(f"{n}: not in the profile 'test'")
-            if not any(str(v).endswith(":/results") for v in services[n].get("volumes") or []):
+            if not any(t == "/results" for _, t, _ in volumes_of(services[n])):
                 errs.append(f"{n}: no results volume on /results")
+            if env_of(services[n]).get("KVT_RDMA", "rxe") != "rxe":
+                errs.append(f"{n}: the test runs on soft-RoCE: KVT_RDMA must be rxe")
 
-check_group(["node0", "node1", "node2"], True, "daemon")
-check_group(["test0", "test1", "test2"], False, "test")
+nodes = ["node0", "node1", "node2"]
+# The default cluster: UCX over tcp, nothing of RDMA needed from the host.
+check_group(doc, nodes, True, "daemon", "runtime", False)
+# With docker/compose.rdma.yaml: soft-RoCE devices, capabilities, verbs.
+check_group(rdma, nodes, True, "daemon", "runtime", True)
+check_group(doc, ["test0", "test1", "test2"], False, "test", "test", True)
+
+# What every default node has for real use.
+entry = open(os.path.join(D, "entrypoint.sh")).read()
+read_vars = set(re.findall(r"\$\{(KVT_[A-Z_]+)", entry))
+per_node = {"KVT_ADDR", "KVT_NODE_ID", "KVT_PEERS"}  # one value for all: nodes alike
+per_node.add("KVT_SECRET_FILE")  # where compose mounts the secret (the host's: KVT_SECRET_FILE_HOST)
+test_only = {"KVT_ROLE", "KVT_GUESTS", "KVT_RESULTS_ROOT", "KVT_BARRIER_TIMEOUT",
+             "KVT_CLUSTER_TEST", "KVT_RESULTS", "KVT_KVTIERD"}
+services = doc.get("services") or {}
+published = []
+gid_default = None
+for n in nodes:
+    svc, rsvc = services.get(n) or {}, (raw.get("services") or {}).get(n) or {}
+    env, renv = env_of(svc), env_of(rsvc)
+    for v in sorted(read_vars - per_node - test_only):
+        if v not in renv:
+            errs.append(f"{n}: {v} (read by the entrypoint) is not in its environment")
+        elif "${" + v not in renv[v]:
+            errs.append(f"{n}: {v} is {renv[v]!r}: not passed through from the shell (${{{v}:-...}})")
+    for v in sorted(per_node & set(renv)):
+        if v != "KVT_PEERS" and "${" in renv[v]:
+            errs.append(f"{n}: {v} comes from the shell: one value would make every node alike")
+    if env.get("KVT_RDMA") != "off" or env.get("KVT_TRANSPORT") != "ucx":
+        errs.append(f"{n}: defaults KVT_RDMA={env.get('KVT_RDMA')} KVT_TRANSPORT="
+                    f"{env.get('KVT_TRANSPORT')}, want off and ucx (tcp unless opted in)")
+    if svc.get("devices") or svc.get("device_cgroup_rules"):
+        errs.append(f"{n}: devices in the default node: a host without RDMA could not start it")
+    if svc.get("ipc") != "shareable":
+        errs.append(f"{n}: ipc is {svc.get('ipc')!r}, want shareable (engines join it)")
+    vols = volumes_of(svc)
+    if (f"{n}-run", "/run/kvtier", False) not in vols:
+        errs.append(f"{n}: no volume {n}-run at /run/kvtier (the engine socket's folder)")
+    elif f"{n}-run" not in (doc.get("volumes") or {}):
+        errs.append(f"{n}: volume {n}-run is not defined")
+    if not any(t == "/var/lib/kvtier" for _, t, _ in vols):
+        errs.append(f"{n}: no volume at /var/lib/kvtier (the storage tier)")
+    ports = {}
+    for p in svc.get("ports") or []:
+        parts = str(p).split(":")
+        if len(parts) != 3:
+            errs.append(f"{n}: port {p!r}: want HOST_IP:HOST_PORT:CONTAINER_PORT")
+            continue
+        ports[parts[2]] = parts[:2]
+        published.append(parts[1])
+    for want in (env.get("KVT_PORT"), env.get("KVT_METRICS_PORT")):
+        if want not in ports:
+            errs.append(f"{n}: container port {want} (peers, /metrics) is not published")
+        elif ports[want][0] != "127.0.0.1":
+            errs.append(f"{n}: port {want} published on {ports[want][0]}, want 127.0.0.1 by default")
+    gid_default = env.get("KVT_ENGINE_GID")
+if len(set(published)) != len(published):
+    errs.append(f"host ports published twice: {published}")
+
+# The engine service: the node's socket volume (read-only) and IPC namespace only.
+eng = services.get("engine")
+if eng is None:
+    errs.append("service engine is missing")
+else:
+    if "engine" not in (eng.get("profiles") or []):
+        errs.append("engine: not in the profile 'engine' (up would start it with the nodes)")
+    if eng.get("ipc") != "service:node0":
+        errs.append(f"engine: ipc {eng.get('ipc')!r}, want 'service:node0'")
+    if volumes_of(eng) != [("node0-run", "/run/kvtier", True)]:
+        errs.append(f"engine: volumes {volumes_of(eng)}, want node0-run at /run/kvtier read-only")
+    if [str(g) for g in eng.get("group_add") or []] != [gid_default]:
+        errs.append(f"engine: group_add {eng.get('group_add')}, want [{gid_default}] (KVT_ENGINE_GID)")
+    if str(eng.get("user", "root")).split(":")[0] in ("root", "0"):
+        errs.append("engine: runs as root: an engine of another image is another user")
+    if eng.get("network_mode") != "none" or eng.get("secrets"):
+        errs.append("engine: want network_mode none and no secret (it needs neither)")
+    if ((eng.get("depends_on") or {}).get("node0") or {}).get("condition") != "service_healthy":
+        errs.append("engine: does not wait for node0's healthcheck")
+    if "/run/kvtier/engine.sock" not in " ".join(map(str, eng.get("command") or [])):
+        errs.append("engine: its command does not name /run/kvtier/engine.sock")
+dockerfile = open(os.path.join(D, "Dockerfile")).read()
+m = re.search(r"^ARG KVT_GID=(\d+)", dockerfile, re.M)
+if not m or m.group(1) != gid_default:
+    errs.append(f"KVT_ENGINE_GID default {gid_default} is not the Dockerfile's ARG KVT_GID "
+                f"({m.group(1) if m else 'none'})")
+
 for e in errs:
-    print(f"FAIL: compose.yaml: {e}")
+    print(f"FAIL: compose: {e}")
 if not errs:
-    print(f"ok: compose.yaml: {len(services)} services checked")
+    print(f"ok: compose files: {len(services)} services, the rdma override and the root include checked")
 sys.exit(1 if errs else 0)
 EOF
+
+# The same files as compose itself reads them (no engine needed), from the repository
+# root as a user types it; said when no compose v2 is installed.
+compose=()
+if docker compose version >/dev/null 2>&1; then
+    compose=(docker compose)
+elif command -v docker-compose >/dev/null && docker-compose version 2>/dev/null | grep -q 'v2\.'; then
+    compose=(docker-compose)
+fi
+if [ ${#compose[@]} -gt 0 ]; then
+    for args in "" "--profile engine" "--profile test" "-f compose.yaml -f docker/compose.rdma.yaml" \
+        "-f docker/compose.yaml"; do
+        # shellcheck disable=SC2086 # args are words
+        if (cd "$ROOT" && "${compose[@]}" $args config -q) 2>"$TMP/compose.err"; then
+            pass "${compose[*]} $args config (from the repository root)"
+        else
+            fail "${compose[*]} $args config: $(head -3 "$TMP/compose.err")"
+        fi
+    done
+else
+    echo "note: no docker compose v2: compose's own parse was not run (tools/install-deps installs it)"
+fi
 
 # ---- Dockerfile ------------------------------------------------------------------------
 if [ -L "$D/Dockerfile.dockerignore" ] && [ "$(readlink "$D/Dockerfile.dockerignore")" = .dockerignore ]; then
@@ -355,6 +518,29 @@ for ins in instrs:
             optional = re.search(r"-[def]\s+/src/" + re.escape(p) + r"\b", rest)
             if not optional and not os.path.exists(os.path.join(root, p)):
                 errs.append(f"RUN uses /src/{p}: not in the repository")
+# The runtime stage is what tests/docker/test_rootfs.sh builds: the package from
+# tools/build-deb installed by docker/install-runtime.sh, the entrypoint, tini.
+stage, body = None, {}
+for ins in instrs:
+    op, _, rest = ins.partition(" ")
+    if op.upper() == "FROM":
+        m = re.search(r"\bAS\s+(\S+)", rest, re.I)
+        stage = m.group(1) if m else None
+    body.setdefault(stage, []).append(ins)
+rt = "\n".join(body.get("runtime", []))
+bl = "\n".join(body.get("builder", []))
+for what, ok in (("the builder runs tools/build-deb", "tools/build-deb" in bl),
+                 ("runtime copies the builder's package", re.search(r"COPY --from=builder \S+\.deb", rt)),
+                 ("runtime copies docker/install-runtime.sh", "COPY docker/install-runtime.sh" in rt),
+                 ("runtime runs install-runtime.sh with the package",
+                  re.search(r"RUN .*install-runtime\.sh \S+\.deb", rt)),
+                 ("runtime installs the entrypoint as kvtier-entrypoint",
+                  re.search(r"COPY .*docker/entrypoint\.sh /usr/local/bin/kvtier-entrypoint", rt)),
+                 ("runtime's ENTRYPOINT is tini -> kvtier-entrypoint",
+                  re.search(r'ENTRYPOINT \["/usr/bin/tini", "--", "/usr/local/bin/kvtier-entrypoint"\]', rt)),
+                 ("runtime installs nothing else (one RUN)", rt.count("\nRUN ") == 1)):
+    if not ok:
+        errs.append(f"{what}: not so")
 if "runtime" not in stages or "builder" not in stages:
     errs.append(f"stages {sorted(stages)}: want builder and runtime")
 if not any(i.upper().startswith("ENTRYPOINT") and "kvtier-entrypoint" in i for i in instrs):

@@ -8,7 +8,9 @@
 # copy. apt's lists and downloaded packages live in the cache too, bind-mounted into
 # the chroot, so a rerun downloads nothing; the lists are refreshed once a day.
 #
-# Functions: debian_root_tarball CACHE (prints the tarball, making it if needed),
+# Functions: debian_root_tarball CACHE [NAME INCLUDE] (prints the tarball, making it if
+# needed; NAME [debian12-root] names it in the cache, INCLUDE [systemd,python3] is
+# debootstrap's --include, "" for a bare minbase root such as the debian:12 image),
 # chroot_setup ROOT CACHE (mounts for a chroot; call it in a private mount namespace:
 # `unshare --mount --pid --fork --propagation private`), in_root CMD... (runs CMD in
 # $root with a clean environment).
@@ -23,34 +25,35 @@ in_root() {
 }
 
 debian_root_tarball() {
-  local cache=$1
-  local tarball=$cache/debian12-root.tar.zst security
+  local cache=$1 name=${2:-debian12-root} include=${3-systemd,python3}
+  local tarball=$cache/$name.tar.zst security recipe=$root_recipe
+  [ "$include" = systemd,python3 ] || recipe="bookworm minbase ${include:-(none)} $mirror v1"
   mkdir -p "$cache"
-  if [ -f "$tarball" ] && [ "$(cat "$cache/debian12-root.recipe" 2>/dev/null)" = "$root_recipe" ]; then
+  if [ -f "$tarball" ] && [ "$(cat "$cache/$name.recipe" 2>/dev/null)" = "$recipe" ]; then
     echo "$tarball"
     return 0
   fi
-  echo "making the Debian 12 root (once; cached in $cache)" >&2
-  rm -rf "$cache/root.new" "$tarball"
-  if ! debootstrap --variant=minbase --include=systemd,python3 bookworm "$cache/root.new" \
+  echo "making the Debian 12 root $name (once; cached in $cache)" >&2
+  rm -rf "$cache/$name.new" "$tarball"
+  if ! debootstrap --variant=minbase ${include:+--include="$include"} bookworm "$cache/$name.new" \
     "$mirror" >"$cache/debootstrap.log" 2>&1; then
     echo "debootstrap failed: $(tail -5 "$cache/debootstrap.log")" >&2
-    rm -rf "$cache/root.new"
+    rm -rf "$cache/$name.new"
     return 1
   fi
   security=${mirror%/debian}/debian-security
-  cat >"$cache/root.new/etc/apt/sources.list" <<EOF
+  cat >"$cache/$name.new/etc/apt/sources.list" <<EOF
 deb $mirror bookworm main
 deb $mirror bookworm-updates main
 deb $security bookworm-security main
 EOF
   # as on the host: a clock ahead of the mirror's Release files must not stop apt
   printf 'Acquire::Check-Valid-Until "false";\nAcquire::Check-Date "false";\n' \
-    >"$cache/root.new/etc/apt/apt.conf.d/99kvtier-test"
-  rm -rf "$cache/root.new/var/cache/apt/archives/"*.deb "$cache/root.new/var/lib/apt/lists/"*
-  tar -C "$cache/root.new" --numeric-owner --zstd -cf "$tarball" . || return 1
-  echo "$root_recipe" >"$cache/debian12-root.recipe"
-  rm -rf "$cache/root.new" "$cache/apt-lists.stamp"
+    >"$cache/$name.new/etc/apt/apt.conf.d/99kvtier-test"
+  rm -rf "$cache/$name.new/var/cache/apt/archives/"*.deb "$cache/$name.new/var/lib/apt/lists/"*
+  tar -C "$cache/$name.new" --numeric-owner --zstd -cf "$tarball" . || return 1
+  echo "$recipe" >"$cache/$name.recipe"
+  rm -rf "$cache/$name.new" "$cache/apt-lists.stamp"
   echo "$tarball"
 }
 
