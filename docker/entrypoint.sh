@@ -255,6 +255,7 @@ write_config() { # addr
         [ -z "$id" ] || echo "  id: $id"
         echo "  namespace: \"$ns\""
         echo "primary:"
+        echo "  path: \"/dev/shm/kvtier/{id}/primary.mmap\"" # the container's sized tmpfs
         echo "  size: \"$size\""
         echo "storage:"
         echo "  root: \"$root\""
