@@ -81,7 +81,8 @@ struct daemon {
     size_t n_sets;
 
     int lock_fd;
-    int run_fd; /* the runtime folder of primary.path */
+    bool lock_created; /* by this start: removed again if the start fails */
+    int run_fd;        /* the runtime folder of primary.path */
     char lock_path[4096];
     char region_name[NAME_MAX + 1], lock_name[NAME_MAX + 1];
     struct kvt_region *region;
@@ -253,7 +254,16 @@ static int lock_file(struct daemon *d)
         struct stat st, there;
         int fd, rc;
 
-        fd = openat(d->run_fd, d->lock_name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+        bool created = true;
+
+        fd = openat(d->run_fd, d->lock_name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                    0600);
+        if (fd < 0 && errno == EEXIST) {
+            created = false;
+            fd = openat(d->run_fd, d->lock_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0 && errno == ENOENT)
+                continue; /* removed in between: create it */
+        }
         if (fd < 0) {
             rc = -errno;
             if (rc == -ELOOP) {
@@ -278,6 +288,7 @@ static int lock_file(struct daemon *d)
         if (fstatat(d->run_fd, d->lock_name, &there, AT_SYMLINK_NOFOLLOW) == 0 &&
             there.st_dev == st.st_dev && there.st_ino == st.st_ino) {
             d->lock_fd = fd;
+            d->lock_created = created;
             return 0;
         }
         close(fd); /* unlinked by the daemon that just stopped: take the new one */
@@ -803,8 +814,13 @@ static void abandon(struct daemon *d)
     if (d->peers != NULL)
         kvt_peers_destroy(d->peers);
     kvt_prom_acc_cleanup(&d->prom);
-    if (d->lock_fd >= 0)
-        close(d->lock_fd); /* not unlinked: it may be another daemon's */
+    if (d->lock_fd >= 0) {
+        /* We hold it. One that was there before may record a dead daemon's region
+         * for the next start: kept. One this start created goes. */
+        if (d->lock_created)
+            unlinkat(d->run_fd, d->lock_name, 0);
+        close(d->lock_fd);
+    }
     if (d->run_fd >= 0)
         close(d->run_fd);
     kvt_config_free(&d->cfg);

@@ -70,13 +70,16 @@ refuse() {
   fi
 }
 
-# start NAME: runs the daemon in the background until it is ready (pid in $dpid).
+# start NAME [ARGS...]: runs the daemon in the background until it is ready (pid in
+# $dpid).
 start() {
-  "$kvtierd" --config "$work/$1.yaml" >"$work/$1.log" 2>&1 &
+  local name=$1
+  shift
+  "$kvtierd" --config "$work/$name.yaml" "$@" >"$work/$name.log" 2>&1 &
   dpid=$!
   pids+=("$dpid")
   for _ in $(seq 1 300); do
-    grep -q "kvtierd: ready" "$work/$1.log" 2>/dev/null && return 0
+    grep -q "kvtierd: ready" "$work/$name.log" 2>/dev/null && return 0
     kill -0 "$dpid" 2>/dev/null || return 1
     sleep 0.05
   done
@@ -162,6 +165,7 @@ echo "precious" >"$priv/data/important.db"
 cfg f "$priv/data/important.db" "$priv/f.sock" "$priv/store-f"
 refuse f "not a region this daemon created (the lock file records no region)"
 check "f: the unrelated file is not deleted" '[ "$(cat $priv/data/important.db)" = precious ]'
+check "f: the refused start leaves no lock file of its own behind" '[ ! -e $priv/data/important.db.lock ]'
 
 # ---- 6a. The storage root made first by nobody ----
 mkdir -m 0700 "$priv/rt-g" # (so that a daemon without runtime folders gets as far)
@@ -222,6 +226,13 @@ check "h: counted: old format 1, MAC failures 1 (in /metrics)" \
 check "h: the other chunks survived the restart (warm restart, keyed format)" \
   'grep -q "$(( ${#chunks[@]} - 2 )) chunk file(s)" $work/h.log'
 stop
+
+# ---- node.group: engines of another user reach the runtime folder, nobody else ----
+cfg i "$shared/rt-i/primary.mmap" "$shared/rt-i/engine.sock" "$priv/store-i"
+check "i: starts with node.group=nogroup" 'start i --set node.group=nogroup'
+stop
+check "i: runtime folder 0750, group nogroup" '[ "$(stat -c %U:%G:%a $shared/rt-i)" = root:nogroup:750 ]'
+check "i: a member of the group may enter it" 'nobody ls "$shared/rt-i" >/dev/null'
 
 # ---- 7. The engine socket is not a name in /tmp ----
 "$kvtierd" --dump >"$work/dump" 2>&1
