@@ -252,9 +252,8 @@ static int lock_file(struct daemon *d)
 {
     for (int attempt = 0; attempt < 8; attempt++) {
         struct stat st, there;
-        int fd, rc;
-
         bool created = true;
+        int fd, rc;
 
         fd = openat(d->run_fd, d->lock_name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                     0600);
@@ -306,10 +305,12 @@ static int remove_stale_region(struct daemon *d)
     ssize_t n;
 
     if (fstatat(d->run_fd, d->region_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
-        if (errno == ENOENT)
+        int rc = -errno;
+
+        if (rc == -ENOENT)
             return 0;
-        kvt_error(MOD, "%s: %s", d->cfg.primary_path, strerror(errno));
-        return -errno;
+        kvt_error(MOD, "%s: %s", d->cfg.primary_path, strerror(-rc));
+        return rc;
     }
     n = pread(d->lock_fd, rec, sizeof(rec) - 1, 0);
     rec[n > 0 ? n : 0] = '\0';
@@ -395,7 +396,7 @@ static void report_pages(const struct kvt_region *r)
     kvt_info(MOD, "primary region: %.0f%% on huge pages", 100.0 * (double)huge / (double)r->size);
     if (huge < r->size / 2)
         kvt_info(MOD, "for huge pages put primary.path on a tmpfs mounted huge=advise (mount -o "
-                      "remount,huge=advise /dev/shm) or on hugetlbfs");
+                      "remount,huge=advise on its mount point, e.g. /run) or on hugetlbfs");
 }
 
 /* The region belongs in memory: on a disk file system its pages are written back. */

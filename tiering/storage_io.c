@@ -265,6 +265,33 @@ static bool own_file(struct st_tier *s, const char *name)
            st.st_uid == s->uid;
 }
 
+static bool own_or_absent(struct st_tier *s, const char *name)
+{
+    struct stat st;
+    if (fstatat(s->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return errno == ENOENT;
+    return S_ISREG(st.st_mode) && st.st_uid == s->uid;
+}
+
+/* Renames tmp over fin. A file already at fin is replaced only when it is ours (a
+ * file whose removal failed, forgotten by the index); another user's stays, and
+ * the store fails (ST_ERR_FOREIGN). */
+static int publish(struct st_tier *s, const char *tmp, const char *fin)
+{
+    if (renameat2(s->dir_fd, tmp, s->dir_fd, fin, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno == EINVAL) { /* a file system without RENAME_NOREPLACE */
+        if (!own_or_absent(s, fin))
+            return ST_ERR_FOREIGN;
+        return renameat(s->dir_fd, tmp, s->dir_fd, fin) == 0 ? 0 : errno;
+    }
+    if (errno != EEXIST)
+        return errno;
+    if (!own_file(s, fin))
+        return ST_ERR_FOREIGN;
+    return renameat(s->dir_fd, tmp, s->dir_fd, fin) == 0 ? 0 : errno;
+}
+
 /* The thread's buffer for a whole file image (whole 2 MiB pages, so huge ones: a
  * buffer of 4 KiB pages makes each O_DIRECT request a scatter list of 65 pieces),
  * mapped on first use; NULL when it cannot be. */
@@ -339,8 +366,8 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         }
         break;
     }
-    if (err == 0 && renameat(s->dir_fd, tmp, s->dir_fd, fin) != 0)
-        err = errno;
+    if (err == 0)
+        err = publish(s, tmp, fin);
     if (err == 0 && s->fsync)
         err = fsync_shard(s, fin);
     if (err != 0)

@@ -724,7 +724,12 @@ static int open_own_dir(struct st_tier *s, int dir_fd, const char *shown, const 
                   rc == -EPERM ? "not a folder (a link?): refused" : strerror(-rc));
         return rc;
     }
-    if (fstat(fd, &st) != 0 || st.st_uid != s->uid) {
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        close(fd);
+        return rc;
+    }
+    if (st.st_uid != s->uid) {
         kvt_error(MOD, "config: '%s/%s' is owned by uid %u, not by this process: refused", shown,
                   name, (unsigned)st.st_uid);
         close(fd);

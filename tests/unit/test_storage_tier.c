@@ -1037,13 +1037,22 @@ static void test_foreign_files_left_alone(void **state)
     assert_int_equal(lookup(f, 2), KVT_MISS);
     assert_int_equal(lookup(f, 3), KVT_MISS);
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_FOREIGN), 3);
+    /* A store of key 1 does not replace the foreign file: it fails, the file stays. */
+    {
+        struct stat st;
+        assert_false(wait_job(f, store1(f, 1))->success);
+        assert_int_equal(lstat(p1, &st), 0);
+        assert_int_equal(st.st_uid, NOBODY);
+        assert_false(has(f, 1));
+        assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".tmp"), 0);
+    }
     /* At load: key 4 is indexed, then its file becomes another user's. */
     assert_int_equal(chown(key_path(f, 4), NOBODY, NOBODY), 0);
     r = wait_job(f, load_keys(f, (int[]){4}, 1));
     assert_false(r->success);
     assert_true(file_exists(key_path(f, 4)));
     assert_int_equal(lookup(f, 4), KVT_MISS);
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FOREIGN), 3 + 1); /* f->stats accumulates */
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FOREIGN), 3 + 1 + 1); /* f->stats accumulates */
     unlink(p3);
     fx_free(f);
 }
