@@ -170,7 +170,7 @@ int kvt_private_dir_open(const char *path, const struct kvt_dir_policy *pol, int
         rc = 0;
         while (*p == '/')
             p++;
-        if (*p == '\0') { /* "/" itself, or a path ending in "/." or "/..": no name to own */
+        if (*p == '\0') { /* "/" itself: no folder of ours to own */
             kvt_error(MOD, "%s: name the directory itself", path);
             rc = -EINVAL;
             goto out;
@@ -206,8 +206,23 @@ int kvt_private_dir_open(const char *path, const struct kvt_dir_policy *pol, int
             continue;
         }
         if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) {
-            kvt_error(MOD, "%s: name the directory itself, not . or ..", path);
-            rc = -EINVAL;
+            /* The last folder is the one reached (".", e.g. the working folder of a
+             * relative file name) or its parent: checked as the last one. */
+            nfd = openat(w.cur, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+            if (nfd < 0 || fstat(nfd, &st) != 0) {
+                rc = -errno;
+                if (nfd >= 0)
+                    close(nfd);
+                goto out;
+            }
+            if (name[1] == '.')
+                shown_pop(&w);
+            rc = check_last(w.shown, &st);
+            if (rc < 0) {
+                close(nfd);
+                goto out;
+            }
+            *fd_p = nfd;
             goto out;
         }
         shown_push(&w, name, len);

@@ -210,7 +210,18 @@ static void test_relative_path_and_dotdot(void **state)
     assert_int_equal(chdir(cwd), 0);
     assert_fd_is(fd, path_of("cw/sub2"));
     close(fd);
-    assert_int_equal(open_dir(path_of("cw/.."), &open_only), -EINVAL);
+    /* "." and ".." at the end name the folder reached and its parent. */
+    assert_int_equal(chdir(path_of("cw/sub2")), 0);
+    assert_int_equal(kvt_private_dir_open(".", &open_only, &fd), 0);
+    assert_int_equal(chdir(cwd), 0);
+    assert_fd_is(fd, path_of("cw/sub2"));
+    close(fd);
+    assert_int_equal(kvt_private_dir_open(path_of("cw/sub2/.."), &open_only, &fd), 0);
+    assert_fd_is(fd, path_of("cw"));
+    close(fd);
+    assert_int_equal(chmod(path_of("cw"), 0777), 0);
+    assert_int_equal(open_dir(path_of("cw/sub2/.."), &open_only), -EPERM);
+    assert_int_equal(chmod(path_of("cw"), 0700), 0);
 }
 
 static void test_not_a_folder(void **state)
