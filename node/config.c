@@ -87,8 +87,13 @@ static const struct key_def keys[] = {
      "node identity; default: a hash of the host name and network.port"},
     {"node.namespace", T_STR, F(node_namespace), 0, "default", 1, 63, NULL, 0,
      "cache namespace; only nodes (and engines) of one namespace share chunks"},
-    {"primary.path", T_PATH, F(primary_path), 0, "/dev/shm/kvtier-{id}.mmap", 1, PATH_MAX - 1, NULL,
-     0, "file of the shared primary region (tmpfs or hugetlbfs)"},
+    {"node.group", T_STR, F(node_group), 0, "", 1, 255, NULL, K_OPTIONAL,
+     "group (name or number) that may enter the runtime folders of primary.path and "
+     "engine.socket, for engines of other users; unset: the folders are 0700"},
+    {"primary.path", T_PATH, F(primary_path), 0, "/run/kvtier/{id}/primary.mmap", 1, PATH_MAX - 1,
+     NULL, 0,
+     "file of the shared primary region (tmpfs or hugetlbfs), in a folder only the daemon "
+     "may write"},
     {"primary.size", T_SIZE, F(primary_size), 0, "1GiB", 4096, 64 * TIB, NULL, 0,
      "bytes of the primary region, a multiple of primary.row_bytes"},
     {"primary.row_bytes", T_SIZE, F(primary_row_bytes), 0, "256KiB", 512, 1 * GIB, NULL, 0,
@@ -99,8 +104,8 @@ static const struct key_def keys[] = {
      "engine workers (GPU ranks) that each own a slice of every row"},
     {"storage.enabled", T_BOOL, F(storage_enabled), 0, "true", 0, 0, NULL, 0,
      "run the storage tier (chunks in files on a local disk)"},
-    {"storage.root", T_PATH, F(storage_root), 0, "/var/tmp/kvtier-{id}", 1, PATH_MAX - 1, NULL, 0,
-     "folder of the storage tier, created if missing"},
+    {"storage.root", T_PATH, F(storage_root), 0, "/var/lib/kvtier/{id}", 1, PATH_MAX - 1, NULL, 0,
+     "folder of the storage tier, created 0700 if missing; must be the daemon's own"},
     {"storage.capacity", T_SIZE, F(storage_capacity), 0, "10GiB", 0, UINT64_MAX, NULL, 0,
      "bound on the storage tier's bytes; 0 = none"},
     {"storage.read_depth", T_U32, F(storage_read_depth), 0, "16", 1, 256, NULL, 0,
@@ -130,8 +135,8 @@ static const struct key_def keys[] = {
      "heartbeats a peer may miss before it counts as down"},
     {"cluster.secret_file", T_PATH, F(cluster_secret_file), 0, "", 1, PATH_MAX - 1, NULL,
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
-    {"engine.socket", T_PATH, F(engine_socket), 0, "/tmp/kvtier-{id}.sock", 1, 107, NULL, 0,
-     "unix socket the engines attach to"},
+    {"engine.socket", T_PATH, F(engine_socket), 0, "/run/kvtier/{id}/engine.sock", 1, 107, NULL, 0,
+     "unix socket the engines attach to, in a folder only the daemon may write"},
     {"engine.socket_mode", T_MODE, F(engine_socket_mode), 0, "0660", 0600, 0777, NULL, 0,
      "permission bits of the engine socket (octal; owner read and write required)"},
     {"engine.socket_group", T_STR, F(engine_socket_group), 0, "", 1, 255, NULL, K_OPTIONAL,
@@ -1101,6 +1106,24 @@ out:
     return rc;
 }
 
+/* node.group names a group this host knows: a name, or a number. */
+static int check_group(struct loader *ld)
+{
+    static const char *const key = "node.group";
+    const char *g = ld->cfg.node_group;
+    struct group gr, *found = NULL;
+    char buf[4096];
+    uint64_t gid;
+
+    if (g == NULL)
+        return 0;
+    if (parse_u64(g, &gid) == 0)
+        return gid < (gid_t)-1 ? 0 : fail(ld, origin_of(ld, key), key, "%s is not a group id", g);
+    if (getgrnam_r(g, &gr, buf, sizeof(buf), &found) != 0 || found == NULL)
+        return fail(ld, origin_of(ld, key), key, "no group named \"%s\" on this host", g);
+    return 0;
+}
+
 /* Of two keys that disagree, the one to name: the one set last (a --set after the
  * file, a later line), else the one that was set at all, else a. */
 static const char *blame(const struct loader *ld, const char *a, const char *b)
@@ -1177,6 +1200,9 @@ static int finish(struct loader *ld)
         return fail(ld, origin_of(ld, key), key, "metrics.port and network.port are both %u",
                     (unsigned)c->metrics_port);
     }
+    rc = check_group(ld);
+    if (rc < 0)
+        return rc;
     if (c->network_enabled)
         return check_secret_file(ld);
     return 0;

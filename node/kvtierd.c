@@ -11,7 +11,26 @@
  * run time and keeps the old configuration when the new one is bad.
  *
  * Restart after SIGKILL: a lock file next to the region (flock) tells a live daemon
- * from a dead one; a dead one's region file and socket are removed first. */
+ * from a dead one; a dead one's socket is removed by the engine server, its region
+ * file here, under the rule below.
+ *
+ * Other users of the host (nothing here trusts a name another user could have made):
+ * - The folders of primary.path and engine.socket (the runtime folder, by default
+ *   /run/kvtier/<id>) are opened through kvt_private_dir_open: created 0700 (0750 with
+ *   node.group) when missing; refused when another user owns them, when group or
+ *   others may write to them, when they are symbolic links, or when a folder above
+ *   them could be changed by another user. Refusals exit with KVTIERD_EXIT_UNSAFE.
+ * - The lock file is opened inside that folder (openat, O_NOFOLLOW, 0600) and must be
+ *   our own regular file with no group/other bits; a lock held by a process of
+ *   another user is reported with its pid and uid.
+ * - Stale region rule: the daemon deletes only what it created. Once its region is
+ *   created it writes the file's device and inode into the lock file. At the next
+ *   start, holding the lock, it removes an existing file at primary.path only when it
+ *   is a regular file of our user with one link whose device and inode are the ones
+ *   recorded; anything else there (another user's file, an unrelated file that
+ *   primary.path happens to name, a file with no record) is left alone and the start
+ *   is refused, naming the file. The region itself is then created exclusively
+ *   (O_EXCL, never joined), so a file that appears in between is refused too. */
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -22,8 +41,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <grp.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/sysmacros.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
 
@@ -43,10 +67,15 @@
 #include "kvt/prom.h"
 #include "kvt/region.h"
 #include "kvt/service.h"
+#include "kvt/safe_path.h"
 #include "kvt/storage_tier.h"
 #include "kvt/version.h"
 
 #define MOD "kvtierd"
+/* Start refused because a path is not safe to use (another user's file or folder, a
+ * symbolic link, a folder others may write to): sysexits.h EX_NOPERM. */
+#define KVTIERD_EXIT_UNSAFE 77
+#define LOCK_RECORD         "kvtierd region %llu %llu\n" /* device, inode of the region */
 
 struct daemon {
     struct kvt_config cfg;
@@ -55,7 +84,10 @@ struct daemon {
     size_t n_sets;
 
     int lock_fd;
+    bool lock_created; /* by this start: removed again if the start fails */
+    int run_fd;        /* the runtime folder of primary.path */
     char lock_path[4096];
+    char region_name[NAME_MAX + 1], lock_name[NAME_MAX + 1];
     struct kvt_region *region;
     struct kvt_primary *primary;
     struct kvt_tier *tiers[KVT_CONFIG_TIERS_MAX];
@@ -83,7 +115,10 @@ static void usage(FILE *f)
                "  --config FILE   YAML configuration (default: none, built-in defaults)\n"
                "  --set KEY=VAL   override one key (repeatable; applied after the file)\n"
                "  --check         validate the configuration and exit (0 or 78)\n"
-               "  --dump          print the effective configuration as YAML and exit\n\n");
+               "  --dump          print the effective configuration as YAML and exit\n\n"
+               "exit status: 0 stopped cleanly, 78 bad configuration, 77 a path is not safe\n"
+               "to use (another user's file or folder, a link, a folder others may write),\n"
+               "1 any other failure\n\n");
     kvt_config_print_help(f);
 }
 
@@ -91,23 +126,266 @@ static int ep_add(struct daemon *d, int fd);
 
 /* ---- assembly ------------------------------------------------------------------ */
 
-static int take_lock(struct daemon *d)
+/* node.group as a gid (the loader checked that it exists). */
+static int node_gid(const struct kvt_config *cfg, gid_t *gid_p)
 {
-    snprintf(d->lock_path, sizeof(d->lock_path), "%s.lock", d->cfg.primary_path);
-    d->lock_fd = open(d->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (d->lock_fd < 0) {
-        kvt_error(MOD, "cannot open lock file %s: %s", d->lock_path, strerror(errno));
-        return -errno;
+    struct group gr, *found = NULL;
+    char buf[4096], *end;
+    unsigned long v;
+
+    *gid_p = KVT_GROUP_NONE;
+    if (cfg->node_group == NULL)
+        return 0;
+    v = strtoul(cfg->node_group, &end, 10);
+    if (*end == '\0' && end != cfg->node_group) {
+        *gid_p = (gid_t)v;
+        return 0;
     }
-    if (flock(d->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    if (getgrnam_r(cfg->node_group, &gr, buf, sizeof(buf), &found) != 0 || found == NULL) {
+        kvt_error(MOD, "node.group: no group named %s", cfg->node_group);
+        return -EINVAL;
+    }
+    *gid_p = gr.gr_gid;
+    return 0;
+}
+
+/* Opens (creating if missing) the runtime folder that holds file; *name_p gets the
+ * file's name in it. */
+static int open_runtime_dir(struct daemon *d, const char *key, const char *file, char *name,
+                            size_t name_len, int *fd_p)
+{
+    char dir[4096];
+    struct kvt_dir_policy pol = {.mode = 0700, .create = true};
+    int rc = kvt_path_split(file, dir, sizeof(dir), name, name_len);
+
+    if (rc < 0) {
+        kvt_error(MOD, "%s %s: not a file name", key, file);
+        return -EINVAL;
+    }
+    rc = node_gid(&d->cfg, &pol.gid);
+    if (rc < 0)
+        return rc;
+    if (pol.gid != KVT_GROUP_NONE)
+        pol.mode = 0750;
+    rc = kvt_private_dir_open(dir, &pol, fd_p);
+    if (rc < 0)
+        kvt_error(MOD, "%s %s: its folder %s cannot be used (%s)", key, file, dir,
+                  rc == -EPERM ? "not safe: see above" : strerror(-rc));
+    return rc;
+}
+
+/* The effective uid of process pid (/proc/<pid>/status: its owner is not enough, a
+ * process that changed its uid is not dumpable and its /proc files stay root's). */
+static uid_t proc_euid(int pid)
+{
+    char path[64], line[256];
+    unsigned ruid, euid;
+    uid_t uid = (uid_t)-1;
+    FILE *f;
+
+    snprintf(path, sizeof(path), "/proc/%d/status", pid);
+    f = fopen(path, "re");
+    if (f == NULL)
+        return uid;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (sscanf(line, "Uid: %u %u", &ruid, &euid) == 2) {
+            uid = (uid_t)euid;
+            break;
+        }
+    }
+    fclose(f);
+    return uid;
+}
+
+/* Who holds the flock on the file st describes (/proc/locks); 0 and *pid_p, *uid_p,
+ * or -ENOENT. */
+static int lock_holder(const struct stat *st, int *pid_p, uid_t *uid_p)
+{
+    FILE *f = fopen("/proc/locks", "re");
+    char line[256];
+    int rc = -ENOENT;
+
+    if (f == NULL)
+        return -errno;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        unsigned maj, min;
+        unsigned long ino;
+        char type[16];
+        int pid;
+
+        if (sscanf(line, "%*d: %15s %*s %*s %d %x:%x:%lu", type, &pid, &maj, &min, &ino) != 5 ||
+            strcmp(type, "FLOCK") != 0 || ino != (unsigned long)st->st_ino ||
+            makedev(maj, min) != st->st_dev)
+            continue;
+        *pid_p = pid;
+        *uid_p = proc_euid(pid);
+        rc = 0;
+        break;
+    }
+    fclose(f);
+    return rc;
+}
+
+/* The lock is busy: say who holds it. Another user's process holding our lock file
+ * is refused as unsafe; another daemon of ours is -EBUSY, as before. */
+static int lock_busy(struct daemon *d, const struct stat *st)
+{
+    uid_t uid = (uid_t)-1;
+    int pid = 0;
+
+    if (lock_holder(st, &pid, &uid) == 0 && uid != geteuid()) {
+        kvt_error(MOD,
+                  "the lock %s is held by pid %d of another user (uid %d): refusing to start "
+                  "(a process of another user has our lock file open)",
+                  d->lock_path, pid, (int)uid);
+        return -EPERM;
+    }
+    if (pid > 0)
+        kvt_error(MOD, "another kvtierd runs with region %s (lock %s is held by pid %d)",
+                  d->cfg.primary_path, d->lock_path, pid);
+    else
         kvt_error(MOD, "another kvtierd runs with region %s (lock %s is held)", d->cfg.primary_path,
                   d->lock_path);
-        return -EBUSY;
+    return -EBUSY;
+}
+
+/* Opens the lock file in the runtime folder, checks it is ours and takes it. The
+ * file a previous daemon unlinked while we opened it would lock nothing: the path
+ * must still name the file we locked. */
+static int lock_file(struct daemon *d)
+{
+    for (int attempt = 0; attempt < 8; attempt++) {
+        struct stat st, there;
+        bool created = true;
+        int fd, rc;
+
+        fd = openat(d->run_fd, d->lock_name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                    0600);
+        if (fd < 0 && errno == EEXIST) {
+            created = false;
+            fd = openat(d->run_fd, d->lock_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+            if (fd < 0 && errno == ENOENT)
+                continue; /* removed in between: create it */
+        }
+        if (fd < 0) {
+            rc = -errno;
+            if (rc == -ELOOP) {
+                kvt_error(MOD, "lock file %s is a symbolic link: refusing it", d->lock_path);
+                return -EPERM;
+            }
+            kvt_error(MOD, "cannot open lock file %s: %s", d->lock_path, strerror(-rc));
+            return rc;
+        }
+        rc = kvt_private_file_check(fd, d->lock_path, 0600, &st);
+        if (rc < 0) {
+            kvt_error(MOD, "lock file %s is not this daemon's own: refusing to start",
+                      d->lock_path);
+            close(fd);
+            return rc;
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            rc = errno == EWOULDBLOCK ? lock_busy(d, &st) : -errno;
+            close(fd);
+            return rc;
+        }
+        if (fstatat(d->run_fd, d->lock_name, &there, AT_SYMLINK_NOFOLLOW) == 0 &&
+            there.st_dev == st.st_dev && there.st_ino == st.st_ino) {
+            d->lock_fd = fd;
+            d->lock_created = created;
+            return 0;
+        }
+        close(fd); /* unlinked by the daemon that just stopped: take the new one */
     }
-    /* We hold the lock: whatever region file or socket is there is a dead daemon's. */
-    if (unlink(d->cfg.primary_path) == 0)
+    kvt_error(MOD, "lock file %s keeps changing: is another kvtierd starting?", d->lock_path);
+    return -EBUSY;
+}
+
+/* The stale region rule (see the top of this file). */
+static int remove_stale_region(struct daemon *d)
+{
+    unsigned long long dev = 0, ino = 0;
+    char rec[128], why[160];
+    struct stat st;
+    ssize_t n;
+
+    if (fstatat(d->run_fd, d->region_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        int rc = -errno;
+
+        if (rc == -ENOENT)
+            return 0;
+        kvt_error(MOD, "%s: %s", d->cfg.primary_path, strerror(-rc));
+        return rc;
+    }
+    n = pread(d->lock_fd, rec, sizeof(rec) - 1, 0);
+    rec[n > 0 ? n : 0] = '\0';
+    if (S_ISLNK(st.st_mode))
+        snprintf(why, sizeof(why), "it is a symbolic link");
+    else if (!S_ISREG(st.st_mode))
+        snprintf(why, sizeof(why), "it is not a regular file");
+    else if (st.st_uid != geteuid())
+        snprintf(why, sizeof(why), "it is owned by uid %u", (unsigned)st.st_uid);
+    else if (sscanf(rec, LOCK_RECORD, &dev, &ino) != 2)
+        snprintf(why, sizeof(why), "the lock file records no region");
+    else if (st.st_dev != dev || st.st_ino != ino || st.st_nlink != 1)
+        snprintf(why, sizeof(why), "it is not the file the lock file records");
+    else if (unlinkat(d->run_fd, d->region_name, 0) != 0)
+        snprintf(why, sizeof(why), "unlink: %s", strerror(errno));
+    else {
         kvt_warn(MOD, "removed the stale region %s of a daemon that died", d->cfg.primary_path);
-    return 0;
+        return 0;
+    }
+    kvt_error(MOD,
+              "primary.path %s exists and is not a region this daemon created (%s): not "
+              "removing it and not joining it; if it is a stale region remove it yourself, "
+              "else choose another primary.path",
+              d->cfg.primary_path, why);
+    return -EPERM;
+}
+
+/* After the region is created: the lock file records which file it is. */
+static void record_region(struct daemon *d)
+{
+    char rec[128];
+    struct stat st;
+    int n;
+
+    if (fstat(d->region->fd, &st) != 0)
+        return;
+    n = snprintf(rec, sizeof(rec), LOCK_RECORD, (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
+    if (ftruncate(d->lock_fd, 0) != 0 || pwrite(d->lock_fd, rec, (size_t)n, 0) != n)
+        kvt_warn(MOD,
+                 "cannot record the region in %s: %s (a restart after a crash will not "
+                 "remove it)",
+                 d->lock_path, strerror(errno));
+}
+
+static int take_lock(struct daemon *d)
+{
+    char sock_name[NAME_MAX + 1];
+    int sock_fd, rc;
+
+    rc = open_runtime_dir(d, "primary.path", d->cfg.primary_path, d->region_name,
+                          sizeof(d->region_name), &d->run_fd);
+    if (rc < 0)
+        return rc;
+    /* The socket's folder (usually the same one) passes the same rules. */
+    rc = open_runtime_dir(d, "engine.socket", d->cfg.engine_socket, sock_name, sizeof(sock_name),
+                          &sock_fd);
+    if (rc < 0)
+        return rc;
+    close(sock_fd);
+    if ((size_t)snprintf(d->lock_name, sizeof(d->lock_name), "%s.lock", d->region_name) >=
+        sizeof(d->lock_name)) {
+        kvt_error(MOD, "primary.path %s: name too long for its lock file", d->cfg.primary_path);
+        return -EINVAL;
+    }
+    snprintf(d->lock_path, sizeof(d->lock_path), "%s.lock", d->cfg.primary_path);
+    rc = lock_file(d);
+    if (rc < 0)
+        return rc;
+    /* We hold the lock: a region file of a dead daemon of ours may be there. */
+    return remove_stale_region(d);
 }
 
 /* How much of the (populated) region is on huge pages, and how to get them when it is
@@ -122,7 +400,19 @@ static void report_pages(const struct kvt_region *r)
     kvt_info(MOD, "primary region: %.0f%% on huge pages", 100.0 * (double)huge / (double)r->size);
     if (huge < r->size / 2)
         kvt_info(MOD, "for huge pages put primary.path on a tmpfs mounted huge=advise (mount -o "
-                      "remount,huge=advise /dev/shm) or on hugetlbfs");
+                      "remount,huge=advise on its mount point, e.g. /run) or on hugetlbfs");
+}
+
+/* The region belongs in memory: on a disk file system its pages are written back. */
+static void check_tmpfs(const struct kvt_region *r)
+{
+    struct statfs sf;
+
+    if (fstatfs(r->fd, &sf) == 0 && sf.f_type != TMPFS_MAGIC && sf.f_type != HUGETLBFS_MAGIC)
+        kvt_warn(MOD,
+                 "primary.path %s is not on a tmpfs or hugetlbfs: the region's pages are "
+                 "written back to that file system",
+                 r->path);
 }
 
 static int open_region(struct daemon *d)
@@ -135,6 +425,7 @@ static int open_region(struct daemon *d)
         .rank = KVT_REGION_RANK_ALL,
         .join_timeout_s = 5,
         .populate = true,
+        .exclusive = true, /* a file there now is not ours: never join it */
     };
     struct kvt_primary_config pc = {
         .num_chunks = rc.num_chunks,
@@ -156,6 +447,8 @@ static int open_region(struct daemon *d)
         d->region = NULL;
         return rc_;
     }
+    record_region(d);
+    check_tmpfs(d->region);
     report_pages(d->region);
     rc_ = kvt_primary_create(&pc, d->region, &d->primary);
     if (rc_ != 0) {
@@ -176,8 +469,21 @@ static int open_storage(struct daemon *d, struct kvt_tier **t_p)
         .enable_events = true,
     };
     struct kvt_bp_config bp;
+    uint8_t secret[KVT_AUTH_SECRET_MAX];
+    size_t secret_len = 0;
     int rc;
 
+    /* The chunk files' MAC keys derive from the cluster secret when there is one;
+     * without, the tier keeps a random key of its own in its root. */
+    if (d->cfg.cluster_secret_file != NULL) {
+        rc = kvt_auth_load_secret(d->cfg.cluster_secret_file, secret, sizeof(secret), &secret_len);
+        if (rc != 0) {
+            kvt_error(MOD, "secret file %s: %s", d->cfg.cluster_secret_file, strerror(-rc));
+            return rc;
+        }
+        sc.key = secret;
+        sc.key_len = secret_len;
+    }
     kvt_auth_namespace(d->cfg.node_namespace, sc.namespace_id);
     kvt_bp_default_config("storage", KVT_LOCAL, &bp);
     if (d->cfg.storage_high_water_us > 0) { /* config: microseconds per MiB */
@@ -186,6 +492,7 @@ static int open_storage(struct daemon *d, struct kvt_tier **t_p)
     }
     sc.bp = &bp;
     rc = kvt_storage_tier_create(&sc, t_p);
+    explicit_bzero(secret, sizeof(secret));
     if (rc != 0)
         kvt_error(MOD, "storage tier at %s: %s", sc.root, strerror(-rc));
     return rc;
@@ -590,8 +897,15 @@ static void abandon(struct daemon *d)
     if (d->peers != NULL)
         kvt_peers_destroy(d->peers);
     kvt_prom_acc_cleanup(&d->prom);
-    if (d->lock_fd >= 0)
-        close(d->lock_fd); /* not unlinked: it may be another daemon's */
+    if (d->lock_fd >= 0) {
+        /* We hold it. One that was there before may record a dead daemon's region
+         * for the next start: kept. One this start created goes. */
+        if (d->lock_created)
+            unlinkat(d->run_fd, d->lock_name, 0);
+        close(d->lock_fd);
+    }
+    if (d->run_fd >= 0)
+        close(d->run_fd);
     kvt_config_free(&d->cfg);
 }
 
@@ -636,9 +950,11 @@ static int stop(struct daemon *d)
         kvt_metrics_http_destroy(d->http);
     kvt_prom_acc_cleanup(&d->prom);
     if (d->lock_fd >= 0) {
-        unlink(d->lock_path);
+        unlinkat(d->run_fd, d->lock_name, 0); /* ours: we hold it, in our folder */
         close(d->lock_fd);
     }
+    if (d->run_fd >= 0)
+        close(d->run_fd);
     kvt_info(MOD, "stopped in %.2f s", (double)(kvt_now_ns() - t0) / 1e9);
     kvt_config_free(&d->cfg);
     return rc == 0 ? 0 : 1;
@@ -722,6 +1038,8 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
     if (rc != 0) {
         kvt_error(MOD, "start failed: %s", strerror(-rc));
         abandon(dp);
+        if (rc == -EPERM || rc == -EEXIST || rc == -ELOOP)
+            return KVTIERD_EXIT_UNSAFE;
         return rc == -EINVAL ? KVT_CONFIG_EXIT : 1;
     }
     ep_add(dp, dp->sig_fd);
@@ -741,7 +1059,7 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    struct daemon d = {.lock_fd = -1, .ep = -1, .sig_fd = -1, .tick_fd = -1};
+    struct daemon d = {.lock_fd = -1, .run_fd = -1, .ep = -1, .sig_fd = -1, .tick_fd = -1};
     int rc;
 
     d.sets = kvt_calloc((size_t)argc + 1, sizeof(*d.sets));

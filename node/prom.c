@@ -113,7 +113,12 @@ static const struct {
     {KVT_M_STORAGE_SKIPPED_CHUNKS, "Chunks the storage tier already held."},
     {KVT_M_STORAGE_LOADED_CHUNKS, "Chunks the storage tier read from files."},
     {KVT_M_STORAGE_EVICTIONS, "Chunk files the storage tier evicted."},
-    {KVT_M_STORAGE_CHECKSUM_FAIL, "Chunk files with a bad header or payload checksum."},
+    {KVT_M_STORAGE_CHECKSUM_FAIL, "Chunk files refused for their content (bad header, MAC or "
+                                  "format), removed."},
+    {KVT_M_STORAGE_MAC_FAIL, "Chunk files whose MAC did not verify (changed, or another key)."},
+    {KVT_M_STORAGE_OLD_FORMAT, "Chunk files of the old unkeyed format, removed."},
+    {KVT_M_STORAGE_FOREIGN, "Chunk files refused: another user's or a link (left alone), or "
+                            "open to group/others (removed)."},
     {KVT_M_STORAGE_ERRORS, "Chunks the storage tier failed to store or load."},
     {KVT_M_STORAGE_ENOSPC, "Storage tier writes that failed for lack of space."},
     {KVT_M_STORAGE_EIO, "Storage tier operations that failed with an I/O error."},

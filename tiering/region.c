@@ -1,7 +1,8 @@
-/* The shared primary region (spec §2.5; the seed's SharedOffloadRegion).
+/* The shared primary region (the seed's SharedOffloadRegion).
  *
- * One file, by default under /dev/shm, mapped MAP_SHARED by the node and by every
- * engine worker. Layout ("interleaved rows"):
+ * One file, mapped MAP_SHARED by the node and by every engine worker (kvtierd puts
+ * it in its private runtime folder on a tmpfs, node/README.md). Layout ("interleaved
+ * rows"):
  *
  *     row c = [ worker0 cell | worker1 cell | ... | worker{M-1} cell ]
  *     cell  = page_bytes bytes = that worker's tensors for chunk c, concatenated
@@ -23,10 +24,18 @@
  * whole region. Old kernels answer that advice with EINVAL, which only costs the
  * pre-fault and is not an error.
  *
- * Lifetime: only the creator unlinks, in kvt_region_cleanup(). Cleanup keys off
- * r->open, so it is idempotent and safe on a zeroed struct or after a failed open
- * (which leaves r closed). Views are plain pointers into the mapping and need no
- * release of their own. */
+ * Other users. Whatever is mapped here is KV data, so a file is only ever used when
+ * it is this process's own: the last component is opened with O_NOFOLLOW (a link is
+ * refused, never followed), and a joiner checks the file it opened (fstat on the fd)
+ * is a regular file of its own user with no group/other permission bits; another
+ * user's file is refused with -EPERM, not joined. An exclusive open (the daemon's:
+ * it removed its own stale file first) refuses any existing file with -EEXIST.
+ *
+ * Lifetime: only the creator unlinks, in kvt_region_cleanup(), and only while the
+ * path still names the file it created (same device and inode): a file that took
+ * its place is not ours to remove. Cleanup keys off r->open, so it is idempotent and
+ * safe on a zeroed struct or after a failed open (which leaves r closed). Views are
+ * plain pointers into the mapping and need no release of their own. */
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +55,7 @@
 #include "kvt/common.h"
 #include "kvt/log.h"
 #include "kvt/region.h"
+#include "kvt/safe_path.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -129,6 +139,30 @@ static int region_check_space(const struct kvt_region *r)
     return 0;
 }
 
+/* Unlinks r->path if it still names the file open at r->fd (same device and inode);
+ * false when it names something else or nothing. */
+static bool region_unlink_own(const struct kvt_region *r)
+{
+    struct stat mine, there;
+
+    if (r->fd < 0 || fstat(r->fd, &mine) != 0)
+        return false;
+    if (fstatat(AT_FDCWD, r->path, &there, AT_SYMLINK_NOFOLLOW) != 0) {
+        kvt_warn(REGION_LOG, "%s: %s (not removed)", r->path, strerror(errno));
+        return false;
+    }
+    if (there.st_dev != mine.st_dev || there.st_ino != mine.st_ino) {
+        kvt_warn(REGION_LOG, "%s is no longer the file this process created: not removing it",
+                 r->path);
+        return false;
+    }
+    if (unlink(r->path) < 0) {
+        kvt_warn(REGION_LOG, "%s: unlink: %s", r->path, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 /* Creator path after winning O_EXCL: check space, size the file. On failure the
  * file we created is unlinked and closed, so no joiner is left waiting on a stub
  * longer than it takes to notice, and no stale file blocks the next start. */
@@ -140,8 +174,7 @@ static int region_size_new_file(struct kvt_region *r)
         kvt_error(REGION_LOG, "%s: ftruncate to %zu bytes: %s", r->path, r->size, strerror(-rc));
     }
     if (rc < 0) {
-        if (unlink(r->path) < 0)
-            kvt_warn(REGION_LOG, "%s: unlink after failed creation: %s", r->path, strerror(errno));
+        region_unlink_own(r);
         close(r->fd);
         r->fd = -1;
         return rc;
@@ -151,20 +184,40 @@ static int region_size_new_file(struct kvt_region *r)
     return 0;
 }
 
+/* Joiner: the file must be this user's own before anything of it is mapped. */
+static int region_check_joined(struct kvt_region *r)
+{
+    int rc = kvt_private_file_check(r->fd, r->path, 0600, NULL);
+
+    if (rc < 0)
+        kvt_error(REGION_LOG, "%s: refusing to join a region file that is not this user's own",
+                  r->path);
+    return rc;
+}
+
 /* The creation race: leaves r->fd open on a file of at least r->size bytes. */
-static int region_create_or_join(struct kvt_region *r, double timeout_s)
+static int region_create_or_join(struct kvt_region *r, bool exclusive, double timeout_s)
 {
     int rc;
 
     for (int attempt = 0; attempt < REGION_OPEN_ATTEMPTS; attempt++) {
-        r->fd = open(r->path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+        r->fd = open(r->path, O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (r->fd >= 0)
             return region_size_new_file(r);
         if (errno != EEXIST)
             break;
-        r->fd = open(r->path, O_RDWR | O_CLOEXEC);
+        if (exclusive) {
+            kvt_error(REGION_LOG,
+                      "%s already exists: refusing to join a region this process did not "
+                      "create",
+                      r->path);
+            return -EEXIST;
+        }
+        r->fd = open(r->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
         if (r->fd >= 0) {
-            rc = kvt_region_wait_for_size(r->fd, r->size, timeout_s);
+            rc = region_check_joined(r);
+            if (rc == 0)
+                rc = kvt_region_wait_for_size(r->fd, r->size, timeout_s);
             if (rc < 0) {
                 if (rc == -ETIMEDOUT)
                     kvt_error(REGION_LOG,
@@ -183,7 +236,10 @@ static int region_create_or_join(struct kvt_region *r, double timeout_s)
             break;
     }
     rc = -errno;
-    kvt_error(REGION_LOG, "%s: open: %s", r->path, strerror(-rc));
+    if (rc == -ELOOP)
+        kvt_error(REGION_LOG, "%s is a symbolic link: refusing it (name the file itself)", r->path);
+    else
+        kvt_error(REGION_LOG, "%s: open: %s", r->path, strerror(-rc));
     return rc;
 }
 
@@ -259,7 +315,7 @@ int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r)
     r->num_workers = cfg->num_workers;
     r->rank = cfg->rank;
 
-    rc = region_create_or_join(r, timeout_s);
+    rc = region_create_or_join(r, cfg->exclusive, timeout_s);
     if (rc < 0)
         goto err_reset;
 
@@ -290,8 +346,8 @@ int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r)
 err_unmap:
     munmap(r->base, r->size);
 err_close:
-    if (r->creator && unlink(r->path) < 0)
-        kvt_warn(REGION_LOG, "%s: unlink after failed open: %s", r->path, strerror(errno));
+    if (r->creator)
+        region_unlink_own(r);
     close(r->fd);
 err_reset:
     region_reset(r);
@@ -357,14 +413,10 @@ void kvt_region_cleanup(struct kvt_region *r)
         return;
     if (r->base != NULL && munmap(r->base, r->size) < 0)
         kvt_warn(REGION_LOG, "%s: munmap: %s", r->path, strerror(errno));
+    if (r->creator && region_unlink_own(r))
+        kvt_info(REGION_LOG, "removed region %s", r->path);
     if (r->fd >= 0 && close(r->fd) < 0)
         kvt_warn(REGION_LOG, "%s: close: %s", r->path, strerror(errno));
-    if (r->creator) {
-        if (unlink(r->path) < 0)
-            kvt_warn(REGION_LOG, "%s: unlink: %s", r->path, strerror(errno));
-        else
-            kvt_info(REGION_LOG, "removed region %s", r->path);
-    }
     r->base = NULL;
     r->fd = -1;
     r->creator = false;

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "kvt/list.h"
@@ -23,7 +24,8 @@
 
 #define ST_BLOCK       4096u       /* header block; payload offset; O_DIRECT alignment */
 #define ST_MAGIC       0x5354564bu /* "KVTS" little-endian */
-#define ST_VERSION     1u
+#define ST_VERSION     2u          /* keyed MACs; 1 had unkeyed XXH3 sums (refused) */
+#define ST_VERSION_OLD 1u
 #define ST_NAME_MAX    (3 + 2 * KVT_KEY_MAX + 4 + 1) /* "ab/<hex>.kvc" */
 #define ST_BUCKETS     32
 #define ST_SCAN_SHARDS 256
@@ -37,11 +39,20 @@
 #define ST_OFF_ROWLEN  16
 #define ST_OFF_NS      24
 #define ST_OFF_KEY     56
-#define ST_OFF_SUM     120
-#define ST_OFF_HDRSUM  128
+#define ST_OFF_NONCE   120 /* ST_NONCE_BYTES random, fresh for every file */
+#define ST_OFF_ROWTAG  136 /* GMAC of the row (ST_TAG_BYTES) */
+#define ST_OFF_HDRTAG  152 /* GMAC of the whole block with this field zeroed */
+#define ST_NONCE_BYTES 12
+#define ST_TAG_BYTES   16
+#define ST_KEY_BYTES   32 /* AES-256 */
+#define ST_KEY_FILE    "storage.key"
 
-/* Errors the I/O threads report per chunk besides errnos. */
-#define ST_ERR_CORRUPT EBADMSG /* bad header or checksum, truncated file */
+/* Errors the I/O threads report per chunk besides errnos (positive values no file
+ * call returns). */
+#define ST_ERR_CORRUPT EBADMSG      /* bad header, size or key, truncated file */
+#define ST_ERR_MAC     EKEYREJECTED /* a MAC did not verify: changed, or another key */
+#define ST_ERR_OLD     EPROTO       /* a file of format version 1 */
+#define ST_ERR_FOREIGN EPERM        /* another user's file, or open to group/others */
 
 enum st_state { ST_WRITING, ST_PUBLISHED, ST_DOOMED };
 
@@ -125,9 +136,12 @@ struct st_rd {
     struct iovec *iov;
 };
 
+struct st_mac; /* storage_mac.c: one thread's GMAC contexts */
+
 struct st_thread {
     pthread_t tid;
     struct st_tier *s;
+    struct st_mac *mac;
     bool reader;  /* read threads prefer loads, then removals, then stores */
     uint8_t *mem; /* header buffers (1 + depth of ST_BLOCK), aligned, inside mem */
     uint8_t *hdr;
@@ -167,6 +181,7 @@ struct st_pool {
 
 struct st_counters {
     uint64_t stored, skipped, loaded, evictions, checksum_fail, errors, enospc, eio, capacity_drops;
+    uint64_t mac_fail, old_format, foreign;
 };
 
 struct st_tier {
@@ -176,6 +191,9 @@ struct st_tier {
     char *dir; /* namespace folder */
     int dir_fd, lock_fd;
     uint8_t ns[KVT_STORAGE_NS_BYTES];
+    /* MAC keys (derived at create from cfg.key or the key file, and the namespace). */
+    uint8_t key_hdr[ST_KEY_BYTES], key_row[ST_KEY_BYTES];
+    uid_t uid; /* files of another owner are refused and left alone */
     bool fsync;
     bool direct_ok; /* O_DIRECT probe passed */
     bool enable_events;
@@ -199,13 +217,32 @@ struct st_tier {
     char label[KVT_STAT_LABEL_MAX];
 };
 
+/* storage_mac.c: keyed MACs of the chunk files (AES-256-GMAC, OpenSSL). */
+/* The tier's two keys from secret (or the key file under root_fd when secret is NULL)
+ * and the namespace. 0 or -errno (-EPERM: the key file is not ours or not private). */
+int kvt__st_mac_keys(struct st_tier *s, int root_fd, const uint8_t *secret, size_t secret_len);
+/* One thread's contexts; NULL when out of memory. */
+struct st_mac *kvt__st_mac_new(const struct st_tier *s);
+void kvt__st_mac_free(struct st_mac *m);
+/* Fills nonce with fresh random bytes. 0 or -errno. */
+int kvt__st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES]);
+/* GMAC of len bytes with the header key (hdr) or the row key under nonce. 0 or -EIO. */
+int kvt__st_mac(struct st_mac *m, bool hdr, const uint8_t *nonce, const uint8_t *data, size_t len,
+                uint8_t tag[ST_TAG_BYTES]);
+/* Constant-time comparison of two tags. */
+bool kvt__st_tag_eq(const uint8_t *a, const uint8_t *b);
+
 /* storage_io.c */
 size_t kvt__st_name(const struct kvt_key *key, const char *ext, char *buf);
 uint64_t kvt__st_file_bytes(uint64_t row_len);
-void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
-                        uint64_t row_len, uint64_t payload_sum);
-/* 0 or ST_ERR_CORRUPT; fills key_p and row_len_p. */
-int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, uint64_t *row_len_p);
+/* Writes the header of a file whose row has tag row_tag under nonce, and its own tag.
+ * 0 or -EIO (the MAC failed to compute). */
+int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
+                       uint64_t row_len, const uint8_t *nonce, const uint8_t *row_tag);
+/* 0, ST_ERR_CORRUPT, ST_ERR_MAC (the header's tag) or ST_ERR_OLD; fills key_p and
+ * row_len_p. */
+int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p,
+                       uint64_t *row_len_p);
 /* Probes O_DIRECT in dir_fd: 1 supported, 0 not, negative errno if the folder is not
  * writable at all. */
 int kvt__st_probe_direct(int dir_fd);

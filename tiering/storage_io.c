@@ -1,20 +1,29 @@
 /* The storage tier's back end: the chunk file format, the I/O thread pool and the
- * warm-restart scan (the front end, with the index, is storage_tier.c).
+ * warm-restart scan (the front end, with the index, is storage_tier.c; the MACs are
+ * storage_mac.c).
  *
- * File format (little-endian), one chunk per file "<shard>/<key hex>.kvc":
- *   0 magic "KVTS" | 4 version u16 | 6 key length u16 | 8 payload offset u32 (4096)
+ * File format 2 (little-endian), one chunk per file "<shard>/<key hex>.kvc":
+ *   0 magic "KVTS" | 4 version u16 (2) | 6 key length u16 | 8 payload offset u32 (4096)
  *   12 flags u32 (0) | 16 row length u64 | 24 namespace [32] | 56 key [64, zero padded]
- *   120 XXH3-64 of the payload | 128 XXH3-64 of the whole 4096-byte block with this
- *   field zeroed | zeros up to 4096 | the row.
- * The header checksum covers the padding too, so a flipped bit anywhere in the file is
- * caught: in the block by the header sum, in the row by the payload sum. The payload
- * starts at 4096 so that the same file can be written and read with O_DIRECT or
- * buffered: written as one contiguous image (header block + a copy of the row) from
- * the thread's huge-page buffer, read with one preadv straight into the slot.
+ *   120 nonce [12] | 132 zeros [4] | 136 GMAC of the row [16] | 152 GMAC of the whole
+ *   4096-byte block with this field zeroed [16] | zeros up to 4096 | the row.
+ * The header tag covers the padding too, so a flipped bit anywhere in the file is
+ * caught: in the block by the header tag, in the row by the row tag; and since the
+ * tags are keyed, so is a file someone else wrote (format 1 had unkeyed XXH3 sums:
+ * its files are refused and removed, counted as old format). The payload starts at
+ * 4096 so that the same file can be written and read with O_DIRECT or buffered:
+ * written as one contiguous image (header block + a copy of the row) from the
+ * thread's huge-page buffer, read with one preadv straight into the slot.
+ *
+ * Files and other users: the namespace folder and its shards are 0700 and the files
+ * 0600, all of the tier's user. Names are opened relative to the folder fds with
+ * O_NOFOLLOW; a chunk file is checked with fstat once opened: another user's file is
+ * refused and left where it is (ST_ERR_FOREIGN; the tier removes only its own files),
+ * one of ours that group or others may use is refused and removed.
  *
  * Publishing: write "<key hex>.tmp", optionally fdatasync, rename to ".kvc" (atomic),
  * optionally fsync the folder. A crash leaves at most a .tmp file, removed at start;
- * a torn .kvc (power loss without fsync) fails its checksums and is deleted on read.
+ * a torn .kvc (power loss without fsync) fails its MACs and is deleted on read.
  * One tier per namespace folder (flock in the front end), so the names need no
  * per-writer suffix: a store of a key runs only while the index says WRITING.
  *
@@ -26,11 +35,12 @@
  * shortest-job-first (32 log2-byte buckets, FCFS inside), file removals FCFS. Read
  * threads take loads, then removals, then stores; write threads removals, then stores.
  * A store that evicted files is held until their removal job is done (waiter).
- * Finished jobs go to a done list that only the scheduler thread drains.
+ * Finished jobs go to a done list that only the scheduler thread drains. Each thread
+ * has GMAC contexts of its own (struct st_mac).
  *
  * Read threads with io_uring (liburing at build time, the kernel's permission at run
  * time, read_depth > 1): each keeps read_depth chunk reads in flight in a ring of its
- * own and checks one chunk while the next is read (see "read threads with io_uring").
+ * own and checks one chunk while the next are read (see "read threads with io_uring").
  * Where io_uring is refused (seccomp, io_uring_disabled, old kernels) or turned off,
  * a read thread does one blocking preadv at a time: the thread pool above. Writes are
  * always blocking (a write is open, pwritev, close, rename: little to overlap). */
@@ -113,8 +123,8 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
-                        uint64_t row_len, uint64_t payload_sum)
+int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
+                       uint64_t row_len, const uint8_t *nonce, const uint8_t *row_tag)
 {
     memset(blk, 0, ST_BLOCK);
     put32(blk + ST_OFF_MAGIC, ST_MAGIC);
@@ -125,21 +135,33 @@ void kvt__st_hdr_encode(uint8_t *blk, const uint8_t *ns, const struct kvt_key *k
     put64(blk + ST_OFF_ROWLEN, row_len);
     memcpy(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES);
     memcpy(blk + ST_OFF_KEY, key->bytes, key->len);
-    put64(blk + ST_OFF_SUM, payload_sum);
-    put64(blk + ST_OFF_HDRSUM, kvt_hash64(blk, ST_BLOCK));
+    memcpy(blk + ST_OFF_NONCE, nonce, ST_NONCE_BYTES);
+    memcpy(blk + ST_OFF_ROWTAG, row_tag, ST_TAG_BYTES);
+    return kvt__st_mac(m, true, nonce, blk, ST_BLOCK, blk + ST_OFF_HDRTAG);
 }
 
-int kvt__st_hdr_decode(uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p, uint64_t *row_len_p)
+int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p,
+                       uint64_t *row_len_p)
 {
-    uint64_t sum = get64(blk + ST_OFF_HDRSUM);
-    unsigned klen;
-    put64(blk + ST_OFF_HDRSUM, 0);
-    if (kvt_hash64(blk, ST_BLOCK) != sum)
+    uint8_t tag[ST_TAG_BYTES], want[ST_TAG_BYTES];
+    unsigned klen, version = get16(blk + ST_OFF_VERSION);
+    int rc;
+
+    if (get32(blk + ST_OFF_MAGIC) != ST_MAGIC)
         return ST_ERR_CORRUPT;
-    put64(blk + ST_OFF_HDRSUM, sum);
+    if (version == ST_VERSION_OLD)
+        return ST_ERR_OLD;
+    if (version != ST_VERSION)
+        return ST_ERR_CORRUPT;
+    memcpy(tag, blk + ST_OFF_HDRTAG, ST_TAG_BYTES);
+    memset(blk + ST_OFF_HDRTAG, 0, ST_TAG_BYTES);
+    rc = kvt__st_mac(m, true, blk + ST_OFF_NONCE, blk, ST_BLOCK, want);
+    memcpy(blk + ST_OFF_HDRTAG, tag, ST_TAG_BYTES);
+    if (rc != 0 || !kvt__st_tag_eq(tag, want))
+        return ST_ERR_MAC;
+    /* Authenticated: what follows is our own writing, checked against this tier. */
     klen = get16(blk + ST_OFF_KEYLEN);
-    if (get32(blk + ST_OFF_MAGIC) != ST_MAGIC || get16(blk + ST_OFF_VERSION) != ST_VERSION ||
-        get32(blk + ST_OFF_PAYLOAD) != ST_BLOCK || get32(blk + ST_OFF_FLAGS) != 0 || klen < 1 ||
+    if (get32(blk + ST_OFF_PAYLOAD) != ST_BLOCK || get32(blk + ST_OFF_FLAGS) != 0 || klen < 1 ||
         klen > KVT_KEY_MAX || memcmp(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES) != 0)
         return ST_ERR_CORRUPT;
     key_p->len = (uint8_t)klen;
@@ -153,7 +175,8 @@ int kvt__st_probe_direct(int dir_fd)
     static const char name[] = ".probe";
     void *buf = NULL;
     int fd, rc = 1;
-    fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
+    fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_DIRECT,
+                0600);
     if (fd >= 0 && posix_memalign(&buf, ST_BLOCK, ST_BLOCK) == 0) {
         memset(buf, 0, ST_BLOCK);
         if (pwrite(fd, buf, ST_BLOCK, 0) != (ssize_t)ST_BLOCK)
@@ -168,7 +191,7 @@ int kvt__st_probe_direct(int dir_fd)
         close(fd);
     if (rc == 0) {
         /* No O_DIRECT: the folder must still take a buffered write. */
-        fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
         if (fd < 0 || write(fd, "k", 1) != 1)
             rc = -errno;
         if (fd >= 0)
@@ -225,13 +248,48 @@ static int full_io(int fd, bool wr, struct iovec *iov, int cnt, size_t *done_p)
 static int fsync_shard(struct st_tier *s, const char *name)
 {
     char shard[3] = {name[0], name[1], '\0'};
-    int fd = openat(s->dir_fd, shard, O_RDONLY | O_DIRECTORY | O_CLOEXEC), err = 0;
+    int fd = openat(s->dir_fd, shard, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), err = 0;
     if (fd < 0)
         return errno;
     if (fsync(fd) != 0)
         err = errno;
     close(fd);
     return err;
+}
+
+/* True when name (in the namespace folder) is a regular file of the tier's user. */
+static bool own_file(struct st_tier *s, const char *name)
+{
+    struct stat st;
+    return fstatat(s->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+           st.st_uid == s->uid;
+}
+
+static bool own_or_absent(struct st_tier *s, const char *name)
+{
+    struct stat st;
+    if (fstatat(s->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return errno == ENOENT;
+    return S_ISREG(st.st_mode) && st.st_uid == s->uid;
+}
+
+/* Renames tmp over fin. A file already at fin is replaced only when it is ours (a
+ * file whose removal failed, forgotten by the index); another user's stays, and
+ * the store fails (ST_ERR_FOREIGN). */
+static int publish(struct st_tier *s, const char *tmp, const char *fin)
+{
+    if (renameat2(s->dir_fd, tmp, s->dir_fd, fin, RENAME_NOREPLACE) == 0)
+        return 0;
+    if (errno == EINVAL) { /* a file system without RENAME_NOREPLACE */
+        if (!own_or_absent(s, fin))
+            return ST_ERR_FOREIGN;
+        return renameat(s->dir_fd, tmp, s->dir_fd, fin) == 0 ? 0 : errno;
+    }
+    if (errno != EEXIST)
+        return errno;
+    if (!own_file(s, fin))
+        return ST_ERR_FOREIGN;
+    return renameat(s->dir_fd, tmp, s->dir_fd, fin) == 0 ? 0 : errno;
 }
 
 /* The thread's buffer for a whole file image (whole 2 MiB pages, so huge ones: a
@@ -251,7 +309,7 @@ static uint8_t *write_buffer(struct st_thread *th, size_t bytes)
  * row in the thread's buffer), not as a two-piece pwritev of the header buffer and
  * the slot: on this project's virtio disk files written in two pieces read back at
  * 3.4-3.8 GB/s, the same bytes written in one at 4.3-5.9 (2026-12-06). The copy also
- * fixes the bytes that the checksum covers. */
+ * fixes the bytes that the MAC covers. */
 static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
                        bool direct)
 {
@@ -273,13 +331,28 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         iov[0].iov_len = ST_BLOCK + row;
         n_iov = 1;
     }
-    kvt__st_hdr_encode(hdr, s->ns, &it->key, row, kvt_hash64(src, row));
-    for (;;) {
-        int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0);
+    {
+        uint8_t nonce[ST_NONCE_BYTES], tag[ST_TAG_BYTES];
+        if (kvt__st_mac_nonce(nonce) != 0 ||
+            kvt__st_mac(th->mac, false, nonce, src, row, tag) != 0 ||
+            kvt__st_hdr_encode(th->mac, hdr, s->ns, &it->key, row, nonce, tag) != 0)
+            return EIO;
+    }
+    for (bool retried = false;;) {
+        int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0);
         size_t done = 0;
-        int fd = openat(s->dir_fd, tmp, flags, 0644);
+        int fd = openat(s->dir_fd, tmp, flags, 0600);
         if (fd < 0) {
             err = errno;
+            /* A leftover of ours (a failed removal): removed once. Anything else
+             * there is not ours to replace. */
+            if (err == EEXIST && !retried && own_file(s, tmp)) {
+                unlinkat(s->dir_fd, tmp, 0);
+                retried = true;
+                continue;
+            }
+            if (err == EEXIST || err == ELOOP)
+                return ST_ERR_FOREIGN; /* nothing of ours to clean up */
         } else {
             err = full_io(fd, true, iov, n_iov, &done);
             if (err == 0 && s->fsync && fdatasync(fd) != 0)
@@ -293,8 +366,8 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         }
         break;
     }
-    if (err == 0 && renameat(s->dir_fd, tmp, s->dir_fd, fin) != 0)
-        err = errno;
+    if (err == 0)
+        err = publish(s, tmp, fin);
     if (err == 0 && s->fsync)
         err = fsync_shard(s, fin);
     if (err != 0)
@@ -314,16 +387,49 @@ static int open_noatime(int dir_fd, const char *name, int flags)
     return fd;
 }
 
+/* A chunk file just opened: ST_ERR_FOREIGN for another user's file (left alone) or
+ * one of ours that group or others may use (removed here: it is ours). */
+static int check_opened(struct st_tier *s, int fd, const char *name, int name_dir_fd)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return errno;
+    if (!S_ISREG(st.st_mode) || st.st_uid != s->uid) {
+        kvt_warn(MOD,
+                 "%s/%s is not a file of this tier's user (uid %u, mode %04o): refused, "
+                 "left alone",
+                 s->dir, name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+        return ST_ERR_FOREIGN;
+    }
+    if (st.st_mode & 077) {
+        kvt_warn(MOD, "%s/%s has mode %04o (group or others may use it): refused, removed", s->dir,
+                 name, (unsigned)(st.st_mode & 07777));
+        unlinkat(name_dir_fd, name, 0);
+        return ST_ERR_FOREIGN;
+    }
+    return 0;
+}
+
 /* Opens key's file for a load; falls back to buffered where O_DIRECT is refused. */
 static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct, int *fd_p)
 {
     char fin[ST_NAME_MAX];
     kvt__st_name(&it->key, ".kvc", fin);
     for (;;) {
-        int fd = open_noatime(s->dir_fd, fin, O_RDONLY | O_CLOEXEC | (*direct ? O_DIRECT : 0));
+        int fd = open_noatime(s->dir_fd, fin,
+                              O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (*direct ? O_DIRECT : 0));
         if (fd >= 0) {
+            int err = check_opened(s, fd, fin, s->dir_fd);
+            if (err != 0) {
+                close(fd);
+                return err;
+            }
             *fd_p = fd;
             return 0;
+        }
+        if (errno == ELOOP) {
+            kvt_warn(MOD, "%s/%s is a symbolic link: refused, left alone", s->dir, fin);
+            return ST_ERR_FOREIGN;
         }
         if (errno != EINVAL || !*direct)
             return errno;
@@ -333,20 +439,23 @@ static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct,
 
 /* Checks what a load brought into hdr and the slot (err: the read's own error, 0 when
  * the whole file was read); deletes the file of a failed load, which is never tried
- * again: the index drops the key. */
-static int check_loaded(struct st_tier *s, const struct st_item *it, uint8_t *hdr, int err)
+ * again: the index drops the key. Another user's file (ST_ERR_FOREIGN) stays. */
+static int check_loaded(struct st_tier *s, struct st_mac *m, const struct st_item *it, uint8_t *hdr,
+                        int err)
 {
     size_t row = s->base.row_bytes;
     const uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
+    uint8_t tag[ST_TAG_BYTES];
     struct kvt_key key;
     uint64_t row_len = 0;
     if (err == 0)
-        err = kvt__st_hdr_decode(hdr, s->ns, &key, &row_len);
+        err = kvt__st_hdr_decode(m, hdr, s->ns, &key, &row_len);
     if (err == 0 && (!kvt_key_eq(&key, &it->key) || row_len != row))
         err = ST_ERR_CORRUPT;
-    if (err == 0 && kvt_hash64(dst, row) != get64(hdr + ST_OFF_SUM))
-        err = ST_ERR_CORRUPT;
-    if (err != 0 && err != ENOENT) {
+    if (err == 0 && (kvt__st_mac(m, false, hdr + ST_OFF_NONCE, dst, row, tag) != 0 ||
+                     !kvt__st_tag_eq(tag, hdr + ST_OFF_ROWTAG)))
+        err = ST_ERR_MAC;
+    if (err != 0 && err != ENOENT && err != ST_ERR_FOREIGN) {
         char fin[ST_NAME_MAX];
         kvt__st_name(&it->key, ".kvc", fin);
         unlinkat(s->dir_fd, fin, 0);
@@ -355,7 +464,8 @@ static int check_loaded(struct st_tier *s, const struct st_item *it, uint8_t *hd
 }
 
 /* One blocking load of it into hdr and its slot (no fault injection). */
-static int read_chunk_io(struct st_tier *s, uint8_t *hdr, const struct st_item *it, bool direct)
+static int read_chunk_io(struct st_tier *s, struct st_mac *m, uint8_t *hdr,
+                         const struct st_item *it, bool direct)
 {
     size_t row = s->base.row_bytes;
     uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
@@ -377,7 +487,7 @@ static int read_chunk_io(struct st_tier *s, uint8_t *hdr, const struct st_item *
         }
         break;
     }
-    return check_loaded(s, it, hdr, err);
+    return check_loaded(s, m, it, hdr, err);
 }
 
 static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
@@ -385,8 +495,8 @@ static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_i
 {
     int err = take_fault(s, KVT_STORAGE_FAULT_READ);
     if (err != 0)
-        return check_loaded(s, it, th->hdr, err);
-    return read_chunk_io(s, th->hdr, it, direct);
+        return check_loaded(s, th->mac, it, th->hdr, err);
+    return read_chunk_io(s, th->mac, th->hdr, it, direct);
 }
 
 static int unlink_chunk(struct st_tier *s, const struct st_item *it)
@@ -510,7 +620,7 @@ static void took(struct st_pool *p, struct st_thread *th, struct st_task *t)
 /* ---- read threads with io_uring ----------------------------------------------------
  * A read thread keeps up to depth chunk reads in flight in its own ring: it opens the
  * file (blocking; cheap), queues one readv of header block + row straight into the
- * slot, and checks each chunk (header, XXH3-64 of the row) when its read completes,
+ * slot, and checks each chunk (header, MAC of the row) when its read completes,
  * while the others are still being read. So the device never waits for the hashing,
  * as it does when one thread reads and checks in turn. While reads are in flight the
  * thread takes only more loads; removals and stores it takes (blocking) when it has
@@ -542,13 +652,13 @@ static bool rd_start(struct st_tier *s, struct st_thread *th, struct st_task *t,
     if (err == 0)
         err = open_chunk(s, it, &direct, &fd);
     if (err != 0) {
-        it->err = check_loaded(s, it, rd->hdr, err);
+        it->err = check_loaded(s, th->mac, it, rd->hdr, err);
         return false;
     }
     sqe = io_uring_get_sqe(th->ring);
     if (sqe == NULL) { /* cannot happen: the ring has depth entries */
         close(fd);
-        it->err = read_chunk_io(s, rd->hdr, it, direct);
+        it->err = read_chunk_io(s, th->mac, rd->hdr, it, direct);
         return false;
     }
     rd->t = t;
@@ -574,9 +684,9 @@ static struct st_task *rd_complete(struct st_tier *s, struct st_thread *th,
     io_uring_cqe_seen(th->ring, cqe);
     close(rd->fd);
     if (res >= 0 && (size_t)res == ST_BLOCK + s->base.row_bytes)
-        it->err = check_loaded(s, it, rd->hdr, 0);
+        it->err = check_loaded(s, th->mac, it, rd->hdr, 0);
     else
-        it->err = read_chunk_io(s, rd->hdr, it, rd->direct);
+        it->err = read_chunk_io(s, th->mac, rd->hdr, it, rd->direct);
     rd->t = NULL;
     th->n_busy--;
     return --t->left == 0 ? t : NULL;
@@ -788,7 +898,8 @@ int kvt__st_pool_start(struct st_tier *s)
         depth = th->ring != NULL ? s->read_depth : 0;
         th->mem = kvt_malloc((2 + depth) * ST_BLOCK);
         th->rd = depth > 0 ? kvt_calloc(depth, sizeof(*th->rd) + 2 * sizeof(struct iovec)) : NULL;
-        if (th->mem == NULL || (depth > 0 && th->rd == NULL)) {
+        th->mac = kvt__st_mac_new(s);
+        if (th->mem == NULL || (depth > 0 && th->rd == NULL) || th->mac == NULL) {
             kvt__st_pool_stop(s);
             return -ENOMEM;
         }
@@ -848,6 +959,7 @@ void kvt__st_pool_cleanup(struct st_tier *s)
             ring_exit(&p->threads[i]);
             kvt_free(p->threads[i].rd);
             kvt_free(p->threads[i].mem);
+            kvt__st_mac_free(p->threads[i].mac);
             kvt_free_table(p->threads[i].wbuf, 1, p->threads[i].wbuf_bytes);
         }
         kvt_free(p->threads);
@@ -997,22 +1109,31 @@ void kvt__st_pool_pause(struct st_tier *s, bool paused)
 
 /* ---- warm-restart scan ------------------------------------------------------------ */
 
+/* What the scan saw besides the files it indexed (summed over its threads). */
+struct scan_counts {
+    size_t tmp_removed, bad_removed, mac_removed, old_removed, foreign;
+};
+
 struct scan {
     struct st_tier *s;
     unsigned next_shard; /* atomic */
     pthread_mutex_t mu;
     struct st_found *found;
     size_t n, cap;
-    size_t tmp_removed, bad_removed;
+    struct scan_counts c;
     int err;
 };
 
 struct scan_local {
+    struct st_mac *mac;
     struct st_found *found;
     size_t n, cap;
-    size_t tmp_removed, bad_removed;
+    struct scan_counts c;
     int err;
 };
+
+/* check_file: a file of ours that group or others may use (removed, counted foreign). */
+#define ST_SCAN_OPEN_MODE EACCES
 
 static bool ends_with(const char *name, size_t len, const char *ext)
 {
@@ -1020,9 +1141,10 @@ static bool ends_with(const char *name, size_t len, const char *ext)
     return len > el && memcmp(name + len - el, ext, el) == 0;
 }
 
-/* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT for one to delete. */
-static int check_file(struct st_tier *s, int shard_fd, unsigned shard, const char *name, size_t len,
-                      struct st_found *f)
+/* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT, ST_ERR_MAC, ST_ERR_OLD or
+ * ST_SCAN_OPEN_MODE for one to delete; ST_ERR_FOREIGN for another user's (left). */
+static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigned shard,
+                      const char *name, size_t len, struct st_found *f)
 {
     char stem[2 * KVT_KEY_MAX + 1];
     uint8_t blk[ST_BLOCK];
@@ -1030,25 +1152,43 @@ static int check_file(struct st_tier *s, int shard_fd, unsigned shard, const cha
     uint64_t row_len = 0;
     struct stat st;
     int fd, rc = ST_ERR_CORRUPT;
-    if (len - 4 > 2 * KVT_KEY_MAX)
-        return ST_ERR_CORRUPT;
-    memcpy(stem, name, len - 4);
-    stem[len - 4] = '\0';
-    if (kvt_key_from_hex(&f->key, stem) != 0 || (kvt_key_hash(&f->key) >> 56) != shard)
-        return ST_ERR_CORRUPT;
-    fd = open_noatime(shard_fd, name, O_RDONLY | O_CLOEXEC);
+    fd = open_noatime(shard_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
-        return errno == ENOENT ? ENOENT : ST_ERR_CORRUPT;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK &&
-        kvt__st_hdr_decode(blk, s->ns, &key, &row_len) == 0 && kvt_key_eq(&key, &f->key) &&
-        row_len > 0 && (uint64_t)st.st_size == ST_BLOCK + row_len) {
+        return errno == ENOENT ? ENOENT : errno == ELOOP ? ST_ERR_FOREIGN : ST_ERR_CORRUPT;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != s->uid) {
+        close(fd);
+        return ST_ERR_FOREIGN; /* not ours to judge or remove */
+    }
+    if (len - 4 <= 2 * KVT_KEY_MAX) {
+        memcpy(stem, name, len - 4);
+        stem[len - 4] = '\0';
+        if (kvt_key_from_hex(&f->key, stem) == 0 && (kvt_key_hash(&f->key) >> 56) == shard &&
+            pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK)
+            rc = kvt__st_hdr_decode(m, blk, s->ns, &key, &row_len);
+    }
+    if (rc == 0 && (st.st_mode & 077))
+        rc = ST_SCAN_OPEN_MODE;
+    if (rc == 0 &&
+        (!kvt_key_eq(&key, &f->key) || row_len == 0 || (uint64_t)st.st_size != ST_BLOCK + row_len))
+        rc = ST_ERR_CORRUPT;
+    if (rc == 0) {
         f->bytes = kvt__st_file_bytes(row_len);
         f->mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull + (uint64_t)st.st_mtim.tv_nsec;
-        rc = 0;
     }
     close(fd);
     return rc;
+}
+
+/* Removes a leftover temporary file of ours; another user's is only counted. */
+static void remove_tmp(struct st_tier *s, int fd, const char *name, struct scan_counts *c)
+{
+    struct stat st;
+    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+        return;
+    if (!S_ISREG(st.st_mode) || st.st_uid != s->uid)
+        c->foreign++;
+    else if (unlinkat(fd, name, 0) == 0)
+        c->tmp_removed++;
 }
 
 static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
@@ -1058,7 +1198,7 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
     DIR *d;
     struct dirent *de;
     snprintf(dname, sizeof(dname), "%02x", shard);
-    fd = openat(s->dir_fd, dname, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    fd = openat(s->dir_fd, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
         kvt_warn(MOD, "cannot open %s/%s: %s", s->dir, dname, strerror(errno));
         return;
@@ -1073,21 +1213,35 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
         size_t len = strlen(name);
         struct st_found f;
         int rc;
-        if (name[0] == '.' || (de->d_type != DT_REG && de->d_type != DT_UNKNOWN))
+        if (name[0] == '.')
             continue;
         if (ends_with(name, len, ".tmp")) {
-            if (unlinkat(fd, name, 0) == 0)
-                l->tmp_removed++;
+            remove_tmp(s, fd, name, &l->c);
             continue;
         }
         if (!ends_with(name, len, ".kvc"))
             continue; /* not ours: left alone */
-        rc = check_file(s, fd, shard, name, len, &f);
+        if (de->d_type != DT_REG && de->d_type != DT_UNKNOWN) {
+            l->c.foreign++; /* a link or a folder under a chunk's name: left alone */
+            continue;
+        }
+        rc = check_file(s, l->mac, fd, shard, name, len, &f);
         if (rc == ENOENT)
             continue;
+        if (rc == ST_ERR_FOREIGN) {
+            l->c.foreign++;
+            continue;
+        }
         if (rc != 0) {
-            if (unlinkat(fd, name, 0) == 0)
-                l->bad_removed++;
+            if (unlinkat(fd, name, 0) != 0)
+                continue;
+            if (rc == ST_SCAN_OPEN_MODE) {
+                l->c.foreign++;
+                continue;
+            }
+            l->c.bad_removed++;
+            l->c.mac_removed += rc == ST_ERR_MAC;
+            l->c.old_removed += rc == ST_ERR_OLD;
             continue;
         }
         if (l->n == l->cap) {
@@ -1108,14 +1262,19 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
 static void *scan_main(void *arg)
 {
     struct scan *sc = arg;
-    struct scan_local l = {0};
+    struct scan_local l = {.mac = kvt__st_mac_new(sc->s)};
     unsigned shard;
+    if (l.mac == NULL)
+        l.err = -ENOMEM;
     while (l.err == 0 &&
            (shard = __atomic_fetch_add(&sc->next_shard, 1, __ATOMIC_RELAXED)) < ST_SCAN_SHARDS)
         scan_shard(sc->s, shard, &l);
     pthread_mutex_lock(&sc->mu);
-    sc->tmp_removed += l.tmp_removed;
-    sc->bad_removed += l.bad_removed;
+    sc->c.tmp_removed += l.c.tmp_removed;
+    sc->c.bad_removed += l.c.bad_removed;
+    sc->c.mac_removed += l.c.mac_removed;
+    sc->c.old_removed += l.c.old_removed;
+    sc->c.foreign += l.c.foreign;
     if (l.err != 0) {
         sc->err = l.err;
     } else if (l.n > 0) {
@@ -1135,6 +1294,7 @@ static void *scan_main(void *arg)
 out:
     pthread_mutex_unlock(&sc->mu);
     kvt_free(l.found);
+    kvt__st_mac_free(l.mac);
     return NULL;
 }
 
@@ -1155,8 +1315,11 @@ int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p)
     for (unsigned i = 0; i < started; i++)
         pthread_join(tids[i], NULL);
     pthread_mutex_destroy(&sc.mu);
-    s->restart.tmp_removed = sc.tmp_removed;
-    s->restart.bad_removed = sc.bad_removed;
+    s->restart.tmp_removed = sc.c.tmp_removed;
+    s->restart.bad_removed = sc.c.bad_removed;
+    s->restart.mac_removed = sc.c.mac_removed;
+    s->restart.old_removed = sc.c.old_removed;
+    s->restart.foreign = sc.c.foreign;
     if (sc.err != 0) {
         kvt_free(sc.found);
         return sc.err;

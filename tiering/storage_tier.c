@@ -27,8 +27,16 @@
  * the job fails. Lookups that HIT, touch() and successful loads refresh recency.
  *
  * Warm restart (create): the index is rebuilt from the headers by a few threads;
- * leftover temporary files and files with bad headers are deleted; recency starts in
- * file modification order. Payload checksums are verified on every load, not at start.
+ * leftover temporary files and files with bad headers (a header MAC that does not
+ * verify, the old unkeyed format) are deleted and counted; another user's files are
+ * left alone and counted; recency starts in file modification order. Row MACs are
+ * verified on every load, not at start.
+ *
+ * Other users (create): the root is opened with kvt_private_dir_open (created 0700,
+ * refused when another user owns it, group or others may write it, or it is a link),
+ * the namespace folder and its 256 shards are created 0700 (ones of ours left from an
+ * older version are chmodded 0700), the LOCK file is 0600 and must be ours. The MAC
+ * keys derive from cfg.key or from <root>/storage.key (storage_mac.c).
  *
  * Errors: ENOSPC, EIO, a read-only or vanished root fail the affected chunks (the job
  * fails, kvtier_storage_tier_errors rises) and the tier keeps serving what it can. A
@@ -55,6 +63,7 @@
 #include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/log.h"
+#include "kvt/safe_path.h"
 #include "kvt/storage_tier.h"
 #include "storage_int.h"
 
@@ -375,13 +384,30 @@ static void count_error(struct st_tier *s, int err)
         s->c.enospc++;
     else if (err == EIO)
         s->c.eio++;
-    else if (err == ST_ERR_CORRUPT)
+    else if (err == ST_ERR_CORRUPT || err == ST_ERR_MAC || err == ST_ERR_OLD)
         s->c.checksum_fail++;
+    if (err == ST_ERR_MAC)
+        s->c.mac_fail++;
+    else if (err == ST_ERR_OLD)
+        s->c.old_format++;
+    else if (err == ST_ERR_FOREIGN)
+        s->c.foreign++;
 }
 
 static const char *err_name(int err)
 {
-    return err == ST_ERR_CORRUPT ? "bad header or checksum" : strerror(err);
+    switch (err) {
+    case ST_ERR_CORRUPT:
+        return "bad header, size or key";
+    case ST_ERR_MAC:
+        return "MAC did not verify (the file was changed, or written under another key)";
+    case ST_ERR_OLD:
+        return "a file of the old unkeyed format";
+    case ST_ERR_FOREIGN:
+        return "not this tier's own file (another user's, a link, or open to group/others)";
+    default:
+        return strerror(err);
+    }
 }
 
 static void finish_unlinks(struct st_tier *s, struct st_job *sj)
@@ -558,6 +584,9 @@ static int st_get_stats(struct kvt_tier *t, struct kvt_stats *out)
         {KVT_M_STORAGE_LOADED_CHUNKS, s->c.loaded},
         {KVT_M_STORAGE_EVICTIONS, s->c.evictions},
         {KVT_M_STORAGE_CHECKSUM_FAIL, s->c.checksum_fail},
+        {KVT_M_STORAGE_MAC_FAIL, s->c.mac_fail},
+        {KVT_M_STORAGE_OLD_FORMAT, s->c.old_format},
+        {KVT_M_STORAGE_FOREIGN, s->c.foreign},
         {KVT_M_STORAGE_ERRORS, s->c.errors},
         {KVT_M_STORAGE_ENOSPC, s->c.enospc},
         {KVT_M_STORAGE_EIO, s->c.eio},
@@ -646,27 +675,6 @@ static const struct kvt_tier_ops storage_ops = {
 
 /* ---- create and warm restart ---------------------------------------------------- */
 
-static int mkdir_p(const char *path)
-{
-    char *p = kvt_strdup(path);
-    int rc = 0;
-    if (p == NULL)
-        return -ENOMEM;
-    for (char *c = p + 1; rc == 0; c++) {
-        bool end = *c == '\0';
-        if (*c != '/' && !end)
-            continue;
-        *c = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            rc = -errno;
-        if (end)
-            break;
-        *c = '/';
-    }
-    kvt_free(p);
-    return rc;
-}
-
 static int cmp_found(const void *a, const void *b)
 {
     const struct st_found *x = a, *y = b;
@@ -699,6 +707,11 @@ static int rebuild_index(struct st_tier *s)
     }
     s->restart.files_found = n;
     s->restart.bytes_found = s->used;
+    /* What the scan refused shows in the first stats, with its reason. */
+    s->c.checksum_fail += s->restart.bad_removed;
+    s->c.mac_fail += s->restart.mac_removed;
+    s->c.old_format += s->restart.old_removed;
+    s->c.foreign += s->restart.foreign;
     if (s->enable_events && n > 0) {
         struct kvt_key *keys = kvt_reallocarray(NULL, n, sizeof(*keys));
         if (keys == NULL) {
@@ -735,6 +748,10 @@ static int check_config(const struct kvt_storage_tier_config *cfg)
         kvt_error(MOD, "config: io mode %d unknown", (int)cfg->io);
         return -EINVAL;
     }
+    if (cfg->key != NULL && (cfg->key_len < 16 || cfg->key_len > 1024)) {
+        kvt_error(MOD, "config: a MAC secret of %zu bytes (16..1024 expected)", cfg->key_len);
+        return -EINVAL;
+    }
     if (cfg->n_read_threads > 256 || cfg->n_write_threads > 256 || cfg->scan_threads > 64 ||
         cfg->read_depth > 256) {
         kvt_error(MOD, "config: too many threads");
@@ -743,55 +760,115 @@ static int check_config(const struct kvt_storage_tier_config *cfg)
     return 0;
 }
 
-static int open_folders(struct st_tier *s)
+/* Opens (creating it 0700) a folder of the tier under dir_fd: it must be ours, and a
+ * folder of ours with wider permissions (an older version made them 0755) is made
+ * 0700. Returns the fd or -errno (-EPERM: not ours, or a link; logged). */
+static int open_own_dir(struct st_tier *s, int dir_fd, const char *shown, const char *name,
+                        int flags)
 {
+    struct stat st;
+    int fd, rc;
+    if (mkdirat(dir_fd, name, 0700) != 0 && errno != EEXIST) {
+        rc = -errno;
+        kvt_error(MOD, "config: cannot create '%s/%s': %s", shown, name, strerror(-rc));
+        return rc;
+    }
+    fd = openat(dir_fd, name, flags | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        rc = errno == ELOOP || errno == ENOTDIR ? -EPERM : -errno;
+        kvt_error(MOD, "config: cannot open '%s/%s': %s", shown, name,
+                  rc == -EPERM ? "not a folder (a link?): refused" : strerror(-rc));
+        return rc;
+    }
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        close(fd);
+        return rc;
+    }
+    if (st.st_uid != s->uid) {
+        kvt_error(MOD, "config: '%s/%s' is owned by uid %u, not by this process: refused", shown,
+                  name, (unsigned)st.st_uid);
+        close(fd);
+        return -EPERM;
+    }
+    if ((st.st_mode & 077) && fchmod(fd, 0700) != 0) {
+        rc = -errno;
+        kvt_error(MOD, "config: chmod 0700 '%s/%s': %s", shown, name, strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+static int open_folders(struct st_tier *s, const struct kvt_storage_tier_config *cfg)
+{
+    static const struct kvt_dir_policy root_policy = {
+        .mode = 0700, .gid = KVT_GROUP_NONE, .create = true};
     char hex[2 * KVT_STORAGE_NS_BYTES + 1];
-    int rc;
+    int root_fd = -1, rc;
     for (size_t i = 0; i < KVT_STORAGE_NS_BYTES; i++)
         snprintf(hex + 2 * i, 3, "%02x", s->ns[i]);
-    rc = mkdir_p(s->root);
+    rc = kvt_private_dir_open(s->root, &root_policy, &root_fd);
     if (rc != 0) {
-        kvt_error(MOD, "config: cannot create root '%s': %s", s->root, strerror(-rc));
+        kvt_error(MOD, "config: cannot use root '%s': %s", s->root,
+                  rc == -EPERM ? "not safe (see above)" : strerror(-rc));
         return rc;
+    }
+    rc = kvt__st_mac_keys(s, root_fd, cfg->key, cfg->key_len);
+    if (rc != 0) {
+        kvt_error(MOD, "config: no MAC key for '%s': %s", s->root, strerror(-rc));
+        goto out;
     }
     s->dir = kvt_malloc(strlen(s->root) + sizeof(hex) + 1);
-    if (s->dir == NULL)
-        return -ENOMEM;
-    sprintf(s->dir, "%s/%s", s->root, hex);
-    if (mkdir(s->dir, 0755) != 0 && errno != EEXIST) {
-        rc = -errno;
-        kvt_error(MOD, "config: cannot create '%s': %s", s->dir, strerror(errno));
-        return rc;
+    if (s->dir == NULL) {
+        rc = -ENOMEM;
+        goto out;
     }
-    s->dir_fd = open(s->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    sprintf(s->dir, "%s/%s", s->root, hex);
+    s->dir_fd = open_own_dir(s, root_fd, s->root, hex, O_RDONLY);
     if (s->dir_fd < 0) {
-        rc = -errno;
-        kvt_error(MOD, "config: cannot open '%s': %s", s->dir, strerror(errno));
-        return rc;
+        rc = s->dir_fd;
+        goto out;
     }
     /* Read-only: flock needs no write access, and a file open for writing would keep
      * the file system from being remounted read-only. */
-    s->lock_fd = openat(s->dir_fd, "LOCK", O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    s->lock_fd = openat(s->dir_fd, "LOCK", O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (s->lock_fd < 0) {
-        rc = -errno;
-        kvt_error(MOD, "config: '%s' is not writable: %s", s->dir, strerror(errno));
-        return rc;
+        rc = errno == ELOOP ? -EPERM : -errno;
+        kvt_error(MOD, "config: '%s' is not writable: %s", s->dir,
+                  rc == -EPERM ? "its LOCK is a symbolic link" : strerror(-rc));
+        goto out;
+    }
+    {
+        char what[4200];
+        struct stat st;
+        snprintf(what, sizeof(what), "%s/LOCK", s->dir);
+        rc = kvt_private_file_check(s->lock_fd, what, 07777, &st);
+        if (rc != 0)
+            goto out;
+        if ((st.st_mode & 077) && fchmod(s->lock_fd, 0600) != 0)
+            kvt_warn(MOD, "chmod 0600 '%s': %s", what, strerror(errno));
     }
     if (flock(s->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
         kvt_error(MOD, "'%s' is in use by another storage tier", s->dir);
-        return rc;
+        goto out;
     }
     for (unsigned i = 0; i < ST_SCAN_SHARDS; i++) {
         char name[3];
+        int fd;
         snprintf(name, sizeof(name), "%02x", i);
-        if (mkdirat(s->dir_fd, name, 0755) != 0 && errno != EEXIST) {
-            rc = -errno;
-            kvt_error(MOD, "config: cannot create '%s/%s': %s", s->dir, name, strerror(errno));
-            return rc;
+        fd = open_own_dir(s, s->dir_fd, s->dir, name, O_RDONLY);
+        if (fd < 0) {
+            rc = fd;
+            goto out;
         }
+        close(fd);
     }
-    return 0;
+    rc = 0;
+out:
+    close(root_fd);
+    return rc;
 }
 
 int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kvt_tier **tier_p)
@@ -826,7 +903,8 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
         rc = -ENOMEM;
         goto free_tier;
     }
-    rc = open_folders(s);
+    s->uid = geteuid();
+    rc = open_folders(s, cfg);
     if (rc != 0)
         goto free_tier;
     probe = kvt__st_probe_direct(s->dir_fd);
@@ -871,6 +949,17 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
              s->restart.seconds, s->restart.tmp_removed, s->restart.bad_removed, s->restart.evicted,
              s->direct_ok ? "direct" : "buffered",
              s->uring_ok ? "reads through io_uring" : "blocking reads");
+    if (s->restart.mac_removed > 0 || s->restart.old_removed > 0)
+        kvt_warn(MOD,
+                 "'%s': removed %zu file(s) whose MAC did not verify (changed by someone, or "
+                 "written under another key: a new secret or storage.key) and %zu of the old "
+                 "unkeyed format",
+                 s->dir, s->restart.mac_removed, s->restart.old_removed);
+    if (s->restart.foreign > 0)
+        kvt_warn(MOD,
+                 "'%s': %zu file(s) refused: another user's or a link (left alone), or open to "
+                 "group/others (removed)",
+                 s->dir, s->restart.foreign);
     *tier_p = &s->base;
     return 0;
 

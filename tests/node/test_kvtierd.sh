@@ -19,7 +19,9 @@ ok() { pass=$((pass + 1)); echo "ok - $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL - $*"; }
 check() { if eval "$2"; then ok "$1"; else bad "$1"; fi; }
 
-region=/dev/shm/kvtierd-test-$$.mmap
+# The region in a runtime folder of its own on the /dev/shm tmpfs (kvtierd creates it
+# 0700 and refuses a folder others may write, such as /dev/shm itself).
+region=/dev/shm/kvtierd-test-$$/region.mmap
 mport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 sock=$work/engine.sock
 head -c 40 /dev/urandom | base64 >"$work/secret" && chmod 600 "$work/secret"

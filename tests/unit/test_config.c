@@ -167,11 +167,21 @@ static void test_defaults_without_file(void **state)
     assert_int_equal(cfg.primary_size, 1ull << 30);
     assert_int_equal(cfg.primary_row_bytes, 256 * 1024);
     assert_int_equal(cfg.primary_size % cfg.primary_row_bytes, 0);
-    assert_int_equal(strncmp(cfg.primary_path, "/dev/shm/kvtier-", 16), 0);
+    /* The runtime folder /run/kvtier/<id> (tmpfs, the daemon's own) and the storage
+     * under /var/lib, not names in /tmp or /dev/shm that another user could take. */
+    {
+        char want[64];
+        snprintf(want, sizeof(want), "/run/kvtier/%s/primary.mmap", idhex);
+        assert_string_equal(cfg.primary_path, want);
+        snprintf(want, sizeof(want), "/run/kvtier/%s/engine.sock", idhex);
+        assert_string_equal(cfg.engine_socket, want);
+        snprintf(want, sizeof(want), "/var/lib/kvtier/%s", idhex);
+        assert_string_equal(cfg.storage_root, want);
+    }
+    assert_null(cfg.node_group);
     assert_non_null(strstr(cfg.primary_path, idhex));
     assert_null(strstr(cfg.primary_path, "{id}"));
     assert_true(cfg.storage_enabled);
-    assert_int_equal(strncmp(cfg.storage_root, "/var/tmp/kvtier-", 16), 0);
     assert_true(cfg.network_enabled);
     assert_string_equal(cfg.network_listen, "127.0.0.1");
     assert_int_equal(cfg.network_port, 7170);
@@ -456,6 +466,27 @@ static void test_secret_file(void **state)
     }
 }
 
+/* node.group: a group this host knows, by name or number; unset by default. */
+static void test_node_group(void **state)
+{
+    char *sets[] = {fx.set_region, fx.set_storage, fx.set_sock, "node.group=root"};
+    struct kvt_config cfg;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(kvt_config_load(&cfg, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_string_equal(cfg.node_group, "root");
+    kvt_config_free(&cfg);
+    sets[3] = "node.group=4242";
+    assert_int_equal(kvt_config_load(&cfg, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_string_equal(cfg.node_group, "4242");
+    kvt_config_free(&cfg);
+    expect_bad("node:\n  group: kvt-no-such-group\n", NULL, 0, 0,
+               WANT(at_line(2), "node.group", "no group named \"kvt-no-such-group\""));
+    expect_bad(NULL, (char *[]){"node.group=4294967295"}, 1, 0,
+               WANT("node.group", "not a group id"));
+}
+
 static void test_malformed_yaml(void **state)
 {
     (void)state;
@@ -569,6 +600,7 @@ static void test_help(void **state)
 {
     static const char *const every[] = {"node.id",
                                         "node.namespace",
+                                        "node.group",
                                         "primary.path",
                                         "primary.size",
                                         "primary.row_bytes",
@@ -842,6 +874,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_out_of_range, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_size_suffix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_node_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_yaml, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_set, setup, teardown),

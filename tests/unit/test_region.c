@@ -1140,6 +1140,131 @@ static void test_huge_bytes_of_a_region(void **state)
     assert_int_equal(kvt_region_huge_bytes(&r, &huge), -EINVAL); /* not open */
 }
 
+/* ----- other users (a shared host) ----- */
+
+/* A file at the region's path that is another user's (it made it first, in a
+ * folder it can write) is never joined: nothing of it is mapped, it stays as it is. */
+static void test_joiner_refuses_other_users_file(void **state)
+{
+    char path[PATH_MAX];
+    struct kvt_region r;
+    struct kvt_region_config cfg;
+    struct stat st;
+    int fd;
+    (void)state;
+    if (geteuid() != 0) {
+        printf("# needs root (chown to another user): skipped\n");
+        skip();
+    }
+    fd = open_scratch("theirs", path);
+    assert_int_equal(ftruncate(fd, (off_t)(4 * P)), 0);
+    assert_int_equal(pwrite(fd, "theirs", 6, 0), 6);
+    assert_int_equal(fchown(fd, 65534, 65534), 0);
+    cfg = cfg_of(path, 4, P, 1, 0);
+    memset(&r, 0x5a, sizeof(r));
+    assert_int_equal(kvt_region_open(&cfg, &r), -EPERM);
+    assert_false(r.open);
+    kvt_region_cleanup(&r);
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_int_equal(st.st_uid, 65534);
+    assert_int_equal(st.st_size, 4 * P);
+    assert_true(path_exists(path));
+    close(fd);
+    unlink(path);
+}
+
+/* Our own file that group or others may use is refused too: KV in it is readable. */
+static void test_joiner_refuses_open_mode(void **state)
+{
+    char path[PATH_MAX];
+    struct kvt_region r;
+    struct kvt_region_config cfg;
+    int fd = open_scratch("mode", path);
+    (void)state;
+    assert_int_equal(ftruncate(fd, (off_t)(4 * P)), 0);
+    assert_int_equal(fchmod(fd, 0644), 0);
+    cfg = cfg_of(path, 4, P, 1, 0);
+    assert_int_equal(kvt_region_open(&cfg, &r), -EPERM);
+    assert_int_equal(fchmod(fd, 0600), 0);
+    assert_int_equal(kvt_region_open(&cfg, &r), 0); /* the same file, private: joined */
+    assert_false(r.creator);
+    kvt_region_cleanup(&r);
+    close(fd);
+    unlink(path);
+}
+
+/* The daemon's open (exclusive) never joins: any existing file is -EEXIST, kept. */
+static void test_exclusive_refuses_existing_file(void **state)
+{
+    char path[PATH_MAX];
+    struct kvt_region r;
+    struct kvt_region_config cfg;
+    int fd = open_scratch("excl", path);
+    (void)state;
+    assert_int_equal(ftruncate(fd, (off_t)(4 * P)), 0);
+    cfg = cfg_of(path, 4, P, 1, KVT_REGION_RANK_ALL);
+    cfg.exclusive = true;
+    assert_int_equal(kvt_region_open(&cfg, &r), -EEXIST);
+    assert_false(r.open);
+    assert_true(path_exists(path));
+    close(fd);
+    unlink(path);
+    assert_int_equal(kvt_region_open(&cfg, &r), 0); /* gone: created */
+    assert_true(r.creator);
+    kvt_region_cleanup(&r);
+    assert_false(path_exists(path));
+}
+
+/* A link at the region's path is never followed: its target is neither created nor
+ * joined. */
+static void test_symlink_refused(void **state)
+{
+    char path[PATH_MAX], target[PATH_MAX];
+    struct kvt_region r;
+    struct kvt_region_config cfg;
+    int fd;
+    (void)state;
+    region_path(path, "link");
+    region_path(target, "target");
+    assert_int_equal(symlink(target, path), 0);
+    cfg = cfg_of(path, 4, P, 1, 0);
+    assert_int_equal(kvt_region_open(&cfg, &r), -ELOOP); /* dangling: not created */
+    assert_false(path_exists(target));
+    cfg.exclusive = true;
+    assert_int_equal(kvt_region_open(&cfg, &r), -EEXIST);
+    assert_false(path_exists(target));
+    fd = open(target, O_CREAT | O_EXCL | O_RDWR, 0600); /* to an existing file: not joined */
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(4 * P)), 0);
+    cfg.exclusive = false;
+    assert_int_equal(kvt_region_open(&cfg, &r), -ELOOP);
+    close(fd);
+    unlink(target);
+    unlink(path);
+}
+
+/* The creator removes only its own file: one that took its place is left alone. */
+static void test_cleanup_leaves_replaced_file(void **state)
+{
+    char path[PATH_MAX], moved[PATH_MAX];
+    struct kvt_region r;
+    int fd;
+    (void)state;
+    region_path(path, "replaced");
+    region_path(moved, "moved");
+    make_region(&r, path, 4, P, 1, 0);
+    assert_true(r.creator);
+    assert_int_equal(rename(path, moved), 0);
+    fd = open(path, O_CREAT | O_EXCL | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    kvt_region_cleanup(&r);
+    assert_true(path_exists(path)); /* not ours: kept */
+    assert_true(path_exists(moved));
+    close(fd);
+    unlink(path);
+    unlink(moved);
+}
+
 /* ----- fixture ----- */
 
 static int group_setup(void **state)
@@ -1212,6 +1337,11 @@ int main(void)
         cmocka_unit_test(test_joiner_times_out_when_file_never_sized),
         cmocka_unit_test(test_invalid_geometry_rejected),
         cmocka_unit_test(test_populate_prefaults_own_cells),
+        cmocka_unit_test(test_joiner_refuses_other_users_file),
+        cmocka_unit_test(test_joiner_refuses_open_mode),
+        cmocka_unit_test(test_exclusive_refuses_existing_file),
+        cmocka_unit_test(test_symlink_refused),
+        cmocka_unit_test(test_cleanup_leaves_replaced_file),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -341,8 +341,8 @@ static void test_lookup_empty_tier(void **state)
     fx_free(f);
 }
 
-/* The file is at <root>/<ns hex>/<2 hex shard>/<key hex>.kvc and its header carries
- * the key, the row length, the namespace and the XXH3-64 of the row. */
+/* The file is at <root>/<ns hex>/<2 hex shard>/<key hex>.kvc and its header (format
+ * 2) carries the key, the row length, the namespace, a random nonce and the MACs. */
 static void test_store_creates_file_and_lookup_succeeds(void **state)
 {
     struct fx *f = fx_new(8192, 8);
@@ -381,15 +381,28 @@ static void test_store_creates_file_and_lookup_succeeds(void **state)
     assert_memory_equal(hdr + 56, key.bytes, key.len);
     assert_int_equal((uint64_t)hdr[16] | (uint64_t)hdr[17] << 8, 8192);
     assert_memory_equal(hdr + 24, f->ns, 32);
+    assert_int_equal(hdr[4] | hdr[5] << 8, 2); /* format 2: keyed MACs */
     {
-        uint64_t sum = 0, want = kvt_hash64(slot(f, 1), 8192);
-        for (int i = 7; i >= 0; i--)
-            sum = sum << 8 | hdr[120 + i];
-        assert_true(sum == want);
+        /* The nonce (120..131) is random: another file of the same bytes has another
+         * nonce, and so other tags (136: the row's, 152: the header's). */
+        uint8_t hdr2[4096];
+        char p2[4096];
+        memcpy(slot(f, 2), slot(f, 1), 8192);
+        assert_true(wait_job(f, submit(f, false, (int[]){2}, (int64_t[]){2}, 1))->success);
+        snprintf(p2, sizeof(p2), "%s", key_path(f, 2));
+        fd = open(p2, O_RDONLY);
+        assert_true(fd >= 0);
+        assert_int_equal(pread(fd, hdr2, sizeof(hdr2), 0), 4096);
+        close(fd);
+        assert_memory_not_equal(hdr + 120, hdr2 + 120, 12);
+        assert_memory_not_equal(hdr + 136, hdr2 + 136, 16);
+        assert_memory_not_equal(hdr + 152, hdr2 + 152, 16);
+        for (int i = 168; i < 4096; i++)
+            assert_int_equal(hdr[i], 0);
     }
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_STORED_CHUNKS), 1);
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FILES), 1);
-    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 4096 + 8192);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_STORED_CHUNKS), 2);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FILES), 2);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 2 * (4096 + 8192));
     fx_free(f);
 }
 
@@ -779,6 +792,334 @@ static void test_truncated_or_misnamed_file_rejected(void **state)
     assert_false(wait_job(f, load_keys(f, (int[]){2}, 1))->success);
     assert_false(file_exists(p2));
     assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 2);
+    fx_free(f);
+}
+
+/* ---- other users and keyed MACs (a shared host) ------------------------------------ */
+
+#define NOBODY 65534
+
+static bool need_root(void)
+{
+    if (geteuid() == 0)
+        return true;
+    printf("# needs root (chown to another user): skipped\n");
+    skip();
+    return false;
+}
+
+/* <root>/<ns hex>, also while the tier is closed. */
+static const char *ns_dir(struct fx *f)
+{
+    static char buf[4200];
+    char hex[2 * KVT_STORAGE_NS_BYTES + 1];
+    for (int i = 0; i < KVT_STORAGE_NS_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", f->ns[i]);
+    snprintf(buf, sizeof(buf), "%s/%s", f->root, hex);
+    return buf;
+}
+
+static mode_t mode_of(const char *p)
+{
+    struct stat st;
+    assert_int_equal(lstat(p, &st), 0);
+    return st.st_mode & 07777;
+}
+
+static void read_all(const char *p, uint8_t *buf, size_t len)
+{
+    int fd = open(p, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, buf, len, 0), (ssize_t)len);
+    close(fd);
+}
+
+static void write_all(const char *p, const uint8_t *buf, size_t len, mode_t mode)
+{
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, mode);
+    assert_true(fd >= 0);
+    assert_int_equal(fchmod(fd, mode), 0);
+    assert_int_equal(pwrite(fd, buf, len, 0), (ssize_t)len);
+    close(fd);
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A file as format 1 wrote it, valid in every field and unkeyed sum: what anyone
+ * able to write the folder could forge before the MACs. */
+static void forge_v1(uint8_t *file, const uint8_t *ns, const struct kvt_key *key,
+                     const uint8_t *row, size_t row_len)
+{
+    memset(file, 0, 4096);
+    memcpy(file, "KVTS", 4);
+    put_le(file + 4, 1, 2);
+    put_le(file + 6, key->len, 2);
+    put_le(file + 8, 4096, 4);
+    put_le(file + 16, row_len, 8);
+    memcpy(file + 24, ns, 32);
+    memcpy(file + 56, key->bytes, key->len);
+    put_le(file + 120, kvt_hash64(row, row_len), 8);
+    put_le(file + 128, kvt_hash64(file, 4096), 8);
+    memcpy(file + 4096, row, row_len);
+}
+
+/* Folders 0700, files 0600, the key file of 32 bytes; a root made by an older
+ * version (0755 folders, a 0644 LOCK) is tightened at the next start. */
+static void test_files_and_folders_private(void **state)
+{
+    struct fx *f = fx_new(8192, 8);
+    char p[4200], shard[4200];
+    struct stat st;
+    (void)state;
+    assert_true(wait_job(f, store1(f, 1))->success);
+    snprintf(shard, sizeof(shard), "%s", key_path(f, 1));
+    *strrchr(shard, '/') = '\0';
+    assert_int_equal(mode_of(key_path(f, 1)), 0600);
+    assert_int_equal(mode_of(shard), 0700);
+    assert_int_equal(mode_of(kvt_storage_tier_dir(f->t)), 0700);
+    snprintf(p, sizeof(p), "%s/LOCK", kvt_storage_tier_dir(f->t));
+    assert_int_equal(mode_of(p), 0600);
+    snprintf(p, sizeof(p), "%s/storage.key", f->root);
+    assert_int_equal(mode_of(p), 0600);
+    assert_int_equal(lstat(p, &st), 0);
+    assert_int_equal(st.st_size, 32);
+    fx_close(f);
+    assert_int_equal(chmod(shard, 0755), 0);
+    assert_int_equal(chmod(ns_dir(f), 0755), 0);
+    snprintf(p, sizeof(p), "%s/LOCK", ns_dir(f));
+    assert_int_equal(chmod(p, 0644), 0);
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(mode_of(shard), 0700);
+    assert_int_equal(mode_of(kvt_storage_tier_dir(f->t)), 0700);
+    assert_int_equal(mode_of(p), 0600);
+    assert_int_equal(lookup(f, 1), KVT_HIT);
+    fx_free(f);
+}
+
+/* A root another user made first, a root others may write, a root that is a link:
+ * refused (-EPERM), nothing created in them. */
+static void test_unsafe_root_refused(void **state)
+{
+    struct fx *f = fx_new_at(NULL, 8192, 8);
+    char root[4200], link[4200];
+    (void)state;
+    snprintf(root, sizeof(root), "%s/ww", f->root);
+    assert_int_equal(mkdir(root, 0777), 0);
+    assert_int_equal(chmod(root, 0777), 0);
+    fx_cfg(f, root);
+    assert_int_equal(fx_open(f), -EPERM);
+    assert_int_equal(count_files(root, ""), 0);
+    snprintf(link, sizeof(link), "%s/link", f->root);
+    assert_int_equal(chmod(root, 0700), 0);
+    assert_int_equal(symlink(root, link), 0);
+    fx_cfg(f, link);
+    assert_int_equal(fx_open(f), -EPERM);
+    assert_int_equal(count_files(root, ""), 0);
+    if (geteuid() == 0) {
+        assert_int_equal(chown(root, NOBODY, NOBODY), 0);
+        fx_cfg(f, root);
+        assert_int_equal(fx_open(f), -EPERM);
+        assert_int_equal(count_files(root, ""), 0);
+    }
+    fx_cfg(f, f->root);
+    fx_free(f);
+}
+
+/* A forged file of the old format (valid header and XXH3 sums over the attacker's
+ * row) and a format-2 file written under another key: both refused at restart,
+ * removed and counted with their reasons; no load ever serves their bytes. */
+static void test_forged_files_refused(void **state)
+{
+    struct fx *f = fx_new(8192, 8);
+    struct fx *g = fx_new(8192, 8); /* another root: another random key */
+    struct kvt_key k1 = kt_key(1);
+    uint8_t *file = malloc(4096 + 8192), evil[8192];
+    struct kvt_storage_restart_info ri;
+    char p1[4200], p2[4200];
+    (void)state;
+    assert_non_null(file);
+    memset(evil, 0xee, sizeof(evil));
+    assert_true(wait_job(f, store_keys(f, (int[]){1, 2, 3}, 3))->success);
+    snprintf(p1, sizeof(p1), "%s", key_path(f, 1));
+    snprintf(p2, sizeof(p2), "%s", key_path(f, 2));
+    memcpy(slot(g, 2), evil, sizeof(evil));
+    assert_true(wait_job(g, submit(g, false, (int[]){2}, (int64_t[]){2}, 1))->success);
+    read_all(key_path(g, 2), file, 4096 + 8192);
+    fx_close(f);
+    write_all(p2, file, 4096 + 8192, 0600); /* format 2, another key */
+    forge_v1(file, f->ns, &k1, evil, sizeof(evil));
+    write_all(p1, file, 4096 + 8192, 0600); /* format 1, valid sums */
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 1);
+    assert_int_equal(ri.bad_removed, 2);
+    assert_int_equal(ri.mac_removed, 1);
+    assert_int_equal(ri.old_removed, 1);
+    assert_false(file_exists(p1));
+    assert_false(file_exists(p2));
+    assert_int_equal(lookup(f, 1), KVT_MISS);
+    assert_int_equal(lookup(f, 2), KVT_MISS);
+    assert_int_equal(lookup(f, 3), KVT_HIT);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_MAC_FAIL), 1);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_OLD_FORMAT), 1);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 2);
+    free(file);
+    fx_free(g);
+    fx_free(f);
+}
+
+/* A file swapped while the tier runs (its header intact, the row replaced; or a whole
+ * file of another key's tier) fails the load's MAC: not served, counted, removed. */
+static void test_tampered_file_refused_at_load(void **state)
+{
+    struct fx *f = fx_new(8192, 8);
+    struct kvt_key k1 = kt_key(1);
+    uint8_t *file = malloc(4096 + 8192);
+    struct result *r;
+    (void)state;
+    assert_non_null(file);
+    assert_true(wait_job(f, store_keys(f, (int[]){1, 2}, 2))->success);
+    read_all(key_path(f, 1), file, 4096 + 8192);
+    memset(file + 4096, 0xee, 8192); /* the attacker's row under our header */
+    write_all(key_path(f, 1), file, 4096 + 8192, 0600);
+    r = wait_job(f, load_keys(f, (int[]){1, 2}, 2));
+    assert_false(r->success);
+    assert_int_equal(r->n_successful, 1);
+    assert_int_equal(lookup(f, 1), KVT_MISS);
+    assert_false(file_exists(key_path(f, 1)));
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_MAC_FAIL), 1);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 1);
+    /* The old format at load time (copied in after the start) is refused too. */
+    assert_true(wait_job(f, store1(f, 1))->success);
+    forge_v1(file, f->ns, &k1, slot(f, 1), 8192);
+    write_all(key_path(f, 1), file, 4096 + 8192, 0600);
+    assert_false(wait_job(f, load_keys(f, (int[]){1}, 1))->success);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_OLD_FORMAT), 1);
+    assert_false(file_exists(key_path(f, 1)));
+    free(file);
+    fx_free(f);
+}
+
+/* Another user's file under a chunk's name (or a link) is refused and left where it
+ * is, at restart and at load; one of ours that others may read is refused, removed. */
+static void test_foreign_files_left_alone(void **state)
+{
+    struct fx *f = fx_new(8192, 8);
+    struct kvt_storage_restart_info ri;
+    char p1[4200], p2[4200], p3[4200], target[4200];
+    struct result *r;
+    (void)state;
+    if (!need_root()) {
+        fx_free(f);
+        return;
+    }
+    assert_true(wait_job(f, store_keys(f, (int[]){1, 2, 3, 4}, 4))->success);
+    snprintf(p1, sizeof(p1), "%s", key_path(f, 1));
+    snprintf(p2, sizeof(p2), "%s", key_path(f, 2));
+    snprintf(p3, sizeof(p3), "%s", key_path(f, 3));
+    fx_close(f);
+    assert_int_equal(chown(p1, NOBODY, NOBODY), 0); /* a valid file, another owner */
+    assert_int_equal(chmod(p2, 0644), 0);           /* ours, open to others */
+    snprintf(target, sizeof(target), "%s/elsewhere", f->root);
+    assert_int_equal(rename(p3, target), 0);
+    assert_int_equal(symlink(target, p3), 0); /* a link under a chunk's name */
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 1);
+    assert_int_equal(ri.foreign, 3);
+    assert_int_equal(ri.bad_removed, 0);
+    assert_true(file_exists(p1));  /* not ours: left */
+    assert_false(file_exists(p2)); /* ours: removed */
+    assert_int_equal(access(p3, F_OK), 0);
+    assert_true(file_exists(target));
+    assert_int_equal(lookup(f, 1), KVT_MISS);
+    assert_int_equal(lookup(f, 2), KVT_MISS);
+    assert_int_equal(lookup(f, 3), KVT_MISS);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FOREIGN), 3);
+    /* A store of key 1 does not replace the foreign file: it fails, the file stays. */
+    {
+        struct stat st;
+        assert_false(wait_job(f, store1(f, 1))->success);
+        assert_int_equal(lstat(p1, &st), 0);
+        assert_int_equal(st.st_uid, NOBODY);
+        assert_false(has(f, 1));
+        assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".tmp"), 0);
+    }
+    /* At load: key 4 is indexed, then its file becomes another user's. */
+    assert_int_equal(chown(key_path(f, 4), NOBODY, NOBODY), 0);
+    r = wait_job(f, load_keys(f, (int[]){4}, 1));
+    assert_false(r->success);
+    assert_true(file_exists(key_path(f, 4)));
+    assert_int_equal(lookup(f, 4), KVT_MISS);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FOREIGN), 3 + 1 + 1); /* f->stats accumulates */
+    unlink(p3);
+    fx_free(f);
+}
+
+/* The MAC key: from cfg.key when given (no key file then), else storage.key, which
+ * must be this user's own private 32-byte file. A tier opened with another key finds
+ * every file failing its MAC: removed, counted. */
+static void test_mac_key_sources(void **state)
+{
+    static const uint8_t secret_a[] = "a cluster secret of some length";
+    static const uint8_t secret_b[] = "another cluster secret, rotated.";
+    struct fx *f = fx_new_at(NULL, 8192, 8);
+    struct kvt_storage_restart_info ri;
+    char keyf[4200];
+    (void)state;
+    snprintf(keyf, sizeof(keyf), "%s/storage.key", f->root);
+    f->cfg.key = secret_a;
+    f->cfg.key_len = sizeof(secret_a) - 1;
+    assert_int_equal(fx_open(f), 0);
+    assert_false(file_exists(keyf));
+    assert_true(wait_job(f, store_keys(f, (int[]){1, 2}, 2))->success);
+    fx_close(f);
+    assert_int_equal(fx_open(f), 0); /* same secret: warm restart */
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 2);
+    assert_true(wait_job(f, load_keys(f, (int[]){1, 2}, 2))->success);
+    fx_close(f);
+    f->cfg.key = secret_b;
+    f->cfg.key_len = sizeof(secret_b) - 1;
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 0);
+    assert_int_equal(ri.mac_removed, 2);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_MAC_FAIL), 2);
+    fx_close(f);
+    f->cfg.key_len = 8; /* too short to be a secret */
+    assert_int_equal(fx_open(f), -EINVAL);
+    /* Without a key: storage.key, checked. */
+    f->cfg.key = NULL;
+    f->cfg.key_len = 0;
+    assert_int_equal(fx_open(f), 0);
+    assert_true(file_exists(keyf));
+    fx_close(f);
+    assert_int_equal(truncate(keyf, 16), 0);
+    assert_int_equal(fx_open(f), -EINVAL);
+    assert_int_equal(truncate(keyf, 32), 0);
+    assert_int_equal(chmod(keyf, 0644), 0);
+    assert_int_equal(fx_open(f), -EPERM);
+    assert_int_equal(chmod(keyf, 0600), 0);
+    if (geteuid() == 0) {
+        assert_int_equal(chown(keyf, NOBODY, NOBODY), 0);
+        assert_int_equal(fx_open(f), -EPERM);
+        assert_int_equal(chown(keyf, 0, 0), 0);
+    }
+    {
+        char moved[4300];
+        snprintf(moved, sizeof(moved), "%s.real", keyf);
+        assert_int_equal(rename(keyf, moved), 0);
+        assert_int_equal(symlink(moved, keyf), 0);
+        assert_int_equal(fx_open(f), -EPERM);
+        unlink(keyf);
+        assert_int_equal(rename(moved, keyf), 0);
+    }
+    assert_int_equal(fx_open(f), 0);
     fx_free(f);
 }
 
@@ -1489,6 +1830,12 @@ int main(void)
         cmocka_unit_test(test_eio_injected),
         cmocka_unit_test(test_vanished_root),
         cmocka_unit_test(test_restart_rebuilds_index),
+        cmocka_unit_test(test_files_and_folders_private),
+        cmocka_unit_test(test_unsafe_root_refused),
+        cmocka_unit_test(test_forged_files_refused),
+        cmocka_unit_test(test_tampered_file_refused_at_load),
+        cmocka_unit_test(test_foreign_files_left_alone),
+        cmocka_unit_test(test_mac_key_sources),
         cmocka_unit_test(test_capacity_eviction_lru_order),
         cmocka_unit_test(test_pinned_not_evicted),
         cmocka_unit_test(test_concurrent_jobs),

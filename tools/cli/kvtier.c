@@ -78,7 +78,7 @@ static void usage(FILE *f)
                "  bench ARGS...           runs kvtier-bench ARGS...\n\n"
                "common options:\n"
                "  --socket PATH           the daemon's engine socket (default: $KVTIER_SOCKET,\n"
-               "                          else the only /tmp/kvtier-*.sock)\n"
+               "                          else the only /run/kvtier/[*/]engine.sock)\n"
                "  --metrics HOST:PORT     the daemon's /metrics server (default: $KVTIER_METRICS,\n"
                "                          else " DEFAULT_METRICS ")\n"
                "  --timeout MS            per-call timeout (default 10000)\n"
@@ -113,7 +113,10 @@ static int fail(const char *fmt, ...)
     return EX_FAIL;
 }
 
-/* --socket, else $KVTIER_SOCKET, else the only /tmp/kvtier-*.sock. */
+/* --socket, else $KVTIER_SOCKET, else the only socket where kvtierd puts it:
+ * /run/kvtier/<id>/engine.sock (its default) or /run/kvtier/engine.sock (the packaged
+ * service's); folders only the daemon writes, so no name another user could have made,
+ * as one in /tmp could be. */
 static int resolve_socket(struct cli *cl)
 {
     static char found[PATH_MAX];
@@ -125,12 +128,14 @@ static int resolve_socket(struct cli *cl)
     if (cl->socket != NULL && *cl->socket)
         return 0;
     cl->socket = NULL;
-    if (glob("/tmp/kvtier-*.sock", 0, NULL, &g) == 0 && g.gl_pathc == 1) {
+    glob("/run/kvtier/engine.sock", 0, NULL, &g); /* the packaged service's */
+    glob("/run/kvtier/*/engine.sock", GLOB_APPEND, NULL, &g);
+    if (g.gl_pathc == 1) {
         snprintf(found, sizeof(found), "%s", g.gl_pathv[0]);
         cl->socket = found;
     } else if (g.gl_pathc > 1) {
         globfree(&g);
-        return fail("several /tmp/kvtier-*.sock sockets: say which with --socket");
+        return fail("several sockets in /run/kvtier: say which with --socket");
     }
     globfree(&g);
     if (cl->socket == NULL)

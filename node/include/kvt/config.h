@@ -6,10 +6,12 @@
  * may be written dotted at any level. Sizes take KiB/MiB/GiB/TiB (x1024) or kB/MB/GB/TB
  * (x1000) suffixes. In path keys "{id}" expands to node.id as 16 hex digits.
  * Derived defaults: node.id = kvt_hash64("<hostname>:<network.port>") (never 0),
- * primary.path /dev/shm/kvtier-{id}.mmap, storage.root /var/tmp/kvtier-{id},
- * engine.socket /tmp/kvtier-{id}.sock. With no file at all the node serves one machine:
- * a 1 GiB primary region in /dev/shm, the storage tier in a local folder, the network
- * tier on 127.0.0.1:7170 with no peers, /metrics on 127.0.0.1:9464.
+ * primary.path /run/kvtier/{id}/primary.mmap, engine.socket /run/kvtier/{id}/engine.sock
+ * (the runtime folder, on the /run tmpfs), storage.root /var/lib/kvtier/{id}: folders
+ * the daemon creates 0700 (0750 with node.group) and refuses to use when another user
+ * owns them or may write to them. With no file at all the node serves one machine:
+ * a 1 GiB primary region in /run, the storage tier in /var/lib, the network tier on
+ * 127.0.0.1:7170 with no peers, /metrics on 127.0.0.1:9464.
  *
  * Loading only reads: it creates, opens for writing and removes nothing (the secret
  * file is opened read-only to check it), so a bad configuration leaves no trace. A file
@@ -47,6 +49,10 @@ enum kvt_tier_kind { KVT_TIER_STORAGE, KVT_TIER_NETWORK };
 struct kvt_config {
     uint64_t node_id;
     char *node_namespace;
+    /* NULL when unset; else a group that exists (a name, or a number), checked at load:
+     * the runtime folders are made 0750 with this group so that its engines reach the
+     * socket. */
+    char *node_group;
 
     char *primary_path;
     uint64_t primary_size;      /* bytes, a multiple of primary_row_bytes */

@@ -1,11 +1,13 @@
 /* The shared primary region (spec §2.5, the seed's SharedOffloadRegion): one file,
- * by default under /dev/shm, of num_chunks rows of num_workers * page_bytes, mapped
+ * on a tmpfs, of num_chunks rows of num_workers * page_bytes, mapped
  * MAP_SHARED by the node and by every engine worker.
  *
  * Creation race: everybody opens with O_CREAT|O_EXCL; the winner (creator) checks
  * free space with fstatvfs, ftruncates to the full size; the others open the
  * existing file and wait (5 ms polls, join timeout) until it has the full size.
- * Only the creator unlinks. Cleanup is idempotent. */
+ * The file is opened with O_NOFOLLOW, and a joiner refuses (-EPERM) a file that is
+ * not a regular file of its own user with mode 0600 or stricter. Only the creator
+ * unlinks, and only the file it created. Cleanup is idempotent. */
 #ifndef KVT_REGION_H
 #define KVT_REGION_H
 
@@ -25,6 +27,7 @@ struct kvt_region_config {
     int rank;              /* worker index, or KVT_REGION_RANK_ALL */
     double join_timeout_s; /* how long a joiner waits for the full size (30 s) */
     bool populate;         /* pre-fault with MADV_POPULATE_WRITE */
+    bool exclusive;        /* create only: an existing file is refused (-EEXIST), not joined */
 };
 
 struct kvt_region {
@@ -52,9 +55,12 @@ struct kvt_region_view {
 };
 
 /* 0, or -EINVAL (bad geometry), -ENOSPC (not enough space, no file left behind),
- * -ETIMEDOUT (joiner: the creator did not size the file in time), other -errno. */
+ * -ETIMEDOUT (joiner: the creator did not size the file in time), -EPERM (joiner: the
+ * file is another user's, or group/other may use it), -EEXIST (exclusive: the file
+ * exists), -ELOOP (the path is a symbolic link), other -errno. */
 int kvt_region_open(const struct kvt_region_config *cfg, struct kvt_region *r);
-/* Unmaps and closes; the creator also unlinks. Safe to call twice. */
+/* Unmaps and closes; the creator also unlinks the file, if the path still names the
+ * one it created. Safe to call twice. */
 void kvt_region_cleanup(struct kvt_region *r);
 /* Bytes of this process's mapping of the region that sit on huge pages (hugetlbfs,
  * or a tmpfs mounted huge=advise or more: see kvt_region_open), counted once faulted in (a

@@ -2,12 +2,18 @@
  * memory is full and across restarts (spec §4.5, vLLM's fs tier, plus what it lacks:
  * a capacity bound with LRU eviction, an in-memory index, checksums, warm restart).
  *
- * Layout under cfg.root:
+ * Layout under cfg.root (every folder 0700, every file 0600, all of the tier's user):
+ *   <root>/storage.key                                         random MAC key (no cfg.key)
  *   <root>/<64 hex of the namespace fingerprint>/LOCK          flock: one tier per folder
  *   <root>/<ns hex>/<2 hex shard>/<key hex>.kvc                one chunk per file
  *   <root>/<ns hex>/<2 hex shard>/<key hex>.tmp                being written (removed at start)
- * Each file: a 4096-byte header block (magic, version, key, row length, namespace,
- * XXH3-64 of the payload, XXH3-64 of the whole block) then the row.
+ * Each file: a 4096-byte header block (magic, version 2, key, row length, namespace, a
+ * random nonce, the GMAC of the row, the GMAC of the whole block) then the row. The
+ * MACs are keyed (AES-256-GMAC, keys derived from cfg.key or storage.key and the
+ * namespace): a file someone else wrote or changed fails them, is refused and removed.
+ * The root must be this user's own and not writable by group or others (see
+ * kvt/safe_path.h); the tier never follows a link inside it and never removes a file
+ * of another user.
  *
  * Lookups are answered synchronously from the in-memory index (HIT/MISS, never RETRY):
  * the tier needs no async lookup helper. A key counts as present only once its file is
@@ -54,13 +60,21 @@ struct kvt_storage_tier_config {
     bool no_backpressure; /* no detector (default: one with the LOCAL or NETWORK watermarks) */
     const struct kvt_bp_config *bp; /* NULL = kvt_bp_default_config(type, locality) */
     const char *type;               /* default "storage" */
+    /* Secret the files' MAC keys derive from (with the namespace), e.g. the cluster
+     * secret, 16..1024 bytes; copied. NULL: a random key kept in <root>/storage.key,
+     * created 0600 at the first start. Files written under another key fail their MAC
+     * and are removed. */
+    const uint8_t *key;
+    size_t key_len;
 };
 
 /* Creates the folders, takes the folder lock, probes O_DIRECT, rebuilds the index from
- * the headers (temporary files and files with bad headers are deleted) and starts the
- * I/O threads. -EINVAL for a bad config, the negative errno when the root or the
- * namespace folder cannot be created or written (a configuration error, logged with the
- * path), -EBUSY when another tier holds the folder. */
+ * the headers (temporary files and files with bad headers, bad MACs or the old format
+ * are deleted; another user's files are left alone and counted) and starts the I/O
+ * threads. -EINVAL for a bad config, the negative errno when the root or the namespace
+ * folder cannot be created or written (a configuration error, logged with the path),
+ * -EPERM when the root, a folder or the key file is another user's, a link or open to
+ * group/others, -EBUSY when another tier holds the folder. */
 int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kvt_tier **tier_p);
 
 /* Stat names (label "<index+1>:<type>"); counters are return-and-reset, gauges re-emitted. */
@@ -69,19 +83,28 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
 #define KVT_M_STORAGE_LOADED_CHUNKS  "kvtier_storage_loaded_chunks"     /* counter */
 #define KVT_M_STORAGE_EVICTIONS      "kvtier_storage_evictions"         /* counter */
 #define KVT_M_STORAGE_CHECKSUM_FAIL  "kvtier_storage_checksum_failures" /* bad header/payload */
-#define KVT_M_STORAGE_ERRORS         "kvtier_storage_tier_errors"       /* every failed chunk */
-#define KVT_M_STORAGE_ENOSPC         "kvtier_storage_enospc_errors"     /* subset of errors */
-#define KVT_M_STORAGE_EIO            "kvtier_storage_eio_errors"        /* subset of errors */
-#define KVT_M_STORAGE_NO_SPACE       "kvtier_storage_capacity_drops"    /* no evictable room */
-#define KVT_M_STORAGE_USED_BYTES     "kvtier_storage_used_bytes"        /* gauge */
-#define KVT_M_STORAGE_CAPACITY_BYTES "kvtier_storage_capacity_bytes"    /* gauge (0 = none) */
-#define KVT_M_STORAGE_FILES          "kvtier_storage_files"             /* gauge */
+/* Reasons among the checksum failures (each file also counts there): */
+#define KVT_M_STORAGE_MAC_FAIL   "kvtier_storage_mac_failures"     /* MAC did not verify */
+#define KVT_M_STORAGE_OLD_FORMAT "kvtier_storage_old_format_files" /* an older format */
+/* Files refused because another user owns them (left alone) or group/others may use
+ * them (removed); counted at start and at loads. */
+#define KVT_M_STORAGE_FOREIGN        "kvtier_storage_foreign_files"
+#define KVT_M_STORAGE_ERRORS         "kvtier_storage_tier_errors"    /* every failed chunk */
+#define KVT_M_STORAGE_ENOSPC         "kvtier_storage_enospc_errors"  /* subset of errors */
+#define KVT_M_STORAGE_EIO            "kvtier_storage_eio_errors"     /* subset of errors */
+#define KVT_M_STORAGE_NO_SPACE       "kvtier_storage_capacity_drops" /* no evictable room */
+#define KVT_M_STORAGE_USED_BYTES     "kvtier_storage_used_bytes"     /* gauge */
+#define KVT_M_STORAGE_CAPACITY_BYTES "kvtier_storage_capacity_bytes" /* gauge (0 = none) */
+#define KVT_M_STORAGE_FILES          "kvtier_storage_files"          /* gauge */
 
 /* Introspection (scheduler thread). */
 struct kvt_storage_restart_info {
     size_t files_found;   /* valid chunk files indexed */
     size_t tmp_removed;   /* leftover temporary files deleted */
     size_t bad_removed;   /* files with bad headers (or foreign names) deleted */
+    size_t mac_removed;   /* of those: the header's MAC did not verify */
+    size_t old_removed;   /* of those: an older file format */
+    size_t foreign;       /* refused: another user's (left) or open to group/others */
     size_t evicted;       /* over capacity at start, evicted */
     uint64_t bytes_found; /* file bytes indexed */
     double seconds;       /* time to rebuild the index */
