@@ -15,7 +15,7 @@ work=$(mktemp -d "$tmp/scrape.XXXXXX")
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  [ -n "${KEEP:-}" ] || rm -rf "$work"; rm -f /dev/shm/kvt-scrape-$$-*
+  [ -n "${KEEP:-}" ] || rm -rf "$work"; rm -rf /dev/shm/kvt-scrape-$$-*
 }
 trap cleanup EXIT
 pass=0 fail=0
@@ -33,7 +33,7 @@ node:
   id: $((40 + i))
   namespace: scrape
 primary:
-  path: /dev/shm/kvt-scrape-$$-$i.mmap
+  path: /dev/shm/kvt-scrape-$$-$i/region.mmap
   size: 16MiB
   row_bytes: 256KiB
 storage:

@@ -101,7 +101,7 @@ def start(name, extra_env):
         f.write("""node:
   id: 11
 primary:
-  path: /dev/shm/kvtier-notify-%d-%s.mmap
+  path: /dev/shm/kvtier-notify-%d-%s/region.mmap
   size: 16MiB
   row_bytes: 64KiB
 storage:
@@ -113,7 +113,9 @@ engine:
 metrics:
   port: %d
 """ % (os.getpid(), name, work, name, mport))
-    regions.append("/dev/shm/kvtier-notify-%d-%s.mmap" % (os.getpid(), name))
+    # The region in a folder of its own (kvtierd makes it 0700; /dev/shm itself is
+    # writable by others and refused).
+    regions.append("/dev/shm/kvtier-notify-%d-%s" % (os.getpid(), name))
     mgr = Manager(name + ".notify")
     env = dict(os.environ, NOTIFY_SOCKET=mgr.path, **extra_env)
     log = open(os.path.join(work, name + ".log"), "w")
@@ -207,9 +209,7 @@ finally:
             p.kill()
             p.wait()
     for r in regions:
-        for f in (r, r + ".lock"):
-            if os.path.exists(f):
-                os.unlink(f)
+        shutil.rmtree(r, ignore_errors=True)
     shutil.rmtree(work, ignore_errors=True)
 
 print("%d passed, %d failed" % (passed, failed))

@@ -44,7 +44,7 @@
 #include "kvtier/engine_proto.h"
 
 static const char *kvtierd;
-static char work[512], sock_path[600], log_path[600], cfg_path[600], region[256];
+static char work[512], sock_path[600], log_path[600], cfg_path[600], region[256], region_dir[200];
 static uint16_t mport;
 static pid_t daemon_pid = -1;
 static int failures, passes;
@@ -759,7 +759,10 @@ int main(int argc, char **argv)
     snprintf(sock_path, sizeof(sock_path), "%s/engine.sock", work);
     snprintf(log_path, sizeof(log_path), "%s/daemon.log", work);
     snprintf(cfg_path, sizeof(cfg_path), "%s/kvtierd.yaml", work);
-    snprintf(region, sizeof(region), "/dev/shm/kvt-engine-attacks-%d.mmap", (int)getpid());
+    /* The region in a folder of its own on the /dev/shm tmpfs (kvtierd refuses a
+     * folder others may write, such as /dev/shm itself). */
+    snprintf(region_dir, sizeof(region_dir), "/dev/shm/kvt-engine-attacks-%d", (int)getpid());
+    snprintf(region, sizeof(region), "%s/region.mmap", region_dir);
     mport = free_port();
     write_config();
 
@@ -785,5 +788,8 @@ int main(int argc, char **argv)
             fprintf(stderr, "could not remove %s\n", work);
     }
     unlink(region);
+    snprintf(region, sizeof(region), "%s/region.mmap.lock", region_dir);
+    unlink(region);
+    rmdir(region_dir);
     return failures == 0 ? 0 : 1;
 }
