@@ -294,6 +294,16 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
            KVT_METRIC_COUNTER, ec.malformed + ec.oversized);
     SAMPLE("kvtier_engine_cleanups", "Pins released for engines that went away", KVT_METRIC_COUNTER,
            ec.released_pins);
+    SAMPLE("kvtier_engine_attach_refused", "Engine regions refused (no fd, bad geometry)",
+           KVT_METRIC_COUNTER, ec.attach_refused);
+    SAMPLE("kvtier_engine_jobs_refused", "Engine job requests refused whole (bad rows or kinds)",
+           KVT_METRIC_COUNTER, ec.jobs_refused);
+    SAMPLE("kvtier_engine_job_rows_stored", "Rows of engine store jobs validated in the primary",
+           KVT_METRIC_COUNTER, ec.job_rows_stored);
+    SAMPLE("kvtier_engine_job_rows_loaded", "Rows of engine load jobs validated in their region",
+           KVT_METRIC_COUNTER, ec.job_rows_loaded);
+    SAMPLE("kvtier_engine_job_rows_failed", "Rows of engine jobs reported failed",
+           KVT_METRIC_COUNTER, ec.job_rows_failed);
     if (d->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
@@ -347,7 +357,7 @@ static int total_stats(void *arg, struct kvt_stats *out)
 
 static void publish_metrics(struct daemon *d)
 {
-    struct kvt_prom_sample samples[16];
+    struct kvt_prom_sample samples[24];
     char *text = NULL;
     size_t len = 0, n;
 
