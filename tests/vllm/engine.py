@@ -42,7 +42,7 @@ def row_bytes_of(i, row, salt=b"kvt"):
 
 
 class Engine:
-    def __init__(self, tiers, num_chunks=64, row=256 << 10, events=False):
+    def __init__(self, tiers, num_chunks=64, row=256 << 10, events=False, spec_attrs=None):
         self.row = row
         self.region = SharedOffloadRegion(engine_id="kvt-test-%s" % uuid.uuid4().hex[:12],
                                           num_chunks=num_chunks, rank=None,
@@ -55,7 +55,8 @@ class Engine:
         # What a tier reads of the spec (an OffloadingSpec needs a whole VllmConfig).
         spec = types.SimpleNamespace(
             kv_events_config=OffloadingKVEventsConfig(enable_kv_cache_events=events,
-                                                      self_describing_kv_events=False))
+                                                      self_describing_kv_events=False),
+            **(spec_attrs or {}))
         self.tiers = [SecondaryTierFactory.create_secondary_tier(dict(t), self.view, spec)
                       for t in tiers]
         self.mgr = TieringOffloadingManager(self.primary, self.tiers)
