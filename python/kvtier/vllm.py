@@ -444,9 +444,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 self._stats.increase_counter(KvtierMetrics.NODE_ERRORS, 1)
 
     def _node_down(self) -> None:
-        """Every job out fails; every key not answered is a MISS."""
-        for job_id in list(self._jobs):
-            self._fail(job_id)
+        """The step's jobs not handed over yet fail; every key not answered is a
+        MISS. (Jobs the I/O thread has are its to report: it fails them itself, or,
+        once reconnected, sends them and reports what the node says, so no job is
+        failed here while the node may still copy its rows.)"""
+        for job in self._step_jobs:
+            self._fail(job.id)
         self._step_jobs = []
         for key, st in list(self._keys.items()):
             if st.result is None:
@@ -476,7 +479,6 @@ class KvtierSecondaryTier(SecondaryTierManager):
         next_try = 0.0
         retry: dict[OffloadKey, int] = {}  # keys the node answered RETRY
         out: dict[int, float] = {}  # job id -> submitted at
-        pending: list = []  # step items not sent yet (the node was down)
         post = self._from_io.put
         while not self._stop.is_set():
             busy = bool(out or retry)
@@ -495,11 +497,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
             keys: list[tuple[OffloadKey, int]] = [(k, g) for k, g in retry.items()]
             jobs: list[_kvt.Job] = []
             touch: list[OffloadKey] = []
-            for _, k, j, t in pending + items:
+            for _, k, j, t in items:
                 keys.extend(k)
                 jobs.extend(j)
                 touch.extend(t)
-            pending = []
             if client is None:
                 now = time.monotonic()
                 if now >= next_try:
