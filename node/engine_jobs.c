@@ -137,7 +137,7 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
         goto refuse;
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < off + size) {
-        kvt_warn(MOD, "client %llu: the region's fd is not a regular file of %llu bytes",
+        kvt_warn(MOD, "client %llu: the region's fd is not a regular file of %llu bytes or more",
                  (unsigned long long)client_id, (unsigned long long)(off + size));
         goto refuse;
     }
