@@ -11,12 +11,18 @@ import tempfile
 import time
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def free_ports(n):
+    """n distinct free ports (all held open until all are chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class Cluster:
@@ -32,8 +38,8 @@ class Cluster:
         self.socks = [os.path.join(self.dir, "node%d.sock" % i) for i in range(n)]
         self.shm = ["/dev/shm/kvt-vllm-%d-%d.mmap" % (os.getpid(), i) for i in range(n)]
         self.logs = [os.path.join(self.dir, "node%d.log" % i) for i in range(n)]
-        self.metrics = [free_port() for _ in range(n)]
-        ports = [free_port() for _ in range(n)]
+        chosen = free_ports(2 * n)
+        self.metrics, ports = chosen[:n], chosen[n:]
         with open(os.path.join(self.dir, "secret"), "w") as f:
             f.write(os.urandom(36).hex())
         os.chmod(os.path.join(self.dir, "secret"), 0o600)
