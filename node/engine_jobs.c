@@ -19,12 +19,12 @@
  *   load   the node fills the job's rows of the attached region from its primary;
  *          a key still being promoted (from storage or a peer) waits, in the
  *          client's pending list, until it is HIT, MISS or the wait times out.
- * A row is reported done only after it was validated: a stored row hashes the same
- * in the engine's region and in the primary; a loaded row hashes to the checksum
- * the primary holds for the chunk (set when it was stored, or by the network tier
- * when it verified a peer's bytes), or when none is held, to the primary row's hash
- * after the copy. The reply carries the jobs finished since the last JOBS, each
- * with one byte per key (1 done), so the engine polls with an empty JOBS.
+ * A row is reported done only after it was validated: a stored row compares equal
+ * in the engine's region and in the primary (then its checksum is kept); a loaded row hashes to the
+ * checksum the primary holds for the chunk (set when it was stored, or by the network tier when it
+ * verified a peer's bytes), or when none is held, to the primary row's hash after the copy. The
+ * reply carries the jobs finished since the last JOBS, each with one byte per key (1 done), so the
+ * engine polls with an empty JOBS.
  *
  * Threads: the daemon's loop thread only (the manager's), like engine_api.c. The
  * copies run on it: a job's rows are copied within one call, and the engine's
@@ -258,7 +258,6 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
     for (size_t s = 0; s < out->n_store; s++) {
         uint8_t *dst = j->pbase + (size_t)out->chunk_ids[s] * j->prow;
         uint32_t i = 0;
-        uint64_t h;
 
         while (i < e->n && !kvt_key_eq(&e->keys[i], &out->keys_to_store[s]))
             i++;
@@ -268,8 +267,7 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
             continue;
         }
         memcpy(dst, arow(j, e->rows[i]), j->prow);
-        h = kvt_hash64(dst, j->prow);
-        if (h != kvt_hash64(arow(j, e->rows[i]), j->prow)) {
+        if (memcmp(dst, arow(j, e->rows[i]), j->prow) != 0) {
             /* The engine wrote its row during the copy: not a chunk to keep. */
             bad[n_bad++] = out->keys_to_store[s];
             for (uint32_t k = 0; k < e->n; k++)

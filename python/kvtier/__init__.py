@@ -214,16 +214,21 @@ def __getattr__(name):
     raise AttributeError("module 'kvtier' has no attribute %r" % name)
 
 
+_PAD = bytes(KEY_MAX)
+
+
 def _keys(keys):
-    keys = list(keys)
-    arr = (_Key * max(len(keys), 1))()
+    """keys as a C array of struct kvtier_key, packed in one pass (the vLLM tier
+    sends a step's keys through here: no per-key ctypes calls)."""
+    keys = [bytes(k) for k in keys]
+    n = len(keys)
     for i, k in enumerate(keys):
-        k = bytes(k)
         if not 1 <= len(k) <= KEY_MAX:
             raise ValueError("key %d: a key is 1..64 bytes" % i)
-        arr[i].len = len(k)
-        ctypes.memmove(arr[i].bytes, k, len(k))
-    return arr, len(keys)
+    if n == 0:
+        return (_Key * 1)(), 0
+    packed = b"".join([bytes((len(k),)) + k + _PAD[len(k):] for k in keys])
+    return (_Key * n).from_buffer_copy(packed), n
 
 
 def _key_bytes(k):

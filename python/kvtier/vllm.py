@@ -205,6 +205,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # ---- between the threads ------------------------------------------------------
         self._to_io: queue.SimpleQueue = queue.SimpleQueue()
         self._from_io: queue.SimpleQueue = queue.SimpleQueue()
+        # Set by the I/O thread after each message it posts, cleared by the
+        # scheduler before it drains: a lookup drains only when there is news.
+        self._news = False
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._thread = threading.Thread(target=self._io_main, name="kvtier-io-%s" % tier_type,
@@ -261,7 +264,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        self._drain_io()
+        if self._news:
+            self._drain_io()
         st = self._keys.get(key)
         if st is None:
             if not self._node_up:
@@ -411,6 +415,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     # ------------------------------------------------------------------ from the I/O thread
     def _drain_io(self) -> None:
+        self._news = False
         while True:
             try:
                 msg = self._from_io.get_nowait()
@@ -418,19 +423,22 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 return
             what = msg[0]
             if what == "verdicts":
+                counts = [0, 0, 0, msg[2] if len(msg) > 2 else 0]
+                keys = self._keys
                 for key, gen, v in msg[1]:
-                    self._stats.increase_counter(KvtierMetrics.VERDICTS, 1,
-                                                 (_VERDICT_NAMES.get(v, "?"),))
-                    st = self._keys.get(key)
+                    counts[v] += 1
+                    st = keys.get(key)
                     if st is None or st.gen != gen:
                         continue
-                    if v == _kvt.RETRY:
-                        continue  # the I/O thread asks again
                     st.in_flight = False
                     if not st.reqs:
                         del self._keys[key]
                         continue
                     st.result = v in (_kvt.HIT, _kvt.HIT_PENDING)
+                for v, c in enumerate(counts):
+                    if c:
+                        self._stats.increase_counter(KvtierMetrics.VERDICTS, c,
+                                                     (_VERDICT_NAMES[v],))
             elif what == "done":
                 for d in msg[1]:
                     self._finish(d.id, d.ok, d.key_ok)
@@ -479,7 +487,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         next_try = 0.0
         retry: dict[OffloadKey, int] = {}  # keys the node answered RETRY
         out: dict[int, float] = {}  # job id -> submitted at
-        post = self._from_io.put
+        def post(msg):
+            self._from_io.put(msg)
+            self._news = True
         while not self._stop.is_set():
             busy = bool(out or retry)
             try:
@@ -544,12 +554,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 out[j.id] = now
             retry.clear()
             answered = []
-            for (k, g), v in zip(keys, verdicts):
+            for kg, v in zip(keys, verdicts):
                 if v == _kvt.RETRY:
-                    retry[k] = g
-                answered.append((k, g, v))
-            if answered:
-                post(("verdicts", answered))
+                    retry[kg[0]] = kg[1]  # asked again next round; the scheduler
+                else:  # only counts these
+                    answered.append((kg[0], kg[1], v))
+            if answered or retry:
+                post(("verdicts", answered, len(retry)))
             if done:
                 for d in done:
                     out.pop(d.id, None)
