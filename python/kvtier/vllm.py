@@ -94,10 +94,14 @@ def register() -> None:
         pass  # registered already (plugins load once per process, tests more often)
 
 
-def region_fd_of(view: memoryview) -> tuple[int, int]:
+def region_fd_of(view: memoryview, spec=None) -> tuple[int, int]:
     """(fd, offset): a new descriptor of the file that backs every byte of view,
-    and where the view starts in it, from /proc/self/maps. Raises ValueError when
-    the view is not one file's contiguous mapping."""
+    and where the view starts in it, from /proc/self/maps. A file vLLM has
+    unlinked already (its workers do, once all have mapped it) is reopened through
+    /proc/self/map_files, or else taken from the spec's own descriptor of it
+    (TieringOffloadingSpec keeps the scheduler's region open) when that is the
+    same inode. Raises ValueError when the view is not one file's contiguous
+    mapping."""
     import numpy as np
 
     addr = int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
@@ -113,7 +117,7 @@ def region_fd_of(view: memoryview) -> tuple[int, int]:
             if hi <= covered or lo > covered:
                 continue
             if first is None:
-                first = (parts[0], path, off + (addr - lo), lo, off)
+                first = (parts[0], path, off + (addr - lo), lo, off, int(parts[4]))
             elif path != first[1] or off - first[4] != lo - first[3]:
                 raise ValueError("the primary region spans several files")
             covered = hi
@@ -121,10 +125,21 @@ def region_fd_of(view: memoryview) -> tuple[int, int]:
                 break
     if first is None or covered < end or not first[1].startswith("/"):
         raise ValueError("the primary region is not a mapped file")
-    path = first[1]
-    if path.endswith(" (deleted)"):
-        path = "/proc/self/map_files/" + first[0]
-    return os.open(path, os.O_RDWR | os.O_CLOEXEC), first[2]
+    rng, path, offset, inode = first[0], first[1], first[2], first[5]
+    tries = [path] if not path.endswith(" (deleted)") else []
+    tries.append("/proc/self/map_files/" + rng)
+    for p in tries:
+        try:
+            fd = os.open(p, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if os.fstat(fd).st_ino == inode:
+            return fd, offset
+        os.close(fd)
+    sfd = getattr(getattr(spec, "_scheduler_mmap", None), "fd", None)
+    if sfd is not None and os.fstat(sfd).st_ino == inode:
+        return os.dup(sfd), offset
+    raise ValueError("cannot open the file behind the primary region (%s)" % path)
 
 
 class _Key:
@@ -188,7 +203,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._rows = primary_kv_view.shape[0] if primary_kv_view.shape else 0
         self._stride = self.block_size_bytes
         # The region's own descriptor, passed at every (re)attach.
-        self._region_fd, self._region_off = region_fd_of(primary_kv_view)
+        self._region_fd, self._region_off = region_fd_of(primary_kv_view, offloading_spec)
 
         # ---- scheduler thread -----------------------------------------------------
         self._keys: dict[OffloadKey, _Key] = {}

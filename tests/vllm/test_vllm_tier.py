@@ -315,3 +315,32 @@ def test_attach_refused_for_a_region_of_another_row_size(cluster):
         e.finish(ctx)
     finally:
         e.shutdown()
+
+
+def test_region_already_unlinked(cluster):
+    # vLLM's workers unlink the region's path once all have mapped it; the tier
+    # still finds the file behind the scheduler's view and the node maps it.
+    from kvtier.vllm import region_fd_of
+
+    e = eng_mod.Engine([])
+    try:
+        os.unlink(e.region.mmap_path)
+        fd, off = region_fd_of(e.view, types_ns(_scheduler_mmap=e.region))
+        try:
+            assert off == 0 and os.fstat(fd).st_size >= e.view.nbytes
+            with kvtier.Client(cluster.socks[0], timeout_ms=5000) as c:
+                assert c.attach_region(fd, off, e.view.shape[0], ROW) == ROW
+                e.rows[3] = np.frombuffer(eng_mod.row_bytes_of(3, ROW), dtype=np.uint8)
+                k = eng_mod.key(3, b"unlinked")
+                _, done = c.jobs_step([], [kvtier.Job(1, kvtier.JOB_STORE, [k], [3])])
+                assert done and done[0].ok
+        finally:
+            os.close(fd)
+    finally:
+        e.shutdown()
+
+
+def types_ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
