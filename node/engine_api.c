@@ -58,6 +58,7 @@
 #include "kvt/primary.h"
 #include "kvt/region.h"
 #include "kvtier/engine_proto.h"
+#include "engine_jobs_int.h"
 
 #define MOD        "engine_api"
 #define MAX_EVENTS 64
@@ -113,6 +114,8 @@ struct eclient {
     struct kvt_map reqs;    /* req_id -> struct ereq */
     struct kvt_map pins;    /* key bytes -> (uintptr_t) pin count */
     struct kvt_stats stats; /* fan-out mode: deltas since this client's last get_stats */
+    int passed_fd;          /* the last fd the client passed (ATTACH takes it), or -1 */
+    struct kvt_ejobs *jobs; /* its attached region and jobs, or NULL */
     struct eclient *next;
 };
 
@@ -347,6 +350,9 @@ static void client_destroy(struct kvt_engine_server *s, struct eclient *c, const
                  (int)c->pid, why);
     else
         s->n_new--;
+    kvt__ejobs_destroy(c->jobs);
+    if (c->passed_fd >= 0)
+        close(c->passed_fd);
     client_release(s, c);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -462,6 +468,7 @@ static void accept_one(struct kvt_engine_server *s)
         return;
     }
     c->fd = fd;
+    c->passed_fd = -1;
     c->id = ++s->next_id;
     c->pid = getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) == 0 ? cred.pid : -1;
     c->accepted_ns = kvt_now_ns();
@@ -926,6 +933,25 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
     return rc;
 }
 
+static int op_attach(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
+                     struct kvt_emsg *r)
+{
+    int fd = c->passed_fd;
+
+    c->passed_fd = -1;
+    return kvt__ejobs_attach(&c->jobs, s->m, c->id, fd, q, r, &s->ctr);
+}
+
+static int op_jobs(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
+                   struct kvt_emsg *r)
+{
+    if (c->jobs == NULL) {
+        s->ctr.jobs_refused++;
+        return -ENOTCONN; /* no region attached */
+    }
+    return kvt__ejobs_step(c->jobs, q, r, s->lim.max_keys);
+}
+
 typedef int (*op_fn)(struct kvt_engine_server *, struct eclient *, const struct kvt_emsg *,
                      struct kvt_emsg *);
 
@@ -942,6 +968,8 @@ static const op_fn ops[KVT_EOP_MAX_REQUEST + 1] = {
     [KVT_EOP_SCHEDULE_END] = op_schedule_end,
     [KVT_EOP_TAKE_EVENTS] = op_take_events,
     [KVT_EOP_GET_STATS] = op_get_stats,
+    [KVT_EOP_ATTACH] = op_attach,
+    [KVT_EOP_JOBS] = op_jobs,
 };
 
 /* Executes one frame body and queues its reply. */
@@ -1030,6 +1058,33 @@ static void run_frames(struct kvt_engine_server *s, struct eclient *c)
     }
 }
 
+/* recv that keeps the last descriptor the client passed (SCM_RIGHTS) for ATTACH;
+ * any earlier one not taken is closed. */
+static ssize_t recv_fd(struct eclient *c, uint8_t *p, size_t len)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = p, .iov_len = len};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    ssize_t n = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+
+    for (struct cmsghdr *cm = n > 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm != NULL;
+         cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS ||
+            cm->cmsg_len < CMSG_LEN(sizeof(int)))
+            continue;
+        if (c->passed_fd >= 0)
+            close(c->passed_fd);
+        memcpy(&c->passed_fd, CMSG_DATA(cm), sizeof(int));
+    }
+    return n;
+}
+
 /* One recv into the input buffer: 1 bytes came, 0 nothing to read, or -errno. */
 static int read_some(struct kvt_engine_server *s, struct eclient *c)
 {
@@ -1056,7 +1111,7 @@ static int read_some(struct kvt_engine_server *s, struct eclient *c)
         c->in_cap = cap;
     }
     for (;;) {
-        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, MSG_DONTWAIT);
+        ssize_t n = recv_fd(c, c->in + c->in_len, c->in_cap - c->in_len);
 
         if (n > 0) {
             c->in_len += (size_t)n;
@@ -1195,6 +1250,10 @@ int kvt_engine_server_progress(struct kvt_engine_server *s)
     }
     if (s->clients != NULL)
         sweep(s);
+    for (struct eclient *c = s->clients; c != NULL; c = c->next) {
+        if (c->jobs != NULL)
+            kvt__ejobs_progress(c->jobs);
+    }
     return 0;
 }
 

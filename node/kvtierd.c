@@ -653,6 +653,16 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
                     "HTTP connections to /metrics and /healthz closed early, by reason",
                     KVT_METRIC_COUNTER, "reason", kvt_metrics_http_drop_name(r), hc.dropped[r]);
     }
+    SAMPLE("kvtier_engine_attach_refused", "Engine regions refused (no fd, bad geometry)",
+           KVT_METRIC_COUNTER, ec.attach_refused);
+    SAMPLE("kvtier_engine_jobs_refused", "Engine job requests refused whole (bad rows or kinds)",
+           KVT_METRIC_COUNTER, ec.jobs_refused);
+    SAMPLE("kvtier_engine_job_rows_stored", "Rows of engine store jobs validated in the primary",
+           KVT_METRIC_COUNTER, ec.job_rows_stored);
+    SAMPLE("kvtier_engine_job_rows_loaded", "Rows of engine load jobs validated in their region",
+           KVT_METRIC_COUNTER, ec.job_rows_loaded);
+    SAMPLE("kvtier_engine_job_rows_failed", "Rows of engine jobs reported failed",
+           KVT_METRIC_COUNTER, ec.job_rows_failed);
     if (d->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;

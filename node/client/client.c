@@ -73,6 +73,11 @@ int kvtier_key_make(struct kvtier_key *key, const void *hash, size_t hash_len, u
     return 0;
 }
 
+const char *kvtier_version(void)
+{
+    return KVTIER_VERSION;
+}
+
 const char *kvtier_lookup_result_name(int result)
 {
     static const char *const names[] = {"MISS", "HIT", "HIT_PENDING", "RETRY"};
@@ -112,10 +117,31 @@ static int wait_fd(int fd, short events, int64_t deadline)
     }
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline)
+/* Writes p[0..n); send_fd >= 0 rides (SCM_RIGHTS) on the first byte written. */
+static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline, int send_fd)
 {
     while (n > 0) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        union {
+            struct cmsghdr h;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } ctl;
+        struct iovec iov = {.iov_base = (void *)p, .iov_len = n};
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        ssize_t w;
+
+        if (send_fd >= 0) {
+            memset(&ctl, 0, sizeof(ctl));
+            mh.msg_control = ctl.buf;
+            mh.msg_controllen = sizeof(ctl.buf);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
+        }
+        w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0)
+            send_fd = -1;
 
         if (w > 0) {
             p += w;
@@ -197,7 +223,8 @@ static void mark_broken(struct kvtier_client *c, int err)
 
 /* One round trip: sends req (op and seq filled in here), waits for its reply into
  * rep. rep's rc is returned (after the transport's own errors). */
-static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p)
+static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p,
+                   int send_fd)
 {
     int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
     uint8_t hdr[KVT_EPROTO_HDR];
@@ -214,7 +241,7 @@ static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *
         return rc;
     if (c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
         return -EMSGSIZE;
-    rc = write_all(c->fd, c->out.data, c->out.len, deadline);
+    rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
     if (rc < 0)
         goto broken;
     for (;;) {
@@ -268,6 +295,11 @@ static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *
 broken:
     mark_broken(c, rc);
     return rc;
+}
+
+static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p)
+{
+    return call_fd(c, req, rep, fd_p, -1);
 }
 
 /* ---- connect / close ----------------------------------------------------------- */
@@ -797,4 +829,130 @@ double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, co
             return s->kind == KVTIER_HISTOGRAM ? (double)s->count : s->value;
     }
     return 0;
+}
+
+/* ---- an engine's own region and jobs ------------------------------------------------ */
+
+int kvtier_attach_region(struct kvtier_client *c, int fd, uint64_t offset, size_t rows,
+                         size_t stride, size_t *node_row_bytes_p)
+{
+    struct kvt_emsg req, rep;
+    int rc;
+
+    if (fd < 0 || rows == 0 || stride == 0 || rows > SIZE_MAX / stride)
+        return -EINVAL;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_ATTACH;
+    req.geom[KVT_EA_ROWS] = rows;
+    req.geom[KVT_EA_STRIDE] = stride;
+    req.geom[KVT_EA_SIZE] = (uint64_t)rows * stride;
+    req.geom[KVT_EA_OFFSET] = offset;
+    req.n_geom = KVT_EA_COUNT;
+    req.has |= 1u << KVT_EF_GEOM;
+    pthread_mutex_lock(&c->lock);
+    rc = call_fd(c, &req, &rep, NULL, fd);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == 0 && node_row_bytes_p != NULL)
+        *node_row_bytes_p = rep.n_geom > KVT_EG_ROW_BYTES ? rep.geom[KVT_EG_ROW_BYTES] : 0;
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_jobs_step(struct kvtier_client *c, const struct kvtier_key *lookup, size_t n_lookup,
+                     uint8_t *verdicts, const struct kvtier_job *jobs, size_t n_jobs,
+                     struct kvtier_jobs_done **done_p)
+{
+    struct kvt_emsg req, rep;
+    struct kvtier_jobs_done *out = NULL;
+    size_t n_keys = 0, off = 0;
+    int rc;
+
+    if (done_p == NULL || (n_lookup > 0 && (lookup == NULL || verdicts == NULL)) ||
+        (n_jobs > 0 && jobs == NULL))
+        return -EINVAL;
+    for (size_t i = 0; i < n_jobs; i++) {
+        if ((jobs[i].kind != KVTIER_JOB_STORE && jobs[i].kind != KVTIER_JOB_LOAD) ||
+            (jobs[i].n > 0 && (jobs[i].keys == NULL || jobs[i].rows == NULL)))
+            return -EINVAL;
+        n_keys += jobs[i].n;
+    }
+    if (n_lookup > c->lim.max_keys || n_keys > c->lim.max_keys || n_jobs > c->lim.max_keys)
+        return -EMSGSIZE;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_JOBS;
+    req.keys = (struct kvtier_key *)lookup;
+    req.n_keys = (uint32_t)n_lookup;
+    req.has |= 1u << KVT_EF_KEYS;
+    req.job_keys = kvt_calloc(n_keys ? n_keys : 1, sizeof(*req.job_keys));
+    req.ids = kvt_calloc(n_keys ? n_keys : 1, sizeof(*req.ids));
+    req.jobs = kvt_calloc(n_jobs ? n_jobs * 3 : 1, sizeof(*req.jobs));
+    if (req.job_keys == NULL || req.ids == NULL || req.jobs == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n_jobs; i++) {
+        if (jobs[i].n > 0) {
+            memcpy(req.job_keys + off, jobs[i].keys, jobs[i].n * sizeof(*req.job_keys));
+            memcpy(req.ids + off, jobs[i].rows, jobs[i].n * sizeof(*req.ids));
+        }
+        off += jobs[i].n;
+        req.jobs[3 * i] = jobs[i].id;
+        req.jobs[3 * i + 1] = (uint64_t)jobs[i].kind;
+        req.jobs[3 * i + 2] = jobs[i].n;
+    }
+    req.n_job_keys = req.n_ids = (uint32_t)n_keys;
+    req.n_jobs = (uint32_t)(n_jobs * 3);
+    req.has |= 1u << KVT_EF_JOB_KEYS | 1u << KVT_EF_IDS | 1u << KVT_EF_JOBS;
+    rc = locked_call(c, &req, &rep);
+    if (rc < 0)
+        goto out;
+    /* What the node reports must add up; else the stream is not to be trusted. */
+    size_t ok_total = 0;
+    if (rep.n_results != n_lookup || rep.n_jobs % 3 != 0) {
+        rc = -EPROTO;
+        goto out_rep;
+    }
+    for (uint32_t t = 0; t < rep.n_jobs; t += 3)
+        ok_total += rep.jobs[t + 2];
+    if (ok_total != rep.n_ok) {
+        rc = -EPROTO;
+        goto out_rep;
+    }
+    out = kvt_calloc(1, sizeof(*out) + rep.n_ok);
+    if (out != NULL)
+        out->job = kvt_calloc(rep.n_jobs ? rep.n_jobs / 3 : 1, sizeof(*out->job));
+    if (out == NULL || out->job == NULL) {
+        kvt_free(out);
+        rc = -ENOMEM; /* (those jobs are lost to the caller, which times them out) */
+        goto out_rep;
+    }
+    uint8_t *okp = (uint8_t *)(out + 1);
+    if (rep.n_ok > 0)
+        memcpy(okp, rep.ok, rep.n_ok);
+    for (uint32_t t = 0; t < rep.n_jobs; t += 3) {
+        struct kvtier_job_done *d = &out->job[out->n++];
+
+        d->id = rep.jobs[t];
+        d->ok = rep.jobs[t + 1] == KVT_EJ_OK;
+        d->n = rep.jobs[t + 2];
+        d->key_ok = okp;
+        okp += d->n;
+    }
+    if (n_lookup > 0)
+        memcpy(verdicts, rep.results, n_lookup);
+    *done_p = out;
+out_rep:
+    kvt__emsg_free(&rep);
+out:
+    req.keys = NULL; /* the caller's */
+    kvt__emsg_free(&req);
+    return rc;
+}
+
+void kvtier_jobs_done_free(struct kvtier_jobs_done *done)
+{
+    if (done == NULL)
+        return;
+    kvt_free(done->job);
+    kvt_free(done);
 }

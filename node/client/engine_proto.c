@@ -51,6 +51,9 @@ void kvt__emsg_free(struct kvt_emsg *m)
     kvt_free(m->preempted);
     kvt_free(m->events);
     kvt_free(m->stats);
+    kvt_free(m->job_keys);
+    kvt_free(m->jobs);
+    kvt_free(m->ok);
     kvt_free(m->heap);
     kvt__emsg_init(m);
 }
@@ -475,6 +478,31 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         if (rc == 0)
             m->n_bounds = n;
         break;
+    case KVT_EF_JOB_KEYS:
+        rc = dec_keys(c, m, lim->max_keys, &m->job_keys, &m->n_job_keys);
+        break;
+    case KVT_EF_JOBS:
+        rc = rd_array(c, (uint64_t)lim->max_keys * 3, &n);
+        if (rc == 0 && n % 3 != 0)
+            rc = -EBADMSG;
+        if (rc == 0)
+            rc = alloc_n(m, (void **)&m->jobs, n, sizeof(*m->jobs));
+        for (uint32_t i = 0; rc == 0 && i < n; i++)
+            rc = rd_u64(c, &m->jobs[i]);
+        if (rc == 0)
+            m->n_jobs = n;
+        break;
+    case KVT_EF_OK:
+        rc = rd(c, KVT_MP_BIN, &o);
+        if (rc == 0 && o.n > lim->max_keys)
+            rc = -EMSGSIZE;
+        if (rc == 0)
+            rc = alloc_n(m, (void **)&m->ok, o.n, 1);
+        if (rc == 0) {
+            memcpy(m->ok, o.data, o.n);
+            m->n_ok = (uint32_t)o.n;
+        }
+        break;
     default:
         return skip(c); /* a newer minor's field */
     }
@@ -690,6 +718,18 @@ static void enc_field(msgpack_packer *pk, const struct kvt_emsg *m, unsigned f)
         msgpack_pack_array(pk, m->n_bounds);
         for (uint32_t i = 0; i < m->n_bounds; i++)
             msgpack_pack_double(pk, m->bounds[i]);
+        break;
+    case KVT_EF_JOB_KEYS:
+        pack_keys(pk, m->job_keys, m->n_job_keys);
+        break;
+    case KVT_EF_JOBS:
+        msgpack_pack_array(pk, m->n_jobs);
+        for (uint32_t i = 0; i < m->n_jobs; i++)
+            msgpack_pack_uint64(pk, m->jobs[i]);
+        break;
+    case KVT_EF_OK:
+        msgpack_pack_bin(pk, m->n_ok);
+        msgpack_pack_bin_body(pk, m->ok, m->n_ok);
         break;
     default:
         msgpack_pack_nil(pk);

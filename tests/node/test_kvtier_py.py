@@ -1,4 +1,4 @@
-"""The Python module (node/python/kvtier.py) against the engine API server.
+"""The Python module (python/kvtier, the package's ctypes layer) against the engine API server.
 
 Run by ctest (label "node"): argv[1] the test server (kvt-test-engine-server),
 $KVTIER_CLIENT_LIB the library, $PYTHONPATH the module's folder. Each test class

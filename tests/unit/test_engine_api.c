@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -1222,6 +1224,92 @@ static void test_socket_mode_and_group(void **state)
     assert_int_equal(left_behind, 0);
 }
 
+/* An engine's own region (ATTACH) and its jobs (JOBS): refusals change nothing and
+ * are counted; store rows go into the node, load rows come back byte for byte; a
+ * key the node lacks fails alone; a client's jobs request goes with it. */
+static void test_attach_and_jobs(void **state)
+{
+    struct kvtier_client *c = conn("jobs");
+    size_t row = kvtier_client_region(c)->row_bytes, node_row = 0;
+    char path[300];
+    int fd;
+    uint8_t *map;
+    struct kvtier_key k[3];
+    uint8_t verdicts[3];
+    int64_t rows_st[2] = {0, 1}, rows_ld[3] = {2, 3, 4}, bad_rows[1] = {5};
+    struct kvtier_jobs_done *done = NULL;
+    struct kvt_engine_server_counters ct;
+
+    snprintf(path, sizeof(path), "%s/engine-region", g.dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(5 * row)), 0);
+    map = mmap(NULL, 5 * row, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(map != MAP_FAILED);
+    keys(k, 900, 3);
+
+    /* Jobs before a region; a stride not the node's; rows past the file. */
+    assert_int_equal(kvtier_jobs_step(c, k, 1, verdicts, NULL, 0, &done), -ENOTCONN);
+    assert_int_equal(kvtier_attach_region(c, fd, 0, 5, row / 2, NULL), -EINVAL);
+    assert_int_equal(kvtier_attach_region(c, fd, 0, 6, row, NULL), -EINVAL);
+    ct = counters();
+    assert_int_equal(ct.attach_refused, 2);
+    assert_int_equal(ct.jobs_refused, 1);
+    assert_int_equal(ct.attached, 0);
+    assert_int_equal(kvtier_attach_region(c, fd, 0, 5, row, &node_row), 0);
+    assert_int_equal(node_row, row);
+    assert_int_equal(counters().attached, 1);
+    assert_string_equal(kvtier_version(), KVTIER_TEST_VERSION);
+
+    /* A row out of the region refuses the whole step: the store beside it does not
+     * run (the key stays unknown). */
+    memset(map, 0x5a, row);
+    memset(map + row, 0xa5, row);
+    struct kvtier_job bad[2] = {
+        {.id = 1, .kind = KVTIER_JOB_STORE, .keys = k, .rows = rows_st, .n = 1},
+        {.id = 2, .kind = KVTIER_JOB_LOAD, .keys = k, .rows = bad_rows, .n = 1}};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, bad, 2, &done), -EINVAL);
+    assert_int_equal(counters().jobs_refused, 2);
+    assert_int_equal(entry(900).ref_cnt, -99);
+
+    /* Store two rows; look them up (HIT) and a third (MISS); load all three. */
+    struct kvtier_job st = {.id = 3, .kind = KVTIER_JOB_STORE, .keys = k, .rows = rows_st, .n = 2};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &st, 1, &done), 0);
+    assert_int_equal(done->n, 1);
+    assert_true(done->job[0].id == 3 && done->job[0].ok);
+    kvtier_jobs_done_free(done);
+    assert_int_equal(kvtier_jobs_step(c, k, 3, verdicts, NULL, 0, &done), 0);
+    assert_int_equal(done->n, 0);
+    kvtier_jobs_done_free(done);
+    assert_int_equal(verdicts[0], KVTIER_HIT);
+    assert_int_equal(verdicts[1], KVTIER_HIT);
+    assert_int_equal(verdicts[2], KVTIER_MISS);
+    memset(map + 2 * row, 0, 3 * row);
+    struct kvtier_job ld = {.id = 4, .kind = KVTIER_JOB_LOAD, .keys = k, .rows = rows_ld, .n = 3};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &ld, 1, &done), 0);
+    assert_int_equal(done->n, 1);
+    assert_true(done->job[0].id == 4 && !done->job[0].ok && done->job[0].n == 3);
+    assert_int_equal(done->job[0].key_ok[0], 1);
+    assert_int_equal(done->job[0].key_ok[1], 1);
+    assert_int_equal(done->job[0].key_ok[2], 0);
+    kvtier_jobs_done_free(done);
+    assert_memory_equal(map + 2 * row, map, row);
+    assert_memory_equal(map + 3 * row, map + row, row);
+    ct = counters();
+    assert_int_equal(ct.job_rows_stored, 2);
+    assert_int_equal(ct.job_rows_loaded, 2);
+    assert_int_equal(ct.job_rows_failed, 1);
+    assert_int_equal(ct.jobs, 2);
+    /* Nothing pinned or pending; the jobs request goes with the client. */
+    assert_int_equal(entry(900).ref_cnt, 0);
+    assert_true(has_request("kvtier-jobs-1"));
+    kvtier_close(c);
+    wait_disconnects(1);
+    assert_false(has_request("kvtier-jobs-1"));
+    munmap(map, 5 * row);
+    close(fd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1247,6 +1335,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repeated_key_loads_linear, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hello_name_cannot_forge_log_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_mode_and_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attach_and_jobs, setup, teardown),
     };
     int rc;
 

@@ -292,6 +292,61 @@ double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, co
 /* The name of a lookup result ("MISS", "HIT", "HIT_PENDING", "RETRY", "?"). */
 const char *kvtier_lookup_result_name(int result);
 
+/* This library's version, the project's ("0.1.0"). */
+const char *kvtier_version(void);
+
+/* ---- an engine's own region: kvtier as a secondary tier (vLLM) ----------------------
+ *
+ * An engine that keeps its own CPU region (vLLM's primary tier, a shared-memory
+ * file) attaches it: the node maps it too, and then copies rows between it and its
+ * own primary on the engine's behalf. Jobs run in the node; the engine polls for
+ * them with kvtier_jobs_step, which never waits for a job (only for the reply). */
+
+/* Passes fd (the region's file; the caller keeps its own copy) with the region's
+ * geometry: rows of stride bytes starting at offset (page aligned) in the file. The
+ * node checks the file's size and that stride equals its own row bytes.
+ * node_row_bytes_p (may be NULL) receives those. -EINVAL bad geometry (nothing
+ * mapped), -EBUSY attached already, -EBADF no fd arrived. */
+int kvtier_attach_region(struct kvtier_client *c, int fd, uint64_t offset, size_t rows,
+                         size_t stride, size_t *node_row_bytes_p);
+
+enum kvtier_job_kind {
+    KVTIER_JOB_STORE = 0, /* copy the rows into the node, as chunks of its keys */
+    KVTIER_JOB_LOAD = 1,  /* fill the rows from the node (its primary, storage or a peer) */
+};
+
+struct kvtier_job {
+    uint64_t id; /* the engine's; reported back as is */
+    int kind;    /* enum kvtier_job_kind */
+    const struct kvtier_key *keys;
+    const int64_t *rows; /* rows of the attached region, co-indexed with keys */
+    size_t n;
+};
+
+/* A finished job: ok when every key succeeded; key_ok[i] says so per key. */
+struct kvtier_job_done {
+    uint64_t id;
+    bool ok;
+    size_t n;
+    const uint8_t *key_ok;
+};
+
+struct kvtier_jobs_done {
+    struct kvtier_job_done *job;
+    size_t n;
+};
+
+/* One engine step: looks up lookup[0..n_lookup) (verdicts[i]: enum
+ * kvtier_lookup_result; RETRY and HIT_PENDING: ask again next step), submits
+ * jobs[0..n_jobs), and returns the jobs finished since the last call in *done_p
+ * (free with kvtier_jobs_done_free; may be empty). Every job is reported exactly
+ * once. -EINVAL (nothing submitted) for a row out of the region or a bad kind,
+ * -ENOTCONN no region attached, -EMSGSIZE over the node's key limit. */
+int kvtier_jobs_step(struct kvtier_client *c, const struct kvtier_key *lookup, size_t n_lookup,
+                     uint8_t *verdicts, const struct kvtier_job *jobs, size_t n_jobs,
+                     struct kvtier_jobs_done **done_p);
+void kvtier_jobs_done_free(struct kvtier_jobs_done *done);
+
 #ifdef __cplusplus
 }
 #endif

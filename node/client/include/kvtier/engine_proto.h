@@ -39,7 +39,9 @@ enum kvt_eproto_op {
     KVT_EOP_SCHEDULE_END = 10,
     KVT_EOP_TAKE_EVENTS = 11,
     KVT_EOP_GET_STATS = 12,
-    KVT_EOP_MAX_REQUEST = 12,
+    KVT_EOP_ATTACH = 13, /* an engine's own region: GEOM (KVT_EA_*), its fd as SCM_RIGHTS */
+    KVT_EOP_JOBS = 14,   /* a step's lookups (KEYS) and jobs; reply: verdicts, finished jobs */
+    KVT_EOP_MAX_REQUEST = 14,
     KVT_EOP_ERROR = 0x7f, /* server -> client: the connection is being closed */
     KVT_EOP_REPLY = 0x80,
 };
@@ -63,11 +65,33 @@ enum kvt_eproto_field {
     KVT_EF_FILTER = 14,  /* array of [medium, locality]; absent = every tier */
     KVT_EF_NEW = 15,     /* array of str */
     KVT_EF_PREEMPTED = 16,
-    KVT_EF_EVENTS = 17, /* array of [keys, medium, locality, removed] */
-    KVT_EF_STATS = 18,  /* array of [name, label, kind, value, count, sum, buckets] */
-    KVT_EF_GEOM = 19,   /* array of uint, KVT_EG_* */
-    KVT_EF_BOUNDS = 20, /* array of 16 floats */
-    KVT_EF_COUNT = 21,
+    KVT_EF_EVENTS = 17,   /* array of [keys, medium, locality, removed] */
+    KVT_EF_STATS = 18,    /* array of [name, label, kind, value, count, sum, buckets] */
+    KVT_EF_GEOM = 19,     /* array of uint, KVT_EG_* */
+    KVT_EF_BOUNDS = 20,   /* array of 16 floats */
+    KVT_EF_JOB_KEYS = 21, /* array of bin: every job's keys, job after job */
+    KVT_EF_JOBS = 22,     /* array of uint: [job id, kind or status, n keys] per job */
+    KVT_EF_OK = 23,       /* bin: one byte per key of the finished jobs, 1 = loaded/stored */
+    KVT_EF_COUNT = 24,
+};
+
+/* ATTACH geometry, KVT_EF_GEOM[i] of the request: the engine's region as the node is
+ * to map it from the passed fd. The reply's GEOM is the node's rows (KVT_EG_*). */
+enum kvt_eproto_attach {
+    KVT_EA_ROWS = 0,   /* rows of the engine's region */
+    KVT_EA_STRIDE = 1, /* bytes from one row to the next (and bytes of a row) */
+    KVT_EA_SIZE = 2,   /* rows * stride */
+    KVT_EA_OFFSET = 3, /* where row 0 starts in the fd (page aligned) */
+    KVT_EA_COUNT = 4,
+};
+
+/* JOBS: a job's kind in the request, its status in the reply. Rows of the engine's
+ * region go in KVT_EF_IDS, one per job key. */
+enum kvt_eproto_job {
+    KVT_EJ_STORE = 0,  /* copy the rows into the node (kvtier keeps the chunks) */
+    KVT_EJ_LOAD = 1,   /* fill the rows from the node's chunks */
+    KVT_EJ_OK = 0,     /* reply: every key done */
+    KVT_EJ_FAILED = 1, /* reply: some keys failed; KVT_EF_OK says which succeeded */
 };
 
 /* GET_STATS request flags (KVT_EF_FLAGS). */
@@ -134,6 +158,12 @@ struct kvt_emsg {
     uint32_t n_geom;
     double bounds[KVTIER_HIST_BUCKETS];
     uint32_t n_bounds;
+    struct kvtier_key *job_keys;
+    uint32_t n_job_keys;
+    uint64_t *jobs; /* triples */
+    uint32_t n_jobs;
+    uint8_t *ok;
+    uint32_t n_ok;
     /* decoded only */
     void *heap; /* the events' key array */
     size_t heap_bytes;

@@ -16,8 +16,17 @@ Debian's python3 only: no third-party package. The C contract is
         c.on_request_finished("req-1")
 
 Errors raise KvtierError (an OSError: .errno is the positive errno, e.g.
-errno.ENOSPC for "cannot store"). The library is found through $KVTIER_CLIENT_LIB,
-then next to this file, then the system's library path.
+errno.ENOSPC for "cannot store"). The library is the one installed inside this
+package (pip install builds it); $KVTIER_CLIENT_LIB, when set, names another (a
+development build), and the system's library path is the last resort.
+kvtier.__version__ is the loaded library's version, the project's.
+
+An engine with its own CPU region (vLLM) attaches it and lets the node move rows
+(kvtier.vllm builds on this):
+
+    c.attach_region(fd, offset, rows, stride)
+    verdicts, done = c.jobs_step(lookup_keys, [Job(1, JOB_STORE, keys, rows)])
+    # done: [JobDone(id, ok, key_ok)] for the jobs finished since the last call
 """
 
 import ctypes
@@ -29,7 +38,7 @@ from collections import namedtuple
 __all__ = [
     "Client", "KvtierError", "make_key", "MISS", "HIT", "HIT_PENDING", "RETRY",
     "CHUNK_LEVEL", "REQUEST_LEVEL", "ANY", "MEDIUM_CPU", "MEDIUM_STORAGE", "LOCAL",
-    "REMOTE", "Event", "Stat", "StorePlan",
+    "REMOTE", "Event", "Stat", "StorePlan", "Job", "JobDone", "JOB_STORE", "JOB_LOAD",
 ]
 
 MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
@@ -57,6 +66,9 @@ class KvtierError(OSError):
 Event = namedtuple("Event", "keys medium locality removed")
 Stat = namedtuple("Stat", "name label kind value count sum buckets")
 StorePlan = namedtuple("StorePlan", "stores evicted")  # stores: [(key index, chunk id)]
+Job = namedtuple("Job", "id kind keys rows")  # rows of the attached region, co-indexed
+JobDone = namedtuple("JobDone", "id ok key_ok")  # key_ok: a bool per key of the job
+JOB_STORE, JOB_LOAD = 0, 1
 
 
 def make_key(block_hash, group=0):
@@ -116,6 +128,21 @@ class _Stat(ctypes.Structure):
                 ("buckets", ctypes.c_uint64 * _HIST_BUCKETS)]
 
 
+class _Job(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("kind", ctypes.c_int),
+                ("keys", ctypes.POINTER(_Key)), ("rows", ctypes.POINTER(ctypes.c_int64)),
+                ("n", ctypes.c_size_t)]
+
+
+class _JobDone(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("ok", ctypes.c_bool), ("n", ctypes.c_size_t),
+                ("key_ok", ctypes.POINTER(ctypes.c_uint8))]
+
+
+class _JobsDone(ctypes.Structure):
+    _fields_ = [("job", ctypes.POINTER(_JobDone)), ("n", ctypes.c_size_t)]
+
+
 class _Stats(ctypes.Structure):
     _fields_ = [("s", ctypes.POINTER(_Stat)), ("n", ctypes.c_size_t),
                 ("bounds", ctypes.c_double * _HIST_BUCKETS)]
@@ -143,7 +170,7 @@ def _load(path=None):
         except OSError as e:
             last = e
     else:
-        raise OSError("libkvtier-client not found (set KVTIER_CLIENT_LIB): %s" % last)
+        raise OSError("libkvtier-client not found (pip install kvtier builds it): %s" % last)
 
     def fn(name, restype, *args):
         f = getattr(lib, name)
@@ -172,20 +199,36 @@ def _load(path=None):
     fn("kvtier_events_free", None, ctypes.POINTER(_Events))
     fn("kvtier_get_stats", i, _P, ctypes.POINTER(ctypes.POINTER(_Stats)))
     fn("kvtier_stats_free", None, ctypes.POINTER(_Stats))
+    fn("kvtier_version", cp)
+    fn("kvtier_attach_region", i, _P, i, ctypes.c_uint64, sz, sz, ctypes.POINTER(sz))
+    fn("kvtier_jobs_step", i, _P, kp, sz, ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(_Job),
+       sz, ctypes.POINTER(ctypes.POINTER(_JobsDone)))
+    fn("kvtier_jobs_done_free", None, ctypes.POINTER(_JobsDone))
     _lib = lib
     return lib
 
 
+def __getattr__(name):
+    if name == "__version__":
+        return _load().kvtier_version().decode()
+    raise AttributeError("module 'kvtier' has no attribute %r" % name)
+
+
+_PAD = bytes(KEY_MAX)
+
+
 def _keys(keys):
-    keys = list(keys)
-    arr = (_Key * max(len(keys), 1))()
+    """keys as a C array of struct kvtier_key, packed in one pass (the vLLM tier
+    sends a step's keys through here: no per-key ctypes calls)."""
+    keys = [bytes(k) for k in keys]
+    n = len(keys)
     for i, k in enumerate(keys):
-        k = bytes(k)
         if not 1 <= len(k) <= KEY_MAX:
             raise ValueError("key %d: a key is 1..64 bytes" % i)
-        arr[i].len = len(k)
-        ctypes.memmove(arr[i].bytes, k, len(k))
-    return arr, len(keys)
+    if n == 0:
+        return (_Key * 1)(), 0
+    packed = b"".join([bytes((len(k),)) + k + _PAD[len(k):] for k in keys])
+    return (_Key * n).from_buffer_copy(packed), n
 
 
 def _key_bytes(k):
@@ -380,3 +423,42 @@ class Client:
                     for i in range(st.n)]
         finally:
             self._lib.kvtier_stats_free(p)
+
+    # -- an engine's own region and jobs (kvtier.vllm)
+    def attach_region(self, fd, offset, rows, stride):
+        """Passes the engine's region (fd, rows of stride bytes at offset) to the node,
+        which maps it; returns the node's row bytes."""
+        out = ctypes.c_size_t(0)
+        self._check(self._lib.kvtier_attach_region(self._handle(), int(fd), int(offset),
+                                                   int(rows), int(stride), ctypes.byref(out)),
+                    "attach_region")
+        return out.value
+
+    def jobs_step(self, lookup_keys=(), jobs=()):
+        """One step: verdicts (MISS/HIT/HIT_PENDING/RETRY) for lookup_keys, submits jobs
+        ([Job(id, kind, keys, rows)]) and returns (verdicts, [JobDone]) with the jobs
+        finished since the last call."""
+        larr, nl = _keys(lookup_keys)
+        verdicts = (ctypes.c_uint8 * max(nl, 1))()
+        jobs = list(jobs)
+        carr = (_Job * max(len(jobs), 1))()
+        keep = []
+        for i, job in enumerate(jobs):
+            karr, nk = _keys(job.keys)
+            rows = list(job.rows)
+            if len(rows) != nk:
+                raise ValueError("job %d: %d keys but %d rows" % (job.id, nk, len(rows)))
+            rarr = (ctypes.c_int64 * max(nk, 1))(*rows)
+            keep.append((karr, rarr))
+            carr[i] = _Job(int(job.id), int(job.kind), karr, rarr, nk)
+        p = ctypes.POINTER(_JobsDone)()
+        self._check(self._lib.kvtier_jobs_step(self._handle(), larr, nl, verdicts, carr,
+                                               len(jobs), ctypes.byref(p)), "jobs_step")
+        try:
+            d = p.contents
+            done = [JobDone(d.job[i].id, bool(d.job[i].ok),
+                            [bool(d.job[i].key_ok[k]) for k in range(d.job[i].n)])
+                    for i in range(d.n)]
+        finally:
+            self._lib.kvtier_jobs_done_free(p)
+        return list(verdicts[:nl]), done

@@ -1,0 +1,527 @@
+/* Attached regions and jobs of the engine API: how an engine that keeps its own
+ * CPU region (vLLM's primary tier, a shared-memory file) uses kvtier as a
+ * secondary tier.
+ *
+ * ATTACH: the engine passes the region's fd (SCM_RIGHTS) with its geometry (rows,
+ * stride, size, offset). The node checks it against the fd (a regular file large
+ * enough), against its own rows (stride == the primary's row bytes, so a chunk is
+ * one row on both sides and the network tier's checksums cover it) and maps it
+ * MAP_SHARED. The client gets a request of its own in the manager,
+ * "kvtier-jobs-<client id>", that every lookup and job below runs under.
+ *
+ * JOBS, one message per engine step: the step's lookup keys, answered at once with
+ * the manager's verdicts (MISS / HIT / HIT_PENDING / RETRY: a key in a secondary
+ * tier or on a peer answers RETRY, then HIT_PENDING while the node promotes it),
+ * and the step's jobs:
+ *   store  the node copies the job's rows from the attached region into rows of its
+ *          primary (prepare_store / complete_store, so its storage and network tiers
+ *          take them as any chunk); keys it holds already count as stored;
+ *   load   the node fills the job's rows of the attached region from its primary;
+ *          a key still being promoted (from storage or a peer) waits, in the
+ *          client's pending list, until it is HIT, MISS or the wait times out.
+ * A row is reported done only after it was validated: a stored row compares equal
+ * in the engine's region and in the primary (then its checksum is kept); a loaded row hashes to the
+ * checksum the primary holds for the chunk (set when it was stored, or by the network tier when it
+ * verified a peer's bytes), or when none is held, to the primary row's hash after the copy. The
+ * reply carries the jobs finished since the last JOBS, each with one byte per key (1 done), so the
+ * engine polls with an empty JOBS.
+ *
+ * Threads: the daemon's loop thread only (the manager's), like engine_api.c. The
+ * copies run on it: a job's rows are copied within one call, and the engine's
+ * region is not touched after the client is gone. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine_jobs_int.h"
+#include "kvt/alloc.h"
+#include "kvt/clock.h"
+#include "kvt/hash.h"
+#include "kvt/log.h"
+#include "kvt/manager.h"
+#include "kvt/primary.h"
+
+#define MOD "engine_jobs"
+/* How long a load waits for a chunk the node is promoting. */
+#define EJOB_WAIT_NS (10ull * 1000000000ull)
+/* Keys of load jobs one client may have waiting. */
+#define EJOB_MAX_WAITING (1u << 20)
+
+enum { KEY_WAITING = 0, KEY_OK = 1, KEY_FAILED = 2 };
+
+/* One job, from submission to its report. */
+struct ejob {
+    uint64_t id;
+    int kind; /* KVT_EJ_STORE / KVT_EJ_LOAD */
+    uint32_t n;
+    uint32_t n_waiting;
+    struct kvt_key *keys;
+    int64_t *rows;
+    uint8_t *state; /* KEY_* per key */
+    uint64_t deadline_ns;
+    struct ejob *next;
+};
+
+/* Loop thread only. */
+struct kvt_ejobs {
+    struct kvt_manager *m;
+    struct kvt_primary *primary;
+    uint8_t *pbase; /* the node's primary rows */
+    size_t prow;    /* and their bytes */
+    uint8_t *map;   /* the engine's region as mapped (map_len bytes) */
+    size_t map_len;
+    size_t rows; /* its rows, each stride (== prow) bytes */
+    struct kvt_req_ctx *ctx;
+    struct ejob *waiting, **waiting_tail; /* loads with keys still waiting */
+    struct ejob *done, **done_tail;       /* finished, not reported yet */
+    uint32_t n_waiting_keys;
+    struct kvt_store_output out;
+    struct kvt_engine_server_counters *ctr;
+};
+
+static void ejob_free(struct ejob *e)
+{
+    kvt_free(e->keys);
+    kvt_free(e->rows);
+    kvt_free(e->state);
+    kvt_free(e);
+}
+
+static uint8_t *arow(const struct kvt_ejobs *j, int64_t row)
+{
+    return j->map + (size_t)row * j->prow;
+}
+
+/* ---- attach ----------------------------------------------------------------------- */
+
+int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t client_id, int fd,
+                      const struct kvt_emsg *q, struct kvt_emsg *r,
+                      struct kvt_engine_server_counters *ctr)
+{
+    struct kvt_primary *primary = kvt_manager_primary(m);
+    enum kvt_offload_policy policy;
+    struct kvt_ejobs *j = NULL;
+    char req_id[64];
+    struct stat st;
+    uint64_t rows, stride, size, off;
+    long page = sysconf(_SC_PAGESIZE);
+    int rc;
+
+    if (*jobs_p != NULL) {
+        rc = -EBUSY;
+        goto refuse;
+    }
+    if (fd < 0) {
+        rc = -EBADF;
+        goto refuse;
+    }
+    rc = -EINVAL;
+    if (!kvt__emsg_has(q, KVT_EF_GEOM) || q->n_geom < KVT_EA_COUNT)
+        goto refuse;
+    rows = q->geom[KVT_EA_ROWS];
+    stride = q->geom[KVT_EA_STRIDE];
+    size = q->geom[KVT_EA_SIZE];
+    off = q->geom[KVT_EA_OFFSET];
+    if (rows == 0 || rows > UINT32_MAX || stride == 0 || stride != kvt_primary_row_bytes(primary) ||
+        size / rows != stride || size % rows != 0 || off % (uint64_t)page != 0 ||
+        off > UINT64_MAX - size || kvt_primary_base(primary) == NULL) {
+        kvt_warn(MOD,
+                 "client %llu: region of %llu rows x %llu bytes (size %llu at %llu) refused: "
+                 "the node's rows are %zu bytes",
+                 (unsigned long long)client_id, (unsigned long long)rows,
+                 (unsigned long long)stride, (unsigned long long)size, (unsigned long long)off,
+                 kvt_primary_row_bytes(primary));
+        goto refuse;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < off + size) {
+        kvt_warn(MOD, "client %llu: the region's fd is not a regular file of %llu bytes or more",
+                 (unsigned long long)client_id, (unsigned long long)(off + size));
+        goto refuse;
+    }
+    j = kvt_calloc(1, sizeof(*j));
+    if (j == NULL) {
+        rc = -ENOMEM;
+        goto refuse;
+    }
+    j->map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)off);
+    if (j->map == MAP_FAILED) {
+        rc = -errno;
+        kvt_warn(MOD, "client %llu: mmap of its region: %s", (unsigned long long)client_id,
+                 strerror(-rc));
+        goto err_free;
+    }
+    j->map_len = size;
+    j->rows = rows;
+    j->m = m;
+    j->primary = primary;
+    j->pbase = kvt_primary_base(primary);
+    j->prow = kvt_primary_row_bytes(primary);
+    j->waiting_tail = &j->waiting;
+    j->done_tail = &j->done;
+    j->ctr = ctr;
+    kvt_store_output_init(&j->out);
+    snprintf(req_id, sizeof(req_id), "kvtier-jobs-%llu", (unsigned long long)client_id);
+    rc = kvt_req_ctx_create(req_id, NULL, &j->ctx);
+    if (rc < 0)
+        goto err_unmap;
+    rc = kvt_manager_on_new_request(m, j->ctx, &policy);
+    if (rc < 0)
+        goto err_ctx;
+    close(fd);
+    r->geom[KVT_EG_CLIENT_ID] = client_id;
+    r->geom[KVT_EG_NUM_CHUNKS] = kvt_primary_num_chunks(primary);
+    r->geom[KVT_EG_ROW_BYTES] = j->prow;
+    r->n_geom = KVT_EG_ROW_BYTES + 1;
+    r->has |= 1u << KVT_EF_GEOM;
+    ctr->attached++;
+    kvt_info(MOD, "client %llu attached a region of %zu rows", (unsigned long long)client_id,
+             j->rows);
+    *jobs_p = j;
+    return 0;
+
+err_ctx:
+    kvt_req_ctx_unref(j->ctx);
+err_unmap:
+    kvt_store_output_cleanup(&j->out);
+    munmap(j->map, j->map_len);
+err_free:
+    kvt_free(j);
+refuse:
+    if (fd >= 0)
+        close(fd);
+    ctr->attach_refused++;
+    return rc;
+}
+
+void kvt__ejobs_destroy(struct kvt_ejobs *j)
+{
+    struct ejob *e, *next;
+
+    if (j == NULL)
+        return;
+    for (e = j->waiting; e != NULL; e = next) {
+        next = e->next;
+        ejob_free(e);
+    }
+    for (e = j->done; e != NULL; e = next) {
+        next = e->next;
+        ejob_free(e);
+    }
+    kvt_manager_on_request_finished(j->m, j->ctx);
+    kvt_req_ctx_unref(j->ctx);
+    kvt_store_output_cleanup(&j->out);
+    munmap(j->map, j->map_len);
+    kvt_free(j);
+}
+
+/* ---- jobs ----------------------------------------------------------------------------- */
+
+static void finish(struct kvt_ejobs *j, struct ejob *e)
+{
+    for (uint32_t i = 0; i < e->n; i++) {
+        if (e->state[i] == KEY_OK) {
+            if (e->kind == KVT_EJ_STORE)
+                j->ctr->job_rows_stored++;
+            else
+                j->ctr->job_rows_loaded++;
+        } else {
+            j->ctr->job_rows_failed++;
+        }
+    }
+    e->next = NULL;
+    *j->done_tail = e;
+    j->done_tail = &e->next;
+}
+
+/* A store job, start to end. */
+static void run_store(struct kvt_ejobs *j, struct ejob *e)
+{
+    struct kvt_store_output *out = &j->out;
+    struct kvt_key *bad = NULL;
+    size_t n_bad = 0;
+    int rc;
+
+    if (e->n == 0)
+        return;
+    rc = kvt_manager_prepare_store(j->m, e->keys, e->n, j->ctx, out);
+    if (rc < 0) {
+        memset(e->state, KEY_FAILED, e->n); /* -ENOSPC: nothing changed */
+        return;
+    }
+    memset(e->state, KEY_OK, e->n); /* the keys the node holds already */
+    if (out->n_store == 0)
+        return;
+    bad = kvt_calloc(out->n_store, sizeof(*bad));
+    for (size_t s = 0; s < out->n_store; s++) {
+        uint8_t *dst = j->pbase + (size_t)out->chunk_ids[s] * j->prow;
+        uint32_t i = 0;
+
+        while (i < e->n && !kvt_key_eq(&e->keys[i], &out->keys_to_store[s]))
+            i++;
+        if (i == e->n || bad == NULL) { /* (not planned from this job; no memory) */
+            if (bad != NULL)
+                bad[n_bad++] = out->keys_to_store[s];
+            continue;
+        }
+        memcpy(dst, arow(j, e->rows[i]), j->prow);
+        if (memcmp(dst, arow(j, e->rows[i]), j->prow) != 0) {
+            /* The engine wrote its row during the copy: not a chunk to keep. */
+            bad[n_bad++] = out->keys_to_store[s];
+            for (uint32_t k = 0; k < e->n; k++)
+                if (kvt_key_eq(&e->keys[k], &out->keys_to_store[s]))
+                    e->state[k] = KEY_FAILED;
+        }
+    }
+    if (bad == NULL) {
+        kvt_manager_complete_store(j->m, out->keys_to_store, out->n_store, j->ctx, false);
+        memset(e->state, KEY_FAILED, e->n);
+        return;
+    }
+    if (n_bad > 0) {
+        /* Out of the plan first, so the one complete_store below names only good
+         * keys and still balances the one prepare_store. */
+        kvt_primary_complete_store(j->primary, bad, n_bad, false);
+        size_t w = 0;
+        for (size_t s = 0; s < out->n_store; s++) {
+            bool is_bad = false;
+
+            for (size_t b = 0; b < n_bad && !is_bad; b++)
+                is_bad = kvt_key_eq(&bad[b], &out->keys_to_store[s]);
+            if (!is_bad)
+                out->keys_to_store[w++] = out->keys_to_store[s];
+        }
+        out->n_store = w;
+    }
+    kvt_manager_complete_store(j->m, out->keys_to_store, out->n_store, j->ctx, true);
+    for (size_t s = 0; s < out->n_store; s++) {
+        struct kvt_primary_entry_info info;
+
+        if (kvt_primary_entry_info(j->primary, &out->keys_to_store[s], &info) == 0 &&
+            info.slot >= 0)
+            kvt_primary_set_checksum(j->primary, &out->keys_to_store[s],
+                                     kvt_hash64(j->pbase + (size_t)info.slot * j->prow, j->prow));
+    }
+    kvt_free(bad);
+}
+
+/* One waiting key of a load that the manager answers HIT: copy and validate. */
+static uint8_t load_one(struct kvt_ejobs *j, const struct kvt_key *key, int64_t row)
+{
+    struct kvt_primary_entry_info info;
+    int64_t slot;
+    uint8_t *src, *dst = arow(j, row);
+    uint64_t h;
+    bool ok;
+
+    if (kvt_manager_prepare_load(j->m, key, 1, j->ctx, &slot) != 0)
+        return KEY_FAILED;
+    src = j->pbase + (size_t)slot * j->prow;
+    memcpy(dst, src, j->prow);
+    h = kvt_hash64(dst, j->prow);
+    if (kvt_primary_entry_info(j->primary, key, &info) == 0 && info.has_checksum)
+        ok = h == info.checksum;
+    else
+        ok = h == kvt_hash64(src, j->prow);
+    kvt_manager_complete_load(j->m, key, 1, j->ctx);
+    if (!ok)
+        kvt_warn(MOD, "a loaded row did not validate; reported failed");
+    return ok ? KEY_OK : KEY_FAILED;
+}
+
+/* Advances one load job; true when it is finished. */
+static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now)
+{
+    struct kvt_key *keys = kvt_calloc(e->n_waiting ? e->n_waiting : 1, sizeof(*keys));
+    enum kvt_lookup_result *res = kvt_calloc(e->n_waiting ? e->n_waiting : 1, sizeof(*res));
+    uint32_t *idx = kvt_calloc(e->n_waiting ? e->n_waiting : 1, sizeof(*idx));
+    uint32_t n = 0;
+    bool expired = now >= e->deadline_ns;
+
+    if (keys == NULL || res == NULL || idx == NULL)
+        goto out; /* try again on the next pass */
+    for (uint32_t i = 0; i < e->n; i++) {
+        if (e->state[i] == KEY_WAITING) {
+            idx[n] = i;
+            keys[n++] = e->keys[i];
+        }
+    }
+    kvt_manager_lookup_many(j->m, keys, n, j->ctx, false, res);
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = idx[k];
+
+        if (res[k] == KVT_HIT)
+            e->state[i] = load_one(j, &e->keys[i], e->rows[i]);
+        else if (res[k] == KVT_MISS || expired)
+            e->state[i] = KEY_FAILED;
+        if (e->state[i] != KEY_WAITING) {
+            e->n_waiting--;
+            j->n_waiting_keys--;
+        }
+    }
+out:
+    kvt_free(keys);
+    kvt_free(res);
+    kvt_free(idx);
+    return e->n_waiting == 0;
+}
+
+bool kvt__ejobs_progress(struct kvt_ejobs *j)
+{
+    struct ejob **pp = &j->waiting;
+    uint64_t now;
+
+    if (j->waiting == NULL)
+        return false;
+    now = kvt_now_ns();
+    while (*pp != NULL) {
+        struct ejob *e = *pp;
+
+        if (advance_load(j, e, now)) {
+            *pp = e->next;
+            finish(j, e);
+        } else {
+            pp = &e->next;
+        }
+    }
+    j->waiting_tail = &j->waiting;
+    while (*j->waiting_tail != NULL)
+        j->waiting_tail = &(*j->waiting_tail)->next;
+    return j->waiting != NULL;
+}
+
+/* Checks a whole JOBS request before anything runs. */
+static int check(const struct kvt_ejobs *j, const struct kvt_emsg *q)
+{
+    uint64_t keys = 0, loads = 0;
+
+    if (q->n_ids != q->n_job_keys)
+        return -EINVAL;
+    for (uint32_t t = 0; t < q->n_jobs; t += 3) {
+        uint64_t kind = q->jobs[t + 1], n = q->jobs[t + 2];
+
+        if (kind != KVT_EJ_STORE && kind != KVT_EJ_LOAD)
+            return -EINVAL;
+        if (n > q->n_job_keys - keys)
+            return -EINVAL;
+        if (kind == KVT_EJ_LOAD)
+            loads += n;
+        keys += n;
+    }
+    if (keys != q->n_job_keys)
+        return -EINVAL;
+    for (uint32_t i = 0; i < q->n_ids; i++) {
+        if (q->ids[i] < 0 || (uint64_t)q->ids[i] >= j->rows)
+            return -EINVAL;
+    }
+    if (j->n_waiting_keys + loads > EJOB_MAX_WAITING)
+        return -ENOBUFS;
+    return 0;
+}
+
+/* Moves finished jobs into the reply, at most max_keys keys' worth. */
+static int report(struct kvt_ejobs *j, struct kvt_emsg *r, uint32_t max_keys)
+{
+    uint32_t n_jobs = 0, n_keys = 0;
+    struct ejob *e;
+
+    for (e = j->done; e != NULL; e = e->next) {
+        if (n_jobs > 0 && n_keys + e->n > max_keys)
+            break;
+        n_jobs++;
+        n_keys += e->n;
+    }
+    r->jobs = kvt_calloc(n_jobs ? (size_t)n_jobs * 3 : 1, sizeof(*r->jobs));
+    r->ok = kvt_calloc(n_keys ? n_keys : 1, 1);
+    if (r->jobs == NULL || r->ok == NULL)
+        return -ENOMEM; /* (freed with r) the jobs stay for the next call */
+    r->n_jobs = 0;
+    r->n_ok = 0;
+    for (uint32_t t = 0; t < n_jobs; t++) {
+        bool all = true;
+
+        e = j->done;
+        j->done = e->next;
+        for (uint32_t i = 0; i < e->n; i++) {
+            r->ok[r->n_ok++] = e->state[i] == KEY_OK;
+            all = all && e->state[i] == KEY_OK;
+        }
+        r->jobs[r->n_jobs++] = e->id;
+        r->jobs[r->n_jobs++] = all ? KVT_EJ_OK : KVT_EJ_FAILED;
+        r->jobs[r->n_jobs++] = e->n;
+        ejob_free(e);
+    }
+    if (j->done == NULL)
+        j->done_tail = &j->done;
+    r->has |= 1u << KVT_EF_JOBS | 1u << KVT_EF_OK;
+    return 0;
+}
+
+int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_emsg *r,
+                    uint32_t max_keys)
+{
+    const struct kvt_key *qkeys = (const struct kvt_key *)q->keys;
+    const struct kvt_key *jkeys = (const struct kvt_key *)q->job_keys;
+    uint64_t now = kvt_now_ns();
+    uint32_t off = 0;
+    int rc = check(j, q);
+
+    if (rc < 0) {
+        j->ctr->jobs_refused++;
+        return rc;
+    }
+    if (q->n_keys > 0) {
+        enum kvt_lookup_result *res = kvt_calloc(q->n_keys, sizeof(*res));
+
+        r->results = kvt_malloc(q->n_keys);
+        if (res == NULL || r->results == NULL) {
+            kvt_free(res);
+            return -ENOMEM;
+        }
+        kvt_manager_lookup_many(j->m, qkeys, q->n_keys, j->ctx, false, res);
+        for (uint32_t i = 0; i < q->n_keys; i++)
+            r->results[i] = (uint8_t)res[i];
+        r->n_results = q->n_keys;
+        r->has |= 1u << KVT_EF_RESULTS;
+        kvt_free(res);
+    }
+    for (uint32_t t = 0; t < q->n_jobs; t += 3) {
+        uint32_t n = (uint32_t)q->jobs[t + 2];
+        struct ejob *e = kvt_calloc(1, sizeof(*e));
+
+        if (e != NULL) {
+            e->keys = kvt_calloc(n ? n : 1, sizeof(*e->keys));
+            e->rows = kvt_calloc(n ? n : 1, sizeof(*e->rows));
+            e->state = kvt_calloc(n ? n : 1, 1);
+        }
+        if (e == NULL || e->keys == NULL || e->rows == NULL || e->state == NULL) {
+            /* The jobs before this one run; this one and the rest are lost to the
+             * engine, which times them out. Log it once. */
+            if (e != NULL)
+                ejob_free(e);
+            kvt_error(MOD, "no memory for a job; the engine will time it out");
+            break;
+        }
+        e->id = q->jobs[t];
+        e->kind = (int)q->jobs[t + 1];
+        e->n = n;
+        memcpy(e->keys, jkeys + off, (size_t)n * sizeof(*e->keys));
+        memcpy(e->rows, q->ids + off, (size_t)n * sizeof(*e->rows));
+        off += n;
+        j->ctr->jobs++;
+        if (e->kind == KVT_EJ_STORE) {
+            run_store(j, e);
+            finish(j, e);
+        } else {
+            e->n_waiting = n;
+            e->deadline_ns = now + EJOB_WAIT_NS;
+            j->n_waiting_keys += n;
+            *j->waiting_tail = e;
+            j->waiting_tail = &e->next;
+        }
+    }
+    kvt__ejobs_progress(j);
+    return report(j, r, max_keys);
+}

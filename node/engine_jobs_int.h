@@ -1,0 +1,41 @@
+/* The engine API's attached regions and jobs (node/engine_jobs.c), private to
+ * kvt_node: node/engine_api.c dispatches ATTACH and JOBS here and calls
+ * kvt__ejobs_progress on every pass of its loop. */
+#ifndef KVT_ENGINE_JOBS_INT_H
+#define KVT_ENGINE_JOBS_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvt/engine_api.h"
+#include "kvtier/engine_proto.h"
+
+struct kvt_manager;
+struct kvt_ejobs;
+
+/* Maps the region the client passed (fd, geometry in q->geom, KVT_EA_*) after
+ * checking it against the fd's size and the node's rows, and registers the client's
+ * jobs request with the manager. Takes fd in every case (closes it on failure).
+ * r's GEOM gets the node's geometry. -EBADF no fd passed, -EINVAL bad geometry,
+ * -EBUSY the client attached already, -ENOMEM. */
+int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t client_id, int fd,
+                      const struct kvt_emsg *q, struct kvt_emsg *r,
+                      struct kvt_engine_server_counters *ctr);
+
+/* One JOBS request: answers q's lookup keys (r->results), starts q's jobs and
+ * hands r the jobs finished since the last call (r->jobs, r->ok). The whole
+ * request is checked before anything runs: -EINVAL (nothing done) for a row out
+ * of the region, an unknown kind or counts that do not add up; -ENOBUFS when the
+ * client has too many keys waiting. */
+int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_emsg *r,
+                    uint32_t max_keys);
+
+/* Advances the load jobs waiting for a chunk (a promotion in the node). Returns
+ * whether some wait still. */
+bool kvt__ejobs_progress(struct kvt_ejobs *j);
+
+/* Fails nothing (the client is gone): drops the jobs, finishes the request,
+ * unmaps the region. NULL is ignored. */
+void kvt__ejobs_destroy(struct kvt_ejobs *j);
+
+#endif

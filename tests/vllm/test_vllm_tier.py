@@ -1,0 +1,346 @@
+"""kvtier.vllm.KvtierSecondaryTier inside the real vLLM 0.34.0 (tools/vllm-env):
+vLLM's own TieringOffloadingManager, its real CPU primary tier on its shared
+region, and the tier made by vLLM's SecondaryTierFactory, against real kvtierd
+nodes (tests/vllm/kvt_nodes.py) on loopback.
+
+Run by tests/vllm/run (ctest label "vllm"): $KVTIERD is the daemon to start."""
+
+import errno
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import kvtier
+from kvtier.vllm import KvtierMetrics, KvtierSecondaryTier, register
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+import engine as eng_mod  # noqa: E402
+import kvt_nodes  # noqa: E402
+
+from vllm.v1.kv_offload.base import (  # noqa: E402
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadPolicy,
+    ReqContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob  # noqa: E402
+from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
+
+KVTIERD = os.environ.get("KVTIERD", os.path.join(ROOT, "build", "node", "kvtierd"))
+TMP = os.environ.get("KVT_TEST_TMPDIR")
+ROW = 256 << 10
+# The longest a scheduler step may take here (the tier never waits for a node; the
+# bound is for a loaded 2-core machine running sanitized daemons beside the test).
+STEP_BOUND_S = 0.25
+
+register()
+
+
+@pytest.fixture
+def cluster():
+    c = kvt_nodes.Cluster(KVTIERD, n=2, row_bytes=ROW, primary="128MiB", tmp=TMP,
+                          log_level="info").start()
+    yield c
+    c.stop()
+    c.cleanup()
+
+
+def kv(socket, **extra):
+    t = {"type": "kvtier", "socket": socket, "timeout_ms": 2000}
+    t.update(extra)
+    return t
+
+
+def engine2(cluster, node, n, salt, announce=False, timeout=30):
+    """Engine 2 in a process of its own (tests/vllm/engine.py)."""
+    spec = {"tiers": [kv(cluster.socks[node])], "num_chunks": max(64, n + 8), "row": ROW,
+            "n": n, "salt": salt, "announce": announce, "timeout": timeout}
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "engine.py"), json.dumps(spec)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def result_of(p, timeout=120):
+    out, _ = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def store(e, n, salt):
+    ctx = e.request()
+    keys = [eng_mod.key(i, salt.encode()) for i in range(n)]
+    e.store(ctx, keys, lambda i, k: eng_mod.row_bytes_of(i, e.row, salt.encode()))
+    e.settle()
+    e.finish(ctx)
+    return keys
+
+
+# ---- packaging --------------------------------------------------------------------
+
+def test_version_is_the_projects():
+    with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
+        want = re.search(r"project\(kvtier VERSION ([0-9.]+)", f.read()).group(1)
+    assert kvtier.__version__ == want
+    assert importlib.metadata.version("kvtier") == want
+    # The library is the one inside the installed package: no variable needed.
+    assert "KVTIER_CLIENT_LIB" not in os.environ
+    assert os.path.dirname(kvtier._load()._name) == os.path.dirname(kvtier.__file__)
+
+
+def test_tier_by_module_path_and_by_entry_point(cluster):
+    # The entry point vLLM's plugin loader runs (vllm.general_plugins).
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    assert "kvtier.vllm:register" in [ep.value for ep in eps if ep.name == "kvtier"]
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    assert SecondaryTierFactory.get_tier_class({"type": "kvtier"}) is KvtierSecondaryTier
+    by_path = SecondaryTierFactory.get_tier_class(
+        {"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm"})
+    assert by_path is KvtierSecondaryTier and issubclass(by_path, SecondaryTierManager)
+    e = eng_mod.Engine([{"type": "KvtierSecondaryTier", "module_path": "kvtier.vllm",
+                         "socket": cluster.socks[0]}])
+    try:
+        assert isinstance(e.tiers[0], KvtierSecondaryTier)
+        store(e, 2, "mp")
+    finally:
+        e.shutdown()
+
+
+# ---- the main path: two engines, two nodes ----------------------------------------
+
+def test_engine2_on_another_node_loads_engine1s_chunks(cluster):
+    e1 = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        store(e1, 16, "two")
+        r = result_of(engine2(cluster, 1, 16, "two"))
+    finally:
+        e1.shutdown()
+    # RETRY (node B is asking), HIT_PENDING (promotion), HIT, for every key.
+    assert r["seen"] == [["RETRY", "HIT_PENDING", "HIT"]] * 16, r["seen"]
+    assert r["good"] == 16 and r["wrong"] == 0
+    assert r["worst_step_s"] < STEP_BOUND_S
+    # Node A took the 16 rows from engine 1 (its /metrics); node B, which no engine
+    # stored anything on (its first verdicts were RETRY: it had to ask its peers),
+    # filled engine 2's rows with them (engine 2's tier stats, in vLLM's names).
+    assert cluster.wait_metric(0, "kvtier_engine_job_rows_stored", 16) == 16
+    assert r["stats"]["vllm:kv_offload_kvtier_job_rows:('load', 'ok')"] == 16
+    assert r["stats"]["vllm:kv_offload_kvtier_lookup_verdicts:('hit_pending',)"] == 16
+
+
+def test_engines_on_one_node_share_its_cache(cluster):
+    e1 = eng_mod.Engine([kv(cluster.socks[0])])
+    e3 = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        keys = store(e1, 8, "share")
+        ctx = e3.request()
+        seen, final, worst = e3.lookup_until_hit(ctx, keys)
+        # Node A holds them: its verdict is HIT at once, so vLLM promotes.
+        assert [s for s in seen.values()] == [["RETRY", "HIT_PENDING", "HIT"]] * 8
+        rows = e3.load_rows(ctx, keys)
+        assert rows == [eng_mod.row_bytes_of(i, ROW, b"share") for i in range(8)]
+        e3.finish(ctx)
+    finally:
+        e1.shutdown()
+        e3.shutdown()
+
+
+def test_node_a_killed_during_loads(cluster):
+    n = 96
+    e1 = eng_mod.Engine([kv(cluster.socks[0])], num_chunks=n + 8)
+    try:
+        store(e1, n, "kill")
+    finally:
+        e1.shutdown()
+    p = engine2(cluster, 1, n, "kill", announce=True, timeout=60)
+    assert p.stdout.readline().strip() == "FIRST-STEP"
+    cluster.kill(0)  # node A goes while node B pulls from it
+    p.stdin.write("\n")
+    p.stdin.flush()
+    r = result_of(p)
+    # Every key ends HIT or MISS; vLLM never sees a wrong byte; a step never waits.
+    assert None not in r["final"]
+    assert r["wrong"] == 0
+    assert r["good"] == r["final"].count("HIT")
+    assert r["worst_step_s"] < STEP_BOUND_S
+    # The kill happened before every row arrived (else this test proves nothing).
+    assert r["final"].count("MISS") > 0, r["final"]
+
+
+def test_own_node_gone_jobs_fail_lookups_miss(cluster):
+    e = eng_mod.Engine([kv(cluster.socks[0], reconnect_s=60)])
+    try:
+        tier = e.tiers[0]
+        ctx = e.request()
+        keys = [eng_mod.key(i, b"gone") for i in range(4)]
+        with e.mgr.lock:
+            out = e.mgr.prepare_store(keys, ctx)
+            e.mgr.complete_store(out.keys_to_store, ctx)  # the cascade job is queued
+        cluster.kill(0)
+        t0 = time.monotonic()
+        e.step([ctx.req_id])  # sends it to a node that is gone
+        assert time.monotonic() - t0 < STEP_BOUND_S
+        e.settle(timeout=10)  # the job is reported (failed): nothing left pending
+        assert not tier.has_pending_work()
+        t0 = time.monotonic()
+        with e.mgr.lock:
+            r = [e.mgr.lookup(eng_mod.key(i, b"other"), ctx) for i in range(4)]
+        assert time.monotonic() - t0 < STEP_BOUND_S
+        assert r == [LookupResult.MISS] * 4
+        st = tier.get_stats().reduce()
+        assert st.get(KvtierMetrics.NODE_ERRORS, 0) >= 1
+        assert st[KvtierMetrics.NODE_CONNECTED] == 0
+        e.finish(ctx)
+    finally:
+        e.shutdown()
+
+
+# ---- the contract, point by point, on the tier vLLM's factory made ------------------
+
+def _job(job_id, keys, rows, req="r"):
+    return TransferJob(job_id=job_id, keys=keys, chunk_ids=np.array(rows, dtype=np.int32),
+                       is_promotion=True, req_context=ReqContext(req_id=req))
+
+
+def _finished(tier, ids, timeout=10):
+    got = {}
+    deadline = time.monotonic() + timeout
+    while True:
+        tier.on_schedule_end(ScheduleEndContext([], ()))
+        for res in tier.get_finished_jobs():
+            assert res.job_id not in got, "a job reported twice"
+            got[res.job_id] = res
+        if (ids and set(got) >= set(ids)) or time.monotonic() >= deadline:
+            return got
+        time.sleep(0.002)
+
+
+def test_contract_points(cluster):
+    e = eng_mod.Engine([kv(cluster.socks[0], request_level=True, enable_kv_events=True,
+                           locality="REMOTE")], events=True)
+    try:
+        tier = e.tiers[0]
+        assert tier.medium is Medium.CPU and tier.locality is Locality.REMOTE
+        ctx = ReqContext(req_id="contract")
+        # on_new_request: request-level policy when asked
+        assert tier.on_new_request(ctx).policy is OffloadPolicy.REQUEST_LEVEL
+        keys = [eng_mod.key(i, b"contract") for i in range(3)]
+        for i in range(3):
+            e.rows[i] = np.frombuffer(eng_mod.row_bytes_of(i, ROW, b"contract"), dtype=np.uint8)
+        # lookup never blocks: RETRY until the node's verdict is here
+        t0 = time.monotonic()
+        assert tier.lookup(keys[0], ctx) is LookupResult.RETRY
+        assert time.monotonic() - t0 < 0.01
+        # submit_store never blocks; the step's job goes out at on_schedule_end
+        t0 = time.monotonic()
+        tier.submit_store(TransferJob(job_id=1, keys=keys, chunk_ids=np.array([0, 1, 2]),
+                                      is_promotion=False, req_context=ctx))
+        assert time.monotonic() - t0 < 0.01
+        assert tier.has_pending_work()
+        got = _finished(tier, [1])
+        assert got[1].success and got[1].transfer_bytes == 3 * ROW
+        # a successful store makes its keys present for the lookup that asked
+        assert tier.lookup(keys[0], ctx) is LookupResult.HIT
+        # take_events: stored, with the tier's medium and locality
+        ev = list(tier.take_events())
+        assert len(ev) == 1 and ev[0].keys == keys and not ev[0].removed
+        assert ev[0].medium is Medium.CPU and ev[0].locality is Locality.REMOTE
+        assert list(tier.take_events()) == []
+        # a load with one key the node does not have: partial failure, exactly once,
+        # successful_keys names the good one, its bytes are right
+        missing = eng_mod.key(99, b"contract")
+        assert tier.lookup(missing, ctx) is LookupResult.RETRY
+        tier.on_schedule_end(ScheduleEndContext([], ()))
+        e.rows[5] = 0
+        tier.submit_load(_job(2, [keys[1], missing], [5, 6], req="contract"))
+        got = _finished(tier, [2])
+        assert not got[2].success and list(got[2].successful_keys) == [keys[1]]
+        assert e.rows[5].tobytes() == eng_mod.row_bytes_of(1, ROW, b"contract")
+        assert _finished(tier, [], timeout=0.2) == {}
+        # a key the node said it had, whose load failed, is a MISS from now on (#49176)
+        ghost = eng_mod.key(7, b"ghost")
+        tier._keys[ghost] = type(tier._keys[keys[0]])(10**9)  # a HIT verdict for it
+        tier._keys[ghost].result = True
+        tier._keys[ghost].reqs.add("contract")
+        tier.submit_load(_job(3, [ghost], [7], req="contract"))
+        got = _finished(tier, [3])
+        assert not got[3].success and not got[3].successful_keys
+        assert tier.lookup(ghost, ctx) is LookupResult.MISS
+        # touch reaches the node with the next step (no error comes back)
+        tier.touch(keys, ctx)
+        tier.on_schedule_end(ScheduleEndContext([], ()))
+        # drain_jobs blocks until every job is reported
+        tier.submit_store(TransferJob(job_id=4, keys=[eng_mod.key(50, b"contract")],
+                                      chunk_ids=np.array([3]), is_promotion=False,
+                                      req_context=ctx))
+        tier.drain_jobs()
+        assert [r.job_id for r in tier.get_finished_jobs()] == [4]
+        assert not tier.has_pending_work()
+        # get_stats: vLLM's metric names, all defined by build_metric_definitions
+        defs = KvtierSecondaryTier.build_metric_definitions({})
+        st = tier.get_stats()
+        types, values = st.metric_sections()
+        assert set(values) <= set(defs) and KvtierMetrics.VERDICTS in values
+        assert all(name.startswith("vllm:") for name in defs)
+        assert values[KvtierMetrics.JOB_ROWS][("load", "failed")] == 2
+        assert values[KvtierMetrics.NODE_CONNECTED][()] == 1
+        # on_request_finished drops the request's lookup state
+        tier.on_request_finished(ctx)
+        assert not any("contract" in s.reqs for s in tier._keys.values())
+    finally:
+        e.shutdown()
+
+
+def test_attach_refused_for_a_region_of_another_row_size(cluster):
+    # vLLM's rows are 128 KiB here, the node's 256 KiB: the node refuses the
+    # region (and counts it); the tier reports the node down, so lookups MISS.
+    e = eng_mod.Engine([kv(cluster.socks[0], reconnect_s=60)], row=128 << 10)
+    try:
+        ctx = e.request()
+        with e.mgr.lock:
+            assert e.mgr.lookup(eng_mod.key(1), ctx) is LookupResult.MISS
+        assert cluster.wait_metric(0, "kvtier_engine_attach_refused", 1) == 1
+        e.finish(ctx)
+    finally:
+        e.shutdown()
+
+
+def test_region_already_unlinked(cluster):
+    # vLLM's workers unlink the region's path once all have mapped it; the tier
+    # still finds the file behind the scheduler's view and the node maps it.
+    from kvtier.vllm import region_fd_of
+
+    e = eng_mod.Engine([])
+    try:
+        os.unlink(e.region.mmap_path)
+        fd, off = region_fd_of(e.view, types_ns(_scheduler_mmap=e.region))
+        try:
+            assert off == 0 and os.fstat(fd).st_size >= e.view.nbytes
+            with kvtier.Client(cluster.socks[0], timeout_ms=5000) as c:
+                assert c.attach_region(fd, off, e.view.shape[0], ROW) == ROW
+                e.rows[3] = np.frombuffer(eng_mod.row_bytes_of(3, ROW), dtype=np.uint8)
+                k = eng_mod.key(3, b"unlinked")
+                _, done = c.jobs_step([], [kvtier.Job(1, kvtier.JOB_STORE, [k], [3])])
+                assert done and done[0].ok
+        finally:
+            os.close(fd)
+    finally:
+        e.shutdown()
+
+
+def types_ns(**kw):
+    import types
+
+    return types.SimpleNamespace(**kw)
