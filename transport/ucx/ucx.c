@@ -4,8 +4,8 @@
  * loop. Control messages are active messages (one AM id) with a small header
  * {magic, version, type, seq}; data moves with ucp_get_nbx against rkeys the peer
  * packed with ucp_rkey_pack over RDMA, else as READ over active messages (see
- * ucx_ep_rd_path). UCX_TLS is left alone: tcp and shared memory (sysv, cma) here,
- * verbs where a device exists.
+ * ucx_ep_rd_path; that path is ucx_am_read.c, the shared structures ucx_int.h). UCX_TLS is left
+ * alone: tcp and shared memory (sysv, cma) here, verbs where a device exists.
  *
  * Why every user callback is deferred: UCX calls us back from inside
  * ucp_worker_progress() (AM arrival, peer failure, request completion, new
@@ -65,188 +65,10 @@
 #include "kvt/list.h"
 #include "kvt/log.h"
 #include "kvt/transport.h"
-
-#define UCX_AM_ID    7 /* control messages */
-#define UCX_AM_RDREQ 8 /* READ over active messages: a request for one op */
-#define UCX_AM_RDREP 9 /* ... and its reply, carrying the bytes */
-/* READ replies in flight per endpoint (at least one): UCX moves concurrent
- * rendezvous replies interleaved, so without a bound the first batch of many would
- * complete only when nearly all of them had. */
-#define UCX_RD_INFLIGHT_BYTES (2u << 20)
-/* READ replies up to this many bytes are sent from the request's AM handler, eager
- * and short (over tcp UCX sends up to ~8 KiB short). */
-#define UCX_RD_EAGER_BYTES (4u << 10)
-#define UCX_MAGIC          0x6b767475u /* "kvtu" */
-#define UCX_VERSION        1
-#define UCX_PROGRESS_MAX   64 /* ucp_worker_progress rounds per kvt_tp_progress */
-#define UCX_CLOSE_WAIT_NS  (2ull * 1000000000ull)
-
-enum ucx_msg_type { UCX_MSG_HELLO = 1, UCX_MSG_DATA = 2 };
-
-struct ucx_am_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t type;
-    uint64_t seq;
-};
-
-/* READ over active messages: the request (client to server, no data) and the reply
- * (server to client, the bytes as data, or err != 0 and no data). */
-struct ucx_rd_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t err;  /* reply: 0, or the positive errno of a refusal */
-    uint64_t addr; /* the server's address, inside one of its remote registrations */
-    uint64_t len;
-    uint64_t tag; /* the requester's: batch id << 32 | op index */
-};
-
-/* One ucp_mem_map covers a whole region, however large (a node's primary: kvtierd
- * takes up to 64 TiB); UCX registers it with each of its transports as they need.
- * KVT_TP_MAX_REG_BYTES is the verbs backend's piece size, not a bound here: with it,
- * a primary over 2 GiB could not be registered and its node served no peer. */
-#define UCX_MAX_REG_BYTES (64ull << 40)
-
-struct ucx_handle_hdr {
-    uint32_t magic;
-    uint32_t rkey_len;
-    uint64_t base;
-    uint64_t len;
-};
-
-enum ucx_ep_state { EP_ACCEPTING, EP_CONNECTING, EP_CONNECTED, EP_FAILED, EP_DEAD };
-
-/* How an endpoint's READs move (see ucx_ep_rd_path): not yet known, ucp_get_nbx (a
- * one-sided GET: RDMA or cross-memory attach), or our READ over active messages. */
-enum ucx_rd_path { RD_PATH_AUTO, RD_PATH_GET, RD_PATH_AM };
-/* UCX may still move an endpoint to other lanes this long after it connected
- * (wireup ends after the first messages); until then an AM choice is re-checked. */
-#define UCX_WIREUP_SETTLE_NS   (2ull * 1000000000ull)
-#define UCX_RD_PATH_RECHECK_NS (10ull * 1000000ull)
-
-/* The transport; every field belongs to the owner's thread. */
-struct ucx_tp {
-    struct kvt_transport pub;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    ucp_listener_h listener;
-    int epfd, wfd, tfd;      /* epoll (the event fd), worker efd, timerfd */
-    struct kvt_list eps;     /* endpoints not yet reported CLOSED */
-    struct kvt_list zombies; /* reported CLOSED, waiting for UCX to let go */
-    struct kvt_list done;    /* batches whose callback is due */
-    struct kvt_list orphans; /* batches reported at close whose UCX requests never ended */
-    struct ucx_ep *last_ep;  /* lookup cache for ucx_ep_find */
-    uint64_t next_ep_id;
-    struct kvt_list mrs;         /* remote registrations (READ over AM serves these) */
-    struct kvt_list rd_sent;     /* ucx_rd_tx whose send UCX has not completed */
-    uint64_t timer_at_ns;        /* when the armed timerfd fires (0: not armed) */
-    enum ucx_rd_path read_force; /* KVT_UCX_READ: the path every endpoint takes */
-    bool test_no_rcheck;         /* tests only: READs over AM skip the remote range check */
-    bool kick;                   /* a UCX callback left work for dispatch */
-    bool closing;
-};
-
-/* An endpoint: owned by tp (on tp->eps, then tp->zombies). rx holds ucx_msg,
- * batches holds ucx_batch in submission order (oldest first). ucx_reqs counts UCX
- * requests whose completion names this ep (sends, gets, rendezvous receives). */
-struct ucx_ep {
-    struct kvt_tp_ep pub;
-    struct ucx_tp *tp;
-    struct kvt_list node;
-    ucp_ep_h uep;    /* NULL after teardown */
-    void *close_req; /* ucp_ep_close_nbx request still running */
-    uint64_t id;
-    enum ucx_ep_state state;
-    int err;     /* the CLOSED error */
-    bool silent; /* never announced (accept refused or failed first) */
-    uint64_t deadline_ns;
-    uint64_t tx_seq, rx_seq;
-    unsigned tx_inflight;
-    unsigned ucx_reqs;
-    struct kvt_list rx;
-    struct kvt_list batches;
-    unsigned n_batches;
-    uint32_t next_batch_id;
-    struct kvt_list rd_q; /* ucx_rd_tx: READ replies to send from dispatch */
-    uint64_t rd_inflight; /* bytes of the replies UCX is still sending */
-    enum ucx_rd_path rd_path;
-    bool rd_path_final; /* GET, or AM once wireup has had time to settle */
-    uint64_t connected_ns, rd_path_checked_ns;
-    char am_lanes[32], bw_lanes[32]; /* the transports of its AM and rma_bw lanes */
-};
-
-struct ucx_msg {
-    struct kvt_list node;
-    struct ucx_ep *ep;
-    uint64_t seq;
-    uint16_t type;
-    bool ready;  /* bytes complete (rendezvous finished) */
-    bool failed; /* rendezvous receive failed */
-    void *desc;  /* persistent UCX descriptor to release, or NULL */
-    const uint8_t *data;
-    size_t len;
-    uint8_t buf[];
-};
-
-struct ucx_tx {
-    struct ucx_ep *ep;
-    struct ucx_am_hdr hdr;
-    uint8_t data[];
-};
-
-/* One op of a READ over active messages. */
-enum ucx_rd_state { RD_WAIT, RD_RECV, RD_DONE };
-
-struct ucx_rd_op {
-    struct ucx_batch *b;
-    uint8_t *dst;
-    ucp_mem_h memh;        /* the local registration's */
-    struct ucx_rd_hdr hdr; /* the request, alive until its send completes */
-    enum ucx_rd_state state;
-};
-
-struct ucx_batch {
-    struct kvt_list node; /* ep->batches, then tp->done */
-    struct ucx_ep *ep;
-    kvt_read_cb cb;
-    void *arg;
-    uint64_t start_ns;
-    unsigned pending; /* UCX requests not yet completed, and AM ops not yet answered */
-    int status;
-    uint32_t id;            /* READ over AM: the tag's upper half */
-    size_t n_ops;           /* READ over AM: ops[] */
-    struct ucx_rd_op ops[]; /* READ over AM only */
-};
-
-/* A READ reply the server owes (queued by the request's AM handler, sent by
- * dispatch), then in flight until UCX completes its send. */
-struct ucx_rd_tx {
-    struct kvt_list node; /* ep->rd_q while queued, then tp->rd_sent */
-    struct ucx_ep *ep;
-    struct kvt_tp_mr *mr;
-    struct ucx_rd_hdr hdr;
-};
-
-struct kvt_tp_mr {
-    struct ucx_tp *tp;
-    struct kvt_list node; /* tp->mrs (remote registrations) */
-    unsigned inflight;    /* READ replies sent from it, not yet completed */
-    ucp_mem_h memh;
-    uint8_t *base;
-    size_t len;
-    void *rkey_buf; /* packed rkey (remote registrations only) */
-    size_t rkey_len;
-};
-
-struct kvt_tp_rkey {
-    ucp_rkey_h rkey;
-    uint64_t ep_id; /* the endpoint it was unpacked on */
-    uint64_t base;
-    uint64_t len;
-};
+#include "ucx_int.h"
 
 /* The one place UCX status codes become negative errno. */
-static int ucx_errno(ucs_status_t st)
+int kvt__ucx_errno(ucs_status_t st)
 {
     if (st >= UCS_ERR_LAST_LINK_FAILURE && st <= UCS_ERR_FIRST_LINK_FAILURE)
         return -ECONNRESET;
@@ -308,29 +130,11 @@ static int ucx_errno(ucs_status_t st)
     }
 }
 
-static uint64_t ucx_now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static struct ucx_tp *tp_of(struct kvt_transport *t)
-{
-    return KVT_CONTAINER_OF(t, struct ucx_tp, pub);
-}
-
-static struct ucx_ep *ep_of(struct kvt_tp_ep *e)
-{
-    return KVT_CONTAINER_OF(e, struct ucx_ep, pub);
-}
-
 /* ---- endpoints ---- */
 
 /* Records a failure; teardown and the CLOSED report happen in dispatch. Safe from
  * inside UCX callbacks. The first error wins. */
-static void ucx_ep_fail(struct ucx_ep *ep, int err)
+void kvt__ucx_ep_fail(struct ucx_ep *ep, int err)
 {
     if (ep->state >= EP_FAILED)
         return;
@@ -343,7 +147,7 @@ static void ucx_ep_fail(struct ucx_ep *ep, int err)
     ep->tp->kick = true;
 }
 
-static void ucx_batch_finish(struct ucx_batch *b)
+void kvt__ucx_batch_finish(struct ucx_batch *b)
 {
     struct ucx_ep *ep = b->ep;
 
@@ -394,7 +198,7 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
                 continue;
             b->ops[i].state = RD_DONE;
             if (--b->pending == 0)
-                ucx_batch_finish(b);
+                kvt__ucx_batch_finish(b);
         }
     }
     kvt_list_for_each_safe(pos, tmp, &ep->rd_q)
@@ -471,7 +275,7 @@ static struct ucx_ep *ucx_ep_find(struct ucx_tp *tp, ucp_ep_h uep)
 
 static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
 {
-    ucx_ep_fail(arg, ucx_errno(status));
+    kvt__ucx_ep_fail(arg, kvt__ucx_errno(status));
 }
 
 /* ---- control messages ---- */
@@ -483,7 +287,7 @@ static void ucx_send_done(void *req, ucs_status_t status, void *user_data)
     tx->ep->tx_inflight--;
     tx->ep->ucx_reqs--;
     if (status != UCS_OK)
-        ucx_ep_fail(tx->ep, ucx_errno(status));
+        kvt__ucx_ep_fail(tx->ep, kvt__ucx_errno(status));
     kvt_free(tx);
     ucp_request_free(req);
 }
@@ -515,10 +319,10 @@ static int ucx_post_am(struct ucx_ep *ep, uint16_t type, uint64_t seq, const voi
         return 0;
     }
     if (UCS_PTR_IS_ERR(req)) {
-        int err = ucx_errno(UCS_PTR_STATUS(req));
+        int err = kvt__ucx_errno(UCS_PTR_STATUS(req));
 
         kvt_free(tx);
-        ucx_ep_fail(ep, err);
+        kvt__ucx_ep_fail(ep, err);
         return err;
     }
     ep->tx_inflight++;
@@ -550,12 +354,12 @@ static void ucx_rndv_done(void *req, ucs_status_t status, size_t length, void *u
     m->ep->tp->kick = true;
     if (status != UCS_OK || length != m->len) {
         m->failed = true;
-        ucx_ep_fail(m->ep, status != UCS_OK ? ucx_errno(status) : -EPROTO);
+        kvt__ucx_ep_fail(m->ep, status != UCS_OK ? kvt__ucx_errno(status) : -EPROTO);
     }
 }
 
 /* The endpoint an active message came on, or NULL (no reply ep: not one of ours). */
-static struct ucx_ep *ucx_am_ep(struct ucx_tp *tp, const ucp_am_recv_param_t *param)
+struct ucx_ep *kvt__ucx_am_ep(struct ucx_tp *tp, const ucp_am_recv_param_t *param)
 {
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
         return NULL;
@@ -571,11 +375,11 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
     bool keep = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA;
 
-    ep = ucx_am_ep(tp, param);
+    ep = kvt__ucx_am_ep(tp, param);
     if (ep == NULL || ep->state >= EP_FAILED)
         return UCS_OK; /* dropped: the endpoint is closing */
     if (header_length != sizeof(hdr)) {
-        ucx_ep_fail(ep, -EPROTO);
+        kvt__ucx_ep_fail(ep, -EPROTO);
         return UCS_OK;
     }
     memcpy(&hdr, header, sizeof(hdr));
@@ -585,14 +389,14 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
         (hdr.type != UCX_MSG_DATA && hdr.type != UCX_MSG_HELLO)) {
         kvt_warn("ucx", "endpoint %llu: bad message (type %u, seq %llu, %zu bytes)",
                  (unsigned long long)ep->id, hdr.type, (unsigned long long)hdr.seq, length);
-        ucx_ep_fail(ep, -EPROTO);
+        kvt__ucx_ep_fail(ep, -EPROTO);
         return UCS_OK;
     }
 
     struct ucx_msg *m = kvt_malloc(sizeof(*m) + (keep ? 0 : length));
 
     if (m == NULL) {
-        ucx_ep_fail(ep, -ENOMEM);
+        kvt__ucx_ep_fail(ep, -ENOMEM);
         return UCS_OK;
     }
     *m = (struct ucx_msg){.ep = ep, .seq = hdr.seq, .type = hdr.type, .len = length};
@@ -612,7 +416,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
         } else if (UCS_PTR_IS_ERR(req)) {
             m->ready = true;
             m->failed = true;
-            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
+            kvt__ucx_ep_fail(ep, kvt__ucx_errno(UCS_PTR_STATUS(req)));
         } else {
             ep->ucx_reqs++;
         }
@@ -646,7 +450,7 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
         if (m->type == UCX_MSG_HELLO) {
             ucx_msg_free(ep->tp, m);
             if (ep->state != EP_CONNECTING) {
-                ucx_ep_fail(ep, -EPROTO);
+                kvt__ucx_ep_fail(ep, -EPROTO);
                 break;
             }
             ep->state = EP_CONNECTED;
@@ -657,7 +461,7 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
         }
         if (ep->state != EP_CONNECTED) { /* data before HELLO */
             ucx_msg_free(ep->tp, m);
-            ucx_ep_fail(ep, -EPROTO);
+            kvt__ucx_ep_fail(ep, -EPROTO);
             break;
         }
         /* Unlinked first: on_msg may close the endpoint. */
@@ -680,15 +484,13 @@ static int ucx_accept(struct ucx_ep *ep)
     ret = cb->on_accept != NULL ? cb->on_accept(cb->arg, &ep->pub) : 0;
     if (ret < 0) {
         ep->silent = true;
-        ucx_ep_fail(ep, ret);
+        kvt__ucx_ep_fail(ep, ret);
         return 1;
     }
     if (ep->state == EP_CONNECTED) /* the owner may have closed it already */
         ucx_post_am(ep, UCX_MSG_HELLO, 0, NULL, 0);
     return 1;
 }
-
-static int ucx_rd_send_replies(struct ucx_ep *ep);
 
 static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 {
@@ -704,7 +506,7 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
             if (ep->state == EP_ACCEPTING)
                 n += ucx_accept(ep);
             n += ucx_deliver_rx(ep);
-            n += ucx_rd_send_replies(ep);
+            n += kvt__ucx_rd_send_replies(ep);
         }
     }
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
@@ -776,7 +578,7 @@ static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
         if (dl == 0)
             continue;
         if (dl <= now) {
-            ucx_ep_fail(ep, -ETIMEDOUT);
+            kvt__ucx_ep_fail(ep, -ETIMEDOUT);
             continue;
         }
         if (next == 0 || dl < next)
@@ -816,11 +618,6 @@ static bool ucx_work_pending(struct ucx_tp *tp)
 /* ---- transport ---- */
 
 static void ucx_close(struct kvt_transport *t);
-
-static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param);
-static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param);
 
 /* KVT_UCX_READ=get|am: every endpoint's READs take that path; else each endpoint's
  * own lanes decide (ucx_ep_rd_path). */
@@ -920,7 +717,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         goto err_free;
     }
     /* Shared memory between two nodes on one host: our endpoints need peer-failure
@@ -938,7 +735,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     st = ucp_init(&params, config, &tp->ctx);
     ucp_config_release(config);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "ucp_init: %s", ucs_status_string(st));
         goto err_free;
     }
@@ -948,7 +745,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     };
     st = ucp_worker_create(tp->ctx, &wp, &tp->worker);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "ucp_worker_create: %s", ucs_status_string(st));
         goto err_cleanup;
     }
@@ -962,17 +759,17 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     };
     st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     ap.id = UCX_AM_RDREQ;
-    ap.cb = ucx_rdreq_cb;
+    ap.cb = kvt__ucx_rdreq_cb;
     if (st == UCS_OK)
         st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     ap.id = UCX_AM_RDREP;
-    ap.cb = ucx_rdrep_cb;
+    ap.cb = kvt__ucx_rdrep_cb;
     if (st == UCS_OK)
         st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     if (st == UCS_OK)
         st = ucp_worker_get_efd(tp->worker, &tp->wfd);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "worker setup: %s", ucs_status_string(st));
         goto err_worker;
     }
@@ -1044,7 +841,7 @@ static void ucx_close(struct kvt_transport *t)
         tp->listener = NULL;
     }
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
-        ucx_ep_fail(kvt_list_entry(pos, struct ucx_ep, node), 0);
+        kvt__ucx_ep_fail(kvt_list_entry(pos, struct ucx_ep, node), 0);
     /* Batches and CLOSED reports before close returns; no more messages. A force
      * close does not complete every request inside ucp_ep_close_nbx (a get still on
      * its way over tcp completes from progress), so the worker keeps running. */
@@ -1165,14 +962,14 @@ static int ucx_listen(struct kvt_transport *t, const char *addr, uint16_t port, 
     if (st != UCS_OK) {
         kvt_error("ucx", "listen on %s:%u: %s", addr, port, ucs_status_string(st));
         tp->listener = NULL;
-        return st == UCS_ERR_BUSY ? -EADDRINUSE : ucx_errno(st);
+        return st == UCS_ERR_BUSY ? -EADDRINUSE : kvt__ucx_errno(st);
     }
     ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
     st = ucp_listener_query(tp->listener, &la);
     if (st != UCS_OK) {
         ucp_listener_destroy(tp->listener);
         tp->listener = NULL;
-        return ucx_errno(st);
+        return kvt__ucx_errno(st);
     }
     if (port_p != NULL)
         *port_p = la.sockaddr.ss_family == AF_INET6
@@ -1214,7 +1011,7 @@ static int ucx_connect(struct kvt_transport *t, const char *addr, uint16_t port,
     st = ucp_ep_create(tp->worker, &p, &ep->uep);
     if (st != UCS_OK) {
         kvt_free(ep);
-        return ucx_errno(st);
+        return kvt__ucx_errno(st);
     }
     kvt_list_add_tail(&tp->eps, &ep->node);
     *ep_p = &ep->pub;
@@ -1225,7 +1022,7 @@ static void ucx_ep_close(struct kvt_tp_ep *pep)
 {
     struct ucx_ep *ep = ep_of(pep);
 
-    ucx_ep_fail(ep, 0);
+    kvt__ucx_ep_fail(ep, 0);
     ucx_ep_teardown(ep);
 }
 
@@ -1278,14 +1075,14 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     };
     st = ucp_mem_map(tp->ctx, &mp, &mr->memh);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "ucp_mem_map of %zu bytes: %s", len, ucs_status_string(st));
         goto err_free;
     }
     if (remote) {
         st = ucp_rkey_pack(tp->ctx, mr->memh, &mr->rkey_buf, &mr->rkey_len);
         if (st != UCS_OK) {
-            ret = ucx_errno(st);
+            ret = kvt__ucx_errno(st);
             kvt_error("ucx", "ucp_rkey_pack: %s", ucs_status_string(st));
             goto err_unmap;
         }
@@ -1412,7 +1209,7 @@ static int ucx_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct
     st = ucp_ep_rkey_unpack(ep->uep, (const uint8_t *)buf + sizeof(h), &rk->rkey);
     if (st != UCS_OK) {
         kvt_free(rk);
-        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : ucx_errno(st);
+        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
     }
     rk->ep_id = ep->id;
     rk->base = h.base;
@@ -1430,30 +1227,6 @@ static void ucx_rkey_destroy(struct kvt_tp_rkey *rk)
 }
 
 /* ---- READ batches ---- */
-
-static void ucx_get_done(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_batch *b = user_data;
-
-    ucp_request_free(req);
-    if (b->ep == NULL) { /* orphaned by ucx_close: reported already, freed there */
-        b->pending--;
-        return;
-    }
-    b->ep->ucx_reqs--;
-    if (status != UCS_OK) {
-        if (b->status == 0)
-            b->status = ucx_errno(status);
-        ucx_ep_fail(b->ep, ucx_errno(status));
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-}
-
-static bool ucx_in_range(uint64_t off, uint64_t len, uint64_t size)
-{
-    return len > 0 && off <= size && len <= size - off;
-}
 
 /* Appends the transport of a ucp_ep_print_info lane line ("lane[3]:  5:cma/memory.0
  * md[4] -> ... rma_bw#0") to the comma-separated list out, once. False when the line
@@ -1560,10 +1333,6 @@ static enum ucx_rd_path ucx_ep_rd_path(struct ucx_ep *ep)
     return ep->rd_path;
 }
 
-static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
-                       struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
-                       size_t *posted_p);
-
 static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
                     const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg)
 {
@@ -1602,14 +1371,14 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
     ucp_request_param_t param = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-        .cb.send = ucx_get_done,
+        .cb.send = kvt__ucx_batch_req_done,
         .user_data = b,
         .memh = local->memh,
     };
     size_t i = 0;
 
     if (am)
-        err = ucx_read_am(ep, b, rk, local, ops, n, &i);
+        err = kvt__ucx_read_am(ep, b, rk, local, ops, n, &i);
     for (; !am && i < n; i++) {
         ucs_status_ptr_t req = ucp_get_nbx(ep->uep, local->base + ops[i].local_off, ops[i].len,
                                            rk->base + ops[i].remote_off, rk->rkey, &param);
@@ -1617,14 +1386,14 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
         if (req == NULL)
             continue;
         if (UCS_PTR_IS_ERR(req)) {
-            err = ucx_errno(UCS_PTR_STATUS(req));
+            err = kvt__ucx_errno(UCS_PTR_STATUS(req));
             break;
         }
         b->pending++;
         ep->ucx_reqs++;
     }
     if (err != 0) {
-        ucx_ep_fail(ep, err);
+        kvt__ucx_ep_fail(ep, err);
         if (i == 0) { /* nothing posted: fail without a callback */
             kvt_list_del(&b->node);
             ep->n_batches--;
@@ -1635,362 +1404,8 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
             b->status = err;
     }
     if (--b->pending == 0)
-        ucx_batch_finish(b);
+        kvt__ucx_batch_finish(b);
     return -EINPROGRESS;
-}
-
-/* ---- READ over active messages ----
- *
- * Over tcp UCP has no hardware GET: ucp_get_nbx is emulated with a request message
- * that the target's UCP answers from inside its own progress (ucp_get_req_handler).
- * In UCX 1.13 that handler aborts the target process (ucs_fatal "unexpected error")
- * when its reply cannot be sent because the initiator has closed in the meantime: a
- * reader that timed out and left crashes the node it read from, as soon as that node
- * progresses again. No endpoint option avoids it (the endpoint is found by id even
- * once failed, and a failed lane returns an error too). So where the READ would be
- * software-emulated anyway, we emulate it ourselves with the same shape: one request
- * message per op (UCX_AM_RDREQ), one reply carrying the bytes (UCX_AM_RDREP; UCX
- * sends large replies by rendezvous, received straight into the local registration).
- * A reply that cannot be sent is an error we see and turn into a failed endpoint.
- *
- * Small replies (up to UCX_RD_EAGER_BYTES) and refusals are sent from inside the
- * request's AM handler, as UCX answers a GET, eager and short with
- * UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: UCX has copied the bytes when the call returns, so
- * no reply record, memh, dispatch round or completion callback; if UCX cannot take
- * it now (NO_RESOURCE) the reply is queued like a large one. The client copies small
- * replies into place in its reply handler, and only into an op still waiting on a
- * connected endpoint: a reply for a cancelled or timed-out READ finds no op (the
- * endpoint failed, its ops ended at teardown) and is dropped.
- *
- * The server checks every requested range against its remote registrations
- * (tp->mrs) before it sends a byte; a refused range is answered with err set. */
-
-static bool ucx_rd_hdr_ok(const void *header, size_t header_length, struct ucx_rd_hdr *h)
-{
-    if (header_length != sizeof(*h))
-        return false;
-    memcpy(h, header, sizeof(*h));
-    return h->magic == UCX_MAGIC && h->version == UCX_VERSION;
-}
-
-static struct kvt_tp_mr *ucx_mr_find(struct ucx_tp *tp, uint64_t addr, uint64_t len)
-{
-    struct kvt_list *pos, *tmp;
-
-    kvt_list_for_each_safe(pos, tmp, &tp->mrs)
-    {
-        struct kvt_tp_mr *mr = kvt_list_entry(pos, struct kvt_tp_mr, node);
-        uint64_t base = (uint64_t)(uintptr_t)mr->base;
-
-        if (addr >= base && len <= mr->len && addr - base <= mr->len - len)
-            return mr;
-    }
-    return NULL;
-}
-
-/* A reply sent from the request handler: completes in the call (FORCE_IMM_CMPL), so
- * this runs only if UCX ever returns a request there after all. */
-static void ucx_rdrep_imm_sent(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_ep *ep = user_data;
-
-    ep->ucx_reqs--;
-    if (status != UCS_OK)
-        ucx_ep_fail(ep, ucx_errno(status));
-    ucp_request_free(req);
-}
-
-/* Server: a request for one op. Small replies and refusals are sent at once; the
- * others (and any that UCX cannot take now) are queued and sent from dispatch, at
- * most UCX_RD_INFLIGHT_BYTES in flight. */
-static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param)
-{
-    struct ucx_tp *tp = arg;
-    struct ucx_rd_hdr h;
-    struct ucx_rd_tx *tx;
-    struct kvt_tp_mr *mr;
-    struct ucx_ep *ep;
-
-    ep = ucx_am_ep(tp, param);
-    if (ep == NULL || ep->state != EP_CONNECTED)
-        return UCS_OK; /* dropped: the endpoint is closing */
-    if (!ucx_rd_hdr_ok(header, header_length, &h) || length != 0 || h.err != 0 || h.len == 0) {
-        kvt_warn("ucx", "endpoint %llu: bad READ request", (unsigned long long)ep->id);
-        ucx_ep_fail(ep, -EPROTO);
-        return UCS_OK;
-    }
-    mr = ucx_mr_find(tp, h.addr, h.len);
-    if (mr == NULL) {
-        h.err = EFAULT;
-        h.len = 0;
-    }
-    if (h.len <= UCX_RD_EAGER_BYTES && kvt_list_empty(&ep->rd_q)) {
-        /* Small (or refused): answered here, inside progress, as UCX answers a GET.
-         * Sent short with the bytes copied before the call returns, or not at all
-         * (NO_RESOURCE: queued below), so no request, record or memh. */
-        ucp_request_param_t p = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL |
-                            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
-            .cb.send = ucx_rdrep_imm_sent,
-            .user_data = ep,
-        };
-        ucs_status_ptr_t req = ucp_am_send_nbx(ep->uep, UCX_AM_RDREP, &h, sizeof(h),
-                                               (void *)(uintptr_t)h.addr, h.len, &p);
-
-        if (req == NULL)
-            return UCS_OK;
-        if (UCS_PTR_IS_PTR(req)) { /* FORCE_IMM_CMPL says never; keep the ep alive */
-            ep->ucx_reqs++;
-            return UCS_OK;
-        }
-        if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
-            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
-            return UCS_OK;
-        }
-    }
-    tx = kvt_malloc(sizeof(*tx));
-    if (tx == NULL) {
-        ucx_ep_fail(ep, -ENOMEM);
-        return UCS_OK;
-    }
-    tx->ep = ep;
-    tx->mr = mr;
-    tx->hdr = h;
-    kvt_list_add_tail(&ep->rd_q, &tx->node);
-    tp->kick = true;
-    return UCS_OK;
-}
-
-static void ucx_rdrep_sent(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_rd_tx *tx = user_data;
-
-    kvt_list_del(&tx->node);
-    tx->ep->ucx_reqs--;
-    tx->ep->rd_inflight -= tx->hdr.len;
-    tx->ep->tp->kick = !kvt_list_empty(&tx->ep->rd_q) || tx->ep->tp->kick;
-    if (tx->mr != NULL)
-        tx->mr->inflight--;
-    if (status != UCS_OK)
-        ucx_ep_fail(tx->ep, ucx_errno(status));
-    kvt_free(tx);
-    ucp_request_free(req);
-}
-
-/* Server, from dispatch: sends the replies an endpoint owes. */
-static int ucx_rd_send_replies(struct ucx_ep *ep)
-{
-    int n = 0;
-
-    while (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED) {
-        struct ucx_rd_tx *tx = kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node);
-
-        if (ep->rd_inflight > 0 && ep->rd_inflight + tx->hdr.len > UCX_RD_INFLIGHT_BYTES)
-            break;
-        ucp_request_param_t param = {
-            .op_attr_mask =
-                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-            .flags = UCP_AM_SEND_FLAG_REPLY,
-            .cb.send = ucx_rdrep_sent,
-            .user_data = tx,
-        };
-
-        if (tx->mr != NULL) {
-            param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-            param.memh = tx->mr->memh;
-        }
-        kvt_list_del(&tx->node);
-        n++;
-
-        ucs_status_ptr_t req =
-            ucp_am_send_nbx(ep->uep, UCX_AM_RDREP, &tx->hdr, sizeof(tx->hdr),
-                            (void *)(uintptr_t)tx->hdr.addr, tx->hdr.len, &param);
-
-        if (req == NULL) {
-            kvt_free(tx);
-            continue;
-        }
-        if (UCS_PTR_IS_ERR(req)) {
-            kvt_free(tx);
-            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
-            break;
-        }
-        ep->ucx_reqs++;
-        ep->rd_inflight += tx->hdr.len;
-        kvt_list_add_tail(&ep->tp->rd_sent, &tx->node);
-        if (tx->mr != NULL)
-            tx->mr->inflight++;
-    }
-    return n;
-}
-
-static void ucx_rd_op_done(struct ucx_rd_op *op, int err)
-{
-    struct ucx_batch *b = op->b;
-
-    op->state = RD_DONE;
-    if (err != 0) {
-        if (b->status == 0)
-            b->status = err;
-        ucx_ep_fail(b->ep, err);
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-}
-
-static void ucx_rd_recv_done(void *req, ucs_status_t status, size_t length, void *user_data)
-{
-    struct ucx_rd_op *op = user_data;
-    struct ucx_batch *b = op->b;
-
-    ucp_request_free(req);
-    if (b->ep == NULL) { /* orphaned by ucx_close: reported already, freed there */
-        b->pending--;
-        return;
-    }
-    b->ep->ucx_reqs--;
-    ucx_rd_op_done(op, status != UCS_OK ? ucx_errno(status) : length != op->hdr.len ? -EPROTO : 0);
-}
-
-/* Client: the op the tag names, if it is still waiting for its reply. */
-static struct ucx_rd_op *ucx_rd_op_find(struct ucx_ep *ep, uint64_t tag)
-{
-    uint32_t id = (uint32_t)(tag >> 32), idx = (uint32_t)tag;
-    struct kvt_list *pos, *tmp;
-
-    kvt_list_for_each_safe(pos, tmp, &ep->batches)
-    {
-        struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
-
-        if (b->id != id)
-            continue;
-        if (idx >= b->n_ops || b->ops[idx].state != RD_WAIT)
-            return NULL;
-        return &b->ops[idx];
-    }
-    return NULL;
-}
-
-/* Client: a reply; eager bytes are copied, rendezvous bytes received in place. */
-static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param)
-{
-    struct ucx_tp *tp = arg;
-    struct ucx_rd_hdr h;
-    struct ucx_rd_op *op;
-    struct ucx_ep *ep;
-
-    ep = ucx_am_ep(tp, param);
-    if (ep == NULL || ep->state >= EP_FAILED)
-        return UCS_OK; /* dropped: the endpoint is closing, its ops end at teardown */
-    op = ucx_rd_hdr_ok(header, header_length, &h) ? ucx_rd_op_find(ep, h.tag) : NULL;
-    if (op == NULL || h.addr != op->hdr.addr) {
-        kvt_warn("ucx", "endpoint %llu: READ reply for no pending op", (unsigned long long)ep->id);
-        ucx_ep_fail(ep, -EPROTO);
-        return UCS_OK;
-    }
-    if (h.err != 0) {
-        kvt_warn("ucx", "endpoint %llu: the peer refused a READ of %llu bytes: %s",
-                 (unsigned long long)ep->id, (unsigned long long)op->hdr.len, strerror(h.err));
-        ucx_rd_op_done(op, -EFAULT);
-        return UCS_OK;
-    }
-    if (length != op->hdr.len) {
-        ucx_rd_op_done(op, -EPROTO);
-        return UCS_OK;
-    }
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        memcpy(op->dst, data, length);
-        ucx_rd_op_done(op, 0);
-        return UCS_OK;
-    }
-
-    ucp_request_param_t rp = {
-        .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-        .cb.recv_am = ucx_rd_recv_done,
-        .user_data = op,
-        .memh = op->memh,
-    };
-    ucs_status_ptr_t req = ucp_am_recv_data_nbx(tp->worker, data, op->dst, length, &rp);
-
-    if (req == NULL) {
-        ucx_rd_op_done(op, 0);
-    } else if (UCS_PTR_IS_ERR(req)) {
-        ucx_rd_op_done(op, ucx_errno(UCS_PTR_STATUS(req)));
-    } else {
-        op->state = RD_RECV;
-        ep->ucx_reqs++;
-    }
-    return UCS_OK;
-}
-
-static void ucx_rdreq_sent(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_rd_op *op = user_data;
-    struct ucx_batch *b = op->b;
-
-    ucp_request_free(req);
-    if (b->ep == NULL) {
-        b->pending--;
-        return;
-    }
-    b->ep->ucx_reqs--;
-    if (status != UCS_OK) {
-        if (b->status == 0)
-            b->status = ucx_errno(status);
-        ucx_ep_fail(b->ep, ucx_errno(status));
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-}
-
-/* Client: posts the request of each op; returns 0 or the first posting error. */
-static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
-                       struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
-                       size_t *posted_p)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++) {
-        struct ucx_rd_op *op = &b->ops[i];
-        ucp_request_param_t param = {
-            .op_attr_mask =
-                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-            .flags = UCP_AM_SEND_FLAG_REPLY,
-            .cb.send = ucx_rdreq_sent,
-            .user_data = op,
-        };
-
-        op->b = b;
-        op->memh = local->memh;
-        op->dst = local->base + ops[i].local_off;
-        op->hdr = (struct ucx_rd_hdr){.magic = UCX_MAGIC,
-                                      .version = UCX_VERSION,
-                                      .addr = rk->base + ops[i].remote_off,
-                                      .len = ops[i].len,
-                                      .tag = (uint64_t)b->id << 32 | (uint32_t)i};
-        op->state = RD_WAIT;
-        b->pending++; /* the reply */
-
-        ucs_status_ptr_t req =
-            ucp_am_send_nbx(ep->uep, UCX_AM_RDREQ, &op->hdr, sizeof(op->hdr), NULL, 0, &param);
-
-        if (req == NULL)
-            continue;
-        if (UCS_PTR_IS_ERR(req)) {
-            op->state = RD_DONE;
-            b->pending--;
-            *posted_p = i;
-            return ucx_errno(UCS_PTR_STATUS(req));
-        }
-        b->pending++; /* the request's send */
-        ep->ucx_reqs++;
-    }
-    *posted_p = n;
-    return 0;
 }
 
 /* ---- the loop ---- */
@@ -2052,7 +1467,7 @@ static int ucx_arm(struct kvt_transport *t)
     if (st == UCS_ERR_BUSY)
         return -EAGAIN;
     if (st != UCS_OK)
-        return ucx_errno(st);
+        return kvt__ucx_errno(st);
 
     struct itimerspec its = {0};
 
