@@ -1,57 +1,68 @@
-/* The UCX backend of the transport interface (kvt/transport.h, DESIGN.md §7).
+/* The UCX backend of the transport interface (kvt/transport.h).
  *
  * One UCP context and one worker per transport, single-threaded, owned by the node's
- * loop. Control messages are active messages (one AM id) with a small header
- * {magic, version, type, seq}; data moves with ucp_get_nbx against rkeys the peer
- * packed with ucp_rkey_pack over RDMA, else as READ over active messages (see
- * ucx_ep_rd_path; that path is ucx_am_read.c, the shared structures ucx_int.h). UCX_TLS is left
- * alone: tcp and shared memory (sysv, cma) here, verbs where a device exists.
+ * loop. A connection starts on a TCP socket of our own (ucx_sock.c: our listener,
+ * frames of kvt/tp_frame.h), which carries everything until the owner authorizes
+ * the endpoint: the HELLO, control messages bounded in size and number, READ
+ * requests (refused). Authorizing sends our worker address and a fresh 128-bit token
+ * as the last frame; with the peer's address and token in too, a ucp ep is made from
+ * the peer's worker address and every later message and READ moves as an active
+ * message that names the receiver's token. Our AM handlers find the endpoint by that
+ * token and drop (and count) anything else, so nobody reaches our worker's handlers
+ * without the handshake, even one who wires up to our worker directly. The UCX
+ * context has no RMA feature: no software GET handler answers anyone from our memory;
+ * READs are request/reply over active messages (ucx_am_read.c; UCX moves large
+ * replies by rendezvous, over RDMA where there is hardware, over cma between two
+ * local nodes). Shared structures: ucx_int.h.
  *
  * Why every user callback is deferred: UCX calls us back from inside
- * ucp_worker_progress() (AM arrival, peer failure, request completion, new
- * connection) and from inside ucp_ep_close_nbx() (force close completes every
- * outstanding request). Those UCX callbacks only record what happened in our own
- * structures; dispatch() runs after ucp_worker_progress() returns and calls the
- * owner's callbacks, so the owner may call any transport function from them.
+ * ucp_worker_progress() (AM arrival, peer failure, request completion) and from inside
+ * ucp_ep_close_nbx() (force close completes every outstanding request). Those UCX
+ * callbacks only record what happened in our own structures; dispatch() runs after
+ * ucp_worker_progress() returns and calls the owner's callbacks, so the owner may call
+ * any transport function from them. (may_read is the exception: a question asked
+ * from the READ request handler, see kvt/transport.h.)
  *
  * Endpoint states:
- *   ACCEPTING  passive side, ucp ep created in the listener callback; dispatch
- *              calls on_accept, then sends HELLO (seq 0) and the ep is CONNECTED.
+ *   ACCEPTING  passive side, the socket accepted; dispatch queues our HELLO frame,
+ *              calls on_accept, then writes what is queued and the ep is CONNECTED.
  *   CONNECTING active side, waiting for the server's HELLO (or connect timeout).
- *   CONNECTED  usable.
- *   FAILED     an error or a local close was seen (ep->err); teardown force-closes
- *              the ucp ep, which completes every request; its batches complete with
- *              the ep's error (-ECANCELED for a local close), then CLOSED is
- *              reported once (not for a refused accept).
+ *   CONNECTED  usable (messages bounded until authorized).
+ *   FAILED     an error or a local close was seen (ep->err); teardown closes the
+ *              socket and force-closes the ucp ep, which completes every request; its
+ *              batches complete with the ep's error (-ECANCELED for a local close),
+ *              then CLOSED is reported once (not for a refused accept).
  *   DEAD       CLOSED reported; the ep waits on tp->zombies until UCX holds no
  *              request that names it, then it is freed.
+ * Across CONNECTED: authorized (our ep_authorize, our ADDR sent), peer_addr (the
+ * peer's ADDR read), uep (both: the active-message channel).
  *
- * Control message order: the AM handler files each message into ep->rx sorted by
- * seq; eager data is kept (persistent UCX descriptor) or copied, rendezvous data is
- * fetched with ucp_am_recv_data_nbx. dispatch delivers the head while it is
- * complete and in sequence, so a rendezvous message never overtakes an eager one.
- * -EAGAIN on send is the local bound: recv_credits messages not yet completed by UCX.
+ * Control message order: one sequence space per direction over both channels. The
+ * passive side's HELLO is 0; every DATA or RDREQ frame on the socket takes the next
+ * number on both ends, and each active message carries its own. Socket frames are
+ * filed into ep->rx as they are read, active messages by their seq; eager data is
+ * kept (persistent UCX descriptor) or copied, rendezvous data is fetched with
+ * ucp_am_recv_data_nbx. dispatch delivers the head while it is complete and in
+ * sequence, so nothing overtakes what was sent before it, on either channel.
+ * -EAGAIN on send is the local bound: recv_credits messages not yet completed by UCX
+ * (or waiting for the ucp ep).
  *
- * READ batches (GET path): n ucp_get_nbx into the local registration (its memh
- * passed, no per-op registration); the batch counts its outstanding requests; it completes
- * (from dispatch, never inside read()) when the count reaches 0, with the first
- * error seen. Any request error fails the endpoint. Batches older than
- * op_timeout_ms fail the endpoint with -ETIMEDOUT.
+ * Event fd: an epoll fd holding the worker's efd, a timerfd armed (in arm) for the
+ * nearest deadline, and the epoll set of our sockets.
  *
- * Event fd: an epoll fd holding the worker's efd and a timerfd armed (in arm) for
- * the nearest connect or op deadline, so a sleeping loop wakes for timeouts too.
- *
- * Handle layout (pack/unpack): {magic, rkey length, base, length} little-endian,
- * then the UCX rkey bytes. The base address stays inside the handle: the owner names
- * remote memory by offsets only, and every op is checked against the length. */
+ * Handle layout (pack/unpack): {magic, 0, base, length} little-endian. The base
+ * address stays inside the handle: the owner names remote memory by offsets only,
+ * every op is checked against the length, and the server checks each request against
+ * its registrations again. */
 #include <dirent.h>
 #include <endian.h>
 #include <errno.h>
-#include <netdb.h>
+#include <ifaddrs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <time.h>
@@ -67,7 +78,6 @@
 #include "kvt/transport.h"
 #include "ucx_int.h"
 
-/* The one place UCX status codes become negative errno. */
 int kvt__ucx_errno(ucs_status_t st)
 {
     if (st >= UCS_ERR_LAST_LINK_FAILURE && st <= UCS_ERR_FIRST_LINK_FAILURE)
@@ -132,8 +142,6 @@ int kvt__ucx_errno(ucs_status_t st)
 
 /* ---- endpoints ---- */
 
-/* Records a failure; teardown and the CLOSED report happen in dispatch. Safe from
- * inside UCX callbacks. The first error wins. */
 void kvt__ucx_ep_fail(struct ucx_ep *ep, int err)
 {
     if (ep->state >= EP_FAILED)
@@ -145,6 +153,7 @@ void kvt__ucx_ep_fail(struct ucx_ep *ep, int err)
     ep->state = EP_FAILED;
     ep->err = err;
     ep->tp->kick = true;
+    kvt__ucx_ep_account(ep);
 }
 
 void kvt__ucx_batch_finish(struct ucx_batch *b)
@@ -157,9 +166,39 @@ void kvt__ucx_batch_finish(struct ucx_batch *b)
     ep->tp->kick = true;
 }
 
-/* Force-closes the ucp ep of a FAILED endpoint: UCX completes each outstanding
- * request (with UCS_ERR_CANCELED) before ucp_ep_close_nbx returns. Not from inside a
- * UCX callback. */
+void kvt__ucx_ep_account(struct ucx_ep *ep)
+{
+    struct ucx_tp *tp = ep->tp;
+    bool alive = ep->state < EP_FAILED;
+    bool preauth = alive && ep->passive && !ep->authorized;
+    bool busy = alive && ep->sock >= 0 &&
+                (ep->sock_connecting || !ep->peer_addr || ep->out_len > 0 || !ep->authorized);
+
+    if (preauth != ep->preauth_counted) {
+        tp->n_preauth += preauth ? 1 : -1;
+        ep->preauth_counted = preauth;
+    }
+    if (busy != ep->sock_busy) {
+        tp->n_sock_busy += busy ? 1 : -1;
+        ep->sock_busy = busy;
+    }
+}
+
+static void ucx_tx_free_queue(struct ucx_ep *ep)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &ep->txq)
+    {
+        kvt_list_del(pos);
+        ep->tx_inflight--;
+        kvt_free(kvt_list_entry(pos, struct ucx_tx, node));
+    }
+}
+
+/* Closes the socket and force-closes the ucp ep of a FAILED endpoint: UCX completes
+ * each outstanding request (with UCS_ERR_CANCELED) before ucp_ep_close_nbx returns.
+ * Not from inside a UCX callback. */
 static void ucx_ep_teardown(struct ucx_ep *ep)
 {
     struct kvt_list *pos, *tmp;
@@ -168,8 +207,9 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
         .flags = UCP_EP_CLOSE_FLAG_FORCE,
     };
 
-    if (ep->uep == NULL)
+    if (ep->torn)
         return;
+    ep->torn = true;
     kvt_list_for_each_safe(pos, tmp, &ep->batches)
     {
         struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
@@ -179,22 +219,32 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
     }
     if (ep->tp->last_ep == ep)
         ep->tp->last_ep = NULL;
+    kvt__ucx_sock_close(ep);
+    kvt_free(ep->reader);
+    ep->reader = NULL;
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    kvt_free(ep->out);
+    ep->out = NULL;
+    ep->out_cap = 0;
+    ucx_tx_free_queue(ep);
+    if (ep->uep != NULL) {
+        ucs_status_ptr_t req = ucp_ep_close_nbx(ep->uep, &param);
 
-    ucs_status_ptr_t req = ucp_ep_close_nbx(ep->uep, &param);
-
-    ep->uep = NULL;
-    if (UCS_PTR_IS_PTR(req))
-        ep->close_req = req;
-    else if (UCS_PTR_IS_ERR(req))
-        kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
-    /* READs over AM still waiting for a reply will never get one; those whose bytes
-     * are being received complete from UCX (the close cancels them). */
+        ep->uep = NULL;
+        if (UCS_PTR_IS_PTR(req))
+            ep->close_req = req;
+        else if (UCS_PTR_IS_ERR(req))
+            kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+    }
+    /* READs still waiting for a reply (or for the ucp ep) will never get one; those
+     * whose bytes are being received complete from UCX (the close cancels them). */
     kvt_list_for_each_safe(pos, tmp, &ep->batches)
     {
         struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
 
         for (size_t i = 0; i < b->n_ops; i++) {
-            if (b->ops[i].state != RD_WAIT)
+            if (b->ops[i].state != RD_WAIT && b->ops[i].state != RD_UNSENT)
                 continue;
             b->ops[i].state = RD_DONE;
             if (--b->pending == 0)
@@ -206,21 +256,45 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
         kvt_list_del(pos);
         kvt_free(kvt_list_entry(pos, struct ucx_rd_tx, node));
     }
+    kvt__ucx_ep_account(ep);
 }
 
-static struct ucx_ep *ucx_ep_alloc(struct ucx_tp *tp)
+/* A new endpoint on socket fd (-1: none yet), on tp->eps. */
+struct ucx_ep *kvt__ucx_ep_new(struct ucx_tp *tp, int fd, bool passive)
 {
     struct ucx_ep *ep = kvt_calloc(1, sizeof(*ep));
+    size_t got = 0;
 
     if (ep == NULL)
         return NULL;
+    ep->reader = kvt_malloc(sizeof(*ep->reader));
+    while (ep->reader != NULL && got < sizeof(ep->token)) {
+        ssize_t n = getrandom(ep->token + got, sizeof(ep->token) - got, 0);
+
+        if (n < 0 && errno != EINTR)
+            break;
+        got += n > 0 ? (size_t)n : 0;
+    }
+    if (ep->reader == NULL || got < sizeof(ep->token)) {
+        kvt_error("ucx", "a new endpoint: %s", ep->reader == NULL ? "out of memory" : "no random");
+        kvt_free(ep->reader);
+        kvt_free(ep);
+        return NULL;
+    }
+    kvt_tp_frame_reader_init(ep->reader, !passive);
     ep->pub.tp = &tp->pub;
     ep->tp = tp;
     ep->id = ++tp->next_ep_id;
+    ep->sock = fd;
+    ep->passive = passive;
+    ep->preauth_deadline_ns = ucx_now_ns() + (uint64_t)tp->pub.cfg.preauth_timeout_ms * 1000000ull;
     kvt_list_init(&ep->node);
     kvt_list_init(&ep->rx);
+    kvt_list_init(&ep->txq);
     kvt_list_init(&ep->batches);
     kvt_list_init(&ep->rd_q);
+    kvt_list_add_tail(&tp->eps, &ep->node);
+    kvt__ucx_ep_account(ep);
     return ep;
 }
 
@@ -255,17 +329,28 @@ static void ucx_ep_free(struct ucx_ep *ep)
     kvt_free(ep);
 }
 
-static struct ucx_ep *ucx_ep_find(struct ucx_tp *tp, ucp_ep_h uep)
+/* Constant time: the token is the only secret an active message shows. */
+static bool ucx_token_eq(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+
+    for (size_t i = 0; i < UCX_TOKEN_BYTES; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+struct ucx_ep *kvt__ucx_ep_by_token(struct ucx_tp *tp, const uint8_t *token)
 {
     struct kvt_list *pos, *tmp;
 
-    if (tp->last_ep != NULL && tp->last_ep->uep == uep)
+    if (tp->last_ep != NULL && ucx_token_eq(tp->last_ep->token, token))
         return tp->last_ep;
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->uep == uep) {
+        /* Only an authorized endpoint has shown its token to anyone. */
+        if (ep->authorized && ucx_token_eq(ep->token, token)) {
             tp->last_ep = ep;
             return ep;
         }
@@ -292,45 +377,43 @@ static void ucx_send_done(void *req, ucs_status_t status, void *user_data)
     ucp_request_free(req);
 }
 
-static int ucx_post_am(struct ucx_ep *ep, uint16_t type, uint64_t seq, const void *buf, size_t len)
+/* Sends a queued (or new) message as an active message on uep (reply: with our ep
+ * for the receiver to answer on, the WIRE). */
+static int ucx_post_tx(struct ucx_ep *ep, struct ucx_tx *tx, bool reply)
 {
-    struct ucx_tx *tx = kvt_malloc(sizeof(*tx) + len);
     ucp_request_param_t param = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_REPLY,
+        .flags = reply ? UCP_AM_SEND_FLAG_REPLY : 0,
         .cb.send = ucx_send_done,
+        .user_data = tx,
     };
 
-    if (tx == NULL)
-        return -ENOMEM;
-    tx->ep = ep;
-    tx->hdr =
-        (struct ucx_am_hdr){.magic = UCX_MAGIC, .version = UCX_VERSION, .type = type, .seq = seq};
-    if (len > 0)
-        memcpy(tx->data, buf, len);
-    param.user_data = tx;
+    memcpy(tx->hdr.token, ep->peer_token, UCX_TOKEN_BYTES);
+    if (ep->tp->test_bad_token && tx->hdr.kind == UCX_AM_DATA)
+        tx->hdr.token[0] ^= 0xff;
 
     ucs_status_ptr_t req =
-        ucp_am_send_nbx(ep->uep, UCX_AM_ID, &tx->hdr, sizeof(tx->hdr), tx->data, len, &param);
+        ucp_am_send_nbx(ep->uep, UCX_AM_ID, &tx->hdr, sizeof(tx->hdr), tx->data, tx->len, &param);
 
     if (req == NULL) {
+        ep->tx_inflight--;
         kvt_free(tx);
         return 0;
     }
     if (UCS_PTR_IS_ERR(req)) {
         int err = kvt__ucx_errno(UCS_PTR_STATUS(req));
 
+        ep->tx_inflight--;
         kvt_free(tx);
         kvt__ucx_ep_fail(ep, err);
         return err;
     }
-    ep->tx_inflight++;
     ep->ucx_reqs++;
     return 0;
 }
 
-static void ucx_rx_insert(struct ucx_ep *ep, struct ucx_msg *m)
+void kvt__ucx_rx_insert(struct ucx_ep *ep, struct ucx_msg *m)
 {
     struct kvt_list *pos = ep->rx.prev;
 
@@ -358,14 +441,6 @@ static void ucx_rndv_done(void *req, ucs_status_t status, size_t length, void *u
     }
 }
 
-/* The endpoint an active message came on, or NULL (no reply ep: not one of ours). */
-struct ucx_ep *kvt__ucx_am_ep(struct ucx_tp *tp, const ucp_am_recv_param_t *param)
-{
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
-        return NULL;
-    return ucx_ep_find(tp, param->reply_ep);
-}
-
 static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
                               size_t length, const ucp_am_recv_param_t *param)
 {
@@ -375,20 +450,30 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
     bool keep = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA;
 
-    ep = kvt__ucx_am_ep(tp, param);
-    if (ep == NULL || ep->state >= EP_FAILED)
-        return UCS_OK; /* dropped: the endpoint is closing */
     if (header_length != sizeof(hdr)) {
-        kvt__ucx_ep_fail(ep, -EPROTO);
-        return UCS_OK;
+        tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
+        return UCS_OK; /* names no endpoint: dropped (and its data with it) */
     }
     memcpy(&hdr, header, sizeof(hdr));
-    if (hdr.magic != UCX_MAGIC || hdr.version != UCX_VERSION || hdr.seq < ep->rx_seq ||
-        (hdr.type == UCX_MSG_DATA && length > tp->pub.cfg.max_msg_bytes) ||
-        (hdr.type == UCX_MSG_HELLO && (length != 0 || hdr.seq != 0)) ||
-        (hdr.type != UCX_MSG_DATA && hdr.type != UCX_MSG_HELLO)) {
-        kvt_warn("ucx", "endpoint %llu: bad message (type %u, seq %llu, %zu bytes)",
-                 (unsigned long long)ep->id, hdr.type, (unsigned long long)hdr.seq, length);
+    ep = kvt__ucx_ep_by_token(tp, hdr.token);
+    if (ep == NULL) {
+        tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
+        return UCS_OK;
+    }
+    if (ep->state >= EP_FAILED)
+        return UCS_OK; /* dropped: the endpoint is closing */
+    if (hdr.magic == UCX_MAGIC && hdr.version == UCX_VERSION && hdr.kind == UCX_AM_WIRE &&
+        length == 0 && !ep->creator && ep->uep == NULL &&
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        ep->uep = param->reply_ep; /* the ep UCX made for the creator's */
+        ep->wire_rx = true;
+        tp->kick = true;
+        return UCS_OK;
+    }
+    if (hdr.magic != UCX_MAGIC || hdr.version != UCX_VERSION || hdr.kind != UCX_AM_DATA ||
+        hdr.seq < ep->rx_seq || length > tp->pub.cfg.max_msg_bytes) {
+        kvt_warn("ucx", "endpoint %llu: bad message (seq %llu, %zu bytes)",
+                 (unsigned long long)ep->id, (unsigned long long)hdr.seq, length);
         kvt__ucx_ep_fail(ep, -EPROTO);
         return UCS_OK;
     }
@@ -399,9 +484,9 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
         kvt__ucx_ep_fail(ep, -ENOMEM);
         return UCS_OK;
     }
-    *m = (struct ucx_msg){.ep = ep, .seq = hdr.seq, .type = hdr.type, .len = length};
+    *m = (struct ucx_msg){.ep = ep, .seq = hdr.seq, .kind = RX_DATA, .len = length};
     m->data = m->buf;
-    ucx_rx_insert(ep, m);
+    kvt__ucx_rx_insert(ep, m);
     tp->kick = true;
     if (rndv) {
         ucp_request_param_t rp = {
@@ -433,7 +518,152 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     return UCS_OK;
 }
 
+/* ---- authorization ---- */
+
+/* Sends what waited for the active-message channel, in order. */
+static void ucx_ep_flush_waiting(struct ucx_ep *ep)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &ep->txq)
+    {
+        kvt_list_del(pos);
+        if (ucx_post_tx(ep, kvt_list_entry(pos, struct ucx_tx, node), false) < 0)
+            return; /* the ep failed; teardown frees the rest */
+    }
+    kvt__ucx_read_post_unsent(ep);
+    ep->tp->kick = true;
+}
+
+/* Whether we are the side that makes this connection's ucp ep: the one whose worker
+ * address sorts first. -1: the same address (our own worker). */
+static int ucx_ep_role(const struct ucx_ep *ep)
+{
+    const struct ucx_tp *tp = ep->tp;
+    size_t n = KVT_MIN(tp->waddr_len, ep->peer_waddr_len);
+    int c = memcmp(tp->waddr, ep->peer_waddr, n);
+
+    if (c == 0 && tp->waddr_len == ep->peer_waddr_len)
+        return -1;
+    return c < 0 || (c == 0 && tp->waddr_len < ep->peer_waddr_len);
+}
+
+/* The active-message channel of a connection both ends authorized. Only one side
+ * makes a ucp ep, from the other's worker address, and sends WIRE on it; the other
+ * side sends on the ep UCX made for it (the WIRE's reply_ep). Why not both: UCX 1.13
+ * then resolves a simultaneous connect, and a wireup REPLY left pending on a
+ * shared-memory lane (the peer stalled with its FIFO full) trips an assertion when
+ * the ep is purged ("got REP message", ucp_request.c:684; the assertion is gone in
+ * 1.14): a stalled peer aborted us at close. And its endpoint matching pairs the eps
+ * two nodes made for different links, so closing one link's ep failed another's.
+ * The side is the same for every connection between two workers (the one whose
+ * address sorts first), so one of them never makes an ep to the other: one wireup
+ * per connection, no matching, every connection its own UCX ep pair. */
+int kvt__ucx_ep_wire(struct ucx_ep *ep)
+{
+    struct ucx_tp *tp = ep->tp;
+    ucs_status_t st;
+    int role;
+
+    if (ep->uep != NULL || !ep->authorized || !ep->peer_addr || ep->state >= EP_FAILED)
+        return 0;
+    role = ucx_ep_role(ep);
+    if (role < 0) {
+        kvt_warn("ucx", "endpoint %llu: the peer is this transport itself",
+                 (unsigned long long)ep->id);
+        return -EPROTO;
+    }
+    ep->creator = role == 1;
+    if (!ep->creator) {
+        kvt_free(ep->peer_waddr);
+        ep->peer_waddr = NULL;
+        return 0; /* the peer makes it and says so (WIRE) */
+    }
+
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)ep->peer_waddr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_err_cb, .arg = ep},
+    };
+    st = ucp_ep_create(tp->worker, &p, &ep->uep);
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    if (st != UCS_OK) {
+        ep->uep = NULL;
+        kvt_warn("ucx", "endpoint %llu: ucp_ep_create from the peer's address: %s",
+                 (unsigned long long)ep->id, ucs_status_string(st));
+        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
+    }
+    ep->connected_ns = ucx_now_ns();
+
+    struct ucx_tx *tx = kvt_malloc(sizeof(*tx));
+
+    if (tx == NULL)
+        return -ENOMEM;
+    tx->ep = ep;
+    tx->len = 0;
+    tx->hdr = (struct ucx_am_hdr){.magic = UCX_MAGIC, .version = UCX_VERSION, .kind = UCX_AM_WIRE};
+    ep->tx_inflight++;
+    if (ucx_post_tx(ep, tx, true) < 0)
+        return 0; /* the ep failed */
+    ucx_ep_flush_waiting(ep);
+    return 0;
+}
+
+static int ucx_ep_authorize(struct kvt_tp_ep *pep)
+{
+    struct ucx_ep *ep = ep_of(pep);
+    struct ucx_tp *tp = ep->tp;
+    int ret;
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    if (ep->authorized)
+        return 0;
+    /* Our last frame: the token the peer must name us by, and where we are. */
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_ADDR, ep->token, UCX_TOKEN_BYTES, tp->waddr,
+                              tp->waddr_len);
+    if (ret < 0) {
+        kvt__ucx_ep_fail(ep, ret);
+        return ret;
+    }
+    ep->authorized = true;
+    kvt__ucx_ep_account(ep);
+    ret = kvt__ucx_ep_wire(ep);
+    if (ret < 0)
+        kvt__ucx_ep_fail(ep, ret);
+    return ret;
+}
+
+static int ucx_get_counters(struct kvt_transport *t, struct kvt_tp_counters *out)
+{
+    if (out == NULL)
+        return -EINVAL;
+    *out = tp_of(t)->counters;
+    return 0;
+}
+
 /* ---- dispatch: the owner's callbacks, outside ucp_worker_progress ---- */
+
+/* A READ request that came as a frame on the socket, in order with the messages. */
+static void ucx_rx_rdreq(struct ucx_ep *ep, const struct ucx_msg *m)
+{
+    struct ucx_rd_hdr h = {.magic = UCX_MAGIC, .version = UCX_VERSION};
+
+    memcpy(&h.addr, m->data, 8);
+    memcpy(&h.len, m->data + 8, 8);
+    memcpy(&h.tag, m->data + 16, 8);
+    h.addr = le64toh(h.addr);
+    h.len = le64toh(h.len);
+    h.tag = le64toh(h.tag);
+    if (h.len == 0) {
+        kvt__ucx_ep_fail(ep, -EPROTO);
+        return;
+    }
+    kvt__ucx_rd_serve(ep, &h);
+}
 
 static int ucx_deliver_rx(struct ucx_ep *ep)
 {
@@ -447,14 +677,13 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
             break;
         ep->rx_seq++;
         n++;
-        if (m->type == UCX_MSG_HELLO) {
+        if (m->kind == RX_HELLO) {
             ucx_msg_free(ep->tp, m);
             if (ep->state != EP_CONNECTING) {
                 kvt__ucx_ep_fail(ep, -EPROTO);
                 break;
             }
             ep->state = EP_CONNECTED;
-            ep->connected_ns = ucx_now_ns();
             if (cb->on_ep_state != NULL)
                 cb->on_ep_state(cb->arg, &ep->pub, KVT_EP_CONNECTED, 0);
             continue;
@@ -463,6 +692,11 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
             ucx_msg_free(ep->tp, m);
             kvt__ucx_ep_fail(ep, -EPROTO);
             break;
+        }
+        if (m->kind == RX_RDREQ) {
+            ucx_rx_rdreq(ep, m);
+            ucx_msg_free(ep->tp, m);
+            continue;
         }
         /* Unlinked first: on_msg may close the endpoint. */
         kvt_list_del(&m->node);
@@ -477,18 +711,24 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
 static int ucx_accept(struct ucx_ep *ep)
 {
     const struct kvt_tp_callbacks *cb = &ep->tp->pub.cfg.cb;
+    uint32_t version = htole32(UCX_VERSION);
     int ret;
 
+    /* HELLO first on the socket, before anything on_accept sends (written after it). */
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_HELLO, &version, sizeof(version), NULL, 0);
+    if (ret < 0) {
+        kvt__ucx_ep_fail(ep, ret);
+        return 1;
+    }
+    ep->tx_seq = 1;
     ep->state = EP_CONNECTED;
-    ep->connected_ns = ucx_now_ns();
     ret = cb->on_accept != NULL ? cb->on_accept(cb->arg, &ep->pub) : 0;
     if (ret < 0) {
         ep->silent = true;
         kvt__ucx_ep_fail(ep, ret);
         return 1;
     }
-    if (ep->state == EP_CONNECTED) /* the owner may have closed it already */
-        ucx_post_am(ep, UCX_MSG_HELLO, 0, NULL, 0);
+    kvt__ucx_sock_flush(ep);
     return 1;
 }
 
@@ -505,8 +745,16 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 
             if (ep->state == EP_ACCEPTING)
                 n += ucx_accept(ep);
+            if (ep->wire_rx && ep->state == EP_CONNECTED) {
+                ep->wire_rx = false;
+                ep->connected_ns = ucx_now_ns();
+                ucx_ep_flush_waiting(ep);
+                n++;
+            }
             n += ucx_deliver_rx(ep);
             n += kvt__ucx_rd_send_replies(ep);
+            if (ep->sock_eof && ep->state < EP_FAILED)
+                kvt__ucx_ep_fail(ep, -ECONNRESET); /* after what came before the end */
         }
     }
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
@@ -528,7 +776,7 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->state != EP_FAILED || ep->uep != NULL || !kvt_list_empty(&ep->batches))
+        if (ep->state != EP_FAILED || !ep->torn || !kvt_list_empty(&ep->batches))
             continue;
         ep->state = EP_DEAD;
         kvt_list_del(&ep->node);
@@ -559,7 +807,8 @@ static bool ucx_reap(struct ucx_tp *tp)
     return kvt_list_empty(&tp->zombies);
 }
 
-/* Marks connect and op timeouts; returns the nearest deadline still ahead (0: none). */
+/* Marks connect, pre-auth and op timeouts; returns the nearest deadline still ahead
+ * (0: none). */
 static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
 {
     uint64_t op_ns = (uint64_t)tp->pub.cfg.op_timeout_ms * 1000000ull;
@@ -571,10 +820,25 @@ static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
         uint64_t dl = 0;
 
-        if (ep->state == EP_CONNECTING)
+        if (ep->state >= EP_FAILED)
+            continue;
+        if (!ep->authorized) {
+            if (ep->preauth_deadline_ns <= now) {
+                tp->counters.refused[KVT_TP_PREAUTH_TIMEOUT]++;
+                kvt_debug("ucx", "endpoint %llu: not authorized in %u ms; closed",
+                          (unsigned long long)ep->id, tp->pub.cfg.preauth_timeout_ms);
+                kvt__ucx_ep_fail(ep, -ETIMEDOUT);
+                continue;
+            }
+            dl = ep->preauth_deadline_ns;
+        }
+        if (ep->state == EP_CONNECTING && (dl == 0 || ep->deadline_ns < dl))
             dl = ep->deadline_ns;
-        else if (ep->state == EP_CONNECTED && !kvt_list_empty(&ep->batches))
-            dl = kvt_list_entry(ep->batches.next, struct ucx_batch, node)->start_ns + op_ns;
+        if (ep->state == EP_CONNECTED && !kvt_list_empty(&ep->batches)) {
+            uint64_t b = kvt_list_entry(ep->batches.next, struct ucx_batch, node)->start_ns + op_ns;
+
+            dl = dl == 0 || b < dl ? b : dl;
+        }
         if (dl == 0)
             continue;
         if (dl <= now) {
@@ -587,7 +851,7 @@ static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
     return next;
 }
 
-/* True when dispatch has work without any new UCX event. */
+/* True when dispatch has work without any new event. */
 static bool ucx_work_pending(struct ucx_tp *tp)
 {
     struct kvt_list *pos, *tmp;
@@ -598,9 +862,9 @@ static bool ucx_work_pending(struct ucx_tp *tp)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED)
+        if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED || ep->sock_eof || ep->wire_rx)
             return true;
-        if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED &&
+        if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED && ep->uep != NULL &&
             (ep->rd_inflight == 0 ||
              ep->rd_inflight + kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node)->hdr.len <=
                  UCX_RD_INFLIGHT_BYTES))
@@ -619,22 +883,6 @@ static bool ucx_work_pending(struct ucx_tp *tp)
 
 static void ucx_close(struct kvt_transport *t);
 
-/* KVT_UCX_READ=get|am: every endpoint's READs take that path; else each endpoint's
- * own lanes decide (ucx_ep_rd_path). */
-static enum ucx_rd_path ucx_read_force(void)
-{
-    const char *force = getenv("KVT_UCX_READ");
-
-    if (force != NULL && strcmp(force, "am") == 0)
-        return RD_PATH_AM;
-    if (force != NULL && strcmp(force, "get") == 0)
-        return RD_PATH_GET;
-    return RD_PATH_AUTO;
-}
-
-/* Whether a comma-separated list (UCX_TLS, or our lists of lane transports) holds
- * the first n bytes of name as an entry: whole, after UCX_TLS's leading "^", or with
- * a ":aux"-like suffix. */
 static bool ucx_list_has(const char *list, const char *name, size_t n)
 {
     for (const char *p = list + (list[0] == '^'); *p != '\0'; p += *p == ',') {
@@ -680,6 +928,84 @@ static void ucx_config_shm(ucp_config_t *config)
         (void)ucp_config_modify(config, "MEMORY_INVALIDATE", "y");
 }
 
+/* The device that holds addr, as UCX names net devices ("lo", "eth0"), into dev;
+ * false when addr is a wildcard or no interface has it. */
+static bool ucx_addr_device(const char *addr, char *dev, size_t cap)
+{
+    struct sockaddr_storage ss;
+    struct ifaddrs *ifs, *i;
+    socklen_t len;
+    bool found = false;
+
+    if (kvt__ucx_sockaddr(addr, 0, &ss, &len) < 0 || getifaddrs(&ifs) < 0)
+        return false;
+    for (i = ifs; i != NULL && !found; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != ss.ss_family)
+            continue;
+        if (ss.ss_family == AF_INET)
+            found = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr ==
+                    ((struct sockaddr_in *)&ss)->sin_addr.s_addr;
+        else
+            found = memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
+                           &((struct sockaddr_in6 *)&ss)->sin6_addr, sizeof(struct in6_addr)) == 0;
+        if (found)
+            snprintf(dev, cap, "%s", i->ifa_name);
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* Appends every RDMA device port ("mlx5_0:1") to list: UCX_NET_DEVICES names those
+ * too, and confining tcp must not take RDMA away. */
+static void ucx_rdma_ports(char *list, size_t cap)
+{
+    DIR *d = opendir("/sys/class/infiniband");
+    struct dirent *e;
+
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        char path[512];
+        DIR *pd;
+        struct dirent *pe;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports", e->d_name);
+        pd = opendir(path);
+        if (pd == NULL)
+            continue;
+        while ((pe = readdir(pd)) != NULL) {
+            size_t used = strlen(list);
+
+            if (pe->d_name[0] != '.')
+                snprintf(list + used, cap - used, ",%s:%s", e->d_name, pe->d_name);
+        }
+        closedir(pd);
+    }
+    closedir(d);
+}
+
+/* UCX's own tcp interfaces listen (on an ephemeral port) on every device it uses:
+ * unless the user chose (UCX_NET_DEVICES), only the device of the address we listen
+ * on, so a node on 127.0.0.1 exposes nothing of UCX beyond lo. */
+static void ucx_config_devices(ucp_config_t *config, const char *local_addr)
+{
+    char list[1024];
+
+    if (getenv("UCX_NET_DEVICES") != NULL || local_addr == NULL)
+        return;
+    if (!ucx_addr_device(local_addr, list, sizeof(list))) {
+        kvt_debug("ucx", "%s is no interface's address: UCX uses every device", local_addr);
+        return;
+    }
+    ucx_rdma_ports(list, sizeof(list));
+    if (ucp_config_modify(config, "NET_DEVICES", list) != UCS_OK)
+        kvt_warn("ucx", "UCX_NET_DEVICES=%s refused: UCX uses every device", list);
+    else
+        kvt_debug("ucx", "UCX net devices: %s", list);
+}
+
 static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
 {
     extern const struct kvt_transport_ops kvt_ucx_transport_ops;
@@ -696,25 +1022,23 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     tp->pub.ops = &kvt_ucx_transport_ops;
     tp->pub.cfg = *cfg;
     kvt_transport_config_defaults(&tp->pub.cfg);
-    tp->epfd = tp->wfd = tp->tfd = -1;
+    tp->epfd = tp->wfd = tp->tfd = tp->sfd = tp->lfd = -1;
     kvt_list_init(&tp->eps);
     kvt_list_init(&tp->zombies);
     kvt_list_init(&tp->done);
     kvt_list_init(&tp->orphans);
     kvt_list_init(&tp->mrs);
     kvt_list_init(&tp->rd_sent);
-    tp->read_force = ucx_read_force();
-    /* Test-only (tests/conformance test_read_refused_by_server): READs over AM skip
+    /* Test-only hooks, read once here. KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK: READs skip
      * the client's check of the remote range, so the server's check is what refuses
-     * them. Never set in production; ucp_get_nbx keeps the check (nothing on the
-     * server checks a GET). */
+     * them (tests/conformance test_read_refused_by_server). KVT_UCX_TEST_BAD_TOKEN:
+     * every active message names a token the peer never gave (test_unknown_token).
+     * Never set in production. */
     tp->test_no_rcheck = getenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK") != NULL;
+    tp->test_bad_token = getenv("KVT_UCX_TEST_BAD_TOKEN") != NULL;
+    if (getenv("KVT_UCX_READ") != NULL)
+        kvt_warn("ucx", "KVT_UCX_READ is no longer read: READs are always active messages");
 
-    /* The user's settings win over each of these. A node restarted after SIGKILL
-     * listens on its port again while the dead process's connections sit in
-     * TIME_WAIT. */
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
         ret = kvt__ucx_errno(st);
@@ -727,9 +1051,12 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
      * messages move over sysv and large ones by rendezvous over cma
      * (process_vm_readv); without them every byte went through loopback tcp. */
     ucx_config_shm(config);
+    ucx_config_devices(config, cfg->local_addr);
+    /* No UCP_FEATURE_RMA: a worker with it answers software GETs (ucp_get_req_handler)
+     * from whatever address the request names, to anyone wired up to it. */
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .name = "kvtier",
     };
     st = ucp_init(&params, config, &tp->ctx);
@@ -768,6 +1095,13 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
         st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     if (st == UCS_OK)
         st = ucp_worker_get_efd(tp->worker, &tp->wfd);
+    if (st == UCS_OK)
+        st = ucp_worker_get_address(tp->worker, &tp->waddr, &tp->waddr_len);
+    if (st == UCS_OK && tp->waddr_len > KVT_TP_FRAME_WADDR_MAX) {
+        kvt_error("ucx", "our worker address of %zu bytes exceeds %d", tp->waddr_len,
+                  KVT_TP_FRAME_WADDR_MAX);
+        st = UCS_ERR_EXCEEDS_LIMIT;
+    }
     if (st != UCS_OK) {
         ret = kvt__ucx_errno(st);
         kvt_error("ucx", "worker setup: %s", ucs_status_string(st));
@@ -775,13 +1109,15 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     }
     tp->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     tp->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (tp->tfd < 0 || tp->epfd < 0) {
+    tp->sfd = epoll_create1(EPOLL_CLOEXEC);
+    if (tp->tfd < 0 || tp->epfd < 0 || tp->sfd < 0) {
         ret = -errno;
         goto err_fds;
     }
     struct epoll_event ev = {.events = EPOLLIN};
     if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->wfd, &ev) < 0 ||
-        epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->tfd, &ev) < 0) {
+        epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->tfd, &ev) < 0 ||
+        epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->sfd, &ev) < 0) {
         ret = -errno;
         goto err_fds;
     }
@@ -793,7 +1129,11 @@ err_fds:
         close(tp->tfd);
     if (tp->epfd >= 0)
         close(tp->epfd);
+    if (tp->sfd >= 0)
+        close(tp->sfd);
 err_worker:
+    if (tp->waddr != NULL)
+        ucp_worker_release_address(tp->worker, tp->waddr);
     ucp_worker_destroy(tp->worker);
 err_cleanup:
     ucp_cleanup(tp->ctx);
@@ -836,15 +1176,13 @@ static void ucx_close(struct kvt_transport *t)
     struct kvt_list *pos, *tmp;
 
     tp->closing = true;
-    if (tp->listener != NULL) {
-        ucp_listener_destroy(tp->listener);
-        tp->listener = NULL;
-    }
+    kvt__ucx_sock_close_listener(tp);
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
         kvt__ucx_ep_fail(kvt_list_entry(pos, struct ucx_ep, node), 0);
     /* Batches and CLOSED reports before close returns; no more messages. A force
-     * close does not complete every request inside ucp_ep_close_nbx (a get still on
-     * its way over tcp completes from progress), so the worker keeps running. */
+     * close does not complete every request inside ucp_ep_close_nbx (a rendezvous
+     * still on its way over tcp completes from progress), so the worker keeps
+     * running. */
     uint64_t until = ucx_now_ns() + UCX_CLOSE_WAIT_NS;
 
     for (;;) {
@@ -870,6 +1208,8 @@ static void ucx_close(struct kvt_transport *t)
     }
     close(tp->epfd);
     close(tp->tfd);
+    close(tp->sfd);
+    ucp_worker_release_address(tp->worker, tp->waddr);
     ucp_worker_destroy(tp->worker);
     ucp_cleanup(tp->ctx);
     kvt_list_for_each_safe(pos, tmp, &tp->orphans)
@@ -885,135 +1225,38 @@ static void ucx_close(struct kvt_transport *t)
     kvt_free(tp);
 }
 
-static int ucx_sockaddr(const char *addr, uint16_t port, struct sockaddr_storage *ss,
-                        socklen_t *len_p)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *res;
-
-    if (addr == NULL)
-        return -EINVAL;
-    if (getaddrinfo(addr, NULL, &hints, &res) != 0 || res == NULL)
-        return -EINVAL;
-    if (res->ai_addrlen > sizeof(*ss)) {
-        freeaddrinfo(res);
-        return -EINVAL;
-    }
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len_p = res->ai_addrlen;
-    freeaddrinfo(res);
-    if (ss->ss_family == AF_INET)
-        ((struct sockaddr_in *)ss)->sin_port = htons(port);
-    else if (ss->ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
-    else
-        return -EAFNOSUPPORT;
-    return 0;
-}
-
-static void ucx_conn_cb(ucp_conn_request_h creq, void *arg)
-{
-    struct ucx_tp *tp = arg;
-    struct ucx_ep *ep = tp->closing ? NULL : ucx_ep_alloc(tp);
-    ucs_status_t st;
-
-    if (ep == NULL) {
-        ucp_listener_reject(tp->listener, creq);
-        return;
-    }
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .conn_request = creq,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_err_cb, .arg = ep},
-    };
-    st = ucp_ep_create(tp->worker, &p, &ep->uep);
-    if (st != UCS_OK) {
-        kvt_warn("ucx", "accept: ucp_ep_create: %s", ucs_status_string(st));
-        kvt_free(ep);
-        return;
-    }
-    ep->state = EP_ACCEPTING;
-    ep->tx_seq = 1; /* 0 is the HELLO sent once the owner accepts */
-    kvt_list_add_tail(&tp->eps, &ep->node);
-    tp->kick = true;
-}
-
 static int ucx_listen(struct kvt_transport *t, const char *addr, uint16_t port, uint16_t *port_p)
 {
-    struct ucx_tp *tp = tp_of(t);
-    struct sockaddr_storage ss;
-    socklen_t len;
-    ucs_status_t st;
-    int ret;
-
-    if (tp->listener != NULL)
-        return -EBUSY;
-    ret = ucx_sockaddr(addr, port, &ss, &len);
-    if (ret < 0)
-        return ret;
-    ucp_listener_params_t lp = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = len},
-        .conn_handler = {.cb = ucx_conn_cb, .arg = tp},
-    };
-    st = ucp_listener_create(tp->worker, &lp, &tp->listener);
-    if (st != UCS_OK) {
-        kvt_error("ucx", "listen on %s:%u: %s", addr, port, ucs_status_string(st));
-        tp->listener = NULL;
-        return st == UCS_ERR_BUSY ? -EADDRINUSE : kvt__ucx_errno(st);
-    }
-    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-    st = ucp_listener_query(tp->listener, &la);
-    if (st != UCS_OK) {
-        ucp_listener_destroy(tp->listener);
-        tp->listener = NULL;
-        return kvt__ucx_errno(st);
-    }
-    if (port_p != NULL)
-        *port_p = la.sockaddr.ss_family == AF_INET6
-                      ? ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port)
-                      : ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
-    return 0;
+    return kvt__ucx_sock_listen(tp_of(t), addr, port, port_p);
 }
 
 static int ucx_connect(struct kvt_transport *t, const char *addr, uint16_t port, void *user,
                        struct kvt_tp_ep **ep_p)
 {
     struct ucx_tp *tp = tp_of(t);
-    struct sockaddr_storage ss;
     struct ucx_ep *ep;
-    socklen_t len;
-    ucs_status_t st;
     int ret;
 
-    if (ep_p == NULL || port == 0)
+    if (ep_p == NULL || port == 0 || addr == NULL)
         return -EINVAL;
-    ret = ucx_sockaddr(addr, port, &ss, &len);
-    if (ret < 0)
-        return ret;
-    ep = ucx_ep_alloc(tp);
+    ep = kvt__ucx_ep_new(tp, -1, false);
     if (ep == NULL)
         return -ENOMEM;
     ep->pub.user = user;
     ep->state = EP_CONNECTING;
     ep->deadline_ns = ucx_now_ns() + (uint64_t)tp->pub.cfg.connect_timeout_ms * 1000000ull;
-
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = len},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_err_cb, .arg = ep},
-    };
-    st = ucp_ep_create(tp->worker, &p, &ep->uep);
-    if (st != UCS_OK) {
+    ret = kvt__ucx_sock_connect(ep, addr, port);
+    if (ret < 0) {
+        /* Never announced: gone without a callback. */
+        kvt_list_del(&ep->node);
+        kvt_list_init(&ep->node);
+        ep->state = EP_DEAD;
+        kvt__ucx_ep_account(ep);
+        kvt_free(ep->reader);
         kvt_free(ep);
-        return kvt__ucx_errno(st);
+        return ret;
     }
-    kvt_list_add_tail(&tp->eps, &ep->node);
+    kvt__ucx_ep_account(ep);
     *ep_p = &ep->pub;
     return 0;
 }
@@ -1029,6 +1272,7 @@ static void ucx_ep_close(struct kvt_tp_ep *pep)
 static int ucx_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
 {
     struct ucx_ep *ep = ep_of(pep);
+    struct ucx_tx *tx;
     int ret;
 
     if (ep->state != EP_CONNECTED)
@@ -1037,12 +1281,35 @@ static int ucx_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
         return -EINVAL;
     if (len > ep->tp->pub.cfg.max_msg_bytes)
         return -EMSGSIZE;
+    if (!ep->authorized) { /* a frame on the socket, within the pre-auth bounds */
+        if (len > KVT_TP_PREAUTH_MSG_BYTES)
+            return -EMSGSIZE;
+        if (ep->tcp_msgs >= KVT_TP_PREAUTH_MSGS)
+            return -ENOBUFS;
+        ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_DATA, buf, len, NULL, 0);
+        if (ret < 0)
+            return ret;
+        ep->tcp_msgs++;
+        ep->tx_seq++;
+        return 0;
+    }
     if (ep->tx_inflight >= ep->tp->pub.cfg.recv_credits)
         return -EAGAIN;
-    ret = ucx_post_am(ep, UCX_MSG_DATA, ep->tx_seq, buf, len);
-    if (ret == 0)
-        ep->tx_seq++;
-    return ret;
+    tx = kvt_malloc(sizeof(*tx) + len);
+    if (tx == NULL)
+        return -ENOMEM;
+    tx->ep = ep;
+    tx->len = len;
+    tx->hdr = (struct ucx_am_hdr){.magic = UCX_MAGIC, .version = UCX_VERSION, .seq = ep->tx_seq};
+    if (len > 0)
+        memcpy(tx->data, buf, len);
+    ep->tx_seq++;
+    ep->tx_inflight++;
+    if (ep->uep == NULL) { /* the peer has not authorized us yet: in order, later */
+        kvt_list_add_tail(&ep->txq, &tx->node);
+        return 0;
+    }
+    return ucx_post_tx(ep, tx, false);
 }
 
 /* ---- memory ---- */
@@ -1053,7 +1320,6 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     struct ucx_tp *tp = tp_of(t);
     struct kvt_tp_mr *mr;
     ucs_status_t st;
-    int ret;
 
     if (base == NULL || len == 0 || len > UCX_MAX_REG_BYTES || mr_p == NULL)
         return -EINVAL;
@@ -1065,6 +1331,8 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     mr->len = len;
     kvt_list_init(&mr->node);
 
+    /* Registered for UCX's rendezvous: replies are sent from it (zero copy), and
+     * received into local registrations. */
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_PROT,
@@ -1075,34 +1343,15 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     };
     st = ucp_mem_map(tp->ctx, &mp, &mr->memh);
     if (st != UCS_OK) {
-        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "ucp_mem_map of %zu bytes: %s", len, ucs_status_string(st));
-        goto err_free;
+        kvt_free(mr);
+        return kvt__ucx_errno(st);
     }
-    if (remote) {
-        st = ucp_rkey_pack(tp->ctx, mr->memh, &mr->rkey_buf, &mr->rkey_len);
-        if (st != UCS_OK) {
-            ret = kvt__ucx_errno(st);
-            kvt_error("ucx", "ucp_rkey_pack: %s", ucs_status_string(st));
-            goto err_unmap;
-        }
-        if (mr->rkey_len > KVT_TP_MAX_HANDLE_SIZE - sizeof(struct ucx_handle_hdr)) {
-            kvt_error("ucx", "packed rkey of %zu bytes exceeds the handle size", mr->rkey_len);
-            ret = -E2BIG;
-            goto err_rkey;
-        }
+    if (remote)
         kvt_list_add_tail(&tp->mrs, &mr->node);
-    }
+    mr->remote = remote;
     *mr_p = mr;
     return 0;
-
-err_rkey:
-    ucp_rkey_buffer_release(mr->rkey_buf);
-err_unmap:
-    ucp_mem_unmap(tp->ctx, mr->memh);
-err_free:
-    kvt_free(mr);
-    return ret;
 }
 
 static int ucx_reg_remote(struct kvt_transport *t, void *base, size_t len, struct kvt_tp_mr **mr_p)
@@ -1151,13 +1400,11 @@ static void ucx_dereg(struct kvt_tp_mr *mr)
 
             if (tx->mr == mr) {
                 tx->mr = NULL;
-                tx->hdr.err = EFAULT;
+                tx->hdr.err = UCX_RD_REFUSED;
                 tx->hdr.len = 0;
             }
         }
     }
-    if (mr->rkey_buf != NULL)
-        ucp_rkey_buffer_release(mr->rkey_buf);
     ucp_mem_unmap(mr->tp->ctx, mr->memh);
     kvt_free(mr);
 }
@@ -1165,20 +1412,17 @@ static void ucx_dereg(struct kvt_tp_mr *mr)
 static int ucx_pack(struct kvt_tp_mr *mr, void *buf, size_t cap, size_t *len_p)
 {
     struct ucx_handle_hdr h;
-    size_t total;
 
-    if (mr == NULL || mr->rkey_buf == NULL || len_p == NULL)
+    if (mr == NULL || !mr->remote || len_p == NULL)
         return -EINVAL;
-    total = sizeof(h) + mr->rkey_len;
-    if (buf == NULL || cap < total)
+    if (buf == NULL || cap < sizeof(h))
         return -ENOSPC;
     h.magic = htole32(UCX_MAGIC);
-    h.rkey_len = htole32((uint32_t)mr->rkey_len);
+    h.reserved = 0;
     h.base = htole64((uint64_t)(uintptr_t)mr->base);
     h.len = htole64(mr->len);
     memcpy(buf, &h, sizeof(h));
-    memcpy((uint8_t *)buf + sizeof(h), mr->rkey_buf, mr->rkey_len);
-    *len_p = total;
+    *len_p = sizeof(h);
     return 0;
 }
 
@@ -1187,30 +1431,23 @@ static int ucx_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct
     struct ucx_ep *ep = ep_of(pep);
     struct ucx_handle_hdr h;
     struct kvt_tp_rkey *rk;
-    ucs_status_t st;
 
     if (buf == NULL || rk_p == NULL)
         return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
-    if (len < sizeof(h) || len > KVT_TP_MAX_HANDLE_SIZE)
+    if (len != sizeof(h))
         return -EPROTO;
     memcpy(&h, buf, sizeof(h));
     h.magic = le32toh(h.magic);
-    h.rkey_len = le32toh(h.rkey_len);
     h.base = le64toh(h.base);
     h.len = le64toh(h.len);
-    if (h.magic != UCX_MAGIC || h.rkey_len != len - sizeof(h) || h.rkey_len == 0 || h.len == 0 ||
-        h.len > UCX_MAX_REG_BYTES || h.base + h.len < h.base)
+    if (h.magic != UCX_MAGIC || h.reserved != 0 || h.len == 0 || h.len > UCX_MAX_REG_BYTES ||
+        h.base + h.len < h.base)
         return -EPROTO;
     rk = kvt_calloc(1, sizeof(*rk));
     if (rk == NULL)
         return -ENOMEM;
-    st = ucp_ep_rkey_unpack(ep->uep, (const uint8_t *)buf + sizeof(h), &rk->rkey);
-    if (st != UCS_OK) {
-        kvt_free(rk);
-        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
-    }
     rk->ep_id = ep->id;
     rk->base = h.base;
     rk->len = h.len;
@@ -1220,17 +1457,11 @@ static int ucx_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct
 
 static void ucx_rkey_destroy(struct kvt_tp_rkey *rk)
 {
-    if (rk == NULL)
-        return;
-    ucp_rkey_destroy(rk->rkey);
     kvt_free(rk);
 }
 
 /* ---- READ batches ---- */
 
-/* Appends the transport of a ucp_ep_print_info lane line ("lane[3]:  5:cma/memory.0
- * md[4] -> ... rma_bw#0") to the comma-separated list out, once. False when the line
- * cannot be read or the name does not fit: the caller then assumes the worst. */
 static bool ucx_lane_add(const char *line, char *out, size_t cap)
 {
     const char *p = strstr(line, "]:");
@@ -1265,8 +1496,8 @@ static bool ucx_lane_is(const char *line, const char *role)
     return false;
 }
 
-/* The transports of ep's AM lane and of its high-bandwidth RMA lanes (GET, and the
- * rendezvous of large AM replies), from ucp_ep_print_info: UCX 1.13 has no query.
+/* The transports of ep's AM lane and of its high-bandwidth lanes (the rendezvous of
+ * large AM replies), from ucp_ep_print_info: UCX 1.13 has no query.
  * False when some lane could not be read (the lists are then incomplete). */
 static bool ucx_ep_lanes(struct ucx_ep *ep)
 {
@@ -1295,106 +1526,60 @@ static bool ucx_ep_lanes(struct ucx_ep *ep)
     return ok;
 }
 
-/* Whether every name in the list is an RDMA transport (rc_verbs, rc_mlx5, dc_mlx5). */
-static bool ucx_lanes_rdma(const char *list)
-{
-    if (list[0] == '\0')
-        return false;
-    for (const char *p = list;; p++) {
-        if (strncmp(p, "rc", 2) != 0 && strncmp(p, "dc", 2) != 0)
-            return false;
-        if ((p = strchr(p, ',')) == NULL)
-            return true;
-    }
-}
-
-/* How ep's READs move: ucp_get_nbx where UCP does the GET in hardware, i.e. the
- * endpoint's RMA lanes are RDMA; everywhere else UCP 1.13 would emulate GET over
- * its AM lane (tcp, or sysv shared memory between two nodes on one host: UCP does
- * not GET over cma from memory it did not allocate itself), with the abort
- * described at "READ over active messages", so there our own READ over AM (on one
- * host: requests over sysv, large replies by rendezvous over cma). An AM choice is
- * re-checked while wireup may still move the endpoint to other lanes; GET is final.
- * KVT_UCX_READ overrides. */
-static enum ucx_rd_path ucx_ep_rd_path(struct ucx_ep *ep)
-{
-    uint64_t now;
-
-    if (ep->tp->read_force != RD_PATH_AUTO)
-        return ep->tp->read_force;
-    if (ep->rd_path_final) /* every READ after the first seconds: no clock, no parse */
-        return ep->rd_path;
-    now = ucx_now_ns();
-    if (ep->rd_path == RD_PATH_AM && now - ep->rd_path_checked_ns < UCX_RD_PATH_RECHECK_NS)
-        return RD_PATH_AM;
-    ep->rd_path_checked_ns = now;
-    ep->rd_path = ucx_ep_lanes(ep) && ucx_lanes_rdma(ep->bw_lanes) ? RD_PATH_GET : RD_PATH_AM;
-    ep->rd_path_final = ep->rd_path == RD_PATH_GET || now - ep->connected_ns > UCX_WIREUP_SETTLE_NS;
-    return ep->rd_path;
-}
-
 static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
                     const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg)
 {
     struct ucx_ep *ep = ep_of(pep);
     struct ucx_batch *b;
-    int err = 0;
+    size_t posted = 0;
+    int err;
 
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
     if (rk == NULL || local == NULL || ops == NULL || n == 0 || n > UINT32_MAX || cb == NULL ||
         rk->ep_id != ep->id || local->tp != ep->tp)
         return -EINVAL;
-    bool am = ucx_ep_rd_path(ep) == RD_PATH_AM;
-
     for (size_t i = 0; i < n; i++)
-        if ((!(am && ep->tp->test_no_rcheck) &&
-             !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
+        if ((!ep->tp->test_no_rcheck && !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
             !ucx_in_range(ops[i].local_off, ops[i].len, local->len))
             return -EINVAL;
     if (ep->n_batches >= ep->tp->pub.cfg.max_batches)
         return -EAGAIN;
+    /* Before we authorized, requests go as frames on the socket (the peer refuses
+     * them unless it authorized us), within the same bound as messages. */
+    if (!ep->authorized && n > KVT_TP_PREAUTH_MSGS - ep->tcp_msgs)
+        return -ENOBUFS;
 
-    b = kvt_calloc(1, sizeof(*b) + (am ? n * sizeof(b->ops[0]) : 0));
+    b = kvt_calloc(1, sizeof(*b) + n * sizeof(b->ops[0]));
     if (b == NULL)
         return -ENOMEM;
     b->ep = ep;
     b->id = ep->next_batch_id++;
-    b->n_ops = am ? n : 0;
+    b->n_ops = n;
     b->cb = cb;
     b->arg = arg;
     b->start_ns = ucx_now_ns();
     b->pending = 1; /* held while posting */
+    for (size_t i = 0; i < n; i++) {
+        struct ucx_rd_op *op = &b->ops[i];
+
+        op->b = b;
+        op->memh = local->memh;
+        op->dst = local->base + ops[i].local_off;
+        op->hdr = (struct ucx_rd_hdr){.magic = UCX_MAGIC,
+                                      .version = UCX_VERSION,
+                                      .addr = rk->base + ops[i].remote_off,
+                                      .len = ops[i].len,
+                                      .tag = (uint64_t)b->id << 32 | (uint32_t)i};
+        op->state = RD_UNSENT;
+    }
     kvt_list_add_tail(&ep->batches, &b->node);
     ep->n_batches++;
 
-    ucp_request_param_t param = {
-        .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-        .cb.send = kvt__ucx_batch_req_done,
-        .user_data = b,
-        .memh = local->memh,
-    };
-    size_t i = 0;
-
-    if (am)
-        err = kvt__ucx_read_am(ep, b, rk, local, ops, n, &i);
-    for (; !am && i < n; i++) {
-        ucs_status_ptr_t req = ucp_get_nbx(ep->uep, local->base + ops[i].local_off, ops[i].len,
-                                           rk->base + ops[i].remote_off, rk->rkey, &param);
-
-        if (req == NULL)
-            continue;
-        if (UCS_PTR_IS_ERR(req)) {
-            err = kvt__ucx_errno(UCS_PTR_STATUS(req));
-            break;
-        }
-        b->pending++;
-        ep->ucx_reqs++;
-    }
+    err = kvt__ucx_read_post(ep, b, 0, &posted);
     if (err != 0) {
         kvt__ucx_ep_fail(ep, err);
-        if (i == 0) { /* nothing posted: fail without a callback */
+        if (posted == 0) { /* nothing posted: fail without a callback */
             kvt_list_del(&b->node);
             ep->n_batches--;
             kvt_free(b);
@@ -1402,6 +1587,10 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
         }
         if (b->status == 0)
             b->status = err;
+        for (size_t i = posted; i < n; i++) { /* never posted: no reply to wait for */
+            b->ops[i].state = RD_DONE;
+            b->pending--;
+        }
     }
     if (--b->pending == 0)
         kvt__ucx_batch_finish(b);
@@ -1411,10 +1600,12 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
 /* ---- the loop ---- */
 
 /* The busy-polling owner calls this in a tight loop, so it costs no system call of
- * its own: the timerfd is read only once its deadline has passed (arm resets it
- * anyway), and worker progress stops as soon as a UCX callback has left work for
- * dispatch, so a completion reaches its callback without one more empty
- * ucp_worker_progress (an epoll_wait over tcp) first. */
+ * its own once every endpoint is authorized and quiet: the sockets are looked at only
+ * while one matters (or after a sleep, or every UCX_SOCK_EVERY_NS), the timerfd is
+ * read only once its deadline has passed (arm resets it anyway), and worker progress
+ * stops as soon as a UCX callback has left work for dispatch, so a completion reaches
+ * its callback without one more empty ucp_worker_progress (an epoll_wait over tcp)
+ * first. */
 static int ucx_progress(struct kvt_transport *t)
 {
     struct ucx_tp *tp = tp_of(t);
@@ -1429,8 +1620,13 @@ static int ucx_progress(struct kvt_transport *t)
         if (k == 0 || tp->kick)
             break;
     }
-    n += ucx_dispatch(tp, true);
     now = ucx_now_ns();
+    if (tp->n_sock_busy > 0 || tp->slept || now - tp->sock_check_ns >= UCX_SOCK_EVERY_NS) {
+        tp->slept = false;
+        tp->sock_check_ns = now;
+        n += kvt__ucx_sock_poll(tp);
+    }
+    n += ucx_dispatch(tp, true);
     if (tp->timer_at_ns != 0 && now >= tp->timer_at_ns) {
         uint64_t expirations;
 
@@ -1478,26 +1674,24 @@ static int ucx_arm(struct kvt_transport *t)
     if (timerfd_settime(tp->tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
         return -errno;
     tp->timer_at_ns = next;
+    tp->slept = true; /* the sockets, in the event fd, may be why the owner wakes */
     return 0;
 }
 
 static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
 {
     struct ucx_ep *ep = ep_of(pep);
-    const char *forced;
-    enum ucx_rd_path path;
 
     if (cap == 0)
         return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
-    path = ucx_ep_rd_path(ep);
-    (void)ucx_ep_lanes(ep); /* as they are now, for people */
-    forced = ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "";
-    if (path == RD_PATH_GET)
-        snprintf(buf, cap, "get over %s%s", ep->bw_lanes, forced);
-    else
-        snprintf(buf, cap, "am over %s, rndv over %s%s", ep->am_lanes, ep->bw_lanes, forced);
+    if (ep->uep == NULL) {
+        snprintf(buf, cap, "not yet authorized both ways");
+        return 0;
+    }
+    (void)ucx_ep_lanes(ep);
+    snprintf(buf, cap, "am over %s, rndv over %s", ep->am_lanes, ep->bw_lanes);
     return 0;
 }
 
@@ -1520,4 +1714,6 @@ const struct kvt_transport_ops kvt_ucx_transport_ops = {
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,
     .ep_info = ucx_ep_info,
+    .ep_authorize = ucx_ep_authorize,
+    .get_counters = ucx_get_counters,
 };

@@ -1,9 +1,9 @@
 /* Private to the UCX backend (the .c files of transport/ucx): the wire headers, the
  * transport, endpoint, batch and registration structures, and the functions the
- * files share.
- * ucx.c holds the transport, its endpoints, control messages and the loop;
- * ucx_am_read.c holds READ over active messages (both sides). Only these files include
- * <ucp/api/ucp.h>. */
+ * files share. ucx.c holds the transport, its endpoints, control messages and the
+ * loop; ucx_sock.c our own TCP listener and connections (everything before an
+ * endpoint is authorized); ucx_am_read.c READ over active messages (both sides).
+ * Only these files include <ucp/api/ucp.h>. */
 #ifndef KVT_UCX_INT_H
 #define KVT_UCX_INT_H
 
@@ -11,11 +11,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
+#include <sys/socket.h>
 
 #include <ucp/api/ucp.h>
 
 #include "kvt/common.h"
 #include "kvt/list.h"
+#include "kvt/tp_frame.h"
 #include "kvt/transport.h"
 
 #define UCX_AM_ID    7 /* control messages */
@@ -29,28 +31,41 @@
  * and short (over tcp UCX sends up to ~8 KiB short). */
 #define UCX_RD_EAGER_BYTES (4u << 10)
 #define UCX_MAGIC          0x6b767475u /* "kvtu" */
-#define UCX_VERSION        1
-#define UCX_PROGRESS_MAX   64 /* ucp_worker_progress rounds per kvt_tp_progress */
-#define UCX_CLOSE_WAIT_NS  (2ull * 1000000000ull)
+/* 2: our own TCP connection and per-endpoint tokens (1: UCX's listener) */
+#define UCX_VERSION       2
+#define UCX_PROGRESS_MAX  64 /* ucp_worker_progress rounds per kvt_tp_progress */
+#define UCX_CLOSE_WAIT_NS (2ull * 1000000000ull)
+#define UCX_TOKEN_BYTES   KVT_TP_FRAME_TOKEN_BYTES
+/* With every endpoint authorized and quiet, the sockets are looked at this often
+ * by a busy-polling owner (and after each sleep on the event fd). */
+#define UCX_SOCK_EVERY_NS (1000000ull)
+/* What a READ refusal says on the wire, whatever the reason (no layout oracle). */
+#define UCX_RD_REFUSED EACCES
 
-enum ucx_msg_type { UCX_MSG_HELLO = 1, UCX_MSG_DATA = 2 };
+/* Control messages (UCX_AM_ID). token: the receiver's token of this connection.
+ * kind WIRE (no seq, no data): the first active message of the side that made the
+ * ucp ep; the other side replies on the message's reply_ep (see kvt__ucx_ep_wire). */
+enum ucx_am_kind { UCX_AM_DATA = 0, UCX_AM_WIRE = 1 };
 
 struct ucx_am_hdr {
     uint32_t magic;
     uint16_t version;
-    uint16_t type;
+    uint16_t kind;
     uint64_t seq;
+    uint8_t token[UCX_TOKEN_BYTES];
 };
 
 /* READ over active messages: the request (client to server, no data) and the reply
- * (server to client, the bytes as data, or err != 0 and no data). */
+ * (server to client, the bytes as data, or err != 0 and no data). token: the
+ * receiver's. */
 struct ucx_rd_hdr {
     uint32_t magic;
     uint16_t version;
-    uint16_t err;  /* reply: 0, or the positive errno of a refusal */
+    uint16_t err;  /* reply: 0, or UCX_RD_REFUSED */
     uint64_t addr; /* the server's address, inside one of its remote registrations */
     uint64_t len;
     uint64_t tag; /* the requester's: batch id << 32 | op index */
+    uint8_t token[UCX_TOKEN_BYTES];
 };
 
 /* One ucp_mem_map covers a whole region, however large (a node's primary: kvtierd
@@ -61,77 +76,109 @@ struct ucx_rd_hdr {
 
 struct ucx_handle_hdr {
     uint32_t magic;
-    uint32_t rkey_len;
+    uint32_t reserved; /* 0 */
     uint64_t base;
     uint64_t len;
 };
 
 enum ucx_ep_state { EP_ACCEPTING, EP_CONNECTING, EP_CONNECTED, EP_FAILED, EP_DEAD };
 
-/* How an endpoint's READs move (see ucx_ep_rd_path): not yet known, ucp_get_nbx (a
- * one-sided GET: RDMA or cross-memory attach), or our READ over active messages. */
-enum ucx_rd_path { RD_PATH_AUTO, RD_PATH_GET, RD_PATH_AM };
-/* UCX may still move an endpoint to other lanes this long after it connected
- * (wireup ends after the first messages); until then an AM choice is re-checked. */
-#define UCX_WIREUP_SETTLE_NS   (2ull * 1000000000ull)
-#define UCX_RD_PATH_RECHECK_NS (10ull * 1000000ull)
-
 /* The transport; every field belongs to the owner's thread. */
 struct ucx_tp {
     struct kvt_transport pub;
     ucp_context_h ctx;
     ucp_worker_h worker;
-    ucp_listener_h listener;
+    ucp_address_t *waddr; /* our worker's address (sent in ADDR frames) */
+    size_t waddr_len;
     int epfd, wfd, tfd;      /* epoll (the event fd), worker efd, timerfd */
+    int sfd;                 /* epoll of our sockets (in epfd): listener and endpoints */
+    int lfd;                 /* our listening socket, or -1 */
     struct kvt_list eps;     /* endpoints not yet reported CLOSED */
     struct kvt_list zombies; /* reported CLOSED, waiting for UCX to let go */
     struct kvt_list done;    /* batches whose callback is due */
     struct kvt_list orphans; /* batches reported at close whose UCX requests never ended */
-    struct ucx_ep *last_ep;  /* lookup cache for ucx_ep_find */
+    struct ucx_ep *last_ep;  /* lookup cache for kvt__ucx_ep_by_token */
     uint64_t next_ep_id;
-    struct kvt_list mrs;         /* remote registrations (READ over AM serves these) */
-    struct kvt_list rd_sent;     /* ucx_rd_tx whose send UCX has not completed */
-    uint64_t timer_at_ns;        /* when the armed timerfd fires (0: not armed) */
-    enum ucx_rd_path read_force; /* KVT_UCX_READ: the path every endpoint takes */
-    bool test_no_rcheck;         /* tests only: READs over AM skip the remote range check */
-    bool kick;                   /* a UCX callback left work for dispatch */
+    unsigned n_preauth;      /* accepted endpoints not authorized yet (max_preauth) */
+    unsigned n_sock_busy;    /* endpoints whose socket still matters every progress */
+    uint64_t sock_check_ns;  /* when progress last looked at the sockets */
+    bool slept;              /* arm returned 0 since: look at the sockets next progress */
+    struct kvt_list mrs;     /* remote registrations (READ over AM serves these) */
+    struct kvt_list rd_sent; /* ucx_rd_tx whose send UCX has not completed */
+    uint64_t timer_at_ns;    /* when the armed timerfd fires (0: not armed) */
+    bool test_no_rcheck;     /* tests only: READs skip the client's remote range check */
+    bool test_bad_token;     /* tests only: every active message names a wrong token */
+    bool kick;               /* a UCX callback left work for dispatch */
     bool closing;
+    struct kvt_tp_counters counters;
 };
 
 /* An endpoint: owned by tp (on tp->eps, then tp->zombies). rx holds ucx_msg,
  * batches holds ucx_batch in submission order (oldest first). ucx_reqs counts UCX
- * requests whose completion names this ep (sends, gets, rendezvous receives). */
+ * requests whose completion names this ep (sends, rendezvous receives).
+ *
+ * Its connection: a TCP socket of our own (sock) until teardown, carrying the
+ * frames of kvt/tp_frame.h; frames received so far (reader) and bytes to write
+ * (out). After ep_authorize we send our ADDR frame; once the peer's ADDR arrived
+ * too (peer_waddr) and we are authorized, the active-message channel opens (uep, see
+ * kvt__ucx_ep_wire) and every later message and READ moves on it, naming the peer's
+ * token. */
 struct ucx_ep {
     struct kvt_tp_ep pub;
     struct ucx_tp *tp;
     struct kvt_list node;
-    ucp_ep_h uep;    /* NULL after teardown */
+    ucp_ep_h uep;    /* NULL until both ADDRs are known, and after teardown */
     void *close_req; /* ucp_ep_close_nbx request still running */
     uint64_t id;
     enum ucx_ep_state state;
-    int err;     /* the CLOSED error */
-    bool silent; /* never announced (accept refused or failed first) */
-    uint64_t deadline_ns;
+    int err;      /* the CLOSED error */
+    bool silent;  /* never announced (accept refused or failed first) */
+    bool passive; /* accepted, not dialled */
+    bool torn;    /* teardown ran */
+    bool authorized;
+    bool preauth_counted; /* counted in tp->n_preauth */
+    bool sock_busy;       /* counted in tp->n_sock_busy */
+    bool sock_connecting; /* active side: the TCP connect has not completed */
+    bool sock_eof;        /* the peer closed its end */
+    uint64_t deadline_ns; /* connect (CONNECTING) */
+    uint64_t preauth_deadline_ns;
+    int sock;
+    uint32_t sock_events;               /* what sfd watches */
+    struct kvt_tp_frame_reader *reader; /* NULL once the peer's ADDR arrived */
+    uint8_t *out;                       /* frames to write */
+    size_t out_len, out_cap;
+    unsigned tcp_msgs;                   /* DATA and RDREQ frames sent (KVT_TP_PREAUTH_MSGS) */
+    uint8_t token[UCX_TOKEN_BYTES];      /* ours: the peer names us by it */
+    uint8_t peer_token[UCX_TOKEN_BYTES]; /* the peer's, from its ADDR */
+    uint8_t *peer_waddr;                 /* from its ADDR, until uep is made */
+    size_t peer_waddr_len;
+    bool peer_addr; /* its ADDR arrived */
+    bool creator;   /* we make the ucp ep (our worker address sorts first) */
+    bool wire_rx;   /* not creator: the WIRE came, uep is its reply_ep; flush */
     uint64_t tx_seq, rx_seq;
+    uint64_t rx_tcp_seq; /* the sequence number of the next frame read from sock */
     unsigned tx_inflight;
     unsigned ucx_reqs;
     struct kvt_list rx;
+    struct kvt_list txq; /* ucx_tx: messages sent after authorize, before uep */
     struct kvt_list batches;
     unsigned n_batches;
     uint32_t next_batch_id;
     struct kvt_list rd_q; /* ucx_rd_tx: READ replies to send from dispatch */
     uint64_t rd_inflight; /* bytes of the replies UCX is still sending */
-    enum ucx_rd_path rd_path;
-    bool rd_path_final; /* GET, or AM once wireup has had time to settle */
-    uint64_t connected_ns, rd_path_checked_ns;
+    uint64_t connected_ns;
     char am_lanes[32], bw_lanes[32]; /* the transports of its AM and rma_bw lanes */
 };
+
+/* A received message (or, from the socket, a HELLO or a READ request), in seq order
+ * on ep->rx. */
+enum ucx_rx_kind { RX_DATA, RX_HELLO, RX_RDREQ };
 
 struct ucx_msg {
     struct kvt_list node;
     struct ucx_ep *ep;
     uint64_t seq;
-    uint16_t type;
+    enum ucx_rx_kind kind;
     bool ready;  /* bytes complete (rendezvous finished) */
     bool failed; /* rendezvous receive failed */
     void *desc;  /* persistent UCX descriptor to release, or NULL */
@@ -141,13 +188,15 @@ struct ucx_msg {
 };
 
 struct ucx_tx {
+    struct kvt_list node; /* ep->txq while it waits for uep */
     struct ucx_ep *ep;
+    size_t len;
     struct ucx_am_hdr hdr;
     uint8_t data[];
 };
 
 /* One op of a READ over active messages. */
-enum ucx_rd_state { RD_WAIT, RD_RECV, RD_DONE };
+enum ucx_rd_state { RD_UNSENT, RD_WAIT, RD_RECV, RD_DONE };
 
 struct ucx_rd_op {
     struct ucx_batch *b;
@@ -163,15 +212,15 @@ struct ucx_batch {
     kvt_read_cb cb;
     void *arg;
     uint64_t start_ns;
-    unsigned pending; /* UCX requests not yet completed, and AM ops not yet answered */
+    unsigned pending; /* UCX requests not yet completed, and ops not yet answered */
     int status;
-    uint32_t id;            /* READ over AM: the tag's upper half */
-    size_t n_ops;           /* READ over AM: ops[] */
-    struct ucx_rd_op ops[]; /* READ over AM only */
+    uint32_t id; /* the tag's upper half */
+    size_t n_ops;
+    struct ucx_rd_op ops[];
 };
 
-/* A READ reply the server owes (queued by the request's AM handler, sent by
- * dispatch), then in flight until UCX completes its send. */
+/* A READ reply the server owes (queued by the request's handler, sent by dispatch),
+ * then in flight until UCX completes its send. */
 struct ucx_rd_tx {
     struct kvt_list node; /* ep->rd_q while queued, then tp->rd_sent */
     struct ucx_ep *ep;
@@ -186,12 +235,11 @@ struct kvt_tp_mr {
     ucp_mem_h memh;
     uint8_t *base;
     size_t len;
-    void *rkey_buf; /* packed rkey (remote registrations only) */
-    size_t rkey_len;
+    bool remote; /* reg_remote: on tp->mrs, packable */
 };
 
+/* Nothing but the bounds: READs are requests to the peer, which checks them. */
 struct kvt_tp_rkey {
-    ucp_rkey_h rkey;
     uint64_t ep_id; /* the endpoint it was unpacked on */
     uint64_t base;
     uint64_t len;
@@ -228,21 +276,52 @@ int kvt__ucx_errno(ucs_status_t st);
 void kvt__ucx_ep_fail(struct ucx_ep *ep, int err);
 /* Moves a batch whose pending count reached 0 to tp->done (its callback is due). */
 void kvt__ucx_batch_finish(struct ucx_batch *b);
-/* The endpoint an active message came on, or NULL (not one of ours). */
-struct ucx_ep *kvt__ucx_am_ep(struct ucx_tp *tp, const ucp_am_recv_param_t *param);
+/* A new endpoint on socket fd (-1: none yet), on tp->eps, or NULL (out of memory). */
+struct ucx_ep *kvt__ucx_ep_new(struct ucx_tp *tp, int fd, bool passive);
+/* The endpoint a token names (ours, sent in our ADDR), or NULL. */
+struct ucx_ep *kvt__ucx_ep_by_token(struct ucx_tp *tp, const uint8_t *token);
+/* Files a received message into ep->rx by its sequence number. */
+void kvt__ucx_rx_insert(struct ucx_ep *ep, struct ucx_msg *m);
+/* The peer's ADDR and our authorize are both in: makes uep and sends what waited. */
+int kvt__ucx_ep_wire(struct ucx_ep *ep);
+/* Counts an endpoint in or out of n_sock_busy / n_preauth as its state says. */
+void kvt__ucx_ep_account(struct ucx_ep *ep);
+
+/* ucx_sock.c */
+int kvt__ucx_sock_listen(struct ucx_tp *tp, const char *addr, uint16_t port, uint16_t *port_p);
+int kvt__ucx_sock_connect(struct ucx_ep *ep, const char *addr, uint16_t port);
+/* Accepts, reads and writes whatever our sockets have ready (one epoll_wait, no
+ * wait); returns how many events it handled. */
+int kvt__ucx_sock_poll(struct ucx_tp *tp);
+/* Queues a frame on ep's socket (written now as far as the socket takes it). */
+int kvt__ucx_sock_frame(struct ucx_ep *ep, uint8_t type, const void *a, size_t alen, const void *b,
+                        size_t blen);
+/* Writes what ep->out holds, as far as the socket takes it. */
+void kvt__ucx_sock_flush(struct ucx_ep *ep);
+/* Closes ep's socket (a last write of what is queued first). */
+void kvt__ucx_sock_close(struct ucx_ep *ep);
+void kvt__ucx_sock_close_listener(struct ucx_tp *tp);
+/* Resolves addr:port (numeric or a name) for a socket. */
+int kvt__ucx_sockaddr(const char *addr, uint16_t port, struct sockaddr_storage *ss,
+                      socklen_t *len_p);
 
 /* ucx_am_read.c */
 ucs_status_t kvt__ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
                                size_t length, const ucp_am_recv_param_t *param);
 ucs_status_t kvt__ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
                                size_t length, const ucp_am_recv_param_t *param);
+/* Server: one READ request (from an active message, or a RDREQ frame in dispatch):
+ * refused unless the endpoint is authorized, the range inside a registration and
+ * may_read agrees; answered at once when small, else queued on rd_q. */
+void kvt__ucx_rd_serve(struct ucx_ep *ep, struct ucx_rd_hdr *h);
 /* Server, from dispatch: sends the READ replies an endpoint owes; how many. */
 int kvt__ucx_rd_send_replies(struct ucx_ep *ep);
-/* Client: posts the request of each op; 0 or the first posting error, *posted_p the
- * ops posted. */
-int kvt__ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
-                     struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
-                     size_t *posted_p);
+/* Client: posts the requests of a batch's ops (over the socket before we
+ * authorized, as active messages once uep exists, else they wait as RD_UNSENT); 0
+ * or the first posting error, *posted_p the ops posted. */
+int kvt__ucx_read_post(struct ucx_ep *ep, struct ucx_batch *b, size_t first, size_t *posted_p);
+/* Client: posts the ops that waited for uep, of every batch. */
+void kvt__ucx_read_post_unsent(struct ucx_ep *ep);
 void kvt__ucx_batch_req_done(void *req, ucs_status_t status, void *user_data);
 
 #endif
