@@ -315,6 +315,18 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
+        /* What the transport refused on the peer port, by reason: READs before the
+         * handshake, outside our registrations or not granted; connections beyond the
+         * pre-auth bound, malformed or too slow before it; messages naming no
+         * connection of ours. */
+        for (unsigned r = 0; r < KVT_TP_N_REFUSALS && n < cap; r++)
+            v[n++] = (struct kvt_prom_sample){
+                .name = "kvtier_net_refused",
+                .help = "Refused by the peer transport (READs, connections, messages), by reason",
+                .kind = KVT_METRIC_COUNTER,
+                .label_name = "reason",
+                .label_value = kvt_tp_refusal_name(r),
+                .value = (double)pc.tp.refused[r]};
     }
 #undef SAMPLE
     return n;
@@ -347,7 +359,7 @@ static int total_stats(void *arg, struct kvt_stats *out)
 
 static void publish_metrics(struct daemon *d)
 {
-    struct kvt_prom_sample samples[16];
+    struct kvt_prom_sample samples[32];
     char *text = NULL;
     size_t len = 0, n;
 
