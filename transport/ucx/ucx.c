@@ -196,16 +196,14 @@ static void ucx_tx_free_queue(struct ucx_ep *ep)
     }
 }
 
+static void ucx_uep_close(ucp_ep_h uep, void **req_p);
+
 /* Closes the socket and force-closes the ucp ep of a FAILED endpoint: UCX completes
  * each outstanding request (with UCS_ERR_CANCELED) before ucp_ep_close_nbx returns.
  * Not from inside a UCX callback. */
 static void ucx_ep_teardown(struct ucx_ep *ep)
 {
     struct kvt_list *pos, *tmp;
-    ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_EP_CLOSE_FLAG_FORCE,
-    };
 
     if (ep->torn)
         return;
@@ -229,13 +227,10 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
     ep->out_cap = 0;
     ucx_tx_free_queue(ep);
     if (ep->uep != NULL) {
-        ucs_status_ptr_t req = ucp_ep_close_nbx(ep->uep, &param);
-
+        ucx_uep_close(ep->uep, &ep->close_req);
         ep->uep = NULL;
-        if (UCS_PTR_IS_PTR(req))
-            ep->close_req = req;
-        else if (UCS_PTR_IS_ERR(req))
-            kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+        kvt_free(ep->conn); /* no error callback after the close */
+        ep->conn = NULL;
     }
     /* READs still waiting for a reply (or for the ucp ep) will never get one; those
      * whose bytes are being received complete from UCX (the close cancels them). */
@@ -360,7 +355,91 @@ struct ucx_ep *kvt__ucx_ep_by_token(struct ucx_tp *tp, const uint8_t *token)
 
 static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
 {
-    kvt__ucx_ep_fail(arg, kvt__ucx_errno(status));
+    struct ucx_conn *c = arg;
+
+    if (c->ep != NULL)
+        kvt__ucx_ep_fail(c->ep, kvt__ucx_errno(status));
+    else
+        c->failed = true; /* stashed: closed by ucx_stash_reap */
+}
+
+static struct ucx_conn *ucx_conn_new(struct ucx_tp *tp)
+{
+    struct ucx_conn *c = kvt_calloc(1, sizeof(*c));
+
+    if (c != NULL) {
+        c->tp = tp;
+        kvt_list_init(&c->node);
+    }
+    return c;
+}
+
+/* Makes (or adopts: see ucx_ep_adopt) a ucp ep to addr, with error handling PEER. */
+static int ucx_conn_create(struct ucx_tp *tp, const void *addr, struct ucx_conn **c_p)
+{
+    struct ucx_conn *c = ucx_conn_new(tp);
+    ucs_status_t st;
+
+    if (c == NULL)
+        return -ENOMEM;
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_err_cb, .arg = c},
+    };
+    st = ucp_ep_create(tp->worker, &p, &c->uep);
+    if (st != UCS_OK) {
+        kvt_warn("ucx", "ucp_ep_create from a peer's address: %s", ucs_status_string(st));
+        kvt_free(c);
+        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
+    }
+    *c_p = c;
+    return 0;
+}
+
+/* Force-closes a ucp ep of ours; *req_p: the close request still running, or NULL. */
+static void ucx_uep_close(ucp_ep_h uep, void **req_p)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+    };
+    ucs_status_ptr_t req = ucp_ep_close_nbx(uep, &param);
+
+    *req_p = UCS_PTR_IS_PTR(req) ? req : NULL;
+    if (UCS_PTR_IS_ERR(req))
+        kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+}
+
+/* Closes stashed eps that failed or that nobody claimed for this long (all: at
+ * transport close). Their close requests are waited for briefly, then let go. */
+#define UCX_STASH_NS (10ull * 1000000000ull)
+
+static void ucx_stash_reap(struct ucx_tp *tp, bool all)
+{
+    struct kvt_list *pos, *tmp;
+    uint64_t now = ucx_now_ns();
+
+    kvt_list_for_each_safe(pos, tmp, &tp->stash)
+    {
+        struct ucx_conn *c = kvt_list_entry(pos, struct ucx_conn, node);
+        void *req;
+
+        if (!all && !c->failed && now - c->since_ns < UCX_STASH_NS)
+            continue;
+        kvt_list_del(&c->node);
+        ucx_uep_close(c->uep, &req);
+        if (req != NULL) {
+            uint64_t until = ucx_now_ns() + 100000000ull;
+
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && ucx_now_ns() < until)
+                ucp_worker_progress(tp->worker);
+            ucp_request_free(req);
+        }
+        kvt_free(c);
+    }
 }
 
 /* ---- control messages ---- */
@@ -463,9 +542,9 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     if (ep->state >= EP_FAILED)
         return UCS_OK; /* dropped: the endpoint is closing */
     if (hdr.magic == UCX_MAGIC && hdr.version == UCX_VERSION && hdr.kind == UCX_AM_WIRE &&
-        length == 0 && !ep->creator && ep->uep == NULL &&
+        length == 0 && !ep->creator && ep->uep == NULL && !ep->wire_rx &&
         (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-        ep->uep = param->reply_ep; /* the ep UCX made for the creator's */
+        ep->wire_ep = param->reply_ep; /* the ep UCX made for the creator's */
         ep->wire_rx = true;
         tp->kick = true;
         return UCS_OK;
@@ -548,22 +627,20 @@ static int ucx_ep_role(const struct ucx_ep *ep)
     return c < 0 || (c == 0 && tp->waddr_len < ep->peer_waddr_len);
 }
 
-/* The active-message channel of a connection both ends authorized. Only one side
- * makes a ucp ep, from the other's worker address, and sends WIRE on it; the other
- * side sends on the ep UCX made for it (the WIRE's reply_ep). Why not both: UCX 1.13
- * then resolves a simultaneous connect, and a wireup REPLY left pending on a
- * shared-memory lane (the peer stalled with its FIFO full) trips an assertion when
- * the ep is purged ("got REP message", ucp_request.c:684; the assertion is gone in
- * 1.14): a stalled peer aborted us at close. And its endpoint matching pairs the eps
- * two nodes made for different links, so closing one link's ep failed another's.
- * The side is the same for every connection between two workers (the one whose
- * address sorts first), so one of them never makes an ep to the other: one wireup
- * per connection, no matching, every connection its own UCX ep pair. */
+/* The active-message channel of a connection both ends authorized. One side makes a
+ * ucp ep from the other's worker address and sends WIRE on it; the other side makes
+ * its own only once that WIRE arrived (ucx_ep_adopt), by when UCX has the ep it made
+ * for the creator's waiting to be matched, and ucp_ep_create adopts that one (no
+ * wireup of its own). Why not both at once: UCX 1.13 then resolves a simultaneous
+ * connect, and a wireup REPLY left pending on a shared-memory lane (the peer stalled
+ * with its FIFO full) trips an assertion when the ep is purged ("got REP message",
+ * ucp_request.c:684; the assertion is gone in 1.14): a stalled peer aborted us at
+ * close. Why not use the ep UCX made (the WIRE's reply_ep): UCX destroys such an ep
+ * by itself when the peer fails, and closing it asserts. The side is the same for
+ * every connection between two workers (the one whose address sorts first). */
 int kvt__ucx_ep_wire(struct ucx_ep *ep)
 {
-    struct ucx_tp *tp = ep->tp;
-    ucs_status_t st;
-    int role;
+    int role, ret;
 
     if (ep->uep != NULL || !ep->authorized || !ep->peer_addr || ep->state >= EP_FAILED)
         return 0;
@@ -575,27 +652,16 @@ int kvt__ucx_ep_wire(struct ucx_ep *ep)
     }
     ep->creator = role == 1;
     if (!ep->creator) {
-        kvt_free(ep->peer_waddr);
-        ep->peer_waddr = NULL;
-        return 0; /* the peer makes it and says so (WIRE) */
+        ep->tp->kick = ep->wire_rx || ep->tp->kick; /* the WIRE may be in already */
+        return 0;
     }
-
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = (const ucp_address_t *)ep->peer_waddr,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_err_cb, .arg = ep},
-    };
-    st = ucp_ep_create(tp->worker, &p, &ep->uep);
+    ret = ucx_conn_create(ep->tp, ep->peer_waddr, &ep->conn);
     kvt_free(ep->peer_waddr);
     ep->peer_waddr = NULL;
-    if (st != UCS_OK) {
-        ep->uep = NULL;
-        kvt_warn("ucx", "endpoint %llu: ucp_ep_create from the peer's address: %s",
-                 (unsigned long long)ep->id, ucs_status_string(st));
-        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
-    }
+    if (ret < 0)
+        return ret;
+    ep->conn->ep = ep;
+    ep->uep = ep->conn->uep;
     ep->connected_ns = ucx_now_ns();
 
     struct ucx_tx *tx = kvt_malloc(sizeof(*tx));
@@ -608,6 +674,56 @@ int kvt__ucx_ep_wire(struct ucx_ep *ep)
     ep->tx_inflight++;
     if (ucx_post_tx(ep, tx, true) < 0)
         return 0; /* the ep failed */
+    ucx_ep_flush_waiting(ep);
+    return 0;
+}
+
+/* Not the creator, the WIRE in (on wire_ep) and the peer's address known: makes our
+ * ucp ep, which UCX matches with wire_ep. UCX matches by a per-peer counter, so when
+ * the creator made eps for several connections and their WIREs came out of order, or
+ * one of its eps died before its WIRE reached us, ucp_ep_create hands us the ep
+ * matched with another connection's: kept aside (tp->stash) for the connection it
+ * belongs to, and we ask again. From dispatch. */
+#define UCX_ADOPT_TRIES 8
+
+static int ucx_ep_adopt(struct ucx_ep *ep)
+{
+    struct ucx_tp *tp = ep->tp;
+    struct kvt_list *pos, *tmp;
+    struct ucx_conn *c = NULL;
+    int ret;
+
+    kvt_list_for_each_safe(pos, tmp, &tp->stash)
+    {
+        struct ucx_conn *s = kvt_list_entry(pos, struct ucx_conn, node);
+
+        if (s->uep == ep->wire_ep && !s->failed) {
+            kvt_list_del(&s->node);
+            c = s;
+            break;
+        }
+    }
+    for (int i = 0; c == NULL && i < UCX_ADOPT_TRIES; i++) {
+        ret = ucx_conn_create(tp, ep->peer_waddr, &c);
+        if (ret < 0)
+            return ret;
+        if (c->uep == ep->wire_ep)
+            break;
+        c->since_ns = ucx_now_ns();
+        kvt_list_add_tail(&tp->stash, &c->node);
+        c = NULL;
+    }
+    if (c == NULL) {
+        kvt_warn("ucx", "endpoint %llu: UCX matched none of %d eps with the peer's",
+                 (unsigned long long)ep->id, UCX_ADOPT_TRIES);
+        return -EPROTO;
+    }
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    c->ep = ep;
+    ep->conn = c;
+    ep->uep = c->uep;
+    ep->connected_ns = ucx_now_ns();
     ucx_ep_flush_waiting(ep);
     return 0;
 }
@@ -745,10 +861,12 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 
             if (ep->state == EP_ACCEPTING)
                 n += ucx_accept(ep);
-            if (ep->wire_rx && ep->state == EP_CONNECTED) {
+            if (ep->wire_rx && ep->state == EP_CONNECTED && ep->peer_addr && ep->uep == NULL) {
+                int ret = ucx_ep_adopt(ep);
+
                 ep->wire_rx = false;
-                ep->connected_ns = ucx_now_ns();
-                ucx_ep_flush_waiting(ep);
+                if (ret < 0)
+                    kvt__ucx_ep_fail(ep, ret);
                 n++;
             }
             n += ucx_deliver_rx(ep);
@@ -862,7 +980,8 @@ static bool ucx_work_pending(struct ucx_tp *tp)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED || ep->sock_eof || ep->wire_rx)
+        if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED || ep->sock_eof ||
+            (ep->wire_rx && ep->peer_addr))
             return true;
         if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED && ep->uep != NULL &&
             (ep->rd_inflight == 0 ||
@@ -1027,6 +1146,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     kvt_list_init(&tp->zombies);
     kvt_list_init(&tp->done);
     kvt_list_init(&tp->orphans);
+    kvt_list_init(&tp->stash);
     kvt_list_init(&tp->mrs);
     kvt_list_init(&tp->rd_sent);
     /* Test-only hooks, read once here. KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK: READs skip
@@ -1196,6 +1316,7 @@ static void ucx_close(struct kvt_transport *t)
         ucp_worker_progress(tp->worker);
     }
 
+    ucx_stash_reap(tp, true);
     while (!ucx_reap(tp) && ucx_now_ns() < until)
         ucp_worker_progress(tp->worker);
     kvt_list_for_each_safe(pos, tmp, &tp->zombies)
@@ -1514,6 +1635,8 @@ static bool ucx_ep_lanes(struct ucx_ep *ep)
         free(text);
         return false;
     }
+    char am_bw[sizeof(ep->bw_lanes)] = "";
+
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
         if (strstr(line, "lane[") == NULL)
             continue;
@@ -1521,7 +1644,13 @@ static bool ucx_ep_lanes(struct ucx_ep *ep)
             ok &= ucx_lane_add(line, ep->am_lanes, sizeof(ep->am_lanes));
         if (ucx_lane_is(line, "rma_bw"))
             ok &= ucx_lane_add(line, ep->bw_lanes, sizeof(ep->bw_lanes));
+        if (ucx_lane_is(line, "am_bw"))
+            ok &= ucx_lane_add(line, am_bw, sizeof(am_bw));
     }
+    /* No zero-copy lane (tcp without RMA): UCX sends rendezvous data as active
+     * messages on its am_bw lanes (or the am lane). */
+    if (ep->bw_lanes[0] == '\0')
+        snprintf(ep->bw_lanes, sizeof(ep->bw_lanes), "%s", am_bw[0] != '\0' ? am_bw : ep->am_lanes);
     free(text);
     return ok;
 }
@@ -1639,6 +1768,8 @@ static int ucx_progress(struct kvt_transport *t)
         n += ucx_dispatch(tp, true);
     if (!kvt_list_empty(&tp->zombies))
         ucx_reap(tp);
+    if (!kvt_list_empty(&tp->stash))
+        ucx_stash_reap(tp, false);
     return n;
 }
 

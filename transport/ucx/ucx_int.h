@@ -83,6 +83,18 @@ struct ucx_handle_hdr {
 
 enum ucx_ep_state { EP_ACCEPTING, EP_CONNECTING, EP_CONNECTED, EP_FAILED, EP_DEAD };
 
+/* One ucp ep we made or adopted (UCP_EP_FLAG_USED: UCX never destroys it under us),
+ * and the endpoint it serves; ep NULL while it waits to be claimed (tp->stash, see
+ * ucx_ep_adopt). The error handler's argument. */
+struct ucx_conn {
+    struct kvt_list node; /* tp->stash while unclaimed */
+    struct ucx_tp *tp;
+    ucp_ep_h uep;
+    struct ucx_ep *ep;
+    uint64_t since_ns; /* stashed since */
+    bool failed;       /* its error handler ran while stashed */
+};
+
 /* The transport; every field belongs to the owner's thread. */
 struct ucx_tp {
     struct kvt_transport pub;
@@ -97,6 +109,7 @@ struct ucx_tp {
     struct kvt_list zombies; /* reported CLOSED, waiting for UCX to let go */
     struct kvt_list done;    /* batches whose callback is due */
     struct kvt_list orphans; /* batches reported at close whose UCX requests never ended */
+    struct kvt_list stash;   /* ucx_conn adopted for an endpoint whose WIRE is still due */
     struct ucx_ep *last_ep;  /* lookup cache for kvt__ucx_ep_by_token */
     uint64_t next_ep_id;
     unsigned n_preauth;      /* accepted endpoints not authorized yet (max_preauth) */
@@ -127,8 +140,9 @@ struct ucx_ep {
     struct kvt_tp_ep pub;
     struct ucx_tp *tp;
     struct kvt_list node;
-    ucp_ep_h uep;    /* NULL until both ADDRs are known, and after teardown */
-    void *close_req; /* ucp_ep_close_nbx request still running */
+    ucp_ep_h uep;          /* NULL until both ADDRs are known, and after teardown */
+    struct ucx_conn *conn; /* uep's record */
+    void *close_req;       /* ucp_ep_close_nbx request still running */
     uint64_t id;
     enum ucx_ep_state state;
     int err;      /* the CLOSED error */
@@ -152,9 +166,10 @@ struct ucx_ep {
     uint8_t peer_token[UCX_TOKEN_BYTES]; /* the peer's, from its ADDR */
     uint8_t *peer_waddr;                 /* from its ADDR, until uep is made */
     size_t peer_waddr_len;
-    bool peer_addr; /* its ADDR arrived */
-    bool creator;   /* we make the ucp ep (our worker address sorts first) */
-    bool wire_rx;   /* not creator: the WIRE came, uep is its reply_ep; flush */
+    bool peer_addr;   /* its ADDR arrived */
+    bool creator;     /* we make the ucp ep (our worker address sorts first) */
+    bool wire_rx;     /* not creator: the WIRE came (on wire_ep): adopt, then flush */
+    ucp_ep_h wire_ep; /* the ep UCX made for the creator's (reply_ep): compared only */
     uint64_t tx_seq, rx_seq;
     uint64_t rx_tcp_seq; /* the sequence number of the next frame read from sock */
     unsigned tx_inflight;
