@@ -5,15 +5,18 @@
  * frames of kvt/tp_frame.h), which carries everything until the owner authorizes
  * the endpoint: the HELLO, control messages bounded in size and number, READ
  * requests (refused). Authorizing sends our worker address and a fresh 128-bit token
- * as the last frame; with the peer's address and token in too, a ucp ep is made from
- * the peer's worker address and every later message and READ moves as an active
- * message that names the receiver's token. Our AM handlers find the endpoint by that
+ * as the last frame; with the peer's address and token in too, each side gets a ucp
+ * ep to the other's worker (one makes it, the other adopts UCX's match once told:
+ * kvt__ucx_ep_wire) and every later message and READ moves as an active message that
+ * names the receiver's token. Our AM handlers find the endpoint by that
  * token and drop (and count) anything else, so nobody reaches our worker's handlers
  * without the handshake, even one who wires up to our worker directly. The UCX
  * context has no RMA feature: no software GET handler answers anyone from our memory;
  * READs are request/reply over active messages (ucx_am_read.c; UCX moves large
  * replies by rendezvous, over RDMA where there is hardware, over cma between two
- * local nodes). Shared structures: ucx_int.h.
+ * local nodes). A node on a loopback address gives UCX no tcp at all (see
+ * ucx_config_tls: UCX's own tcp port is the residual risk). Shared structures:
+ * ucx_int.h.
  *
  * Why every user callback is deferred: UCX calls us back from inside
  * ucp_worker_progress() (AM arrival, peer failure, request completion) and from inside
