@@ -241,7 +241,7 @@ struct vb_ep {
     int err;        /* the CLOSED error; 0 for a local close */
     bool announced; /* the owner knows it (connect, or on_accept kept it) */
     bool was_connected;
-    bool authorized; /* ep_authorize was called (see vb_ep_authorize) */
+    bool authorized;      /* ep_authorize was called (see vb_ep_authorize) */
     uint64_t deadline_ns; /* connect deadline while not CONNECTED */
 
     uint8_t *bufs; /* n_rx + n_tx buffers of buf_sz */
