@@ -680,6 +680,14 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
+        /* What the transport refused on the peer port, by reason: READs before the
+         * handshake, outside our registrations or not granted; connections beyond the
+         * pre-auth bound, malformed or too slow before it; messages naming no
+         * connection of ours. */
+        for (unsigned r = 0; r < KVT_TP_N_REFUSALS; r++)
+            LSAMPLE("kvtier_net_refused",
+                    "Refused by the peer transport (READs, connections, messages), by reason",
+                    KVT_METRIC_COUNTER, "reason", kvt_tp_refusal_name(r), pc.tp.refused[r]);
     }
 #undef SAMPLE
 #undef LSAMPLE
@@ -716,7 +724,7 @@ static int total_stats(void *arg, struct kvt_stats *out)
  * and logged once per run of failures. */
 static void publish_metrics(struct daemon *d)
 {
-    struct kvt_prom_sample samples[64];
+    struct kvt_prom_sample samples[80];
     char *text = NULL;
     size_t len = 0, n;
     int rc;

@@ -241,6 +241,7 @@ struct vb_ep {
     int err;        /* the CLOSED error; 0 for a local close */
     bool announced; /* the owner knows it (connect, or on_accept kept it) */
     bool was_connected;
+    bool authorized;      /* ep_authorize was called (see vb_ep_authorize) */
     uint64_t deadline_ns; /* connect deadline while not CONNECTED */
 
     uint8_t *bufs; /* n_rx + n_tx buffers of buf_sz */
@@ -1771,6 +1772,31 @@ static int vb_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
     return 0;
 }
 
+/* Records the owner's authorization. Minimal for now: this backend's READs are RDMA
+ * READs the NIC serves from the registrations' rkeys, without our CPU, so nothing here
+ * refuses a READ before authorize and may_read is never asked (the counters stay 0).
+ * Gating that needs the QP's access flags: created without IBV_ACCESS_REMOTE_READ,
+ * raised by ibv_modify_qp(IBV_QP_ACCESS_FLAGS) here (RTS to RTS). Until then an
+ * unauthenticated peer that guesses or learns an rkey and an address can read. */
+static int vb_ep_authorize(struct kvt_tp_ep *pep)
+{
+    struct vb_ep *ep = ep_of(pep);
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    ep->authorized = true;
+    return 0;
+}
+
+static int vb_get_counters(struct kvt_transport *t, struct kvt_tp_counters *out)
+{
+    (void)t;
+    if (out == NULL)
+        return -EINVAL;
+    memset(out, 0, sizeof(*out));
+    return 0;
+}
+
 const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .name = "verbs",
     .open = vb_open,
@@ -1790,4 +1816,6 @@ const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .event_fd = vb_event_fd,
     .arm = vb_arm,
     .ep_info = vb_ep_info,
+    .ep_authorize = vb_ep_authorize,
+    .get_counters = vb_get_counters,
 };
