@@ -6,7 +6,8 @@
  *   AUTH_SENT   client: AUTH sent, waiting for AUTH_OK
  *   WAIT_HELLO  server: accepted, waiting for HELLO
  *   WAIT_AUTH   server: HELLO_ACK sent, waiting for AUTH
- *   UP          authenticated: heartbeats, MEMBERS, on_msg
+ *   UP          authenticated: heartbeats, MEMBERS, on_msg; entered after
+ *               kvt_tp_ep_authorize (the peer may READ our memory from then on)
  *   LINGER      refused: REFUSE sent; waiting for the peer to close (a force close
  *               right away could drop the REFUSE), at most PEERS_LINGER_NS
  *   CLOSING     kvt_tp_ep_close called; waiting for the transport's CLOSED
@@ -465,6 +466,16 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
     uint64_t now = kvt_now_ns();
     int ret;
 
+    /* The peer may READ our memory from now on, and not before: nothing of ours that
+     * names memory (a handle in a GRANT) goes out before this. -EOPNOTSUPP: the
+     * backend has no per-endpoint gate. */
+    ret = kvt_tp_ep_authorize(l->ep);
+    if (ret < 0 && ret != -EOPNOTSUPP) {
+        kvt_warn(MOD, "link to node %llu dropped: authorizing its endpoint: %s",
+                 (unsigned long long)l->peer_id, strerror(-ret));
+        link_close(p, l);
+        return;
+    }
     ret = kvt_members_heard(p->members, l->peer_id, l->peer_inc,
                             l->peer_addr[0] != '\0' ? l->peer_addr : NULL, l->peer_port, now);
     if (ret < 0) {

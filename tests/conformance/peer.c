@@ -1,7 +1,8 @@
 /* The peer side of the transport conformance suite, and the helpers both sides share.
  *
  * A peer process serves exactly one connection: it registers CONF_REGION_BYTES of a
- * known pattern for remote READ, sends its packed handle from on_accept (the endpoint
+ * known pattern for remote READ, authorizes the client (kvt_tp_ep_authorize: the
+ * suite has no handshake) and sends its packed handle from on_accept (the endpoint
  * is CONNECTED there, so this also checks that a send from on_accept arrives first),
  * obeys the client's control messages (stream, stall, kill, quit) and exits once that
  * endpoint is CLOSED: 0 when everything it received was in order and intact, 1
@@ -169,6 +170,14 @@ static int peer_on_accept(void *arg, struct kvt_tp_ep *ep)
         return -EBUSY; /* one client per peer process */
     p->ep = ep;
     p->served = true;
+    /* The suite has no handshake of its own: the client is trusted as soon as it is
+     * connected, and our memory becomes readable before the handle goes out. */
+    ret = kvt_tp_ep_authorize(ep);
+    if (ret < 0 && ret != -EOPNOTSUPP) {
+        fprintf(stderr, "peer: authorizing the client: %s\n", strerror(-ret));
+        p->errors++;
+        return 0;
+    }
     ret = peer_send(p, M_HANDLE, CONF_REGION_BYTES, 0, p->handle, p->handle_len);
     if (ret < 0) {
         fprintf(stderr, "peer: sending the handle from on_accept: %s\n", strerror(-ret));

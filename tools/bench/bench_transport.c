@@ -115,9 +115,15 @@ static int bt_srv_accept(void *arg, struct kvt_tp_ep *ep)
 {
     struct bt_server *s = arg;
 
+    int ret;
+
     if (s->ep != NULL)
         return -EBUSY;
     s->ep = ep;
+    /* The bench has no handshake: the client may read as soon as it is connected. */
+    ret = kvt_tp_ep_authorize(ep);
+    if (ret < 0 && ret != -EOPNOTSUPP)
+        return ret;
     return kvt_tp_send(ep, s->handle, s->handle_len) < 0 ? -EIO : 0;
 }
 

@@ -16,6 +16,13 @@
  * on_msg; the buffer is valid only during the callback. kvt_tp_send copies.
  * -EAGAIN when the peer has no receive credit left (try after progress).
  *
+ * Authorization: a connection is unauthenticated until its owner says otherwise.
+ * The owner runs its own handshake over control messages (cluster/peers.c: HELLO,
+ * AUTH) and then calls kvt_tp_ep_authorize on its end: before that call no memory of
+ * ours is readable through that endpoint (verbs: its QP has no remote access flag, so
+ * a READ fails at the reader and the endpoint closes). Each side authorizes its own
+ * end; the access ends with the endpoint. Send a handle only after authorizing.
+ *
  * Memory: kvt_tp_reg_remote registers memory that peers may READ (read only to
  * them; any length a node's primary may have: verbs splits it into registrations of
  * at most KVT_TP_MAX_REG_BYTES, UCX maps it whole); its handle is
@@ -111,6 +118,11 @@ struct kvt_transport_ops {
     /* How READs to this peer move, for people and tests ("get over cma", "am over
      * tcp", "rdma read"): a NUL-terminated line in buf. Optional. */
     int (*ep_info)(struct kvt_tp_ep *ep, char *buf, size_t cap);
+    /* The owner authenticated the peer of ep: from now on the peer may READ our
+     * remote registrations. Before it, no memory of ours is readable through that
+     * endpoint. 0 (again 0 when already authorized), -ENOTCONN before CONNECTED or
+     * after a failure. May be called from callbacks. */
+    int (*ep_authorize)(struct kvt_tp_ep *ep);
 };
 
 /* Fields every backend's endpoint and transport start with. */
@@ -206,6 +218,10 @@ static inline int kvt_tp_ep_info(struct kvt_tp_ep *ep, char *buf, size_t cap)
 static inline int kvt_tp_arm(struct kvt_transport *tp)
 {
     return tp->ops->arm(tp);
+}
+static inline int kvt_tp_ep_authorize(struct kvt_tp_ep *ep)
+{
+    return ep->tp->ops->ep_authorize == NULL ? -EOPNOTSUPP : ep->tp->ops->ep_authorize(ep);
 }
 
 #endif
