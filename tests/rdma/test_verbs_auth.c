@@ -9,6 +9,8 @@
  *   - ep_authorize is one RTS->RTS modify of the access flags only, once; refused
  *     (-ENOTCONN, nothing asked of the device) outside CONNECTED; a failure fails
  *     the endpoint, and failing an endpoint moves its QP to the error state;
+ *   - receives the device flushed before authorization (it refused a peer's RDMA
+ *     request) close the endpoint with -EACCES;
  *   - the handshake's private data carries no rkey and no address, and an accept
  *     answers the read depth the requester asked for;
  *   - ep_info reports what ibv_query_qp says the QP allows.
@@ -253,6 +255,43 @@ static void test_close_withdraws(void **state)
     assert_int_equal(W.modify[1].qp_state, IBV_QPS_ERR);
 }
 
+/* A fake CQ (ibv_poll_cq calls its context's poll_cq): one flushed receive. */
+static struct ibv_context fake_ctx;
+static struct ibv_cq fake_cq = {.context = &fake_ctx};
+static int polls;
+
+static int fake_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc)
+{
+    (void)cq;
+    if (polls++ > 0 || num < 1)
+        return 0;
+    memset(wc, 0, sizeof(*wc));
+    wc->wr_id = (0u << 2) | WR_RX;
+    wc->status = IBV_WC_WR_FLUSH_ERR;
+    return 1;
+}
+
+/* The device flushed our receives while we had not stopped the QP: before
+ * authorization the peer's RDMA request was refused (the gate) and the endpoint
+ * closes with -EACCES; after it, the old -ECANCELED. */
+static void test_refused_request_closes(void **state)
+{
+    (void)state;
+    fake_ctx.ops.poll_cq = fake_poll_cq;
+    F.ep.cq = &fake_cq;
+    polls = 0;
+    assert_int_equal(vb_poll_ep(&F.ep), 1);
+    assert_int_equal(F.ep.state, EP_DYING);
+    assert_int_equal(F.ep.err, -EACCES);
+
+    setup(NULL);
+    F.ep.cq = &fake_cq;
+    F.ep.authorized = true;
+    polls = 0;
+    assert_int_equal(vb_poll_ep(&F.ep), 1);
+    assert_int_equal(F.ep.err, -ECANCELED);
+}
+
 /* The connection's private data is the 32-byte hello and nothing else: magic,
  * version, no flags, credits, largest message, node GUID, zero. No rkey, no address.
  * The connect parameters name our own QP. */
@@ -334,6 +373,7 @@ int main(void)
         cmocka_unit_test_setup(test_authorize_not_connected, setup),
         cmocka_unit_test_setup(test_authorize_failure, setup),
         cmocka_unit_test_setup(test_close_withdraws, setup),
+        cmocka_unit_test_setup(test_refused_request_closes, setup),
         cmocka_unit_test_setup(test_hello_names_no_memory, setup),
         cmocka_unit_test_setup(test_accept_read_depths, setup),
         cmocka_unit_test_setup(test_ep_info, setup),

@@ -22,7 +22,8 @@
  * all and gets IBV_ACCESS_REMOTE_READ (and nothing else) from ep_authorize, an
  * RTS->RTS modify, once the owner's handshake has authenticated the peer; a READ
  * before that fails at the peer (rxe: remote invalid request) and moves our QP to
- * the error state, so the endpoint closes. Failing or closing an endpoint moves its
+ * the error state: our receives are flushed though we did not stop the QP, so the
+ * endpoint closes with -EACCES (logged). Failing or closing an endpoint moves its
  * QP to the error state at once (no more responses) and the reap destroys it: the
  * access ends with the link, and a new connection is a new QP with none.
  * rdma_create_qp would let librdmacm move the QP through INIT, RTR and RTS with the
@@ -1032,6 +1033,16 @@ static int vb_poll_ep(struct vb_ep *ep)
                          strerror(-err));
             switch (kind) {
             case WR_RX:
+                if (err == -ECANCELED && ep->state == EP_CONNECTED && !ep->authorized) {
+                    /* Flushed while we had not stopped the QP: the device did, after
+                     * a bad request of the peer; before authorization that is an
+                     * RDMA request the access gate refused (rxe answers remote
+                     * invalid request and moves our QP to the error state). */
+                    kvt_warn(VB_MOD, "closing an endpoint not yet authorized: its peer sent an "
+                                     "RDMA request the device refused (a READ before the "
+                                     "handshake?)");
+                    err = -EACCES;
+                }
                 if (err != 0)
                     vb_ep_fail(ep, err);
                 else if (ep->state == EP_CONNECTED)
