@@ -383,7 +383,9 @@ static int atk_connect(struct atk *a, const char *addr, uint16_t port)
     cp.private_data = &h;
     cp.private_data_len = sizeof(h);
     cp.initiator_depth = 4;
-    cp.responder_resources = 0;
+    /* 1, not 0: a node before issue #21 swapped the two depths in its accept and
+     * would have given 0 to read with (the attack must reach the gate, if any). */
+    cp.responder_resources = 1;
     cp.retry_count = 7;
     cp.rnr_retry_count = 7;
     if (rdma_connect(a->id, &cp) != 0) {
@@ -950,6 +952,7 @@ static void run_costs(const char *addr, uint16_t port)
             if (rc == 0)
                 rc = atk_poll(&a, cond_mw, WAIT_MS) == 0 && a.mw_status == IBV_WC_SUCCESS ? 0 : EIO;
             if (rc == 0) {
+                mw->rkey = rkey; /* the provider names the window by its current rkey */
                 memset(&wr, 0, sizeof(wr));
                 wr.wr_id = WR_MW;
                 wr.opcode = IBV_WR_LOCAL_INV;
