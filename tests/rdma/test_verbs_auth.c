@@ -10,7 +10,8 @@
  *     (-ENOTCONN, nothing asked of the device) outside CONNECTED; a failure fails
  *     the endpoint, and failing an endpoint moves its QP to the error state;
  *   - receives the device flushed before authorization (it refused a peer's RDMA
- *     request) close the endpoint with -EACCES;
+ *     request) close the endpoint with -EACCES, and so does our READ that a peer
+ *     refused;
  *   - the handshake's private data carries no rkey and no address, and an accept
  *     answers the read depth the requester asked for;
  *   - ep_info reports what ibv_query_qp says the QP allows.
@@ -292,6 +293,35 @@ static void test_refused_request_closes(void **state)
     assert_int_equal(F.ep.err, -ECANCELED);
 }
 
+static int fake_poll_refused_read(struct ibv_cq *cq, int num, struct ibv_wc *wc)
+{
+    (void)cq;
+    if (polls++ > 0 || num < 1)
+        return 0;
+    memset(wc, 0, sizeof(*wc));
+    wc->wr_id = (0u << 2) | WR_SEG_LAST;
+    wc->status = IBV_WC_REM_INV_REQ_ERR;
+    return 1;
+}
+
+/* Our READ refused by a peer that has not authorized us (rxe: remote invalid
+ * request): the endpoint fails with -EACCES, as a software backend's refusal. */
+static void test_our_read_refused(void **state)
+{
+    struct vb_seg seg = {0};
+    unsigned seg_free[1];
+
+    (void)state;
+    fake_ctx.ops.poll_cq = fake_poll_refused_read;
+    F.ep.cq = &fake_cq;
+    F.ep.segs = &seg;
+    F.ep.seg_free = seg_free;
+    polls = 0;
+    assert_int_equal(vb_poll_ep(&F.ep), 1);
+    assert_int_equal(F.ep.state, EP_DYING);
+    assert_int_equal(F.ep.err, -EACCES);
+}
+
 /* The connection's private data is the 32-byte hello and nothing else: magic,
  * version, no flags, credits, largest message, node GUID, zero. No rkey, no address.
  * The connect parameters name our own QP. */
@@ -374,6 +404,7 @@ int main(void)
         cmocka_unit_test_setup(test_authorize_failure, setup),
         cmocka_unit_test_setup(test_close_withdraws, setup),
         cmocka_unit_test_setup(test_refused_request_closes, setup),
+        cmocka_unit_test_setup(test_our_read_refused, setup),
         cmocka_unit_test_setup(test_hello_names_no_memory, setup),
         cmocka_unit_test_setup(test_accept_read_depths, setup),
         cmocka_unit_test_setup(test_ep_info, setup),

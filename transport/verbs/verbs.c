@@ -365,6 +365,15 @@ static int vb_wc_err(enum ibv_wc_status st)
     }
 }
 
+/* The same for our RDMA READ work requests: a peer whose QP refuses our READ (no
+ * remote read access: it has not authorized us; rxe answers remote invalid request,
+ * hardware may answer remote access error) or whose registration does not cover the
+ * range gives -EACCES, as a software backend's refusal does. */
+static int vb_read_wc_err(enum ibv_wc_status st)
+{
+    return st == IBV_WC_REM_INV_REQ_ERR ? -EACCES : vb_wc_err(st);
+}
+
 /* rdma_cm event status for an event that ends a connection attempt. */
 static int vb_cm_err(enum rdma_cm_event_type ev, int status)
 {
@@ -1025,7 +1034,8 @@ static int vb_poll_ep(struct vb_ep *ep)
         for (int i = 0; i < n; i++) {
             unsigned idx = (unsigned)(wc[i].wr_id >> 2);
             int kind = (int)(wc[i].wr_id & 3);
-            int err = vb_wc_err(wc[i].status);
+            int err = kind == WR_RX || kind == WR_TX ? vb_wc_err(wc[i].status)
+                                                     : vb_read_wc_err(wc[i].status);
 
             total++;
             if (err != 0 && err != -ECANCELED)
