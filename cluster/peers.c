@@ -7,7 +7,8 @@
  *   WAIT_HELLO  server: accepted, waiting for HELLO
  *   WAIT_AUTH   server: HELLO_ACK sent, waiting for AUTH
  *   UP          authenticated: heartbeats, MEMBERS, on_msg; entered after
- *               kvt_tp_ep_authorize (the peer may READ our memory from then on)
+ *               kvt_tp_ep_authorize (the peer may READ our memory from then on; the
+ *               server authorizes before it sends AUTH_OK, which a client may act on)
  *   LINGER      refused: REFUSE sent; waiting for the peer to close (a force close
  *               right away could drop the REFUSE), at most PEERS_LINGER_NS
  *   CLOSING     kvt_tp_ep_close called; waiting for the transport's CLOSED
@@ -597,8 +598,13 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
             refuse(p, l, KVT_WIRE_R_AUTH);
             return;
         }
-        kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
-        ret = send_msg(p, l, &out);
+        /* Authorized before AUTH_OK goes out: a client may READ as soon as it has
+         * it (link_up's own call is then a no-op). */
+        ret = kvt_tp_ep_authorize(l->ep);
+        if (ret == 0 || ret == -EOPNOTSUPP) {
+            kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
+            ret = send_msg(p, l, &out);
+        }
         if (ret < 0) {
             kvt_warn(MOD, "AUTH_OK to node %llu: %s", (unsigned long long)l->peer_id,
                      strerror(-ret));
