@@ -6,8 +6,12 @@
  *   AUTH_SENT   client: AUTH sent, waiting for AUTH_OK
  *   WAIT_HELLO  server: accepted, waiting for HELLO
  *   WAIT_AUTH   server: HELLO_ACK sent, waiting for AUTH
- *   UP          authenticated: heartbeats, MEMBERS, on_msg; the transport endpoint
- *               is authorized on entry (before, the peer could READ nothing of ours)
+ *   UP          authenticated: heartbeats, MEMBERS, on_msg. Each side authorizes
+ *               its transport endpoint (the peer may READ our memory from then on)
+ *               as soon as the peer has proven the secret: the client once the
+ *               server's proof in HELLO_ACK checked out and its AUTH is sent, the
+ *               server before it sends AUTH_OK (a client may READ as soon as it
+ *               has AUTH_OK). Nothing of ours that names memory goes out earlier.
  *   LINGER      refused: REFUSE sent; waiting for the peer to close (a force close
  *               right away could drop the REFUSE), at most PEERS_LINGER_NS
  *   CLOSING     kvt_tp_ep_close called; waiting for the transport's CLOSED
@@ -478,7 +482,8 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
         return;
     }
     remember(p, l->peer_id);
-    /* Only now may the peer read anything of ours (and send more than a handshake). */
+    /* Both sides authorized their end during the handshake (see the states above);
+     * again here, a no-op, so that no path reaches UP unauthorized. */
     ret = kvt_tp_ep_authorize(l->ep);
     if (ret < 0) {
         kvt_warn(MOD, "link to node %llu: authorize: %s", (unsigned long long)l->peer_id,
@@ -578,6 +583,12 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
         ret = kvt_auth_proof(p->secret, p->secret_len, KVT_AUTH_CLIENT, &ap, out.u.hello.proof);
         if (ret == 0)
             ret = send_msg(p, l, &out);
+        /* The server has proven the secret: it may READ ours. Authorizing now, not
+         * at AUTH_OK, lets a transport that exchanges its data-plane addresses at
+         * authorize (UCX) do so while the server checks our proof; the server's
+         * AUTH_OK may travel on that data plane. */
+        if (ret == 0)
+            ret = kvt_tp_ep_authorize(l->ep);
         if (ret < 0) {
             kvt_warn(MOD, "AUTH to node %llu: %s", (unsigned long long)l->peer_id, strerror(-ret));
             link_close(p, l);
@@ -596,8 +607,13 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
             refuse(p, l, KVT_WIRE_R_AUTH);
             return;
         }
-        kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
-        ret = send_msg(p, l, &out);
+        /* Authorized before AUTH_OK goes out: a client may READ as soon as it has
+         * it (link_up's own call is then a no-op). */
+        ret = kvt_tp_ep_authorize(l->ep);
+        if (ret == 0) {
+            kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
+            ret = send_msg(p, l, &out);
+        }
         if (ret < 0) {
             kvt_warn(MOD, "AUTH_OK to node %llu: %s", (unsigned long long)l->peer_id,
                      strerror(-ret));

@@ -116,7 +116,9 @@ static int srv_accept(void *arg, struct kvt_tp_ep *ep)
     if (srv.ep != NULL)
         return -EBUSY; /* one client */
     srv.ep = ep;
-    rc = kvt_tp_pack(srv.tp, srv.mr, h, sizeof(h), &hl);
+    rc = kvt_tp_ep_authorize(ep); /* no handshake here: the client is trusted */
+    if (rc == 0)
+        rc = kvt_tp_pack(srv.tp, srv.mr, h, sizeof(h), &hl);
     if (rc == 0)
         rc = kvt_tp_send(ep, h, hl);
     if (rc == 0)

@@ -50,7 +50,7 @@ start() {
 node:
   id: $id
 primary:
-  path: /dev/shm/kvt-peer-attacks-$$-$name.mmap
+  path: /dev/shm/kvt-peer-attacks-$$-$name/primary.mmap
   size: 32MiB
   row_bytes: 256KiB
 storage:
@@ -206,11 +206,11 @@ sed 's/^/# /' "$work/refused"
 
 # ---- the residual: a uct PUT through R's UCX port ----
 if [ -n "$uct" ]; then
-  base=$(grep "kvt-peer-attacks-$$-R.mmap" "/proc/${NPID[R]}/maps" | head -1 | cut -d- -f1)
+  base=$(grep "kvt-peer-attacks-$$-R/primary.mmap" "/proc/${NPID[R]}/maps" | head -1 | cut -d- -f1)
   UCX_TLS=tcp UCX_NET_DEVICES=lo ASAN_OPTIONS=detect_leaks=0 \
     timeout 30 "$att" uct-put 127.0.0.1 "$uct" "0x$base" >"$work/residual" 2>&1
   grep "^uct-put" "$work/residual" | sed 's/^/# /'
-  if head -c 64 "/dev/shm/kvt-peer-attacks-$$-R.mmap" | grep -q "kvtier-uct-probe"; then
+  if head -c 64 "/dev/shm/kvt-peer-attacks-$$-R/primary.mmap" | grep -q "kvtier-uct-probe"; then
     echo "# RESIDUAL: 64 bytes written into R's primary (at 0x$base) through UCX's tcp port, unauthenticated"
   else
     echo "# residual probe: R's primary unchanged"

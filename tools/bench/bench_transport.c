@@ -118,8 +118,9 @@ static int bt_srv_accept(void *arg, struct kvt_tp_ep *ep)
     if (s->ep != NULL)
         return -EBUSY;
     s->ep = ep;
-    /* The bench's own client: no handshake, it may read everything (bt_srv_may_read). */
-    if (kvt_tp_send(ep, s->handle, s->handle_len) < 0 || kvt_tp_ep_authorize(ep) < 0)
+    /* The bench's own client: no handshake, it may read everything (bt_srv_may_read);
+     * authorized before it learns the handle. */
+    if (kvt_tp_ep_authorize(ep) < 0 || kvt_tp_send(ep, s->handle, s->handle_len) < 0)
         return -EIO;
     return 0;
 }

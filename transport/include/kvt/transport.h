@@ -20,7 +20,10 @@
  * The owner runs its own handshake (cluster/peers.c: HELLO/AUTH, an HMAC over the
  * cluster secret) with control messages, then calls kvt_tp_ep_authorize on its end.
  * Before that call no memory of ours is readable by that endpoint: its READ
- * requests are refused, counted (KVT_TP_READ_UNAUTH) and the endpoint is closed.
+ * requests are refused, counted (KVT_TP_READ_UNAUTH) and the endpoint is closed
+ * (verbs: its QP has no remote access flag until then, so the NIC refuses the READ,
+ * the reader's batch fails with -EACCES and its endpoint closes; the access ends
+ * with the endpoint).
  * Until an endpoint is authorized, messages are bounded in both directions: at
  * most KVT_TP_PREAUTH_MSGS messages of at most KVT_TP_PREAUTH_MSG_BYTES each
  * (kvt_tp_send says -EMSGSIZE or -ENOBUFS past them), and an endpoint the owner has
