@@ -227,7 +227,7 @@ files=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/sbin/kvtierd ./usr/bin/kvtier ./usr/bin/kvtier-load ./usr/bin/kvtier-bench \
   ./usr/lib/x86_64-linux-gnu/libkvtier-client.so.0.1.0 ./usr/lib/x86_64-linux-gnu/libkvtier-client.so.0 \
   ./usr/lib/x86_64-linux-gnu/libkvtier-client.so ./usr/include/kvtier/client.h \
-  ./usr/lib/x86_64-linux-gnu/pkgconfig/kvtier-client.pc ./usr/lib/python3/dist-packages/kvtier.py \
+  ./usr/lib/x86_64-linux-gnu/pkgconfig/kvtier-client.pc ./usr/lib/python3/dist-packages/kvtier/__init__.py ./usr/lib/python3/dist-packages/kvtier/vllm.py \
   ./etc/kvtier/kvtierd.yaml ./lib/systemd/system/kvtierd.service ./usr/lib/tmpfiles.d/kvtier.conf \
   ./usr/lib/sysusers.d/kvtier.conf ./usr/share/doc/kvtier/copyright; do
   grep -qxF "$f" <<<"$files" || bad "the package lacks $f"
