@@ -6,10 +6,11 @@
  * together after its "# HELP" and "# TYPE" lines, in the order the names first appear
  * (the tiering stats first, then the node's samples). Histograms come out as the
  * format wants them: cumulative "_bucket" series with an "le" label ending at "+Inf"
- * (kvt_stats keeps per-bucket counts and a last bound that stands for infinity), then
- * "_sum" and "_count". The text is built in a private buffer that is handed over only
- * when complete, so an error leaves nothing behind. Families are found by scanning
- * (quadratic in the number of series): a node has a few hundred at most. */
+ * (kvt_stats keeps per-bucket counts; each metric's bounds are its own,
+ * kvt_hist_layout_of), then "_sum" and "_count". The text is built in a private buffer
+ * that is handed over only when complete, so an error leaves nothing behind. Families
+ * are found by scanning (quadratic in the number of series): a node has a few hundred
+ * at most. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -383,16 +384,21 @@ static void render_stat(struct buf *b, const char *name, const struct kvt_stat *
         buf_puts(b, "\n");
         return;
     }
+    /* The metric's own buckets (kvt_hist_layout_of), then +Inf. */
+    const struct kvt_hist_layout *l = st->layout ? st->layout : kvt_hist_layout_of(st->name);
     uint64_t cum = 0;
 
-    for (size_t i = 0; i < KVT_HIST_BUCKETS; i++) {
+    for (size_t i = 0; i <= l->n; i++) {
         char le[40];
 
         cum += st->buckets[i];
-        if (i == KVT_HIST_BUCKETS - 1)
-            snprintf(le, sizeof(le), "+Inf"); /* the last bound stands for infinity */
-        else
-            fmt_value(kvt_hist_bounds[i], le, sizeof(le));
+        if (i == l->n) {
+            for (size_t j = i + 1; j < KVT_HIST_BUCKETS; j++)
+                cum += st->buckets[j]; /* none: the layout has no bucket there */
+            snprintf(le, sizeof(le), "+Inf");
+        } else {
+            fmt_value(l->bounds[i], le, sizeof(le));
+        }
         series(b, name, "_bucket", ln, lv, le);
         buf_printf(b, " %llu\n", (unsigned long long)cum);
     }

@@ -792,6 +792,16 @@ static int get_stats(struct kvtier_client *c, uint64_t flags, struct kvtier_stat
     out->n = rep.n_stats;
     rep.stats = NULL;
     memcpy(out->bounds, rep.bounds, sizeof(out->bounds));
+    /* A node that sends no bounds of each stat's own: every histogram has the common
+     * ones, whose last stands for +Inf. */
+    for (size_t i = 0; !kvt__emsg_has(&rep, KVT_EF_STAT_BOUNDS) && i < out->n; i++) {
+        struct kvtier_stat *s = &out->s[i];
+
+        if (s->kind != KVTIER_HISTOGRAM || rep.n_bounds == 0)
+            continue;
+        s->n_bounds = rep.n_bounds - 1;
+        memcpy(s->bounds, rep.bounds, s->n_bounds * sizeof(s->bounds[0]));
+    }
     *stats_p = out;
 out:
     kvt__emsg_free(&rep);

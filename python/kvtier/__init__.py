@@ -39,6 +39,7 @@ __all__ = [
     "Client", "KvtierError", "make_key", "MISS", "HIT", "HIT_PENDING", "RETRY",
     "CHUNK_LEVEL", "REQUEST_LEVEL", "ANY", "MEDIUM_CPU", "MEDIUM_STORAGE", "LOCAL",
     "REMOTE", "Event", "Stat", "StorePlan", "Job", "JobDone", "JOB_STORE", "JOB_LOAD",
+    "COUNTER", "GAUGE", "HISTOGRAM",
 ]
 
 MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
@@ -64,7 +65,8 @@ class KvtierError(OSError):
 
 
 Event = namedtuple("Event", "keys medium locality removed")
-Stat = namedtuple("Stat", "name label kind value count sum buckets")
+# bounds: a histogram's finite bucket upper bounds (buckets has one more: +Inf).
+Stat = namedtuple("Stat", "name label kind value count sum buckets bounds", defaults=((),))
 StorePlan = namedtuple("StorePlan", "stores evicted")  # stores: [(key index, chunk id)]
 Job = namedtuple("Job", "id kind keys rows")  # rows of the attached region, co-indexed
 JobDone = namedtuple("JobDone", "id ok key_ok")  # key_ok: a bool per key of the job
@@ -125,7 +127,8 @@ class _Stat(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 96), ("label", ctypes.c_char * 48),
                 ("kind", ctypes.c_int), ("value", ctypes.c_double),
                 ("count", ctypes.c_uint64), ("sum", ctypes.c_double),
-                ("buckets", ctypes.c_uint64 * _HIST_BUCKETS)]
+                ("buckets", ctypes.c_uint64 * _HIST_BUCKETS),
+                ("n_bounds", ctypes.c_uint32), ("bounds", ctypes.c_double * (_HIST_BUCKETS - 1))]
 
 
 class _Job(ctypes.Structure):
@@ -413,14 +416,19 @@ class Client:
             self._lib.kvtier_events_free(p)
 
     def get_stats(self):
-        """[Stat(name, label, kind, value, count, sum, buckets)]."""
+        """[Stat(name, label, kind, value, count, sum, buckets, bounds)]: a histogram's
+        buckets per bucket (not cumulative), buckets[len(bounds)] above its last bound."""
         p = ctypes.POINTER(_Stats)()
         self._check(self._lib.kvtier_get_stats(self._handle(), ctypes.byref(p)), "get_stats")
         try:
             st = p.contents
-            return [Stat(st.s[i].name.decode(), st.s[i].label.decode(), st.s[i].kind,
-                         st.s[i].value, st.s[i].count, st.s[i].sum, list(st.s[i].buckets))
-                    for i in range(st.n)]
+            out = []
+            for i in range(st.n):
+                s = st.s[i]
+                nb = s.n_bounds if s.kind == HISTOGRAM else 0
+                out.append(Stat(s.name.decode(), s.label.decode(), s.kind, s.value, s.count,
+                                s.sum, list(s.buckets), tuple(s.bounds[:nb])))
+            return out
         finally:
             self._lib.kvtier_stats_free(p)
 

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -419,6 +420,26 @@ static void test_events_and_stats(void **state)
     assert_true(st->bounds[0] > 0);
     for (size_t i = 0; i < st->n; i++)
         assert_true(strlen(st->s[i].name) > 0);
+    /* Each histogram with its own buckets: vLLM's for the allocation sizes. */
+    {
+        bool seen = false;
+
+        for (size_t i = 0; i < st->n; i++) {
+            const struct kvtier_stat *h = &st->s[i];
+
+            if (h->kind != KVTIER_HISTOGRAM) {
+                assert_int_equal(h->n_bounds, 0);
+                continue;
+            }
+            if (strcmp(h->name, "vllm:kv_offload_cpu_allocation_size") != 0)
+                continue;
+            seen = true;
+            assert_int_equal(h->n_bounds, 10);
+            assert_true(h->bounds[0] == 1 && h->bounds[9] == 262144);
+            assert_int_equal(h->buckets[1], 1); /* one prepare_store of 3 keys */
+        }
+        assert_true(seen);
+    }
     kvtier_stats_free(st);
     st = NULL; /* this server keeps no totals (no total_stats hook) */
     assert_int_equal(kvtier_get_stats_totals(a, &st), -EOPNOTSUPP);
@@ -840,6 +861,56 @@ static int raw_hello(const char *name)
 static uint64_t refused(enum kvt_engine_refusal r)
 {
     return counters().refused_by[r];
+}
+
+/* Each stat's bucket bounds on the wire: they round-trip; bounds before the stats,
+ * of another count, descending or not finite are a malformed message. */
+static void test_stat_bounds_codec(void **state)
+{
+    static const struct kvt_eproto_limits lim = {.max_body = 1u << 20,
+                                                 .max_keys = 4096,
+                                                 .max_params = 1u << 16,
+                                                 .max_events = 64,
+                                                 .max_stats = 64};
+    struct kvtier_stat st[2] = {
+        {.name = "h", .kind = KVTIER_HISTOGRAM, .n_bounds = 3, .bounds = {0.5, 1, 2}},
+        {.name = "c", .kind = KVTIER_COUNTER}};
+    struct kvt_emsg m, d;
+    struct kvt_ebuf b;
+
+    (void)state;
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_GET_STATS | KVT_EOP_REPLY;
+    m.stats = st;
+    m.n_stats = 2;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_STATS | 1u << KVT_EF_STAT_BOUNDS;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), 0);
+    assert_true(kvt__emsg_has(&d, KVT_EF_STAT_BOUNDS));
+    assert_int_equal(d.stats[0].n_bounds, 3);
+    assert_true(d.stats[0].bounds[0] == 0.5 && d.stats[0].bounds[2] == 2);
+    assert_int_equal(d.stats[1].n_bounds, 0);
+    kvt__emsg_free(&d);
+    kvt__ebuf_cleanup(&b);
+
+    st[0].bounds[2] = 1; /* not ascending */
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+    st[0].bounds[2] = INFINITY;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+    /* Bounds without their stats. */
+    st[0].bounds[2] = 2;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_STAT_BOUNDS;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
 }
 
 /* Engine B's complete_store of engine A's write-pending key is refused and counted:
@@ -1325,6 +1396,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_max_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_path_stale_and_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_gone, setup, teardown),
+        cmocka_unit_test(test_stat_bounds_codec),
         cmocka_unit_test_setup_teardown(test_complete_store_of_another_clients_key_refused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_events_bounded_oldest_dropped, setup, teardown),

@@ -188,6 +188,10 @@ static void test_render_basic_and_histogram(void **state)
     assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 0.002), 0);
     assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 3), 0);
     assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 100), 0);
+    /* A name without buckets of its own: the common layout. */
+    assert_int_equal(kvt_stats_observe(&st, "kvtier_test_values", "0:primary", 0.002), 0);
+    assert_int_equal(kvt_stats_observe(&st, "kvtier_test_values", "0:primary", 3), 0);
+    assert_int_equal(kvt_stats_observe(&st, "kvtier_test_values", "0:primary", 100), 0);
     text = render(&st, NULL, 0, 0);
 
     assert_line(text, "# TYPE vllm:kv_offload_tiering_read_bytes_total counter");
@@ -209,25 +213,39 @@ static void test_render_basic_and_histogram(void **state)
     assert_line(text, "vllm:kv_offload_tiering_active_promotion_jobs{tier=\"1:fs\"} 2");
     assert_line(text, "vllm:kv_offload_tiering_promotion_allocation_failures_total 1");
 
+    /* vLLM's own buckets for its metric: 10 us .. 1 s (tiering/spec.py). */
     assert_line(text, "# TYPE vllm:kv_offload_tiering_lookup_sync_delay_seconds histogram");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"1e-06\"} 0");
+                      "{tier=\"0:primary\",le=\"1e-05\"} 0");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"5e-05\"} 0");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
                       "{tier=\"0:primary\",le=\"0.001\"} 0");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
                       "{tier=\"0:primary\",le=\"0.005\"} 1");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"4\"} 2");
+                      "{tier=\"0:primary\",le=\"0.5\"} 1");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"64\"} 2");
-    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"256\"} 3");
+                      "{tier=\"0:primary\",le=\"1\"} 1");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
                       "{tier=\"0:primary\",le=\"+Inf\"} 3");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_sum"
                       "{tier=\"0:primary\"} 103.002");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_count"
                       "{tier=\"0:primary\"} 3");
+    assert_null(strstr(text, "lookup_sync_delay_seconds_bucket{tier=\"0:primary\",le=\"1e-06\"}"));
+    assert_null(strstr(text, "lookup_sync_delay_seconds_bucket{tier=\"0:primary\",le=\"4\"}"));
+    /* The common layout, for a name without its own. */
+    assert_line(text, "# TYPE kvtier_test_values histogram");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"1e-06\"} 0");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"0.001\"} 0");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"0.005\"} 1");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"4\"} 2");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"64\"} 2");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"256\"} 3");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"+Inf\"} 3");
+    assert_line(text, "kvtier_test_values_sum{tier=\"0:primary\"} 103.002");
+    assert_line(text, "kvtier_test_values_count{tier=\"0:primary\"} 3");
     assert_null(strstr(text, "1e+300"));
     assert_promtool_vllm_names(text);
     kvt_free(text);

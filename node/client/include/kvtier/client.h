@@ -270,12 +270,19 @@ struct kvtier_stat {
     uint64_t count;                        /* histogram: observations */
     double sum;                            /* histogram: sum of observations */
     uint64_t buckets[KVTIER_HIST_BUCKETS]; /* histogram: per bucket, not cumulative */
+    /* Histogram: its own buckets' finite upper bounds, ascending; buckets[i] counts
+     * the observations up to bounds[i] (above bounds[i-1]), buckets[n_bounds] the rest
+     * (+Inf). Each metric has its own (vLLM's for vLLM's metrics). */
+    uint32_t n_bounds;
+    double bounds[KVTIER_HIST_BUCKETS - 1];
 };
 
 struct kvtier_stats {
     struct kvtier_stat *s;
     size_t n;
-    double bounds[KVTIER_HIST_BUCKETS]; /* bucket upper bounds; the last is +Inf */
+    /* The bounds of histograms without their own (older nodes): the last is +Inf.
+     * Every kvtier_stat has its own bounds (n_bounds, bounds) filled from these then. */
+    double bounds[KVTIER_HIST_BUCKETS];
 };
 
 /* get_stats: the manager's metrics since the previous get_stats (counters are
