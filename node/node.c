@@ -9,7 +9,8 @@
  *
  * The stats fan-out: the manager's stats are return-and-reset, and the node has several
  * consumers (each engine's get_stats, /metrics, `kvtier stats`): one collector takes
- * every delta and hands it to all of them.
+ * every delta and hands it to all of them. /metrics shows those totals and the node's
+ * own series (engines, peers, its build, this process, how full each tier is).
  *
  * Restart after SIGKILL: a lock file next to the region (flock) tells a live daemon
  * from a dead one; a dead one's socket is removed by the engine server, its region
@@ -62,11 +63,14 @@
 #include "kvt/net_tier.h"
 #include "kvt/node.h"
 #include "kvt/peers.h"
+#include "kvt/metrics.h"
 #include "kvt/primary.h"
+#include "kvt/proc_stats.h"
 #include "kvt/prom.h"
 #include "kvt/region.h"
 #include "kvt/safe_path.h"
 #include "kvt/storage_tier.h"
+#include "kvt/version.h"
 
 #define MOD         "node"
 #define LOCK_RECORD "kvtierd region %llu %llu\n" /* device, inode of the region */
@@ -88,6 +92,7 @@ struct kvt_node {
     struct kvt_primary *primary;
     struct kvt_tier *tiers[KVT_CONFIG_TIERS_MAX];
     enum kvt_tier_kind kinds[KVT_CONFIG_TIERS_MAX];
+    char labels[KVT_CONFIG_TIERS_MAX][KVT_STAT_LABEL_MAX]; /* "<index + 1>:<type>" */
     size_t n_tiers;
     struct kvt_tier *net; /* among tiers[], or NULL */
     struct kvt_peers *peers;
@@ -549,6 +554,9 @@ static int assemble(struct kvt_node *nd)
         else if (nd->cfg.tiers[i] == KVT_TIER_NETWORK && nd->cfg.network_enabled)
             rc = open_network(nd, &t);
         if (t != NULL) {
+            /* The tiering core's label of the tier (kvt_metrics_label). */
+            snprintf(nd->labels[nd->n_tiers], sizeof(nd->labels[0]), "%zu:%s", nd->n_tiers + 1,
+                     t->type);
             nd->kinds[nd->n_tiers] = nd->cfg.tiers[i];
             nd->tiers[nd->n_tiers++] = t;
         }
@@ -589,6 +597,18 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                                           .kind = (k),                                             \
                                           .label_name = (ln),                                      \
                                           .label_value = (lv),                                     \
+                                          .value = (double)(val)};                                 \
+    } while (0)
+#define SAMPLE2(nm, hp, k, ln, lv, ln2, lv2, val)                                                  \
+    do {                                                                                           \
+        assert(n < cap);                                                                           \
+        v[n++] = (struct kvt_prom_sample){.name = (nm),                                            \
+                                          .help = (hp),                                            \
+                                          .kind = (k),                                             \
+                                          .label_name = (ln),                                      \
+                                          .label_value = (lv),                                     \
+                                          .label2_name = (ln2),                                    \
+                                          .label2_value = (lv2),                                   \
                                           .value = (double)(val)};                                 \
     } while (0)
     kvt_engine_server_get_counters(nd->engines, &ec);
@@ -666,8 +686,65 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
     }
+    SAMPLE2("kvtier_build_info", "The kvtier version and git revision this node was built from",
+            KVT_METRIC_GAUGE, "version", kvt_version(), "revision", kvt_git_revision(), 1);
+    {
+        struct kvt_proc_stats ps;
+
+        /* /proc unreadable (a sandbox): the page goes without them. */
+        if (kvt_proc_stats_read(&ps) == 0) {
+            SAMPLE("process_cpu_seconds", "Total user and system CPU time spent in seconds",
+                   KVT_METRIC_COUNTER, ps.cpu_seconds);
+            SAMPLE("process_resident_memory_bytes", "Resident memory size in bytes",
+                   KVT_METRIC_GAUGE, ps.resident_bytes);
+            SAMPLE("process_open_fds", "Number of open file descriptors", KVT_METRIC_GAUGE,
+                   ps.open_fds);
+            SAMPLE("process_max_fds", "Maximum number of open file descriptors", KVT_METRIC_GAUGE,
+                   ps.max_fds);
+            SAMPLE("process_start_time_seconds",
+                   "Start time of the process since unix epoch in seconds", KVT_METRIC_GAUGE,
+                   ps.start_time_s);
+        }
+    }
+    /* How full each tier is, used and capacity, in chunks and bytes, by the tiering
+     * core's tier label: the primary, then every secondary tier that keeps chunks of
+     * its own (the network tier keeps none: its chunks are the peers' primaries). */
+    {
+        static const char *const help[4] = {
+            "Chunks a tier holds now (stored or being written)",
+            "Chunks a tier can hold at most",
+            "Bytes a tier holds now (the storage tier: its files, headers included)",
+            "Bytes a tier can hold at most (the storage tier without a bound: its files "
+            "and the free space of their file system)",
+        };
+        uint64_t row = kvt_primary_row_bytes(nd->primary);
+        struct kvt_tier_usage u[KVT_CONFIG_TIERS_MAX + 1] = {{
+            .used_chunks = kvt_primary_num_entries(nd->primary),
+            .capacity_chunks = kvt_primary_num_chunks(nd->primary),
+        }};
+        const char *lv[KVT_CONFIG_TIERS_MAX + 1] = {KVT_PRIMARY_LABEL};
+        size_t m = 1;
+
+        u[0].used_bytes = u[0].used_chunks * row;
+        u[0].capacity_bytes = u[0].capacity_chunks * row;
+        for (size_t i = 0; i < nd->n_tiers; i++) {
+            if (kvt_tier_usage(nd->tiers[i], &u[m]) == 0)
+                lv[m++] = nd->labels[i];
+        }
+        for (size_t i = 0; i < m; i++) {
+            LSAMPLE("kvtier_tier_used_chunks", help[0], KVT_METRIC_GAUGE, "tier", lv[i],
+                    u[i].used_chunks);
+            LSAMPLE("kvtier_tier_capacity_chunks", help[1], KVT_METRIC_GAUGE, "tier", lv[i],
+                    u[i].capacity_chunks);
+            LSAMPLE("kvtier_tier_used_bytes", help[2], KVT_METRIC_GAUGE, "tier", lv[i],
+                    u[i].used_bytes);
+            LSAMPLE("kvtier_tier_capacity_bytes", help[3], KVT_METRIC_GAUGE, "tier", lv[i],
+                    u[i].capacity_bytes);
+        }
+    }
 #undef SAMPLE
 #undef LSAMPLE
+#undef SAMPLE2
     return n;
 }
 

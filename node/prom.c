@@ -345,25 +345,40 @@ static void family_head(struct buf *b, const char *name, const char *help,
     buf_printf(b, "\n# TYPE %s %s\n", name, type_word(kind));
 }
 
-/* name{label_name="label_value"[,le="..."]} (no braces when there is no label). */
-static void series(struct buf *b, const char *name, const char *suffix, const char *label_name,
-                   const char *label_value, const char *le)
+static void label(struct buf *b, const char *name, const char *value, bool comma)
+{
+    buf_printf(b, "%s%s=\"", comma ? "," : "", name);
+    buf_escaped(b, value, true);
+    buf_puts(b, "\"");
+}
+
+/* name{label_name="label_value"[,label2_name="label2_value"][,le="..."]} (no braces
+ * when there is no label). */
+static void series2(struct buf *b, const char *name, const char *suffix, const char *label_name,
+                    const char *label_value, const char *label2_name, const char *label2_value,
+                    const char *le)
 {
     bool has = label_name != NULL && label_value != NULL;
+    bool has2 = has && label2_name != NULL && label2_value != NULL;
 
     buf_puts(b, name);
     buf_puts(b, suffix);
     if (!has && le == NULL)
         return;
     buf_puts(b, "{");
-    if (has) {
-        buf_printf(b, "%s=\"", label_name);
-        buf_escaped(b, label_value, true);
-        buf_puts(b, "\"");
-    }
+    if (has)
+        label(b, label_name, label_value, false);
+    if (has2)
+        label(b, label2_name, label2_value, true);
     if (le != NULL)
         buf_printf(b, "%sle=\"%s\"", has ? "," : "", le);
     buf_puts(b, "}");
+}
+
+static void series(struct buf *b, const char *name, const char *suffix, const char *label_name,
+                   const char *label_value, const char *le)
+{
+    series2(b, name, suffix, label_name, label_value, NULL, NULL, le);
 }
 
 static void render_stat(struct buf *b, const char *name, const struct kvt_stat *st)
@@ -451,6 +466,12 @@ static int check_sample(const struct kvt_prom_sample *s)
         return -EINVAL;
     if (s->label_name != NULL && !valid_label_name(s->label_name))
         return -EINVAL;
+    if ((s->label2_name == NULL) != (s->label2_value == NULL))
+        return -EINVAL;
+    if (s->label2_name != NULL &&
+        (s->label_name == NULL || !valid_label_name(s->label2_name) ||
+         strcmp(s->label2_name, s->label_name) == 0 || strcmp(s->label2_name, "le") == 0))
+        return -EINVAL;
     return 0;
 }
 
@@ -468,7 +489,9 @@ static int render_samples(struct buf *b, struct names *ns, const struct kvt_prom
             if (strcmp(ss[j].name, ss[i].name) != 0)
                 continue;
             if (ss[j].kind != ss[i].kind || (same_str(ss[j].label_name, ss[i].label_name) &&
-                                             same_str(ss[j].label_value, ss[i].label_value)))
+                                             same_str(ss[j].label_value, ss[i].label_value) &&
+                                             same_str(ss[j].label2_name, ss[i].label2_name) &&
+                                             same_str(ss[j].label2_value, ss[i].label2_value)))
                 return -EINVAL; /* another kind, or the same series twice */
         }
     }
@@ -488,7 +511,8 @@ static int render_samples(struct buf *b, struct names *ns, const struct kvt_prom
         for (size_t j = i; j < n; j++) {
             if (strcmp(ss[j].name, ss[i].name) != 0)
                 continue;
-            series(b, name, "", ss[j].label_name, ss[j].label_value, NULL);
+            series2(b, name, "", ss[j].label_name, ss[j].label_value, ss[j].label2_name,
+                    ss[j].label2_value, NULL);
             buf_puts(b, " ");
             buf_value(b, ss[j].value);
             buf_puts(b, "\n");

@@ -3,8 +3,9 @@
  * in their configured order), what the loop's calls do (the one fd wakes up for an
  * engine connecting and for a peer dialling: the network tier's fds come through the
  * tier ops; the timeout follows the tick and a reload of it), the stop (files gone),
- * a refused start (an unsafe folder: -EPERM, nothing created), and the tier ops'
- * defaults and the storage tier's usage as the node runs them. */
+ * a refused start (an unsafe folder: -EPERM, nothing created), the tier ops'
+ * defaults and the storage tier's usage as the node runs them, and the node's own
+ * series on /metrics (build, this process from /proc/self, how full each tier is). */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -13,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -27,8 +30,10 @@
 #include "kvt/manager.h"
 #include "kvt/node.h"
 #include "kvt/peers.h"
+#include "kvt/proc_stats.h"
 #include "kvt/region.h"
 #include "kvt/tier.h"
+#include "kvt/version.h"
 
 #define ROW (256 * 1024)
 
@@ -359,6 +364,105 @@ static void test_network_usage_unsupported(void **state)
     kvt_node_close(nd);
 }
 
+static bool has_line(const char *text, const char *line)
+{
+    size_t n = strlen(line);
+
+    for (const char *p = strstr(text, line); p != NULL; p = strstr(p + 1, line))
+        if ((p == text || p[-1] == '\n') && (p[n] == '\n' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
+/* The page's value of one series (its name and labels as printed); -1 when absent. */
+static double series_value(const char *text, const char *series)
+{
+    size_t n = strlen(series);
+
+    for (const char *p = strstr(text, series); p != NULL; p = strstr(p + 1, series))
+        if ((p == text || p[-1] == '\n') && p[n] == ' ')
+            return strtod(p + n + 1, NULL);
+    return -1;
+}
+
+/* The node's own series: its build, this process, how full each tier is (the primary
+ * and the storage tier; the network tier keeps nothing). */
+static void test_metrics_page(void **state)
+{
+    uint64_t id = next_id++, file = 4096 + ROW, end;
+    struct kvt_node *nd = NULL;
+    struct kvt_tier_usage u;
+    char *text = NULL, want[256];
+    size_t len = 0;
+
+    (void)state;
+    assert_int_equal(open_node(&nd, id, "storage.capacity=16MiB", NULL), 0);
+    store(nd, 200, 5);
+    end = kvt_now_ns() + 10000000000ull;
+    do {
+        kvt_node_step(nd);
+        usleep(2000);
+        assert_int_equal(kvt_tier_usage(kvt_node_tier(nd, KVT_TIER_STORAGE), &u), 0);
+    } while (u.used_chunks != 5 && kvt_now_ns() < end);
+    assert_int_equal(kvt_node_render_metrics(nd, &text, &len), 0);
+    assert_int_equal(strlen(text), len);
+    snprintf(want, sizeof(want), "kvtier_build_info{version=\"%s\",revision=\"%s\"} 1",
+             kvt_version(), kvt_git_revision());
+    assert_true(has_line(text, want));
+    assert_true(series_value(text, "process_cpu_seconds_total") > 0);
+    assert_true(series_value(text, "process_resident_memory_bytes") > 0);
+    assert_true(series_value(text, "process_open_fds") > 0);
+    assert_true(series_value(text, "process_max_fds") >= series_value(text, "process_open_fds"));
+    assert_true(series_value(text, "process_start_time_seconds") > 1e9);
+    assert_true(series_value(text, "kvtier_tier_used_chunks{tier=\"0:primary\"}") == 5);
+    assert_true(series_value(text, "kvtier_tier_capacity_chunks{tier=\"0:primary\"}") == 16);
+    assert_true(series_value(text, "kvtier_tier_used_bytes{tier=\"0:primary\"}") == 5.0 * ROW);
+    assert_true(series_value(text, "kvtier_tier_capacity_bytes{tier=\"0:primary\"}") == 4 << 20);
+    assert_true(series_value(text, "kvtier_tier_used_chunks{tier=\"1:storage\"}") == 5);
+    assert_true(series_value(text, "kvtier_tier_capacity_chunks{tier=\"1:storage\"}") ==
+                (double)((16 << 20) / file));
+    assert_true(series_value(text, "kvtier_tier_used_bytes{tier=\"1:storage\"}") ==
+                5.0 * (double)file);
+    assert_true(series_value(text, "kvtier_tier_capacity_bytes{tier=\"1:storage\"}") == 16 << 20);
+    assert_true(series_value(text, "kvtier_tier_used_chunks{tier=\"2:network\"}") == -1);
+    assert_true(series_value(text, "kvtier_tier_capacity_bytes{tier=\"2:network\"}") == -1);
+    assert_true(series_value(text, "vllm:kv_offload_tiering_active_cascade_jobs"
+                                   "{tier=\"2:network\"}") >= 0); /* the label is the same */
+    assert_true(has_line(text, "# TYPE kvtier_tier_used_chunks gauge"));
+    assert_true(has_line(text, "# TYPE process_cpu_seconds_total counter"));
+    kvt_free(text);
+    kvt_node_close(nd);
+}
+
+/* /proc/self as the page shows it: descriptors and CPU time follow what the process
+ * does; the start time is this process's; the limit is RLIMIT_NOFILE's. */
+static void test_proc_stats(void **state)
+{
+    struct kvt_proc_stats a, b;
+    struct rlimit rl;
+    volatile uint64_t x = 0;
+    uint64_t end;
+    int fd;
+
+    (void)state;
+    assert_int_equal(kvt_proc_stats_read(&a), 0);
+    fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    assert_true(fd >= 0);
+    end = kvt_now_ns() + 300000000ull;
+    while (kvt_now_ns() < end) /* 0.3 s of CPU */
+        x++;
+    assert_int_equal(kvt_proc_stats_read(&b), 0);
+    close(fd);
+    assert_int_equal(b.open_fds, a.open_fds + 1);
+    assert_true(b.cpu_seconds >= a.cpu_seconds + 0.2);
+    assert_true(b.resident_bytes > 0);
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    assert_int_equal(b.max_fds, rl.rlim_cur);
+    assert_true(a.start_time_s == b.start_time_s);
+    assert_true(b.start_time_s <= (double)time(NULL) + 1);
+    assert_true(b.start_time_s >= (double)time(NULL) - 600); /* this test started it */
+}
+
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
@@ -379,6 +483,8 @@ int main(void)
         cmocka_unit_test(test_peer_wakes_the_loop),
         cmocka_unit_test(test_storage_usage),
         cmocka_unit_test(test_network_usage_unsupported),
+        cmocka_unit_test(test_metrics_page),
+        cmocka_unit_test(test_proc_stats),
     };
     int fd, rc;
 
