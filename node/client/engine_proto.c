@@ -53,6 +53,7 @@ void kvt__emsg_free(struct kvt_emsg *m)
     kvt_free(m->preempted);
     kvt_free(m->events);
     kvt_free(m->stats);
+    kvt_free(m->stat_bounds);
     kvt_free(m->job_keys);
     kvt_free(m->jobs);
     kvt_free(m->ok);
@@ -352,18 +353,20 @@ static int dec_stat_bounds(struct cur *c, struct kvt_emsg *m)
     rc = rd_array(c, m->n_stats, &n);
     if (rc == 0 && n != m->n_stats)
         rc = -EBADMSG;
+    if (rc == 0)
+        rc = alloc_n(m, (void **)&m->stat_bounds, n, sizeof(*m->stat_bounds));
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        struct kvtier_stat *s = &m->stats[i];
+        struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
         uint32_t nb;
 
         rc = rd_array(c, KVTIER_HIST_BUCKETS - 1, &nb);
         for (uint32_t b = 0; rc == 0 && b < nb; b++) {
-            rc = rd_f64(c, &s->bounds[b]);
-            if (rc == 0 && (!isfinite(s->bounds[b]) || (b > 0 && s->bounds[b] <= s->bounds[b - 1])))
+            rc = rd_f64(c, &hb->bound[b]);
+            if (rc == 0 && (!isfinite(hb->bound[b]) || (b > 0 && hb->bound[b] <= hb->bound[b - 1])))
                 rc = -EBADMSG;
         }
         if (rc == 0)
-            s->n_bounds = nb;
+            hb->n = nb;
     }
     return rc;
 }
@@ -755,12 +758,12 @@ static void enc_field(msgpack_packer *pk, const struct kvt_emsg *m, unsigned f)
     case KVT_EF_STAT_BOUNDS:
         msgpack_pack_array(pk, m->n_stats);
         for (uint32_t i = 0; i < m->n_stats; i++) {
-            const struct kvtier_stat *s = &m->stats[i];
-            uint32_t nb = KVT_MIN(s->n_bounds, (uint32_t)KVTIER_HIST_BUCKETS - 1);
+            const struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
+            uint32_t nb = KVT_MIN(hb->n, (uint32_t)KVTIER_HIST_BUCKETS - 1);
 
             msgpack_pack_array(pk, nb);
             for (uint32_t b = 0; b < nb; b++)
-                msgpack_pack_double(pk, s->bounds[b]);
+                msgpack_pack_double(pk, hb->bound[b]);
         }
         break;
     case KVT_EF_JOB_KEYS:

@@ -127,8 +127,11 @@ class _Stat(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 96), ("label", ctypes.c_char * 48),
                 ("kind", ctypes.c_int), ("value", ctypes.c_double),
                 ("count", ctypes.c_uint64), ("sum", ctypes.c_double),
-                ("buckets", ctypes.c_uint64 * _HIST_BUCKETS),
-                ("n_bounds", ctypes.c_uint32), ("bounds", ctypes.c_double * (_HIST_BUCKETS - 1))]
+                ("buckets", ctypes.c_uint64 * _HIST_BUCKETS)]
+
+
+class _HistBounds(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_uint32), ("bound", ctypes.c_double * (_HIST_BUCKETS - 1))]
 
 
 class _Job(ctypes.Structure):
@@ -148,7 +151,8 @@ class _JobsDone(ctypes.Structure):
 
 class _Stats(ctypes.Structure):
     _fields_ = [("s", ctypes.POINTER(_Stat)), ("n", ctypes.c_size_t),
-                ("bounds", ctypes.c_double * _HIST_BUCKETS)]
+                ("bounds", ctypes.c_double * _HIST_BUCKETS),
+                ("stat_bounds", ctypes.POINTER(_HistBounds))]
 
 
 _P = ctypes.c_void_p
@@ -425,9 +429,10 @@ class Client:
             out = []
             for i in range(st.n):
                 s = st.s[i]
-                nb = s.n_bounds if s.kind == HISTOGRAM else 0
+                hb = st.stat_bounds[i] if st.stat_bounds else None
+                bounds = tuple(hb.bound[:hb.n]) if hb is not None else ()
                 out.append(Stat(s.name.decode(), s.label.decode(), s.kind, s.value, s.count,
-                                s.sum, list(s.buckets), tuple(s.bounds[:nb])))
+                                s.sum, list(s.buckets), bounds))
             return out
         finally:
             self._lib.kvtier_stats_free(p)

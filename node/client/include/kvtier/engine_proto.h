@@ -158,6 +158,7 @@ struct kvt_emsg {
     uint32_t n_events;
     struct kvtier_stat *stats;
     uint32_t n_stats;
+    struct kvtier_hist_bounds *stat_bounds; /* KVT_EF_STAT_BOUNDS: n_stats of them */
     uint64_t geom[KVT_EPROTO_GEOM_MAX];
     uint32_t n_geom;
     double bounds[KVTIER_HIST_BUCKETS];
