@@ -109,12 +109,12 @@ static int count_fds(uint64_t *n_p)
 
 int kvt_proc_stats_read(struct kvt_proc_stats *out)
 {
-    unsigned long long utime, stime, start, btime;
-    long long rss;
+    unsigned long long utime = 0, stime = 0, start = 0, btime = 0;
+    long long rss = 0;
     long tick = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
     struct rlimit rl;
     char buf[1024];
-    uint64_t fds;
+    uint64_t fds = 0;
     int rc;
 
     if (tick <= 0 || page <= 0)

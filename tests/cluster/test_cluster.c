@@ -530,7 +530,7 @@ static void test_wrong_secret_and_namespace(void **state)
     printf("# refused: %s\n", r);
     assert_int_equal(field(r, "live"), 1);
     assert_true(field(r, "auth_refused") >= 1);
-    assert_true(field(r, "n_setsrefused") >= 1);
+    assert_true(field(r, "ns_refused") >= 1);
     assert_int_equal(field(r, "served"), 0);
     sn_quit(&bad);
     sn_quit(&other);
