@@ -65,7 +65,7 @@ void kvt_node_step(struct kvt_node *node);
  * changed). */
 int kvt_node_reload(struct kvt_node *node, const struct kvt_config *next);
 
-/* ---- the parts (the simulator, tests) ---- */
+/* ---- the parts (the simulator, tests); of a node that was not stopped ---- */
 
 const struct kvt_config *kvt_node_config(const struct kvt_node *node);
 struct kvt_manager *kvt_node_manager(struct kvt_node *node);
