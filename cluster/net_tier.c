@@ -20,6 +20,7 @@
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/log.h"
+#include "kvt/net_tier_test.h"
 #include "net_tier_int.h"
 
 /* ---- helpers the roles share --------------------------------------------------- */
@@ -108,6 +109,17 @@ bool kvt__nt_register(struct net_tier *nt)
         return false;
     }
     return true;
+}
+
+int kvt__net_tier_test_handle(struct kvt_tier *t, const void **handle_p, size_t *len_p)
+{
+    struct net_tier *nt = nt_of(t);
+
+    if (!kvt__nt_register(nt))
+        return -EIO;
+    *handle_p = nt->handle;
+    *len_p = nt->handle_len;
+    return 0;
 }
 
 /* ---- finished jobs ------------------------------------------------------------- */
@@ -366,6 +378,17 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     return rc != 0 ? -ENOMEM : 0;
 }
 
+/* The transport's question for every READ a peer asks of us (UCX serves them in
+ * software): only rows of the primary granted to that peer by a lease still held. */
+static bool nt_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr,
+                        uint64_t off, uint64_t len)
+{
+    struct net_tier *nt = arg;
+
+    (void)ep;
+    return mr != NULL && mr == nt->mr_remote && kvt__net_may_read(nt, node_id, off, len);
+}
+
 bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len)
 {
     return kvt__net_may_read(nt_of(t), peer_node_id, off, len);
@@ -528,6 +551,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     h = (struct kvt_peers_handlers){.on_msg = nt_on_msg,
                                     .on_member = nt_on_member,
                                     .on_link_closed = nt_on_link_closed,
+                                    .may_read = nt_may_read,
                                     .arg = nt};
     kvt_peers_set_handlers(nt->peers, &h);
     kvt_primary_set_removed_hook(nt->primary, kvt__nt_on_removed, nt);

@@ -685,6 +685,14 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
+        /* What the transport refused on the peer port, by reason: READs before the
+         * handshake, outside our registrations or not granted; connections beyond the
+         * pre-auth bound, malformed or too slow before it; messages naming no
+         * connection of ours. */
+        for (unsigned r = 0; r < KVT_TP_N_REFUSALS; r++)
+            LSAMPLE("kvtier_net_refused",
+                    "Refused by the peer transport (READs, connections, messages), by reason",
+                    KVT_METRIC_COUNTER, "reason", kvt_tp_refusal_name(r), pc.tp.refused[r]);
     }
     SAMPLE2("kvtier_build_info", "The kvtier version and git revision this node was built from",
             KVT_METRIC_GAUGE, "version", kvt_version(), "revision", kvt_git_revision(), 1);
