@@ -285,6 +285,31 @@ static bool nt_has_pending_work(struct kvt_tier *t)
     return nt_busy(nt_of(t));
 }
 
+/* The loop's hooks: the lookup worker's eventfd and the peer links' transport fd;
+ * the loop may sleep only with nothing in flight and the transport armed (over tcp
+ * a peer's READ is served by our progress). */
+static size_t nt_event_fds(struct kvt_tier *t, int *fds, size_t cap)
+{
+    struct net_tier *nt = nt_of(t);
+    int pfd = kvt_peers_event_fd(nt->peers);
+    size_t n = 0;
+
+    if (n < cap)
+        fds[n++] = nt->wake_fd;
+    if (n < cap && pfd >= 0)
+        fds[n++] = pfd;
+    return n;
+}
+
+static int nt_arm(struct kvt_tier *t)
+{
+    struct net_tier *nt = nt_of(t);
+
+    if (nt_busy(nt))
+        return -EAGAIN;
+    return kvt_peers_arm(nt->peers);
+}
+
 static void nt_on_request_finished(struct kvt_tier *t, struct kvt_req_ctx *ctx)
 {
     kvt_async_lookup_cleanup(nt_of(t)->al, ctx->req_id);
@@ -449,6 +474,9 @@ static const struct kvt_tier_ops nt_ops = {
     .get_finished_jobs = nt_get_finished_jobs,
     .drain_jobs = nt_drain_jobs,
     .has_pending_work = nt_has_pending_work,
+    .event_fds = nt_event_fds,
+    .poll = kvt_net_tier_poll,
+    .arm = nt_arm,
     .on_request_finished = nt_on_request_finished,
     .serve_external_requests = kvt__nt_serve,
     .on_schedule_end = nt_on_schedule_end,

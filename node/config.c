@@ -133,6 +133,12 @@ static const struct key_def keys[] = {
      "interval of heartbeats to peers, in ms (< network.lease_ms)"},
     {"network.heartbeat_misses", T_U32, F(network_heartbeat_misses), 0, "3", 1, 1000, NULL, 0,
      "heartbeats a peer may miss before it counts as down"},
+    {"network.keys_per_fetch", T_U32, F(network_keys_per_fetch), 0, "64", 1, 256, NULL, 0,
+     "keys asked of one peer in one FETCH"},
+    {"network.fetches_per_peer", T_U32, F(network_fetches_per_peer), 0, "4", 1, 1024, NULL, 0,
+     "FETCHes out to one peer at once (the rest wait their turn, their deadline not started)"},
+    {"network.reads_per_batch", T_U32, F(network_reads_per_batch), 0, "8", 1, 256, NULL, 0,
+     "one-sided READs of pulled chunks posted together (8 rows of 256 KiB fit a 2 MiB L2)"},
     {"cluster.secret_file", T_PATH, F(cluster_secret_file), 0, "", 1, PATH_MAX - 1, NULL,
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
     {"engine.socket", T_PATH, F(engine_socket), 0, "/run/kvtier/{id}/engine.sock", 1, 107, NULL, 0,
@@ -1221,6 +1227,54 @@ void kvt_config_free(struct kvt_config *cfg)
             free_peers(*FIELD(cfg, k, char **), *FIELD2(cfg, k, size_t));
     }
     memset(cfg, 0, sizeof(*cfg));
+}
+
+int kvt_config_copy(struct kvt_config *dst, const struct kvt_config *src)
+{
+    struct kvt_config c = *src;
+    size_t done;
+
+    /* Fields first, then every owned string and list replaced by a copy of its own. */
+    for (done = 0; done < N_KEYS; done++) {
+        const struct key_def *k = &keys[done];
+
+        if (k->type == T_STR || k->type == T_PATH) {
+            const char *from = *FIELD(src, k, char *);
+            char *to = from != NULL ? kvt_strdup(from) : NULL;
+
+            if (from != NULL && to == NULL)
+                break;
+            *FIELD(&c, k, char *) = to;
+        } else if (k->type == T_PEERS) {
+            size_t n = *FIELD2(src, k, size_t);
+            char **from = *FIELD(src, k, char **), **to = NULL;
+            size_t i = 0;
+
+            if (n > 0 && (to = kvt_calloc(n, sizeof(*to))) == NULL)
+                break;
+            for (; i < n && (to[i] = kvt_strdup(from[i])) != NULL; i++)
+                ;
+            if (i < n) {
+                free_peers(to, i);
+                break;
+            }
+            *FIELD(&c, k, char **) = to;
+        }
+    }
+    if (done < N_KEYS) {
+        /* Free what was copied: the keys before the one that failed. */
+        for (size_t i = 0; i < done; i++) {
+            const struct key_def *k = &keys[i];
+
+            if (k->type == T_STR || k->type == T_PATH)
+                kvt_free(*FIELD(&c, k, char *));
+            else if (k->type == T_PEERS)
+                free_peers(*FIELD(&c, k, char **), *FIELD2(&c, k, size_t));
+        }
+        return -ENOMEM;
+    }
+    *dst = c;
+    return 0;
 }
 
 static int load_defaults(struct kvt_config *cfg)

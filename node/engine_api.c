@@ -77,6 +77,9 @@ _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, by
 _Static_assert(sizeof(struct kvtier_tier_matcher) == sizeof(struct kvt_tier_matcher),
                "matcher layouts differ");
 _Static_assert(KVTIER_HIST_BUCKETS == KVT_HIST_BUCKETS, "histogram buckets differ");
+_Static_assert(sizeof(((struct kvtier_hist_bounds *)0)->bound) ==
+                   sizeof(((struct kvt_hist_layout *)0)->bounds),
+               "histogram bounds differ");
 _Static_assert(KVTIER_STAT_NAME_MAX == KVT_STAT_NAME_MAX, "stat names differ");
 _Static_assert(KVTIER_STAT_LABEL_MAX == KVT_STAT_LABEL_MAX, "stat labels differ");
 
@@ -907,7 +910,8 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
     }
     if (rc == 0) {
         r->stats = kvt_calloc(st.n ? st.n : 1, sizeof(*r->stats));
-        if (r->stats == NULL)
+        r->stat_bounds = kvt_calloc(st.n ? st.n : 1, sizeof(*r->stat_bounds));
+        if (r->stats == NULL || r->stat_bounds == NULL)
             rc = -ENOMEM;
     }
     if (rc == 0) {
@@ -923,11 +927,19 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
             o->count = in->count;
             o->sum = in->sum;
             memcpy(o->buckets, in->buckets, sizeof(o->buckets));
+            if (in->kind == KVT_METRIC_HISTOGRAM) {
+                const struct kvt_hist_layout *l =
+                    in->layout != NULL ? in->layout : kvt_hist_layout_of(in->name);
+
+                r->stat_bounds[i].n = (uint32_t)l->n;
+                memcpy(r->stat_bounds[i].bound, l->bounds, l->n * sizeof(l->bounds[0]));
+            }
         }
         r->n_stats = (uint32_t)st.n;
+        /* Each histogram's own bounds, and the default ones for older clients. */
         memcpy(r->bounds, kvt_hist_bounds, sizeof(r->bounds));
         r->n_bounds = KVTIER_HIST_BUCKETS;
-        r->has |= 1u << KVT_EF_STATS | 1u << KVT_EF_BOUNDS;
+        r->has |= 1u << KVT_EF_STATS | 1u << KVT_EF_BOUNDS | 1u << KVT_EF_STAT_BOUNDS;
     }
     kvt_stats_cleanup(&st);
     return rc;

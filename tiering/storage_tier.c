@@ -56,6 +56,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "kvt/alloc.h"
@@ -609,6 +610,31 @@ static int st_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     return rc;
 }
 
+/* Used: the published files and the room reserved for those being written. Capacity:
+ * storage.capacity, or with no bound what the file system still holds for the tier
+ * (its files plus the space free to it); chunks at one file per row. */
+static int st_usage(struct kvt_tier *t, struct kvt_tier_usage *out)
+{
+    struct st_tier *s = st(t);
+    uint64_t fbytes = t->row_bytes > 0 ? kvt__st_file_bytes(t->row_bytes) : 0;
+    uint64_t cap = s->capacity;
+
+    if (cap == 0) {
+        struct statvfs vfs;
+
+        if (fstatvfs(s->dir_fd, &vfs) != 0)
+            return -errno;
+        cap = s->used + (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+    }
+    *out = (struct kvt_tier_usage){
+        .used_chunks = s->n_published + s->n_writing,
+        .capacity_chunks = fbytes > 0 ? cap / fbytes : 0,
+        .used_bytes = s->used,
+        .capacity_bytes = cap,
+    };
+    return 0;
+}
+
 static int st_shutdown(struct kvt_tier *t)
 {
     struct st_tier *s = st(t);
@@ -669,6 +695,7 @@ static const struct kvt_tier_ops storage_ops = {
     .take_events = st_take_events,
     .touch = st_touch,
     .get_stats = st_get_stats,
+    .usage = st_usage,
     .shutdown = st_shutdown,
     .destroy = st_destroy,
 };

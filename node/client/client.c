@@ -792,6 +792,26 @@ static int get_stats(struct kvtier_client *c, uint64_t flags, struct kvtier_stat
     out->n = rep.n_stats;
     rep.stats = NULL;
     memcpy(out->bounds, rep.bounds, sizeof(out->bounds));
+    if (kvt__emsg_has(&rep, KVT_EF_STAT_BOUNDS)) {
+        out->stat_bounds = rep.stat_bounds;
+        rep.stat_bounds = NULL;
+    } else {
+        /* A node that sends no bounds of each histogram's own: the common ones, whose
+         * last stands for +Inf. */
+        out->stat_bounds = kvt_calloc(out->n ? out->n : 1, sizeof(*out->stat_bounds));
+        if (out->stat_bounds == NULL) {
+            kvtier_stats_free(out);
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; rep.n_bounds > 0 && i < out->n; i++) {
+            if (out->s[i].kind != KVTIER_HISTOGRAM)
+                continue;
+            out->stat_bounds[i].n = rep.n_bounds - 1;
+            memcpy(out->stat_bounds[i].bound, rep.bounds,
+                   (rep.n_bounds - 1) * sizeof(rep.bounds[0]));
+        }
+    }
     *stats_p = out;
 out:
     kvt__emsg_free(&rep);
@@ -813,6 +833,7 @@ void kvtier_stats_free(struct kvtier_stats *stats)
     if (stats == NULL)
         return;
     kvt_free(stats->s);
+    kvt_free(stats->stat_bounds);
     kvt_free(stats);
 }
 

@@ -13,12 +13,14 @@
  * allocates is a small multiple of the body plus the limits (heap_bytes says how
  * much). Encoding goes through msgpack-c's packer into a struct kvt_ebuf. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <msgpack.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvt/mpcheck.h"
 #include "kvtier/engine_proto.h"
 
@@ -51,6 +53,7 @@ void kvt__emsg_free(struct kvt_emsg *m)
     kvt_free(m->preempted);
     kvt_free(m->events);
     kvt_free(m->stats);
+    kvt_free(m->stat_bounds);
     kvt_free(m->job_keys);
     kvt_free(m->jobs);
     kvt_free(m->ok);
@@ -338,6 +341,36 @@ static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct 
     return rc;
 }
 
+/* Each stat's bucket bounds: after the stats they belong to (encoders write fields in
+ * id order), one list per stat, each ascending and finite. */
+static int dec_stat_bounds(struct cur *c, struct kvt_emsg *m)
+{
+    uint32_t n;
+    int rc;
+
+    if (!kvt__emsg_has(m, KVT_EF_STATS))
+        return -EBADMSG;
+    rc = rd_array(c, m->n_stats, &n);
+    if (rc == 0 && n != m->n_stats)
+        rc = -EBADMSG;
+    if (rc == 0)
+        rc = alloc_n(m, (void **)&m->stat_bounds, n, sizeof(*m->stat_bounds));
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
+        uint32_t nb;
+
+        rc = rd_array(c, KVTIER_HIST_BUCKETS - 1, &nb);
+        for (uint32_t b = 0; rc == 0 && b < nb; b++) {
+            rc = rd_f64(c, &hb->bound[b]);
+            if (rc == 0 && (!isfinite(hb->bound[b]) || (b > 0 && hb->bound[b] <= hb->bound[b - 1])))
+                rc = -EBADMSG;
+        }
+        if (rc == 0)
+            hb->n = nb;
+    }
+    return rc;
+}
+
 static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits *lim,
                      struct kvt_emsg *m)
 {
@@ -477,6 +510,9 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
             rc = rd_f64(c, &m->bounds[i]);
         if (rc == 0)
             m->n_bounds = n;
+        break;
+    case KVT_EF_STAT_BOUNDS:
+        rc = dec_stat_bounds(c, m);
         break;
     case KVT_EF_JOB_KEYS:
         rc = dec_keys(c, m, lim->max_keys, &m->job_keys, &m->n_job_keys);
@@ -718,6 +754,17 @@ static void enc_field(msgpack_packer *pk, const struct kvt_emsg *m, unsigned f)
         msgpack_pack_array(pk, m->n_bounds);
         for (uint32_t i = 0; i < m->n_bounds; i++)
             msgpack_pack_double(pk, m->bounds[i]);
+        break;
+    case KVT_EF_STAT_BOUNDS:
+        msgpack_pack_array(pk, m->n_stats);
+        for (uint32_t i = 0; i < m->n_stats; i++) {
+            const struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
+            uint32_t nb = KVT_MIN(hb->n, (uint32_t)KVTIER_HIST_BUCKETS - 1);
+
+            msgpack_pack_array(pk, nb);
+            for (uint32_t b = 0; b < nb; b++)
+                msgpack_pack_double(pk, hb->bound[b]);
+        }
         break;
     case KVT_EF_JOB_KEYS:
         pack_keys(pk, m->job_keys, m->n_job_keys);

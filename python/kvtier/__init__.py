@@ -39,6 +39,7 @@ __all__ = [
     "Client", "KvtierError", "make_key", "MISS", "HIT", "HIT_PENDING", "RETRY",
     "CHUNK_LEVEL", "REQUEST_LEVEL", "ANY", "MEDIUM_CPU", "MEDIUM_STORAGE", "LOCAL",
     "REMOTE", "Event", "Stat", "StorePlan", "Job", "JobDone", "JOB_STORE", "JOB_LOAD",
+    "COUNTER", "GAUGE", "HISTOGRAM",
 ]
 
 MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
@@ -64,7 +65,8 @@ class KvtierError(OSError):
 
 
 Event = namedtuple("Event", "keys medium locality removed")
-Stat = namedtuple("Stat", "name label kind value count sum buckets")
+# bounds: a histogram's finite bucket upper bounds (buckets has one more: +Inf).
+Stat = namedtuple("Stat", "name label kind value count sum buckets bounds", defaults=((),))
 StorePlan = namedtuple("StorePlan", "stores evicted")  # stores: [(key index, chunk id)]
 Job = namedtuple("Job", "id kind keys rows")  # rows of the attached region, co-indexed
 JobDone = namedtuple("JobDone", "id ok key_ok")  # key_ok: a bool per key of the job
@@ -128,6 +130,10 @@ class _Stat(ctypes.Structure):
                 ("buckets", ctypes.c_uint64 * _HIST_BUCKETS)]
 
 
+class _HistBounds(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_uint32), ("bound", ctypes.c_double * (_HIST_BUCKETS - 1))]
+
+
 class _Job(ctypes.Structure):
     _fields_ = [("id", ctypes.c_uint64), ("kind", ctypes.c_int),
                 ("keys", ctypes.POINTER(_Key)), ("rows", ctypes.POINTER(ctypes.c_int64)),
@@ -145,7 +151,8 @@ class _JobsDone(ctypes.Structure):
 
 class _Stats(ctypes.Structure):
     _fields_ = [("s", ctypes.POINTER(_Stat)), ("n", ctypes.c_size_t),
-                ("bounds", ctypes.c_double * _HIST_BUCKETS)]
+                ("bounds", ctypes.c_double * _HIST_BUCKETS),
+                ("stat_bounds", ctypes.POINTER(_HistBounds))]
 
 
 _P = ctypes.c_void_p
@@ -413,14 +420,20 @@ class Client:
             self._lib.kvtier_events_free(p)
 
     def get_stats(self):
-        """[Stat(name, label, kind, value, count, sum, buckets)]."""
+        """[Stat(name, label, kind, value, count, sum, buckets, bounds)]: a histogram's
+        buckets per bucket (not cumulative), buckets[len(bounds)] above its last bound."""
         p = ctypes.POINTER(_Stats)()
         self._check(self._lib.kvtier_get_stats(self._handle(), ctypes.byref(p)), "get_stats")
         try:
             st = p.contents
-            return [Stat(st.s[i].name.decode(), st.s[i].label.decode(), st.s[i].kind,
-                         st.s[i].value, st.s[i].count, st.s[i].sum, list(st.s[i].buckets))
-                    for i in range(st.n)]
+            out = []
+            for i in range(st.n):
+                s = st.s[i]
+                hb = st.stat_bounds[i] if st.stat_bounds else None
+                bounds = tuple(hb.bound[:hb.n]) if hb is not None else ()
+                out.append(Stat(s.name.decode(), s.label.decode(), s.kind, s.value, s.count,
+                                s.sum, list(s.buckets), bounds))
+            return out
         finally:
             self._lib.kvtier_stats_free(p)
 

@@ -112,6 +112,13 @@ class KvtierPy(unittest.TestCase):
         self.assertFalse(evs[0].removed)
         stats = a.get_stats()
         self.assertTrue(stats and all(s.name for s in stats))
+        # Each histogram with its own buckets: vLLM's for the allocation sizes.
+        alloc = [s for s in stats if s.name == "vllm:kv_offload_cpu_allocation_size"]
+        self.assertEqual(len(alloc), 1)
+        self.assertEqual(alloc[0].bounds,
+                         (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144))
+        self.assertEqual(sum(alloc[0].buckets), alloc[0].count)
+        self.assertTrue(all(s.bounds == () for s in stats if s.kind != kvtier.HISTOGRAM))
 
         a.on_request_finished("a-1")
         b.on_request_finished("b-1")

@@ -92,6 +92,9 @@ bad_cfg "missing file" "nothere.yaml" --config "$work/nothere.yaml"
 
 # ---- start, several engines under load, SIGTERM ----
 start() {
+  # Emptied here, before the daemon starts: its own redirection happens in the child,
+  # after which the wait below could read the previous daemon's "ready".
+  : >"$work/daemon.log"
   "$kvtierd" --config "$work/good.yaml" >"$work/daemon.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 200); do

@@ -864,6 +864,81 @@ static void test_engine_and_metrics_keys(void **state)
     expect_bad(NULL, bad_set, 1, 0, WANT("option --set engine.socket_mode=rw"));
 }
 
+/* The network tier's fetch shape: defaults as the tier's own, file values, ranges. */
+static void test_network_fetch_keys(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_int_equal(cfg.network_keys_per_fetch, 64);
+    assert_int_equal(cfg.network_fetches_per_peer, 4);
+    assert_int_equal(cfg.network_reads_per_batch, 8);
+    kvt_config_free(&cfg);
+    write_file(fx.conf,
+               "network:\n  keys_per_fetch: 256\n  fetches_per_peer: 2\n  reads_per_batch: 32\n",
+               0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_int_equal(cfg.network_keys_per_fetch, 256);
+    assert_int_equal(cfg.network_fetches_per_peer, 2);
+    assert_int_equal(cfg.network_reads_per_batch, 32);
+    kvt_config_free(&cfg);
+    expect_bad("network:\n  keys_per_fetch: 257\n", NULL, 0, 0,
+               WANT(at_line(2), "network.keys_per_fetch"));
+    expect_bad("network:\n  reads_per_batch: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "network.reads_per_batch"));
+    expect_bad("network:\n  fetches_per_peer: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "network.fetches_per_peer"));
+}
+
+/* A copy owns its strings and peer list: equal by dump, unchanged when the original
+ * goes; out of memory at any allocation fails whole and leaks nothing (the test
+ * allocator and ASan). */
+static void test_copy(void **state)
+{
+    char *sets[] = {"network.peers=a:1,b:2,[::1]:3",
+                    fx.set_secret,
+                    "node.namespace=ns-x",
+                    "node.group=0",
+                    fx.set_region,
+                    fx.set_storage,
+                    fx.set_sock};
+    struct kvt_config a, b, c;
+    char err[512], *ta, *tb;
+    int rc = -ENOMEM;
+    long n;
+
+    (void)state;
+    assert_int_equal(kvt_config_load(&a, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_int_equal(kvt_config_copy(&b, &a), 0);
+    ta = dump_text(&a);
+    tb = dump_text(&b);
+    assert_string_equal(ta, tb);
+    assert_true(b.network_peers != a.network_peers);
+    assert_true(b.network_peers[2] != a.network_peers[2]);
+    assert_true(b.node_namespace != a.node_namespace);
+    kvt_config_free(&a);
+    free(tb);
+    tb = dump_text(&b);
+    assert_string_equal(ta, tb); /* b stands alone */
+    for (n = 0; n < 1000 && rc == -ENOMEM; n++) {
+        memset(&c, 0xa5, sizeof(c));
+        kvt_alloc_fail_after(n);
+        rc = kvt_config_copy(&c, &b);
+        kvt_alloc_fail_after(-1);
+    }
+    assert_int_equal(rc, 0);
+    assert_true(n > 3); /* it did fail at the first allocations */
+    free(ta);
+    ta = dump_text(&c);
+    assert_string_equal(ta, tb);
+    free(ta);
+    free(tb);
+    kvt_config_free(&b);
+    kvt_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -886,6 +961,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deep_nesting_refused_quickly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_huge_file_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_and_metrics_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_fetch_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

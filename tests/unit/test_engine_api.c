@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -419,6 +420,28 @@ static void test_events_and_stats(void **state)
     assert_true(st->bounds[0] > 0);
     for (size_t i = 0; i < st->n; i++)
         assert_true(strlen(st->s[i].name) > 0);
+    /* Each histogram with its own buckets: vLLM's for the allocation sizes. */
+    {
+        bool seen = false;
+
+        assert_non_null(st->stat_bounds);
+        for (size_t i = 0; i < st->n; i++) {
+            const struct kvtier_stat *h = &st->s[i];
+            const struct kvtier_hist_bounds *hb = &st->stat_bounds[i];
+
+            if (h->kind != KVTIER_HISTOGRAM) {
+                assert_int_equal(hb->n, 0);
+                continue;
+            }
+            if (strcmp(h->name, "vllm:kv_offload_cpu_allocation_size") != 0)
+                continue;
+            seen = true;
+            assert_int_equal(hb->n, 10);
+            assert_true(hb->bound[0] == 1 && hb->bound[9] == 262144);
+            assert_int_equal(h->buckets[1], 1); /* one prepare_store of 3 keys */
+        }
+        assert_true(seen);
+    }
     kvtier_stats_free(st);
     st = NULL; /* this server keeps no totals (no total_stats hook) */
     assert_int_equal(kvtier_get_stats_totals(a, &st), -EOPNOTSUPP);
@@ -840,6 +863,182 @@ static int raw_hello(const char *name)
 static uint64_t refused(enum kvt_engine_refusal r)
 {
     return counters().refused_by[r];
+}
+
+/* Each stat's bucket bounds on the wire: they round-trip; bounds before the stats,
+ * of another count, descending or not finite are a malformed message. */
+static void test_stat_bounds_codec(void **state)
+{
+    static const struct kvt_eproto_limits lim = {.max_body = 1u << 20,
+                                                 .max_keys = 4096,
+                                                 .max_params = 1u << 16,
+                                                 .max_events = 64,
+                                                 .max_stats = 64};
+    struct kvtier_stat st[2] = {{.name = "h", .kind = KVTIER_HISTOGRAM},
+                                {.name = "c", .kind = KVTIER_COUNTER}};
+    struct kvtier_hist_bounds hb[2] = {{.n = 3, .bound = {0.5, 1, 2}}, {.n = 0}};
+    struct kvt_emsg m, d;
+    struct kvt_ebuf b;
+
+    (void)state;
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_GET_STATS | KVT_EOP_REPLY;
+    m.stats = st;
+    m.stat_bounds = hb;
+    m.n_stats = 2;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_STATS | 1u << KVT_EF_STAT_BOUNDS;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), 0);
+    assert_true(kvt__emsg_has(&d, KVT_EF_STAT_BOUNDS));
+    assert_int_equal(d.stat_bounds[0].n, 3);
+    assert_true(d.stat_bounds[0].bound[0] == 0.5 && d.stat_bounds[0].bound[2] == 2);
+    assert_int_equal(d.stat_bounds[1].n, 0);
+    kvt__emsg_free(&d);
+    kvt__ebuf_cleanup(&b);
+
+    hb[0].bound[2] = 1; /* not ascending */
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+    hb[0].bound[2] = INFINITY;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+    /* Bounds without their stats. */
+    hb[0].bound[2] = 2;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_STAT_BOUNDS;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+}
+
+/* ---- a node that sends no bounds of each stat's own (before KVT_EF_STAT_BOUNDS) ---- */
+
+/* One frame off fd into *m (the test's own limits). */
+static int old_node_recv(int fd, struct kvt_emsg *m)
+{
+    static const struct kvt_eproto_limits lim = {.max_body = 1u << 20,
+                                                 .max_keys = 4096,
+                                                 .max_params = 1u << 16,
+                                                 .max_events = 64,
+                                                 .max_stats = 64};
+    uint8_t hdr[4], body[65536];
+    uint32_t len;
+
+    if (recv(fd, hdr, 4, MSG_WAITALL) != 4)
+        return -1;
+    len = kvt__eproto_frame_len(hdr);
+    if (len > sizeof(body) || recv(fd, body, len, MSG_WAITALL) != (ssize_t)len)
+        return -1;
+    return kvt__emsg_decode(body, len, &lim, m);
+}
+
+/* Sends m, with fd (>= 0) by SCM_RIGHTS. */
+static void old_node_send(int sock, const struct kvt_emsg *m, int fd)
+{
+    char cbuf[CMSG_SPACE(sizeof(int))] = {0};
+    struct kvt_ebuf b;
+    struct iovec iov;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(m, &b), 0);
+    iov = (struct iovec){.iov_base = b.data, .iov_len = b.len};
+    if (fd >= 0) {
+        struct cmsghdr *cm;
+
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof(cbuf);
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    assert_int_equal(sendmsg(sock, &mh, 0), (ssize_t)b.len);
+    kvt__ebuf_cleanup(&b);
+}
+
+/* Plays a node of the protocol before each stat's bounds: HELLO (a 1-chunk region of a
+ * memfd), then one GET_STATS answered with a histogram and a counter, the common
+ * bounds and nothing else. */
+static void *old_node(void *arg)
+{
+    int sock = accept4(*(int *)arg, NULL, NULL, SOCK_CLOEXEC);
+    int region = memfd_create("old-node", MFD_CLOEXEC);
+    struct kvtier_stat st[2] = {{.name = "h", .kind = KVTIER_HISTOGRAM, .count = 1},
+                                {.name = "c", .kind = KVTIER_COUNTER, .value = 2}};
+    struct kvt_emsg q, r;
+
+    assert_true(region >= 0 && ftruncate(region, 4096) == 0);
+    assert_int_equal(old_node_recv(sock, &q), 0);
+    kvt__emsg_init(&r);
+    r.op = KVT_EOP_HELLO | KVT_EOP_REPLY;
+    r.seq = q.seq;
+    r.n_geom = KVT_EG_COUNT;
+    r.geom[KVT_EG_CLIENT_ID] = 1;
+    r.geom[KVT_EG_NUM_CHUNKS] = 1;
+    r.geom[KVT_EG_ROW_BYTES] = r.geom[KVT_EG_PAGE_BYTES] = r.geom[KVT_EG_SIZE] = 4096;
+    r.geom[KVT_EG_NUM_WORKERS] = 1;
+    r.geom[KVT_EG_MAX_KEYS] = 64;
+    r.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_RC | 1u << KVT_EF_GEOM;
+    old_node_send(sock, &r, region);
+    kvt__emsg_free(&q);
+    assert_int_equal(old_node_recv(sock, &q), 0);
+    kvt__emsg_init(&r);
+    r.op = KVT_EOP_GET_STATS | KVT_EOP_REPLY;
+    r.seq = q.seq;
+    st[0].buckets[15] = 1;
+    r.stats = st;
+    r.n_stats = 2;
+    memcpy(r.bounds, kvt_hist_bounds, sizeof(r.bounds));
+    r.n_bounds = KVTIER_HIST_BUCKETS;
+    r.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_RC | 1u << KVT_EF_STATS |
+            1u << KVT_EF_BOUNDS;
+    old_node_send(sock, &r, -1);
+    kvt__emsg_free(&q);
+    close(region);
+    close(sock);
+    return NULL;
+}
+
+/* Stats from an older node: every histogram gets the common bounds, the last (which
+ * stood for +Inf) left out; a counter none. */
+static void test_stat_bounds_from_older_node(void **state)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char path[300];
+    int lfd;
+    pthread_t th;
+    struct kvtier_client *c = NULL;
+    struct kvtier_stats *st = NULL;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/old-node.sock", g.dir);
+    unlink(path);
+    lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(lfd >= 0 && strlen(path) < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(pthread_create(&th, NULL, old_node, &lfd), 0);
+    assert_int_equal(kvtier_connect(path, NULL, &c), 0);
+    assert_int_equal(kvtier_get_stats(c, &st), 0);
+    assert_int_equal(st->n, 2);
+    assert_non_null(st->stat_bounds);
+    assert_int_equal(st->stat_bounds[0].n, KVTIER_HIST_BUCKETS - 1);
+    for (unsigned i = 0; i < KVTIER_HIST_BUCKETS - 1; i++)
+        assert_true(st->stat_bounds[0].bound[i] == kvt_hist_bounds[i]);
+    assert_int_equal(st->stat_bounds[1].n, 0);
+    kvtier_stats_free(st);
+    kvtier_close(c);
+    pthread_join(th, NULL);
+    close(lfd);
+    unlink(path);
 }
 
 /* Engine B's complete_store of engine A's write-pending key is refused and counted:
@@ -1325,6 +1524,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_max_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_path_stale_and_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_gone, setup, teardown),
+        cmocka_unit_test(test_stat_bounds_codec),
+        cmocka_unit_test(test_stat_bounds_from_older_node),
         cmocka_unit_test_setup_teardown(test_complete_store_of_another_clients_key_refused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_events_bounded_oldest_dropped, setup, teardown),

@@ -79,6 +79,9 @@ struct kvt_config {
     uint32_t network_fetch_timeout_ms; /* a FETCH not granted by then fails */
     uint32_t network_heartbeat_ms;     /* < network_lease_ms */
     uint32_t network_heartbeat_misses; /* a peer missing this many is down */
+    uint32_t network_keys_per_fetch;   /* keys of one FETCH, 1..256 */
+    uint32_t network_fetches_per_peer; /* FETCHes out to one peer at once */
+    uint32_t network_reads_per_batch;  /* one-sided READs posted together, 1..256 */
 
     /* NULL when unset (then network.peers must be empty); else a regular file, not a
      * symlink, no group/other access, KVT_AUTH_SECRET_MIN..MAX bytes (checked at load). */
@@ -110,6 +113,9 @@ struct kvt_config {
 /* Fills *cfg with the defaults (derived ones resolved). 0 or -ENOMEM. */
 int kvt_config_defaults(struct kvt_config *cfg);
 void kvt_config_free(struct kvt_config *cfg);
+/* A deep copy of src into *dst (its own strings and peer list); 0 or -ENOMEM (then *dst
+ * is not written). */
+int kvt_config_copy(struct kvt_config *dst, const struct kvt_config *src);
 
 /* Defaults, then the file at path (NULL: none), then sets[] ("key=value") in order, then
  * derived defaults and cross-key checks (secret file present and mode 0600 or stricter).

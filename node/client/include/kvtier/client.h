@@ -272,10 +272,24 @@ struct kvtier_stat {
     uint64_t buckets[KVTIER_HIST_BUCKETS]; /* histogram: per bucket, not cumulative */
 };
 
+/* A histogram's own buckets (each metric has its own: vLLM's for vLLM's metrics): n
+ * finite upper bounds, ascending; its buckets[i] counts the observations up to
+ * bound[i] (above bound[i-1]), buckets[n] the rest (+Inf). n is 0 for a counter or a
+ * gauge. */
+struct kvtier_hist_bounds {
+    uint32_t n;
+    double bound[KVTIER_HIST_BUCKETS - 1];
+};
+
 struct kvtier_stats {
     struct kvtier_stat *s;
     size_t n;
-    double bounds[KVTIER_HIST_BUCKETS]; /* bucket upper bounds; the last is +Inf */
+    /* The buckets of a node that sends no bounds of each histogram's own (an older
+     * one): the last bound stands for +Inf. */
+    double bounds[KVTIER_HIST_BUCKETS];
+    /* Each stat's own bucket bounds: s[i]'s are stat_bounds[i] (from an older node, the
+     * ones above for every histogram). */
+    struct kvtier_hist_bounds *stat_bounds;
 };
 
 /* get_stats: the manager's metrics since the previous get_stats (counters are

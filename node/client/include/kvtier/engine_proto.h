@@ -72,7 +72,11 @@ enum kvt_eproto_field {
     KVT_EF_JOB_KEYS = 21, /* array of bin: every job's keys, job after job */
     KVT_EF_JOBS = 22,     /* array of uint: [job id, kind or status, n keys] per job */
     KVT_EF_OK = 23,       /* bin: one byte per key of the finished jobs, 1 = loaded/stored */
-    KVT_EF_COUNT = 24,
+    /* array parallel to KVT_EF_STATS (and after it): each stat's finite bucket upper
+     * bounds, ascending (empty for a counter or gauge); without it a histogram's
+     * bounds are KVT_EF_BOUNDS, the last of which stands for +Inf */
+    KVT_EF_STAT_BOUNDS = 24,
+    KVT_EF_COUNT = 25,
 };
 
 /* ATTACH geometry, KVT_EF_GEOM[i] of the request: the engine's region as the node is
@@ -154,6 +158,7 @@ struct kvt_emsg {
     uint32_t n_events;
     struct kvtier_stat *stats;
     uint32_t n_stats;
+    struct kvtier_hist_bounds *stat_bounds; /* KVT_EF_STAT_BOUNDS: n_stats of them */
     uint64_t geom[KVT_EPROTO_GEOM_MAX];
     uint32_t n_geom;
     double bounds[KVTIER_HIST_BUCKETS];
