@@ -765,7 +765,7 @@ int kvt__ucx_ep_wire(struct ucx_ep *ep)
         return ret;
     mode = htole32(ret == PATH_SOCK ? KVT_TP_MODE_SOCKET : KVT_TP_MODE_UCX);
     if (ret == PATH_SOCK) {
-        kvt_debug("ucx", "endpoint %llu: socket mode (%s)", (unsigned long long)ep->id, why);
+        kvt_info("ucx", "endpoint %llu: socket mode (%s)", (unsigned long long)ep->id, why);
         ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_MODE, &mode, sizeof(mode), NULL, 0);
         return ret < 0 ? ret : kvt__ucx_sock_start(ep);
     }
@@ -804,6 +804,7 @@ int kvt__ucx_ep_mode(struct ucx_ep *ep, uint32_t mode)
         return 0; /* the WIRE comes (or came) over UCX */
     if (ep->path != PATH_NONE || ep->wire_rx)
         return -EPROTO;
+    kvt_info("ucx", "endpoint %llu: socket mode (the peer's choice)", (unsigned long long)ep->id);
     return kvt__ucx_sock_start(ep);
 }
 
@@ -1164,6 +1165,14 @@ static bool ucx_tls_names(const char *tls, const char *name)
     return ucx_list_has(tls, name, strlen(name));
 }
 
+/* The user's UCX_TLS, or NULL (unset or empty: compose files pass an empty one). */
+static const char *ucx_user_tls(void)
+{
+    const char *tls = getenv("UCX_TLS");
+
+    return tls != NULL && tls[0] != '\0' ? tls : NULL;
+}
+
 /* Whether UCX_TLS (NULL: UCX's default, all) lets UCX open posix or sysv. */
 static bool ucx_tls_has_mm(const char *tls)
 {
@@ -1185,7 +1194,7 @@ static bool ucx_tls_has_mm(const char *tls)
 static void ucx_config_shm(ucp_config_t *config)
 {
     if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL && getenv("UCX_SYSV_ERROR_HANDLING") == NULL &&
-        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(getenv("UCX_TLS")))
+        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(ucx_user_tls()))
         (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
     /* Only cma's memory domain has this field in UCX 1.13 (src/uct/sm/scopy/cma). */
     if (getenv("UCX_CMA_MEMORY_INVALIDATE") == NULL)
@@ -1260,7 +1269,7 @@ static void ucx_rdma_ports(char *list, size_t cap)
  * UCX_TLS that gives UCX tcp is warned about at open (ucx_probe_resources). */
 static void ucx_config_tls(ucp_config_t *config)
 {
-    if (getenv("UCX_TLS") != NULL)
+    if (ucx_user_tls() != NULL)
         return;
     if (ucp_config_modify(config, "TLS", "^tcp") != UCS_OK)
         kvt_warn("ucx", "UCX_TLS=^tcp refused: UCX may open its tcp port");
@@ -1273,7 +1282,7 @@ static void ucx_config_devices(ucp_config_t *config, const char *local_addr)
 {
     char list[1024];
 
-    if (getenv("UCX_TLS") == NULL || getenv("UCX_NET_DEVICES") != NULL || local_addr == NULL)
+    if (ucx_user_tls() == NULL || getenv("UCX_NET_DEVICES") != NULL || local_addr == NULL)
         return;
     if (!ucx_addr_device(local_addr, list, sizeof(list))) {
         kvt_debug("ucx", "%s is no interface's address: UCX uses every device", local_addr);
@@ -1368,7 +1377,7 @@ static void ucx_probe_resources(struct ucx_tp *tp)
                  "node's memory without the cluster secret. kvtier keeps its own data off "
                  "UCX's tcp (socket mode) unless KVT_UCX_MODE=ucx; unset UCX_TLS to close "
                  "the port",
-                 getenv("UCX_TLS"));
+                 ucx_user_tls() != NULL ? ucx_user_tls() : "(all)");
 }
 
 static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
