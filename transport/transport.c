@@ -60,6 +60,7 @@ const char *kvt_tp_refusal_name(unsigned r)
         [KVT_TP_PREAUTH_MALFORMED] = "preauth_malformed",
         [KVT_TP_PREAUTH_TIMEOUT] = "preauth_timeout",
         [KVT_TP_UNKNOWN_CONN] = "unknown_conn",
+        [KVT_TP_PROTO] = "proto",
     };
 
     return r < KVT_TP_N_REFUSALS ? names[r] : "?";

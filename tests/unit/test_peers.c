@@ -912,7 +912,7 @@ int main(void)
         cmocka_unit_test_teardown(test_read_grant_hook, teardown),
     };
 
-    setenv("UCX_TLS", "tcp", 0); /* loopback, as the conformance suite runs it */
+    setenv("KVT_UCX_MODE", "socket", 0); /* nodes of hosts without RDMA, as in the cluster tests */
     setenv("UCX_NET_DEVICES", "lo", 0);
     if (getenv("KVT_LOG") == NULL)
         kvt_log_set_level(KVT_LOG_ERROR);

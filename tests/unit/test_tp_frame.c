@@ -3,8 +3,11 @@
  * Good streams in both roles, whole and a byte at a time; each hostile input of
  * issue #21 (64 zero bytes, 16 bytes of 0xff, a little-endian length 4 and 16 bytes)
  * refused by its first header; every bound (type, flags, length per type, the count
- * of messages, HELLO only first, nothing after ADDR); dead after an error. Also
- * writes the seed corpus of tests/fuzz/fuzz_preauth (KVT_PREAUTH_CORPUS_DIR). */
+ * of messages, HELLO only first, nothing after ADDR but one MODE); dead after an
+ * error. Socket mode: nothing of it before the owner opens the reader; then MSG
+ * (bounded by msg_max) and RDREP payloads into the caller's sink, pushed or read
+ * straight in, RDREP's fixed part checked. Also writes the seed corpus of
+ * tests/fuzz/fuzz_preauth (KVT_PREAUTH_CORPUS_DIR). */
 #include <endian.h>
 #include <errno.h>
 #include <stdio.h>
@@ -45,7 +48,7 @@ static void put_msg(struct stream *s, const struct kvt_wire_msg *m)
 
 static void put_hello(struct stream *s)
 {
-    uint32_t v = htole32(2);
+    uint32_t v = htole32(3);
 
     put_frame(s, KVT_TP_FRAME_HELLO, &v, sizeof(v));
 }
@@ -56,7 +59,9 @@ static void put_addr(struct stream *s, size_t waddr_len)
 
     for (size_t i = 0; i < sizeof(p); i++)
         p[i] = (uint8_t)(i * 13);
-    put_frame(s, KVT_TP_FRAME_ADDR, p, KVT_TP_FRAME_TOKEN_BYTES + waddr_len);
+    memset(p + KVT_TP_FRAME_TOKEN_BYTES, 0, KVT_TP_FRAME_CAPS_BYTES);
+    put_frame(s, KVT_TP_FRAME_ADDR, p,
+              KVT_TP_FRAME_TOKEN_BYTES + KVT_TP_FRAME_CAPS_BYTES + waddr_len);
 }
 
 static void hs_msg(struct kvt_wire_msg *m, enum kvt_wire_type t)
@@ -96,6 +101,30 @@ static void server_stream(struct stream *s)
     kvt_wire_msg_init(&m, KVT_WIRE_AUTH_OK);
     put_msg(s, &m);
     put_addr(s, 50);
+}
+
+/* A server in socket mode, as a client sees it: the server stream, MODE=SOCKET,
+ * a message, a READ request, a reply with bytes, a refusal. */
+static void socket_stream(struct stream *s)
+{
+    uint32_t mode = htole32(KVT_TP_MODE_SOCKET);
+    uint64_t rd[3] = {htole64(0x1000), htole64(4096), htole64(9)};
+    uint8_t rep[KVT_TP_FRAME_RDREP_BYTES] = {0};
+    uint64_t tag = htole64(1), len = htole64(300);
+    uint32_t err = htole32(EACCES);
+
+    server_stream(s);
+    put_frame(s, KVT_TP_FRAME_MODE, &mode, sizeof(mode));
+    put_frame(s, KVT_TP_FRAME_MSG, "message", 7);
+    put_frame(s, KVT_TP_FRAME_RDREQ, rd, sizeof(rd));
+    memcpy(rep, &tag, 8);
+    memcpy(rep + 8, &len, 8);
+    put_frame(s, KVT_TP_FRAME_RDREP, rep, sizeof(rep));
+    for (int i = 0; i < 300; i++)
+        s->b[s->n++] = (uint8_t)i;
+    memset(rep + 8, 0, 8);
+    memcpy(rep + 16, &err, 4);
+    put_frame(s, KVT_TP_FRAME_RDREP, rep, sizeof(rep));
 }
 
 static bool g_decode; /* feed: DATA frames must be handshake messages */
@@ -231,10 +260,17 @@ static void test_bounds(void **state)
     s.n = 0;
     put_frame(&s, KVT_TP_FRAME_DATA, NULL, 0);
     assert_int_equal(feed(true, s.b, s.n, 64, types, 16), -EPROTO); /* not HELLO first */
-    /* ADDR: a token and at least a byte, at most KVT_TP_FRAME_ADDR_MAX; then nothing. */
+    /* ADDR: a token, the caps and at least a byte, at most KVT_TP_FRAME_ADDR_MAX; then
+     * nothing but one MODE. */
     s.n = 0;
     put_frame(&s, KVT_TP_FRAME_ADDR, big, KVT_TP_FRAME_TOKEN_BYTES);
     assert_int_equal(feed(false, s.b, s.n, 64, types, 16), -EPROTO);
+    s.n = 0;
+    put_frame(&s, KVT_TP_FRAME_ADDR, big, KVT_TP_FRAME_ADDR_MIN - 1);
+    assert_int_equal(feed(false, s.b, s.n, 64, types, 16), -EPROTO);
+    s.n = 0;
+    put_frame(&s, KVT_TP_FRAME_ADDR, big, KVT_TP_FRAME_ADDR_MIN);
+    assert_int_equal(feed(false, s.b, s.n, 64, types, 16), 0);
     s.n = 0;
     kvt_tp_frame_hdr(s.b, KVT_TP_FRAME_ADDR, KVT_TP_FRAME_ADDR_MAX + 1);
     assert_int_equal(feed(false, s.b, KVT_TP_FRAME_HDR, 64, types, 16), -EPROTO);
@@ -243,6 +279,27 @@ static void test_bounds(void **state)
     assert_int_equal(feed(false, s.b, s.n, 4096, types, 16), 0);
     put_frame(&s, KVT_TP_FRAME_DATA, NULL, 0);
     assert_int_equal(feed(false, s.b, s.n, 4096, types, 16), -EPROTO);
+    /* The frames of socket mode are nothing before ADDR, nor after it unopened. */
+    for (uint8_t t = KVT_TP_FRAME_MODE; t <= KVT_TP_FRAME_RDREP; t++) {
+        s.n = 0;
+        put_frame(&s, t, rd, t == KVT_TP_FRAME_MODE ? 4 : sizeof(rd));
+        assert_int_equal(feed(false, s.b, s.n, 64, types, 16), -EPROTO);
+        s.n = 0;
+        put_addr(&s, 20);
+        put_frame(&s, t, rd, t == KVT_TP_FRAME_MODE ? 4 : sizeof(rd));
+        assert_int_equal(feed(false, s.b, s.n, 64, types, 16),
+                         t == KVT_TP_FRAME_MODE ? 0 : -EPROTO);
+    }
+    /* One MODE of 4 bytes, then nothing. */
+    s.n = 0;
+    put_addr(&s, 20);
+    put_frame(&s, KVT_TP_FRAME_MODE, rd, 8);
+    assert_int_equal(feed(false, s.b, s.n, 64, types, 16), -EPROTO);
+    s.n = 0;
+    put_addr(&s, 20);
+    put_frame(&s, KVT_TP_FRAME_MODE, rd, 4);
+    put_frame(&s, KVT_TP_FRAME_MODE, rd, 4);
+    assert_int_equal(feed(false, s.b, s.n, 64, types, 16), -EPROTO);
     /* Unknown type, flags not 0, another magic. */
     s.n = 0;
     put_frame(&s, 9, NULL, 0);
@@ -254,6 +311,140 @@ static void test_bounds(void **state)
     s.b[3] = 0;
     s.b[0] ^= 1;
     assert_int_equal(feed(false, s.b, s.n, 64, types, 16), -EPROTO);
+}
+
+/* A reader past ADDR, opened for socket mode with msg_max 100. */
+static void open_reader(struct kvt_tp_frame_reader *r)
+{
+    static struct stream s;
+    struct kvt_tp_frame f;
+    size_t used;
+
+    kvt_tp_frame_reader_init(r, false);
+    assert_int_equal(kvt_tp_frame_reader_open(r, 100), -EPROTO); /* not before ADDR */
+    s.n = 0;
+    put_addr(&s, 20);
+    assert_int_equal(kvt_tp_frame_push(r, s.b, s.n, &used, &f), 1);
+    assert_int_equal(f.type, KVT_TP_FRAME_ADDR);
+    assert_int_equal(kvt_tp_frame_reader_open(r, 100), 0);
+}
+
+static void put_rdrep(struct stream *s, uint64_t tag, uint64_t len, uint32_t err, uint32_t zero)
+{
+    uint8_t p[KVT_TP_FRAME_RDREP_BYTES];
+
+    tag = htole64(tag);
+    len = htole64(len);
+    err = htole32(err);
+    memcpy(p, &tag, 8);
+    memcpy(p + 8, &len, 8);
+    memcpy(p + 16, &err, 4);
+    memcpy(p + 20, &zero, 4);
+    put_frame(s, KVT_TP_FRAME_RDREP, p, sizeof(p));
+}
+
+static void test_socket_mode(void **state)
+{
+    static struct kvt_tp_frame_reader r;
+    static struct stream s;
+    static uint8_t sink[200000];
+    uint8_t msg[100], rd[24] = {0};
+    struct kvt_tp_frame f;
+    size_t used, off;
+    uint8_t *dst;
+
+    (void)state;
+    /* MSG (sink), RDREQ (inline), RDREP (fixed part inline, bytes to the sink), a
+     * refusal (no bytes), MSG of 0 bytes: pushed whole. */
+    open_reader(&r);
+    memset(msg, 0x42, sizeof(msg));
+    s.n = 0;
+    put_frame(&s, KVT_TP_FRAME_MSG, msg, sizeof(msg));
+    put_frame(&s, KVT_TP_FRAME_RDREQ, rd, sizeof(rd));
+    put_rdrep(&s, 7, 5000, 0, 0);
+    for (int i = 0; i < 5000; i++)
+        s.b[s.n++] = (uint8_t)i;
+    put_rdrep(&s, 8, 0, EACCES, 0);
+    put_frame(&s, KVT_TP_FRAME_MSG, NULL, 0);
+    off = 0;
+    assert_int_equal(kvt_tp_frame_push(&r, s.b, s.n, &used, &f), 1);
+    assert_int_equal(f.type, KVT_TP_FRAME_MSG);
+    assert_int_equal(f.sink_len, 100);
+    assert_null(f.payload);
+    off += used;
+    /* A sink is due: pushing before giving one is the caller's bug, nothing taken. */
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), -EINVAL);
+    assert_int_equal(used, 0);
+    kvt_tp_frame_sink(&r, sink);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), 2);
+    off += used;
+    assert_int_equal(f.type, KVT_TP_FRAME_MSG);
+    assert_memory_equal(sink, msg, sizeof(msg));
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), 1);
+    off += used;
+    assert_int_equal(f.type, KVT_TP_FRAME_RDREQ);
+    assert_int_equal(f.sink_len, 0);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), 1);
+    off += used;
+    assert_int_equal(f.type, KVT_TP_FRAME_RDREP);
+    assert_int_equal(f.sink_len, 5000);
+    kvt_tp_frame_sink(&r, sink);
+    /* Read straight in: the first 3000 bytes as if by readv into the sink. */
+    assert_int_equal(kvt_tp_frame_sink_want(&r, &dst), 5000);
+    assert_ptr_equal(dst, sink);
+    memcpy(dst, s.b + off, 3000);
+    assert_false(kvt_tp_frame_sink_got(&r, 3000));
+    off += 3000;
+    assert_int_equal(kvt_tp_frame_sink_want(&r, &dst), 2000);
+    assert_ptr_equal(dst, sink + 3000);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, 10, &used, &f), 0); /* part */
+    off += used;
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), 2);
+    off += used;
+    for (int i = 0; i < 5000; i++)
+        assert_int_equal(sink[i], (uint8_t)i);
+    assert_int_equal(kvt_tp_frame_sink_want(&r, &dst), 0);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), 1);
+    off += used;
+    assert_int_equal(f.type, KVT_TP_FRAME_RDREP);
+    assert_int_equal(f.sink_len, 0); /* a refusal: the frame is whole */
+    assert_int_equal(kvt_tp_frame_push(&r, s.b + off, s.n - off, &used, &f), 1);
+    off += used;
+    assert_int_equal(f.type, KVT_TP_FRAME_MSG);
+    assert_int_equal(f.sink_len, 0);
+    assert_int_equal(off, s.n);
+
+    /* Bounds once open: MSG over msg_max; RDREQ and RDREP of another length; an error
+     * reply with bytes; RDREP's fourth word not 0; pre-auth frames and MODE. */
+    const struct {
+        uint8_t type;
+        uint32_t len;
+    } bad[] = {{KVT_TP_FRAME_MSG, 101},  {KVT_TP_FRAME_RDREQ, 16},
+               {KVT_TP_FRAME_RDREP, 16}, {KVT_TP_FRAME_DATA, 0},
+               {KVT_TP_FRAME_HELLO, 4},  {KVT_TP_FRAME_ADDR, 100},
+               {KVT_TP_FRAME_MODE, 4},   {9, 0}};
+
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        open_reader(&r);
+        s.n = 0;
+        kvt_tp_frame_hdr(s.b, bad[i].type, bad[i].len);
+        assert_int_equal(kvt_tp_frame_push(&r, s.b, KVT_TP_FRAME_HDR, &used, &f), -EPROTO);
+        assert_int_equal(kvt_tp_frame_push(&r, s.b, 1, &used, &f), -EPROTO); /* dead */
+    }
+    open_reader(&r);
+    s.n = 0;
+    put_rdrep(&s, 1, 10, EACCES, 0);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b, s.n, &used, &f), -EPROTO);
+    open_reader(&r);
+    s.n = 0;
+    put_rdrep(&s, 1, 10, 0, 1);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b, s.n, &used, &f), -EPROTO);
+    /* A reply larger than any frame length (64-bit): the caller's sink decides. */
+    open_reader(&r);
+    s.n = 0;
+    put_rdrep(&s, 1, 5ull << 32, 0, 0);
+    assert_int_equal(kvt_tp_frame_push(&r, s.b, s.n, &used, &f), 1);
+    assert_true(f.sink_len == (5ull << 32));
 }
 
 static const char *g_written[16];
@@ -291,6 +482,9 @@ static void test_tp_frame_seed_corpus(void **state)
     server_stream(&s);
     write_seed(out, "server-whole", 0xff, s.b, s.n);
     write_seed(out, "server-bytewise", 1, s.b, s.n);
+    socket_stream(&s);
+    write_seed(out, "socket-whole", 0xff, s.b, s.n);
+    write_seed(out, "socket-9", 17, s.b, s.n);
     memset(ff, 0xff, sizeof(ff));
     memset(len4 + 4, 0x41, 16);
     write_seed(out, "hostile-64-zeros", 0xfe, zeros, sizeof(zeros));
@@ -314,6 +508,7 @@ int main(void)
         cmocka_unit_test(test_good_streams),
         cmocka_unit_test(test_hostile_inputs),
         cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_socket_mode),
         cmocka_unit_test(test_tp_frame_seed_corpus),
     };
 

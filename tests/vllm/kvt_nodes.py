@@ -64,7 +64,7 @@ class Cluster:
                 f.write("metrics:\n  port: %d\n" % self.metrics[i])
                 f.write("log:\n  level: %s\n" % log_level)
             self.cfgs.append(cfg)
-        self.env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"),
+        self.env = dict(os.environ, KVT_UCX_MODE=os.environ.get("KVT_UCX_MODE", "socket"),
                         UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
         self.env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
 

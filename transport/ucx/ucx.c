@@ -14,9 +14,11 @@
  * context has no RMA feature: no software GET handler answers anyone from our memory;
  * READs are request/reply over active messages (ucx_am_read.c; UCX moves large
  * replies by rendezvous, over RDMA where there is hardware, over cma between two
- * local nodes). A node on a loopback address gives UCX no tcp at all (see
- * ucx_config_tls: UCX's own tcp port is the residual risk). Shared structures:
- * ucx_int.h.
+ * local nodes). UCX never gets tcp (ucx_config_tls: UCX's own tcp port lets anyone
+ * write into our memory): a connection whose peers have neither shared memory nor
+ * RDMA between them moves its messages and READs over our own socket instead
+ * (socket mode, ucx_sock_read.c; the path is chosen per connection after both
+ * authorized, kvt__ucx_ep_wire). Shared structures: ucx_int.h.
  *
  * Why every user callback is deferred: UCX calls us back from inside
  * ucp_worker_progress() (AM arrival, peer failure, request completion) and from inside
@@ -38,11 +40,13 @@
  *   DEAD       CLOSED reported; the ep waits on tp->zombies until UCX holds no
  *              request that names it, then it is freed.
  * Across CONNECTED: authorized (our ep_authorize, our ADDR sent), peer_addr (the
- * peer's ADDR read), uep (both: the active-message channel).
+ * peer's ADDR read), path (both: decided by the creator, told in its MODE frame;
+ * PATH_UCX: uep, the active-message channel; PATH_SOCK: frames on the socket).
  *
  * Control message order: one sequence space per direction over both channels. The
- * passive side's HELLO is 0; every DATA or RDREQ frame on the socket takes the next
- * number on both ends, and each active message carries its own. Socket frames are
+ * passive side's HELLO is 0; every DATA or RDREQ frame on the socket before ADDR,
+ * and every MSG frame of socket mode, takes the next number on both ends, and each
+ * active message carries its own. Socket frames are
  * filed into ep->rx as they are read, active messages by their seq; eager data is
  * kept (persistent UCX descriptor) or copied, rendezvous data is fetched with
  * ucp_am_recv_data_nbx. dispatch delivers the head while it is complete and in
@@ -159,6 +163,15 @@ void kvt__ucx_ep_fail(struct ucx_ep *ep, int err)
     kvt__ucx_ep_account(ep);
 }
 
+void kvt__ucx_ep_proto(struct ucx_ep *ep, const char *why)
+{
+    if (ep->state >= EP_FAILED)
+        return;
+    ep->tp->counters.refused[KVT_TP_PROTO]++;
+    kvt_warn("ucx", "endpoint %llu: %s; closed", (unsigned long long)ep->id, why);
+    kvt__ucx_ep_fail(ep, -EPROTO);
+}
+
 void kvt__ucx_batch_finish(struct ucx_batch *b)
 {
     struct ucx_ep *ep = b->ep;
@@ -175,7 +188,8 @@ void kvt__ucx_ep_account(struct ucx_ep *ep)
     bool alive = ep->state < EP_FAILED;
     bool preauth = alive && ep->passive && !ep->authorized;
     bool busy = alive && ep->sock >= 0 &&
-                (ep->sock_connecting || !ep->peer_addr || ep->out_len > 0 || !ep->authorized);
+                (ep->sock_connecting || !ep->peer_addr || ep->out_bytes > 0 || !ep->authorized ||
+                 ep->path != PATH_UCX);
 
     if (preauth != ep->preauth_counted) {
         tp->n_preauth += preauth ? 1 : -1;
@@ -220,14 +234,19 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
     }
     if (ep->tp->last_ep == ep)
         ep->tp->last_ep = NULL;
-    kvt__ucx_sock_close(ep);
+    kvt__ucx_sock_close(ep); /* drops the output: replies of ours, messages */
+    kvt_free(ep->out_spare);
+    ep->out_spare = NULL;
     kvt_free(ep->reader);
     ep->reader = NULL;
+    if (ep->sink_msg != NULL) { /* half read: never delivered, freed with the ep */
+        ep->sink_msg->ready = true;
+        ep->sink_msg->failed = true;
+        ep->sink_msg = NULL;
+    }
+    ep->sink_op = NULL; /* ended below with the ops waiting */
     kvt_free(ep->peer_waddr);
     ep->peer_waddr = NULL;
-    kvt_free(ep->out);
-    ep->out = NULL;
-    ep->out_cap = 0;
     ucx_tx_free_queue(ep);
     if (ep->uep != NULL) {
         ucx_uep_close(ep->uep, &ep->close_req);
@@ -236,19 +255,26 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
         ep->conn = NULL;
     }
     /* READs still waiting for a reply (or for the ucp ep) will never get one; those
-     * whose bytes are being received complete from UCX (the close cancels them). */
+     * whose bytes are being received complete from UCX (the close cancels them), or,
+     * in socket mode, end here (the socket is closed: no byte lands after). */
     kvt_list_for_each_safe(pos, tmp, &ep->batches)
     {
         struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
 
         for (size_t i = 0; i < b->n_ops; i++) {
-            if (b->ops[i].state != RD_WAIT && b->ops[i].state != RD_UNSENT)
+            enum ucx_rd_state st = b->ops[i].state;
+
+            if (st != RD_WAIT && st != RD_UNSENT && !(st == RD_RECV && ep->path == PATH_SOCK))
                 continue;
+            b->ops[i].in_window = false;
             b->ops[i].state = RD_DONE;
             if (--b->pending == 0)
                 kvt__ucx_batch_finish(b);
         }
     }
+    ep->n_unsent = 0;
+    ep->win_ops = 0;
+    ep->win_bytes = 0;
     kvt_list_for_each_safe(pos, tmp, &ep->rd_q)
     {
         kvt_list_del(pos);
@@ -291,6 +317,7 @@ struct ucx_ep *kvt__ucx_ep_new(struct ucx_tp *tp, int fd, bool passive)
     kvt_list_init(&ep->txq);
     kvt_list_init(&ep->batches);
     kvt_list_init(&ep->rd_q);
+    kvt_list_init(&ep->outq);
     kvt_list_add_tail(&tp->eps, &ep->node);
     kvt__ucx_ep_account(ep);
     return ep;
@@ -377,8 +404,9 @@ static struct ucx_conn *ucx_conn_new(struct ucx_tp *tp)
     return c;
 }
 
-/* Makes (or adopts: see ucx_ep_adopt) a ucp ep to addr, with error handling PEER. */
-static int ucx_conn_create(struct ucx_tp *tp, const void *addr, struct ucx_conn **c_p)
+/* Makes (or adopts: see ucx_ep_adopt) a ucp ep to addr, with error handling PEER.
+ * quiet: a failure is an answer (the path is being chosen), not worth a warning. */
+static int ucx_conn_create(struct ucx_tp *tp, const void *addr, bool quiet, struct ucx_conn **c_p)
 {
     struct ucx_conn *c = ucx_conn_new(tp);
     ucs_status_t st;
@@ -394,7 +422,10 @@ static int ucx_conn_create(struct ucx_tp *tp, const void *addr, struct ucx_conn 
     };
     st = ucp_ep_create(tp->worker, &p, &c->uep);
     if (st != UCS_OK) {
-        kvt_warn("ucx", "ucp_ep_create from a peer's address: %s", ucs_status_string(st));
+        if (quiet)
+            kvt_debug("ucx", "ucp_ep_create from a peer's address: %s", ucs_status_string(st));
+        else
+            kvt_warn("ucx", "ucp_ep_create from a peer's address: %s", ucs_status_string(st));
         kvt_free(c);
         return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
     }
@@ -538,7 +569,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     }
     memcpy(&hdr, header, sizeof(hdr));
     ep = kvt__ucx_ep_by_token(tp, hdr.token);
-    if (ep == NULL) {
+    if (ep == NULL || ep->path == PATH_SOCK) { /* socket mode: nothing comes over UCX */
         tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
         return UCS_OK;
     }
@@ -630,22 +661,93 @@ static int ucx_ep_role(const struct ucx_ep *ep)
     return c < 0 || (c == 0 && tp->waddr_len < ep->peer_waddr_len);
 }
 
-/* The active-message channel of a connection both ends authorized. One side makes a
- * ucp ep from the other's worker address and sends WIRE on it; the other side makes
- * its own only once that WIRE arrived (ucx_ep_adopt), by when UCX has the ep it made
- * for the creator's waiting to be matched, and ucp_ep_create adopts that one (no
- * wireup of its own). Why not both at once: UCX 1.13 then resolves a simultaneous
- * connect, and a wireup REPLY left pending on a shared-memory lane (the peer stalled
- * with its FIFO full) trips an assertion when the ep is purged ("got REP message",
- * ucp_request.c:684; the assertion is gone in 1.14): a stalled peer aborted us at
- * close. Why not use the ep UCX made (the WIRE's reply_ep): UCX destroys such an ep
- * by itself when the peer fails, and closing it asserts. The side is the same for
- * every connection between two workers (the one whose address sorts first). */
+static bool ucx_ep_lanes(struct ucx_ep *ep);
+static bool ucx_list_has(const char *list, const char *name, size_t n);
+
+/* Whether the peer's shared memory is out of our reach for certain (another boot id
+ * or IPC namespace; UCX judges shared memory so too), from the ADDR frames. */
+static bool ucx_other_host(const struct ucx_ep *ep)
+{
+    static const uint8_t unknown[sizeof(ep->peer_host)];
+
+    if (memcmp(ep->tp->host, unknown, sizeof(unknown)) == 0 ||
+        memcmp(ep->peer_host, unknown, sizeof(unknown)) == 0)
+        return false;
+    return memcmp(ep->tp->host, ep->peer_host, sizeof(unknown)) != 0;
+}
+
+/* The creator's choice of path (see kvt__ucx_ep_wire): PATH_UCX with ep->conn made,
+ * or PATH_SOCK; *why_p says why socket mode. Negative: the ep fails (KVT_UCX_MODE=ucx
+ * on both sides and UCX cannot reach the peer). */
+static int ucx_ep_choose(struct ucx_ep *ep, const char **why_p)
+{
+    struct ucx_tp *tp = ep->tp;
+    uint32_t both = tp->addr_flags & ep->peer_flags;
+    bool tcp_ok = both & KVT_TP_ADDR_TCP_OK;
+    int ret;
+
+    if ((tp->addr_flags | ep->peer_flags) & KVT_TP_ADDR_SOCKET) {
+        *why_p = "KVT_UCX_MODE=socket";
+        return PATH_SOCK;
+    }
+    /* Another host and no RDMA transport on both: UCX would find no lane but tcp,
+     * which it does not have (and ucp_ep_create would say so as an error). */
+    if (!tcp_ok && ucx_other_host(ep) && !(both & KVT_TP_ADDR_NET)) {
+        *why_p = "the peer is on another host and RDMA is not on both";
+        return PATH_SOCK;
+    }
+    ret = ucx_conn_create(tp, ep->peer_waddr, !tcp_ok, &ep->conn);
+    if (ret < 0) {
+        if (tcp_ok)
+            return ret;
+        *why_p = "UCX has no transport that reaches the peer";
+        return PATH_SOCK;
+    }
+    ep->conn->ep = ep;
+    ep->uep = ep->conn->uep;
+    /* UCX has tcp only when the user's UCX_TLS named it: our data stays off it
+     * unless both sides asked for it (KVT_UCX_MODE=ucx). */
+    if (tp->ucx_tcp && !tcp_ok &&
+        (!ucx_ep_lanes(ep) || ucx_list_has(ep->am_lanes, "tcp", 3) ||
+         ucx_list_has(ep->bw_lanes, "tcp", 3))) {
+        ep->conn->ep = NULL;
+        ep->conn->failed = true; /* closed by ucx_stash_reap */
+        ep->conn->since_ns = ucx_now_ns();
+        kvt_list_add_tail(&tp->stash, &ep->conn->node);
+        ep->conn = NULL;
+        ep->uep = NULL;
+        *why_p = "UCX reaches the peer over tcp only";
+        return PATH_SOCK;
+    }
+    return PATH_UCX;
+}
+
+/* The path of a connection both ends authorized. The side whose worker address sorts
+ * first (the creator; the same side for every connection between two workers)
+ * decides and says so in a MODE frame on the socket:
+ *   - socket mode when either side asks for it (KVT_UCX_MODE=socket), when the peer
+ *     is on another host (boot id, IPC namespace) and RDMA is not on both, when
+ *     ucp_ep_create finds no transport to the peer, or when UCX reaches it over tcp
+ *     only (the user's UCX_TLS gave UCX tcp): messages and READs then move on our own
+ *     socket (ucx_sock_read.c);
+ *   - else UCX: the creator's ucp ep (made above) carries a WIRE active message, and
+ *     the other side makes its own only once that WIRE arrived (ucx_ep_adopt), by
+ *     when UCX has the ep it made for the creator's waiting to be matched, and
+ *     ucp_ep_create adopts that one (no wireup of its own).
+ * Why the sides take turns: UCX 1.13 resolves a simultaneous connect, and a wireup
+ * REPLY left pending on a shared-memory lane (the peer stalled with its FIFO full)
+ * trips an assertion when the ep is purged ("got REP message", ucp_request.c:684; the
+ * assertion is gone in 1.14): a stalled peer aborted us at close. Why not use the ep
+ * UCX made (the WIRE's reply_ep): UCX destroys such an ep by itself when the peer
+ * fails, and closing it asserts. */
 int kvt__ucx_ep_wire(struct ucx_ep *ep)
 {
+    const char *why = NULL;
+    uint32_t mode;
     int role, ret;
 
-    if (ep->uep != NULL || !ep->authorized || !ep->peer_addr || ep->state >= EP_FAILED)
+    if (ep->uep != NULL || ep->path != PATH_NONE || !ep->authorized || !ep->peer_addr ||
+        ep->state >= EP_FAILED)
         return 0;
     role = ucx_ep_role(ep);
     if (role < 0) {
@@ -658,14 +760,23 @@ int kvt__ucx_ep_wire(struct ucx_ep *ep)
         ep->tp->kick = ep->wire_rx || ep->tp->kick; /* the WIRE may be in already */
         return 0;
     }
-    ret = ucx_conn_create(ep->tp, ep->peer_waddr, &ep->conn);
-    kvt_free(ep->peer_waddr);
-    ep->peer_waddr = NULL;
+    ret = ucx_ep_choose(ep, &why);
     if (ret < 0)
         return ret;
-    ep->conn->ep = ep;
-    ep->uep = ep->conn->uep;
+    mode = htole32(ret == PATH_SOCK ? KVT_TP_MODE_SOCKET : KVT_TP_MODE_UCX);
+    if (ret == PATH_SOCK) {
+        kvt_info("ucx", "endpoint %llu: socket mode (%s)", (unsigned long long)ep->id, why);
+        ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_MODE, &mode, sizeof(mode), NULL, 0);
+        return ret < 0 ? ret : kvt__ucx_sock_start(ep);
+    }
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_MODE, &mode, sizeof(mode), NULL, 0);
+    if (ret < 0)
+        return ret; /* teardown closes the ucp ep */
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    ep->path = PATH_UCX;
     ep->connected_ns = ucx_now_ns();
+    kvt__ucx_ep_account(ep);
 
     struct ucx_tx *tx = kvt_malloc(sizeof(*tx));
 
@@ -679,6 +790,22 @@ int kvt__ucx_ep_wire(struct ucx_ep *ep)
         return 0; /* the ep failed */
     ucx_ep_flush_waiting(ep);
     return 0;
+}
+
+int kvt__ucx_ep_mode(struct ucx_ep *ep, uint32_t mode)
+{
+    /* Only from the creator, once, after both ADDRs and our authorize (it decides only
+     * then), and never against what already happened. */
+    if (!ep->authorized || !ep->peer_addr || ep->creator || ep->mode_rx ||
+        (mode != KVT_TP_MODE_UCX && mode != KVT_TP_MODE_SOCKET))
+        return -EPROTO;
+    ep->mode_rx = true;
+    if (mode == KVT_TP_MODE_UCX)
+        return 0; /* the WIRE comes (or came) over UCX */
+    if (ep->path != PATH_NONE || ep->wire_rx)
+        return -EPROTO;
+    kvt_info("ucx", "endpoint %llu: socket mode (the peer's choice)", (unsigned long long)ep->id);
+    return kvt__ucx_sock_start(ep);
 }
 
 /* Not the creator, the WIRE in (on wire_ep) and the peer's address known: makes our
@@ -707,7 +834,7 @@ static int ucx_ep_adopt(struct ucx_ep *ep)
         }
     }
     for (int i = 0; c == NULL && i < UCX_ADOPT_TRIES; i++) {
-        ret = ucx_conn_create(tp, ep->peer_waddr, &c);
+        ret = ucx_conn_create(tp, ep->peer_waddr, false, &c);
         if (ret < 0)
             return ret;
         if (c->uep == ep->wire_ep)
@@ -726,7 +853,9 @@ static int ucx_ep_adopt(struct ucx_ep *ep)
     c->ep = ep;
     ep->conn = c;
     ep->uep = c->uep;
+    ep->path = PATH_UCX;
     ep->connected_ns = ucx_now_ns();
+    kvt__ucx_ep_account(ep);
     ucx_ep_flush_waiting(ep);
     return 0;
 }
@@ -741,9 +870,16 @@ static int ucx_ep_authorize(struct kvt_tp_ep *pep)
         return -ENOTCONN;
     if (ep->authorized)
         return 0;
-    /* Our last frame: the token the peer must name us by, and where we are. */
-    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_ADDR, ep->token, UCX_TOKEN_BYTES, tp->waddr,
-                              tp->waddr_len);
+    /* Our last frame before authorization ends: the token the peer must name us by,
+     * what we want and have (the creator decides the path from both), and where we
+     * are. */
+    uint8_t head[UCX_TOKEN_BYTES + KVT_TP_FRAME_CAPS_BYTES] = {0};
+    uint32_t flags = htole32(tp->addr_flags);
+
+    memcpy(head, ep->token, UCX_TOKEN_BYTES);
+    memcpy(head + UCX_TOKEN_BYTES, &flags, 4);
+    memcpy(head + UCX_TOKEN_BYTES + 8, tp->host, sizeof(tp->host));
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_ADDR, head, sizeof(head), tp->waddr, tp->waddr_len);
     if (ret < 0) {
         kvt__ucx_ep_fail(ep, ret);
         return ret;
@@ -781,7 +917,7 @@ static void ucx_rx_rdreq(struct ucx_ep *ep, const struct ucx_msg *m)
         kvt__ucx_ep_fail(ep, -EPROTO);
         return;
     }
-    kvt__ucx_rd_serve(ep, &h);
+    kvt__ucx_rd_serve(ep, &h, 0);
 }
 
 static int ucx_deliver_rx(struct ucx_ep *ep)
@@ -864,7 +1000,8 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 
             if (ep->state == EP_ACCEPTING)
                 n += ucx_accept(ep);
-            if (ep->wire_rx && ep->state == EP_CONNECTED && ep->peer_addr && ep->uep == NULL) {
+            if (ep->wire_rx && ep->state == EP_CONNECTED && ep->peer_addr && ep->uep == NULL &&
+                ep->path == PATH_NONE) {
                 int ret = ucx_ep_adopt(ep);
 
                 ep->wire_rx = false;
@@ -984,12 +1121,18 @@ static bool ucx_work_pending(struct ucx_tp *tp)
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
         if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED || ep->sock_eof ||
-            (ep->wire_rx && ep->peer_addr))
+            (ep->wire_rx && ep->peer_addr && ep->path == PATH_NONE))
             return true;
-        if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED && ep->uep != NULL &&
-            (ep->rd_inflight == 0 ||
-             ep->rd_inflight + kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node)->hdr.len <=
-                 UCX_RD_INFLIGHT_BYTES))
+        /* Replies owed: over UCX as the in-flight bound lets them; in socket mode they
+         * wait for the socket (EPOLLOUT) while anything is queued on it. */
+        if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED &&
+            (ep->path == PATH_SOCK
+                 ? ep->out_bytes == 0
+                 : ep->uep != NULL &&
+                       (ep->rd_inflight == 0 ||
+                        ep->rd_inflight +
+                                kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node)->hdr.len <=
+                            UCX_RD_INFLIGHT_BYTES)))
             return true;
         if (!kvt_list_empty(&ep->rx)) {
             struct ucx_msg *m = kvt_list_entry(ep->rx.next, struct ucx_msg, node);
@@ -1022,6 +1165,14 @@ static bool ucx_tls_names(const char *tls, const char *name)
     return ucx_list_has(tls, name, strlen(name));
 }
 
+/* The user's UCX_TLS, or NULL (unset or empty: compose files pass an empty one). */
+static const char *ucx_user_tls(void)
+{
+    const char *tls = getenv("UCX_TLS");
+
+    return tls != NULL && tls[0] != '\0' ? tls : NULL;
+}
+
 /* Whether UCX_TLS (NULL: UCX's default, all) lets UCX open posix or sysv. */
 static bool ucx_tls_has_mm(const char *tls)
 {
@@ -1043,7 +1194,7 @@ static bool ucx_tls_has_mm(const char *tls)
 static void ucx_config_shm(ucp_config_t *config)
 {
     if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL && getenv("UCX_SYSV_ERROR_HANDLING") == NULL &&
-        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(getenv("UCX_TLS")))
+        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(ucx_user_tls()))
         (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
     /* Only cma's memory domain has this field in UCX 1.13 (src/uct/sm/scopy/cma). */
     if (getenv("UCX_CMA_MEMORY_INVALIDATE") == NULL)
@@ -1108,41 +1259,30 @@ static void ucx_rdma_ports(char *list, size_t cap)
     closedir(d);
 }
 
-/* UCX's own tcp interfaces listen (on an ephemeral port) on every device it uses:
- * unless the user chose (UCX_NET_DEVICES), only the device of the address we listen
- * on, so a node on 127.0.0.1 exposes nothing of UCX beyond lo. */
-/* Whether addr is a loopback address (127/8, ::1). */
-static bool ucx_addr_loopback(const char *addr)
+/* UCX's tcp interface accepts a connection from anyone who reaches its port (an
+ * ephemeral one of its own) and, in 1.13, writes the payload of a uct PUT request
+ * wherever the request's header says (uct_tcp_ep_handle_put_req; tests/security's
+ * uct-put probe wrote into a node's primary that way, whatever the worker's UCP
+ * features). So UCX never gets tcp: peers on this host are reached over shared
+ * memory, peers elsewhere over RDMA, and a connection with neither moves over our
+ * own socket (socket mode). Unless the user set UCX_TLS: then it is theirs, and a
+ * UCX_TLS that gives UCX tcp is warned about at open (ucx_probe_resources). */
+static void ucx_config_tls(ucp_config_t *config)
 {
-    struct sockaddr_storage ss;
-    socklen_t len;
-
-    if (kvt__ucx_sockaddr(addr, 0, &ss, &len) < 0)
-        return false;
-    if (ss.ss_family == AF_INET)
-        return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
-    return IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr);
-}
-
-/* UCX's tcp interface accepts a connection from anyone who reaches its port and, in
- * 1.13, writes the payload of a uct PUT request wherever the request's header says
- * (uct_tcp_ep_handle_put_req; tests/security's uct-put probe wrote into a node's
- * primary that way, whatever the worker's UCP features). A node on a loopback
- * address has only peers on its own host, which shared memory reaches (sysv, cma):
- * there UCX gets no tcp at all, unless the user chose UCX_TLS. */
-static void ucx_config_tls(ucp_config_t *config, const char *local_addr)
-{
-    if (getenv("UCX_TLS") != NULL || local_addr == NULL || !ucx_addr_loopback(local_addr))
+    if (ucx_user_tls() != NULL)
         return;
     if (ucp_config_modify(config, "TLS", "^tcp") != UCS_OK)
-        kvt_warn("ucx", "UCX_TLS=^tcp refused: UCX's tcp port stays open on lo");
+        kvt_warn("ucx", "UCX_TLS=^tcp refused: UCX may open its tcp port");
 }
 
+/* A UCX_TLS of the user's may hold tcp, whose interfaces listen on every device UCX
+ * uses: unless the user chose (UCX_NET_DEVICES), only the device of the address we
+ * listen on (and every RDMA port). */
 static void ucx_config_devices(ucp_config_t *config, const char *local_addr)
 {
     char list[1024];
 
-    if (getenv("UCX_NET_DEVICES") != NULL || local_addr == NULL)
+    if (ucx_user_tls() == NULL || getenv("UCX_NET_DEVICES") != NULL || local_addr == NULL)
         return;
     if (!ucx_addr_device(local_addr, list, sizeof(list))) {
         kvt_debug("ucx", "%s is no interface's address: UCX uses every device", local_addr);
@@ -1153,6 +1293,91 @@ static void ucx_config_devices(ucp_config_t *config, const char *local_addr)
         kvt_warn("ucx", "UCX_NET_DEVICES=%s refused: UCX uses every device", list);
     else
         kvt_debug("ucx", "UCX net devices: %s", list);
+}
+
+/* Where this process's shared memory reaches, as UCX judges it (another boot id or
+ * IPC namespace: unreachable): the boot id's two halves xored, and the IPC namespace's
+ * inode. Zeros when unknown (then the creator asks UCX itself). */
+static void ucx_host_id(uint8_t host[16])
+{
+    char text[64] = "", ns[64] = "";
+    uint8_t boot[16];
+    unsigned long long ino = 0;
+    size_t k = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    ssize_t n;
+
+    memset(host, 0, 16);
+    if (f == NULL)
+        return;
+    if (fgets(text, sizeof(text), f) == NULL)
+        text[0] = '\0';
+    fclose(f);
+    for (const char *p = text; *p != '\0' && k < 32; p++) {
+        int v = *p >= '0' && *p <= '9'   ? *p - '0'
+                : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
+                : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10
+                                         : -1;
+
+        if (v < 0)
+            continue;
+        if (k % 2 == 0)
+            boot[k / 2] = (uint8_t)(v << 4);
+        else
+            boot[k / 2] |= (uint8_t)v;
+        k++;
+    }
+    n = readlink("/proc/self/ns/ipc", ns, sizeof(ns) - 1);
+    if (k < 32 || n <= 0)
+        return;
+    ns[n] = '\0';
+    if (sscanf(ns, "ipc:[%llu]", &ino) != 1)
+        return;
+    for (int i = 0; i < 8; i++)
+        host[i] = boot[i] ^ boot[8 + i];
+    ino = htole64(ino);
+    memcpy(host + 8, &ino, 8);
+}
+
+/* The transports UCX opened (ucp_context_print_info's resources, "tcp/lo"): whether
+ * one is tcp (the user's UCX_TLS named it: warned about) and whether one reaches
+ * other hosts without tcp (verbs: rc, dc, ud). */
+static void ucx_probe_resources(struct ucx_tp *tp)
+{
+    char *text = NULL, *line, *save = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+
+    if (f == NULL)
+        return;
+    ucp_context_print_info(tp->ctx, f);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return;
+    }
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        const char *p = strstr(line, "resource");
+        const char *tl;
+
+        if (p == NULL || (tl = strstr(p, "-- ")) == NULL)
+            continue;
+        tl += 3;
+        if (strncmp(tl, "tcp/", 4) == 0)
+            tp->ucx_tcp = true;
+        else if (strncmp(tl, "rc", 2) == 0 || strncmp(tl, "dc", 2) == 0 ||
+                 strncmp(tl, "ud", 2) == 0)
+            tp->addr_flags |= KVT_TP_ADDR_NET;
+    }
+    free(text);
+    if (tp->ucx_tcp)
+        kvt_warn("ucx",
+                 "SECURITY: UCX_TLS=%s gives UCX its tcp transport, which listens on a port "
+                 "of its own that accepts anyone, and UCX 1.13 writes a uct PUT's payload "
+                 "wherever its header says: whoever reaches that port can write into this "
+                 "node's memory without the cluster secret. kvtier keeps its own data off "
+                 "UCX's tcp (socket mode) unless KVT_UCX_MODE=ucx; unset UCX_TLS to close "
+                 "the port",
+                 ucx_user_tls() != NULL ? ucx_user_tls() : "(all)");
 }
 
 static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
@@ -1188,6 +1413,24 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     tp->test_bad_token = getenv("KVT_UCX_TEST_BAD_TOKEN") != NULL;
     if (getenv("KVT_UCX_READ") != NULL)
         kvt_warn("ucx", "KVT_UCX_READ is no longer read: READs are always active messages");
+    /* KVT_UCX_MODE: socket mode on every connection (tests; two hosts emulated on one),
+     * or UCX over tcp allowed (a bench switch; it needs UCX_TLS with tcp). */
+    const char *mode = getenv("KVT_UCX_MODE");
+
+    if (mode != NULL && strcmp(mode, "socket") == 0) {
+        tp->force = MODE_SOCKET;
+        tp->addr_flags |= KVT_TP_ADDR_SOCKET;
+    } else if (mode != NULL && strcmp(mode, "ucx") == 0) {
+        tp->force = MODE_UCX;
+        tp->addr_flags |= KVT_TP_ADDR_TCP_OK;
+        kvt_warn("ucx", "KVT_UCX_MODE=ucx: UCX may carry this node's data over tcp (a bench "
+                        "switch; see the warning about UCX_TLS)");
+    } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "auto") != 0) {
+        kvt_error("ucx", "KVT_UCX_MODE=%s: expected auto, socket or ucx", KVT_LOG_STR(mode));
+        kvt_free(tp);
+        return -EINVAL;
+    }
+    ucx_host_id(tp->host);
 
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
@@ -1201,7 +1444,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
      * messages move over sysv and large ones by rendezvous over cma
      * (process_vm_readv); without them every byte went through loopback tcp. */
     ucx_config_shm(config);
-    ucx_config_tls(config, cfg->local_addr);
+    ucx_config_tls(config);
     ucx_config_devices(config, cfg->local_addr);
     /* No UCP_FEATURE_RMA: a worker with it answers software GETs (ucp_get_req_handler)
      * from whatever address the request names, to anyone wired up to it. */
@@ -1217,6 +1460,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
         kvt_error("ucx", "ucp_init: %s", ucs_status_string(st));
         goto err_free;
     }
+    ucx_probe_resources(tp);
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = UCS_THREAD_MODE_SINGLE,
@@ -1447,6 +1691,12 @@ static int ucx_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
     }
     if (ep->tx_inflight >= ep->tp->pub.cfg.recv_credits)
         return -EAGAIN;
+    if (ep->path == PATH_SOCK) { /* a MSG frame on our socket */
+        ret = kvt__ucx_sock_msg(ep, buf, len);
+        if (ret == 0)
+            ep->tx_seq++;
+        return ret;
+    }
     tx = kvt_malloc(sizeof(*tx) + len);
     if (tx == NULL)
         return -ENOMEM;
@@ -1533,6 +1783,8 @@ static void ucx_dereg(struct kvt_tp_mr *mr)
         if (mr->inflight > 0)
             kvt_warn("ucx", "dereg: %u READ replies still in flight", mr->inflight);
     }
+    /* Socket mode: replies on the output stop reading it. */
+    kvt__ucx_sock_dereg(mr->tp, mr);
     /* Queued replies from it become refusals; late completions forget it. */
     kvt_list_for_each_safe(pos, tmp, &mr->tp->rd_sent)
     {
@@ -1736,7 +1988,10 @@ static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp
     kvt_list_add_tail(&ep->batches, &b->node);
     ep->n_batches++;
 
+    ep->cork++; /* socket frames: one write for the batch */
     err = kvt__ucx_read_post(ep, b, 0, &posted);
+    ep->cork--;
+    kvt__ucx_sock_flush(ep);
     if (err != 0) {
         kvt__ucx_ep_fail(ep, err);
         if (posted == 0) { /* nothing posted: fail without a callback */
@@ -1848,6 +2103,10 @@ static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
         return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
+    if (ep->path == PATH_SOCK) {
+        snprintf(buf, cap, "socket");
+        return 0;
+    }
     if (ep->uep == NULL) {
         snprintf(buf, cap, "not yet authorized both ways");
         return 0;

@@ -3,7 +3,10 @@
  * Every READ is a request message per op (UCX_AM_RDREQ: address, length, tag) and a
  * reply carrying the bytes (UCX_AM_RDREP; UCX sends large replies by rendezvous,
  * received straight into the local registration: over RDMA where there is hardware,
- * cma between two nodes on one host, tcp otherwise). There is no ucp_get_nbx: a
+ * cma between two nodes on one host; UCX has no tcp, so a connection with neither
+ * moves its READs over our own socket instead, ucx_sock_read.c). The server side
+ * (the checks of a request) and the client's ops are shared with socket mode. There
+ * is no ucp_get_nbx: a
  * worker with UCP_FEATURE_RMA answers software GETs from inside its own progress
  * (ucp_get_req_handler), from whatever address the request names and to anyone wired
  * up to it (a forged rkey read our heap, an unmapped address crashed the node), and
@@ -71,7 +74,7 @@ static void ucx_rdrep_imm_sent(void *req, ucs_status_t status, void *user_data)
     ucp_request_free(req);
 }
 
-void kvt__ucx_rd_serve(struct ucx_ep *ep, struct ucx_rd_hdr *h)
+void kvt__ucx_rd_serve(struct ucx_ep *ep, struct ucx_rd_hdr *h, uint64_t asked)
 {
     struct ucx_tp *tp = ep->tp;
     const struct kvt_tp_callbacks *cb = &tp->pub.cfg.cb;
@@ -126,7 +129,8 @@ void kvt__ucx_rd_serve(struct ucx_ep *ep, struct ucx_rd_hdr *h)
             return;
         }
     }
-    /* Large, or UCX busy, or no ucp ep yet (the peer's ADDR is still on its way). */
+    /* Large, or UCX busy, or no ucp ep yet (the peer's ADDR is still on its way), or
+     * socket mode. */
     tx = kvt_malloc(sizeof(*tx));
     if (tx == NULL) {
         kvt__ucx_ep_fail(ep, -ENOMEM);
@@ -135,6 +139,9 @@ void kvt__ucx_rd_serve(struct ucx_ep *ep, struct ucx_rd_hdr *h)
     tx->ep = ep;
     tx->mr = mr;
     tx->hdr = *h;
+    tx->asked = asked;
+    tx->inflight = 0;
+    tx->out.own = NULL;
     kvt_list_add_tail(&ep->rd_q, &tx->node);
     tp->kick = true;
 }
@@ -155,7 +162,7 @@ ucs_status_t kvt__ucx_rdreq_cb(void *arg, const void *header, size_t header_leng
     }
     memcpy(&h, header, sizeof(h));
     ep = kvt__ucx_ep_by_token(tp, h.token);
-    if (ep == NULL) {
+    if (ep == NULL || ep->path == PATH_SOCK) { /* socket mode: nothing comes over UCX */
         tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
         return UCS_OK; /* names no endpoint of ours: dropped, no answer */
     }
@@ -166,7 +173,7 @@ ucs_status_t kvt__ucx_rdreq_cb(void *arg, const void *header, size_t header_leng
         kvt__ucx_ep_fail(ep, -EPROTO);
         return UCS_OK;
     }
-    kvt__ucx_rd_serve(ep, &h);
+    kvt__ucx_rd_serve(ep, &h, 0);
     return UCS_OK;
 }
 
@@ -191,6 +198,11 @@ int kvt__ucx_rd_send_replies(struct ucx_ep *ep)
 {
     int n = 0;
 
+    if (ep->path == PATH_SOCK) {
+        n = kvt__ucx_sock_fill(ep);
+        kvt__ucx_sock_flush(ep);
+        return n;
+    }
     while (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED && ep->uep != NULL) {
         struct ucx_rd_tx *tx = kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node);
 
@@ -231,7 +243,7 @@ int kvt__ucx_rd_send_replies(struct ucx_ep *ep)
     return n;
 }
 
-static void ucx_rd_op_done(struct ucx_rd_op *op, int err)
+void kvt__ucx_rd_op_done(struct ucx_rd_op *op, int err)
 {
     struct ucx_batch *b = op->b;
 
@@ -256,13 +268,13 @@ static void ucx_rd_recv_done(void *req, ucs_status_t status, size_t length, void
         return;
     }
     b->ep->ucx_reqs--;
-    ucx_rd_op_done(op, status != UCS_OK        ? kvt__ucx_errno(status)
-                       : length != op->hdr.len ? -EPROTO
-                                               : 0);
+    kvt__ucx_rd_op_done(op, status != UCS_OK        ? kvt__ucx_errno(status)
+                            : length != op->hdr.len ? -EPROTO
+                                                    : 0);
 }
 
 /* Client: the op the tag names, if it is still waiting for its reply. */
-static struct ucx_rd_op *ucx_rd_op_find(struct ucx_ep *ep, uint64_t tag)
+struct ucx_rd_op *kvt__ucx_rd_op_find(struct ucx_ep *ep, uint64_t tag)
 {
     uint32_t id = (uint32_t)(tag >> 32), idx = (uint32_t)tag;
     struct kvt_list *pos, *tmp;
@@ -290,13 +302,13 @@ ucs_status_t kvt__ucx_rdrep_cb(void *arg, const void *header, size_t header_leng
     struct ucx_ep *ep;
 
     if (!ucx_rd_hdr_ok(header, header_length, &h) ||
-        (ep = kvt__ucx_ep_by_token(tp, h.token)) == NULL) {
+        (ep = kvt__ucx_ep_by_token(tp, h.token)) == NULL || ep->path == PATH_SOCK) {
         tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
         return UCS_OK; /* names no endpoint of ours: dropped */
     }
     if (ep->state >= EP_FAILED)
         return UCS_OK; /* dropped: the endpoint is closing, its ops end at teardown */
-    op = ucx_rd_op_find(ep, h.tag);
+    op = kvt__ucx_rd_op_find(ep, h.tag);
     if (op == NULL || h.addr != op->hdr.addr) {
         kvt_warn("ucx", "endpoint %llu: READ reply for no pending op", (unsigned long long)ep->id);
         kvt__ucx_ep_fail(ep, -EPROTO);
@@ -305,16 +317,16 @@ ucs_status_t kvt__ucx_rdrep_cb(void *arg, const void *header, size_t header_leng
     if (h.err != 0) {
         kvt_warn("ucx", "endpoint %llu: the peer refused a READ of %llu bytes",
                  (unsigned long long)ep->id, (unsigned long long)op->hdr.len);
-        ucx_rd_op_done(op, h.err == UCX_RD_REFUSED && length == 0 ? -EACCES : -EPROTO);
+        kvt__ucx_rd_op_done(op, h.err == UCX_RD_REFUSED && length == 0 ? -EACCES : -EPROTO);
         return UCS_OK;
     }
     if (length != op->hdr.len) {
-        ucx_rd_op_done(op, -EPROTO);
+        kvt__ucx_rd_op_done(op, -EPROTO);
         return UCS_OK;
     }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
         memcpy(op->dst, data, length);
-        ucx_rd_op_done(op, 0);
+        kvt__ucx_rd_op_done(op, 0);
         return UCS_OK;
     }
 
@@ -328,9 +340,9 @@ ucs_status_t kvt__ucx_rdrep_cb(void *arg, const void *header, size_t header_leng
     ucs_status_ptr_t req = ucp_am_recv_data_nbx(tp->worker, data, op->dst, length, &rp);
 
     if (req == NULL) {
-        ucx_rd_op_done(op, 0);
+        kvt__ucx_rd_op_done(op, 0);
     } else if (UCS_PTR_IS_ERR(req)) {
-        ucx_rd_op_done(op, kvt__ucx_errno(UCS_PTR_STATUS(req)));
+        kvt__ucx_rd_op_done(op, kvt__ucx_errno(UCS_PTR_STATUS(req)));
     } else {
         op->state = RD_RECV;
         ep->ucx_reqs++;
@@ -417,12 +429,17 @@ int kvt__ucx_read_post(struct ucx_ep *ep, struct ucx_batch *b, size_t first, siz
             ret = ucx_rd_post_frame(ep, op);
         else if (ep->uep != NULL)
             ret = ucx_rd_post_am(ep, op);
-        /* else: RD_UNSENT until the peer's ADDR makes uep */
+        else if (ep->path == PATH_SOCK && ep->n_unsent == 0) /* in order behind those */
+            ret = kvt__ucx_sock_post(ep, op);
+        /* else: RD_UNSENT until the path is known (or, in socket mode, the window has
+         * room) */
         if (ret < 0) {
             b->pending--;
             *posted_p = i;
             return ret;
         }
+        if (op->state == RD_UNSENT)
+            ep->n_unsent++;
     }
     *posted_p = i;
     return 0;
@@ -441,6 +458,7 @@ void kvt__ucx_read_post_unsent(struct ucx_ep *ep)
 
             if (b->ops[i].state != RD_UNSENT)
                 continue;
+            ep->n_unsent--;
             ret = ucx_rd_post_am(ep, &b->ops[i]);
             if (ret < 0) {
                 kvt__ucx_ep_fail(ep, ret); /* teardown ends the ops left */

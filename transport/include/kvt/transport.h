@@ -101,6 +101,9 @@ enum kvt_tp_refusal {
     KVT_TP_PREAUTH_MALFORMED, /* bytes before authorize that are not our protocol; closed */
     KVT_TP_PREAUTH_TIMEOUT,   /* not authorized within preauth_timeout_ms; closed */
     KVT_TP_UNKNOWN_CONN,      /* a message that names no endpoint of ours; dropped */
+    KVT_TP_PROTO, /* an authorized peer broke the protocol (a READ reply for no READ or of
+                   * another length, requests beyond the window, a frame over its bound,
+                   * bytes out of place); closed */
     KVT_TP_N_REFUSALS
 };
 
@@ -110,7 +113,7 @@ struct kvt_tp_counters {
 };
 
 /* "read_unauth", "read_range", "read_grant", "preauth_conns", "preauth_malformed",
- * "preauth_timeout", "unknown_conn" (metric labels); "?" out of range. */
+ * "preauth_timeout", "unknown_conn", "proto" (metric labels); "?" out of range. */
 const char *kvt_tp_refusal_name(unsigned r);
 
 struct kvt_transport_config {
