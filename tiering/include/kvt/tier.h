@@ -66,6 +66,12 @@ struct kvt_tier_ops {
     void (*serve_external_requests)(struct kvt_tier *t, struct kvt_parent *parent);
     void (*on_schedule_end)(struct kvt_tier *t, const struct kvt_schedule_end_ctx *ctx);
     int (*get_stats)(struct kvt_tier *t, struct kvt_stats *out); /* return-and-reset */
+    /* Forgets everything the tier holds (the node's cache is reset: the engine API's
+     * reset, kvt_manager_reset_all). Called with no job of the tier in flight (every
+     * tier drained, the manager took their results) and after the primary was cleared.
+     * A tier that keeps data across restarts makes sure none of it is served again,
+     * after a restart either. */
+    int (*reset)(struct kvt_tier *t);
     int (*shutdown)(struct kvt_tier *t); /* release threads and connections */
     void (*destroy)(struct kvt_tier *t); /* free; after shutdown */
 };
@@ -149,6 +155,11 @@ static inline void kvt_tier_on_schedule_end(struct kvt_tier *t,
 static inline int kvt_tier_get_stats(struct kvt_tier *t, struct kvt_stats *out)
 {
     return t->ops->get_stats ? t->ops->get_stats(t, out) : 0;
+}
+/* -EOPNOTSUPP: the tier cannot forget what it holds (its data survives a reset). */
+static inline int kvt_tier_reset(struct kvt_tier *t)
+{
+    return t->ops->reset ? t->ops->reset(t) : -EOPNOTSUPP;
 }
 static inline int kvt_tier_shutdown(struct kvt_tier *t)
 {
