@@ -6,6 +6,13 @@
  * thread. Engines drive steps with on_schedule_end; when none did for tick_ms the
  * loop steps on its own, so peers are served and transfers progress on an idle node.
  *
+ * The model fingerprint (kvtier/client.h): node.model_fingerprint, when set, is the
+ * engine server's and the storage tier's from the start; else the first engine that
+ * declares one sets it, and the storage tier is told (it keeps or drops its files,
+ * which it withholds until then). The engine API's PEERS reads the member table
+ * (kvt/peers.h, kvt/members.h) and the per-peer byte totals; members that went down
+ * are listed while the table knows them, by the ids seen live before.
+ *
  * Signals (signalfd): SIGTERM/SIGINT stop accepting engines, drain transfers,
  * release leases, unpublish and exit 0; SIGHUP reloads the keys that can change at
  * run time and keeps the old configuration when the new one is bad.
@@ -106,6 +113,9 @@ struct daemon {
     int ep, sig_fd, tick_fd;
     uint64_t last_step_ns, last_metrics_ns;
     bool stopping;
+    /* Members ever seen live (PEERS lists them whatever their state now). */
+    uint64_t seen[KVT_MEMBERS_MAX];
+    size_t n_seen;
 };
 
 static void usage(FILE *f)
@@ -485,6 +495,7 @@ static int open_storage(struct daemon *d, struct kvt_tier **t_p)
         sc.key_len = secret_len;
     }
     kvt_auth_namespace(d->cfg.node_namespace, sc.namespace_id);
+    sc.fingerprint = d->cfg.node_model_fingerprint;
     kvt_bp_default_config("storage", KVT_LOCAL, &bp);
     if (d->cfg.storage_high_water_us > 0) { /* config: microseconds per MiB */
         bp.high_water_s = d->cfg.storage_high_water_us * 1e-6;
@@ -639,6 +650,8 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
                 "Engine API connections and requests refused or closed, by reason",
                 KVT_METRIC_COUNTER, "reason", kvt_engine_refusal_name(r), ec.refused_by[r]);
     }
+    SAMPLE("kvtier_engine_resets", "Resets of the node's cache done through the engine API",
+           KVT_METRIC_COUNTER, ec.resets);
     SAMPLE("kvtier_engine_events_dropped",
            "Events dropped, oldest first, because no engine took them (engine.max_event_keys)",
            KVT_METRIC_COUNTER, ec.refused_by[KVT_EREF_EVENTS_DROPPED]);
@@ -711,6 +724,82 @@ static int total_stats(void *arg, struct kvt_stats *out)
     return kvt_stats_aggregate(out, &d->prom.totals);
 }
 
+/* An engine's HELLO set the node's model fingerprint: the storage tier keeps its files
+ * of that model (or drops another's). Its failure refuses that engine. */
+static int fingerprint_set(void *arg, const char *fp)
+{
+    struct daemon *d = arg;
+
+    for (size_t i = 0; i < d->n_tiers; i++) {
+        if (strcmp(d->tiers[i]->type, "storage") == 0) {
+            int rc = kvt_storage_tier_set_fingerprint(d->tiers[i], fp);
+
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Remembers the members live now (PEERS lists the ones gone down too). */
+static void note_live(struct daemon *d)
+{
+    uint64_t ids[KVT_MEMBERS_MAX];
+    size_t n = kvt_peers_live(d->peers, ids, KVT_MEMBERS_MAX);
+
+    for (size_t i = 0; i < n; i++) {
+        bool known = ids[i] == d->cfg.node_id;
+
+        for (size_t j = 0; j < d->n_seen && !known; j++)
+            known = d->seen[j] == ids[i];
+        if (!known && d->n_seen < KVT_MEMBERS_MAX)
+            d->seen[d->n_seen++] = ids[i];
+    }
+}
+
+/* The engine API's PEERS: this node, then every member seen, with the bytes pulled
+ * from and served to each since the start (the totals /metrics shows). */
+static int list_peers(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_p)
+{
+    struct daemon *d = arg;
+    const struct kvt_members *mem = kvt_peers_members(d->peers);
+    uint64_t now = kvt_now_ns();
+    size_t n = 0;
+
+    if (cap == 0)
+        return -ENOBUFS;
+    collect_stats(d); /* the byte totals up to now */
+    note_live(d);
+    out[n++] = (struct kvtier_peer){.node_id = d->cfg.node_id,
+                                    .incarnation = kvt_peers_incarnation(d->peers),
+                                    .port = kvt_peers_port(d->peers),
+                                    .state = KVTIER_PEER_SELF};
+    snprintf(out[0].addr, sizeof(out[0].addr), "%s", d->cfg.network_listen);
+    for (size_t i = 0; i < d->n_seen && n < cap; i++) {
+        const struct kvt_member *m = kvt_members_find(mem, d->seen[i]);
+        struct kvtier_peer *p = &out[n];
+        char label[KVT_STAT_LABEL_MAX];
+
+        if (m == NULL)
+            continue;
+        *p = (struct kvtier_peer){
+            .node_id = m->node_id,
+            .incarnation = m->incarnation,
+            .port = m->port,
+            .state = m->state == KVT_MEMBER_ALIVE ? KVTIER_PEER_ALIVE : KVTIER_PEER_DOWN,
+            .last_heard_ms = now > m->last_heard_ns ? (now - m->last_heard_ns) / 1000000u : 0};
+        snprintf(p->addr, sizeof(p->addr), "%s", m->addr);
+        snprintf(label, sizeof(label), "peer:%016" PRIx64, m->node_id);
+        p->pulled_bytes =
+            (uint64_t)kvt_stats_value(&d->prom.totals, KVT_M_NET_PEER_PULLED_BYTES, label);
+        p->served_bytes =
+            (uint64_t)kvt_stats_value(&d->prom.totals, KVT_M_NET_PEER_SERVED_BYTES, label);
+        n++;
+    }
+    *n_p = n;
+    return 0;
+}
+
 /* A page that cannot be rendered is never replaced by the last good one: /metrics
  * answers 500 with the cause, the failure is counted (shown on the next good page)
  * and logged once per run of failures. */
@@ -758,6 +847,9 @@ static int start_services(struct daemon *d)
         .region = d->region,
         .collect_stats = collect_stats,
         .total_stats = total_stats,
+        .fingerprint = d->cfg.node_model_fingerprint,
+        .fingerprint_set = fingerprint_set,
+        .peers = d->peers != NULL ? list_peers : NULL,
         .collect_arg = d,
     };
     int rc = kvt_engine_server_create(&ec, &d->engines);
@@ -879,6 +971,8 @@ static int run(struct daemon *d)
             kvt_net_tier_poll(d->net);
         kvt_service_tick(); /* the watchdog: this loop still turns */
         if (kvt_now_ns() - d->last_metrics_ns >= 1000000000ull) {
+            if (d->peers != NULL)
+                note_live(d);
             publish_metrics(d);
             d->last_metrics_ns = kvt_now_ns();
         }
