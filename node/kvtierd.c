@@ -715,13 +715,29 @@ static void collect_stats(void *arg)
     kvt_stats_cleanup(&st);
 }
 
-/* `kvtier stats`: what /metrics shows, taken now. */
+
+/* `kvtier stats` and `kvtier status`: what /metrics shows, taken now - the tiering
+ * core's totals, then the node's own series (a labelled one's label value in the
+ * stat's label). */
 static int total_stats(void *arg, struct kvt_stats *out)
 {
     struct daemon *d = arg;
+    struct kvt_prom_sample samples[64];
+    size_t n;
+    int rc;
 
     collect_stats(d);
-    return kvt_stats_aggregate(out, &d->prom.totals);
+    rc = kvt_stats_aggregate(out, &d->prom.totals);
+    n = node_samples(d, samples, KVT_ARRAY_SIZE(samples));
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const char *label = samples[i].label_value != NULL ? samples[i].label_value : "";
+
+        if (samples[i].kind == KVT_METRIC_COUNTER)
+            rc = kvt_stats_increase(out, samples[i].name, label, samples[i].value);
+        else
+            rc = kvt_stats_set_gauge(out, samples[i].name, label, samples[i].value);
+    }
+    return rc;
 }
 
 /* An engine's HELLO set the node's model fingerprint: the storage tier keeps its files
