@@ -1,5 +1,6 @@
 """Real kvtierd nodes for the vLLM tests and benchmark: a cluster of N daemons on
-loopback, each with its own primary (a /dev/shm file), storage folder, engine
+loopback, each with its own primary (a /dev/shm file in a folder of its own: kvtierd
+refuses a region directly in a folder others may write), storage folder, engine
 socket and network port, sharing one cluster secret."""
 
 import os
@@ -36,7 +37,8 @@ class Cluster:
         self.n = n
         self.procs = [None] * n
         self.socks = [os.path.join(self.dir, "node%d.sock" % i) for i in range(n)]
-        self.shm = ["/dev/shm/kvt-vllm-%d-%d.mmap" % (os.getpid(), i) for i in range(n)]
+        self.shm_dirs = ["/dev/shm/kvt-vllm-%d-%d" % (os.getpid(), i) for i in range(n)]
+        self.shm = [os.path.join(d, "primary.mmap") for d in self.shm_dirs]
         self.logs = [os.path.join(self.dir, "node%d.log" % i) for i in range(n)]
         chosen = free_ports(2 * n)
         self.metrics, ports = chosen[:n], chosen[n:]
@@ -112,12 +114,8 @@ class Cluster:
     def cleanup(self):
         for i in range(self.n):
             self.kill(i)
-        for path in self.shm:
-            for suffix in ("", ".lock"):
-                try:
-                    os.unlink(path + suffix)
-                except FileNotFoundError:
-                    pass
+        for d in self.shm_dirs:
+            shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def metric(self, i, name):
