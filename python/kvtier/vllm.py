@@ -565,8 +565,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
                              "bytes): its chunk size must equal vLLM's row stride",
                              self._socket, self._rows, self._stride)
             raise
-        logger.info("kvtier: attached %d rows of %d bytes to the node at %s", self._rows, row,
-                    self._socket)
+        logger.info("kvtier: attached %d rows of %d bytes to the node at %s (model fingerprint "
+                    "%s)", self._rows, row, self._socket, self.fingerprint or "none declared")
         return c
 
     def _io_main(self) -> None:
