@@ -280,6 +280,14 @@ static int nt_drain_jobs(struct kvt_tier *t)
     return 0;
 }
 
+/* After the manager drained us and cleared the primary: the primary's removed hook
+ * queued every publication for UNPUBLISH; they leave now, not at the next flush. */
+static int nt_reset(struct kvt_tier *t)
+{
+    kvt__nt_reset(nt_of(t));
+    return 0;
+}
+
 static bool nt_has_pending_work(struct kvt_tier *t)
 {
     return nt_busy(nt_of(t));
@@ -481,6 +489,7 @@ static const struct kvt_tier_ops nt_ops = {
     .serve_external_requests = kvt__nt_serve,
     .on_schedule_end = nt_on_schedule_end,
     .get_stats = nt_get_stats,
+    .reset = nt_reset,
     .shutdown = nt_shutdown,
     .destroy = nt_destroy,
 };

@@ -87,6 +87,10 @@ static const struct key_def keys[] = {
      "node identity; default: a hash of the host name and network.port"},
     {"node.namespace", T_STR, F(node_namespace), 0, "default", 1, 63, NULL, 0,
      "cache namespace; only nodes (and engines) of one namespace share chunks"},
+    {"node.model_fingerprint", T_STR, F(node_model_fingerprint), 0, "", 1, 255, NULL, K_OPTIONAL,
+     "the model (and KV layout) this node's chunks are of, as its engines declare it; an "
+     "engine declaring another is refused, the storage tier drops files of another at start; "
+     "unset: the first engine that declares one sets it"},
     {"node.group", T_STR, F(node_group), 0, "", 1, 255, NULL, K_OPTIONAL,
      "group (name or number) that may enter the runtime folders of primary.path and "
      "engine.socket, for engines of other users; unset: the folders are 0700"},
@@ -535,6 +539,14 @@ static int set_string(struct kvt_config *cfg, const struct key_def *k, const cha
     if (k->off == F(engine_socket_group) && len != 0 && !valid_group(s)) {
         snprintf(why, why_len, "\"%s\" is not a group of this host", s);
         return -EINVAL;
+    }
+    if (k->off == F(node_model_fingerprint)) {
+        for (size_t i = 0; i < len; i++) {
+            if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) {
+                snprintf(why, why_len, "a control character at offset %zu", i);
+                return -EINVAL;
+            }
+        }
     }
     if (k->off == F(node_namespace) && !valid_namespace(s)) {
         snprintf(why, why_len, "\"%s\" may hold only letters, digits, '.', '-' and '_'", s);

@@ -12,6 +12,13 @@
  * every delta and hands it to all of them. /metrics shows those totals and the node's
  * own series (engines, peers, its build, this process, how full each tier is).
  *
+ * The model fingerprint (kvtier/client.h): node.model_fingerprint, when set, is the
+ * engine server's and the storage tier's from the start; else the first engine that
+ * declares one sets it, and the storage tier is told (it keeps or drops its files,
+ * which it withholds until then). The engine API's PEERS reads the member table
+ * (kvt/peers.h, kvt/members.h) and the per-peer byte totals; members that went down
+ * are listed while the table knows them, by the ids seen live before.
+ *
  * Restart after SIGKILL: a lock file next to the region (flock) tells a live daemon
  * from a dead one; a dead one's socket is removed by the engine server, its region
  * file here, under the rule below.
@@ -106,6 +113,9 @@ struct kvt_node {
     int ep; /* kvt_node_fd */
     uint64_t last_step_ns, last_metrics_ns;
     bool stopped;
+    /* Members ever seen live (PEERS lists them whatever their state now). */
+    uint64_t seen[KVT_MEMBERS_MAX];
+    size_t n_seen;
 };
 
 /* ---- assembly ------------------------------------------------------------------ */
@@ -469,6 +479,7 @@ static int open_storage(struct kvt_node *nd, struct kvt_tier **t_p)
         sc.key_len = secret_len;
     }
     kvt_auth_namespace(nd->cfg.node_namespace, sc.namespace_id);
+    sc.fingerprint = nd->cfg.node_model_fingerprint;
     kvt_bp_default_config("storage", KVT_LOCAL, &bp);
     if (nd->cfg.storage_high_water_us > 0) { /* config: microseconds per MiB */
         bp.high_water_s = nd->cfg.storage_high_water_us * 1e-6;
@@ -644,6 +655,8 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                 "Engine API connections and requests refused or closed, by reason",
                 KVT_METRIC_COUNTER, "reason", kvt_engine_refusal_name(r), ec.refused_by[r]);
     }
+    SAMPLE("kvtier_engine_resets", "Resets of the node's cache done through the engine API",
+           KVT_METRIC_COUNTER, ec.resets);
     SAMPLE("kvtier_engine_events_dropped",
            "Events dropped, oldest first, because no engine took them (engine.max_event_keys)",
            KVT_METRIC_COUNTER, ec.refused_by[KVT_EREF_EVENTS_DROPPED]);
@@ -772,13 +785,108 @@ static void collect_stats(void *arg)
     kvt_stats_cleanup(&st);
 }
 
-/* `kvtier stats`: what /metrics shows, taken now. */
+/* `kvtier stats` and `kvtier status`: what /metrics shows, taken now - the tiering
+ * core's totals, then the node's own series (a labelled one's label values, joined by
+ * commas, in the stat's label). */
 static int total_stats(void *arg, struct kvt_stats *out)
 {
     struct kvt_node *nd = arg;
+    struct kvt_prom_sample samples[SAMPLES_MAX];
+    size_t n;
+    int rc;
 
     collect_stats(nd);
-    return kvt_stats_aggregate(out, &nd->prom.totals);
+    rc = kvt_stats_aggregate(out, &nd->prom.totals);
+    n = node_samples(nd, samples, KVT_ARRAY_SIZE(samples));
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        char label[KVT_STAT_LABEL_MAX];
+
+        snprintf(label, sizeof(label), "%s%s%s",
+                 samples[i].label_value != NULL ? samples[i].label_value : "",
+                 samples[i].label2_value != NULL ? "," : "",
+                 samples[i].label2_value != NULL ? samples[i].label2_value : "");
+        if (samples[i].kind == KVT_METRIC_COUNTER)
+            rc = kvt_stats_increase(out, samples[i].name, label, samples[i].value);
+        else
+            rc = kvt_stats_set_gauge(out, samples[i].name, label, samples[i].value);
+    }
+    return rc;
+}
+
+/* An engine's HELLO set the node's model fingerprint: the storage tier keeps its files
+ * of that model (or drops another's). Its failure refuses that engine. */
+static int fingerprint_set(void *arg, const char *fp)
+{
+    struct kvt_node *nd = arg;
+
+    for (size_t i = 0; i < nd->n_tiers; i++) {
+        if (strcmp(nd->tiers[i]->type, "storage") == 0) {
+            int rc = kvt_storage_tier_set_fingerprint(nd->tiers[i], fp);
+
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+/* Remembers the members live now (PEERS lists the ones gone down too). */
+static void note_live(struct kvt_node *nd)
+{
+    uint64_t ids[KVT_MEMBERS_MAX];
+    size_t n = kvt_peers_live(nd->peers, ids, KVT_MEMBERS_MAX);
+
+    for (size_t i = 0; i < n; i++) {
+        bool known = ids[i] == nd->cfg.node_id;
+
+        for (size_t j = 0; j < nd->n_seen && !known; j++)
+            known = nd->seen[j] == ids[i];
+        if (!known && nd->n_seen < KVT_MEMBERS_MAX)
+            nd->seen[nd->n_seen++] = ids[i];
+    }
+}
+
+/* The engine API's PEERS: this node, then every member seen, with the bytes pulled
+ * from and served to each since the start (the totals /metrics shows). */
+static int list_peers(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_p)
+{
+    struct kvt_node *nd = arg;
+    const struct kvt_members *mem = kvt_peers_members(nd->peers);
+    uint64_t now = kvt_now_ns();
+    size_t n = 0;
+
+    if (cap == 0)
+        return -ENOBUFS;
+    collect_stats(nd); /* the byte totals up to now */
+    note_live(nd);
+    out[n++] = (struct kvtier_peer){.node_id = nd->cfg.node_id,
+                                    .incarnation = kvt_peers_incarnation(nd->peers),
+                                    .port = kvt_peers_port(nd->peers),
+                                    .state = KVTIER_PEER_SELF};
+    snprintf(out[0].addr, sizeof(out[0].addr), "%s", nd->cfg.network_listen);
+    for (size_t i = 0; i < nd->n_seen && n < cap; i++) {
+        const struct kvt_member *m = kvt_members_find(mem, nd->seen[i]);
+        struct kvtier_peer *p = &out[n];
+        char label[KVT_STAT_LABEL_MAX];
+
+        if (m == NULL)
+            continue;
+        *p = (struct kvtier_peer){
+            .node_id = m->node_id,
+            .incarnation = m->incarnation,
+            .port = m->port,
+            .state = m->state == KVT_MEMBER_ALIVE ? KVTIER_PEER_ALIVE : KVTIER_PEER_DOWN,
+            .last_heard_ms = now > m->last_heard_ns ? (now - m->last_heard_ns) / 1000000u : 0};
+        snprintf(p->addr, sizeof(p->addr), "%s", m->addr);
+        snprintf(label, sizeof(label), "peer:%016" PRIx64, m->node_id);
+        p->pulled_bytes =
+            (uint64_t)kvt_stats_value(&nd->prom.totals, KVT_M_NET_PEER_PULLED_BYTES, label);
+        p->served_bytes =
+            (uint64_t)kvt_stats_value(&nd->prom.totals, KVT_M_NET_PEER_SERVED_BYTES, label);
+        n++;
+    }
+    *n_p = n;
+    return 0;
 }
 
 /* A page that cannot be rendered is never replaced by the last good one: /metrics
@@ -840,6 +948,9 @@ static int start_services(struct kvt_node *nd)
         .region = nd->region,
         .collect_stats = collect_stats,
         .total_stats = total_stats,
+        .fingerprint = nd->cfg.node_model_fingerprint,
+        .fingerprint_set = fingerprint_set,
+        .peers = nd->peers != NULL ? list_peers : NULL,
         .collect_arg = nd,
     };
     int rc = kvt_engine_server_create(&ec, &nd->engines);
@@ -931,6 +1042,8 @@ int kvt_node_progress(struct kvt_node *nd)
     for (size_t i = 0; i < nd->n_tiers; i++)
         kvt_tier_poll(nd->tiers[i]);
     if (kvt_now_ns() - nd->last_metrics_ns >= 1000000000ull) {
+        if (nd->peers != NULL)
+            note_live(nd);
         publish_metrics(nd);
         nd->last_metrics_ns = kvt_now_ns();
     }

@@ -7,10 +7,17 @@
  * as SCM_RIGHTS with the HELLO reply; it is mapped MAP_SHARED and closed (the
  * mapping stays). A timeout, a short read or a reply that does not decode breaks
  * the connection: the socket is shut down and every later call returns the same
- * error, since the stream can no longer be trusted to be in step.
+ * error, since the stream can no longer be trusted to be in step. An ERROR frame
+ * breaks it too; its message is kept (kvtier_client_error, and kvtier_connect_ex's
+ * error buffer when it comes in answer to HELLO).
+ *
+ * The minor-1 calls (reset, has_pending_work, peers) are sent only to a node whose
+ * HELLO reply said minor >= 1: a minor-0 node would close the connection on an
+ * unknown op, so they return -EOPNOTSUPP there without asking.
  *
  * A mutex serializes calls; the buffers it guards are reused across calls. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <poll.h>
 #include <pthread.h>
@@ -39,6 +46,9 @@ struct kvtier_client {
     uint64_t id;
     uint64_t seq;
     size_t max_keys;
+    unsigned node_minor;
+    char node_fp[KVTIER_FINGERPRINT_MAX + 1];
+    char error[KVTIER_ERROR_MAX + 1]; /* the ERROR frame's message */
     struct kvtier_region region;
     struct kvt_eproto_limits lim;
     struct kvt_ebuf out;
@@ -273,7 +283,8 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
                                                           .max_keys = UINT32_MAX,
                                                           .max_params = 1u << 20,
                                                           .max_events = UINT32_MAX,
-                                                          .max_stats = UINT32_MAX},
+                                                          .max_stats = UINT32_MAX,
+                                                          .max_peers = UINT32_MAX},
                               rep);
         if (rc < 0) {
             rc = -EPROTO;
@@ -281,6 +292,8 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
         }
         if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
             rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
+            if (kvt__emsg_has(rep, KVT_EF_MESSAGE))
+                snprintf(c->error, sizeof(c->error), "%s", rep->message);
             kvt__emsg_free(rep);
             goto broken;
         }
@@ -304,7 +317,7 @@ static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *
 
 /* ---- connect / close ----------------------------------------------------------- */
 
-static int hello(struct kvtier_client *c, const char *name)
+static int hello(struct kvtier_client *c, const char *name, const char *fingerprint)
 {
     struct kvt_emsg req, rep;
     int rfd = -1;
@@ -317,9 +330,17 @@ static int hello(struct kvtier_client *c, const char *name)
     req.minor = KVTIER_PROTO_MINOR;
     snprintf(req.name, sizeof(req.name), "%s", name);
     req.has = 1u << KVT_EF_MAJOR | 1u << KVT_EF_MINOR | 1u << KVT_EF_NAME;
+    if (fingerprint != NULL && fingerprint[0] != '\0') {
+        snprintf(req.fingerprint, sizeof(req.fingerprint), "%s", fingerprint);
+        req.has |= 1u << KVT_EF_FINGERPRINT;
+    }
     rc = call(c, &req, &rep, &rfd);
     if (rc < 0)
         goto out;
+    c->node_minor =
+        kvt__emsg_has(&rep, KVT_EF_MINOR) && rep.minor < 0xffff ? (unsigned)rep.minor : 0;
+    if (kvt__emsg_has(&rep, KVT_EF_FINGERPRINT))
+        snprintf(c->node_fp, sizeof(c->node_fp), "%s", rep.fingerprint);
     if (rep.n_geom < KVT_EG_COUNT || rfd < 0) {
         rc = -EPROTO;
         goto out;
@@ -357,16 +378,38 @@ out:
     return rc;
 }
 
+/* The fields of a caller's kvtier_connect_ex that its size covers. */
+#define EX_HAS(o, field)                                                                           \
+    ((o) != NULL && (o)->size >= offsetof(struct kvtier_connect_ex, field) + sizeof((o)->field))
+
 int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *opts,
                    struct kvtier_client **client_p)
 {
+    struct kvtier_connect_ex ex = {.size = sizeof(ex)};
+
+    if (opts != NULL) {
+        ex.name = opts->name;
+        ex.timeout_ms = opts->timeout_ms;
+    }
+    return kvtier_connect_ex(socket_path, &ex, client_p);
+}
+
+int kvtier_connect_ex(const char *socket_path, const struct kvtier_connect_ex *opts,
+                      struct kvtier_client **client_p)
+{
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     struct kvtier_client *c;
-    const char *name = opts != NULL && opts->name != NULL ? opts->name : "engine";
+    const char *name = EX_HAS(opts, name) && opts->name != NULL ? opts->name : "engine";
+    const char *fp = EX_HAS(opts, fingerprint) ? opts->fingerprint : NULL;
+    int timeout = EX_HAS(opts, timeout_ms) ? opts->timeout_ms : 0;
+    char *err = EX_HAS(opts, error_len) ? opts->error : NULL;
+    size_t err_len = err != NULL ? opts->error_len : 0;
     int rc;
 
+    if (err_len > 0)
+        err[0] = '\0';
     if (socket_path == NULL || client_p == NULL || strlen(socket_path) >= sizeof(sa.sun_path) ||
-        strlen(name) > KVTIER_NAME_MAX)
+        strlen(name) > KVTIER_NAME_MAX || (fp != NULL && strlen(fp) > KVTIER_FINGERPRINT_MAX))
         return -EINVAL;
     c = kvt_calloc(1, sizeof(*c));
     if (c == NULL)
@@ -374,7 +417,7 @@ int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *op
     pthread_mutex_init(&c->lock, NULL);
     kvt__eproto_limits_default(&c->lim);
     kvt__ebuf_init(&c->out);
-    c->timeout_ms = opts != NULL && opts->timeout_ms != 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->timeout_ms = timeout != 0 ? timeout : DEFAULT_TIMEOUT_MS;
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->fd < 0) {
         rc = -errno;
@@ -385,9 +428,12 @@ int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *op
         rc = -errno;
         goto err_close;
     }
-    rc = hello(c, name);
-    if (rc < 0)
+    rc = hello(c, name, fp);
+    if (rc < 0) {
+        if (err_len > 0)
+            snprintf(err, err_len, "%s", c->error);
         goto err_close;
+    }
     *client_p = c;
     return 0;
 
@@ -434,6 +480,21 @@ uint64_t kvtier_client_id(const struct kvtier_client *c)
 size_t kvtier_client_max_keys(const struct kvtier_client *c)
 {
     return c->max_keys;
+}
+
+const char *kvtier_client_error(const struct kvtier_client *c)
+{
+    return c->error;
+}
+
+const char *kvtier_client_node_fingerprint(const struct kvtier_client *c)
+{
+    return c->node_fp;
+}
+
+unsigned kvtier_client_node_minor(const struct kvtier_client *c)
+{
+    return c->node_minor;
 }
 
 /* ---- the calls -------------------------------------------------------------------- */
@@ -850,6 +911,74 @@ double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, co
             return s->kind == KVTIER_HISTOGRAM ? (double)s->count : s->value;
     }
     return 0;
+}
+
+/* ---- reset, pending work, peers (minor 1) ---------------------------------------------- */
+
+int kvtier_reset(struct kvtier_client *c)
+{
+    struct kvt_emsg req;
+
+    if (c->node_minor < 1)
+        return -EOPNOTSUPP;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_RESET;
+    return simple_call(c, &req);
+}
+
+int kvtier_has_pending_work(struct kvtier_client *c, bool *pending_p)
+{
+    struct kvt_emsg req, rep;
+    int rc;
+
+    if (pending_p == NULL)
+        return -EINVAL;
+    if (c->node_minor < 1)
+        return -EOPNOTSUPP;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_PENDING;
+    rc = locked_call(c, &req, &rep);
+    if (rc == 0)
+        *pending_p = (rep.flags & (KVT_EPENDING_NODE | KVT_EPENDING_CLIENT)) != 0;
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_get_peers(struct kvtier_client *c, struct kvtier_peers **peers_p)
+{
+    struct kvt_emsg req, rep;
+    struct kvtier_peers *out;
+    int rc;
+
+    if (peers_p == NULL)
+        return -EINVAL;
+    if (c->node_minor < 1)
+        return -EOPNOTSUPP;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_PEERS;
+    rc = locked_call(c, &req, &rep);
+    if (rc < 0)
+        goto out;
+    out = kvt_calloc(1, sizeof(*out));
+    if (out == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    out->p = rep.peers;
+    out->n = rep.n_peers;
+    rep.peers = NULL;
+    *peers_p = out;
+out:
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+void kvtier_peers_free(struct kvtier_peers *peers)
+{
+    if (peers == NULL)
+        return;
+    kvt_free(peers->p);
+    kvt_free(peers);
 }
 
 /* ---- an engine's own region and jobs ------------------------------------------------ */

@@ -70,7 +70,7 @@ except Exception as e:
   phase "kvtierd start to /healthz"
   check "the installed kvtierd serves: /healthz answers 200 (example config)" '[ "$code" = 200 ]'
   check "kvtier status (the installed CLI) exits 0" \
-    'in_root kvtier status --socket /run/kvtier/engine.sock --metrics 127.0.0.1:9464 >"$root/tmp/status" 2>&1'
+    'in_root kvtier status --socket /run/kvtier/engine.sock >"$root/tmp/status" 2>&1'
   sed 's/^/    /' "$root/tmp/status"
   check "the engine socket is in /run/kvtier, group kvtier may connect (srw-rw----, engine.socket_mode)" \
     '[ "$(in_root stat -c %A:%U:%G /run/kvtier/engine.sock)" = srw-rw----:kvtier:kvtier ]'

@@ -179,6 +179,7 @@ static void test_defaults_without_file(void **state)
         assert_string_equal(cfg.storage_root, want);
     }
     assert_null(cfg.node_group);
+    assert_null(cfg.node_model_fingerprint);
     assert_non_null(strstr(cfg.primary_path, idhex));
     assert_null(strstr(cfg.primary_path, "{id}"));
     assert_true(cfg.storage_enabled);
@@ -487,6 +488,30 @@ static void test_node_group(void **state)
                WANT("node.group", "not a group id"));
 }
 
+/* node.model_fingerprint: unset by default, any printable text up to 255 bytes. */
+static void test_model_fingerprint(void **state)
+{
+    char *sets[] = {fx.set_region, fx.set_storage, fx.set_sock,
+                    "node.model_fingerprint=vllm:Qwen/Qwen3-0.6B:5e1f"};
+    struct kvt_config cfg;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(kvt_config_load(&cfg, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_string_equal(cfg.node_model_fingerprint, "vllm:Qwen/Qwen3-0.6B:5e1f");
+    kvt_config_free(&cfg);
+    expect_bad("node:\n  model_fingerprint: \"a\\tb\"\n", NULL, 0, 0,
+               WANT(at_line(2), "node.model_fingerprint", "control character"));
+    {
+        char big[300], set[340];
+
+        memset(big, 'x', sizeof(big) - 1);
+        big[sizeof(big) - 1] = '\0';
+        snprintf(set, sizeof(set), "node.model_fingerprint=%s", big);
+        expect_bad(NULL, (char *[]){set}, 1, 0, WANT("node.model_fingerprint", "longer than 255"));
+    }
+}
+
 static void test_malformed_yaml(void **state)
 {
     (void)state;
@@ -601,6 +626,7 @@ static void test_help(void **state)
     static const char *const every[] = {"node.id",
                                         "node.namespace",
                                         "node.group",
+                                        "node.model_fingerprint",
                                         "primary.path",
                                         "primary.size",
                                         "primary.row_bytes",
@@ -950,6 +976,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_size_suffix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_fingerprint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_yaml, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_set, setup, teardown),

@@ -584,6 +584,91 @@ static void test_pull_survives_allocation_failures(void **state)
     tn_stop(&a);
 }
 
+/* The node's reset (kvt_manager_reset_all on A) withdraws every record of A's chunks
+ * at once: the homes' directories drop them and B's new lookups MISS where they were
+ * HIT. Publications of keys removed before a flush are not sent. */
+static void test_reset_unpublishes_everything(void **state)
+{
+    struct tn a, b;
+    struct kvt_net_tier_counts ca, cb;
+    struct kvt_key keys[24];
+    struct kvt_req_ctx *ctx;
+
+    (void)state;
+    tn_start(&a, 0xA, 0);
+    tn_start(&b, 0xB, kvt_peers_port(a.p));
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    for (uint32_t i = 0; i < 24; i++)
+        key_of(300 + i, &keys[i]);
+    a_store(&a, 300, 24, NULL);
+    assert_true(WAIT_FOR(5000, ({
+                             kvt_net_tier_counts(a.net, &ca);
+                             kvt_net_tier_counts(b.net, &cb);
+                             ca.directory_records + cb.directory_records == 24;
+                         })));
+    assert_int_equal(ca.published_keys, 24);
+    assert_true(ca.directory_records > 0 && cb.directory_records > 0); /* both are homes */
+    ctx = new_req(&b);
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < 24; i++)
+                                 all &= kvt_tier_lookup(b.net, &keys[i], ctx) == KVT_HIT;
+                             all;
+                         })));
+    end_req(&b, ctx);
+
+    assert_int_equal(kvt_manager_reset_all(a.m), 0);
+    kvt_net_tier_counts(a.net, &ca);
+    assert_int_equal(ca.published_keys, 0);
+    /* A's own records of itself went at once (no step in between); B's when the
+     * UNPUBLISH arrives. */
+    assert_int_equal(ca.directory_records, 0);
+    assert_true(WAIT_FOR(5000, ({
+                             kvt_net_tier_counts(a.net, &ca);
+                             kvt_net_tier_counts(b.net, &cb);
+                             ca.directory_records + cb.directory_records == 0;
+                         })));
+    ctx = new_req(&b);
+    {
+        size_t missed = 0, answered = 0;
+        int res[24];
+
+        for (size_t i = 0; i < 24; i++)
+            res[i] = -1;
+        assert_true(WAIT_FOR(10000, ({
+                                 for (size_t i = 0; i < 24; i++) {
+                                     enum kvt_lookup_result r;
+
+                                     if (res[i] >= 0)
+                                         continue;
+                                     r = kvt_tier_lookup(b.net, &keys[i], ctx);
+                                     if (r != KVT_RETRY) {
+                                         res[i] = (int)r;
+                                         missed += r == KVT_MISS;
+                                         answered++;
+                                     }
+                                 }
+                                 answered == 24;
+                             })));
+        assert_int_equal(missed, 24);
+    }
+    end_req(&b, ctx);
+
+    /* Stored and removed within one step: never published. */
+    a_store(&a, 400, 2, NULL);
+    assert_int_equal(kvt_manager_reset_all(a.m), 0);
+    for (int i = 0; i < 50; i++)
+        spin();
+    kvt_net_tier_counts(a.net, &ca);
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(ca.directory_records + cb.directory_records, 0);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -591,6 +676,7 @@ int main(void)
         cmocka_unit_test(test_may_read_answers_from_active_leases),
         cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),
+        cmocka_unit_test(test_reset_unpublishes_everything),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

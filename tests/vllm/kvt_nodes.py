@@ -1,5 +1,6 @@
 """Real kvtierd nodes for the vLLM tests and benchmark: a cluster of N daemons on
-loopback, each with its own primary (a file in a folder of its own on /dev/shm), storage folder, engine
+loopback, each with its own primary (a /dev/shm file in a folder of its own: kvtierd
+refuses a region directly in a folder others may write), storage folder, engine
 socket and network port, sharing one cluster secret."""
 
 import os

@@ -49,6 +49,9 @@ enum kvt_tier_kind { KVT_TIER_STORAGE, KVT_TIER_NETWORK };
 struct kvt_config {
     uint64_t node_id;
     char *node_namespace;
+    /* NULL when unset (the first engine that declares one sets the node's); else
+     * 1..255 bytes without control characters. */
+    char *node_model_fingerprint;
     /* NULL when unset; else a group that exists (a name, or a number), checked at load:
      * the runtime folders are made 0750 with this group so that its engines reach the
      * socket. */

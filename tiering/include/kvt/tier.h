@@ -84,6 +84,12 @@ struct kvt_tier_ops {
     int (*arm)(struct kvt_tier *t);
     /* How full the tier is; unset: it keeps no chunks of its own. */
     int (*usage)(struct kvt_tier *t, struct kvt_tier_usage *out);
+    /* Forgets everything the tier holds (the node's cache is reset: the engine API's
+     * reset, kvt_manager_reset_all). Called with no job of the tier in flight (every
+     * tier drained, the manager took their results) and after the primary was cleared.
+     * A tier that keeps data across restarts makes sure none of it is served again,
+     * after a restart either. */
+    int (*reset)(struct kvt_tier *t);
     int (*shutdown)(struct kvt_tier *t); /* release threads and connections */
     void (*destroy)(struct kvt_tier *t); /* free; after shutdown */
 };
@@ -185,6 +191,11 @@ static inline int kvt_tier_arm(struct kvt_tier *t)
 static inline int kvt_tier_usage(struct kvt_tier *t, struct kvt_tier_usage *out)
 {
     return t->ops->usage ? t->ops->usage(t, out) : -EOPNOTSUPP;
+}
+/* -EOPNOTSUPP: the tier cannot forget what it holds (its data survives a reset). */
+static inline int kvt_tier_reset(struct kvt_tier *t)
+{
+    return t->ops->reset ? t->ops->reset(t) : -EOPNOTSUPP;
 }
 static inline int kvt_tier_shutdown(struct kvt_tier *t)
 {
