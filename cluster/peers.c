@@ -101,7 +101,8 @@ struct kvt_peers {
     size_t secret_len;
     char listen_addr[KVT_WIRE_ADDR_MAX];
     char advertise[KVT_WIRE_ADDR_MAX];
-    uint16_t port;
+    uint16_t port;           /* listened on */
+    uint16_t advertise_port; /* told to peers: port, or the configured one */
     struct peers_seed *seeds;
     size_t n_seeds;
     uint64_t hb_ns, hs_ns, linger_ns;
@@ -242,7 +243,7 @@ static void send_members(struct kvt_peers *p, struct peer_link *l, uint64_t now)
 
         if (ids[i] == p->self) {
             *w = (struct kvt_wire_member){
-                .node_id = p->self, .incarnation = p->incarnation, .port = p->port};
+                .node_id = p->self, .incarnation = p->incarnation, .port = p->advertise_port};
             snprintf(w->addr, sizeof(w->addr), "%s", p->advertise);
         } else {
             const struct kvt_member *x = kvt_members_find(p->members, ids[i]);
@@ -428,7 +429,7 @@ static void fill_hello(const struct kvt_peers *p, struct kvt_wire_msg *m, enum k
     memcpy(m->u.hello.ns, p->ns, KVT_AUTH_NS_BYTES);
     memcpy(m->u.hello.nonce, nonce, KVT_AUTH_NONCE_BYTES);
     snprintf(m->u.hello.addr, sizeof(m->u.hello.addr), "%s", p->advertise);
-    m->u.hello.port = p->port;
+    m->u.hello.port = p->advertise_port;
 }
 
 static void record_peer(struct peer_link *l, const struct kvt_wire_msg *m)
@@ -790,8 +791,8 @@ static bool tp_may_read(void *arg, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr, u
 
 static bool seed_is_self(const struct kvt_peers *p, const struct peers_seed *s)
 {
-    return s->port == p->port &&
-           (strcmp(s->host, p->advertise) == 0 || strcmp(s->host, p->listen_addr) == 0);
+    return (s->port == p->advertise_port && strcmp(s->host, p->advertise) == 0) ||
+           (s->port == p->port && strcmp(s->host, p->listen_addr) == 0);
 }
 
 static bool seed_linked(struct kvt_peers *p, size_t i)
@@ -1003,10 +1004,11 @@ int kvt_peers_create(const struct kvt_peers_config *cfg, struct kvt_peers **p_p)
         kvt_error(MOD, "listen on %s:%u: %s", p->listen_addr, cfg->listen_port, strerror(-ret));
         goto err_tp;
     }
+    p->advertise_port = cfg->advertise_port != 0 ? cfg->advertise_port : p->port;
     p->next_tick_ns = kvt_now_ns(); /* the first progress dials the seeds */
-    kvt_info(MOD, "node %llu (incarnation %llu) listening on %s:%u, %zu seed(s)",
+    kvt_info(MOD, "node %llu (incarnation %llu) listening on %s:%u, known as %s:%u, %zu seed(s)",
              (unsigned long long)p->self, (unsigned long long)p->incarnation, p->listen_addr,
-             p->port, p->n_seeds);
+             p->port, p->advertise, p->advertise_port, p->n_seeds);
     *p_p = p;
     return 0;
 

@@ -27,6 +27,7 @@
 #include <strings.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <arpa/inet.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,6 +126,12 @@ static const struct key_def keys[] = {
      "transport between peers"},
     {"network.listen", T_STR, F(network_listen), 0, "127.0.0.1", 1, 255, NULL, K_ADDR,
      "address the network tier listens on"},
+    {"network.advertise", T_STR, F(network_advertise), 0, "", 1, 255, NULL, K_ADDR | K_OPTIONAL,
+     "address peers reach this node at (default network.listen; required when that is a "
+     "wildcard such as 0.0.0.0 or ::)"},
+    {"network.advertise_port", T_PORT, F(network_advertise_port), 0, "0", 0, 65535, NULL, 0,
+     "port peers dial to reach this node (0 = network.port; differs behind a port "
+     "forward)"},
     {"network.port", T_PORT, F(network_port), 0, "7170", 0, 65535, NULL, 0,
      "port of the network tier; 0 = any free port (then node.id must be set)"},
     {"network.peers", T_PEERS, F(network_peers), F(n_network_peers), "", 0, PEERS_MAX, NULL,
@@ -532,7 +539,7 @@ static int set_string(struct kvt_config *cfg, const struct key_def *k, const cha
         snprintf(why, why_len, "longer than %" PRIu64 " characters", k->max);
         return -EINVAL;
     }
-    if ((k->flags & K_ADDR) && !valid_host(s, len, strchr(s, ':') != NULL)) {
+    if ((k->flags & K_ADDR) && len != 0 && !valid_host(s, len, strchr(s, ':') != NULL)) {
         snprintf(why, why_len, "\"%s\" is not a host name or address", s);
         return -EINVAL;
     }
@@ -1144,6 +1151,25 @@ static int check_group(struct loader *ld)
 
 /* Of two keys that disagree, the one to name: the one set last (a --set after the
  * file, a later line), else the one that was set at all, else a. */
+/* A numeric address that means "every address" (0.0.0.0, ::, [::]). */
+static bool is_wildcard(const char *addr)
+{
+    unsigned char a[sizeof(struct in6_addr)] = {0}, zero[sizeof(a)] = {0};
+    char buf[INET6_ADDRSTRLEN + 2];
+    size_t len = strlen(addr);
+
+    if (len >= 2 && addr[0] == '[' && addr[len - 1] == ']' && len - 2 < sizeof(buf)) {
+        memcpy(buf, addr + 1, len - 2);
+        buf[len - 2] = '\0';
+        addr = buf;
+    }
+    if (inet_pton(AF_INET, addr, a) == 1)
+        return memcmp(a, zero, sizeof(struct in_addr)) == 0;
+    if (inet_pton(AF_INET6, addr, a) == 1)
+        return memcmp(a, zero, sizeof(a)) == 0;
+    return false;
+}
+
 static const char *blame(const struct loader *ld, const char *a, const char *b)
 {
     int oa = origin_of(ld, a), ob = origin_of(ld, b);
@@ -1212,6 +1238,16 @@ static int finish(struct loader *ld)
                     "network.heartbeat_ms %u is not below network.lease_ms %u",
                     c->network_heartbeat_ms, c->network_lease_ms);
     }
+    /* Peers are told the address to reach this node at: never a wildcard. */
+    if (c->network_enabled && c->network_advertise != NULL && is_wildcard(c->network_advertise))
+        return fail(ld, origin_of(ld, "network.advertise"), "network.advertise",
+                    "'%s' is a wildcard: name the address peers reach this node at",
+                    c->network_advertise);
+    if (c->network_enabled && c->network_advertise == NULL && is_wildcard(c->network_listen))
+        return fail(ld, origin_of(ld, "network.listen"), "network.listen",
+                    "'%s' listens on every address; set network.advertise to the one peers "
+                    "reach this node at",
+                    c->network_listen);
     if (c->network_enabled && c->metrics_port != 0 && c->metrics_port == c->network_port &&
         strcmp(c->metrics_listen, c->network_listen) == 0) {
         key = blame(ld, "metrics.port", "network.port");

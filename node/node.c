@@ -519,6 +519,8 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
     pc.secret = secret; /* the peer links keep a copy of their own */
     pc.secret_len = secret_len;
     pc.listen_addr = nd->cfg.network_listen;
+    pc.advertise_addr = nd->cfg.network_advertise;
+    pc.advertise_port = nd->cfg.network_advertise_port;
     pc.listen_port = nd->cfg.network_port;
     pc.seeds = (const char *const *)nd->cfg.network_peers;
     pc.n_seeds = nd->cfg.n_network_peers;
@@ -861,9 +863,13 @@ static int list_peers(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_
     note_live(nd);
     out[n++] = (struct kvtier_peer){.node_id = nd->cfg.node_id,
                                     .incarnation = kvt_peers_incarnation(nd->peers),
-                                    .port = kvt_peers_port(nd->peers),
+                                    .port = nd->cfg.network_advertise_port != 0
+                                                 ? nd->cfg.network_advertise_port
+                                                 : kvt_peers_port(nd->peers),
                                     .state = KVTIER_PEER_SELF};
-    snprintf(out[0].addr, sizeof(out[0].addr), "%s", nd->cfg.network_listen);
+    snprintf(out[0].addr, sizeof(out[0].addr), "%s",
+             nd->cfg.network_advertise != NULL ? nd->cfg.network_advertise
+                                               : nd->cfg.network_listen);
     for (size_t i = 0; i < nd->n_seen && n < cap; i++) {
         const struct kvt_member *m = kvt_members_find(mem, nd->seen[i]);
         struct kvtier_peer *p = &out[n];

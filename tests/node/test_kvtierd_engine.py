@@ -46,7 +46,8 @@ def content(k):
 class Node:
     """One kvtierd with its folders under work/name (its region on /dev/shm)."""
 
-    def __init__(self, work, name, node_id, secret, storage=True, network=True, seeds=()):
+    def __init__(self, work, name, node_id, secret, storage=True, network=True, seeds=(),
+                 listen=None, advertise=None):
         self.dir = os.path.join(work, name)
         os.makedirs(self.dir, exist_ok=True)
         self.shm = "/dev/shm/kvt-py-%d-%s" % (os.getpid(), name)
@@ -54,6 +55,7 @@ class Node:
         self.log = os.path.join(self.dir, "daemon.log")
         self.node_id, self.secret, self.storage, self.network = node_id, secret, storage, network
         self.seeds = list(seeds)
+        self.listen, self.advertise = listen, advertise
         self.fingerprint = None
         self.proc = None
         self.port = None
@@ -67,8 +69,10 @@ class Node:
                   "storage:", "  enabled: %s" % ("true" if self.storage else "false"),
                   "  root: %s/storage" % self.dir, "  capacity: 128MiB",
                   "network:", "  enabled: %s" % ("true" if self.network else "false"),
-                  "  port: 0", "  peers: [%s]" % ", ".join(self.seeds),
+                  "  port: 0", "  peers: [%s]" % ", ".join('"%s"' % s for s in self.seeds),
                   "  heartbeat_ms: 100",
+                  "  listen: \"%s\"" % (self.listen or "127.0.0.1"),
+                  "  advertise: \"%s\"" % (self.advertise or ""),
                   "cluster:", "  secret_file: %s" % self.secret,
                   "engine:", "  socket: %s" % self.sock,
                   "metrics:", "  port: 0",
@@ -89,7 +93,7 @@ class Node:
                                                                self.read_log()[-3000:]))
             text = self.read_log()
             if "kvtierd: ready" in text:
-                m = re.search(r"network: node [0-9a-f]+ incarnation [0-9a-f]+ on [^:]+:(\d+)",
+                m = re.search(r"network: node [0-9a-f]+ incarnation [0-9a-f]+ on \S*:(\d+)",
                               text)
                 self.port = int(m.group(1)) if m else None
                 return
@@ -349,6 +353,38 @@ class Kvtierd(unittest.TestCase):
             eb.on_request_finished("rb2")
         b.stop()
         a.stop()
+
+    def test_three_hosts_advertised_addresses(self):
+        """A listens on every address and advertises 127.0.0.3; B and C listen on IPv6
+        ::1, C seeded with B only: C learns A's advertised address from B's member list,
+        dials it and pulls A's chunks byte for byte; peers() shows what each advertised."""
+        a = self.node("a", 0xA, storage=False, listen="0.0.0.0", advertise="127.0.0.3")
+        a.start()
+        b = self.node("b", 0xB, storage=False, listen="::1", seeds=["127.0.0.3:%d" % a.port])
+        b.start()
+        c = self.node("c", 0xC, storage=False, listen="::1", seeds=["[::1]:%d" % b.port])
+        c.start()
+        with a.client("ea") as ea, c.client("ec") as ec:
+            for _ in range(500):
+                if len([p for p in ec.peers() if p.state == kvtier.PEER_ALIVE]) == 2:
+                    break
+                time.sleep(0.02)
+            pc = {p.node_id: p for p in ec.peers()}
+            self.assertEqual(pc[0xA].state, kvtier.PEER_ALIVE)
+            self.assertEqual((pc[0xA].addr, pc[0xA].port), ("127.0.0.3", a.port))
+            self.assertEqual((pc[0xB].addr, pc[0xB].port), ("::1", b.port))
+            self.assertEqual(pc[0xC].addr, "::1")
+            self.assertEqual({p.node_id: p for p in ea.peers()}[0xA].addr, "127.0.0.3")
+            keys = [key("adv", i) for i in range(4)]
+            store(ea, "sa", keys)
+            ec.on_new_request("rc")
+            self.assertEqual(resolve(ec, "rc", keys), [kvtier.HIT] * 4)
+            load_and_check(self, ec, "rc", keys)
+            ec.on_request_finished("rc")
+            self.assertGreaterEqual({p.node_id: p for p in ec.peers()}[0xA].pulled_bytes,
+                                    4 * ROW)
+        for n in (c, b, a):
+            n.stop()
 
 
 if __name__ == "__main__":

@@ -918,6 +918,40 @@ static void test_network_fetch_keys(void **state)
                WANT(at_line(2), "network.fetches_per_peer"));
 }
 
+/* network.advertise: what peers are told; a wildcard listen address needs one, and an
+ * advertised wildcard is refused, each naming the key and its line. */
+static void test_network_advertise(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_null(cfg.network_advertise);
+    kvt_config_free(&cfg);
+    write_file(fx.conf, "network:\n  listen: 0.0.0.0\n  advertise: 10.1.2.3\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_string_equal(cfg.network_listen, "0.0.0.0");
+    assert_string_equal(cfg.network_advertise, "10.1.2.3");
+    kvt_config_free(&cfg);
+    write_file(fx.conf, "network:\n  listen: \"::\"\n  advertise: \"fd00::5\"\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_string_equal(cfg.network_advertise, "fd00::5");
+    kvt_config_free(&cfg);
+    expect_bad("network:\n  port: 7170\n  listen: 0.0.0.0\n", NULL, 0, 0,
+               WANT(at_line(3), "network.listen", "network.advertise"));
+    expect_bad("network:\n  listen: \"::\"\n", NULL, 0, 0,
+               WANT(at_line(2), "network.listen", "every address"));
+    expect_bad("network:\n  listen: \"::1\"\n  advertise: \"0:0::0\"\n", NULL, 0, 0,
+               WANT(at_line(3), "network.advertise", "wildcard"));
+    expect_bad("network:\n  advertise: \"a b\"\n", NULL, 0, 0,
+               WANT(at_line(2), "network.advertise", "not a host name"));
+    /* Without a network tier, nothing is advertised: a wildcard is fine. */
+    write_file(fx.conf, "network:\n  enabled: false\n  listen: 0.0.0.0\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    kvt_config_free(&cfg);
+}
+
 /* A copy owns its strings and peer list: equal by dump, unchanged when the original
  * goes; out of memory at any allocation fails whole and leaks nothing (the test
  * allocator and ASan). */
@@ -988,6 +1022,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deep_nesting_refused_quickly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_huge_file_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_and_metrics_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_advertise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_fetch_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy, setup, teardown),
     };

@@ -87,6 +87,7 @@ struct kvt_peers_config {
     const char *listen_addr;    /* "127.0.0.1" */
     uint16_t listen_port;       /* 0: any (kvt_peers_port tells) */
     const char *advertise_addr; /* sent to peers; NULL = listen_addr */
+    uint16_t advertise_port;    /* sent to peers; 0 = the port listened on */
     const char *const *seeds;   /* "host:port" */
     size_t n_seeds;
     uint32_t heartbeat_ms;                 /* 0 = 500 */

@@ -74,6 +74,8 @@ struct kvt_config {
 
     bool network_enabled;
     char *network_listen;
+    char *network_advertise;        /* what peers are told; NULL: network_listen */
+    uint16_t network_advertise_port; /* what peers are told; 0: network_port */
     uint16_t network_port; /* 0: any */
     enum kvt_transport_kind network_transport;
     char **network_peers; /* "host:port" or "[v6]:port" seeds */
