@@ -1,4 +1,4 @@
-/* AsyncLookupManager (spec §4.3, seed 004): the asynchronous existence check that
+/* AsyncLookupManager: the asynchronous existence check that
  * slow secondary tiers (fs, obj) compose. The tier answers its lookups from a cache
  * of per-key states; keys never seen before are collected into this step's batch,
  * which flush() hands to one worker thread as a single queue item; the worker runs
@@ -27,17 +27,17 @@
  *   keys, not the cache size. A key is in a request's set iff the request counts
  *   towards the key's current state, so the set's value is that state.
  *
- * Two departures from the seed, both where the seed would trip an assertion on a
+ * Two departures from vLLM, both where vLLM would trip an assertion on a
  * reachable path: mark_miss() on a PENDING state makes flush() skip it (no probe
  * needed any more), and mark_miss() on an IN_FLIGHT state makes the eventual result
  * be dropped (probe_out), so the miss sticks.
  *
- * Threads: the seed uses two queues and no lock because Python's queues lock for
+ * Threads: vLLM uses two queues and no lock because Python's queues lock for
  * it. Here one mutex guards both lists (requests: scheduler -> worker; results:
  * worker -> scheduler) and the counters; the worker waits on work_cv, wait_idle()
  * on idle_cv. The worker touches only the item it took (keys, contexts it does not
  * reference-count, found[]), so it never allocates and never sees scheduler state.
- * Shutdown is the seed's sentinel: the worker finishes every item posted before it.
+ * Shutdown is vLLM's sentinel: the worker finishes every item posted before it.
  */
 #include <assert.h>
 #include <errno.h>

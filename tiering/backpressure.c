@@ -1,4 +1,4 @@
-/* Back-pressure detection for secondary tiers (spec §5.2-5.3, vLLM's
+/* Back-pressure detection for secondary tiers (vLLM's
  * EMABackpressureDetector with ThrottledDropPolicy / DropStorePolicy).
  *
  * A tier that cannot keep up with cascade stores pins primary chunks for as long

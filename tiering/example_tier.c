@@ -1,4 +1,4 @@
-/* The in-memory example tier (spec §4.4, vLLM's ExampleSecondaryTierManager) and
+/* The in-memory example tier (vLLM's ExampleSecondaryTierManager) and
  * the test double every manager test drives.
  *
  * Keys live in a map (key -> row copy, or a marker when bytes are not kept).

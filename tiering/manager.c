@@ -1,17 +1,17 @@
-/* The tiering manager: vLLM's TieringOffloadingManager (the seed,
- * reference/tiering_manager.py.txt), rule for rule (spec §3).
+/* The tiering manager: vLLM's TieringOffloadingManager
+ * (vllm/v1/kv_offload/tiering/manager.py), rule for rule.
  *
  * State, all owned by the scheduler thread:
  *   jobs             job id -> {job, tier_idx}: every cascade and promotion in flight
  *   pending_loads[i] req_id -> {ctx, keys, slots}: promotions allocated by lookups in
  *                    this step, submitted at step end as one job per (tier, request);
- *                    pending_tier_order keeps the tiers' first-use order (the seed's
+ *                    pending_tier_order keeps the tiers' first-use order (vLLM's
  *                    dict insertion order, which decides job ids)
  *   req_state        req_id -> {ctx, pending primary stores, finished, request-level
  *                    tiers, parked cascade keys}
  *   processed_jobs_this_step  the once-per-step polling gate
  *
- * The order inside on_schedule_end is the seed's: poll, serve external requests,
+ * The order inside on_schedule_end is vLLM's: poll, serve external requests,
  * reset the gate, flush promotions, flush parked cascades, tiers' on_schedule_end,
  * request-allocated metrics. Tests depend on the gate: a job completed in step N
  * after the step's first poll is consumed in step N+1 by lookups, but by the next

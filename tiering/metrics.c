@@ -1,4 +1,4 @@
-/* TieringMetricsTracker (spec §5.5), a port of vLLM's tiering/metrics.py:
+/* TieringMetricsTracker, a port of vLLM's tiering/metrics.py:
  * - per request, per tier label, per key: whether a resolved lookup was already
  *   counted, or when the first RETRY started (async delay); nothing is counted after
  *   the request was allocated;

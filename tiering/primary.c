@@ -451,7 +451,7 @@ static size_t pr_num_free(const struct kvt_primary *p)
     return p->n_free_list + p->cfg.num_chunks - p->num_allocated;
 }
 
-/* Fresh slots in order first, then the LIFO free list (spec §2.1's pinned ids). */
+/* Fresh slots in order first, then the LIFO free list (pinned ids). */
 static uint32_t pr_alloc_slot(struct kvt_primary *p)
 {
     if (p->num_allocated < p->cfg.num_chunks)

@@ -1,4 +1,4 @@
-/* The shared primary region (the seed's SharedOffloadRegion).
+/* The shared primary region (vLLM's SharedOffloadRegion).
  *
  * One file, mapped MAP_SHARED by the node and by every engine worker (kvtierd puts
  * it in its private runtime folder on a tmpfs, node/README.md). Layout ("interleaved
@@ -63,7 +63,7 @@
 
 #define REGION_LOG                  "region"
 #define REGION_POLL_NS              5000000L /* joiner poll interval: 5 ms */
-#define REGION_DEFAULT_JOIN_TIMEOUT 30.0     /* seconds, the seed's default */
+#define REGION_DEFAULT_JOIN_TIMEOUT 30.0     /* seconds, vLLM's default */
 #define REGION_OPEN_ATTEMPTS        16       /* create/join retries if the file vanishes */
 
 static void region_reset(struct kvt_region *r)

@@ -1,4 +1,4 @@
-/* The tiering vocabulary: keys, tier filters (spec §1.2), request contexts
+/* The tiering vocabulary: keys, tier filters, request contexts
  * (reference counted, atomically, since the async-lookup worker holds references),
  * and event lists. */
 #include <ctype.h>

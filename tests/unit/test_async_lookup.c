@@ -1,5 +1,5 @@
-/* AsyncLookupManager (spec §4.3) against vLLM's scenarios
- * (tests/v1/kv_offload/tiering/test_async_lookup.py, spec §6.3), then the seed's
+/* AsyncLookupManager against vLLM's scenarios
+ * (tests/v1/kv_offload/tiering/test_async_lookup.py), then vLLM's
  * remaining rules: generations, in-flight orphans, grouping per request, failed
  * batches, the drain timing, allocation failures.
  *
@@ -452,7 +452,7 @@ static void test_enqueue_once_invariant_enforced(void **state)
     fx_done(fx);
 }
 
-/* ---- the seed's remaining rules -------------------------------------------------- */
+/* ---- vLLM's remaining rules -------------------------------------------------- */
 
 /* Each new state gets the next generation; a result stamped with an older one
  * (the key was cleaned up and looked up again) is ignored. */
@@ -661,7 +661,7 @@ static void test_failed_batch_is_all_not_found(void **state)
 }
 
 /* mark_miss on a key whose probe is in flight: the miss sticks when the (found)
- * result arrives, instead of the seed's assertion. */
+ * result arrives, instead of vLLM's assertion. */
 static void test_mark_miss_in_flight_sticks(void **state)
 {
     struct fx *fx = FX(1);

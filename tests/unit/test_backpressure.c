@@ -1,5 +1,5 @@
-/* The back-pressure detector (spec §5.2-5.4) against vLLM's scenarios
- * (tests/v1/kv_offload/tiering/test_backpressure.py, spec §6.2), plus
+/* The back-pressure detector against vLLM's scenarios
+ * (tests/v1/kv_offload/tiering/test_backpressure.py), plus
  * default_config, create's -EINVAL cases and pop_dropped's return-and-reset.
  *
  * Upstream patches time.monotonic and pokes private fields; here the clock is
@@ -385,7 +385,7 @@ static void test_warmup_seeds_ema_with_mean(void **state)
     assert_false(kvt_bp_is_under_pressure(bp));
     kvt_bp_on_store_completed(bp, elapsed_for(3000, 2 * ROW), 2 * ROW);
     assert_float_equal(kvt_bp_ema(bp), 6000, 1e-9);
-    assert_false(kvt_bp_is_under_pressure(bp)); /* the seed decides nothing */
+    assert_false(kvt_bp_is_under_pressure(bp)); /* vLLM's detector decides nothing */
     assert_int_equal(state_of(bp).completions, 3);
     /* The first sample after warmup does decide. */
     kvt_bp_on_store_completed(bp, elapsed_for(6000, ROW), ROW);

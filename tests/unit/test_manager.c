@@ -1,6 +1,6 @@
 /* The tiering manager against vLLM's own scenarios
- * (tests/v1/kv_offload/tiering/test_tiering_offloading.py, spec §6.1) and the
- * manager-level back-pressure scenarios (test_backpressure.py, spec §6.2).
+ * (tests/v1/kv_offload/tiering/test_tiering_offloading.py) and the
+ * manager-level back-pressure scenarios (test_backpressure.py).
  *
  * Fixture as upstream: a primary of 5 chunks with 16-byte rows and two example
  * tiers; keys kt_key(i) = make_offload_key(str(i).encode(), 0); a step is
@@ -1191,7 +1191,7 @@ static void test_parse_tier_filter(void **state)
     assert_true(kvt_tier_filter_allows(&f, KVT_ANY, KVT_REMOTE));
 }
 
-/* ---- seed rules beyond the upstream file ------------------------------------ */
+/* ---- vLLM manager rules beyond its test file ------------------------------------ */
 
 /* #53062: a request-level cascade of a chunk whose primary write is in flight parks
  * the key, holds finalization and reports pending work until the write resolves. */

@@ -1,5 +1,5 @@
-/* TieringMetricsTracker (spec §6.4, vLLM's tests/v1/kv_offload/tiering/test_metrics.py)
- * and OffloadingConnectorStats (spec §5.6). */
+/* TieringMetricsTracker (vLLM's tests/v1/kv_offload/tiering/test_metrics.py)
+ * and OffloadingConnectorStats. */
 #include <errno.h>
 #include <string.h>
 

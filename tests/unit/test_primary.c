@@ -1,5 +1,5 @@
-/* The CPU primary tier against vLLM's tests/v1/kv_offload/cpu/test_manager.py
- * (spec §6.6), then what the C contract adds: misuse is -EINVAL and changes
+/* The CPU primary tier against vLLM's tests/v1/kv_offload/cpu/test_manager.py,
+ * then what the C contract adds: misuse is -EINVAL and changes
  * nothing, generations, checksums, duplicate keys, the index under churn.
  *
  * Keys are kt_key(i) = make_offload_key(str(i).encode(), 0), as upstream.
@@ -544,7 +544,7 @@ static void test_evictable_cache_block_count(void **state)
     fx_free(f);
 }
 
-/* ---- spec §2.3 LRU touch order ------------------------------------------ */
+/* ---- LRU touch order ---------------------------------------------------- */
 
 static void test_lru_touch_reverses_prefix(void **state)
 {

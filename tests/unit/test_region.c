@@ -1,5 +1,5 @@
 /* Tests for the shared primary region (tiering/region.c), ported one for one from
- * vLLM's tests/v1/kv_offload/cpu/test_shared_offload_region.py (spec §6.7), plus a
+ * vLLM's tests/v1/kv_offload/cpu/test_shared_offload_region.py, plus a
  * few of our own for the C contract (geometry checks, joiner timeout, pre-fault).
  *
  * Every region lives in one fresh directory per run, under $KVT_TEST_TMPDIR or

@@ -1,5 +1,5 @@
 /* The order in which the storage tier's I/O threads take work (issue 7: "a pool of
- * read and write threads, shortest-job-first queues, reads preferred"; spec §4.5,
+ * read and write threads, shortest-job-first queues, reads preferred";
  * vLLM's DualQueueThreadPool and fs/policy.py):
  * - stores: shortest job first over 32 log2(bytes) buckets, first come first served
  *   inside a bucket;

@@ -1,5 +1,5 @@
 /* The storage tier (tiering/storage_tier.c, storage_io.c) against vLLM's fs-tier
- * scenarios (tests/v1/kv_offload/tiering/test_fs_tier.py, spec §6.5) and what kvtier
+ * scenarios (tests/v1/kv_offload/tiering/test_fs_tier.py) and what kvtier
  * adds to them (issue 7): checksums under injected bit flips, ENOSPC and EIO through
  * the fault hook, a vanished root, warm restart, the LRU capacity bound with pinned
  * reads, and concurrency (this file also runs under TSan). SIGKILL during writes,
@@ -576,7 +576,7 @@ static void test_multiple_jobs_tracked_independently(void **state)
 }
 
 /* One missing file of three: one failed result with the two that loaded; the missing
- * key becomes a MISS (the seed's mark_miss, #49328). */
+ * key becomes a MISS (vLLM's mark_miss, #49328). */
 static void test_multi_block_job_partial_failure(void **state)
 {
     struct fx *f = fx_new(8192, 16);

@@ -172,7 +172,7 @@ __attribute__((format(printf, 2, 3))) static int fail(struct line_err *e, const 
     return -EINVAL;
 }
 
-/* kv_transfer_params["kv_load_tiers"] -> the request's tier filter (spec §1.2). */
+/* kv_transfer_params["kv_load_tiers"] -> the request's tier filter. */
 static void parse_load_tiers(json_t *params, struct kvt_tier_filter *f)
 {
     json_t *list = json_is_object(params) ? json_object_get(params, "kv_load_tiers") : NULL;

@@ -1,4 +1,4 @@
-/* The verbs backend of the transport interface (kvt/transport.h, DESIGN.md §7):
+/* The verbs backend of the transport interface (kvt/transport.h):
  * librdmacm for connection setup, RC QPs, SEND/RECV for control messages and
  * chained RDMA READs for data.
  *

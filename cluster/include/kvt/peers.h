@@ -1,4 +1,4 @@
-/* Peer links (DESIGN.md §5): the authenticated connections of one node to the
+/* Peer links: the authenticated connections of one node to the
  * others, over one transport, with membership on top.
  *
  * A kvt_peers owns its transport (opened from cfg->transport, with its own

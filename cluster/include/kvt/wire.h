@@ -1,4 +1,4 @@
-/* The wire codec (DESIGN.md §5-§7): every control message kvtier nodes exchange,
+/* The wire codec: every control message kvtier nodes exchange,
  * framed for byte streams and decoded with bounds a peer cannot get around.
  *
  * Frame: [u32 big-endian body length][body]; the body is one msgpack map keyed by

@@ -1,4 +1,4 @@
-/* AsyncLookupManager of spec §4.3 (seed 004): a reusable asynchronous existence
+/* AsyncLookupManager: a reusable asynchronous existence
  * check for secondary tiers with slow lookups. Scheduler-thread state (lookup
  * states, reverse index, batch) needs no lock; one worker thread runs batch_lookup
  * on one queue item per step and posts one result list per item.

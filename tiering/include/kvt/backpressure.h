@@ -1,4 +1,4 @@
-/* EMA back-pressure detector of spec §5.2-5.3 (seconds per MiB), with the
+/* EMA back-pressure detector (seconds per MiB), with the
  * throttled-drop and drop-store policies, idle decay, cooldown and healthy bypass.
  * Single-threaded: owned by a tier, driven by the manager on the scheduler thread.
  * Time comes from kvt_now_s() so tests can fake it. */

@@ -1,4 +1,4 @@
-/* The in-memory example tier (spec §4.4): the template for real tiers and the
+/* The in-memory example tier: the template for real tiers and the
  * workhorse of the tests. With no options it behaves exactly like vLLM's
  * ExampleSecondaryTierManager (synchronous, every job finished at once). Options
  * add what tests need: held or delayed completions, random failures, a first

@@ -1,4 +1,4 @@
-/* The tiering manager (spec §3, the seed's TieringOffloadingManager): the CPU
+/* The tiering manager (vLLM's TieringOffloadingManager): the CPU
  * primary tier in front of ordered secondary tiers. Every chunk stored in the
  * primary is cascaded to every secondary tier (one job and one pin per tier);
  * secondary hits are promoted into freshly allocated primary slots at step end,

@@ -1,4 +1,4 @@
-/* TieringMetricsTracker (spec §5.5): per-request lookup observations, job
+/* TieringMetricsTracker: per-request lookup observations, job
  * accounting per tier, allocation failures; take_stats pops counters and
  * re-emits gauges. Tier labels: "0:primary", "<i+1>:<type>". */
 #ifndef KVT_METRICS_H

@@ -149,7 +149,7 @@ void kvt_primary_touch(struct kvt_primary *p, const struct kvt_key *keys, size_t
 void kvt_primary_reset_cache(struct kvt_primary *p);
 /* Moves the pending events to out (empty unless enable_events). */
 int kvt_primary_take_events(struct kvt_primary *p, struct kvt_events *out);
-/* Usage gauges and the allocation-size histogram (spec §2.2). Never empty. */
+/* Usage gauges and the allocation-size histogram. Never empty. */
 int kvt_primary_get_stats(struct kvt_primary *p, struct kvt_stats *out);
 
 /* Geometry and memory. */

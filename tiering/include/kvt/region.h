@@ -1,4 +1,4 @@
-/* The shared primary region (spec §2.5, the seed's SharedOffloadRegion): one file,
+/* The shared primary region (vLLM's SharedOffloadRegion): one file,
  * on a tmpfs, of num_chunks rows of num_workers * page_bytes, mapped
  * MAP_SHARED by the node and by every engine worker.
  *

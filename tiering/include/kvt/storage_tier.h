@@ -1,5 +1,5 @@
 /* The storage tier: a secondary tier that keeps chunks in files on a local disk, when
- * memory is full and across restarts (spec §4.5, vLLM's fs tier, plus what it lacks:
+ * memory is full and across restarts (vLLM's fs tier, plus what it lacks:
  * a capacity bound with LRU eviction, an in-memory index, checksums, warm restart).
  *
  * Layout under cfg.root (every folder 0700, every file 0600, all of the tier's user):

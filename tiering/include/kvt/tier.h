@@ -28,7 +28,7 @@
  *   counter, and repaired by the next step, TTL or re-publication where it can be.
  *
  * A tier that caches positive lookup verdicts must invalidate them when one of its
- * own loads fails or is refused (seed livelock rule, #49176). */
+ * own loads fails or is refused (vLLM's livelock rule, vLLM PR #49176). */
 #ifndef KVT_TIER_H
 #define KVT_TIER_H
 

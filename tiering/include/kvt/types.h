@@ -1,4 +1,4 @@
-/* The vocabulary of the tiering core (spec §1): keys, lookup results, tier filters,
+/* The vocabulary of the tiering core: keys, lookup results, tier filters,
  * request contexts, transfer jobs and their results, offloading events.
  *
  * Ownership in one line each:
@@ -35,7 +35,7 @@ void kvt_key_to_hex(const struct kvt_key *key, char *buf);
 /* -EINVAL for odd length, non-hex characters or a length outside 1..64 bytes. */
 int kvt_key_from_hex(struct kvt_key *key, const char *hex);
 
-/* LookupResult (spec §1.4). */
+/* LookupResult. */
 enum kvt_lookup_result {
     KVT_MISS = 0,
     KVT_HIT,
@@ -44,7 +44,7 @@ enum kvt_lookup_result {
 };
 const char *kvt_lookup_result_name(enum kvt_lookup_result r);
 
-/* Medium / Locality (spec §1.2); KVT_ANY is Python's None ("any / unconstrained"). */
+/* Medium / Locality; KVT_ANY is Python's None ("any / unconstrained"). */
 #define KVT_ANY (-1)
 enum kvt_medium { KVT_MEDIUM_CPU = 0, KVT_MEDIUM_STORAGE = 1 };
 enum kvt_locality { KVT_LOCAL = 0, KVT_REMOTE = 1 };
@@ -70,12 +70,12 @@ struct kvt_tier_filter_entry {
     const char *medium;
     const char *locality;
 };
-/* The parsing rules of spec §1.2: not a list -> ALL; [] -> deny all; invalid
+/* The parsing rules: not a list -> ALL; [] -> deny all; invalid
  * entries skipped; all of a non-empty list invalid -> ALL; [{}] -> unconstrained. */
 void kvt_tier_filter_parse(struct kvt_tier_filter *f, bool is_list,
                            const struct kvt_tier_filter_entry *entries, size_t n);
 
-/* OffloadPolicy (spec §1.5). */
+/* OffloadPolicy. */
 enum kvt_offload_policy {
     KVT_CHUNK_LEVEL = 0,
     KVT_REQUEST_LEVEL = 1,
@@ -84,7 +84,7 @@ enum kvt_offload_policy {
 #define KVT_REQ_ID_MAX 127
 #define KVT_MAX_TIERS  8
 
-/* ReqContext (spec §1.3). Tiers keep per-request typed state in tier_state[their
+/* ReqContext. Tiers keep per-request typed state in tier_state[their
  * index], set in on_new_request and released in on_request_finished. */
 struct kvt_req_ctx {
     char req_id[KVT_REQ_ID_MAX + 1];
@@ -100,7 +100,7 @@ int kvt_req_ctx_create(const char *req_id, const char *params_json, struct kvt_r
 struct kvt_req_ctx *kvt_req_ctx_ref(struct kvt_req_ctx *ctx);
 void kvt_req_ctx_unref(struct kvt_req_ctx *ctx);
 
-/* ScheduleEndContext (spec §1.6). */
+/* ScheduleEndContext. */
 struct kvt_schedule_end_ctx {
     const char *const *new_req_ids;
     size_t n_new;
@@ -110,7 +110,7 @@ struct kvt_schedule_end_ctx {
 
 typedef uint64_t kvt_job_id_t;
 
-/* TransferJob (spec §1.9). chunk_ids[i] is the primary slot of keys[i]. */
+/* TransferJob. chunk_ids[i] is the primary slot of keys[i]. */
 struct kvt_job {
     kvt_job_id_t id;
     size_t n;
@@ -121,7 +121,7 @@ struct kvt_job {
     uint64_t submit_ns; /* kvt_now_ns() at creation; back-pressure latency origin */
 };
 
-/* JobResult (spec §1.9). successful_keys: on a failed promotion, the subset that did
+/* JobResult. successful_keys: on a failed promotion, the subset that did
  * load (NULL/0 = every key failed); ignored when success. transfer_bytes < 0 means
  * "not reported" (the manager then uses n * row bytes). */
 struct kvt_job_result {
@@ -133,7 +133,7 @@ struct kvt_job_result {
     int64_t transfer_bytes;
 };
 
-/* OffloadingEvent (spec §1.7). */
+/* OffloadingEvent. */
 struct kvt_event {
     struct kvt_key *keys;
     size_t n;

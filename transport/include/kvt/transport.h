@@ -1,4 +1,4 @@
-/* The transport interface (DESIGN.md §7): how kvtier nodes move bytes.
+/* The transport interface: how kvtier nodes move bytes.
  *
  * A transport is one backend instance (a UCP context + worker, or an rdma_cm event
  * channel + PD + CQ) owned by one thread, the node's loop: every call and every
