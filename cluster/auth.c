@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer authentication (see kvt/auth.h). OpenSSL's HMAC and SHA-256 in one place;
  * CRYPTO_memcmp so that a proof check takes the same time wherever it differs. */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The location directory (see kvt/directory.h): a byte-keyed map from key to a small
  * heap record holding up to max_holders holders, most recent first. Records are
  * tiny and holders per key are few (a chunk lives on the few nodes that computed or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Membership table (see kvt/members.h): a small array (clusters are tens of nodes)
  * scanned linearly, and a bounded ring of events that the network tier drains each
  * step. If the ring overflows the oldest events are dropped and the epoch still

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier's loads (net_tier_int.h), in the order a fetch happens:
  *
  *   submit_load   the job's keys, grouped by the holder their lookup found, become

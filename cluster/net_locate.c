@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier's lookups and the location directory (net_tier_int.h).
  *
  * Requester: the manager's lookup goes through the async lookup helper, whose worker

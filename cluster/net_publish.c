@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier's holder side of the directory (net_tier_int.h): what this node
  * holds is published to each key's home, what the primary evicts is unpublished.
  *

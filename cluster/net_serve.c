@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier's holder side (net_tier_int.h): peers' FETCHes served through the
  * parent, and the leases that keep the granted rows pinned while peers read them.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier (kvt/net_tier.h): the other nodes' primary tiers as this node's
  * slowest secondary tier. This file is the tier itself - the ops table, create and
  * destroy, the poll, finished jobs, stats - and the peer callbacks, which hand each

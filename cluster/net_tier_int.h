@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Private parts of the network tier (kvt/net_tier.h), shared by its five files:
  *   net_tier.c     the ops table, create/destroy, the poll, finished jobs, stats and
  *                  the peer callbacks that fan out to the roles below

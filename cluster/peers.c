@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer links (see kvt/peers.h): one transport, a list of links, the member table.
  *
  * Link states:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Rendezvous hashing (see kvt/placement.h). The score is XXH3-64 of the key seeded
  * with the node id: one pass over the key per member, no allocation, and a good
  * spread even for node ids 1, 2, 3. O(members) per key is fine for clusters of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire codec: message bodies to and from msgpack (layout and error codes in
  * kvt/wire.h; framing in wire_frame.c).
  *

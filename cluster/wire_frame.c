@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Framing of wire messages: [u32 big-endian body length][body] (kvt/wire.h).
  *
  * The stream reader is a two-state machine per frame: HEADER (collecting the 4

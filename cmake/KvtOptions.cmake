@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Build options shared by every target.
 #   KVT_SANITIZE=address,undefined | thread   sanitizers for everything built
 #   KVT_WERROR=ON                             warnings are errors (CI)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes the C file behind <kvt/version.h>: the project version and the git revision
 # of the source tree, taken when the build runs (not when CMake configured), so a
 # commit followed by a plain rebuild shows the new revision. The file is rewritten

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Allocation with an injectable failure point for tests. The counter is atomic so
  * tier threads may allocate too. */
 #include <fcntl.h>

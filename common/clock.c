@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Monotonic nanoseconds, overridable by tests that need to fake elapsed time, and
  * cheap ticks for short durations (the time-stamp counter, its rate measured once
  * against the monotonic clock). */

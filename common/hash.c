@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* XXH3-64 wrappers, so only this file includes <xxhash.h>. Where the library has
  * them (KVT_XXH3_DISPATCH, found by common/CMakeLists.txt), its runtime-dispatched
  * entry points pick AVX2/AVX-512 when the CPU has them (the plain ones are SSE2:

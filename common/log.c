@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Logging: one line per event on stderr, "<time> <level> <module>: text", the time
  * in UTC to the microsecond (RFC 3339). When stderr is systemd's journal (the
  * JOURNAL_STREAM it exports names our stderr), the line starts with the syslog

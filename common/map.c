@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Byte-keyed hash map. Layout: a dense entry array in insertion order (deleted
  * entries stay as holes until the next growth compacts them) and a power-of-two
  * probe table of entry indices (+1; 0 = empty slot). Linear probing; deletion

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bounded msgpack reading (kvt/mpcheck.h): a header parser and an iterative walker
  * over a whole body, so that a peer's declared lengths are checked against the bytes
  * present before any decoder allocates.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Private directories and files on a shared host (see kvt/safe_path.h for the rules).
  *
  * Why a walk of our own and not realpath() + checks: between a check by name and an

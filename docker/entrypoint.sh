@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The kvtier container's entrypoint (docker/README.md); tini runs it as PID 1's child.
 #
 #   kvtier-entrypoint [daemon] [kvtierd args...]  config from env, folders, kvtierd

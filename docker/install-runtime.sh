@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The runtime image's install step (docker/README.md). The Dockerfile's runtime stage
 # runs it on debian:12 with the package the builder made; tests/docker/test_rootfs.sh
 # runs the same script in a Debian 12 root made with debootstrap, so the root that

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's configuration (see kvt/config.h for the keys' rules).
  *
  * One table, `keys[]`, names every key with its type, the field it fills, its default

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The local engine API server (contract in kvt/engine_api.h, wire format in
  * kvtier/engine_proto.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Attached regions and jobs of the engine API: how an engine that keeps its own
  * CPU region (vLLM's primary tier, a shared-memory file) uses kvtier as a
  * secondary tier.

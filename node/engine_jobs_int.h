@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine API's attached regions and jobs (node/engine_jobs.c), private to
  * kvt_node: node/engine_api.c dispatches ATTACH and JOBS here and calls
  * kvt__ejobs_progress on every pass of its loop. */

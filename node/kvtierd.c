@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd: the kvtier node daemon. The node itself (runtime folders, lock, region,
  * tiers, peers, manager, engine API, /metrics) is kvt_node (kvt/node.h); this file is
  * what makes it a daemon: its command line, its signals, systemd's notify protocol

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's /metrics and /healthz (see kvt/metrics_http.h): a small HTTP/1.x server on
  * one thread of its own, poll() over an eventfd (stop), the listen socket and at most
  * max_connections connections.

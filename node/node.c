@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvt_node: the assembly of one kvtier node from its configuration (kvt/node.h), for
  * kvtierd and kvtier-simnode alike.
  *
@@ -864,8 +865,8 @@ static int list_peers(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_
     out[n++] = (struct kvtier_peer){.node_id = nd->cfg.node_id,
                                     .incarnation = kvt_peers_incarnation(nd->peers),
                                     .port = nd->cfg.network_advertise_port != 0
-                                                 ? nd->cfg.network_advertise_port
-                                                 : kvt_peers_port(nd->peers),
+                                                ? nd->cfg.network_advertise_port
+                                                : kvt_peers_port(nd->peers),
                                     .state = KVTIER_PEER_SELF};
     snprintf(out[0].addr, sizeof(out[0].addr), "%s",
              nd->cfg.network_advertise != NULL ? nd->cfg.network_advertise

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* This process's figures for /metrics (kvt/proc_stats.h), from /proc/self as
  * Prometheus's client libraries take them:
  *   /proc/self/stat   utime + stime (clock ticks), starttime (ticks after boot), rss

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The Prometheus text exposition format (0.0.4) for kvtierd's /metrics: running totals
  * of the tiering core's stats deltas, and one renderer for them and the node's own
  * samples (see kvt/prom.h for the naming rules).

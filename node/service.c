@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd and its service manager: the sd_notify messages of a Type=notify unit.
  *
  *   start -> READY=1 (+STATUS) once the engine socket and /metrics serve

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* AsyncLookupManager: the asynchronous existence check that
  * slow secondary tiers (fs, obj) compose. The tier answers its lookups from a cache
  * of per-key states; keys never seen before are collected into this step's batch,

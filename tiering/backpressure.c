@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Back-pressure detection for secondary tiers (vLLM's
  * EMABackpressureDetector with ThrottledDropPolicy / DropStorePolicy).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The in-memory example tier (vLLM's ExampleSecondaryTierManager) and
  * the test double every manager test drives.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiering manager: vLLM's TieringOffloadingManager
  * (vllm/v1/kv_offload/tiering/manager.py), rule for rule.
  *

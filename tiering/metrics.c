@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* TieringMetricsTracker, a port of vLLM's tiering/metrics.py:
  * - per request, per tier label, per key: whether a resolved lookup was already
  *   counted, or when the first RETRY started (async delay); nothing is counted after

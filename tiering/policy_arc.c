@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* ARC as vLLM's CPU tier drives it: T1 holds entries used once, T2 entries a
  * request reused; the ghost lists B1/B2 remember what T1/T2 evicted, and a store
  * miss on a ghost moves the target size of T1 (target_t1_size, 0..capacity)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* LRU, vLLM's rank LRU as its CPU tier drives it: every entry has a rank, a new
  * one at insert and another at its request's finish, and the entry of lowest rank
  * that can be evicted goes first. vLLM keeps (rank, key) in a lazy heap of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CPU primary tier: entries per slot, the key index, the slot allocator, the
  * ref-count state machine and its counters, events and gauges, and the record of
  * each request's cache access (vLLM's _RequestCacheAccess). The recency order and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The primary tier's private layout, shared by primary.c and the cache policies
  * (policy_lru.c, policy_arc.c).
  *
@@ -91,7 +92,7 @@ struct kvt_primary {
     size_t n_free_list;
     size_t num_entries, num_evictable, num_write_pending;
     uint64_t num_evicted; /* chunks evicted since the primary was created (/metrics) */
-    uint32_t mark; /* current prepare_store's protection mark (never 0) */
+    uint32_t mark;        /* current prepare_store's protection mark (never 0) */
 
     struct pr_list l1, l2;
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared primary region (vLLM's SharedOffloadRegion).
  *
  * One file, mapped MAP_SHARED by the node and by every engine worker (kvtierd puts

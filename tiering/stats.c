@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* OffloadingConnectorStats: a flat list of (name, label) -> value.
  * A get_stats() holds a few dozen entries, so a linear search is both the simplest
  * and the fastest structure; histograms keep fixed buckets instead of Python's list

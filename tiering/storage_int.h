@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Private parts of the storage tier shared by storage_tier.c (the scheduler-thread
  * front end: index, LRU, capacity, completions, stats) and storage_io.c (file format,
  * I/O thread pool, warm-restart scan).

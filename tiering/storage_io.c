@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The storage tier's back end: the chunk file format, the I/O thread pool and the
  * warm-restart scan (the front end, with the index, is storage_tier.c; the MACs are
  * storage_mac.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The storage tier's keyed MACs (the only file of the tier that includes OpenSSL).
  *
  * Why a MAC and not a checksum: an unkeyed hash (the XXH3 sums of format 1) proves

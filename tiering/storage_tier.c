@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The storage tier's front end (scheduler thread): the in-memory index of the chunk
  * files, their recency and the capacity bound, job admission and completion, events
  * and stats. The back end (file format, I/O threads, restart scan) is storage_io.c.

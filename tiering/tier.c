@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The parts of the secondary-tier contract that every tier shares: initialising
  * the common header and destroying a tier with its back-pressure detector. */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiering vocabulary: keys, tier filters, request contexts
  * (reference counted, atomically, since the async-lookup worker holds references),
  * and event lists. */

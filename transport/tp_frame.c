@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The frame reader of a transport's own TCP connection (kvt/tp_frame.h).
  *
  * A three-state machine per frame: collecting the 8 header bytes, then the payload

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The table of built-in transport backends, the configuration defaults and the
  * names of the refusal counters. Each backend's folder defines its ops table; the
  * build defines KVT_HAVE_<BACKEND> for the backends whose libraries were found. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libkvtier-client: the engine side of kvtierd's local engine API (contract in
  * kvtier/client.h, wire format in kvtier/engine_proto.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine API codec (layout in kvtier/engine_proto.h), compiled into both the
  * daemon (kvt_node) and libkvtier-client.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier: drive kvtierd's local engine API from Python (ctypes over libkvtier-client).
 
 Debian's python3 only: no third-party package. The C contract is

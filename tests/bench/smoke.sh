@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Every kvtier-bench subcommand once, at a tiny size, with --json: the benchmarks the
 # docs quote keep running, and what they check of their own work holds (every load
 # verified, no corrupt chunk, every rebuilt file found). Not a speed test: no figure

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Clusters of kvtier-simnode processes on loopback (issue #5's scenarios). Each test
  * starts its own nodes, drives them through their command lines, and prints the
  * figures it measured. The transport is UCX unless KVT_CLUSTER_BACKEND says

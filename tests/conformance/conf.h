@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared by the two sides of the transport conformance suite: the control messages
  * between the checker (client) and its peer (server), the data pattern of the peer's
  * region, and the event-loop helper both sides use. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The transport conformance suite: one executable, one backend per run
  * (`kvt-conformance ucx`, `kvt-conformance verbs`), every scenario of the transport
  * contract (kvt/transport.h) checked against a real peer process.

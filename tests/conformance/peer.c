@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The peer side of the transport conformance suite, and the helpers both sides share.
  *
  * A peer process serves exactly one connection: it registers CONF_REGION_BYTES of a

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kvtier's cache policies against the real vLLM CPU tier.
 
 Drives vLLM's CPUOffloadingManager (vllm/v1/kv_offload/cpu/manager.py, the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Static checks of docker/ that need no container engine (ctest docker_files, label
 # unit). Usage: check.sh REPO_ROOT [KVTIERD]
 #  - the compose files parse as YAML (python3-yaml) and, with compose's ${VAR:-default}

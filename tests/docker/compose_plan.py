@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What Docker would run for one compose service, as bash assignments.
 
   compose_plan.py COMPOSE_JSON DOCKERFILE STAGE SERVICE

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The runtime image's root filesystem, started the way compose starts its containers,
 # without a container engine (ctest docker_rootfs, label "docker"; docker/README.md
 # says what this covers and what only a Docker host can).

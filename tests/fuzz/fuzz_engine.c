@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target for the engine API codec (node/client/engine_proto.c): the
  * decoder kvtierd runs on every frame an engine sends, and the one the client runs
  * on the daemon's replies.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A stand-in for libFuzzer's main, for builds without KVT_FUZZ: runs the target
  * once on every file named on the command line (directories: every regular file in
  * them), so each sanitizer build of the test suite replays the committed seed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target for what a peer can send to the peer port: the frame reader of a
  * transport connection (kvt/tp_frame.h), before authorization and in socket mode,
  * and the handshake decoder its DATA frames feed (kvt_wire_unframe +

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer target for the wire codec: the stream reader and the decoder, and on
  * every successful decode a re-encode that must decode again to the same bytes.
  *

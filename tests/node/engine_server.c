@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvt-test-engine-server: the engine API on a real manager, for the node tests until
  * kvtierd assembles it (a stand-in, not the daemon). One region (creator, in the
  * given folder), a primary with events, no secondary tiers, the engine server,

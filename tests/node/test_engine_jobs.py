@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Attached regions and jobs (node/engine_jobs.c) through python/kvtier against the
 engine API server: what kvtier.vllm builds on.
 

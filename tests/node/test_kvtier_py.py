@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python module (python/kvtier, the package's ctypes layer) against the engine API server.
 
 Run by ctest (label "node"): argv[1] the test server (kvt-test-engine-server),

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # kvtierd as its users run it (issue #6): --help/--version, every class of bad
 # configuration (exit 78, key and line named, nothing created), start and stop,
 # several engines under load then SIGTERM (exit 0 within 10 s, nothing pinned at exit),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtierd itself (not the stand-in) through python/kvtier and the kvtier CLI: what
 needs the daemon's storage and network tiers.
 

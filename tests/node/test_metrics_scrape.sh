@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # /metrics of real nodes after real traffic: two kvtierd on loopback (UCX over tcp),
 # a small primary each (so stores evict), kvtier-load against both (stores, hits,
 # chunks pulled between the nodes), then every node is scraped: each page must be
@@ -87,11 +88,27 @@ moving=(kvtier_engine_requests_total kvtier_primary_evictions_total kvtier_stora
 per_pair=(kvtier_net_pulled_bytes_total kvtier_net_served_bytes_total)
 
 declare -A first
+# Whether node i's page shows every moving counter past round 1's value (0 before):
+# the page is published once a second and storage writes finish after the load, so
+# the test waits for the counters (10 s at most) instead of for a time.
+moved_on() { # round, node, page
+  local m v
+  for m in "${moving[@]}"; do
+    v=$(value "$3" "$m")
+    [ "$v" != absent ] || return 1
+    if [ "$1" = 1 ]; then [ "$v" -gt 0 ] || return 1; else [ "$v" -gt "${first[$2.$m]}" ] || return 1; fi
+  done
+}
 for round in 1 2; do
   if run_load 4 "$round"; then ok "round $round: kvtier-load exit 0"; else bad "round $round: kvtier-load failed: $(tail -5 "$work/load.$round.out")"; fi
   for i in 1 2; do
     page=$work/page.$round.$i
     if scrape "$i" "$page"; then ok "round $round: node $i /metrics 200"; else bad "round $round: node $i /metrics"; continue; fi
+    for _ in $(seq 1 50); do
+      moved_on "$round" "$i" "$page" && break
+      sleep 0.2
+      scrape "$i" "$page" || break
+    done
     if command -v promtool >/dev/null; then
       # promtool wants Prometheus's own names; vLLM's "vllm:" families are kept for
       # vLLM's dashboards and are the only findings allowed.

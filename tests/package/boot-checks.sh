@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs inside the Debian 12 guest of test_deb_boot.sh, as root, once multi-user is
 # reached, with the kvtier package installed and systemd as PID 1: kvtierd.service
 # as installed (plus a drop-in WatchdogSec=3s) with the example configuration, its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Debian 12 roots for the package tests (sourced by test_deb_install.sh and
 # test_deb_boot.sh; needs root).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # libkvtier-client exports its public API and nothing else: the dynamic symbols it
 # defines are exactly the functions <kvtier/client.h> declares (its copies of the wire
 # codec and of kvt_common stay local: node/client/libkvtier-client.map), each in

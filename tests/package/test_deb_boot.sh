@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Debian package under a real systemd (ctest deb_boot, label "package"): a
 # Debian 12 guest in qemu, booted with Debian's own kernel and initramfs and systemd
 # as PID 1, runs kvtierd.service as installed, hardening and all.

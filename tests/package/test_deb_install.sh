@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Debian package on a fresh Debian 12 (ctest deb_install, label "package").
 #
 #   1. tools/build-deb builds kvtier_<version>_amd64.deb (its own build tree, reruns

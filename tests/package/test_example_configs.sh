@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The example configurations shipped in packaging/ (the package's kvtierd.yaml and the
 # three-host set) pass `kvtierd --check` as written, with only the secret file pointed
 # at one the test makes; and a three-host file whose listen address is a wildcard

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """kvtierd speaks systemd's notify protocol (a Type=notify unit with WatchdogSec=).
 
 The test plays the service manager: it listens on a unix datagram socket, starts

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The systemd unit the build installs passes `systemd-analyze verify` with nothing to
 # say (it exits 0 even for unknown keys: any output fails the test), and its
 # hardening keeps `systemd-analyze security --offline` at an exposure of at most

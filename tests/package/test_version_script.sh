@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # cmake/KvtVersion.cmake, the build-time writer of kvt_version_string(), on a git
 # repository of its own: the revision follows commits without a reconfigure, a
 # changed tracked file says "dirty" (an untracked one does not), an unchanged tree

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Every program answers --version (exit 0) with its name, the project version and
 # the git revision it was built from: "kvtierd 0.1.0 (git 1a2b3c4d, dirty)". The
 # revision is this source tree's HEAD when the tree is a git checkout of its own.

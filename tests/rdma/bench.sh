@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Verbs figures in one soft-RoCE guest (docs/rdma.md): kvtier-bench transport
 # --backend verbs (two processes in the guest) beside ib_read_bw / ib_read_lat on
 # rxe0 in the same guest, same sizes: 256 KiB READs with 32 outstanding, one 4 KiB

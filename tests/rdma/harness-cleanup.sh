@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # The soft-RoCE harness leaves nothing behind (tools/rxe-harness/README.md, step 7):
 # no qemu process, network namespace (with its bridge and taps), run folder or
 # temporary folder, when a guest's command hangs (the run timeout), when the harness

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs a two-sided test program inside the soft-RoCE guests of tools/rxe-harness
 # (tests/rdma/CMakeLists.txt). The program takes `--role server|client --addr A
 # --port P` (kvt-conformance <backend>, verbs_pair).

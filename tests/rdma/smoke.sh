@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Soft-RoCE smoke test, run inside every guest by tools/rxe-harness/kvtier-rxe
 # (tests/rdma/CMakeLists.txt). It checks what the later rdma tests rely on: rxe0
 # is ACTIVE (`rdma link`), libibverbs sees it (`ibv_devinfo`), UCX lists rc_verbs

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs a kvtier-rxe command (the arguments after RESULTS_DIR). When it fails and a
 # guest's kernel log shows qemu's virtio-net transmit watchdog ("NETDEV WATCHDOG":
 # the guest's network stopped for good under TCG, the qemu 7.2 stall of docs/rdma.md),

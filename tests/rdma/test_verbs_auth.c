@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* White-box test of who may READ through a verbs endpoint (transport/verbs/verbs.c,
  * included here for its statics; its "Access" paragraph), on any machine: no device
  * is opened. The linker wraps ibv_modify_qp, ibv_query_qp and rdma_init_qp_attr

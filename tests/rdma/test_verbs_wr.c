@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* White-box test of the verbs backend's READ work-request builder (vb_build_wrs in
  * transport/verbs/verbs.c, included here for its statics), on any machine: no device
  * is opened, the registrations are fakes with known keys. It covers what the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An attacker against a node's verbs endpoint (issue #21), on a real RDMA device
  * (soft-RoCE in the tests/rdma guests): no memory of a node is readable by a peer
  * whose link has not authenticated, even one that knows the exact rkey and address.

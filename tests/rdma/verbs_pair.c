@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The verbs backend between two processes, on a real RDMA device (soft-RoCE in the
  * tests/rdma guests): the backend's own test, beside the transport conformance suite.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* How long a verbs connection takes until the peer may READ (issue #21, docs/rdma.md
  * "Who may read"), on a real RDMA device (the tests/rdma guests):
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A real kvtierd against clients that do not follow the protocol ("engine
  * isolation and bounds"): each attack below once worked against the daemon; here it
  * must be refused or bounded, counted on /metrics with its reason, and leave the
@@ -604,8 +605,9 @@ static void attack_metrics_slots(void)
     /* Every one of the 70 ends refused for want of a slot or timed out in its slot; how
      * many of each depends on how fast the server thread ran meanwhile. */
     for (int i = 0; i < 40 && metric("kvtier_metrics_http_dropped_total", "full") +
-                                      metric("kvtier_metrics_http_dropped_total",
-                                             "read_timeout") < 70; i++)
+                                      metric("kvtier_metrics_http_dropped_total", "read_timeout") <
+                                  70;
+         i++)
         usleep(100000);
     full = metric("kvtier_metrics_http_dropped_total", "full");
     timed_out = metric("kvtier_metrics_http_dropped_total", "read_timeout");

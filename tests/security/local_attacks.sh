@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Another user of the same host against a real kvtierd (issue #21, the local part):
 # the daemon runs as root, the attacker as nobody (runuser). Each scenario plays one
 # attack and checks that the daemon refuses with a clear error (exit 77 for an unsafe

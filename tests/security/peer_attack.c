@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A remote attacker without the cluster secret, against a node's peer port
  * (tests/security/peer_attacks.sh drives it against a real kvtierd). Each mode says
  * what it got; exit 0 when it got nothing it should not have, 1 when it did (bytes of

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Issue #21: a remote attacker without the cluster secret against real kvtierd nodes
 # on 127.0.0.1, with the attacker program peer_attack.c. Nodes A, B, C run with UCX's
 # defaults (no UCX_TLS, no UCX_NET_DEVICES): on a loopback address the backend then

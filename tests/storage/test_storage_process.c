@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Process-level tests of the storage tier (issue 7): what needs a real process death
  * or a real file system limit, beyond the unit tests' fault hook.
  *

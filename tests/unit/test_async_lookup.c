@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* AsyncLookupManager against vLLM's scenarios
  * (tests/v1/kv_offload/tiering/test_async_lookup.py), then vLLM's
  * remaining rules: generations, in-flight orphans, grouping per request, failed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer authentication: proofs, their known answers, nonces and secret files.
  *
  * The known answers were computed outside kvtier, once, with OpenSSL's command line

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The back-pressure detector against vLLM's scenarios
  * (tests/v1/kv_offload/tiering/test_backpressure.py), plus
  * default_config, create's -EINVAL cases and pop_dropped's return-and-reset.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's configuration: defaults with no file, the file and --set layers, every
  * class of bad configuration (the message names the key and its line or the --set
  * argument, the caller's struct is untouched and nothing is created), dump/load round

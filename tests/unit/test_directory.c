@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Placement (rendezvous hashing) and the location directory of the cluster. */
 #include <errno.h>
 #include <stdint.h>

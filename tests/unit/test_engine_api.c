@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The local engine API end to end: kvtierd's server (kvt/engine_api.h) on a thread
  * of its own that owns the manager, engines as libkvtier-client connections (in
  * this process, in threads, in forked children). The manager's scenarios through

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvt_hash64 is XXH3-64, whichever implementation common/hash.c calls (the
  * library's CPU-dispatched one on x86-64): checksums travel between nodes and live
  * in storage files, so every node must compute the same value. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The log module's defences against strings from engines and peers: kvt_log_escape
  * (every byte printable, nothing ambiguous, bounded) and kvt_log_write (one event,
  * one line, whatever the arguments hold). */

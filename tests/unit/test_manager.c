@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiering manager against vLLM's own scenarios
  * (tests/v1/kv_offload/tiering/test_tiering_offloading.py) and the
  * manager-level back-pressure scenarios (test_backpressure.py).

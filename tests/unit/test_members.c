@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The member table: joins, heartbeats, failure detection, restarts, the epoch and the
  * event ring. Time is the explicit now argument (members never reads the clock). */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* TieringMetricsTracker (vLLM's tests/v1/kv_offload/tiering/test_metrics.py)
  * and OffloadingConnectorStats. */
 #include <errno.h>

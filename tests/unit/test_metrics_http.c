@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's /metrics: the Prometheus renderer and its accumulator (node/prom.c), fed by
  * the real tiering metrics tracker, and the HTTP server (node/metrics_http.c) fetched
  * with a plain socket client. Every page is checked with `promtool check metrics`

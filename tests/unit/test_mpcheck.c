@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared bounded msgpack reader (common/mpcheck.c): headers of every format,
  * the whole-body walk (one object, payloads present, counts within the bytes left,
  * depth and object limits) and skip. Bytes are written by hand, so that these tests

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier (cluster/net_*.c) between two nodes in one process over the
  * UCX transport on 127.0.0.1: each node is peers + primary + network tier + manager,
  * stepped round-robin by the test thread. A stores chunks of known content, B looks

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The node as kvtierd and kvtier-simnode open it (node/node.c): what kvt_node_open
  * builds from a configuration (runtime folder, region, lock, engine socket, the tiers
  * in their configured order), what the loop's calls do (the one fd wakes up for an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer links (cluster/peers.c) over the UCX transport on 127.0.0.1, all in one
  * process: every node is a kvt_peers instance with its own UCX context, progressed
  * round-robin by the test thread (WAIT_FOR). Misbehaving peers are "raw" transports

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CPU primary tier against vLLM's tests/v1/kv_offload/cpu/test_manager.py,
  * then what the C contract adds: misuse is -EINVAL and changes
  * nothing, generations, checksums, duplicate keys, the index under churn.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Randomized manager test: long random sequences of engine calls (many requests,
  * three example tiers with delays, RETRYs, request-level policy and random
  * failures) with the invariants checked after every step:

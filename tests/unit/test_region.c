@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tests for the shared primary region (tiering/region.c), ported one for one from
  * vLLM's tests/v1/kv_offload/cpu/test_shared_offload_region.py, plus a
  * few of our own for the C contract (geometry checks, joiner timeout, pre-fault).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Private folders and files on a shared host (common/safe_path.c): what
  * kvt_private_dir_open creates, what it accepts and what it refuses (another user's
  * folder, a folder others may write, a link as the last component, a link of another

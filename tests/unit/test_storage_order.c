@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The order in which the storage tier's I/O threads take work (issue 7: "a pool of
  * read and write threads, shortest-job-first queues, reads preferred";
  * vLLM's DualQueueThreadPool and fs/policy.py):

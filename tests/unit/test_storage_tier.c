@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The storage tier (tiering/storage_tier.c, storage_io.c) against vLLM's fs-tier
  * scenarios (tests/v1/kv_offload/tiering/test_fs_tier.py) and what kvtier
  * adds to them (issue 7): checksums under injected bit flips, ENOSPC and EIO through

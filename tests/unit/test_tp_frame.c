@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The frame reader of a transport connection (transport/tp_frame.c, kvt/tp_frame.h):
  * the first code to see every byte an unauthenticated peer sends to the peer port.
  * Good streams in both roles, whole and a byte at a time; each hostile input of

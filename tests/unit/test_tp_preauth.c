@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The UCX transport's bounds before authorize (transport/ucx/ucx_sock.c), against a
  * transport in this process listening on 127.0.0.1 and plain TCP sockets as peers:
  * connections beyond max_preauth are closed at once and counted; an endpoint not

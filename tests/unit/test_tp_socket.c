@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Socket mode of the UCX transport (transport/ucx/ucx_sock_read.c) against a peer that
  * is a plain TCP socket in this test, speaking the frames of kvt/tp_frame.h itself:
  * the transport (listening on 127.0.0.1) authorizes the connection, the peer's ADDR

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared test helpers: keys like vLLM's fixtures, contexts, abort expectations. */
 #include <dirent.h>
 #include <errno.h>

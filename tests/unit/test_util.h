@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by the cmocka tests. */
 #ifndef KVT_TEST_UTIL_H
 #define KVT_TEST_UTIL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire codec (transport/wire.c, wire_frame.c): round trips of every message
  * type, refusal of everything a hostile or newer peer can send, bounded decoding
  * (msgpack-c issue #1013), the stream reader; and the fuzz seed corpus, written to

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One vLLM engine's scheduler side, as its tests and the benchmark drive it: vLLM's
 own TieringOffloadingManager over its real CPU primary tier (CPUPrimaryTierOffloadingManager
 on a SharedOffloadRegion, the /dev/shm file vLLM creates) and one secondary tier

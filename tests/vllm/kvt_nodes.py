@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Real kvtierd nodes for the vLLM tests and benchmark: a cluster of N daemons on
 loopback, each with its own primary (a /dev/shm file in a folder of its own: kvtierd
 refuses a region directly in a folder others may write), storage folder, engine

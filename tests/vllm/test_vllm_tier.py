@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kvtier.vllm.KvtierSecondaryTier inside the real vLLM 0.34.0 (tools/vllm-env):
 vLLM's own TieringOffloadingManager, its real CPU primary tier on its shared
 region, and the tier made by vLLM's SecondaryTierFactory, against real kvtierd

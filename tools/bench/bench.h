@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Subcommands of kvtier-bench. Each takes (argc, argv) with argv[0] the subcommand
  * name and returns the process exit status. Weak: a subcommand whose file is not in
  * the build is NULL. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench connect: how long a peer link takes to come up, from the dial to the
  * end of the authenticated handshake (kvt/peers.h: HELLO, HELLO_ACK, AUTH, AUTH_OK),
  * between two processes on 127.0.0.1.

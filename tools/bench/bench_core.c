@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench core: single-threaded cost of the primary tier's hot operations at
  * 1e3, 1e5 and 1e6 chunks (index only, no row memory), for LRU and ARC.
  *

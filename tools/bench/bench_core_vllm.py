@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """vLLM's side of `kvtier-bench core --vllm-python PY`: the manager-level call
 sequence of tools/bench/bench_core.c (run_manager) on vLLM 0.34's
 TieringOffloadingManager over its CPU primary tier, without secondary tiers,

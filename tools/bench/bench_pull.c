@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench pull: two nodes on 127.0.0.1; A holds N chunks of 256 KiB, B pulls
  * them all through its manager (lookup, LOCATE, FETCH, READ, checksum verify,
  * RELEASE, byte check against the expected content: everything included), as an

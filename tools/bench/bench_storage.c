@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench storage: the storage tier's write and read bandwidth for 256 KiB chunks,
  * side by side with fio doing the same sizes on the same folder in the same run, and
  * the warm-restart index rebuild time for many files.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench transport: READ throughput for 256 KiB chunks and the latency of one
  * 4 KiB READ between two processes on 127.0.0.1, side by side with the references,
  * repeated --reps times with the two sides interleaved (ours, reference, ours, ...)

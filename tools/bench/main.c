@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench: the benchmarks of kvtier, one subcommand per module. Each
  * subcommand lives in bench_<name>.c; the weak declarations let a build without
  * that module still link and say so instead of failing. */

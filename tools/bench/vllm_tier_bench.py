@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """vllm_tier_bench: what kvtier.vllm costs vLLM's scheduler, and how fast rows move
 through the node (not a timed test; run it with the venv of tools/vllm-env, the
 kvtier package installed in it):

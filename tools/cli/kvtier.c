@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier: the node's command-line tool (docs/cli.md).
  *
  *   kvtier <command> [--socket PATH] [command options]

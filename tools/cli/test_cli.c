@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of the kvtier CLI and kvtier-load that need no daemon: the shared helpers
  * (hex keys, chunk content, number and address parsers, the Prometheus text
  * parser) and the command lines of both tools (bad flags exit 2 with a message,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The kvtier CLI and kvtier-load against a live engine API: a kvtierd started
  * here with a temporary socket, region and storage folder (mode kvtierd), or the
  * node tests' stand-in engine server while kvtierd is not built (mode standin).

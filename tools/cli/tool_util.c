@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers of the kvtier CLI and kvtier-load (see tool_util.h).
  *
  * Chunk content is splitmix64 over (seed + word index): cheap enough to generate

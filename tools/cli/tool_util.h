@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Helpers shared by the kvtier CLI and kvtier-load (tools/cli/, tools/load/):
  * hex keys, deterministic chunk content and a progress line. None of them touch the
  * daemon's internals: the tools speak only <kvtier/client.h>. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-load: plays inference engines against one or more kvtierd nodes with a
  * shared-prefix workload, verifies every loaded byte, and prints what the cache did
  * (docs/kvtier-load.md).

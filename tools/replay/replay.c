@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-replay: replays a trace of manager calls (JSON lines, docs/replay-format.md)
  * on a manager built from the command line, prints the result of every call as one
  * JSON line, then a summary. Users replay engine traces with it to size caches and

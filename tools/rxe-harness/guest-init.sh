@@ -1,4 +1,5 @@
 #!/bin/busybox sh
+# SPDX-License-Identifier: Apache-2.0
 # kvtier-rxe guest init: PID 1 of every qemu guest that tools/rxe-harness/kvtier-rxe
 # boots. It is packed into the initramfs next to a static busybox and the kernel
 # modules listed in /modules/order (virtio, 9p, crc32_generic, the rdma_rxe and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-simnode: one kvtier node and a small engine simulator in one process, for
  * the cluster tests. The node is kvtierd's own (kvt_node_open: the runtime folders,
  * the region, the tiers in their configured order, the peer links, the manager, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The UCX backend of the transport interface (kvt/transport.h).
  *
  * One UCP context and one worker per transport, single-threaded, owned by the node's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* READ over active messages, both sides (the UCX backend, see ucx.c and ucx_int.h).
  *
  * Every READ is a request message per op (UCX_AM_RDREQ: address, length, tag) and a

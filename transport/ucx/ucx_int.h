@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Private to the UCX backend (the .c files of transport/ucx): the wire headers, the
  * transport, endpoint, batch and registration structures, and the functions the
  * files share. ucx.c holds the transport, its endpoints, control messages and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Our own TCP listener and connections for the UCX backend (see ucx.c, ucx_int.h):
  * everything a peer can send before its endpoint is authorized arrives here, as the
  * frames of kvt/tp_frame.h, and nowhere else; in socket mode everything after, too.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Socket mode, both sides (the UCX backend, see ucx.c and ucx_int.h): a connection
  * whose peers have no shared-memory or RDMA lane between them moves its messages and
  * READs over our own authenticated TCP connection, the one that carried the

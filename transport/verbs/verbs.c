@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The verbs backend of the transport interface (kvt/transport.h):
  * librdmacm for connection setup, RC QPs, SEND/RECV for control messages and
  * chained RDMA READs for data.

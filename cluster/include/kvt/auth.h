@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer authentication: an HMAC-SHA256 challenge-response over a shared secret.
  *
  *   A -> B  HELLO(version, node id a, incarnation, namespace, nonce_a)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The location directory a home node keeps for the keys homed on it: key -> the
  * nodes that hold it, each with the holder's incarnation and an expiry. Holders
  * publish what their primary tier stores and unpublish what it evicts; records of a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Cluster membership as one node sees it: the members it has authenticated, their
  * incarnations and when each was last heard from. A member that misses k heartbeat
  * intervals is down; a member heard from with a new incarnation restarted and is a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier: a kvt_tier_ops backend that makes the other nodes' primary
  * tiers this node's slowest secondary tier.
  *

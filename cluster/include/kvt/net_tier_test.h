@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Test hooks of the network tier (kvt/net_tier.h): what a test needs to play a peer
  * that holds more than the protocol gives it. Not for the node. */
 #ifndef KVT_NET_TIER_TEST_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Peer links: the authenticated connections of one node to the
  * others, over one transport, with membership on top.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Rendezvous (highest random weight) hashing of keys over the live members: the
  * member with the highest score hash(key, node id) is the key's home. When a member
  * joins or leaves, only the keys whose home it is or becomes move, and every node

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The wire codec: every control message kvtier nodes exchange,
  * framed for byte streams and decoded with bounds a peer cannot get around.
  *

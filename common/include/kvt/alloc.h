@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Allocation hook: every allocation of the project goes through these, so tests can
  * inject failures (kvt_alloc_fail_after) and check that errors unwind cleanly. */
 #ifndef KVT_ALLOC_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Monotonic clock with a test override: tests that fake latency (back-pressure,
  * leases) set a fake time instead of sleeping. */
 #ifndef KVT_CLOCK_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hashing: XXH3-64 for keys and chunk checksums (libxxhash). */
 #ifndef KVT_HASH_H
 #define KVT_HASH_H

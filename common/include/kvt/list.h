@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Intrusive doubly linked circular list (the kernel's / UCX's shape). */
 #ifndef KVT_LIST_H
 #define KVT_LIST_H
@@ -42,6 +43,7 @@ static inline void kvt_list_del(struct kvt_list *n)
 
 #define kvt_list_entry(ptr, type, member) KVT_CONTAINER_OF(ptr, type, member)
 #define kvt_list_for_each_safe(pos, tmp, head)                                                     \
-    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head); (pos) = (tmp), (tmp) = (pos)->next)
+    for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head);                               \
+         (pos) = (tmp), (tmp) = (pos)->next)
 
 #endif

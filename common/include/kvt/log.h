@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* One log family for the whole project: level-filtered lines to stderr,
  * "<level> <module>: message". Log once, where the error is found, with its cause.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A process-private hash map from byte strings to pointers: open addressing with
  * linear probing and backward-shift deletion (no tombstones), XXH3 hashes, full key
  * compare. The map copies keys (up to KVT_MAP_KEY_MAX bytes) and never owns values.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Bounded reading of msgpack bytes from a peer, before anything allocates
  * (msgpack-c's unpacker allocates what a header declares before it has seen the
  * bytes: msgpack-c issue #1013). Shared by the wire codec (transport/wire.c) and the

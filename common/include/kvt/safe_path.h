@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Directories and files a process keeps private on a host shared with other users.
  *
  * kvt_private_dir_open walks a path from "/" one component at a time (openat with

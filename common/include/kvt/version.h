@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The version of kvtier a binary was built from: the project version (CMake's
  * project VERSION) and the git revision of the source tree when it was built.
  * Every program prints kvt_version_string() for --version. The definitions are

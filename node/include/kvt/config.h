@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's configuration: a YAML file (libyaml) and `--set key=value` overrides applied
  * after it, both checked against one schema table (node/config.c) that also gives the
  * defaults, the ranges, which keys reload on SIGHUP and the --help text.
@@ -74,9 +75,9 @@ struct kvt_config {
 
     bool network_enabled;
     char *network_listen;
-    char *network_advertise;        /* what peers are told; NULL: network_listen */
+    char *network_advertise;         /* what peers are told; NULL: network_listen */
     uint16_t network_advertise_port; /* what peers are told; 0: network_port */
-    uint16_t network_port; /* 0: any */
+    uint16_t network_port;           /* 0: any */
     enum kvt_transport_kind network_transport;
     char **network_peers; /* "host:port" or "[v6]:port" seeds */
     size_t n_network_peers;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's local engine API server (issue #6): engines on this host
  * connect to a unix socket, receive the primary region's fd (SCM_RIGHTS) and drive
  * the tiering manager with msgpack requests (kvtier/engine_proto.h), one request per

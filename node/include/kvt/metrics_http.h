@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvtierd's HTTP endpoint (one thread of its own):
  *   GET /metrics  the latest published page, Content-Type KVT_PROM_CONTENT_TYPE
  *                 (503 until the first publish; 500 with the cause while the node's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvt_node: one kvtier node assembled from its configuration, the way kvtierd runs it:
  * the runtime folders and the lock, the shared primary region and the primary tier,
  * the secondary tiers in the configured order (storage; network with its peer links),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* This process's own figures for /metrics, named as Prometheus's client libraries name
  * them (process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
  * process_max_fds, process_start_time_seconds), read from /proc/self. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The Prometheus text exposition format (version 0.0.4) of kvtierd's /metrics.
  *
  * Two sources make one page:

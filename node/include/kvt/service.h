@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvt_service: tells the service manager that started kvtierd how it is doing
  * (systemd's notify protocol through libsystemd's sd_notify: Type=notify units, and
  * their watchdog). Process-wide, like $NOTIFY_SOCKET itself; called from the daemon's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* AsyncLookupManager: a reusable asynchronous existence
  * check for secondary tiers with slow lookups. Scheduler-thread state (lookup
  * states, reverse index, batch) needs no lock; one worker thread runs batch_lookup

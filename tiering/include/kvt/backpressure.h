@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* EMA back-pressure detector (seconds per MiB), with the
  * throttled-drop and drop-store policies, idle decay, cooldown and healthy bypass.
  * Single-threaded: owned by a tier, driven by the manager on the scheduler thread.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The in-memory example tier: the template for real tiers and the
  * workhorse of the tests. With no options it behaves exactly like vLLM's
  * ExampleSecondaryTierManager (synchronous, every job finished at once). Options

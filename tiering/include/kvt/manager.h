@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiering manager (vLLM's TieringOffloadingManager): the CPU
  * primary tier in front of ordered secondary tiers. Every chunk stored in the
  * primary is cascaded to every secondary tier (one job and one pin per tier);

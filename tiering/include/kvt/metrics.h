@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* TieringMetricsTracker: per-request lookup observations, job
  * accounting per tier, allocation failures; take_stats pops counters and
  * re-emits gauges. Tier labels: "0:primary", "<i+1>:<type>". */
@@ -15,28 +16,28 @@ struct kvt_metrics;
 struct kvt_tier;
 
 /* Metric names (vLLM's). */
-#define KVT_M_LOOKUP_SYNC_DELAY   "vllm:kv_offload_tiering_lookup_sync_delay_seconds"
-#define KVT_M_LOOKUP_ASYNC_DELAY  "vllm:kv_offload_tiering_lookup_async_delay_seconds"
-#define KVT_M_READ_BYTES          "vllm:kv_offload_tiering_read_bytes"
-#define KVT_M_READ_TIME           "vllm:kv_offload_tiering_read_time"
-#define KVT_M_WRITE_BYTES         "vllm:kv_offload_tiering_write_bytes"
-#define KVT_M_WRITE_TIME          "vllm:kv_offload_tiering_write_time"
-#define KVT_M_PROMOTION_FAILURES  "vllm:kv_offload_tiering_promotion_job_failures"
-#define KVT_M_CASCADE_FAILURES    "vllm:kv_offload_tiering_cascade_job_failures"
-#define KVT_M_CHUNK_QUERIES       "vllm:kv_offload_tiering_chunk_queries"
-#define KVT_M_CHUNK_HITS          "vllm:kv_offload_tiering_chunk_hits"
-#define KVT_M_PRIMARY_WRITE_USAGE "vllm:kv_offload_tiering_primary_write_usage_perc"
-#define KVT_M_PRIMARY_READ_USAGE  "vllm:kv_offload_tiering_primary_read_usage_perc"
+#define KVT_M_LOOKUP_SYNC_DELAY        "vllm:kv_offload_tiering_lookup_sync_delay_seconds"
+#define KVT_M_LOOKUP_ASYNC_DELAY       "vllm:kv_offload_tiering_lookup_async_delay_seconds"
+#define KVT_M_READ_BYTES               "vllm:kv_offload_tiering_read_bytes"
+#define KVT_M_READ_TIME                "vllm:kv_offload_tiering_read_time"
+#define KVT_M_WRITE_BYTES              "vllm:kv_offload_tiering_write_bytes"
+#define KVT_M_WRITE_TIME               "vllm:kv_offload_tiering_write_time"
+#define KVT_M_PROMOTION_FAILURES       "vllm:kv_offload_tiering_promotion_job_failures"
+#define KVT_M_CASCADE_FAILURES         "vllm:kv_offload_tiering_cascade_job_failures"
+#define KVT_M_CHUNK_QUERIES            "vllm:kv_offload_tiering_chunk_queries"
+#define KVT_M_CHUNK_HITS               "vllm:kv_offload_tiering_chunk_hits"
+#define KVT_M_PRIMARY_WRITE_USAGE      "vllm:kv_offload_tiering_primary_write_usage_perc"
+#define KVT_M_PRIMARY_READ_USAGE       "vllm:kv_offload_tiering_primary_read_usage_perc"
 #define KVT_M_PROMOTION_ALLOC_FAILURES "vllm:kv_offload_tiering_promotion_allocation_failures"
-#define KVT_M_ACTIVE_PROMOTIONS   "vllm:kv_offload_tiering_active_promotion_jobs"
-#define KVT_M_ACTIVE_CASCADES     "vllm:kv_offload_tiering_active_cascade_jobs"
-#define KVT_M_BP_EMA              "vllm:kv_offload_tiering_backpressure_store_latency_ema"
-#define KVT_M_BP_STORES_DROPPED   "vllm:kv_offload_tiering_backpressure_stores_dropped"
-#define KVT_M_BP_BLOCKS_DROPPED   "vllm:kv_offload_tiering_backpressure_blocks_dropped"
-#define KVT_M_CPU_USAGE           "vllm:kv_offload_cpu_cache_usage_perc"
-#define KVT_M_CPU_WRITE_USAGE     "vllm:kv_offload_cpu_cache_write_usage_perc"
-#define KVT_M_CPU_READ_USAGE      "vllm:kv_offload_cpu_cache_read_usage_perc"
-#define KVT_M_CPU_ALLOC_SIZE      "vllm:kv_offload_cpu_allocation_size"
+#define KVT_M_ACTIVE_PROMOTIONS        "vllm:kv_offload_tiering_active_promotion_jobs"
+#define KVT_M_ACTIVE_CASCADES          "vllm:kv_offload_tiering_active_cascade_jobs"
+#define KVT_M_BP_EMA                   "vllm:kv_offload_tiering_backpressure_store_latency_ema"
+#define KVT_M_BP_STORES_DROPPED        "vllm:kv_offload_tiering_backpressure_stores_dropped"
+#define KVT_M_BP_BLOCKS_DROPPED        "vllm:kv_offload_tiering_backpressure_blocks_dropped"
+#define KVT_M_CPU_USAGE                "vllm:kv_offload_cpu_cache_usage_perc"
+#define KVT_M_CPU_WRITE_USAGE          "vllm:kv_offload_cpu_cache_write_usage_perc"
+#define KVT_M_CPU_READ_USAGE           "vllm:kv_offload_cpu_cache_read_usage_perc"
+#define KVT_M_CPU_ALLOC_SIZE           "vllm:kv_offload_cpu_allocation_size"
 
 #define KVT_PRIMARY_LABEL "0:primary"
 
@@ -59,8 +60,7 @@ void kvt_metrics_on_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx
 void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
                              const struct kvt_key *key, uint64_t hash, size_t label_idx,
                              enum kvt_lookup_result result, double dt_s);
-void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job,
-                                   int tier_idx);
+void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx);
 void kvt_metrics_on_job_finished(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx,
                                  const struct kvt_job_result *result);
 void kvt_metrics_on_promotion_allocation_failure(struct kvt_metrics *mt);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CPU primary tier: the index of the chunks that live in the shared region,
  * their slots and ref counts, and the cache policy (LRU or ARC) that picks
  * eviction victims, with vLLM's request-scoped cache access (below).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The shared primary region (vLLM's SharedOffloadRegion): one file,
  * on a tmpfs, of num_chunks rows of num_workers * page_bytes, mapped
  * MAP_SHARED by the node and by every engine worker.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* OffloadingConnectorStats: metric name -> label value -> value.
  * Counters add on aggregate, gauges overwrite, histograms merge their buckets.
  * Label is one value (the "tier" label, e.g. "1:fs") or "" for unlabelled metrics.

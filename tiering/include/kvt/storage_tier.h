@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The storage tier: a secondary tier that keeps chunks in files on a local disk, when
  * memory is full and across restarts (vLLM's fs tier, plus what it lacks:
  * a capacity bound with LRU eviction, an in-memory index, checksums, warm restart).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The secondary-tier contract (vLLM's SecondaryTierManager) as an ops table, and
  * the parent handle tiers use to act for remote requesters.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The vocabulary of the tiering core: keys, lookup results, tier filters,
  * request contexts, transfer jobs and their results, offloading events.
  *

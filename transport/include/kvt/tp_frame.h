@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The frames of a transport's own TCP connection (the UCX backend's peer port), and
  * the reader that is the first code to see every byte a peer sends on it.
  *

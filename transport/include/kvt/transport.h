@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The transport interface: how kvtier nodes move bytes.
  *
  * A transport is one backend instance (a UCP context + worker, or an rdma_cm event

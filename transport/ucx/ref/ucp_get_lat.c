@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvt-ucp-get-lat: the floor for one small READ over UCP, written against the raw
  * UCP API with nothing of kvtier in the path, for `kvtier-bench transport` to put
  * next to the UCX backend's 4 KiB READ latency (ucx_perftest has no GET latency

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libkvtier-client: the local engine API of kvtierd (node/).
  *
  * An inference engine on the same host attaches to its node's kvtierd over a unix

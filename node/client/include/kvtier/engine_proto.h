@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The engine API's wire protocol, shared by kvtierd's server (node/engine_api.c)
  * and libkvtier-client (node/client/client.c). Internal: not installed.
  *
