@@ -915,7 +915,7 @@ int main(void)
 
     setenv("KVT_UCX_MODE", "socket", 0); /* nodes of hosts without RDMA, as in the cluster tests */
     setenv("UCX_NET_DEVICES", "lo", 0);
-    if (getenv("KVT_LOG") == NULL)
+    if (getenv("KVT_LOG_LEVEL") == NULL)
         kvt_log_set_level(KVT_LOG_ERROR);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -807,8 +807,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvtier-simnode: %s\n", err);
         return KVT_CONFIG_EXIT;
     }
-    /* log.level, unless KVT_LOG says otherwise (a debugging run of one test). */
-    if (getenv("KVT_LOG") == NULL)
+    /* log.level, unless KVT_LOG_LEVEL says otherwise (a debugging run of one test). */
+    if (getenv("KVT_LOG_LEVEL") == NULL)
         kvt_log_set_level(cfg.log_level);
     signal(SIGPIPE, SIG_IGN);
     rc = kvt_node_open(&cfg, &n.node);
