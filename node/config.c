@@ -151,6 +151,10 @@ static const struct key_def keys[] = {
      "FETCHes out to one peer at once (the rest wait their turn, their deadline not started)"},
     {"network.reads_per_batch", T_U32, F(network_reads_per_batch), 0, "8", 1, 256, NULL, 0,
      "one-sided READs of pulled chunks posted together (8 rows of 256 KiB fit a 2 MiB L2)"},
+    {"network.max_unauthenticated", T_U32, F(network_max_unauthenticated), 0, "64", 1, 4096, NULL,
+     0,
+     "peer connections accepted and not yet authenticated, at most (more are refused and "
+     "counted); each holds its message buffers, about 8.6 MiB with verbs"},
     {"cluster.secret_file", T_PATH, F(cluster_secret_file), 0, "", 1, PATH_MAX - 1, NULL,
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
     {"engine.socket", T_PATH, F(engine_socket), 0, "/run/kvtier/{id}/engine.sock", 1, 107, NULL, 0,
