@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The UCX backend's GID choice over soft-RoCE (kvt__ucx_softroce_gid in
  * transport/ucx/ucx.c), on fake sysfs class/infiniband trees: UCX 1.13's ud_verbs,
  * which wires rc lanes up from worker addresses, connects between two soft-RoCE hosts
