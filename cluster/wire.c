@@ -36,6 +36,7 @@
 #include "kvt/common.h"
 #include "kvt/mpcheck.h"
 #include "kvt/wire.h"
+#include "kvt/vec.h"
 
 /* ---- the message tables ----------------------------------------------------- */
 
@@ -714,22 +715,13 @@ static int sink_write(void *data, const char *buf, size_t len)
 
     if (s->err != 0)
         return -1;
-    if (len > b->cap - b->len) {
-        size_t cap = KVT_MAX(b->cap * 2, (size_t)256);
-
-        if (len > SIZE_MAX / 2 - b->len) {
-            s->err = -EMSGSIZE;
-            return -1;
-        }
-        cap = KVT_MAX(cap, b->len + len);
-        uint8_t *p = kvt_realloc(b->data, cap);
-
-        if (p == NULL) {
-            s->err = -ENOMEM;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
+    if (len > SIZE_MAX / 2 - b->len) {
+        s->err = -EMSGSIZE;
+        return -1;
+    }
+    if (kvt_vec_reserve(b->data, b->cap, b->len + len, 256) < 0) {
+        s->err = -ENOMEM;
+        return -1;
     }
     memcpy(b->data + b->len, buf, len);
     b->len += len;

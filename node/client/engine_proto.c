@@ -24,6 +24,7 @@
 #include "kvt/alloc.h"
 #include "kvt/common.h"
 #include "kvt/mpcheck.h"
+#include "kvt/vec.h"
 #include "kvtier/engine_proto.h"
 
 #define MAX_DEPTH   8
@@ -565,19 +566,9 @@ static int sink_write(void *data, const char *buf, size_t len)
 
     if (s->failed)
         return -1;
-    if (b->len + len > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        uint8_t *p;
-
-        while (cap < b->len + len)
-            cap *= 2;
-        p = kvt_realloc(b->data, cap);
-        if (p == NULL) {
-            s->failed = true;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
+    if (kvt_vec_reserve(b->data, b->cap, b->len + len, 256) < 0) {
+        s->failed = true;
+        return -1;
     }
     memcpy(b->data + b->len, buf, len);
     b->len += len;
