@@ -49,6 +49,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/async_lookup.h"
+#include "kvt/async_lookup_test.h"
 #include "kvt/list.h"
 #include "kvt/log.h"
 #include "kvt/map.h"

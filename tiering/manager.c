@@ -31,6 +31,7 @@
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
+#include "kvt/manager_test.h"
 #include "kvt/map.h"
 #include "kvt/metrics.h"
 #include "kvt/vec.h"

@@ -21,6 +21,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/async_lookup.h"
+#include "kvt/async_lookup_test.h"
 #include "kvt/common.h"
 
 /* ---- the in-memory tier ---------------------------------------------------- */

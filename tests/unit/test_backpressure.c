@@ -22,6 +22,7 @@
 #include "test_util.h"
 
 #include "kvt/backpressure.h"
+#include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"

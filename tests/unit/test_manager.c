@@ -15,10 +15,12 @@
 
 #include "kvt/alloc.h"
 #include "kvt/backpressure.h"
+#include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/example_tier.h"
 #include "kvt/manager.h"
+#include "kvt/manager_test.h"
 #include "kvt/metrics.h"
 
 /* ---- a call log shared by the example tiers ----------------------------- */

@@ -20,6 +20,7 @@
 #include "kvt/hash.h"
 #include "kvt/metrics.h"
 #include "kvt/primary.h"
+#include "kvt/primary_test.h"
 
 #define MAXK 32
 
