@@ -69,6 +69,7 @@
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/vec.h"
+#include "kvt/storage_tier_test.h"
 #include "storage_int.h"
 
 #ifdef KVT_HAVE_LIBURING

@@ -82,6 +82,7 @@
 #include "kvt/log.h"
 #include "kvt/safe_path.h"
 #include "kvt/storage_tier.h"
+#include "kvt/storage_tier_test.h"
 #include "kvt/vec.h"
 #include "storage_int.h"
 

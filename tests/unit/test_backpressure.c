@@ -24,6 +24,7 @@
 #include "kvt/backpressure.h"
 #include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
+#include "kvt/clock_test.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"
 

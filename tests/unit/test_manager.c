@@ -14,9 +14,11 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/backpressure.h"
 #include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
+#include "kvt/clock_test.h"
 #include "kvt/common.h"
 #include "kvt/example_tier.h"
 #include "kvt/manager.h"

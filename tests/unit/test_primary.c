@@ -17,6 +17,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/hash.h"
 #include "kvt/metrics.h"
 #include "kvt/primary.h"

@@ -7,6 +7,7 @@
 
 #include "test_util.h"
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/vec.h"
 
 struct pair {
