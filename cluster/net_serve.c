@@ -25,6 +25,7 @@
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/primary.h"
+#include "kvt/vec.h"
 #include "net_tier_int.h"
 
 static struct lease *nt_lease_new(uint32_t n_rows);
@@ -42,15 +43,8 @@ void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
 
     if (kvt_peers_link_peer(nt->peers, ep, &id, &inc) != 0)
         return;
-    if (nt->n_in == nt->cap_in) {
-        size_t cap = nt->cap_in ? nt->cap_in * 2 : 16;
-        struct inbound *v = kvt_reallocarray(nt->in, cap, sizeof(*v));
-
-        if (v == NULL)
-            goto busy;
-        nt->in = v;
-        nt->cap_in = cap;
-    }
+    if (kvt_vec_reserve(nt->in, nt->cap_in, nt->n_in + 1, 16) < 0)
+        goto busy;
     in = &nt->in[nt->n_in];
     *in = (struct inbound){.from = from,
                            .from_inc = inc,

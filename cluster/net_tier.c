@@ -22,6 +22,7 @@
 #include "kvt/clock.h"
 #include "kvt/log.h"
 #include "kvt/net_tier_test.h"
+#include "kvt/vec.h"
 #include "net_tier_int.h"
 
 /* ---- helpers the roles share --------------------------------------------------- */
@@ -37,15 +38,8 @@ void kvt__nt_for_each(struct net_tier *nt, const struct kvt_map *m, kvt__nt_visi
 
 int kvt__nt_keyvec_push(struct keyvec *kv, const struct kvt_key *k)
 {
-    if (kv->n == kv->cap) {
-        size_t cap = kv->cap ? kv->cap * 2 : 64;
-        struct kvt_key *v = kvt_reallocarray(kv->v, cap, sizeof(*v));
-
-        if (v == NULL)
-            return -ENOMEM;
-        kv->v = v;
-        kv->cap = cap;
-    }
+    if (kvt_vec_reserve(kv->v, kv->cap, kv->n + 1, 64) < 0)
+        return -ENOMEM;
     kv->v[kv->n++] = *k;
     return 0;
 }

@@ -11,16 +11,18 @@
  *
  * Decoding never hands peer bytes to msgpack-c (whose unpacker allocates what a
  * header declares before it has seen the bytes: msgpack-c issue #1013). It runs in
- * three steps over the body, all on the shared parser of msgpack headers
- * (kvt/mpcheck.h, also used by the engine API codec):
- *   1. validate: kvt_mp_check, one iterative walk over the whole body checking that every
- *      str/bin/ext payload is present, that every array/map count is at most the
- *      bytes left (each element takes at least one byte), the depth and the total
- *      object count, and that the body is exactly one object with nothing after it;
+ * three steps over the body, all on the one bounded msgpack reader (kvt/mpcheck.h,
+ * shared with the engine API codec):
+ *   1. validate: kvt_mp_check, one iterative walk over the whole body checking that
+ *      every str/bin/ext payload is present, that every array/map count is at most
+ *      the bytes left (each element takes at least one byte), the depth and the
+ *      total object count, and that the body is exactly one object with nothing
+ *      after it;
  *   2. header: the map's keys 0, 1, 2 (version major, minor, type), wherever they
  *      are in the map, so that an incompatible peer gets -EPROTO whatever the rest;
- *   3. fields: each key of the type's table is decoded; lists are checked against
- *      the limits before their one allocation; other keys are skipped.
+ *   3. fields: each key of the type's table is decoded with the reader's cursor
+ *      (kind and bounds checked on every read); lists are checked against the
+ *      limits before their one allocation; other keys are skipped.
  * After step 1 a declared count can only be as large as the body, so no allocation
  * is larger than a small multiple of the body (at most 24 bytes per body byte). */
 #include <assert.h>
@@ -34,6 +36,7 @@
 #include "kvt/common.h"
 #include "kvt/mpcheck.h"
 #include "kvt/wire.h"
+#include "kvt/vec.h"
 
 /* ---- the message tables ----------------------------------------------------- */
 
@@ -231,108 +234,22 @@ void kvt_wire_msg_free(struct kvt_wire_msg *m)
         }
 }
 
-/* ---- msgpack headers ------------------------------------------------------- */
+/* ---- reading fields: the shared cursor (kvt/mpcheck.h) ------------------------- */
 
-enum mp_kind {
-    MP_NIL,
-    MP_BOOL,
-    MP_UINT,
-    MP_NINT,
-    MP_FLOAT,
-    MP_STR,
-    MP_BIN,
-    MP_EXT,
-    MP_ARRAY,
-    MP_MAP
-};
-
-/* One msgpack object's header. v: the value (UINT), the payload length (STR, BIN,
- * EXT) or the element count (ARRAY; MAP counts pairs). size: bytes of header and
- * payload, not counting an array's or map's elements. */
-struct mp_obj {
-    enum mp_kind kind;
+static int rd_uint(struct kvt_mp_cur *c, uint64_t max, uint64_t *v_p)
+{
     uint64_t v;
-    const uint8_t *data;
-    size_t size;
-};
-
-/* Our view of a shared header (kvt/mpcheck.h): unsigned and negative integers apart,
- * v the value or the length/count. */
-static int mp_parse(const uint8_t *p, const uint8_t *end, struct mp_obj *o)
-{
-    static const enum mp_kind kinds[] = {
-        [KVT_MP_NIL] = MP_NIL,     [KVT_MP_BOOL] = MP_BOOL,   [KVT_MP_INT] = MP_UINT,
-        [KVT_MP_FLOAT] = MP_FLOAT, [KVT_MP_STR] = MP_STR,     [KVT_MP_BIN] = MP_BIN,
-        [KVT_MP_EXT] = MP_EXT,     [KVT_MP_ARRAY] = MP_ARRAY, [KVT_MP_MAP] = MP_MAP,
-    };
-    struct kvt_mp_obj h;
-    int rc = kvt_mp_head(p, end, &h);
+    int rc = kvt_mp_u64(c, &v);
 
     if (rc < 0)
         return rc;
-    o->kind = h.kind == KVT_MP_INT && h.neg ? MP_NINT : kinds[h.kind];
-    o->v = h.kind == KVT_MP_INT || h.kind == KVT_MP_BOOL ? h.u : h.n;
-    o->data = h.data;
-    o->size = h.size;
-    return 0;
-}
-
-/* Step 1: the whole body is one well-formed object within the limits. */
-static int validate(const uint8_t *p, size_t len, const struct kvt_wire_limits *lim)
-{
-    return kvt_mp_check(p, len, lim->max_depth, lim->max_elements);
-}
-
-/* ---- reading validated bytes ------------------------------------------------- */
-
-struct cur {
-    const uint8_t *p;
-    const uint8_t *end;
-};
-
-static int next(struct cur *c, struct mp_obj *o)
-{
-    int rc = mp_parse(c->p, c->end, o);
-
-    if (rc == 0)
-        c->p += o->size;
-    return rc;
-}
-
-/* Skips one object and everything inside it. */
-static int skip(struct cur *c)
-{
-    return kvt_mp_skip(&c->p, c->end);
-}
-
-static int rd_kind(struct cur *c, enum mp_kind kind, struct mp_obj *o)
-{
-    int rc = next(c, o);
-
-    if (rc < 0)
-        return rc;
-    return o->kind == kind ? 0 : -EBADMSG;
-}
-
-static int rd_uint(struct cur *c, uint64_t max, uint64_t *v_p)
-{
-    struct mp_obj o;
-    int rc = rd_kind(c, MP_UINT, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.v > max)
+    if (v > max)
         return -EBADMSG;
-    *v_p = o.v;
+    *v_p = v;
     return 0;
 }
 
-static int rd_u64(struct cur *c, uint64_t *v_p)
-{
-    return rd_uint(c, UINT64_MAX, v_p);
-}
-
-static int rd_u32(struct cur *c, uint32_t *v_p)
+static int rd_u32(struct kvt_mp_cur *c, uint32_t *v_p)
 {
     uint64_t v;
     int rc = rd_uint(c, UINT32_MAX, &v);
@@ -342,7 +259,7 @@ static int rd_u32(struct cur *c, uint32_t *v_p)
     return rc;
 }
 
-static int rd_u16(struct cur *c, uint16_t *v_p)
+static int rd_u16(struct kvt_mp_cur *c, uint16_t *v_p)
 {
     uint64_t v;
     int rc = rd_uint(c, UINT16_MAX, &v);
@@ -352,81 +269,35 @@ static int rd_u16(struct cur *c, uint16_t *v_p)
     return rc;
 }
 
-static int rd_bin32(struct cur *c, uint8_t *out)
+static int rd_key(struct kvt_mp_cur *c, struct kvt_key *key)
 {
-    struct mp_obj o;
-    int rc = rd_kind(c, MP_BIN, &o);
+    size_t len;
+    int rc = kvt_mp_bin(c, 1, KVT_KEY_MAX, key->bytes, &len);
 
-    if (rc < 0)
-        return rc;
-    if (o.v != KVT_WIRE_BIN32)
-        return -EBADMSG;
-    memcpy(out, o.data, KVT_WIRE_BIN32);
-    return 0;
-}
-
-/* A str of at most KVT_WIRE_ADDR_MAX - 1 bytes with no NUL inside. */
-static int rd_addr(struct cur *c, char *out)
-{
-    struct mp_obj o;
-    int rc = rd_kind(c, MP_STR, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.v >= KVT_WIRE_ADDR_MAX || memchr(o.data, 0, o.v) != NULL)
-        return -EBADMSG;
-    memcpy(out, o.data, o.v);
-    memset(out + o.v, 0, KVT_WIRE_ADDR_MAX - o.v);
-    return 0;
-}
-
-static int rd_key(struct cur *c, struct kvt_key *key)
-{
-    struct mp_obj o;
-    int rc = rd_kind(c, MP_BIN, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.v < 1 || o.v > KVT_KEY_MAX)
-        return -EBADMSG;
-    key->len = (uint8_t)o.v;
-    memcpy(key->bytes, o.data, o.v);
-    return 0;
-}
-
-/* An array of at most max elements: -EMSGSIZE beyond. */
-static int rd_list(struct cur *c, uint32_t max, uint32_t *n_p)
-{
-    struct mp_obj o;
-    int rc = rd_kind(c, MP_ARRAY, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.v > max)
-        return -EMSGSIZE;
-    *n_p = (uint32_t)o.v;
-    return 0;
+    if (rc == 0)
+        key->len = (uint8_t)len;
+    return rc;
 }
 
 /* A record: an array of at least min positional fields; *extra_p of them follow
  * the ones we know and are skipped by end_record. */
-static int rd_record(struct cur *c, uint32_t min, uint64_t *extra_p)
+static int rd_record(struct kvt_mp_cur *c, uint32_t min, uint32_t *extra_p)
 {
-    struct mp_obj o;
-    int rc = rd_kind(c, MP_ARRAY, &o);
+    uint32_t n;
+    int rc = kvt_mp_array(c, UINT32_MAX, &n);
 
     if (rc < 0)
         return rc;
-    if (o.v < min)
+    if (n < min)
         return -EBADMSG;
-    *extra_p = o.v - min;
+    *extra_p = n - min;
     return 0;
 }
 
-static int end_record(struct cur *c, uint64_t extra)
+static int end_record(struct kvt_mp_cur *c, uint32_t extra)
 {
-    for (uint64_t i = 0; i < extra; i++) {
-        int rc = skip(c);
+    for (uint32_t i = 0; i < extra; i++) {
+        int rc = kvt_mp_skip(c);
 
         if (rc < 0)
             return rc;
@@ -458,12 +329,12 @@ static int own_alloc(struct kvt_wire_msg *m, size_t n, size_t each, void **p_p)
     return 0;
 }
 
-static int dec_keys(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
+static int dec_keys(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
                     const struct field *f)
 {
     uint32_t n;
     struct kvt_key *keys;
-    int rc = rd_list(c, lim->max_keys, &n);
+    int rc = kvt_mp_array(c, lim->max_keys, &n);
 
     if (rc == 0)
         rc = own_alloc(m, n, sizeof(*keys), (void **)&keys);
@@ -476,11 +347,11 @@ static int dec_keys(struct cur *c, const struct kvt_wire_limits *lim, struct kvt
     return 0;
 }
 
-static int dec_indexes(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
-                       const struct field *f)
+static int dec_indexes(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
+                       struct kvt_wire_msg *m, const struct field *f)
 {
     uint32_t n, *v;
-    int rc = rd_list(c, lim->max_keys, &n);
+    int rc = kvt_mp_array(c, lim->max_keys, &n);
 
     if (rc == 0)
         rc = own_alloc(m, n, sizeof(*v), (void **)&v);
@@ -493,30 +364,30 @@ static int dec_indexes(struct cur *c, const struct kvt_wire_limits *lim, struct 
     return 0;
 }
 
-static int dec_chunk(struct cur *c, struct kvt_wire_chunk *ch)
+static int dec_chunk(struct kvt_mp_cur *c, struct kvt_wire_chunk *ch)
 {
-    uint64_t extra;
+    uint32_t extra;
     int rc = rd_record(c, 5, &extra);
 
     if (rc == 0)
         rc = rd_u32(c, &ch->key_index);
     if (rc == 0)
-        rc = rd_u64(c, &ch->offset);
+        rc = kvt_mp_u64(c, &ch->offset);
     if (rc == 0)
         rc = rd_u32(c, &ch->length);
     if (rc == 0)
         rc = rd_u32(c, &ch->generation);
     if (rc == 0)
-        rc = rd_u64(c, &ch->checksum);
+        rc = kvt_mp_u64(c, &ch->checksum);
     return rc < 0 ? rc : end_record(c, extra);
 }
 
-static int dec_chunks(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
-                      const struct field *f)
+static int dec_chunks(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
+                      struct kvt_wire_msg *m, const struct field *f)
 {
     uint32_t n;
     struct kvt_wire_chunk *v;
-    int rc = rd_list(c, lim->max_keys, &n);
+    int rc = kvt_mp_array(c, lim->max_keys, &n);
 
     if (rc == 0)
         rc = own_alloc(m, n, sizeof(*v), (void **)&v);
@@ -529,28 +400,28 @@ static int dec_chunks(struct cur *c, const struct kvt_wire_limits *lim, struct k
     return 0;
 }
 
-static int dec_member(struct cur *c, struct kvt_wire_member *mb)
+static int dec_member(struct kvt_mp_cur *c, struct kvt_wire_member *mb)
 {
-    uint64_t extra;
+    uint32_t extra;
     int rc = rd_record(c, 4, &extra);
 
     if (rc == 0)
-        rc = rd_u64(c, &mb->node_id);
+        rc = kvt_mp_u64(c, &mb->node_id);
     if (rc == 0)
-        rc = rd_u64(c, &mb->incarnation);
+        rc = kvt_mp_u64(c, &mb->incarnation);
     if (rc == 0)
-        rc = rd_addr(c, mb->addr);
+        rc = kvt_mp_str(c, 0, KVT_WIRE_ADDR_MAX - 1, mb->addr);
     if (rc == 0)
         rc = rd_u16(c, &mb->port);
     return rc < 0 ? rc : end_record(c, extra);
 }
 
-static int dec_members(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
-                       const struct field *f)
+static int dec_members(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
+                       struct kvt_wire_msg *m, const struct field *f)
 {
     uint32_t n;
     struct kvt_wire_member *v;
-    int rc = rd_list(c, lim->max_members, &n);
+    int rc = kvt_mp_array(c, lim->max_members, &n);
 
     if (rc == 0)
         rc = own_alloc(m, n, sizeof(*v), (void **)&v);
@@ -563,37 +434,37 @@ static int dec_members(struct cur *c, const struct kvt_wire_limits *lim, struct 
     return 0;
 }
 
-static int dec_holder(struct cur *c, struct kvt_wire_holder *h)
+static int dec_holder(struct kvt_mp_cur *c, struct kvt_wire_holder *h)
 {
-    uint64_t extra;
+    uint32_t extra;
     int rc = rd_record(c, 2, &extra);
 
     if (rc == 0)
-        rc = rd_u64(c, &h->node_id);
+        rc = kvt_mp_u64(c, &h->node_id);
     if (rc == 0)
-        rc = rd_u64(c, &h->incarnation);
+        rc = kvt_mp_u64(c, &h->incarnation);
     return rc < 0 ? rc : end_record(c, extra);
 }
 
 /* A list per key of holder records: one pass to count (and bound) the holders, one
  * allocation for the lists and one for all holders, then a pass to fill them. */
-static int dec_holders(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
-                       const struct field *f)
+static int dec_holders(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
+                       struct kvt_wire_msg *m, const struct field *f)
 {
     uint32_t n, per;
     uint64_t total = 0;
     struct kvt_wire_holder_list *lists;
     struct kvt_wire_holder *h;
-    int rc = rd_list(c, lim->max_keys, &n);
+    int rc = kvt_mp_array(c, lim->max_keys, &n);
 
     if (rc < 0)
         return rc;
-    struct cur scan = *c;
+    struct kvt_mp_cur scan = *c;
 
     for (uint32_t i = 0; i < n; i++) {
-        rc = rd_list(&scan, lim->max_holders, &per);
+        rc = kvt_mp_array(&scan, lim->max_holders, &per);
         for (uint32_t j = 0; rc == 0 && j < per; j++)
-            rc = skip(&scan);
+            rc = kvt_mp_skip(&scan);
         if (rc < 0)
             return rc;
         total += per;
@@ -602,7 +473,7 @@ static int dec_holders(struct cur *c, const struct kvt_wire_limits *lim, struct 
     if (rc == 0)
         rc = own_alloc(m, (size_t)total, sizeof(*h), (void **)&h);
     for (uint32_t i = 0; rc == 0 && i < n; i++) {
-        rc = rd_list(c, lim->max_holders, &per);
+        rc = kvt_mp_array(c, lim->max_holders, &per);
         if (rc < 0)
             break;
         lists[i].n = per;
@@ -617,41 +488,41 @@ static int dec_holders(struct cur *c, const struct kvt_wire_limits *lim, struct 
     return 0;
 }
 
-static int dec_handle(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
-                      const struct field *f)
+static int dec_handle(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
+                      struct kvt_wire_msg *m, const struct field *f)
 {
-    struct mp_obj o;
+    struct kvt_mp_obj o;
     uint8_t *p;
-    int rc = rd_kind(c, MP_BIN, &o);
+    int rc = kvt_mp_expect(c, KVT_MP_BIN, &o);
 
     if (rc < 0)
         return rc;
-    if (o.v > lim->max_handle)
+    if (o.n > lim->max_handle)
         return -EMSGSIZE;
-    rc = own_alloc(m, (size_t)o.v, 1, (void **)&p);
+    rc = own_alloc(m, (size_t)o.n, 1, (void **)&p);
     if (rc < 0)
         return rc;
-    if (o.v > 0)
-        memcpy(p, o.data, (size_t)o.v);
+    if (o.n > 0)
+        memcpy(p, o.data, (size_t)o.n);
     *AT(m, f->off, uint8_t *) = p;
-    *AT(m, f->n_off, uint32_t) = (uint32_t)o.v;
+    *AT(m, f->n_off, uint32_t) = (uint32_t)o.n;
     return 0;
 }
 
-static int dec_field(struct cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
-                     const struct field *f)
+static int dec_field(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
+                     struct kvt_wire_msg *m, const struct field *f)
 {
     switch (f->kind) {
     case K_U64:
-        return rd_u64(c, AT(m, f->off, uint64_t));
+        return kvt_mp_u64(c, AT(m, f->off, uint64_t));
     case K_U32:
         return rd_u32(c, AT(m, f->off, uint32_t));
     case K_U16:
         return rd_u16(c, AT(m, f->off, uint16_t));
     case K_BIN32:
-        return rd_bin32(c, AT(m, f->off, uint8_t));
+        return kvt_mp_bin(c, KVT_WIRE_BIN32, KVT_WIRE_BIN32, AT(m, f->off, uint8_t), NULL);
     case K_ADDR:
-        return rd_addr(c, AT(m, f->off, char));
+        return kvt_mp_str(c, 0, KVT_WIRE_ADDR_MAX - 1, AT(m, f->off, char));
     case K_HANDLE:
         return dec_handle(c, lim, m, f);
     case K_KEYS:
@@ -678,23 +549,23 @@ static const struct field *find_field(const struct type_desc *td, uint64_t key)
 }
 
 /* Step 2: version and type, wherever they are in the map. */
-static int dec_header(struct cur c, uint64_t pairs, struct kvt_wire_msg *m)
+static int dec_header(struct kvt_mp_cur c, uint64_t pairs, struct kvt_wire_msg *m)
 {
     uint64_t v[3], seen = 0;
 
     for (uint64_t i = 0; i < pairs; i++) {
         uint64_t key;
-        int rc = rd_u64(&c, &key);
+        int rc = kvt_mp_u64(&c, &key);
 
         if (rc < 0)
             return rc; /* keys are unsigned integers */
         if (key > K_TYPE) {
-            rc = skip(&c);
+            rc = kvt_mp_skip(&c);
         } else if (seen & (1u << key)) {
             return -EBADMSG;
         } else {
             seen |= 1u << key;
-            rc = rd_u64(&c, &v[key]);
+            rc = kvt_mp_u64(&c, &v[key]);
         }
         if (rc < 0)
             return rc;
@@ -712,7 +583,7 @@ static int dec_header(struct cur c, uint64_t pairs, struct kvt_wire_msg *m)
 }
 
 /* Step 3: the type's fields; everything else is skipped. */
-static int dec_fields(struct cur c, uint64_t pairs, const struct kvt_wire_limits *lim,
+static int dec_fields(struct kvt_mp_cur c, uint64_t pairs, const struct kvt_wire_limits *lim,
                       struct kvt_wire_msg *m)
 {
     const struct type_desc *td = type_desc(m->type);
@@ -720,13 +591,13 @@ static int dec_fields(struct cur c, uint64_t pairs, const struct kvt_wire_limits
 
     for (uint64_t i = 0; i < pairs; i++) {
         uint64_t key;
-        int rc = rd_u64(&c, &key);
+        int rc = kvt_mp_u64(&c, &key);
         const struct field *f = rc < 0 || key <= K_TYPE ? NULL : find_field(td, key);
 
         if (rc < 0)
             return rc;
         if (f == NULL) {
-            rc = skip(&c);
+            rc = kvt_mp_skip(&c);
         } else if (seen & KVT_WIRE_HAS(f->id)) {
             return -EBADMSG; /* a field twice */
         } else {
@@ -748,7 +619,7 @@ int kvt_wire_decode(const uint8_t *body, size_t len, const struct kvt_wire_limit
 {
     struct kvt_wire_limits lim = {0};
     struct kvt_wire_msg m;
-    struct mp_obj o;
+    uint64_t pairs;
     int rc;
 
     if ((body == NULL && len > 0) || out == NULL)
@@ -758,20 +629,20 @@ int kvt_wire_decode(const uint8_t *body, size_t len, const struct kvt_wire_limit
     kvt_wire_limits_default(&lim);
     if (len > lim.max_frame)
         return -EMSGSIZE;
-    rc = validate(body, len, &lim);
+    rc = kvt_mp_check(body, len, lim.max_depth, lim.max_elements);
     if (rc < 0)
         return rc;
 
-    struct cur c = {.p = body, .end = body + len};
+    struct kvt_mp_cur c = {.p = body, .end = body + len};
 
-    rc = rd_kind(&c, MP_MAP, &o);
+    rc = kvt_mp_map(&c, &pairs);
     if (rc < 0)
         return rc;
     memset(&m, 0, sizeof(m));
-    rc = dec_header(c, o.v, &m);
+    rc = dec_header(c, pairs, &m);
     if (rc < 0)
         return rc;
-    rc = dec_fields(c, o.v, &lim, &m);
+    rc = dec_fields(c, pairs, &lim, &m);
     if (rc < 0)
         goto free_msg;
     *out = m;
@@ -844,22 +715,13 @@ static int sink_write(void *data, const char *buf, size_t len)
 
     if (s->err != 0)
         return -1;
-    if (len > b->cap - b->len) {
-        size_t cap = KVT_MAX(b->cap * 2, (size_t)256);
-
-        if (len > SIZE_MAX / 2 - b->len) {
-            s->err = -EMSGSIZE;
-            return -1;
-        }
-        cap = KVT_MAX(cap, b->len + len);
-        uint8_t *p = kvt_realloc(b->data, cap);
-
-        if (p == NULL) {
-            s->err = -ENOMEM;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
+    if (len > SIZE_MAX / 2 - b->len) {
+        s->err = -EMSGSIZE;
+        return -1;
+    }
+    if (kvt_vec_reserve(b->data, b->cap, b->len + len, 256) < 0) {
+        s->err = -ENOMEM;
+        return -1;
     }
     memcpy(b->data + b->len, buf, len);
     b->len += len;

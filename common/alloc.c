@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 
 static long fail_after = -1;
 

@@ -10,6 +10,7 @@
 #endif
 
 #include "kvt/clock.h"
+#include "kvt/clock_test.h"
 
 const uint64_t *kvt__clock_fake;
 double kvt__tick_s;

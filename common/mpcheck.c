@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Bounded msgpack reading (kvt/mpcheck.h): a header parser and an iterative walker
+/* Bounded msgpack reading (kvt/mpcheck.h): a header parser, an iterative walker
  * over a whole body, so that a peer's declared lengths are checked against the bytes
- * present before any decoder allocates.
+ * present before any decoder allocates, and the cursor both decoders read fields
+ * with (so a type or bound check is written once, here).
  *
  * The walker keeps, per depth, how many objects are still expected there; an array
  * or map pushes its element count (a map two per pair) after checking that count
@@ -186,22 +187,131 @@ int kvt_mp_check(const uint8_t *p, size_t len, unsigned max_depth, uint64_t max_
     }
 }
 
-int kvt_mp_skip(const uint8_t **pp, const uint8_t *end)
+int kvt_mp_skip(struct kvt_mp_cur *c)
 {
-    const uint8_t *p = *pp;
+    const uint8_t *p = c->p;
     uint64_t left = 1;
 
     while (left > 0) {
         struct kvt_mp_obj o;
-        int rc = kvt_mp_head(p, end, &o);
+        int rc = kvt_mp_head(p, c->end, &o);
 
         if (rc < 0)
             return rc;
         p += o.size;
         left += mp_children(&o) - 1;
-        if (left > (uint64_t)(end - p))
+        if (left > (uint64_t)(c->end - p))
             return -EBADMSG;
     }
-    *pp = p;
+    c->p = p;
     return 0;
+}
+
+/* ---- the cursor ---------------------------------------------------------------- */
+
+int kvt_mp_next(struct kvt_mp_cur *c, struct kvt_mp_obj *o)
+{
+    int rc = kvt_mp_head(c->p, c->end, o);
+
+    if (rc == 0)
+        c->p += o->size;
+    return rc;
+}
+
+int kvt_mp_expect(struct kvt_mp_cur *c, enum kvt_mp_kind kind, struct kvt_mp_obj *o)
+{
+    int rc = kvt_mp_head(c->p, c->end, o);
+
+    if (rc < 0)
+        return rc;
+    if (o->kind != kind)
+        return -EBADMSG;
+    c->p += o->size;
+    return 0;
+}
+
+int kvt_mp_u64(struct kvt_mp_cur *c, uint64_t *v_p)
+{
+    struct kvt_mp_obj o;
+    int rc = kvt_mp_head(c->p, c->end, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.kind != KVT_MP_INT || o.neg)
+        return -EBADMSG;
+    c->p += o.size;
+    *v_p = o.u;
+    return 0;
+}
+
+int kvt_mp_i64(struct kvt_mp_cur *c, int64_t *v_p)
+{
+    struct kvt_mp_obj o;
+    int rc = kvt_mp_head(c->p, c->end, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.kind != KVT_MP_INT || (!o.neg && o.u > INT64_MAX))
+        return -EBADMSG;
+    c->p += o.size;
+    *v_p = o.i;
+    return 0;
+}
+
+int kvt_mp_str(struct kvt_mp_cur *c, size_t min, size_t max, char *out)
+{
+    struct kvt_mp_obj o;
+    int rc = kvt_mp_head(c->p, c->end, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.kind != KVT_MP_STR || o.n < min || o.n > max || memchr(o.data, 0, o.n) != NULL)
+        return -EBADMSG;
+    c->p += o.size;
+    memcpy(out, o.data, o.n);
+    memset(out + o.n, 0, max + 1 - o.n);
+    return 0;
+}
+
+int kvt_mp_bin(struct kvt_mp_cur *c, size_t min, size_t max, uint8_t *out, size_t *len_p)
+{
+    struct kvt_mp_obj o;
+    int rc = kvt_mp_head(c->p, c->end, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.kind != KVT_MP_BIN || o.n < min || o.n > max)
+        return -EBADMSG;
+    c->p += o.size;
+    memcpy(out, o.data, o.n);
+    memset(out + o.n, 0, max - o.n);
+    if (len_p != NULL)
+        *len_p = (size_t)o.n;
+    return 0;
+}
+
+int kvt_mp_array(struct kvt_mp_cur *c, uint64_t max, uint32_t *n_p)
+{
+    struct kvt_mp_obj o;
+    int rc = kvt_mp_head(c->p, c->end, &o);
+
+    if (rc < 0)
+        return rc;
+    if (o.kind != KVT_MP_ARRAY)
+        return -EBADMSG;
+    if (o.n > max || o.n > UINT32_MAX)
+        return -EMSGSIZE;
+    c->p += o.size;
+    *n_p = (uint32_t)o.n;
+    return 0;
+}
+
+int kvt_mp_map(struct kvt_mp_cur *c, uint64_t *pairs_p)
+{
+    struct kvt_mp_obj o;
+    int rc = kvt_mp_expect(c, KVT_MP_MAP, &o);
+
+    if (rc == 0)
+        *pairs_p = o.n;
+    return rc;
 }

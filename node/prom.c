@@ -25,6 +25,7 @@
 #include "kvt/metrics.h"
 #include "kvt/prom.h"
 #include "kvt/storage_tier.h"
+#include "kvt/vec.h"
 
 #define NAME_MAX_LEN 200 /* exposition names, "_total" included */
 
@@ -148,22 +149,8 @@ struct buf {
 
 static void buf_reserve(struct buf *b, size_t more)
 {
-    size_t cap = b->cap ? b->cap : 4096;
-    char *p;
-
-    if (b->err)
-        return;
-    while (cap - b->len < more + 1)
-        cap *= 2;
-    if (cap == b->cap)
-        return;
-    p = kvt_realloc(b->p, cap);
-    if (p == NULL) {
+    if (b->err == 0 && kvt_vec_reserve(b->p, b->cap, b->len + more + 1, 4096) < 0)
         b->err = -ENOMEM;
-        return;
-    }
-    b->p = p;
-    b->cap = cap;
 }
 
 static void buf_put(struct buf *b, const char *s, size_t n)

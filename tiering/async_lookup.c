@@ -49,9 +49,11 @@
 
 #include "kvt/alloc.h"
 #include "kvt/async_lookup.h"
+#include "kvt/async_lookup_test.h"
 #include "kvt/list.h"
 #include "kvt/log.h"
 #include "kvt/map.h"
+#include "kvt/vec.h"
 
 #define MOD "async_lookup"
 
@@ -398,14 +400,8 @@ int kvt_async_lookup_lookup(struct kvt_async_lookup *al, const struct kvt_key *k
 
     st = kvt_map_get(&al->states, key->bytes, key->len);
     if (st == NULL) {
-        if (al->n_batch == al->cap_batch) {
-            size_t cap = al->cap_batch ? 2 * al->cap_batch : 16;
-            struct al_pending *b = kvt_reallocarray(al->batch, cap, sizeof(*b));
-            if (b == NULL)
-                goto err_req;
-            al->batch = b;
-            al->cap_batch = cap;
-        }
+        if (kvt_vec_reserve(al->batch, al->cap_batch, al->n_batch + 1, 16) < 0)
+            goto err_req;
         st = kvt_calloc(1, sizeof(*st));
         if (st == NULL)
             goto err_req;

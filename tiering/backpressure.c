@@ -37,6 +37,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/backpressure.h"
+#include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
 #include "kvt/types.h"
 

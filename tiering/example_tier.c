@@ -17,6 +17,7 @@
 #include "kvt/backpressure.h"
 #include "kvt/example_tier.h"
 #include "kvt/map.h"
+#include "kvt/vec.h"
 
 struct ex_result {
     struct kvt_job_result r;
@@ -71,14 +72,8 @@ static bool roll_fail(struct ex_tier *x)
 static struct ex_result *reserve_result(struct ex_tier *x, size_t n_ok)
 {
     struct ex_result *r;
-    if (x->n_res == x->cap_res) {
-        size_t cap = x->cap_res ? x->cap_res * 2 : 16;
-        struct ex_result *res = kvt_reallocarray(x->res, cap, sizeof(*res));
-        if (res == NULL)
-            return NULL;
-        x->res = res;
-        x->cap_res = cap;
-    }
+    if (kvt_vec_reserve(x->res, x->cap_res, x->n_res + 1, 16) < 0)
+        return NULL;
     r = &x->res[x->n_res];
     memset(r, 0, sizeof(*r));
     if (n_ok > 0) {

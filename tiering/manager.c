@@ -31,8 +31,10 @@
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
+#include "kvt/manager_test.h"
 #include "kvt/map.h"
 #include "kvt/metrics.h"
+#include "kvt/vec.h"
 
 #define MOD        "tiering"
 #define NO_EXCLUDE (-1)
@@ -299,17 +301,11 @@ static int pending_append(struct pending_promotion *pp, const struct kvt_key *ke
                           const int64_t *ids, size_t n)
 {
     if (pp->n + n > pp->cap) {
-        size_t cap = pp->cap ? pp->cap * 2 : 8;
-        while (cap < pp->n + n)
-            cap *= 2;
-        struct kvt_key *k = kvt_reallocarray(pp->keys, cap, sizeof(*k));
-        if (k == NULL)
+        size_t cap_keys = pp->cap, cap = pp->cap; /* one capacity for both arrays */
+
+        if (kvt_vec_reserve(pp->keys, cap_keys, pp->n + n, 8) < 0 ||
+            kvt_vec_reserve(pp->chunk_ids, cap, pp->n + n, 8) < 0)
             return -ENOMEM;
-        pp->keys = k;
-        int64_t *c = kvt_reallocarray(pp->chunk_ids, cap, sizeof(*c));
-        if (c == NULL)
-            return -ENOMEM;
-        pp->chunk_ids = c;
         pp->cap = cap;
     }
     memcpy(pp->keys + pp->n, keys, n * sizeof(*keys));
@@ -437,14 +433,8 @@ static void req_free(struct req_state *st)
 
 static int park_key(struct req_state *st, const struct kvt_key *key)
 {
-    if (st->n_parked == st->cap_parked) {
-        size_t cap = st->cap_parked ? st->cap_parked * 2 : 8;
-        struct kvt_key *p = kvt_reallocarray(st->parked, cap, sizeof(*p));
-        if (p == NULL)
-            return -ENOMEM;
-        st->parked = p;
-        st->cap_parked = cap;
-    }
+    if (kvt_vec_reserve(st->parked, st->cap_parked, st->n_parked + 1, 8) < 0)
+        return -ENOMEM;
     st->parked[st->n_parked++] = *key;
     return 0;
 }

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kvt/alloc.h"
+#include "kvt/primary_test.h"
 #include "primary_int.h"
 
 #define ARC_GROUP 16 /* ghosts whose index misses are overlapped */

@@ -28,6 +28,7 @@
 #include "kvt/log.h"
 #include "kvt/metrics.h"
 #include "kvt/region.h"
+#include "kvt/primary_test.h"
 #include "primary_int.h"
 
 #define PR_MAX_CHUNKS (1ull << 31)

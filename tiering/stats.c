@@ -11,6 +11,7 @@
 #include "kvt/common.h"
 #include "kvt/metrics.h"
 #include "kvt/stats.h"
+#include "kvt/vec.h"
 
 const double kvt_hist_bounds[KVT_HIST_BUCKETS] = {
     1e-6, 1e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1, 4, 16, 64, 256, 1e300,
@@ -124,15 +125,8 @@ static int stat_slot(struct kvt_stats *st, const char *name, const char *label,
             return 0;
         }
     }
-    if (st->n == st->cap) {
-        size_t cap = st->cap ? st->cap * 2 : 16;
-        struct kvt_stat *s = kvt_reallocarray(st->s, cap, sizeof(*s));
-
-        if (s == NULL)
-            return -ENOMEM;
-        st->s = s;
-        st->cap = cap;
-    }
+    if (kvt_vec_reserve(st->s, st->cap, st->n + 1, 16) < 0)
+        return -ENOMEM;
     struct kvt_stat *s = &st->s[st->n++];
 
     memset(s, 0, sizeof(*s));

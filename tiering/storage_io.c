@@ -68,6 +68,8 @@
 #include "kvt/common.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
+#include "kvt/vec.h"
+#include "kvt/storage_tier_test.h"
 #include "storage_int.h"
 
 #ifdef KVT_HAVE_LIBURING
@@ -1260,15 +1262,9 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
             l->c.old_removed += rc == ST_ERR_OLD;
             continue;
         }
-        if (l->n == l->cap) {
-            size_t cap = l->cap ? 2 * l->cap : 1024;
-            struct st_found *nf = kvt_reallocarray(l->found, cap, sizeof(*nf));
-            if (nf == NULL) {
-                l->err = -ENOMEM;
-                break;
-            }
-            l->found = nf;
-            l->cap = cap;
+        if (kvt_vec_reserve(l->found, l->cap, l->n + 1, 1024) < 0) {
+            l->err = -ENOMEM;
+            break;
         }
         l->found[l->n++] = f;
     }

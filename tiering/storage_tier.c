@@ -82,6 +82,8 @@
 #include "kvt/log.h"
 #include "kvt/safe_path.h"
 #include "kvt/storage_tier.h"
+#include "kvt/storage_tier_test.h"
+#include "kvt/vec.h"
 #include "storage_int.h"
 
 #define MOD "storage"
@@ -172,15 +174,7 @@ static int unlink_room(struct st_tier *s)
             return -ENOMEM;
         s->pending_unlinks = sj;
     }
-    if (sj->n_items == sj->cap_items) {
-        size_t cap = 2 * sj->cap_items;
-        struct st_item *items = kvt_reallocarray(sj->items, cap, sizeof(*items));
-        if (items == NULL)
-            return -ENOMEM;
-        sj->items = items;
-        sj->cap_items = cap;
-    }
-    return 0;
+    return kvt_vec_reserve(sj->items, sj->cap_items, sj->n_items + 1, 16);
 }
 
 /* Queues the removal of e's file with the other removals of this call (room made by

@@ -10,6 +10,7 @@
 #include "kvt/alloc.h"
 #include "kvt/hash.h"
 #include "kvt/types.h"
+#include "kvt/vec.h"
 
 int kvt_key_set(struct kvt_key *key, const void *bytes, size_t len)
 {
@@ -202,17 +203,7 @@ void kvt_events_cleanup(struct kvt_events *l)
 
 static int events_reserve(struct kvt_events *l, size_t extra)
 {
-    if (l->n + extra <= l->cap)
-        return 0;
-    size_t cap = l->cap ? l->cap * 2 : 8;
-    while (cap < l->n + extra)
-        cap *= 2;
-    struct kvt_event *ev = kvt_reallocarray(l->ev, cap, sizeof(*ev));
-    if (ev == NULL)
-        return -ENOMEM;
-    l->ev = ev;
-    l->cap = cap;
-    return 0;
+    return kvt_vec_reserve(l->ev, l->cap, l->n + extra, 8);
 }
 
 int kvt_events_push(struct kvt_events *l, const struct kvt_key *keys, size_t n, int medium,

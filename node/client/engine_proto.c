@@ -2,14 +2,15 @@
 /* The engine API codec (layout in kvtier/engine_proto.h), compiled into both the
  * daemon (kvt_node) and libkvtier-client.
  *
- * Decoding runs on the shared reader of msgpack headers (kvt/mpcheck.h, also used
- * by the wire codec), in two passes:
- *   1. validate: kvt_mp_check, an iterative walk over the whole body: every str/bin/ext payload
- *      is present, every array/map declares no more elements than bytes remain
- *      (each element takes at least one), depth and object count are capped, and
- *      the body is exactly one object;
- *   2. fields: the top map's pairs are read by field id; each list's count is
- *      checked against the limits before its one allocation; unknown ids skipped.
+ * Decoding runs on the one bounded msgpack reader (kvt/mpcheck.h, shared with the
+ * wire codec), in two passes:
+ *   1. validate: kvt_mp_check, an iterative walk over the whole body: every
+ *      str/bin/ext payload is present, every array/map declares no more elements
+ *      than bytes remain (each element takes at least one), depth and object count
+ *      are capped, and the body is exactly one object;
+ *   2. fields: the top map's pairs are read by field id with the reader's cursor
+ *      (kind and bounds checked on every read); each list's count is checked
+ *      against the limits before its one allocation; unknown ids skipped.
  * After pass 1 a count can be at most the body's length, so what a decode
  * allocates is a small multiple of the body plus the limits (heap_bytes says how
  * much). Encoding goes through msgpack-c's packer into a struct kvt_ebuf. */
@@ -23,6 +24,7 @@
 #include "kvt/alloc.h"
 #include "kvt/common.h"
 #include "kvt/mpcheck.h"
+#include "kvt/vec.h"
 #include "kvtier/engine_proto.h"
 
 #define MAX_DEPTH   8
@@ -64,72 +66,12 @@ void kvt__emsg_free(struct kvt_emsg *m)
     kvt__emsg_init(m);
 }
 
-/* ---- msgpack headers: kvt/mpcheck.h ---------------------------------------- */
+/* ---- reading fields: the shared cursor (kvt/mpcheck.h) --------------------------- */
 
-static int validate(const uint8_t *p, size_t len)
-{
-    return kvt_mp_check(p, len, MAX_DEPTH, MAX_OBJECTS);
-}
-
-/* ---- reading validated bytes ------------------------------------------------ */
-
-struct cur {
-    const uint8_t *p, *end;
-};
-
-static int next(struct cur *c, struct kvt_mp_obj *o)
-{
-    int rc = kvt_mp_head(c->p, c->end, o);
-
-    if (rc == 0)
-        c->p += o->size;
-    return rc;
-}
-
-static int skip(struct cur *c)
-{
-    return kvt_mp_skip(&c->p, c->end);
-}
-
-static int rd(struct cur *c, enum kvt_mp_kind kind, struct kvt_mp_obj *o)
-{
-    int rc = next(c, o);
-
-    if (rc < 0)
-        return rc;
-    return o->kind == kind ? 0 : -EBADMSG;
-}
-
-static int rd_u64(struct cur *c, uint64_t *v)
-{
-    struct kvt_mp_obj o;
-    int rc = rd(c, KVT_MP_INT, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.neg)
-        return -EBADMSG;
-    *v = o.u;
-    return 0;
-}
-
-static int rd_i64(struct cur *c, int64_t *v)
-{
-    struct kvt_mp_obj o;
-    int rc = rd(c, KVT_MP_INT, &o);
-
-    if (rc < 0)
-        return rc;
-    if (!o.neg && o.u > INT64_MAX)
-        return -EBADMSG;
-    *v = o.i;
-    return 0;
-}
-
-static int rd_int_range(struct cur *c, int64_t lo, int64_t hi, int *v)
+static int rd_int_range(struct kvt_mp_cur *c, int64_t lo, int64_t hi, int *v)
 {
     int64_t x;
-    int rc = rd_i64(c, &x);
+    int rc = kvt_mp_i64(c, &x);
 
     if (rc < 0)
         return rc;
@@ -139,10 +81,10 @@ static int rd_int_range(struct cur *c, int64_t lo, int64_t hi, int *v)
     return 0;
 }
 
-static int rd_f64(struct cur *c, double *v)
+static int rd_f64(struct kvt_mp_cur *c, double *v)
 {
     struct kvt_mp_obj o;
-    int rc = next(c, &o);
+    int rc = kvt_mp_next(c, &o);
 
     if (rc < 0)
         return rc;
@@ -155,47 +97,14 @@ static int rd_f64(struct cur *c, double *v)
     return 0;
 }
 
-/* A str of 0..max bytes (min 1 if nonempty) with no NUL inside, into out[max+1]. */
-static int rd_str(struct cur *c, size_t min, size_t max, char *out)
+static int rd_key(struct kvt_mp_cur *c, struct kvtier_key *k)
 {
-    struct kvt_mp_obj o;
-    int rc = rd(c, KVT_MP_STR, &o);
+    size_t len;
+    int rc = kvt_mp_bin(c, 1, KVTIER_KEY_MAX, k->bytes, &len);
 
-    if (rc < 0)
-        return rc;
-    if (o.n < min || o.n > max || memchr(o.data, 0, o.n) != NULL)
-        return -EBADMSG;
-    memcpy(out, o.data, o.n);
-    out[o.n] = '\0';
-    return 0;
-}
-
-static int rd_key(struct cur *c, struct kvtier_key *k)
-{
-    struct kvt_mp_obj o;
-    int rc = rd(c, KVT_MP_BIN, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.n < 1 || o.n > KVTIER_KEY_MAX)
-        return -EBADMSG;
-    k->len = (uint8_t)o.n;
-    memcpy(k->bytes, o.data, o.n);
-    memset(k->bytes + o.n, 0, KVTIER_KEY_MAX - o.n);
-    return 0;
-}
-
-static int rd_array(struct cur *c, uint64_t max, uint32_t *n)
-{
-    struct kvt_mp_obj o;
-    int rc = rd(c, KVT_MP_ARRAY, &o);
-
-    if (rc < 0)
-        return rc;
-    if (o.n > max)
-        return -EMSGSIZE;
-    *n = (uint32_t)o.n;
-    return 0;
+    if (rc == 0)
+        k->len = (uint8_t)len;
+    return rc;
 }
 
 /* One allocation of n * each (n already bounded); counts into heap_bytes. */
@@ -210,11 +119,11 @@ static int alloc_n(struct kvt_emsg *m, void **p, size_t n, size_t each)
     return 0;
 }
 
-static int dec_keys(struct cur *c, struct kvt_emsg *m, uint32_t max, struct kvtier_key **keys,
-                    uint32_t *n_p)
+static int dec_keys(struct kvt_mp_cur *c, struct kvt_emsg *m, uint32_t max,
+                    struct kvtier_key **keys, uint32_t *n_p)
 {
     uint32_t n;
-    int rc = rd_array(c, max, &n);
+    int rc = kvt_mp_array(c, max, &n);
 
     if (rc < 0)
         return rc;
@@ -226,17 +135,17 @@ static int dec_keys(struct cur *c, struct kvt_emsg *m, uint32_t max, struct kvti
     return rc;
 }
 
-static int dec_id_list(struct cur *c, struct kvt_emsg *m, uint32_t max, kvt_eproto_id_t **ids,
-                       uint32_t *n_p)
+static int dec_id_list(struct kvt_mp_cur *c, struct kvt_emsg *m, uint32_t max,
+                       kvt_eproto_id_t **ids, uint32_t *n_p)
 {
     uint32_t n;
-    int rc = rd_array(c, max, &n);
+    int rc = kvt_mp_array(c, max, &n);
 
     if (rc < 0)
         return rc;
     rc = alloc_n(m, (void **)ids, n, sizeof(**ids));
     for (uint32_t i = 0; rc == 0 && i < n; i++)
-        rc = rd_str(c, 1, KVT_EPROTO_ID_MAX, (*ids)[i]);
+        rc = kvt_mp_str(c, 1, KVT_EPROTO_ID_MAX, (*ids)[i]);
     if (rc == 0)
         *n_p = n;
     return rc;
@@ -244,12 +153,12 @@ static int dec_id_list(struct cur *c, struct kvt_emsg *m, uint32_t max, kvt_epro
 
 /* Events: [keys, medium, locality, removed]; all keys in one array (m->heap). The
  * first pass counts the keys so that the one allocation is exact. */
-static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
+static int dec_events(struct kvt_mp_cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
 {
     uint32_t n;
     uint64_t total = 0;
-    struct cur save;
-    int rc = rd_array(c, lim->max_events, &n);
+    struct kvt_mp_cur save;
+    int rc = kvt_mp_array(c, lim->max_events, &n);
 
     if (rc < 0)
         return rc;
@@ -257,16 +166,16 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
     for (uint32_t i = 0; i < n; i++) {
         uint32_t fields, nk = 0;
 
-        rc = rd_array(c, 16, &fields);
+        rc = kvt_mp_array(c, 16, &fields);
         if (rc == 0 && fields != 4)
             rc = -EBADMSG;
         if (rc == 0)
-            rc = rd_array(c, UINT32_MAX, &nk);
+            rc = kvt_mp_array(c, UINT32_MAX, &nk);
         if (rc < 0)
             return rc;
         total += nk;
         for (uint32_t k = 0; k < nk + 3u; k++) {
-            rc = skip(c);
+            rc = kvt_mp_skip(c);
             if (rc < 0)
                 return rc;
         }
@@ -282,9 +191,9 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
         uint32_t fields, nk = 0;
         struct kvt_mp_obj o;
 
-        rc = rd_array(c, 16, &fields);
+        rc = kvt_mp_array(c, 16, &fields);
         if (rc == 0)
-            rc = rd_array(c, UINT32_MAX, &nk);
+            rc = kvt_mp_array(c, UINT32_MAX, &nk);
         if (rc < 0)
             break;
         ev->keys = keys;
@@ -296,7 +205,7 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
         if (rc == 0)
             rc = rd_int_range(c, -1, 1, &ev->locality);
         if (rc == 0)
-            rc = rd(c, KVT_MP_BOOL, &o);
+            rc = kvt_mp_expect(c, KVT_MP_BOOL, &o);
         if (rc == 0)
             ev->removed = o.u != 0;
     }
@@ -305,10 +214,10 @@ static int dec_events(struct cur *c, const struct kvt_eproto_limits *lim, struct
     return rc;
 }
 
-static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
+static int dec_stats(struct kvt_mp_cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
 {
     uint32_t n;
-    int rc = rd_array(c, lim->max_stats, &n);
+    int rc = kvt_mp_array(c, lim->max_stats, &n);
 
     if (rc < 0)
         return rc;
@@ -317,27 +226,27 @@ static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct 
         struct kvtier_stat *s = &m->stats[i];
         uint32_t fields, nb;
 
-        rc = rd_array(c, 16, &fields);
+        rc = kvt_mp_array(c, 16, &fields);
         if (rc == 0 && fields != 7)
             rc = -EBADMSG;
         if (rc == 0)
-            rc = rd_str(c, 1, KVTIER_STAT_NAME_MAX - 1, s->name);
+            rc = kvt_mp_str(c, 1, KVTIER_STAT_NAME_MAX - 1, s->name);
         if (rc == 0)
-            rc = rd_str(c, 0, KVTIER_STAT_LABEL_MAX - 1, s->label);
+            rc = kvt_mp_str(c, 0, KVTIER_STAT_LABEL_MAX - 1, s->label);
         if (rc == 0)
             rc = rd_int_range(c, 0, 2, &s->kind);
         if (rc == 0)
             rc = rd_f64(c, &s->value);
         if (rc == 0)
-            rc = rd_u64(c, &s->count);
+            rc = kvt_mp_u64(c, &s->count);
         if (rc == 0)
             rc = rd_f64(c, &s->sum);
         if (rc == 0)
-            rc = rd_array(c, KVTIER_HIST_BUCKETS, &nb);
+            rc = kvt_mp_array(c, KVTIER_HIST_BUCKETS, &nb);
         if (rc == 0 && nb != KVTIER_HIST_BUCKETS)
             rc = -EBADMSG;
         for (uint32_t b = 0; rc == 0 && b < nb; b++)
-            rc = rd_u64(c, &s->buckets[b]);
+            rc = kvt_mp_u64(c, &s->buckets[b]);
     }
     if (rc == 0)
         m->n_stats = n;
@@ -346,14 +255,14 @@ static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct 
 
 /* Each stat's bucket bounds: after the stats they belong to (encoders write fields in
  * id order), one list per stat, each ascending and finite. */
-static int dec_stat_bounds(struct cur *c, struct kvt_emsg *m)
+static int dec_stat_bounds(struct kvt_mp_cur *c, struct kvt_emsg *m)
 {
     uint32_t n;
     int rc;
 
     if (!kvt__emsg_has(m, KVT_EF_STATS))
         return -EBADMSG;
-    rc = rd_array(c, m->n_stats, &n);
+    rc = kvt_mp_array(c, m->n_stats, &n);
     if (rc == 0 && n != m->n_stats)
         rc = -EBADMSG;
     if (rc == 0)
@@ -362,7 +271,7 @@ static int dec_stat_bounds(struct cur *c, struct kvt_emsg *m)
         struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
         uint32_t nb;
 
-        rc = rd_array(c, KVTIER_HIST_BUCKETS - 1, &nb);
+        rc = kvt_mp_array(c, KVTIER_HIST_BUCKETS - 1, &nb);
         for (uint32_t b = 0; rc == 0 && b < nb; b++) {
             rc = rd_f64(c, &hb->bound[b]);
             if (rc == 0 && (!isfinite(hb->bound[b]) || (b > 0 && hb->bound[b] <= hb->bound[b - 1])))
@@ -376,10 +285,10 @@ static int dec_stat_bounds(struct cur *c, struct kvt_emsg *m)
 
 /* Peers: each an array of at least KVT_EPROTO_PEER_MIN fields (a newer minor's
  * extra fields are skipped). */
-static int dec_peers(struct cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
+static int dec_peers(struct kvt_mp_cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
 {
     uint32_t n;
-    int rc = rd_array(c, lim->max_peers, &n);
+    int rc = kvt_mp_array(c, lim->max_peers, &n);
 
     if (rc < 0)
         return rc;
@@ -389,37 +298,37 @@ static int dec_peers(struct cur *c, const struct kvt_eproto_limits *lim, struct 
         uint32_t fields;
         uint64_t port;
 
-        rc = rd_array(c, 64, &fields);
+        rc = kvt_mp_array(c, 64, &fields);
         if (rc == 0 && fields < KVT_EPROTO_PEER_MIN)
             rc = -EBADMSG;
         if (rc == 0)
-            rc = rd_u64(c, &p->node_id);
+            rc = kvt_mp_u64(c, &p->node_id);
         if (rc == 0)
-            rc = rd_u64(c, &p->incarnation);
+            rc = kvt_mp_u64(c, &p->incarnation);
         if (rc == 0)
-            rc = rd_str(c, 0, KVTIER_ADDR_MAX, p->addr);
+            rc = kvt_mp_str(c, 0, KVTIER_ADDR_MAX, p->addr);
         if (rc == 0)
-            rc = rd_u64(c, &port);
+            rc = kvt_mp_u64(c, &port);
         if (rc == 0 && port > UINT16_MAX)
             rc = -EBADMSG;
         p->port = (uint16_t)port;
         if (rc == 0)
             rc = rd_int_range(c, KVTIER_PEER_ALIVE, KVTIER_PEER_SELF, &p->state);
         if (rc == 0)
-            rc = rd_u64(c, &p->last_heard_ms);
+            rc = kvt_mp_u64(c, &p->last_heard_ms);
         if (rc == 0)
-            rc = rd_u64(c, &p->pulled_bytes);
+            rc = kvt_mp_u64(c, &p->pulled_bytes);
         if (rc == 0)
-            rc = rd_u64(c, &p->served_bytes);
+            rc = kvt_mp_u64(c, &p->served_bytes);
         for (uint32_t f = KVT_EPROTO_PEER_MIN; rc == 0 && f < fields; f++)
-            rc = skip(c);
+            rc = kvt_mp_skip(c);
     }
     if (rc == 0)
         m->n_peers = n;
     return rc;
 }
 
-static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits *lim,
+static int dec_field(struct kvt_mp_cur *c, uint64_t id, const struct kvt_eproto_limits *lim,
                      struct kvt_emsg *m)
 {
     struct kvt_mp_obj o;
@@ -430,34 +339,34 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         return -EBADMSG; /* duplicate field */
     switch (id) {
     case KVT_EF_OP:
-        rc = rd_u64(c, &m->seq); /* scratch */
+        rc = kvt_mp_u64(c, &m->seq); /* scratch */
         if (rc == 0 && m->seq > 0xff)
             rc = -EBADMSG;
         m->op = (uint32_t)m->seq;
         m->seq = 0;
         break;
     case KVT_EF_SEQ:
-        rc = rd_u64(c, &m->seq);
+        rc = kvt_mp_u64(c, &m->seq);
         break;
     case KVT_EF_RC:
-        rc = rd_i64(c, &m->rc);
+        rc = kvt_mp_i64(c, &m->rc);
         if (rc == 0 && (m->rc > 0 || m->rc < -4095))
             rc = -EBADMSG;
         break;
     case KVT_EF_REQ_ID:
-        rc = rd_str(c, 1, KVT_EPROTO_ID_MAX, m->req_id);
+        rc = kvt_mp_str(c, 1, KVT_EPROTO_ID_MAX, m->req_id);
         break;
     case KVT_EF_NAME:
-        rc = rd_str(c, 0, KVTIER_NAME_MAX, m->name);
+        rc = kvt_mp_str(c, 0, KVTIER_NAME_MAX, m->name);
         break;
     case KVT_EF_MAJOR:
-        rc = rd_u64(c, &m->major);
+        rc = kvt_mp_u64(c, &m->major);
         break;
     case KVT_EF_MINOR:
-        rc = rd_u64(c, &m->minor);
+        rc = kvt_mp_u64(c, &m->minor);
         break;
     case KVT_EF_FLAGS:
-        rc = rd_u64(c, &m->flags);
+        rc = kvt_mp_u64(c, &m->flags);
         break;
     case KVT_EF_KEYS:
         rc = dec_keys(c, m, lim->max_keys, &m->keys, &m->n_keys);
@@ -466,7 +375,7 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         rc = dec_keys(c, m, lim->max_keys, &m->evicted, &m->n_evicted);
         break;
     case KVT_EF_RESULTS:
-        rc = rd(c, KVT_MP_BIN, &o);
+        rc = kvt_mp_expect(c, KVT_MP_BIN, &o);
         if (rc == 0 && o.n > lim->max_keys)
             rc = -EMSGSIZE;
         if (rc == 0)
@@ -481,22 +390,22 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         }
         break;
     case KVT_EF_IDS:
-        rc = rd_array(c, lim->max_keys, &n);
+        rc = kvt_mp_array(c, lim->max_keys, &n);
         if (rc == 0)
             rc = alloc_n(m, (void **)&m->ids, n, sizeof(*m->ids));
         for (uint32_t i = 0; rc == 0 && i < n; i++)
-            rc = rd_i64(c, &m->ids[i]);
+            rc = kvt_mp_i64(c, &m->ids[i]);
         if (rc == 0)
             m->n_ids = n;
         break;
     case KVT_EF_INDEX:
-        rc = rd_array(c, lim->max_keys, &n);
+        rc = kvt_mp_array(c, lim->max_keys, &n);
         if (rc == 0)
             rc = alloc_n(m, (void **)&m->index, n, sizeof(*m->index));
         for (uint32_t i = 0; rc == 0 && i < n; i++) {
             uint64_t v;
 
-            rc = rd_u64(c, &v);
+            rc = kvt_mp_u64(c, &v);
             if (rc == 0 && v > UINT32_MAX)
                 rc = -EBADMSG;
             m->index[i] = (uint32_t)v;
@@ -505,7 +414,7 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
             m->n_index = n;
         break;
     case KVT_EF_PARAMS:
-        rc = rd(c, KVT_MP_STR, &o);
+        rc = kvt_mp_expect(c, KVT_MP_STR, &o);
         if (rc == 0 && o.n > lim->max_params)
             rc = -EMSGSIZE;
         if (rc == 0 && memchr(o.data, 0, o.n) != NULL)
@@ -518,11 +427,11 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         }
         break;
     case KVT_EF_FILTER:
-        rc = rd_array(c, KVTIER_FILTER_MAX, &n);
+        rc = kvt_mp_array(c, KVTIER_FILTER_MAX, &n);
         for (uint32_t i = 0; rc == 0 && i < n; i++) {
             uint32_t two;
 
-            rc = rd_array(c, 2, &two);
+            rc = kvt_mp_array(c, 2, &two);
             if (rc == 0 && two != 2)
                 rc = -EBADMSG;
             if (rc == 0)
@@ -546,14 +455,14 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         rc = dec_stats(c, lim, m);
         break;
     case KVT_EF_GEOM:
-        rc = rd_array(c, KVT_EPROTO_GEOM_MAX, &n);
+        rc = kvt_mp_array(c, KVT_EPROTO_GEOM_MAX, &n);
         for (uint32_t i = 0; rc == 0 && i < n; i++)
-            rc = rd_u64(c, &m->geom[i]);
+            rc = kvt_mp_u64(c, &m->geom[i]);
         if (rc == 0)
             m->n_geom = n;
         break;
     case KVT_EF_BOUNDS:
-        rc = rd_array(c, KVTIER_HIST_BUCKETS, &n);
+        rc = kvt_mp_array(c, KVTIER_HIST_BUCKETS, &n);
         for (uint32_t i = 0; rc == 0 && i < n; i++)
             rc = rd_f64(c, &m->bounds[i]);
         if (rc == 0)
@@ -566,18 +475,18 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         rc = dec_keys(c, m, lim->max_keys, &m->job_keys, &m->n_job_keys);
         break;
     case KVT_EF_JOBS:
-        rc = rd_array(c, (uint64_t)lim->max_keys * 3, &n);
+        rc = kvt_mp_array(c, (uint64_t)lim->max_keys * 3, &n);
         if (rc == 0 && n % 3 != 0)
             rc = -EBADMSG;
         if (rc == 0)
             rc = alloc_n(m, (void **)&m->jobs, n, sizeof(*m->jobs));
         for (uint32_t i = 0; rc == 0 && i < n; i++)
-            rc = rd_u64(c, &m->jobs[i]);
+            rc = kvt_mp_u64(c, &m->jobs[i]);
         if (rc == 0)
             m->n_jobs = n;
         break;
     case KVT_EF_OK:
-        rc = rd(c, KVT_MP_BIN, &o);
+        rc = kvt_mp_expect(c, KVT_MP_BIN, &o);
         if (rc == 0 && o.n > lim->max_keys)
             rc = -EMSGSIZE;
         if (rc == 0)
@@ -588,16 +497,16 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         }
         break;
     case KVT_EF_FINGERPRINT:
-        rc = rd_str(c, 0, KVTIER_FINGERPRINT_MAX, m->fingerprint);
+        rc = kvt_mp_str(c, 0, KVTIER_FINGERPRINT_MAX, m->fingerprint);
         break;
     case KVT_EF_MESSAGE:
-        rc = rd_str(c, 0, KVT_EPROTO_MSG_MAX, m->message);
+        rc = kvt_mp_str(c, 0, KVT_EPROTO_MSG_MAX, m->message);
         break;
     case KVT_EF_PEERS:
         rc = dec_peers(c, lim, m);
         break;
     default:
-        return skip(c); /* a newer minor's field */
+        return kvt_mp_skip(c); /* a newer minor's field */
     }
     if (rc == 0)
         m->has |= 1u << id;
@@ -607,21 +516,21 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
 int kvt__emsg_decode(const uint8_t *body, size_t len, const struct kvt_eproto_limits *lim,
                      struct kvt_emsg *m)
 {
-    struct cur c = {body, body + len};
-    struct kvt_mp_obj o;
+    struct kvt_mp_cur c = {.p = body, .end = body + len};
+    uint64_t pairs;
     int rc;
 
     kvt__emsg_init(m);
     if (len > lim->max_body)
         return -EMSGSIZE;
-    rc = validate(body, len);
+    rc = kvt_mp_check(body, len, MAX_DEPTH, MAX_OBJECTS);
     if (rc < 0)
         return rc;
-    rc = rd(&c, KVT_MP_MAP, &o);
-    for (uint64_t i = 0; rc == 0 && i < o.n; i++) {
+    rc = kvt_mp_map(&c, &pairs);
+    for (uint64_t i = 0; rc == 0 && i < pairs; i++) {
         uint64_t id;
 
-        rc = rd_u64(&c, &id);
+        rc = kvt_mp_u64(&c, &id);
         if (rc == 0)
             rc = dec_field(&c, id, lim, m);
     }
@@ -657,19 +566,9 @@ static int sink_write(void *data, const char *buf, size_t len)
 
     if (s->failed)
         return -1;
-    if (b->len + len > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        uint8_t *p;
-
-        while (cap < b->len + len)
-            cap *= 2;
-        p = kvt_realloc(b->data, cap);
-        if (p == NULL) {
-            s->failed = true;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
+    if (kvt_vec_reserve(b->data, b->cap, b->len + len, 256) < 0) {
+        s->failed = true;
+        return -1;
     }
     memcpy(b->data + b->len, buf, len);
     b->len += len;

@@ -23,6 +23,7 @@
 #include "kvt/engine_api.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"
+#include "kvt/primary_test.h"
 #include "kvt/region.h"
 
 static volatile sig_atomic_t g_stop;

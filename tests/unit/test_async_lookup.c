@@ -20,7 +20,9 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/async_lookup.h"
+#include "kvt/async_lookup_test.h"
 #include "kvt/common.h"
 
 /* ---- the in-memory tier ---------------------------------------------------- */

@@ -22,7 +22,9 @@
 #include "test_util.h"
 
 #include "kvt/backpressure.h"
+#include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
+#include "kvt/clock_test.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"
 

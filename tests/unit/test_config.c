@@ -16,6 +16,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/config.h"

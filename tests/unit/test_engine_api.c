@@ -37,6 +37,7 @@
 #include "kvt/example_tier.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
+#include "kvt/manager_test.h"
 #include "kvt/primary.h"
 #include "kvt/region.h"
 #include "kvtier/client.h"

@@ -14,11 +14,15 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/backpressure.h"
+#include "kvt/backpressure_test.h"
 #include "kvt/clock.h"
+#include "kvt/clock_test.h"
 #include "kvt/common.h"
 #include "kvt/example_tier.h"
 #include "kvt/manager.h"
+#include "kvt/manager_test.h"
 #include "kvt/metrics.h"
 
 /* ---- a call log shared by the example tiers ----------------------------- */

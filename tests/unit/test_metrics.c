@@ -6,6 +6,7 @@
 
 #include "test_util.h"
 #include "kvt/clock.h"
+#include "kvt/clock_test.h"
 #include "kvt/common.h"
 #include "kvt/metrics.h"
 #include "kvt/stats.h"

@@ -21,6 +21,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/metrics.h"

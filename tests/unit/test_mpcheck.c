@@ -126,24 +126,104 @@ static void test_skip(void **state)
 {
     static const uint8_t two[] = {0x82, 0x01, 0x92, 0x01, 0xa1, 'x', 0x02, 0x80, 0x07};
     static const uint8_t cut[] = {0x92, 0x01};
-    const uint8_t *p = two;
+    struct kvt_mp_cur c = {.p = two, .end = two + sizeof(two)};
 
-    assert_int_equal(kvt_mp_skip(&p, two + sizeof(two)), 0);
-    assert_ptr_equal(p, two + 8);
-    assert_int_equal(kvt_mp_skip(&p, two + sizeof(two)), 0);
-    assert_ptr_equal(p, two + 9);
-    assert_int_equal(kvt_mp_skip(&p, two + sizeof(two)), -EBADMSG); /* nothing left */
-    p = cut;
-    assert_int_equal(kvt_mp_skip(&p, cut + sizeof(cut)), -EBADMSG);
-    assert_ptr_equal(p, cut); /* unmoved on failure */
+    assert_int_equal(kvt_mp_skip(&c), 0);
+    assert_ptr_equal(c.p, two + 8);
+    assert_int_equal(kvt_mp_skip(&c), 0);
+    assert_ptr_equal(c.p, two + 9);
+    assert_int_equal(kvt_mp_skip(&c), -EBADMSG); /* nothing left */
+    c = (struct kvt_mp_cur){.p = cut, .end = cut + sizeof(cut)};
+    assert_int_equal(kvt_mp_skip(&c), -EBADMSG);
+    assert_ptr_equal(c.p, cut); /* unmoved on failure */
+}
+
+/* The cursor: each read checks kind and bounds and moves only when it succeeds. */
+static void test_cursor_reads(void **state)
+{
+    static const uint8_t ints[] = {0x05, 0xff, 0xcf, 0x80, 0, 0, 0, 0, 0, 0, 0, 0xd0, 0x80};
+    struct kvt_mp_cur c = {.p = ints, .end = ints + sizeof(ints)};
+    uint64_t u;
+    int64_t i;
+
+    assert_int_equal(kvt_mp_u64(&c, &u), 0);
+    assert_int_equal(u, 5);
+    assert_int_equal(kvt_mp_u64(&c, &u), -EBADMSG); /* -1 is not a u64 */
+    assert_ptr_equal(c.p, ints + 1);
+    assert_int_equal(kvt_mp_i64(&c, &i), 0);
+    assert_int_equal(i, -1);
+    assert_int_equal(kvt_mp_i64(&c, &i), -EBADMSG); /* 2^63 is past INT64_MAX */
+    assert_int_equal(kvt_mp_u64(&c, &u), 0);
+    assert_true(u == 1ull << 63);
+    assert_int_equal(kvt_mp_i64(&c, &i), 0);
+    assert_int_equal(i, -128);
+    assert_int_equal(kvt_mp_i64(&c, &i), -EBADMSG); /* nothing left */
+
+    static const uint8_t strs[] = {0xa2, 'h', 'i', 0xa2, 'a', 0, 0xa3, 'a', 'b', 'c', 0x01};
+    char out[3];
+
+    c = (struct kvt_mp_cur){.p = strs, .end = strs + sizeof(strs)};
+    memset(out, 'x', sizeof(out));
+    assert_int_equal(kvt_mp_str(&c, 1, 2, out), 0);
+    assert_memory_equal(out, "hi\0", 3);
+    assert_int_equal(kvt_mp_str(&c, 0, 2, out), -EBADMSG); /* a NUL inside */
+    c.p += 3;
+    assert_int_equal(kvt_mp_str(&c, 0, 2, out), -EBADMSG); /* longer than max */
+    assert_int_equal(kvt_mp_str(&c, 4, 8, out), -EBADMSG); /* shorter than min */
+    c.p += 4;
+    assert_int_equal(kvt_mp_str(&c, 0, 2, out), -EBADMSG); /* not a str */
+    assert_ptr_equal(c.p, strs + 10);
+
+    static const uint8_t bins[] = {0xc4, 0x02, 7, 8, 0xc4, 0x05, 1, 2};
+    uint8_t b[4];
+    size_t len;
+
+    c = (struct kvt_mp_cur){.p = bins, .end = bins + sizeof(bins)};
+    memset(b, 0xee, sizeof(b));
+    assert_int_equal(kvt_mp_bin(&c, 1, 4, b, &len), 0);
+    assert_int_equal(len, 2);
+    assert_memory_equal(b, ((uint8_t[]){7, 8, 0, 0}), 4);
+    assert_int_equal(kvt_mp_bin(&c, 1, 4, b, &len), -EBADMSG); /* payload cut short */
+    assert_ptr_equal(c.p, bins + 4);
+    assert_int_equal(kvt_mp_bin(&c, 3, 4, b, NULL), -EBADMSG);
+}
+
+static void test_cursor_containers(void **state)
+{
+    static const uint8_t body[] = {0x82, 0x01, 0x93, 0x01, 0x02, 0x03, 0x02, 0xc0};
+    struct kvt_mp_cur c = {.p = body, .end = body + sizeof(body)};
+    struct kvt_mp_obj o;
+    uint64_t pairs, key;
+    uint32_t n;
+
+    assert_int_equal(kvt_mp_array(&c, 8, &n), -EBADMSG); /* a map, not an array */
+    assert_int_equal(kvt_mp_map(&c, &pairs), 0);
+    assert_int_equal(pairs, 2);
+    assert_int_equal(kvt_mp_u64(&c, &key), 0);
+    assert_int_equal(kvt_mp_array(&c, 2, &n), -EMSGSIZE); /* past the caller's max */
+    assert_ptr_equal(c.p, body + 2);
+    assert_int_equal(kvt_mp_array(&c, 3, &n), 0);
+    assert_int_equal(n, 3);
+    for (uint32_t k = 0; k < n; k++)
+        assert_int_equal(kvt_mp_skip(&c), 0);
+    assert_int_equal(kvt_mp_u64(&c, &key), 0);
+    assert_int_equal(kvt_mp_expect(&c, KVT_MP_BOOL, &o), -EBADMSG);
+    assert_int_equal(kvt_mp_next(&c, &o), 0);
+    assert_int_equal(o.kind, KVT_MP_NIL);
+    assert_ptr_equal(c.p, c.end);
+    assert_int_equal(kvt_mp_next(&c, &o), -EBADMSG);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_head_formats), cmocka_unit_test(test_head_truncated),
-        cmocka_unit_test(test_check_bodies), cmocka_unit_test(test_check_limits),
+        cmocka_unit_test(test_head_formats),
+        cmocka_unit_test(test_head_truncated),
+        cmocka_unit_test(test_check_bodies),
+        cmocka_unit_test(test_check_limits),
         cmocka_unit_test(test_skip),
+        cmocka_unit_test(test_cursor_reads),
+        cmocka_unit_test(test_cursor_containers),
     };
 
     return cmocka_run_group_tests_name("mpcheck", tests, NULL, NULL);

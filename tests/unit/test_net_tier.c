@@ -14,6 +14,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/auth.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"

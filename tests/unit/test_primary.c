@@ -17,9 +17,11 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/hash.h"
 #include "kvt/metrics.h"
 #include "kvt/primary.h"
+#include "kvt/primary_test.h"
 
 #define MAXK 32
 

@@ -25,6 +25,7 @@
 #include "kvt/example_tier.h"
 #include "kvt/hash.h"
 #include "kvt/manager.h"
+#include "kvt/primary_test.h"
 
 #define NUM_CHUNKS  24
 #define ROW         64

@@ -23,6 +23,7 @@
 #include "../../tiering/storage_int.h"
 #include "kvt/common.h"
 #include "kvt/storage_tier.h"
+#include "kvt/storage_tier_test.h"
 #include "kvt/tier.h"
 
 #define ROW   4096u

@@ -23,12 +23,14 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/backpressure.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"
 #include "kvt/storage_tier.h"
+#include "kvt/storage_tier_test.h"
 #include "kvt/tier.h"
 
 #define MAX_JOBS 4096

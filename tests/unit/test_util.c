@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Shared test helpers: keys like vLLM's fixtures, contexts, abort expectations. */
+/* Shared test helpers that need only kvt_common: abort expectations, temporary
+ * folders, open descriptors (keys and contexts are in test_util_keys.c, which
+ * needs the tiering library). */
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
@@ -11,29 +13,6 @@
 #include <unistd.h>
 
 #include "test_util.h"
-
-struct kvt_key kt_key(int i)
-{
-    char buf[32];
-    struct kvt_key k;
-    int n = snprintf(buf, sizeof(buf), "%d", i);
-    int rc = kvt_key_make(&k, buf, (size_t)n, 0);
-    assert_int_equal(rc, 0);
-    return k;
-}
-
-void kt_keys(struct kvt_key *out, int first, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = kt_key(first + (int)i);
-}
-
-struct kvt_req_ctx *kt_ctx(const char *req_id)
-{
-    struct kvt_req_ctx *ctx = NULL;
-    assert_int_equal(kvt_req_ctx_create(req_id, NULL, &ctx), 0);
-    return ctx;
-}
 
 bool kt_expect_abort(void (*fn)(void *), void *arg)
 {

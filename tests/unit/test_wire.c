@@ -11,6 +11,7 @@
 
 #include "test_util.h"
 #include "kvt/alloc.h"
+#include "kvt/alloc_test.h"
 #include "kvt/wire.h"
 
 /* ---- sample messages: one per type, with values that need every int width ---- */

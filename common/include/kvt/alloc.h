@@ -35,7 +35,4 @@ void kvt_zero_table(void *p, size_t n, size_t size);
  * of the later ones (see alloc.c for the machines where that differs). */
 void kvt_mem_touch(void *base, size_t len);
 
-/* Tests only: the next n allocations succeed, then every one fails until reset with -1. */
-void kvt_alloc_fail_after(long n);
-
 #endif

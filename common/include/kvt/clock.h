@@ -49,7 +49,4 @@ static inline double kvt_ticks_to_s(uint64_t dticks)
 }
 #endif
 
-/* Tests only: while set, kvt_now_ns() returns *fake_ns. NULL restores the real clock. */
-void kvt_clock_set_fake(const uint64_t *fake_ns);
-
 #endif

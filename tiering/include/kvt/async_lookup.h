@@ -77,14 +77,9 @@ bool kvt_async_lookup_req_has_key(const struct kvt_async_lookup *al, const char 
 size_t kvt_async_lookup_queue_len(struct kvt_async_lookup *al);
 /* Result items posted by the worker and not yet drained (any thread). */
 size_t kvt_async_lookup_results_len(struct kvt_async_lookup *al);
-/* Blocks until the worker has posted results for every item handed to it (tests). */
-void kvt_async_lookup_wait_idle(struct kvt_async_lookup *al);
 /* -ENOENT when the key has no state. *result_p is KVT_AL_PENDING while unknown. */
 int kvt_async_lookup_state(const struct kvt_async_lookup *al, const struct kvt_key *key,
                            enum kvt_al_phase *phase_p, int *result_p, unsigned long *gen_p);
-/* Tests only: posts a result as if the worker had produced it. 0 or -ENOMEM. */
-int kvt__async_lookup_inject_result(struct kvt_async_lookup *al, const struct kvt_key *key,
-                                    unsigned long generation, bool found);
 /* Any thread. */
 bool kvt_async_lookup_worker_alive(struct kvt_async_lookup *al);
 

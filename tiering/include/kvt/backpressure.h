@@ -53,27 +53,7 @@ bool kvt_bp_is_under_pressure(struct kvt_bp *bp); /* applies idle decay */
 bool kvt_bp_is_healthy(const struct kvt_bp *bp);
 void kvt_bp_reset(struct kvt_bp *bp);
 double kvt_bp_ema(const struct kvt_bp *bp);
-void kvt_bp_set_ema(struct kvt_bp *bp, double ema); /* tests */
 /* Return-and-reset of the dropped counters (stores, chunks). */
 void kvt_bp_pop_dropped(struct kvt_bp *bp, uint64_t *stores_p, uint64_t *chunks_p);
-/* Only the policy's decision (ThrottledDropPolicy/DropStorePolicy.should_store),
- * without healthy bypass or cooldown; counts nothing. For tests of the policy alone. */
-bool kvt_bp_policy_allows(struct kvt_bp *bp);
-
-/* Tests only: the detector's private fields, for the vLLM tests that set them
- * directly (bp._completions = ..., bp._under_pressure = True, ...). Times are
- * kvt_now_s() seconds, 0 = never. set replaces every field listed here (the
- * warmup samples and the policy's counters are not among them). */
-struct kvt_bp_state {
-    double ema;
-    bool under_pressure;
-    unsigned completions;
-    double last_update_s;
-    unsigned healthy_streak;
-    double pressure_cleared_at_s;
-    unsigned cooldown_count;
-};
-void kvt__bp_get_state(const struct kvt_bp *bp, struct kvt_bp_state *st_p);
-void kvt__bp_set_state(struct kvt_bp *bp, const struct kvt_bp_state *st);
 
 #endif

@@ -81,14 +81,5 @@ struct kvt_tier *kvt_manager_tier(struct kvt_manager *m, size_t idx);
 size_t kvt_manager_num_jobs(const struct kvt_manager *m);
 size_t kvt_manager_num_requests(const struct kvt_manager *m);
 bool kvt_manager_has_request(const struct kvt_manager *m, const char *req_id);
-/* Request state for tests: -ENOENT if unknown. */
-struct kvt_manager_req_info {
-    int pending_primary_stores;
-    bool is_finished;
-    uint32_t request_level_tiers; /* bit i = tier i */
-    size_t n_pending_cascade_keys;
-};
-int kvt_manager_request_info(const struct kvt_manager *m, const char *req_id,
-                             struct kvt_manager_req_info *info_p);
 
 #endif

@@ -193,17 +193,9 @@ double kvt_primary_arc_target(const struct kvt_primary *p);
  * (1 = B1, 2 = B2, 0 = none or LRU), and the length of B1 (which 1) or B2 (2). */
 int kvt_primary_arc_ghost_of(const struct kvt_primary *p, const struct kvt_key *key);
 size_t kvt_primary_arc_ghost_len(const struct kvt_primary *p, int which);
-/* Tests only: upstream's tests set arc_policy.target_t1_size directly. */
-void kvt__primary_arc_set_target(struct kvt_primary *p, double target);
-
-/* Walks every entry (tests' recount of the invariants). */
-typedef void (*kvt_primary_entry_cb)(void *arg, const struct kvt_key *key,
-                                     const struct kvt_primary_entry_info *info);
 /* Told of every key the primary drops (evictions, in eviction order; keys NULL and
  * n 0 after reset_cache: every key). The network tier unpublishes through it. */
 typedef void (*kvt_primary_removed_fn)(void *arg, const struct kvt_key *keys, size_t n);
 void kvt_primary_set_removed_hook(struct kvt_primary *p, kvt_primary_removed_fn fn, void *arg);
-
-void kvt_primary_for_each(const struct kvt_primary *p, kvt_primary_entry_cb cb, void *arg);
 
 #endif

@@ -170,13 +170,6 @@ int kvt_storage_tier_path(struct kvt_tier *t, const struct kvt_key *key, char *b
 /* The namespace folder. */
 const char *kvt_storage_tier_dir(struct kvt_tier *t);
 
-/* Test hooks. Fault injection: the next n chunk writes (KVT_STORAGE_FAULT_WRITE) or
- * reads (_READ) fail with err (a positive errno) before touching the disk. */
-enum kvt_storage_fault { KVT_STORAGE_FAULT_WRITE = 0, KVT_STORAGE_FAULT_READ = 1 };
-void kvt_storage_tier_inject_fault(struct kvt_tier *t, enum kvt_storage_fault op, int err,
-                                   unsigned n);
-/* While paused, I/O threads take no new task (running ones finish). */
-void kvt_storage_tier_pause(struct kvt_tier *t, bool paused);
 /* Blocks until every queued or running task (jobs and file removals) is done; the
  * results stay queued for get_finished_jobs. */
 void kvt_storage_tier_wait_idle(struct kvt_tier *t);
