@@ -232,9 +232,11 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
     g.u.grant.chunks = sc.chunks;
     g.u.grant.n_denied = n_denied;
     g.u.grant.denied = sc.denied;
-    g.u.grant.fence_handle_len = (uint32_t)nt->fence_handle_len;
-    g.u.grant.fence_handle = nt->fence_handle;
-    g.has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
+    if (!nt->omit_fences) {
+        g.u.grant.fence_handle_len = (uint32_t)nt->fence_handle_len;
+        g.u.grant.fence_handle = nt->fence_handle;
+        g.has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
+    }
     if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
         nt_lease_end(nt, l, false); /* the requester times out */
     } else {

@@ -164,6 +164,11 @@ bool kvt__net_tier_test_may_read_fence(struct kvt_tier *t, uint64_t peer_node_id
     return kvt__nt_may_read_fence(nt_of(t), peer_node_id, off, len);
 }
 
+void kvt__net_tier_test_omit_fences(struct kvt_tier *t)
+{
+    nt_of(t)->omit_fences = true;
+}
+
 /* ---- finished jobs ------------------------------------------------------------- */
 
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d)

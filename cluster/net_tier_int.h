@@ -232,6 +232,7 @@ struct net_tier {
     uint32_t *fence_in; /* [num_chunks] */
     uint8_t fence_handle[KVT_TP_MAX_HANDLE_SIZE];
     size_t fence_handle_len;
+    bool omit_fences; /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
 
     struct kvt_net_tier_counts c, reported;

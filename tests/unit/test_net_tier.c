@@ -412,8 +412,9 @@ static void test_may_read_answers_from_active_leases(void **state)
  * rewritten whole (its fence word moved on), key 2 left mid-write (odd) while B
  * reads. B refuses exactly those two - under fences by their words, counted by
  * reason, under checksums by their hash - loads the others byte for byte, and
- * answers MISS for the two: never wrong bytes. */
-static void rewrite_during_read(enum kvt_net_verify mode)
+ * answers MISS for the two: never wrong bytes. old_holder: A's GRANTs carry no fence
+ * words (wire 1.0), so B, in fence mode, checks them by checksum. */
+static void rewrite_during_read(enum kvt_net_verify mode, bool old_holder)
 {
     enum { K = 8 }; /* two fetches of 4 keys, both granted before B reads */
     struct kvt_net_tier_config nc = {.verify = mode};
@@ -430,6 +431,8 @@ static void rewrite_during_read(enum kvt_net_verify mode)
     tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
     g_a = &a;
     g_b = &b;
+    if (old_holder)
+        kvt__net_tier_test_omit_fences(a.net);
     assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
     a_store(&a, 300, K, slot);
     for (int i = 0; i < 100; i++)
@@ -482,7 +485,7 @@ static void rewrite_during_read(enum kvt_net_verify mode)
     kvt_net_tier_counts(b.net, &cb);
     assert_int_equal(cb.grants, 2);
     assert_int_equal(cb.pulled_chunks, K - 2);
-    if (mode == KVT_NET_VERIFY_FENCE) {
+    if (mode == KVT_NET_VERIFY_FENCE && !old_holder) {
         assert_int_equal(cb.fence_failures, 2);
         assert_int_equal(cb.fence_fail[KVT_NET_FENCE_CHANGED], 1);
         assert_int_equal(cb.fence_fail[KVT_NET_FENCE_WRITING], 1);
@@ -500,13 +503,19 @@ static void rewrite_during_read(enum kvt_net_verify mode)
 static void test_fence_refuses_rows_rewritten_during_read(void **state)
 {
     (void)state;
-    rewrite_during_read(KVT_NET_VERIFY_FENCE);
+    rewrite_during_read(KVT_NET_VERIFY_FENCE, false);
+}
+
+static void test_fence_mode_checks_old_holders_by_checksum(void **state)
+{
+    (void)state;
+    rewrite_during_read(KVT_NET_VERIFY_FENCE, true);
 }
 
 static void test_checksum_refuses_rows_rewritten_during_read(void **state)
 {
     (void)state;
-    rewrite_during_read(KVT_NET_VERIFY_CHECKSUM);
+    rewrite_during_read(KVT_NET_VERIFY_CHECKSUM, false);
 }
 
 /* Fence words are readable only where their rows are: a word of a granted row, by
@@ -822,6 +831,7 @@ int main(void)
         cmocka_unit_test(test_reset_unpublishes_everything),
         cmocka_unit_test(test_fence_refuses_rows_rewritten_during_read),
         cmocka_unit_test(test_checksum_refuses_rows_rewritten_during_read),
+        cmocka_unit_test(test_fence_mode_checks_old_holders_by_checksum),
         cmocka_unit_test(test_may_read_fence_words_of_grants_only),
     };
 

@@ -22,4 +22,8 @@ int kvt__net_tier_test_handle(struct kvt_tier *t, const void **handle_p, size_t 
 bool kvt__net_tier_test_may_read_fence(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off,
                                        uint64_t len);
 
+/* From now on t's GRANTs carry no fence words, as a holder before wire 1.1 sends
+ * them: a test of the puller's fallback to checksums. */
+void kvt__net_tier_test_omit_fences(struct kvt_tier *t);
+
 #endif
