@@ -26,7 +26,7 @@
  * READs end well inside its lease however big the job, and the holder pins only what
  * is in flight. A job is reported only once no READ of it is in flight, so a failed
  * job's slots are never written after it ends. Keys that fail are marked missing in
- * the lookup cache and their holder forgotten (seed livelock rule). Timeouts, dead
+ * the lookup cache and their holder forgotten (vLLM's livelock rule). Timeouts, dead
  * peers and closed links fail fetches (kvt__nt_fail_fetches, expire_fetches). */
 #include <errno.h>
 #include <inttypes.h>
@@ -90,7 +90,7 @@ int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     uint32_t per = KVT_MIN(nt->cfg.keys_per_fetch, (unsigned)NT_KEYS_PER_MSG);
 
     if (lj == NULL) {
-        /* As after a failed load (seed livelock rule): the next lookup asks again. */
+        /* As after a failed load (vLLM's livelock rule): the next lookup asks again. */
         kvt_async_lookup_mark_miss(nt->al, job->keys, job->n);
         return -ENOMEM;
     }
@@ -490,7 +490,7 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
             lj->ok_keys[n_ok++] = job->keys[i];
             continue;
         }
-        /* Seed livelock rule: a failed load makes the verdict MISS, and this holder
+        /* vLLM's livelock rule: a failed load makes the verdict MISS, and this holder
          * is not asked again for the key. */
         kvt_async_lookup_mark_miss(nt->al, &job->keys[i], 1);
         kvt_free(kvt_map_remove(&nt->holders, job->keys[i].bytes, job->keys[i].len));

@@ -156,6 +156,10 @@ static const struct key_def keys[] = {
     {"network.verify", T_ENUM, F(network_verify), 0, "fence", 0, 0, verify_names, 0,
      "how a pulled chunk is checked: fence (the holder's generation word of the row, READ "
      "after it, must equal the granted one) or checksum (XXH3-64 of every byte)"},
+    {"network.max_unauthenticated", T_U32, F(network_max_unauthenticated), 0, "64", 1, 4096, NULL,
+     0,
+     "peer connections accepted and not yet authenticated, at most (more are refused and "
+     "counted); each holds its message buffers, about 8.6 MiB with verbs"},
     {"cluster.secret_file", T_PATH, F(cluster_secret_file), 0, "", 1, PATH_MAX - 1, NULL,
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
     {"engine.socket", T_PATH, F(engine_socket), 0, "/run/kvtier/{id}/engine.sock", 1, 107, NULL, 0,

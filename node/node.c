@@ -529,6 +529,7 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
     pc.heartbeat_misses = nd->cfg.network_heartbeat_misses;
     pc.transport.backend = kvt_transport_kind_name(nd->cfg.network_transport);
     pc.transport.op_timeout_ms = nd->cfg.network_fetch_timeout_ms;
+    pc.transport.max_preauth = nd->cfg.network_max_unauthenticated;
     rc = kvt_peers_create(&pc, &nd->peers);
     explicit_bzero(secret, sizeof(secret));
     if (rc != 0) {

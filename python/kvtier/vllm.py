@@ -90,6 +90,7 @@ from vllm.v1.kv_offload.base import (
     ScheduleEndContext,
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 logger = logging.getLogger(__name__)
 
@@ -230,6 +231,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
     config; a string: declared as is; "": none)."""
 
     medium: ClassVar[Medium] = Medium.CPU
+    # A hit may come from the node's memory, its storage tier or a peer: none of
+    # vLLM's named sources says which (the medium alone would make it HOST), and
+    # vLLM's factory sentinel expects an out-of-tree tier to say so.
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
 
     def __init__(
         self,

@@ -21,6 +21,8 @@
  *   S4 a second connection while S3's link is up, no handshake -> refused (the grant
  *      is S3's QP's alone); S3 reads again                  -> the pattern's bytes
  *   S5 S3 closed; a new connection, no handshake            -> refused
+ *   S6 max_preauth (3) connections without a handshake; one more  -> rejected, counted;
+ *      accepted again once they closed
  * "Refused" means the READ completed with remote invalid request (what rxe answers
  * for a QP without remote read) or remote access error, not a timeout, and not one
  * byte of the canary changed. The node checks its side: the authenticated link's QP
@@ -107,6 +109,9 @@ static const char *results_dir(const char *opt)
 
 /* ---- the node (a fork) ---- */
 
+/* The node's max_preauth in the attacks (S6). */
+#define PREAUTH_MAX 3u
+
 static volatile sig_atomic_t node_stop;
 
 static void node_on_term(int sig)
@@ -127,8 +132,9 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
         .listen_addr = addr,
         .heartbeat_ms = 10000, /* the attacker sends none: nobody is declared down */
         .handshake_timeout_ms = costs ? 3600u * 1000u : 0,
-        .transport = {.backend = "verbs"},
+        .transport = {.backend = "verbs", .max_preauth = costs ? 0 : PREAUTH_MAX},
     };
+    struct kvt_tp_counters tc = {0};
     struct sigaction sa = {.sa_handler = node_on_term};
     struct kvt_peers_counts c;
     struct kvt_peers *p;
@@ -202,6 +208,13 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
         }
     }
     kvt_peers_counts(p, &c);
+    kvt_tp_get_counters(tp, &tc);
+    fprintf(stderr, "node: connections refused beyond max_preauth %u: %llu\n", PREAUTH_MAX,
+            (unsigned long long)tc.refused[KVT_TP_PREAUTH_CONNS]);
+    if (!costs && tc.refused[KVT_TP_PREAUTH_CONNS] < 1) {
+        fprintf(stderr, "node: FAIL no connection was refused beyond max_preauth (S6)\n");
+        errors++;
+    }
     fprintf(stderr, "node: handshakes %llu, refused %llu (auth %llu, timeout %llu), links up %u\n",
             (unsigned long long)c.handshakes, (unsigned long long)c.refused,
             (unsigned long long)c.refused_by_reason[KVT_WIRE_R_AUTH],
@@ -828,6 +841,34 @@ static void run_attacks(const char *addr, uint16_t port, const uint8_t *secret, 
     }
     expect_refused(&a, "S5 no handshake after S3 closed");
     atk_close(&a);
+    usleep(500 * 1000);
+
+    /* S6: connections that never authenticate hold registered buffers: the node takes
+     * PREAUTH_MAX of them at once and rejects the next; once they go, it accepts
+     * again. */
+    {
+        struct atk held[PREAUTH_MAX];
+        bool ok[PREAUTH_MAX];
+        unsigned up = 0;
+
+        for (unsigned i = 0; i < PREAUTH_MAX; i++)
+            up += ok[i] = atk_connect(&held[i], addr, port) == 0;
+        report(up == PREAUTH_MAX, "S6 %u of %u unauthenticated connections accepted", up,
+               PREAUTH_MAX);
+        rc = atk_connect(&b, addr, port);
+        report(rc != 0, "S6 one more is refused (%s)", rc != 0 ? strerror(-rc) : "accepted");
+        if (rc == 0)
+            atk_close(&b);
+        for (unsigned i = 0; i < PREAUTH_MAX; i++)
+            if (ok[i])
+                atk_close(&held[i]);
+        usleep(500 * 1000); /* the node sees the disconnects */
+        rc = atk_connect(&b, addr, port);
+        report(rc == 0, "S6 after they closed, a connection is accepted again (%s)",
+               rc == 0 ? "yes" : strerror(-rc));
+        if (rc == 0)
+            atk_close(&b);
+    }
 }
 
 /* ---- costs of the ways to gate READs per peer ---- */

@@ -902,6 +902,7 @@ static void test_network_fetch_keys(void **state)
     assert_int_equal(cfg.network_keys_per_fetch, 64);
     assert_int_equal(cfg.network_fetches_per_peer, 4);
     assert_int_equal(cfg.network_reads_per_batch, 8);
+    assert_int_equal(cfg.network_max_unauthenticated, 64);
     kvt_config_free(&cfg);
     write_file(fx.conf,
                "network:\n  keys_per_fetch: 256\n  fetches_per_peer: 2\n  reads_per_batch: 32\n",
@@ -917,6 +918,8 @@ static void test_network_fetch_keys(void **state)
                WANT(at_line(2), "network.reads_per_batch"));
     expect_bad("network:\n  fetches_per_peer: 0\n", NULL, 0, 0,
                WANT(at_line(2), "network.fetches_per_peer"));
+    expect_bad("network:\n  max_unauthenticated: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "network.max_unauthenticated", "out of range"));
 }
 
 /* network.verify: fence by default, checksum on request, anything else refused with

@@ -1189,6 +1189,147 @@ static bool ucx_tls_has_mm(const char *tls)
     return group || posix || sysv || ucx_tls_names(tls, "all");
 }
 
+/* Reads the first line of root/a/b/c (at most cap - 1 bytes, newline cut); false when
+ * there is no such file. */
+static bool ucx_sysfs_line(const char *root, const char *a, const char *b, const char *c, char *buf,
+                           size_t cap)
+{
+    char path[1024];
+    FILE *f;
+    bool ok;
+
+    if (snprintf(path, sizeof(path), "%s/%s/%s%s%s", root, a, b, c[0] != '\0' ? "/" : "", c) >=
+        (int)sizeof(path))
+        return false;
+    f = fopen(path, "re");
+    if (f == NULL)
+        return false;
+    ok = fgets(buf, (int)cap, f) != NULL;
+    fclose(f);
+    if (ok)
+        buf[strcspn(buf, "\n")] = '\0';
+    return ok;
+}
+
+/* Whether UCX_TLS (NULL: UCX's default, all) may give UCX an InfiniBand/RoCE transport
+ * (rc, ud, dc and their variants, "ib", "all"; an exclusion list is taken as yes). */
+static bool ucx_tls_has_ib(const char *tls)
+{
+    if (tls == NULL || tls[0] == '^')
+        return true;
+    for (const char *p = tls; *p != '\0'; p += *p == ',') {
+        size_t len = strcspn(p, ",");
+
+        if (len >= 2 && (strncmp(p, "rc", 2) == 0 || strncmp(p, "ud", 2) == 0 ||
+                         strncmp(p, "dc", 2) == 0 || strncmp(p, "ib", 2) == 0))
+            return true;
+        if (len == 3 && strncmp(p, "all", 3) == 0)
+            return true;
+        p += len;
+    }
+    return false;
+}
+
+/* The GID index UCX should use when every RDMA device under root (sysfs's
+ * class/infiniband) is soft-RoCE (rdma_rxe, whose devices have a "parent" netdev
+ * attribute that hardware ones lack; siw has one too but is iWARP, no channel
+ * adapter) and the first link-local
+ * ("fe80:") RoCE v2 GID has the same index on every port; -1 otherwise (hardware, a
+ * mix, no devices, no such GID). Why: UCX 1.13 wires an rc lane up from a worker
+ * address over ud_verbs, and its ud_verbs never connects over soft-RoCE with the
+ * IPv4-mapped GID it picks by itself (its own ucx_perftest aborts between two hosts:
+ * "UD endpoint ...: unhandled timeout error"); with the link-local one it does
+ * (docs/rdma.md). */
+#define UCX_GID_SCAN 16
+
+int kvt__ucx_softroce_gid(const char *root)
+{
+    DIR *d = opendir(root);
+    struct dirent *de;
+    int found = -1, ports = 0;
+    char buf[128];
+
+    if (d == NULL)
+        return -1;
+    while ((de = readdir(d)) != NULL) {
+        char sub[768];
+        DIR *pd;
+        struct dirent *pe;
+
+        if (de->d_name[0] == '.')
+            continue;
+        if (!ucx_sysfs_line(root, de->d_name, "parent", "", buf, sizeof(buf)) ||
+            !ucx_sysfs_line(root, de->d_name, "node_type", "", buf, sizeof(buf)) ||
+            strstr(buf, "CA") == NULL) {
+            found = -2; /* hardware, or not an InfiniBand/RoCE channel adapter */
+            break;
+        }
+        pd = snprintf(sub, sizeof(sub), "%s/%s/ports", root, de->d_name) < (int)sizeof(sub)
+                 ? opendir(sub)
+                 : NULL;
+        if (pd == NULL) {
+            found = -2;
+            break;
+        }
+        while (found != -2 && (pe = readdir(pd)) != NULL) {
+            char port[600], gid[64], type[64], idx[16];
+            int at = -1;
+
+            if (pe->d_name[0] == '.')
+                continue;
+            if (snprintf(port, sizeof(port), "%s/ports/%s", de->d_name, pe->d_name) >=
+                (int)sizeof(port))
+                continue;
+            for (int i = 0; i < UCX_GID_SCAN && at < 0; i++) {
+                snprintf(idx, sizeof(idx), "%d", i);
+                if (ucx_sysfs_line(root, port, "gids", idx, gid, sizeof(gid)) &&
+                    strncmp(gid, "fe80:", 5) == 0 &&
+                    ucx_sysfs_line(root, port, "gid_attrs/types", idx, type, sizeof(type)) &&
+                    strcmp(type, "RoCE v2") == 0)
+                    at = i;
+            }
+            if (at < 0 || (found >= 0 && at != found))
+                found = -2;
+            else
+                found = at;
+            ports++;
+        }
+        closedir(pd);
+        if (found == -2)
+            break;
+    }
+    closedir(d);
+    return found >= 0 && ports > 0 ? found : -1;
+}
+
+/* UCX_IB_GID_INDEX for soft-RoCE (kvt__ucx_softroce_gid), unless the user chose. */
+static void ucx_config_gid(ucp_config_t *config)
+{
+    char idx[16];
+    int gid;
+
+    /* Not when no IB transport may take it: UCX warns about a setting none took. */
+    if (getenv("UCX_IB_GID_INDEX") != NULL || !ucx_tls_has_ib(ucx_user_tls()))
+        return;
+    gid = kvt__ucx_softroce_gid("/sys/class/infiniband");
+    if (gid < 0)
+        return;
+    snprintf(idx, sizeof(idx), "%d", gid);
+    /* The field's bare name: UCX matches a cached setting against each transport's
+     * table by field name or by that transport's own prefix ("UD_VERBS_"), so
+     * "IB_GID_INDEX" reached no transport ("invalid configuration"). */
+    if (ucp_config_modify(config, "GID_INDEX", idx) != UCS_OK)
+        kvt_warn("ucx",
+                 "UCX_IB_GID_INDEX=%s refused: UCX may not reach other hosts over "
+                 "soft-RoCE",
+                 idx);
+    else
+        kvt_info("ucx",
+                 "soft-RoCE: UCX_IB_GID_INDEX=%s (the link-local RoCE v2 GID; UCX "
+                 "1.13's ud_verbs does not connect with the IPv4 one)",
+                 idx);
+}
+
 /* Peer-failure handling on posix/sysv and invalidation on cma (above), as UCT
  * settings on the config: each unless the user set it. Not for a UCX_TLS without
  * posix/sysv: UCX warns (on stdout) about a setting no transport took. */
@@ -1445,6 +1586,7 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
      * messages move over sysv and large ones by rendezvous over cma
      * (process_vm_readv); without them every byte went through loopback tcp. */
     ucx_config_shm(config);
+    ucx_config_gid(config);
     ucx_config_tls(config);
     ucx_config_devices(config, cfg->local_addr);
     /* No UCP_FEATURE_RMA: a worker with it answers software GETs (ucp_get_req_handler)

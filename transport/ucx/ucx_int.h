@@ -372,6 +372,10 @@ void kvt__ucx_ep_proto(struct ucx_ep *ep, const char *why);
  * names no mode, or another negative errno (the caller fails the ep). */
 int kvt__ucx_ep_mode(struct ucx_ep *ep, uint32_t mode);
 
+/* The GID index UCX must use over soft-RoCE, from a sysfs class/infiniband tree at
+ * root; -1 when not every device is soft-RoCE or their ports do not agree. */
+int kvt__ucx_softroce_gid(const char *root);
+
 /* ucx_sock.c */
 int kvt__ucx_sock_listen(struct ucx_tp *tp, const char *addr, uint16_t port, uint16_t *port_p);
 int kvt__ucx_sock_connect(struct ucx_ep *ep, const char *addr, uint16_t port);

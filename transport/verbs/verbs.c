@@ -266,6 +266,7 @@ struct vb_ep {
     struct ibv_cq *cq;
     bool cq_event;   /* a notification was read: re-arm before polling */
     bool authorized; /* ep_authorize granted the peer IBV_ACCESS_REMOTE_READ */
+    bool passive;    /* accepted (counts against max_preauth until authorized) */
     bool link_ib;    /* InfiniBand link layer (not RoCE): see vb_qp_attr_restrict */
     enum vb_ep_state state;
     int err;        /* the CLOSED error; 0 for a local close */
@@ -1093,6 +1094,21 @@ static void vb_drain_channels(struct vb_tp *tp)
 
 /* ---- connection manager events ---- */
 
+/* Accepted endpoints alive and not yet authorized. */
+static unsigned vb_preauth_count(struct vb_tp *tp)
+{
+    struct kvt_list *pos, *tmp;
+    unsigned n = 0;
+
+    kvt_list_for_each_safe(pos, tmp, &tp->eps)
+    {
+        struct vb_ep *ep = kvt_list_entry(pos, struct vb_ep, node);
+
+        n += ep->passive && !ep->authorized && ep->state < EP_DYING;
+    }
+    return n;
+}
+
 static void vb_on_connect_request(struct vb_tp *tp, struct rdma_cm_id *id, const void *pdata,
                                   size_t plen, uint8_t req_resp, uint8_t req_init)
 {
@@ -1106,6 +1122,19 @@ static void vb_on_connect_request(struct vb_tp *tp, struct rdma_cm_id *id, const
         rdma_destroy_id(id);
         return;
     }
+    /* An accepted endpoint registers its message buffers (recv_credits of
+     * max_msg_bytes each way) before its peer proved anything: at most max_preauth
+     * of them at once, the rest refused and counted like the UCX backend's. */
+    if (vb_preauth_count(tp) >= tp->pub.cfg.max_preauth) {
+        if (tp->ctr.refused[KVT_TP_PREAUTH_CONNS]++ == 0)
+            kvt_warn(VB_MOD,
+                     "%u accepted connections not yet authorized: more are refused "
+                     "(counted, logged once)",
+                     tp->pub.cfg.max_preauth);
+        rdma_reject(id, NULL, 0);
+        rdma_destroy_id(id);
+        return;
+    }
     ep = vb_ep_alloc(tp);
     if (ep == NULL) {
         rdma_reject(id, NULL, 0);
@@ -1114,6 +1143,7 @@ static void vb_on_connect_request(struct vb_tp *tp, struct rdma_cm_id *id, const
     }
     ep->id = id;
     id->context = ep;
+    ep->passive = true;
     ep->state = EP_ACCEPTING;
     kvt_list_add_tail(&tp->eps, &ep->node);
     err = vb_hello_parse(ep, pdata, plen);

@@ -17,7 +17,7 @@
  *                 granted one, or its XXH3-64 matches the granted checksum) and the
  *                 reads must end before the lease does;
  *                 then RELEASE. Keys denied, timed out, on a dead peer or failing a
- *                 check are not in successful_keys and are marked missing (seed
+ *                 check are not in successful_keys and are marked missing (vLLM's
  *                 livelock rule). A job is reported only once no READ of it is in
  *                 flight, so a failed job's slots are never written after it ends.
  * Holder side (peers miss):

@@ -6,7 +6,7 @@
  *
  * ref_cnt: -1 write in flight (GPU store or promotion), 0 ready and evictable,
  * n > 0 pinned by n readers (GPU loads, cascades). Only ref_cnt == 0 is evicted.
- * Slots: fresh slots in order first, then a LIFO free list (spec's pinned ids).
+ * Slots: fresh slots in order first, then a LIFO free list (vLLM's CPU tier's order).
  * Every allocation of a slot bumps that slot's generation.
  * Fence words: one per slot, odd while the slot's bytes may change (from allocation
  * to complete_store, and between rewrite_begin and rewrite_end), even when stable,
