@@ -10,9 +10,15 @@
  *                 GRANT is refused (counted) and the fetch fails (READING)
  *   READ          batches of max_ops_per_batch one-sided READs straight into the
  *                 job's primary slots, all of a fetch's batches in flight
- *   validation    each chunk's XXH3-64 against the GRANT's checksum, as its batch
- *                 completes; a fetch read after its lease or deadline ended counts
- *                 nothing (the holder may have reused the slot)
+ *   validation    as its batch completes: fences (cfg.verify, the default) READ the
+ *                 batch's fence words on the same endpoint, posted once the rows'
+ *                 READ completed, into fence_in at our slots, and accept a row only
+ *                 when its word equals the GRANT's generation (even): the holder
+ *                 turns the word odd before any byte of the slot changes, so an equal
+ *                 word read after the row means the row's bytes are the ones the
+ *                 grant named; checksums hash each chunk (XXH3-64) against the
+ *                 GRANT's checksum. A fetch read after its lease or deadline ended
+ *                 counts nothing (the holder may have reused the slot)
  *   RELEASE       once no batch is in flight: the holder unpins; the fetch's keys
  *                 are verdicts of the load job, reported when its last fetch ends
  *
@@ -35,6 +41,7 @@
 
 static void nt_post_reads(struct net_tier *nt, struct fetch *f);
 static void nt_read_done(void *arg, int status);
+static int nt_post_fences(struct net_tier *nt, struct fetch *f, struct batch *b);
 static void nt_fetch_end(struct net_tier *nt, struct fetch *f);
 static void nt_load_part_done(struct net_tier *nt, struct load_job *lj);
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f);
@@ -213,7 +220,8 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     for (uint32_t i = 0; i < g->n_chunks; i++) {
         const struct kvt_wire_chunk *ch = &g->chunks[i];
 
-        if (ch->key_index >= f->n || seen[ch->key_index] || ch->length != row) {
+        if (ch->key_index >= f->n || seen[ch->key_index] || ch->length != row ||
+            ch->offset % row != 0) {
             kvt_warn(NT_MOD, "GRANT from %016" PRIx64 " names chunk %u wrongly: refused", from,
                      ch->key_index);
             nt->c.refused++;
@@ -238,6 +246,11 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     memcpy(f->chunks, g->chunks, g->n_chunks * sizeof(*f->chunks));
     f->n_chunks = g->n_chunks;
     rc = kvt_tp_unpack(ep, g->handle, g->handle_len, &f->rk);
+    /* Fences need the holder's words; a holder that sends none (before wire 1.1)
+     * is checked by checksum. */
+    if (rc == 0 && nt->cfg.verify == KVT_NET_VERIFY_FENCE &&
+        (m->has & KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE)))
+        rc = kvt_tp_unpack(ep, g->fence_handle, g->fence_handle_len, &f->fk);
     if (rc != 0) {
         kvt_warn(NT_MOD, "GRANT from %016" PRIx64 ": region handle refused: %s", from,
                  strerror(-rc));
@@ -302,6 +315,67 @@ static void nt_post_reads(struct net_tier *nt, struct fetch *f)
         nt_fetch_end(nt, f);
 }
 
+/* The fence words of b's chunks, READ on the fetch's endpoint now that their rows
+ * are read: 0 when posted (nt_read_done follows, with b->fences). */
+static int nt_post_fences(struct net_tier *nt, struct fetch *f, struct batch *b)
+{
+    struct kvt_read_op ops[256];
+    int rc;
+
+    if (b->n > KVT_ARRAY_SIZE(ops))
+        return -EINVAL;
+    for (uint32_t i = 0; i < b->n; i++) {
+        const struct kvt_wire_chunk *ch = &f->chunks[b->first + i];
+        uint64_t slot = (uint64_t)f->lj->job->chunk_ids[f->idx[ch->key_index]];
+
+        ops[i] = (struct kvt_read_op){.remote_off = ch->offset / ch->length * sizeof(uint32_t),
+                                      .local_off = slot * sizeof(uint32_t),
+                                      .len = sizeof(uint32_t)};
+    }
+    b->fences = true;
+    rc = kvt_tp_read(f->ep, f->fk, nt->mr_fence_in, ops, b->n, nt_read_done, b);
+    return rc == -EINPROGRESS ? 0 : rc < 0 ? rc : -EIO;
+}
+
+static void nt_fence_fail(struct net_tier *nt, struct fetch *f, enum kvt_net_fence_reason r,
+                          uint32_t n)
+{
+    nt->c.fence_failures += n;
+    nt->c.fence_fail[r] += n;
+    if (r != KVT_NET_FENCE_UNREAD)
+        kvt_info(NT_MOD, "%u chunk(s) from %016" PRIx64 " failed their fence (%s): a miss", n,
+                 f->node, kvt_net_fence_reason_name(r));
+}
+
+/* Chunk i of f was read into row: is it the granted one? Fences compare the word
+ * READ after it (nt->fence_in at our slot) with the granted generation; checksums
+ * hash it. */
+static bool nt_chunk_valid(struct net_tier *nt, struct fetch *f, const struct kvt_wire_chunk *ch,
+                           uint64_t slot, const uint8_t *row)
+{
+    uint64_t h, t0 = kvt_now_ns();
+    bool ok;
+
+    if (f->fk != NULL) {
+        uint32_t w = __atomic_load_n(&nt->fence_in[slot], __ATOMIC_ACQUIRE);
+
+        ok = w == ch->generation && !(w & 1);
+        nt->c.verify_ns += kvt_now_ns() - t0;
+        if (!ok)
+            nt_fence_fail(nt, f, (w & 1) ? KVT_NET_FENCE_WRITING : KVT_NET_FENCE_CHANGED, 1);
+        return ok;
+    }
+    h = kvt_hash64(row, ch->length);
+    nt->c.verify_ns += kvt_now_ns() - t0;
+    if (h != ch->checksum) {
+        nt->c.checksum_failures++; /* torn or stale read: never loaded */
+        kvt_warn(NT_MOD, "checksum mismatch on a chunk from %016" PRIx64 " (gen %u)", f->node,
+                 ch->generation);
+        return false;
+    }
+    return true;
+}
+
 static void nt_read_done(void *arg, int status)
 {
     struct batch *b = arg;
@@ -309,30 +383,34 @@ static void nt_read_done(void *arg, int status)
     struct fetch *f = kvt_map_get_u64(&nt->fetches, b->fetch_id);
 
     if (f != NULL) {
+        bool unread = false;
+
+        if (f->fk != NULL && !b->fences) {
+            /* The rows are in: their fence words next, ordered after them (posted
+             * from their completion, on the same endpoint). */
+            if (status == 0 && !f->failed) {
+                if (nt_post_fences(nt, f, b) == 0)
+                    return; /* b is in flight again */
+                nt_fence_fail(nt, f, KVT_NET_FENCE_UNREAD, b->n);
+            }
+            unread = true; /* no word read: no chunk of b is accepted */
+        } else if (b->fences && status != 0) {
+            nt_fence_fail(nt, f, KVT_NET_FENCE_UNREAD, b->n);
+        }
         f->batches_in_flight--;
-        for (uint32_t i = b->first; i < b->first + b->n; i++) {
+        for (uint32_t i = b->first; !unread && status == 0 && i < b->first + b->n; i++) {
             const struct kvt_wire_chunk *ch = &f->chunks[i];
             const struct kvt_job *job = f->lj->job;
             uint32_t ki = f->idx[ch->key_index]; /* the key's place in the job */
-            const uint8_t *row =
-                nt->base.primary_base + (size_t)job->chunk_ids[ki] * nt->base.row_bytes;
+            uint64_t slot = (uint64_t)job->chunk_ids[ki];
+            const uint8_t *row = nt->base.primary_base + slot * nt->base.row_bytes;
 
-            uint64_t h, t0;
-
-            if (status != 0)
-                continue;
-            t0 = kvt_now_ns();
-            h = kvt_hash64(row, ch->length);
-            nt->c.verify_ns += kvt_now_ns() - t0;
-            if (h == ch->checksum) {
+            if (nt_chunk_valid(nt, f, ch, slot, row)) {
                 f->chunk_ok[i] = true;
                 /* The primary then need not hash the row again when the promotion
-                 * completes (checksum_on_complete). */
-                (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], h);
-            } else {
-                nt->c.checksum_failures++; /* torn or stale read: never loaded */
-                kvt_warn(NT_MOD, "checksum mismatch on a chunk from %016" PRIx64 " (gen %u)",
-                         f->node, ch->generation);
+                 * completes (checksum_on_complete): the bytes are the holder's, of
+                 * that checksum. */
+                (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], ch->checksum);
             }
         }
         if (status != 0 && !f->failed) {
@@ -431,6 +509,8 @@ static void nt_fetch_free(struct net_tier *nt, struct fetch *f)
     kvt_map_remove_u64(&nt->fetches, f->id);
     if (f->rk != NULL)
         kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
+    if (f->fk != NULL)
+        kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->fk);
     kvt_free(f);
 }
 
@@ -504,9 +584,12 @@ void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
             f->ep = NULL;
             f->failed = true;
         }
-        if (f->ep == NULL && f->rk != NULL && f->batches_in_flight == 0) {
-            kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
-            f->rk = NULL;
+        if (f->ep == NULL && f->batches_in_flight == 0) {
+            if (f->rk != NULL)
+                kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
+            if (f->fk != NULL)
+                kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->fk);
+            f->rk = f->fk = NULL;
         }
     }
 }
@@ -522,6 +605,8 @@ void kvt__nt_fetch_cleanup(struct net_tier *nt)
 
         if (f->rk != NULL)
             kvt_tp_rkey_destroy(tp, f->rk);
+        if (f->fk != NULL)
+            kvt_tp_rkey_destroy(tp, f->fk);
     }
     kvt__nt_free_map(&nt->fetches);
 }

@@ -10,8 +10,10 @@
  * (offset, length, generation and checksum of each row, the region handle, a lease)
  * or a DENY. The store job is the lease's: it ends, and unpins, on RELEASE, at the
  * lease's expiry, or when the requester's link closes or its node goes down. A
- * requester reading after the lease ended may read a reused slot: the checksum in the
- * GRANT tells it so.
+ * requester reading after the lease ended may read a reused slot: the fence word it
+ * READs after the row (the GRANT's generation is the word the row's bytes were
+ * completed under; the GRANT carries the words' handle) or the checksum in the GRANT
+ * tells it so.
  *
  * A lease also keeps the offsets of the rows it granted, so that the transport can
  * ask, for each one-sided READ a peer posts, whether that peer holds an active lease
@@ -204,7 +206,7 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         l->rows[i] = (uint64_t)info.slot * nt->base.row_bytes;
         sc.chunks[i] = (struct kvt_wire_chunk){.key_index = sc.hit_idx[i],
                                                .length = (uint32_t)nt->base.row_bytes,
-                                               .generation = info.generation,
+                                               .generation = info.fence,
                                                .offset = l->rows[i],
                                                .checksum = info.checksum};
     }
@@ -224,6 +226,11 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
     g.u.grant.chunks = sc.chunks;
     g.u.grant.n_denied = n_denied;
     g.u.grant.denied = sc.denied;
+    if (!nt->omit_fences) {
+        g.u.grant.fence_handle_len = (uint32_t)nt->fence_handle_len;
+        g.u.grant.fence_handle = nt->fence_handle;
+        g.has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
+    }
     if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
         nt_lease_end(nt, l, false); /* the requester times out */
     } else {
@@ -322,6 +329,19 @@ bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off,
             return false;
     }
     return true;
+}
+
+bool kvt__nt_may_read_fence(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len)
+{
+    uint64_t first, last, row = nt->base.row_bytes;
+
+    if (len == 0 || off > UINT64_MAX - len)
+        return false;
+    first = off / sizeof(uint32_t);
+    last = (off + len - 1) / sizeof(uint32_t);
+    if (last >= nt->base.num_chunks)
+        return false;
+    return kvt__net_may_read(nt, peer_node_id, first * row, (last - first + 1) * row);
 }
 
 void kvt__nt_on_release(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)

@@ -83,23 +83,58 @@ struct nt_peer *kvt__nt_peer_get(struct net_tier *nt, uint64_t node)
     return p;
 }
 
+/* Undoes kvt__nt_register, whatever part of it was done. */
+static void nt_dereg(struct net_tier *nt)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+    struct kvt_tp_mr **mrs[] = {&nt->mr_fence_in, &nt->mr_fence, &nt->mr_local, &nt->mr_remote};
+
+    for (size_t i = 0; i < KVT_ARRAY_SIZE(mrs); i++) {
+        if (*mrs[i] != NULL)
+            kvt_tp_dereg(*mrs[i], tp);
+        *mrs[i] = NULL;
+    }
+    if (nt->fence_in != NULL)
+        kvt_free_table(nt->fence_in, nt->base.num_chunks, sizeof(*nt->fence_in));
+    nt->fence_in = NULL;
+}
+
 bool kvt__nt_register(struct net_tier *nt)
 {
     struct kvt_transport *tp = kvt_peers_transport(nt->peers);
-    size_t len = nt->base.num_chunks * nt->base.row_bytes;
+    size_t len = nt->base.num_chunks * nt->base.row_bytes, n_words = 0;
+    const _Atomic uint32_t *words = kvt_primary_fence_words(nt->primary, &n_words);
     int rc;
 
     if (nt->mr_remote != NULL)
         return true;
     if (nt->reg_failed || nt->base.primary_base == NULL || len == 0)
         return false;
-    rc = kvt_tp_reg_remote(tp, nt->base.primary_base, len, &nt->mr_remote);
+    rc = n_words == nt->base.num_chunks ? 0 : -EINVAL;
+    if (rc == 0) {
+        nt->fence_in = kvt_calloc_table(n_words, sizeof(*nt->fence_in));
+        rc = nt->fence_in != NULL ? 0 : -ENOMEM;
+    }
+    if (rc == 0)
+        rc = kvt_tp_reg_remote(tp, nt->base.primary_base, len, &nt->mr_remote);
     if (rc == 0)
         rc = kvt_tp_reg_local(tp, nt->base.primary_base, len, &nt->mr_local);
     if (rc == 0)
         rc = kvt_tp_pack(tp, nt->mr_remote, nt->handle, sizeof(nt->handle), &nt->handle_len);
+    /* Peers READ the words; the primary writes them (never through a pointer of
+     * ours: registration only needs the address). */
+    if (rc == 0)
+        rc = kvt_tp_reg_remote(tp, (void *)(uintptr_t)words, n_words * sizeof(*words),
+                               &nt->mr_fence);
+    if (rc == 0)
+        rc = kvt_tp_reg_local(tp, nt->fence_in, n_words * sizeof(*nt->fence_in), &nt->mr_fence_in);
+    if (rc == 0)
+        rc = kvt_tp_pack(tp, nt->mr_fence, nt->fence_handle, sizeof(nt->fence_handle),
+                         &nt->fence_handle_len);
     if (rc != 0) {
-        kvt_error(NT_MOD, "cannot register the primary region (%zu bytes): %s", len, strerror(-rc));
+        kvt_error(NT_MOD, "cannot register the primary region (%zu bytes) and its fence words: %s",
+                  len, strerror(-rc));
+        nt_dereg(nt);
         nt->reg_failed = true;
         return false;
     }
@@ -115,6 +150,17 @@ int kvt__net_tier_test_handle(struct kvt_tier *t, const void **handle_p, size_t 
     *handle_p = nt->handle;
     *len_p = nt->handle_len;
     return 0;
+}
+
+bool kvt__net_tier_test_may_read_fence(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off,
+                                       uint64_t len)
+{
+    return kvt__nt_may_read_fence(nt_of(t), peer_node_id, off, len);
+}
+
+void kvt__net_tier_test_omit_fences(struct kvt_tier *t)
+{
+    nt_of(t)->omit_fences = true;
 }
 
 /* ---- finished jobs ------------------------------------------------------------- */
@@ -357,6 +403,7 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= nt_stat(out, KVT_M_NET_PULLED_BYTES, label, c->pulled_bytes, &r->pulled_bytes);
     rc |= nt_stat(out, KVT_M_NET_SERVED_BYTES, label, c->served_bytes, &r->served_bytes);
     rc |= nt_stat(out, KVT_M_NET_CHECKSUM_FAIL, label, c->checksum_failures, &r->checksum_failures);
+    rc |= nt_stat(out, KVT_M_NET_FENCE_FAIL, label, c->fence_failures, &r->fence_failures);
     rc |= nt_stat(out, KVT_M_NET_LEASE_EXPIRED, label, c->lease_expiries, &r->lease_expiries);
     rc |= nt_stat(out, KVT_M_NET_FETCH_FAILED, label, c->failed_fetches, &r->failed_fetches);
     rc |= nt_stat(out, KVT_M_NET_REFUSED, label, c->refused, &r->refused);
@@ -389,7 +436,20 @@ static bool nt_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struc
     struct net_tier *nt = arg;
 
     (void)ep;
+    if (mr != NULL && mr == nt->mr_fence)
+        return kvt__nt_may_read_fence(nt, node_id, off, len);
     return mr != NULL && mr == nt->mr_remote && kvt__net_may_read(nt, node_id, off, len);
+}
+
+const char *kvt_net_fence_reason_name(unsigned r)
+{
+    static const char *const names[KVT_NET_FENCE_N_REASONS] = {
+        [KVT_NET_FENCE_CHANGED] = "changed",
+        [KVT_NET_FENCE_WRITING] = "writing",
+        [KVT_NET_FENCE_UNREAD] = "unread",
+    };
+
+    return r < KVT_NET_FENCE_N_REASONS ? names[r] : "?";
 }
 
 bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len)
@@ -441,7 +501,6 @@ void kvt__nt_free_map(struct kvt_map *m)
 static void nt_destroy(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
-    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
     struct kvt_list *pos, *tmp;
 
     nt_shutdown(t);
@@ -459,10 +518,7 @@ static void nt_destroy(struct kvt_tier *t)
     }
     kvt__nt_keyvec_free(&nt->pub);
     kvt__nt_keyvec_free(&nt->unpub);
-    if (nt->mr_local != NULL)
-        kvt_tp_dereg(nt->mr_local, tp);
-    if (nt->mr_remote != NULL)
-        kvt_tp_dereg(nt->mr_remote, tp);
+    nt_dereg(nt);
     kvt_directory_destroy(nt->dir);
     close(nt->wake_fd);
     pthread_cond_destroy(&nt->cv);
@@ -496,7 +552,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     pthread_condattr_t ca;
     int rc;
 
-    if (cfg == NULL || cfg->peers == NULL || cfg->primary == NULL || t_p == NULL)
+    if (cfg == NULL || cfg->peers == NULL || cfg->primary == NULL || t_p == NULL ||
+        (cfg->verify != KVT_NET_VERIFY_FENCE && cfg->verify != KVT_NET_VERIFY_CHECKSUM))
         return -EINVAL;
     nt = kvt_calloc(1, sizeof(*nt));
     if (nt == NULL)

@@ -5,7 +5,8 @@
  *   net_locate.c   requester: lookups by LOCATE (the worker's queue, the loop's
  *                  parts); home: the location directory (PUBLISH/UNPUBLISH, LOCATE)
  *   net_publish.c  holder: publishing what the primary holds, unpublishing evictions
- *   net_fetch.c    requester: a load as FETCH, GRANT, READ, validation, RELEASE
+ *   net_fetch.c    requester: a load as FETCH, GRANT, READ, validation (fences or
+ *                  checksums), RELEASE
  *   net_serve.c    holder: inbound FETCHes, the serving loop, leases
  *
  * Threads: everything runs on the loop thread (the manager's scheduler thread; the
@@ -120,6 +121,7 @@ struct fetch {
     uint64_t lease_id;
     struct kvt_tp_ep *ep;
     struct kvt_tp_rkey *rk;
+    struct kvt_tp_rkey *fk;        /* the holder's fence words; NULL: checked by checksum */
     struct kvt_wire_chunk *chunks; /* the GRANT's, at most n (checked) */
     bool *chunk_ok;                /* chunk i read and verified */
     uint32_t n_chunks, next_chunk;
@@ -127,10 +129,13 @@ struct fetch {
     bool failed; /* timed out, link lost or peer down: no more batches, no RELEASE */
 };
 
+/* A batch of a fetch's READs: its rows, then (fence mode) the same batch again for
+ * their fence words, posted from the rows' completion. */
 struct batch {
     struct net_tier *nt;
     uint64_t fetch_id;
     uint32_t first, n;
+    bool fences; /* the READ in flight is of the fence words */
 };
 
 struct inbound { /* a peer's FETCH waiting for the serving loop */
@@ -220,6 +225,14 @@ struct net_tier {
     struct kvt_tp_mr *mr_remote, *mr_local; /* the primary region, on first need */
     uint8_t handle[KVT_TP_MAX_HANDLE_SIZE];
     size_t handle_len;
+    /* The primary's fence words for peers (remote), and where the words we READ
+     * land (local: fence_in[s] for a row read into our slot s, which no other READ
+     * targets while its load runs), registered with the region. */
+    struct kvt_tp_mr *mr_fence, *mr_fence_in;
+    uint32_t *fence_in; /* [num_chunks] */
+    uint8_t fence_handle[KVT_TP_MAX_HANDLE_SIZE];
+    size_t fence_handle_len;
+    bool omit_fences; /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
 
     struct kvt_net_tier_counts c, reported;
@@ -345,6 +358,9 @@ void kvt__nt_serve_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
  * lease that is active: neither released, reaped nor past its deadline. Loop
  * thread. */
 bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len);
+/* The same for [off, off + len) of the fence words (4 bytes per row): true when the
+ * row of every word it touches may be read. */
+bool kvt__nt_may_read_fence(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len);
 /* Destroy: frees the leases and the parked FETCHes. */
 void kvt__nt_serve_cleanup(struct net_tier *nt);
 

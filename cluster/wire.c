@@ -75,6 +75,10 @@ struct field {
     {                                                                                              \
         .id = KVT_WIRE_F_##id_, .kind = kind_, .required = false, .off = OFF(m)                    \
     }
+#define OPTLIST(id_, kind_, m, n)                                                                  \
+    {                                                                                              \
+        .id = KVT_WIRE_F_##id_, .kind = kind_, .required = false, .off = OFF(m), .n_off = OFF(n)   \
+    }
 #define LIST(id_, kind_, m, n)                                                                     \
     {                                                                                              \
         .id = KVT_WIRE_F_##id_, .kind = kind_, .required = true, .off = OFF(m), .n_off = OFF(n)    \
@@ -133,6 +137,7 @@ static const struct field grant_fields[] = {
     LIST(HANDLE, K_HANDLE, grant.handle, grant.handle_len),
     LIST(CHUNKS, K_CHUNKS, grant.chunks, grant.n_chunks),
     LIST(DENIED, K_INDEXES, grant.denied, grant.n_denied),
+    OPTLIST(FENCE_HANDLE, K_HANDLE, grant.fence_handle, grant.fence_handle_len),
 };
 static const struct field deny_fields[] = {
     REQ(JOB_ID, K_U64, deny.job_id),
@@ -318,7 +323,7 @@ static int own_alloc(struct kvt_wire_msg *m, size_t n, size_t each, void **p_p)
 
     while (i < KVT_ARRAY_SIZE(m->own_) && m->own_[i] != NULL)
         i++;
-    assert(i < KVT_ARRAY_SIZE(m->own_)); /* the tables own at most 3 blocks */
+    assert(i < KVT_ARRAY_SIZE(m->own_)); /* the tables own at most 4 blocks */
     void *p = kvt_calloc(n, each);
 
     if (p == NULL)

@@ -71,9 +71,11 @@ struct key_def {
 
 _Static_assert(sizeof(enum kvt_policy_kind) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(enum kvt_log_level) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(enum kvt_verify_kind) == sizeof(int), "enums are stored as int");
 
 static const char *const policy_names[] = {"lru", "arc", NULL};
 static const char *const transport_names[] = {"ucx", "verbs", NULL};
+static const char *const verify_names[] = {"fence", "checksum", NULL};
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 static const char *const tier_names[] = {"storage", "network", NULL};
 
@@ -151,6 +153,9 @@ static const struct key_def keys[] = {
      "FETCHes out to one peer at once (the rest wait their turn, their deadline not started)"},
     {"network.reads_per_batch", T_U32, F(network_reads_per_batch), 0, "8", 1, 256, NULL, 0,
      "one-sided READs of pulled chunks posted together (8 rows of 256 KiB fit a 2 MiB L2)"},
+    {"network.verify", T_ENUM, F(network_verify), 0, "fence", 0, 0, verify_names, 0,
+     "how a pulled chunk is checked: fence (the holder's generation word of the row, READ "
+     "after it, must equal the granted one) or checksum (XXH3-64 of every byte)"},
     {"network.max_unauthenticated", T_U32, F(network_max_unauthenticated), 0, "64", 1, 4096, NULL,
      0,
      "peer connections accepted and not yet authenticated, at most (more are refused and "
@@ -1622,6 +1627,11 @@ const char *kvt_tier_kind_name(enum kvt_tier_kind k)
 const char *kvt_transport_kind_name(enum kvt_transport_kind k)
 {
     return (unsigned)k < KVT_ARRAY_SIZE(transport_names) - 1 ? transport_names[k] : "?";
+}
+
+const char *kvt_verify_kind_name(enum kvt_verify_kind k)
+{
+    return (unsigned)k < KVT_ARRAY_SIZE(verify_names) - 1 ? verify_names[k] : "?";
 }
 
 const char *kvt_policy_kind_name(enum kvt_policy_kind k)

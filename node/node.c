@@ -544,6 +544,8 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
     nc.keys_per_fetch = nd->cfg.network_keys_per_fetch;
     nc.fetches_per_peer = nd->cfg.network_fetches_per_peer;
     nc.max_ops_per_batch = nd->cfg.network_reads_per_batch;
+    nc.verify = nd->cfg.network_verify == KVT_VERIFY_CHECKSUM ? KVT_NET_VERIFY_CHECKSUM
+                                                              : KVT_NET_VERIFY_FENCE;
     rc = kvt_net_tier_create(&nc, t_p);
     if (rc != 0)
         kvt_error(MOD, "network tier: %s", strerror(-rc));
@@ -702,6 +704,12 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
+        /* network.verify: fence. Rows whose fence word had moved on (rewritten or
+         * reused), was odd (being written), or could not be read: misses. */
+        for (unsigned r = 0; r < KVT_NET_FENCE_N_REASONS; r++)
+            LSAMPLE("kvtier_net_fence_failures",
+                    "Pulled chunks refused by their generation fence, by reason",
+                    KVT_METRIC_COUNTER, "reason", kvt_net_fence_reason_name(r), c.fence_fail[r]);
         /* What the transport refused on the peer port, by reason: READs before the
          * handshake, outside our registrations or not granted; connections beyond the
          * pre-auth bound, malformed or too slow before it; messages naming no

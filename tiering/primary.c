@@ -16,8 +16,23 @@
  * order, each with its KV cache group and what the request did with it
  * (inserted, reused, missed on store). At finish the keys are ordered by group
  * (stable), given their kinds and handed to the policy once; the table is then
- * freed. */
+ * freed.
+ *
+ * Fence words (seqlock order). Each slot has a 32-bit word, in an array of its own
+ * that the network tier registers for peers' one-sided READs. The word turns odd
+ * before any byte of the slot may change (allocation: a GPU store or a promotion
+ * writes it next; kvt_primary_rewrite_begin) and even once the new bytes are in
+ * place (complete_store, kvt_primary_rewrite_end); it only ever moves forward. The
+ * entry records the even value its key's bytes were completed under. A peer granted
+ * a row with that value READs the row, then the word: equal means no write began
+ * between the grant and the word's READ, so the bytes it read are the key's. The
+ * odd store is followed by a full fence, so it is visible (to other processes and
+ * to a NIC, which reads coherent memory) before any store of the new bytes; the
+ * even store is a release, after them. Writers of the bytes in other processes (the
+ * engines) are told of the slot after prepare_store returned and report back before
+ * complete_store: the system calls between order them. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -461,6 +476,26 @@ static uint32_t pr_alloc_slot(struct kvt_primary *p)
     return p->free_list[--p->n_free_list];
 }
 
+/* The slot's bytes may change from now on: its word turns odd (a new value). */
+static void pr_fence_begin(struct kvt_primary *p, uint32_t s)
+{
+    uint32_t w = atomic_load_explicit(&p->fence[s], memory_order_relaxed);
+
+    atomic_store_explicit(&p->fence[s], (w + 1) | 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst); /* before any store of the new bytes */
+}
+
+/* The slot's bytes are in place: its word turns even; returns it. */
+static uint32_t pr_fence_end(struct kvt_primary *p, uint32_t s)
+{
+    uint32_t w = atomic_load_explicit(&p->fence[s], memory_order_relaxed);
+
+    if (w & 1)
+        w++;
+    atomic_store_explicit(&p->fence[s], w, memory_order_release);
+    return w;
+}
+
 static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
 {
     uint32_t s = pr_alloc_slot(p);
@@ -470,6 +505,8 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->hash = h;
     x->ref_cnt = -1;
     x->generation++;
+    x->fence = 0;
+    pr_fence_begin(p, s);
     x->mark = 0;
     x->checksum = 0;
     x->has_checksum = false;
@@ -534,7 +571,8 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
     p->index_size = 2 * cfg->num_chunks; /* load factor <= 1/2 */
     p->index = kvt_calloc_table(p->index_size, sizeof(*p->index));
     p->free_list = kvt_calloc(cfg->num_chunks, sizeof(*p->free_list));
-    if (p->e == NULL || p->index == NULL || p->free_list == NULL) {
+    p->fence = kvt_calloc_table(cfg->num_chunks, sizeof(*p->fence));
+    if (p->e == NULL || p->index == NULL || p->free_list == NULL || p->fence == NULL) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -578,6 +616,7 @@ fail:
     kvt_free_table(p->e, p->cfg.num_chunks, sizeof(*p->e));
     kvt_free_table(p->index, p->index_size, sizeof(*p->index));
     kvt_free(p->free_list);
+    kvt_free_table(p->fence, p->cfg.num_chunks, sizeof(*p->fence));
     kvt_free(p->victims);
     kvt_free(p);
     return rc;
@@ -599,6 +638,7 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_free_table(p->e, p->cfg.num_chunks, sizeof(*p->e));
     kvt_free_table(p->index, p->index_size, sizeof(*p->index));
     kvt_free(p->free_list);
+    kvt_free_table(p->fence, p->cfg.num_chunks, sizeof(*p->fence));
     kvt_free(p->victims);
     kvt_free(p->dedup);
     kvt_free(p->scratch);
@@ -944,7 +984,9 @@ static bool pr_complete_slot(struct kvt_primary *p, uint32_t s, bool success)
         return false;
     x = &p->e[s];
     p->num_write_pending--;
+    x->fence = pr_fence_end(p, s);
     if (!success) { /* no event: the key was never stored */
+        x->fence = 0;
         p->pol->remove(p, s);
         pr_release(p, s);
         return false;
@@ -1299,6 +1341,7 @@ static void pr_info(const struct kvt_primary *p, uint32_t s, struct kvt_primary_
     info->slot = s;
     info->ref_cnt = x->ref_cnt;
     info->generation = x->generation;
+    info->fence = x->fence;
     info->checksum = x->checksum;
     info->has_checksum = x->has_checksum;
 }
@@ -1322,6 +1365,36 @@ int kvt_primary_set_checksum(struct kvt_primary *p, const struct kvt_key *key, u
         return -ENOENT;
     p->e[s].checksum = sum;
     p->e[s].has_checksum = true;
+    return 0;
+}
+
+const _Atomic uint32_t *kvt_primary_fence_words(const struct kvt_primary *p, size_t *n_p)
+{
+    *n_p = p->cfg.num_chunks;
+    return p->fence;
+}
+
+int kvt_primary_rewrite_begin(struct kvt_primary *p, const struct kvt_key *key, uint8_t **row_p)
+{
+    uint32_t s = kvt_pr_find(p, key);
+
+    if (s == PR_NIL || p->base == NULL)
+        return -ENOENT;
+    if (p->e[s].ref_cnt < 0)
+        return -EBUSY; /* a write is already in flight */
+    pr_fence_begin(p, s);
+    *row_p = p->base + (size_t)s * p->cfg.row_bytes;
+    return 0;
+}
+
+int kvt_primary_rewrite_end(struct kvt_primary *p, const struct kvt_key *key)
+{
+    uint32_t s = kvt_pr_find(p, key);
+
+    if (s == PR_NIL || !(atomic_load_explicit(&p->fence[s], memory_order_relaxed) & 1) ||
+        p->e[s].ref_cnt < 0)
+        return -EINVAL;
+    (void)pr_fence_end(p, s);
     return 0;
 }
 

@@ -33,6 +33,7 @@ struct pr_entry {
     bool has_checksum;
     struct kvt_key key;
     uint32_t generation; /* bumped on every allocation of the slot */
+    uint32_t fence;      /* the slot's fence word when the key's bytes were completed */
     uint32_t mark;       /* == primary mark: protected by the running prepare_store */
     uint32_t prev, next; /* policy list links */
     uint64_t checksum;
@@ -122,6 +123,11 @@ struct kvt_primary {
     kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */
     void *on_removed_arg;
     struct kvt_stats pending_stats; /* allocation-size histogram since last get_stats */
+
+    /* [num_chunks] the slots' fence words (kvt_primary_fence_words): odd while the
+     * slot's bytes may change, even when they are stable; never the same value
+     * twice for one slot (up to wrap-around). Written here, read by peers' NICs. */
+    _Atomic uint32_t *fence;
 
     struct kvt_region *region;
     uint8_t *base;

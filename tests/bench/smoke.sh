@@ -45,9 +45,10 @@ check "transport: READs moved, latencies measured, ucx_perftest beside them" \
   "$out"
 
 out=$("$BENCH" pull --json --chunks 256 --tls tcp --simnode "$SIMNODE" 2>/dev/null)
-check "pull: all 256 chunks hit, none corrupt, ceiling and redis beside it" \
-  '(.rows | length) == 1 and .rows[0].hit == 256 and .rows[0].corrupt == 0
-     and .rows[0].gbps > 0 and .rows[0].transport_gbps > 0 and .redis_gbps > 0' "$out"
+check "pull: both validations (fence, checksum), all 256 chunks hit, none corrupt, ceiling and redis beside them" \
+  '(.rows | length) == 2 and ([.rows[].verify] == ["fence", "checksum"])
+     and all(.rows[]; .hit == 256 and .corrupt == 0 and .gbps > 0 and .transport_gbps > 0)
+     and .redis_gbps > 0' "$out"
 
 out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" connect --json --iters 5)
 check "connect: 5 links up and answering, the first reply after UP" \

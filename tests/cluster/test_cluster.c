@@ -474,23 +474,39 @@ static void test_kill_requester_with_leases(void **state)
     sn_quit(&n[2]);
 }
 
-/* A rewrites slots while B reads them: torn reads detected and counted, none
- * accepted. */
-static void test_torn_reads(void **state)
+/* A rewrites slots while B reads them (each row between rewrite_begin and _end):
+ * under network.verify (mode) B refuses every rewritten row, by its fence or by its
+ * checksum, and accepts none: no corrupt chunk, no hit. */
+static void torn_reads(const char *mode)
 {
     struct sn n[3];
     const char *r;
-    uint64_t fails = 0, corrupt = 0, rounds = 0;
+    char verify[64];
+    uint64_t fails = 0, corrupt = 0, hits = 0, rounds = 0;
+    bool fence = strcmp(mode, "fence") == 0;
 
-    (void)state;
-    start3(n, "primary.row_bytes=256KiB", "primary.size=256MiB");
+    snprintf(verify, sizeof(verify), "network.verify=%s", mode);
+    sn_start(&n[0], 1, 0, good_secret, "ns", "primary.row_bytes=256KiB", "primary.size=256MiB",
+             verify, NULL);
+    {
+        char seed[64];
+
+        peer_of(&n[0], seed, sizeof(seed));
+        sn_start(&n[1], 2, 0, good_secret, "ns", seed, "primary.row_bytes=256KiB",
+                 "primary.size=256MiB", verify, NULL);
+        sn_start(&n[2], 3, 0, good_secret, "ns", seed, "primary.row_bytes=256KiB",
+                 "primary.size=256MiB", verify, NULL);
+        for (int i = 0; i < 3; i++)
+            sn_cmd(&n[i], 15000, "wait-live 3 10000");
+    }
     sn_cmd(&n[0], 60000, "store 8 0 300");
     /* A scribbles for 3 s; B loads meanwhile (the two run in parallel). */
     fprintf(n[0].in, "rewrite 8 0 300 3000\n");
     fflush(n[0].in);
     r = sn_cmd(&n[1], 60000, "load 8 0 300 20000");
-    printf("# torn reads: %s\n", r);
+    printf("# torn reads (%s): %s\n", mode, r);
     corrupt = field(r, "corrupt");
+    hits = field(r, "hit");
     {
         char line[256];
 
@@ -498,12 +514,27 @@ static void test_torn_reads(void **state)
         rounds = field(line, "rounds");
     }
     r = sn_cmd(&n[1], 5000, "counts");
-    fails = field(r, "checksum_fail");
-    printf("# torn reads: %" PRIu64 " checksum failures, %" PRIu64 " rewrite rounds\n", fails,
-           rounds);
+    fails = field(r, fence ? "fence_fail" : "checksum_fail");
+    printf("# torn reads (%s): %" PRIu64 " %s failures, %" PRIu64 " rewrite rounds: %s\n", mode,
+           fails, mode, rounds, r);
     assert_int_equal(corrupt, 0);
+    assert_int_equal(hits, 0);
     assert_true(fails > 0);
+    /* Each mode refuses by its own check only. */
+    assert_int_equal(field(r, fence ? "checksum_fail" : "fence_fail"), 0);
     stop3(n);
+}
+
+static void test_torn_reads(void **state)
+{
+    (void)state;
+    torn_reads("fence");
+}
+
+static void test_torn_reads_checksum(void **state)
+{
+    (void)state;
+    torn_reads("checksum");
 }
 
 /* A peer with a wrong secret or another namespace gets nothing. */
@@ -664,6 +695,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_kill_holder_mid_pull, kill_spawned),
         cmocka_unit_test_teardown(test_kill_requester_with_leases, kill_spawned),
         cmocka_unit_test_teardown(test_torn_reads, kill_spawned),
+        cmocka_unit_test_teardown(test_torn_reads_checksum, kill_spawned),
         cmocka_unit_test_teardown(test_wrong_secret_and_namespace, kill_spawned),
         cmocka_unit_test_teardown(test_malformed_from_peer, kill_spawned),
         cmocka_unit_test_teardown(test_primary_over_4gib, kill_spawned),

@@ -184,6 +184,12 @@ for i in 1 2; do
   is "node $i: storage used: 1..252 files of 260 KiB" "a >= 1 && a <= 252 && b == a * 266240" \
     "$uc" "$(exact "$page" "kvtier_tier_used_bytes$t")"
   if grep -q '^kvtier_tier_[a-z_]*{tier="2:network"}' "$page"; then bad "node $i: the network tier shows usage"; else ok "node $i: no usage for the network tier"; fi
+  # Pulled chunks refused by their fence (network.verify: fence), one series a reason,
+  # there whether or not one was refused.
+  for r in changed writing unread; do
+    is "node $i: kvtier_net_fence_failures_total{reason=\"$r\"} on the page" 'a >= 0' \
+      "$(exact "$page" "kvtier_net_fence_failures_total{reason=\"$r\"}")"
+  done
   if grep -q '^vllm:kv_offload_cpu_allocation_size_bucket{le="262144"} ' "$page" &&
      grep -q '^vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier="0:primary",le="1e-05"} ' "$page" &&
      ! grep -q '^vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier="0:primary",le="1e-06"} ' "$page"; then

@@ -923,6 +923,34 @@ static void test_network_fetch_keys(void **state)
                WANT(at_line(2), "network.max_unauthenticated", "out of range"));
 }
 
+/* network.verify: fence by default, checksum on request, anything else refused with
+ * the key, its line and the names it takes; a dump says what was set. */
+static void test_network_verify(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+    char *sets4[] = {fx.set_region, fx.set_storage, fx.set_sock, "network.verify=fence"};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_int_equal(cfg.network_verify, KVT_VERIFY_FENCE);
+    kvt_config_free(&cfg);
+    write_file(fx.conf, "network:\n  verify: checksum\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_int_equal(cfg.network_verify, KVT_VERIFY_CHECKSUM);
+    assert_string_equal(kvt_verify_kind_name(cfg.network_verify), "checksum");
+    kvt_config_free(&cfg);
+    /* --set wins over the file. */
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets4, 4, err, sizeof(err)), 0);
+    assert_int_equal(cfg.network_verify, KVT_VERIFY_FENCE);
+    assert_string_equal(kvt_verify_kind_name(cfg.network_verify), "fence");
+    kvt_config_free(&cfg);
+    assert_string_equal(kvt_verify_kind_name((enum kvt_verify_kind)7), "?");
+    expect_bad("network:\n  verify: xxh3\n", NULL, 0, 0,
+               WANT(at_line(2), "network.verify", "fence|checksum"));
+    expect_bad("network:\n  verify: [fence]\n", NULL, 0, 0, WANT(at_line(2), "network.verify"));
+}
+
 /* network.advertise: what peers are told; a wildcard listen address needs one, and an
  * advertised wildcard is refused, each naming the key and its line. */
 static void test_network_advertise(void **state)
@@ -1029,6 +1057,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_and_metrics_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_advertise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_fetch_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_verify, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy, setup, teardown),
     };
 

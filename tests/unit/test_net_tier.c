@@ -263,6 +263,11 @@ static void test_pull_pipelined_and_per_peer_stats(void **state)
 
 /* ---- helpers of the tests below ------------------------------------------------ */
 
+static void a_store(struct tn *a, uint32_t first, size_t n, int64_t *slots_p);
+static void hold_grants(struct tn *a, struct tn *b, struct kvt_req_ctx *ctx, uint32_t first,
+                        size_t n, uint64_t want_leases);
+static bool settled(struct tn *t);
+
 /* A stores keys [first, first + n) with fill()'s bytes through its manager; their
  * slots (in key order) go to slots_p when it is not NULL. */
 static void a_store(struct tn *a, uint32_t first, size_t n, int64_t *slots_p)
@@ -400,6 +405,152 @@ static void test_may_read_answers_from_active_leases(void **state)
     end_req(&b, ctx);
     assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
 
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* A holder changes rows it granted before the puller's READs of them end: key 1
+ * rewritten whole (its fence word moved on), key 2 left mid-write (odd) while B
+ * reads. B refuses exactly those two - under fences by their words, counted by
+ * reason, under checksums by their hash - loads the others byte for byte, and
+ * answers MISS for the two: never wrong bytes. old_holder: A's GRANTs carry no fence
+ * words (wire 1.0), so B, in fence mode, checks them by checksum. */
+static void rewrite_during_read(enum kvt_net_verify mode, bool old_holder)
+{
+    enum { K = 8 }; /* two fetches of 4 keys, both granted before B reads */
+    struct kvt_net_tier_config nc = {.verify = mode};
+    struct kvt_net_tier_counts cb;
+    struct kvt_primary_entry_info info;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[K];
+    struct tn a, b;
+    int64_t slot[K];
+    int res[K];
+    uint8_t *row;
+
+    tn_start_cfg(&a, 0xA, 0, &nc);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
+    g_a = &a;
+    g_b = &b;
+    if (old_holder)
+        kvt__net_tier_test_omit_fences(a.net);
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 300, K, slot);
+    for (int i = 0; i < 100; i++)
+        spin();
+    for (size_t i = 0; i < K; i++) {
+        key_of(300 + (uint32_t)i, &keys[i]);
+        assert_int_equal(kvt_primary_entry_info(a.pr, &keys[i], &info), 0);
+        assert_true(info.fence != 0 && !(info.fence & 1));
+    }
+
+    ctx = new_req(&b);
+    hold_grants(&a, &b, ctx, 300, K, 2);
+    assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[1], &row), 0);
+    row[100] ^= 0xff;
+    assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[1]), 0);
+    assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[2], &row), 0);
+    row[200] ^= 0xff; /* and still being written while B reads */
+
+    /* B reads, validates, releases; then looks every key up again. */
+    assert_true(WAIT_FOR(10000, settled(&b) && settled(&a)));
+    for (size_t i = 0; i < K; i++)
+        res[i] = -1;
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < K; i++) {
+                                 if (res[i] != KVT_HIT && res[i] != KVT_MISS)
+                                     res[i] = (int)kvt_manager_lookup(b.m, &keys[i], ctx);
+                                 all &= res[i] == KVT_HIT || res[i] == KVT_MISS;
+                             }
+                             all;
+                         })));
+    for (size_t i = 0; i < K; i++) {
+        uint8_t want[ROW];
+        int64_t s;
+
+        if (i == 1 || i == 2) {
+            assert_int_equal(res[i], KVT_MISS);
+            continue;
+        }
+        assert_int_equal(res[i], KVT_HIT);
+        assert_int_equal(kvt_manager_prepare_load(b.m, &keys[i], 1, ctx, &s), 0);
+        fill(want, &keys[i]);
+        assert_memory_equal(b.net->primary_base + (size_t)s * ROW, want, ROW);
+        assert_int_equal(kvt_manager_complete_load(b.m, &keys[i], 1, ctx), 0);
+    }
+    end_req(&b, ctx);
+    assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[2]), 0);
+
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.grants, 2);
+    assert_int_equal(cb.pulled_chunks, K - 2);
+    if (mode == KVT_NET_VERIFY_FENCE && !old_holder) {
+        assert_int_equal(cb.fence_failures, 2);
+        assert_int_equal(cb.fence_fail[KVT_NET_FENCE_CHANGED], 1);
+        assert_int_equal(cb.fence_fail[KVT_NET_FENCE_WRITING], 1);
+        assert_int_equal(cb.fence_fail[KVT_NET_FENCE_UNREAD], 0);
+        assert_int_equal(cb.checksum_failures, 0);
+    } else {
+        assert_int_equal(cb.checksum_failures, 2);
+        assert_int_equal(cb.fence_failures, 0);
+    }
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+static void test_fence_refuses_rows_rewritten_during_read(void **state)
+{
+    (void)state;
+    rewrite_during_read(KVT_NET_VERIFY_FENCE, false);
+}
+
+static void test_fence_mode_checks_old_holders_by_checksum(void **state)
+{
+    (void)state;
+    rewrite_during_read(KVT_NET_VERIFY_FENCE, true);
+}
+
+static void test_checksum_refuses_rows_rewritten_during_read(void **state)
+{
+    (void)state;
+    rewrite_during_read(KVT_NET_VERIFY_CHECKSUM, false);
+}
+
+/* Fence words are readable only where their rows are: a word of a granted row, by
+ * that peer, while the lease lasts. */
+static void test_may_read_fence_words_of_grants_only(void **state)
+{
+    enum { K = 4 };
+    struct kvt_req_ctx *ctx;
+    struct tn a, b;
+    int64_t slot[2 * K];
+
+    (void)state;
+    tn_start(&a, 0xA, 0);
+    tn_start(&b, 0xB, kvt_peers_port(a.p));
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 400, 2 * K, slot);
+    for (int i = 0; i < 100; i++)
+        spin();
+    ctx = new_req(&b);
+    hold_grants(&a, &b, ctx, 400, K, 1);
+    for (size_t i = 0; i < 2 * K; i++) {
+        uint64_t off = (uint64_t)slot[i] * 4;
+        assert_int_equal(kvt__net_tier_test_may_read_fence(a.net, 0xB, off, 4), i < K);
+        assert_false(kvt__net_tier_test_may_read_fence(a.net, 0xC, off, 4));
+        assert_false(kvt__net_tier_test_may_read_fence(a.net, 0xB, off, 0));
+    }
+    assert_false(kvt__net_tier_test_may_read_fence(a.net, 0xB, (uint64_t)CHUNKS * 4, 4));
+    assert_false(kvt__net_tier_test_may_read_fence(a.net, 0xB, UINT64_MAX - 1, 4));
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    for (size_t i = 0; i < 2 * K; i++)
+        assert_false(kvt__net_tier_test_may_read_fence(a.net, 0xB, (uint64_t)slot[i] * 4, 4));
     tn_stop(&b);
     tn_stop(&a);
 }
@@ -679,6 +830,10 @@ int main(void)
         cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),
         cmocka_unit_test(test_reset_unpublishes_everything),
+        cmocka_unit_test(test_fence_refuses_rows_rewritten_during_read),
+        cmocka_unit_test(test_checksum_refuses_rows_rewritten_during_read),
+        cmocka_unit_test(test_fence_mode_checks_old_holders_by_checksum),
+        cmocka_unit_test(test_may_read_fence_words_of_grants_only),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -702,6 +702,64 @@ static void test_generation_changes_on_every_reuse(void **state)
     fx_free(f);
 }
 
+/* Fence words: odd from allocation to completion, even after, a new value at every
+ * write of the slot; the entry keeps the value its bytes were completed under, and
+ * an in-place rewrite moves the word on without changing it. */
+static void test_fence_words_follow_every_write(void **state)
+{
+    struct fx *f = fx_make(1, "lru", false, 64);
+    struct kvt_primary_entry_info a, b;
+    struct kvt_key k0 = kt_key(0), k1 = kt_key(1);
+    const _Atomic uint32_t *w;
+    uint32_t seen[8];
+    size_t n = 0, n_words;
+    uint8_t *row;
+
+    (void)state;
+    w = kvt_primary_fence_words(f->p, &n_words);
+    assert_int_equal(n_words, 1);
+    assert_int_equal(w[0], 0);
+    assert_int_equal(kvt_primary_rewrite_begin(f->p, &k0, &row), -ENOENT);
+    assert_int_equal(PREP(f, 0), 0);
+    seen[n++] = w[0];
+    assert_true(w[0] & 1); /* being written */
+    assert_int_equal(kvt_primary_rewrite_begin(f->p, &k0, &row), -EBUSY);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k0, &a), 0);
+    assert_int_equal(a.fence, 0);
+    COMPLETE(f, 0);
+    seen[n++] = w[0];
+    assert_false(w[0] & 1);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k0, &a), 0);
+    assert_int_equal(a.fence, w[0]);
+    /* In place: odd, then even again, the entry's fence unchanged. */
+    assert_int_equal(kvt_primary_rewrite_end(f->p, &k0), -EINVAL); /* no begin */
+    assert_int_equal(kvt_primary_rewrite_begin(f->p, &k0, &row), 0);
+    seen[n++] = w[0];
+    assert_true(w[0] & 1);
+    row[0] ^= 1;
+    assert_int_equal(kvt_primary_rewrite_end(f->p, &k0), 0);
+    seen[n++] = w[0];
+    assert_false(w[0] & 1);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k0, &b), 0);
+    assert_int_equal(b.fence, a.fence);
+    assert_int_not_equal(w[0], a.fence);
+    /* The slot reused (0 evicted), a failed store, reused again. */
+    assert_int_equal(PREP(f, 1), 0);
+    seen[n++] = w[0];
+    COMPLETE_FAIL(f, 1);
+    seen[n++] = w[0];
+    assert_false(w[0] & 1);
+    assert_int_equal(PREP(f, 1), 0);
+    seen[n++] = w[0];
+    COMPLETE(f, 1);
+    seen[n++] = w[0];
+    assert_int_equal(kvt_primary_entry_info(f->p, &k1, &b), 0);
+    assert_int_equal(b.fence, w[0]);
+    for (size_t i = 1; i < n; i++) /* only forward */
+        assert_true(seen[i] > seen[i - 1]);
+    fx_free(f);
+}
+
 /* 4 rows of 256 bytes, each store hashed at completion; out is ready for use. */
 static struct kvt_primary *checksum_primary(struct kvt_store_output *out)
 {
@@ -1380,6 +1438,7 @@ int main(void)
         cmocka_unit_test(test_store_miss_adapts_once_per_request),
         cmocka_unit_test(test_access_before_reset_is_forgotten),
         cmocka_unit_test(test_touch_moves_ready_keys_only),
+        cmocka_unit_test(test_fence_words_follow_every_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

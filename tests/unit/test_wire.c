@@ -142,6 +142,9 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
         m->u.grant.chunks = s->chunks;
         m->u.grant.n_denied = 2;
         m->u.grant.denied = s->denied;
+        m->u.grant.fence_handle_len = sizeof(s->handle) - 3; /* other bytes than handle */
+        m->u.grant.fence_handle = s->handle + 3;
+        m->has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
         break;
     case KVT_WIRE_DENY:
         m->u.deny.job_id = 8;
@@ -257,6 +260,10 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
         assert_int_equal(b->n_denied, a->n_denied);
         for (uint32_t i = 0; i < a->n_denied; i++)
             assert_int_equal(b->denied[i], a->denied[i]);
+        assert_int_equal(got->has & KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE),
+                         want->has & KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE));
+        assert_int_equal(b->fence_handle_len, a->fence_handle_len);
+        assert_memory_equal(b->fence_handle, a->fence_handle, a->fence_handle_len);
         break;
     }
     case KVT_WIRE_DENY:
@@ -308,6 +315,7 @@ static uint64_t expected_has(const struct kvt_wire_msg *m)
                    : m->type == KVT_WIRE_HELLO_ACK
                        ? KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT)
                    : m->type == KVT_WIRE_HEARTBEAT ? KVT_WIRE_HAS(KVT_WIRE_F_DIGEST)
+                   : m->type == KVT_WIRE_GRANT     ? KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE)
                                                    : 0;
 
     return req[m->type] | (m->has & opt);
@@ -668,6 +676,9 @@ static void test_wire_unknown_fields_skipped(void **state)
     assert_int_equal(got.u.grant.chunks[0].generation, 11);
     assert_int_equal(got.u.grant.chunks[0].checksum, 0x123456789ull);
     assert_int_equal(got.u.grant.n_denied, 0);
+    /* A holder before 1.1 sends no fence words: the field is absent, not empty. */
+    assert_false(got.has & KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE));
+    assert_null(got.u.grant.fence_handle);
     kvt_wire_msg_free(&got);
 
     /* MEMBERS entry with a fifth element; LOCATE_REPLY holder with a third. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kvtier-bench pull: two nodes on 127.0.0.1; A holds N chunks of 256 KiB, B pulls
- * them all through its manager (lookup, LOCATE, FETCH, READ, checksum verify,
+ * them all through its manager (lookup, LOCATE, FETCH, READ, validation (fence or checksum),
  * RELEASE, byte check against the expected content: everything included), as an
  * engine would: requests of --req-keys keys (32), --inflight of them at a time (4), a
  * new one as soon as one is loaded, the engine stepping every 500 us. Reported as
@@ -13,7 +13,10 @@
  *     ucx_perftest's single buffer gives), for comparison;
  *   - redis-benchmark GET of 256 KiB values against a local redis-server (what users
  *     pick instead today), with the same number of values.
- * Each row runs with one UCX transport selection (--tls, both by default):
+ * Each row runs with one UCX transport selection (--tls, both by default) and one
+ * validation of pulled chunks (--verify, both by default: network.verify fence, the
+ * holder's generation word READ after each row, and checksum, XXH3-64 of every
+ * byte), the two validations of a selection one after the other, then its ceiling:
  *   tcp      UCX_TLS=tcp for the nodes and the ceiling;
  *   default  UCX_TLS unset for the nodes (UCX picks), UCX_TLS=all (the same thing:
  *            UCX's default value) for the ceiling, which forces tcp when unset.
@@ -192,9 +195,11 @@ static void bp_default_simnode(const char *self, char *buf, size_t cap)
 }
 
 struct bp_row {
-    const char *tls; /* "tcp" or "default" */
+    const char *tls;    /* "tcp" or "default" */
+    const char *verify; /* "fence" or "checksum" (network.verify) */
     int hit, corrupt, requests;
     double secs, gbps, req_p50, req_p99, key_p50, key_p99;
+    double verify_ms;   /* B's validation time over the pull (timing's verify_ms) */
     double ceiling;     /* the transport moving the same N distinct chunks */
     double ceiling_hot; /* the same READs over 32 chunks that stay in the caches */
 };
@@ -226,10 +231,12 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     /* The nodes are kvtierd's with its defaults, but their runtime folders in run, no
      * storage tier (the pull is the network tier's) and no /metrics. */
     char k_path[128], k_sock[128], k_secret[128], k_row[64], k_size[64], k_peer[64];
+    char k_verify[64];
     char *common[] = {"--set", k_path,           "--set", k_sock,
                       "--set", k_secret,         "--set", k_row,
                       "--set", k_size,           "--set", "storage.enabled=false",
-                      "--set", "metrics.port=0", "--set", "network.port=0"};
+                      "--set", "metrics.port=0", "--set", "network.port=0",
+                      "--set", k_verify};
     char *av[32];
     size_t ac = 0;
     struct proc a = {0}, b = {0};
@@ -253,6 +260,7 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     snprintf(k_secret, sizeof(k_secret), "cluster.secret_file=%s", secret);
     snprintf(k_row, sizeof(k_row), "primary.row_bytes=%zu", size);
     snprintf(k_size, sizeof(k_size), "primary.size=%zu", (n + 16) * size);
+    snprintf(k_verify, sizeof(k_verify), "network.verify=%s", r->verify);
     av[ac++] = (char *)simnode;
     for (size_t i = 0; i < KVT_ARRAY_SIZE(common); i++)
         av[ac++] = common[i];
@@ -297,8 +305,11 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     r->req_p99 = bp_field(line, "req_ms_p99");
     r->key_p50 = bp_field(line, "ms_p50");
     r->key_p99 = bp_field(line, "ms_p99");
-    if (bp_cmd(&b, line, sizeof(line), "timing"))
-        fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s) %s", r->tls, line + 3);
+    if (bp_cmd(&b, line, sizeof(line), "timing")) {
+        r->verify_ms = bp_field(line, "verify_ms");
+        fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s, verify %s) %s", r->tls, r->verify,
+                line + 3);
+    }
     bp_stop(&a);
     bp_stop(&b);
     bp_clean(run, secret);
@@ -330,10 +341,10 @@ int kvt_bench_pull(int argc, char **argv)
     unsigned n = 6400, clients = 4, per = 32, inflight = 4, reps = 1;
     size_t size = 262144;
     bool json = false;
-    const char *tls_opt = "both";
-    const char *rows_tls[2];
-    size_t n_rows = 0;
-    struct bp_row rows[2];
+    const char *tls_opt = "both", *verify_opt = "both";
+    const char *rows_tls[2], *verifies[2];
+    size_t n_rows = 0, n_tls = 0, n_verify = 0;
+    struct bp_row rows[4];
     char simnode[4096], redis_cmd[256] = "";
     char self[4096];
     double redis;
@@ -361,12 +372,15 @@ int kvt_bench_pull(int argc, char **argv)
             reps = (unsigned)strtoul(argv[++i], NULL, 0);
         else if (strcmp(argv[i], "--tls") == 0 && i + 1 < argc)
             tls_opt = argv[++i];
+        else if (strcmp(argv[i], "--verify") == 0 && i + 1 < argc)
+            verify_opt = argv[++i];
         else if (strcmp(argv[i], "--simnode") == 0 && i + 1 < argc)
             snprintf(simnode, sizeof(simnode), "%s", argv[++i]);
         else {
             fprintf(stderr, "usage: kvtier-bench pull [--json] [--chunks 6400] [--size 262144] "
                             "[--req-keys 32] [--inflight 4] [--tls tcp|default|both] "
-                            "[--reps 1 (of the ceiling)] [--simnode PATH]\n");
+                            "[--verify fence|checksum|both] [--reps 1 (of the ceiling)] "
+                            "[--simnode PATH]\n");
             return 2;
         }
     }
@@ -380,27 +394,46 @@ int kvt_bench_pull(int argc, char **argv)
         return 1;
     }
     if (strcmp(tls_opt, "tcp") == 0 || strcmp(tls_opt, "both") == 0)
-        rows_tls[n_rows++] = "tcp";
+        rows_tls[n_tls++] = "tcp";
     if (strcmp(tls_opt, "default") == 0 || strcmp(tls_opt, "both") == 0)
-        rows_tls[n_rows++] = "default";
-    if (n_rows == 0) {
+        rows_tls[n_tls++] = "default";
+    if (n_tls == 0) {
         fprintf(stderr, "kvtier-bench pull: --tls tcp, default or both\n");
         return 2;
     }
-    /* Pull, then its ceiling, row by row: each pair under the same load. */
-    for (size_t k = 0; k < n_rows; k++) {
-        struct bp_row *r = &rows[k];
+    if (strcmp(verify_opt, "fence") == 0 || strcmp(verify_opt, "both") == 0)
+        verifies[n_verify++] = "fence";
+    if (strcmp(verify_opt, "checksum") == 0 || strcmp(verify_opt, "both") == 0)
+        verifies[n_verify++] = "checksum";
+    if (n_verify == 0) {
+        fprintf(stderr, "kvtier-bench pull: --verify fence, checksum or both\n");
+        return 2;
+    }
+    /* Per transport selection: its pulls, one per validation, then its ceiling, so
+     * the rows of a selection run under the same load. */
+    for (size_t k = 0; k < n_tls; k++) {
+        struct bp_row *first = &rows[n_rows];
+        double ceiling, ceiling_hot;
 
-        memset(r, 0, sizeof(*r));
-        r->tls = rows_tls[k];
-        bp_set_tls(r->tls, false);
-        if (bp_pull(simnode, n, size, per, inflight, r) != 0)
-            return 1;
-        bp_set_tls(r->tls, true);
-        r->ceiling = bp_transport(self, size, reps, n);
-        r->ceiling_hot = bp_transport(self, size, reps, 0);
-        if (r->corrupt != 0 || r->hit != (int)n)
-            rc = 1;
+        for (size_t v = 0; v < n_verify; v++) {
+            struct bp_row *r = &rows[n_rows++];
+
+            memset(r, 0, sizeof(*r));
+            r->tls = rows_tls[k];
+            r->verify = verifies[v];
+            bp_set_tls(r->tls, false);
+            if (bp_pull(simnode, n, size, per, inflight, r) != 0)
+                return 1;
+            if (r->corrupt != 0 || r->hit != (int)n)
+                rc = 1;
+        }
+        bp_set_tls(rows_tls[k], true);
+        ceiling = bp_transport(self, size, reps, n);
+        ceiling_hot = bp_transport(self, size, reps, 0);
+        for (struct bp_row *r = first; r < &rows[n_rows]; r++) {
+            r->ceiling = ceiling;
+            r->ceiling_hot = ceiling_hot;
+        }
     }
     unsetenv("UCX_TLS");
     redis = bp_redis(n, size, clients, redis_cmd, sizeof(redis_cmd));
@@ -412,14 +445,15 @@ int kvt_bench_pull(int argc, char **argv)
         for (size_t k = 0; k < n_rows; k++) {
             const struct bp_row *r = &rows[k];
 
-            printf("%s{\"ucx_tls\":\"%s\",\"hit\":%d,\"corrupt\":%d,\"requests\":%d,"
+            printf("%s{\"ucx_tls\":\"%s\",\"verify\":\"%s\",\"verify_ms\":%.1f,"
+                   "\"hit\":%d,\"corrupt\":%d,\"requests\":%d,"
                    "\"seconds\":%.3f,\"gbps\":%.3f,\"req_lookup_to_hit_ms_p50\":%.1f,"
                    "\"req_lookup_to_hit_ms_p99\":%.1f,\"key_lookup_to_hit_ms_p50\":%.1f,"
                    "\"key_lookup_to_hit_ms_p99\":%.1f,\"transport_gbps\":%.3f,"
                    "\"ratio_transport\":%.3f,\"transport_cached_gbps\":%.3f,"
                    "\"ratio_transport_cached\":%.3f,\"ratio_redis\":%.3f}",
-                   k ? "," : "", r->tls, r->hit, r->corrupt, r->requests, r->secs, r->gbps,
-                   r->req_p50, r->req_p99, r->key_p50, r->key_p99, r->ceiling,
+                   k ? "," : "", r->tls, r->verify, r->verify_ms, r->hit, r->corrupt, r->requests,
+                   r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50, r->key_p99, r->ceiling,
                    r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
                    r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
                    redis > 0 ? r->gbps / redis : 0);
@@ -430,17 +464,18 @@ int kvt_bench_pull(int argc, char **argv)
     printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
            "%u in flight\n",
            n, size, per, inflight);
-    printf("  %-8s %9s %9s %6s %9s %6s %9s %6s %21s %17s\n", "UCX_TLS", "pull GB/s", "ceiling",
-           "ratio", "cached", "ratio", "redis", "ratio", "req lookup-to-HIT ms", "key p50/p99 ms");
+    printf("  %-8s %-8s %9s %9s %6s %9s %6s %9s %6s %21s %17s %10s\n", "UCX_TLS", "verify",
+           "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
+           "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
     for (size_t k = 0; k < n_rows; k++) {
         const struct bp_row *r = &rows[k];
 
-        printf("  %-8s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / %6.1f  "
-               "(%d hit, %d corrupt, %d requests, %.3f s)\n",
-               r->tls, r->gbps, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
+        printf("  %-8s %-8s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / %6.1f "
+               "%10.1f  (%d hit, %d corrupt, %d requests, %.3f s)\n",
+               r->tls, r->verify, r->gbps, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
                r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
                redis > 0 ? r->gbps / redis : 0, r->req_p50, r->req_p99, r->key_p50, r->key_p99,
-               r->hit, r->corrupt, r->requests, r->secs);
+               r->verify_ms, r->hit, r->corrupt, r->requests, r->secs);
     }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",

@@ -40,8 +40,11 @@
  *                                 (per key) steps seconds (to the last answer)
  *                                 check_seconds
  *   timing                        where the network tier's time went (sums, ms)
- *   rewrite SEED FIRST N MS       scribbles over those chunks' rows for MS ms (a
- *                                 buggy engine: torn reads for the peers)
+ *   rewrite SEED FIRST N MS       rewrites those chunks' rows in place for MS ms,
+ *                                 each row between kvt_primary_rewrite_begin and
+ *                                 _end (its fence word odd, then moved on): torn and
+ *                                 changed rows for the peers, which must refuse them
+ *                                 under either network.verify
  *   garbage PEER_ID N             sends N malformed / truncated / oversized control
  *                                 messages to that peer on an authenticated link
  *   wait-live N MS                until N members (self included) are live
@@ -575,10 +578,10 @@ static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t 
     while (kvt_now_ns() < end) {
         for (uint32_t i = 0; i < count; i++) {
             struct kvt_key k;
-            struct kvt_primary_entry_info info;
+            uint8_t *row;
 
             key_of(seed, first + i, &k);
-            if (kvt_primary_entry_info(n->primary, &k, &info) != 0 || info.slot < 0)
+            if (kvt_primary_rewrite_begin(n->primary, &k, &row) != 0)
                 continue;
             /* One word per 4 KiB page, incremented: a READ in flight sees some
              * pages changed, and no round brings the stored bytes back (an XOR
@@ -587,10 +590,11 @@ static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t 
             for (size_t off = 0; off + 8 <= n->row; off += 4096) {
                 uint64_t w;
 
-                memcpy(&w, row_of(n, info.slot) + off, 8);
+                memcpy(&w, row + off, 8);
                 w++;
-                memcpy(row_of(n, info.slot) + off, &w, 8);
+                memcpy(row + off, &w, 8);
             }
+            (void)kvt_primary_rewrite_end(n->primary, &k);
         }
         rounds++;
         step(n);
@@ -656,14 +660,17 @@ static void cmd_counts(struct node *n)
     kvt_net_tier_counts(n->net, &c);
     kvt_peers_counts(n->peers, &p);
     printf("ok fetches=%" PRIu64 " grants=%" PRIu64 " denies=%" PRIu64 " pulled=%" PRIu64
-           " served=%" PRIu64 " checksum_fail=%" PRIu64 " leases=%" PRIu64 " lease_exp=%" PRIu64
-           " reaped=%" PRIu64 " refused=%" PRIu64 " send_failures=%" PRIu64
-           " failed_fetches=%" PRIu64 " records=%" PRIu64 " published=%" PRIu64
-           " malformed=%" PRIu64 " peer_refused=%" PRIu64 " auth_refused=%" PRIu64
-           " ns_refused=%" PRIu64 " live=%zu\n",
+           " served=%" PRIu64 " checksum_fail=%" PRIu64 " fence_fail=%" PRIu64
+           " fence_changed=%" PRIu64 " fence_writing=%" PRIu64 " fence_unread=%" PRIu64
+           " leases=%" PRIu64 " lease_exp=%" PRIu64 " reaped=%" PRIu64 " refused=%" PRIu64
+           " send_failures=%" PRIu64 " failed_fetches=%" PRIu64 " records=%" PRIu64
+           " published=%" PRIu64 " malformed=%" PRIu64 " peer_refused=%" PRIu64
+           " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " live=%zu\n",
            c.fetches, c.grants, c.denies, c.pulled_chunks, c.served_chunks, c.checksum_failures,
-           c.active_leases, c.lease_expiries, c.leases_reaped, c.refused, c.send_failures,
-           c.failed_fetches, c.directory_records, c.published_keys, p.malformed, p.refused,
+           c.fence_failures, c.fence_fail[KVT_NET_FENCE_CHANGED],
+           c.fence_fail[KVT_NET_FENCE_WRITING], c.fence_fail[KVT_NET_FENCE_UNREAD], c.active_leases,
+           c.lease_expiries, c.leases_reaped, c.refused, c.send_failures, c.failed_fetches,
+           c.directory_records, c.published_keys, p.malformed, p.refused,
            p.refused_by_reason[KVT_WIRE_R_AUTH], p.refused_by_reason[KVT_WIRE_R_NAMESPACE],
            kvt_peers_live(n->peers, live, 64));
 }

@@ -12,8 +12,10 @@
  *                 deadline not yet started), so one fetch's READs overlap the next
  *                 one's FETCH/GRANT round trip; on GRANT, one-sided READs of every
  *                 granted chunk straight into the job's primary slots (batches of
- *                 max_ops_per_batch, all of a fetch's in flight); each chunk's XXH3-64 must match
- *                 the grant's checksum and the reads must end before the lease does;
+ *                 max_ops_per_batch, all of a fetch's in flight); each chunk must pass
+ *                 its check (cfg.verify: the fence word READ after it equals the
+ *                 granted one, or its XXH3-64 matches the granted checksum) and the
+ *                 reads must end before the lease does;
  *                 then RELEASE. Keys denied, timed out, on a dead peer or failing a
  *                 check are not in successful_keys and are marked missing (vLLM's
  *                 livelock rule). A job is reported only once no READ of it is in
@@ -72,11 +74,34 @@
 #define KVT_M_NET_PEER_PULLED_BYTES "kvtier_net_peer_pulled_bytes"
 #define KVT_M_NET_PEER_SERVED_BYTES "kvtier_net_peer_served_bytes"
 #define KVT_M_NET_CHECKSUM_FAIL     "kvtier_net_checksum_failures"
+#define KVT_M_NET_FENCE_FAIL        "kvtier_net_fence_failures"
 #define KVT_M_NET_LEASE_EXPIRED     "kvtier_net_lease_expiries"
 #define KVT_M_NET_FETCH_FAILED      "kvtier_net_failed_fetches"
 #define KVT_M_NET_REFUSED           "kvtier_net_refused_messages"
 #define KVT_M_NET_LEASES            "kvtier_net_active_leases"
 #define KVT_M_NET_RECORDS           "kvtier_net_directory_records"
+
+/* How a pulled row is validated (network.verify). */
+enum kvt_net_verify {
+    /* Generation fences (the default): after a row's READ completed, the holder's
+     * fence word of that row is READ on the same endpoint; the row is accepted only
+     * when the word equals the (even) one the GRANT carried, so no write of the slot
+     * began between the grant and the end of the row's READ. A GRANT without fence
+     * words (a holder before wire 1.1) is checked by checksum. */
+    KVT_NET_VERIFY_FENCE = 0,
+    /* XXH3-64 of every byte read against the GRANT's checksum. */
+    KVT_NET_VERIFY_CHECKSUM,
+};
+
+/* Why a row failed its fence (kvt_net_tier_counts.fence_fail[]). */
+enum kvt_net_fence_reason {
+    KVT_NET_FENCE_CHANGED, /* the word moved on: the slot was rewritten or reused */
+    KVT_NET_FENCE_WRITING, /* the word was odd: a write of the slot was in progress */
+    KVT_NET_FENCE_UNREAD,  /* the word's READ could not be posted or failed */
+    KVT_NET_FENCE_N_REASONS
+};
+/* "changed", "writing", "unread" (metric labels); "?" out of range. */
+const char *kvt_net_fence_reason_name(unsigned r);
 
 struct kvt_net_tier_config {
     struct kvt_peers *peers;     /* not owned; the tier installs itself as its handler */
@@ -90,6 +115,7 @@ struct kvt_net_tier_config {
     unsigned max_ops_per_batch;  /* READ ops per batch; 0 = 8 */
     unsigned keys_per_fetch;     /* keys per FETCH (at most 256); 0 = 64 */
     unsigned fetches_per_peer;   /* FETCHes out (sent, not ended) per peer; 0 = 4 */
+    enum kvt_net_verify verify;  /* how pulled rows are checked; 0 = fences */
 };
 
 int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
@@ -100,7 +126,8 @@ int kvt_net_tier_poll(struct kvt_tier *t);
 /* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
 
-/* The grant check for one-sided READs of this node's primary region: true when
+/* The grant check for one-sided READs of this node's primary region (and of its
+ * fence words, kvt__nt_may_read_fence in the tier): true when
  * every byte of [off, off + len) (offsets in the region, as in GRANTs) lies in a row
  * granted to peer_node_id by an active lease (not released, reaped or past its
  * deadline). For the transport to ask before it serves a peer's READ: an
@@ -113,6 +140,8 @@ struct kvt_net_tier_counts {
     uint64_t locates, locate_timeouts, fetches, grants, denies;
     uint64_t pulled_chunks, pulled_bytes, served_chunks, served_bytes;
     uint64_t checksum_failures, lease_expiries, leases_reaped, failed_fetches, refused;
+    /* Rows refused by their fence: the sum, and by reason (enum kvt_net_fence_reason). */
+    uint64_t fence_failures, fence_fail[KVT_NET_FENCE_N_REASONS];
     uint64_t send_failures;
     uint64_t active_leases, directory_records, published_keys;
     /* Where the time of a pull goes (sums, ns): LOCATE sent to its reply (locate_rtts

@@ -4,7 +4,9 @@
 #ifndef KVT_NET_TIER_TEST_H
 #define KVT_NET_TIER_TEST_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct kvt_tier;
 
@@ -13,5 +15,15 @@ struct kvt_tier;
  * then READs rows it was never granted. 0, or -EIO when the region cannot be
  * registered. */
 int kvt__net_tier_test_handle(struct kvt_tier *t, const void **handle_p, size_t *len_p);
+
+/* The grant check the transport applies to READs of t's fence words ([off, off +
+ * len), 4 bytes a row): kvt_net_tier_may_read's answer for the rows those words
+ * belong to. Loop thread. */
+bool kvt__net_tier_test_may_read_fence(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off,
+                                       uint64_t len);
+
+/* From now on t's GRANTs carry no fence words, as a holder before wire 1.1 sends
+ * them: a test of the puller's fallback to checksums. */
+void kvt__net_tier_test_omit_fences(struct kvt_tier *t);
 
 #endif

@@ -42,7 +42,7 @@
 #include "kvt/types.h"
 
 #define KVT_WIRE_VERSION_MAJOR 1
-#define KVT_WIRE_VERSION_MINOR 0
+#define KVT_WIRE_VERSION_MINOR 1
 
 #define KVT_WIRE_FRAME_HDR 4  /* u32 big-endian body length */
 #define KVT_WIRE_BIN32     32 /* namespace fingerprint, nonce, HMAC-SHA256 proof */
@@ -118,6 +118,7 @@ enum kvt_wire_field {
     KVT_WIRE_F_HANDLE,
     KVT_WIRE_F_CHUNKS,
     KVT_WIRE_F_DENIED,
+    KVT_WIRE_F_FENCE_HANDLE, /* since 1.1 */
 };
 /* Bit of a field in kvt_wire_msg.has. */
 #define KVT_WIRE_HAS(field) (UINT64_C(1) << (field))
@@ -219,7 +220,10 @@ struct kvt_wire_fetch {
 };
 
 /* One granted chunk; on the wire [key_index, offset, length, generation, checksum].
- * key_index is into the FETCH's keys; offset from the start of the registration. */
+ * key_index is into the FETCH's keys; offset from the start of the registration.
+ * generation: the row's fence word as the holder completed its bytes (even); the
+ * word of the row at offset sits at (offset / length) * 4 in the fence registration
+ * (the GRANT's fence_handle). */
 struct kvt_wire_chunk {
     uint32_t key_index;
     uint32_t length;
@@ -229,7 +233,9 @@ struct kvt_wire_chunk {
 };
 
 /* GRANT: job_id, lease_id, lease_ttl_ms, handle, chunks, denied all required
- * (lists may be empty). handle: the packed region handle (kvt_tp_pack). */
+ * (lists may be empty). handle: the packed region handle (kvt_tp_pack).
+ * fence_handle (optional, since 1.1; KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE)): the
+ * packed handle of the holder's fence words, one u32 per row, little-endian. */
 struct kvt_wire_grant {
     uint64_t job_id;
     uint64_t lease_id;
@@ -240,6 +246,8 @@ struct kvt_wire_grant {
     struct kvt_wire_chunk *chunks;
     uint32_t n_denied;
     uint32_t *denied; /* key indexes not granted */
+    uint32_t fence_handle_len;
+    uint8_t *fence_handle;
 };
 
 /* DENY: job_id, reason required. */
@@ -277,7 +285,7 @@ struct kvt_wire_msg {
         struct kvt_wire_deny deny;
         struct kvt_wire_release release;
     } u;
-    void *own_[3];
+    void *own_[4];
     size_t heap_bytes;
 };
 

@@ -8,6 +8,11 @@
  * n > 0 pinned by n readers (GPU loads, cascades). Only ref_cnt == 0 is evicted.
  * Slots: fresh slots in order first, then a LIFO free list (vLLM's CPU tier's order).
  * Every allocation of a slot bumps that slot's generation.
+ * Fence words: one per slot, odd while the slot's bytes may change (from allocation
+ * to complete_store, and between rewrite_begin and rewrite_end), even when stable,
+ * never the same value twice (up to 2^31 writes of one slot). An entry's info.fence
+ * is the even value its key's bytes were completed under: a reader that saw the word
+ * equal to it after reading the row read the key's bytes.
  *
  * Misuse (unknown key, unpinning what is not pinned, loading what is not ready)
  * returns -EINVAL and changes nothing. */
@@ -173,6 +178,7 @@ struct kvt_primary_entry_info {
     int64_t slot;
     int32_t ref_cnt;
     uint32_t generation;
+    uint32_t fence; /* the slot's fence word when the key's bytes were completed; 0 before */
     uint64_t checksum;
     bool has_checksum;
 };
@@ -181,6 +187,17 @@ int kvt_primary_entry_info(const struct kvt_primary *p, const struct kvt_key *ke
                            struct kvt_primary_entry_info *info_p);
 /* Stores the checksum of a present entry (promotions that verified their bytes). */
 int kvt_primary_set_checksum(struct kvt_primary *p, const struct kvt_key *key, uint64_t sum);
+
+/* The fence words, num_chunks of them (*n_p), slot s at index s: for the network
+ * tier to register for peers' READs. Valid for the primary's life. */
+const _Atomic uint32_t *kvt_primary_fence_words(const struct kvt_primary *p, size_t *n_p);
+/* A stored row changed in place (a holder rewriting it, tests): rewrite_begin turns
+ * the slot's fence word odd and gives the row (-ENOENT absent or no rows, -EBUSY
+ * while its store is in flight); rewrite_end turns it even (-EINVAL without a
+ * begin). The entry keeps the fence and checksum of the bytes it was stored with,
+ * so peers refuse the row from then on. */
+int kvt_primary_rewrite_begin(struct kvt_primary *p, const struct kvt_key *key, uint8_t **row_p);
+int kvt_primary_rewrite_end(struct kvt_primary *p, const struct kvt_key *key);
 
 /* Policy order, for tests and tools. LRU: which 0 = all entries LRU -> MRU.
  * ARC: which 0 = T1, 1 = T2, each LRU -> MRU. Returns the count written (at most
