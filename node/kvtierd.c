@@ -663,6 +663,13 @@ static size_t node_samples(struct daemon *d, struct kvt_prom_sample *v, size_t c
            KVT_METRIC_COUNTER, ec.job_rows_loaded);
     SAMPLE("kvtier_engine_job_rows_failed", "Rows of engine jobs reported failed",
            KVT_METRIC_COUNTER, ec.job_rows_failed);
+    SAMPLE("kvtier_engine_ring_requests", "Engine API requests served from shared-memory rings",
+           KVT_METRIC_COUNTER, ec.ring_requests);
+    SAMPLE("kvtier_engine_ring_redirects",
+           "Ring replies too large for the ring, sent on the socket", KVT_METRIC_COUNTER,
+           ec.ring_redirects);
+    SAMPLE("kvtier_engine_ring_wakeups", "Times an engine woke the sleeping loop through its ring",
+           KVT_METRIC_COUNTER, ec.ring_wakeups);
     if (d->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
@@ -754,6 +761,8 @@ static int start_services(struct daemon *d)
         .max_output_bytes = d->cfg.engine_max_output_bytes,
         .hello_timeout_ms = d->cfg.engine_hello_timeout_ms,
         .max_event_keys = d->cfg.engine_max_event_keys,
+        .ring_bytes = d->cfg.engine_ring_bytes ? (int64_t)d->cfg.engine_ring_bytes : -1,
+        .ring_spin_us = d->cfg.engine_ring_spin_us,
         .manager = d->m,
         .region = d->region,
         .collect_stats = collect_stats,
@@ -846,7 +855,14 @@ static int run(struct daemon *d)
         bool idle = d->peers == NULL || ((d->net == NULL || !kvt_tier_has_pending_work(d->net)) &&
                                          kvt_peers_arm(d->peers) == 0);
         int wait_ms = idle ? (int)d->cfg.loop_tick_ms : 0;
-        int n = epoll_wait(d->ep, evs, 16, wait_ms);
+        int n;
+
+        /* The engines' rings are polled while they are busy (at most 50 us a turn,
+         * so the rest of the loop still turns); the loop sleeps only once they are
+         * quiet and their engines know to wake it. */
+        if (d->engines != NULL && kvt_engine_server_spin(d->engines, 50000))
+            wait_ms = 0;
+        n = epoll_wait(d->ep, evs, 16, wait_ms);
 
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;

@@ -9,7 +9,14 @@
  * the connection: the socket is shut down and every later call returns the same
  * error, since the stream can no longer be trusted to be in step.
  *
- * A mutex serializes calls; the buffers it guards are reused across calls. */
+ * A mutex serializes calls; the buffers it guards are reused across calls.
+ *
+ * The ring (ring.c, kvtier/engine_ring.h): HELLO asks the node for one (unless
+ * $KVTIER_RING is 0); when the reply brings its memfd and eventfd, every call whose
+ * request fits a ring record goes through shared memory instead of the socket, with
+ * the same frame bodies. The socket keeps what passes a descriptor (ATTACH), what
+ * is too large for the ring, and the ERROR frame; a call is over before the next
+ * starts, so the two paths never reorder anything. */
 #include <errno.h>
 #include <stdio.h>
 #include <poll.h>
@@ -24,11 +31,15 @@
 #include <unistd.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvtier/client.h"
 #include "kvtier/engine_proto.h"
+#include "kvtier/engine_ring.h"
+#include "ring_int.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define CLIENT_MAX_BODY    (256u << 20) /* replies: events and stats can be long */
+#define HELLO_FDS          3            /* the region's, the ring's memfd and eventfd */
 
 /* Everything below is guarded by lock, except region (immutable after connect). */
 struct kvtier_client {
@@ -44,6 +55,8 @@ struct kvtier_client {
     struct kvt_ebuf out;
     uint8_t *in;
     size_t in_cap;
+    struct kvt_cring *ring; /* the node's ring, or NULL */
+    bool use_ring;          /* calls go through it (kvtier_client_set_ring) */
 };
 
 /* ---- keys ------------------------------------------------------------------ */
@@ -162,14 +175,14 @@ static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline, int s
     return 0;
 }
 
-/* Reads exactly n bytes; a descriptor passed along is stored in *fd_p (if fd_p is
- * NULL or one is already held, it is closed). */
-static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fd_p)
+/* Reads exactly n bytes; descriptors passed along fill the free (-1) slots of
+ * fds[0..HELLO_FDS) in order (with fds NULL, or no slot free, they are closed). */
+static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fds)
 {
     while (n > 0) {
         union {
             struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(HELLO_FDS * sizeof(int))];
         } ctl;
         struct iovec iov = {.iov_base = p, .iov_len = n};
         struct msghdr mh = {.msg_iov = &iov,
@@ -184,11 +197,13 @@ static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fd_p)
                     continue;
                 size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
                 for (size_t i = 0; i < nfd; i++) {
-                    int got;
+                    int got, k = 0;
 
                     memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-                    if (fd_p != NULL && *fd_p < 0)
-                        *fd_p = got;
+                    while (fds != NULL && k < HELLO_FDS && fds[k] >= 0)
+                        k++;
+                    if (fds != NULL && k < HELLO_FDS)
+                        fds[k] = got;
                     else
                         close(got);
                 }
@@ -222,12 +237,14 @@ static void mark_broken(struct kvtier_client *c, int err)
 }
 
 /* One round trip: sends req (op and seq filled in here), waits for its reply into
- * rep. rep's rc is returned (after the transport's own errors). */
-static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p,
+ * rep. rep's rc is returned (after the transport's own errors). Over the ring when
+ * there is one, nothing rides along (fds, send_fd) and the request fits a record. */
+static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fds,
                    int send_fd)
 {
     int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
     uint8_t hdr[KVT_EPROTO_HDR];
+    bool via_ring = false;
     int rc;
 
     kvt__emsg_init(rep);
@@ -241,13 +258,36 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
         return rc;
     if (c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
         return -EMSGSIZE;
-    rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
-    if (rc < 0)
-        goto broken;
+    if (c->ring != NULL && c->use_ring && fds == NULL && send_fd < 0) {
+        rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR);
+        if (rc == 0)
+            via_ring = true;
+        else if (rc != -EMSGSIZE && rc != -EBUSY)
+            goto broken;
+    }
+    if (!via_ring) {
+        rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
+        if (rc < 0)
+            goto broken;
+    }
     for (;;) {
         uint32_t len;
 
-        rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fd_p);
+        if (via_ring) {
+            size_t n = 0;
+
+            /* The reply's body, or "it is on the socket" (1). */
+            via_ring = false;
+            rc = kvt__cring_wait(c->ring, c->fd, deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull,
+                                 &c->in, &c->in_cap, &n);
+            if (rc < 0)
+                goto broken;
+            if (rc == 0) {
+                len = (uint32_t)n;
+                goto decode;
+            }
+        }
+        rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fds);
         if (rc < 0)
             goto broken;
         len = kvt__eproto_frame_len(hdr);
@@ -265,9 +305,10 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
             c->in = p;
             c->in_cap = len;
         }
-        rc = read_all(c->fd, c->in, len, deadline, fd_p);
+        rc = read_all(c->fd, c->in, len, deadline, fds);
         if (rc < 0)
             goto broken;
+    decode:
         rc = kvt__emsg_decode(c->in, len,
                               &(struct kvt_eproto_limits){.max_body = CLIENT_MAX_BODY,
                                                           .max_keys = UINT32_MAX,
@@ -297,17 +338,26 @@ broken:
     return rc;
 }
 
-static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p)
+static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fds)
 {
-    return call_fd(c, req, rep, fd_p, -1);
+    return call_fd(c, req, rep, fds, -1);
 }
 
 /* ---- connect / close ----------------------------------------------------------- */
 
+/* Whether to ask the node for a ring: yes unless $KVTIER_RING is "0". */
+static bool want_ring(void)
+{
+    const char *v = getenv("KVTIER_RING");
+
+    return v == NULL || strcmp(v, "0") != 0;
+}
+
 static int hello(struct kvtier_client *c, const char *name)
 {
     struct kvt_emsg req, rep;
-    int rfd = -1;
+    int fds[HELLO_FDS] = {-1, -1, -1};
+    int rfd;
     int rc;
     struct stat st;
 
@@ -317,7 +367,12 @@ static int hello(struct kvtier_client *c, const char *name)
     req.minor = KVTIER_PROTO_MINOR;
     snprintf(req.name, sizeof(req.name), "%s", name);
     req.has = 1u << KVT_EF_MAJOR | 1u << KVT_EF_MINOR | 1u << KVT_EF_NAME;
-    rc = call(c, &req, &rep, &rfd);
+    if (want_ring()) {
+        req.flags = KVT_HELLO_RING;
+        req.has |= 1u << KVT_EF_FLAGS;
+    }
+    rc = call(c, &req, &rep, fds);
+    rfd = fds[0];
     if (rc < 0)
         goto out;
     if (rep.n_geom < KVT_EG_COUNT || rfd < 0) {
@@ -350,9 +405,19 @@ static int hello(struct kvtier_client *c, const char *name)
         rc = -errno;
         goto out;
     }
+    r->ident_dev = (uint64_t)st.st_dev;
+    r->ident_ino = (uint64_t)st.st_ino;
+    /* A ring that does not check out leaves the client on the socket. */
+    if (kvt__emsg_has(&rep, KVT_EF_FLAGS) && (rep.flags & KVT_HELLO_RING) && fds[1] >= 0 &&
+        fds[2] >= 0 && kvt__cring_open(fds[1], fds[2], &c->ring) == 0) {
+        fds[2] = -1; /* the ring's now */
+        c->use_ring = true;
+    }
 out:
-    if (rfd >= 0)
-        close(rfd);
+    for (int i = 0; i < HELLO_FDS; i++) {
+        if (fds[i] >= 0)
+            close(fds[i]);
+    }
     kvt__emsg_free(&rep);
     return rc;
 }
@@ -407,6 +472,7 @@ void kvtier_close(struct kvtier_client *c)
         return;
     if (c->region.base != NULL)
         munmap(c->region.base, c->region.size);
+    kvt__cring_close(c->ring);
     close(c->fd);
     kvt__ebuf_cleanup(&c->out);
     kvt_free(c->in);
@@ -434,6 +500,51 @@ uint64_t kvtier_client_id(const struct kvtier_client *c)
 size_t kvtier_client_max_keys(const struct kvtier_client *c)
 {
     return c->max_keys;
+}
+
+bool kvtier_client_alive(struct kvtier_client *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    bool alive;
+
+    /* Between calls nothing is to be read: readable means EOF or an ERROR frame. */
+    pthread_mutex_lock(&c->lock);
+    alive = c->broken == 0 && poll(&p, 1, 0) == 0;
+    pthread_mutex_unlock(&c->lock);
+    return alive;
+}
+
+bool kvtier_client_has_ring(const struct kvtier_client *c)
+{
+    return c->ring != NULL;
+}
+
+int kvtier_client_set_ring(struct kvtier_client *c, bool enabled, int spin_us)
+{
+    if (c->ring == NULL)
+        return enabled ? -EOPNOTSUPP : 0;
+    pthread_mutex_lock(&c->lock);
+    c->use_ring = enabled;
+    if (spin_us >= 0)
+        kvt__cring_set_spin(c->ring, (uint32_t)spin_us);
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *out)
+{
+    struct kvt_cring_stats st;
+
+    if (c->ring == NULL)
+        return -EOPNOTSUPP;
+    pthread_mutex_lock(&c->lock);
+    kvt__cring_stats(c->ring, &st);
+    pthread_mutex_unlock(&c->lock);
+    out->posted = st.posted;
+    out->wakeups = st.wakeups;
+    out->sleeps = st.sleeps;
+    out->redirects = st.redirects;
+    return 0;
 }
 
 /* ---- the calls -------------------------------------------------------------------- */
@@ -955,4 +1066,153 @@ void kvtier_jobs_done_free(struct kvtier_jobs_done *done)
         return;
     kvt_free(done->job);
     kvt_free(done);
+}
+
+/* ---- packed keys ------------------------------------------------------------------- */
+
+/* Keys of one length back to back, unpacked into struct kvtier_key: on the stack for
+ * the common short call, else on the heap (*heap_p, freed by the caller). */
+#define PACKED_STACK_KEYS 32
+
+static int unpack(const void *keys, size_t key_len, size_t n, struct kvtier_key *stack,
+                  struct kvtier_key **out_p, struct kvtier_key **heap_p)
+{
+    const uint8_t *p = keys;
+    struct kvtier_key *out = stack;
+
+    *heap_p = NULL;
+    if ((n > 0 && keys == NULL) || key_len < 1 || key_len > KVTIER_KEY_MAX)
+        return -EINVAL;
+    if (n > PACKED_STACK_KEYS) {
+        if (n > SIZE_MAX / sizeof(*out))
+            return -EMSGSIZE;
+        out = kvt_malloc(n * sizeof(*out));
+        if (out == NULL)
+            return -ENOMEM;
+        *heap_p = out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i].len = (uint8_t)key_len;
+        memcpy(out[i].bytes, p + i * key_len, key_len);
+        memset(out[i].bytes + key_len, 0, KVTIER_KEY_MAX - key_len);
+    }
+    *out_p = out;
+    return 0;
+}
+
+int kvtier_lookup_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                         size_t key_len, size_t n, unsigned flags, uint8_t *results,
+                         size_t *n_done_p)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_lookup(c, req_id, k, n, flags, results, n_done_p);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_lookup_one(struct kvtier_client *c, const char *req_id, const void *key, size_t key_len)
+{
+    uint8_t res = 0;
+    size_t done = 0;
+    int rc = kvtier_lookup_packed(c, req_id, key, key_len, 1, 0, &res, &done);
+
+    if (rc == 0 && done != 1)
+        rc = -EPROTO;
+    return rc < 0 ? rc : (int)res;
+}
+
+int kvtier_prepare_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                size_t key_len, size_t n, uint32_t *store_index, int64_t *chunk_ids,
+                                size_t *n_store_p, void *evicted, size_t evicted_cap,
+                                size_t *n_evicted_p, size_t *evicted_bytes_p)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap, ev_stack[PACKED_STACK_KEYS];
+    struct kvtier_key *ev = ev_stack, *ev_heap = NULL;
+    size_t cap_ev = evicted_cap / 2; /* each takes at least a length byte and one key byte */
+    struct kvtier_store_plan plan = {.store_index = store_index, .chunk_ids = chunk_ids};
+    int rc;
+
+    if (n_store_p == NULL || n_evicted_p == NULL || (evicted_cap > 0 && evicted == NULL))
+        return -EINVAL;
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
+    if (rc < 0)
+        return rc;
+    if (cap_ev > PACKED_STACK_KEYS) {
+        ev = ev_heap = kvt_calloc(cap_ev, sizeof(*ev));
+        if (ev == NULL) {
+            kvt_free(heap);
+            return -ENOMEM;
+        }
+    }
+    plan.evicted = ev;
+    plan.cap_evicted = cap_ev;
+    rc = kvtier_prepare_store(c, req_id, k, n, &plan);
+    if (rc == 0) {
+        uint8_t *out = evicted;
+        size_t off = 0, shown = KVT_MIN(plan.n_evicted, cap_ev);
+
+        for (size_t i = 0; i < shown && off + 1 + ev[i].len <= evicted_cap; i++) {
+            out[off] = ev[i].len;
+            memcpy(out + off + 1, ev[i].bytes, ev[i].len);
+            off += 1 + (size_t)ev[i].len;
+        }
+        *n_store_p = plan.n_store;
+        *n_evicted_p = plan.n_evicted;
+        if (evicted_bytes_p != NULL)
+            *evicted_bytes_p = off;
+    }
+    kvt_free(ev_heap);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                 size_t key_len, size_t n, bool success)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_complete_store(c, req_id, k, n, success);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                               size_t key_len, size_t n, int64_t *chunk_ids)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_prepare_load(c, req_id, k, n, chunk_ids);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_complete_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                size_t key_len, size_t n)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_complete_load(c, req_id, k, n);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_touch_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                        size_t key_len, size_t n)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_touch(c, req_id, k, n);
+    kvt_free(heap);
+    return rc;
 }

@@ -552,6 +552,25 @@ void kvt__ebuf_cleanup(struct kvt_ebuf *b)
     kvt__ebuf_init(b);
 }
 
+int kvt__ebuf_append(struct kvt_ebuf *b, const void *p, size_t len)
+{
+    if (b->len + len > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        uint8_t *d;
+
+        while (cap < b->len + len)
+            cap *= 2;
+        d = kvt_realloc(b->data, cap);
+        if (d == NULL)
+            return -ENOMEM;
+        b->data = d;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, p, len);
+    b->len += len;
+    return 0;
+}
+
 struct sink {
     struct kvt_ebuf *b;
     bool failed;
@@ -564,22 +583,10 @@ static int sink_write(void *data, const char *buf, size_t len)
 
     if (s->failed)
         return -1;
-    if (b->len + len > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        uint8_t *p;
-
-        while (cap < b->len + len)
-            cap *= 2;
-        p = kvt_realloc(b->data, cap);
-        if (p == NULL) {
-            s->failed = true;
-            return -1;
-        }
-        b->data = p;
-        b->cap = cap;
+    if (kvt__ebuf_append(b, buf, len) != 0) {
+        s->failed = true;
+        return -1;
     }
-    memcpy(b->data + b->len, buf, len);
-    b->len += len;
     return 0;
 }
 
