@@ -33,7 +33,8 @@
 #define MOD "engine_ring"
 
 /* Loop thread only. ctl and the data areas are shared with the engine: only the
- * node-written fields are stored to, and engine-written ones are loaded once. */
+ * node-written fields and the reply area are stored to, and what the engine writes
+ * is loaded once and checked. */
 struct kvt_ering {
     int memfd;
     int evfd;
@@ -43,10 +44,11 @@ struct kvt_ering {
     uint8_t *req, *rep; /* the two data areas */
     uint64_t cap;       /* bytes of each area, a power of two */
     /* the node's own copies */
-    uint64_t req_tail, rep_head;
-    uint32_t req_seq; /* sequence number of the last request taken */
-    uint32_t rep_seq;
-    bool taken; /* a request was taken and awaits its reply */
+    uint64_t req_tail;  /* request bytes taken */
+    uint64_t rep_head;  /* reply bytes published */
+    uint64_t rep_acked; /* reply bytes the engine said it consumed */
+    uint32_t req_seq;   /* sequence number of the last request taken */
+    bool taken;         /* a request was taken and awaits its reply */
     bool closed;
     uint8_t *in; /* the request taken, copied out (cap / 2 bytes) */
 };
@@ -142,145 +144,177 @@ int kvt__ering_eventfd(const struct kvt_ering *r)
     return r->evfd;
 }
 
-/* Free bytes of the reply ring, from the engine's rep_tail: -EPROTO when that
- * counter is behind what it already consumed or ahead of what was published. */
-static int rep_free(struct kvt_ering *r, uint64_t *free_p)
+/* The header word (len, seq) at p, loaded with acquire: the body and ack it
+ * publishes are visible after it. */
+static void load_head(const uint8_t *p, uint32_t *len_p, uint32_t *seq_p)
 {
-    uint64_t tail = __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_ACQUIRE);
-    uint64_t used = r->rep_head - tail;
-
-    if (used > r->cap || (tail & 7) != 0)
-        return -EPROTO;
-    *free_p = r->cap - used;
-    return 0;
-}
-
-static struct kvt_ering_rec load_rec(const uint8_t *p)
-{
-    uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_RELAXED);
+    uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_ACQUIRE);
     struct kvt_ering_rec h;
 
-    memcpy(&h, &v, sizeof(h));
-    return h;
+    memcpy(&h, &v, sizeof(v));
+    *len_p = h.len;
+    *seq_p = h.seq;
 }
 
-static void store_rec(uint8_t *p, uint32_t len, uint32_t seq)
+static uint64_t load_ack(const uint8_t *p)
+{
+    return __atomic_load_n((const uint64_t *)(const void *)(p + 8), __ATOMIC_RELAXED);
+}
+
+/* Publishes a record's header at p: ack first, then len and seq (release). */
+static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
 {
     struct kvt_ering_rec h = {.len = len, .seq = seq};
     uint64_t v;
 
+    __atomic_store_n((uint64_t *)(void *)(p + 8), ack, __ATOMIC_RELAXED);
     memcpy(&v, &h, sizeof(v));
-    __atomic_store_n((uint64_t *)(void *)p, v, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)(void *)p, v, __ATOMIC_RELEASE);
+}
+
+/* Takes an ack of the engine (reply bytes it consumed): -EPROTO unless it lies
+ * between what it acked before and what was published. */
+static int see_ack(struct kvt_ering *r, uint64_t ack)
+{
+    if ((ack & 15) != 0 || ack - r->rep_acked > r->rep_head - r->rep_acked)
+        return -EPROTO;
+    r->rep_acked = ack;
+    return 0;
+}
+
+/* Free bytes of the reply ring; when the acks say it is (nearly) full, the
+ * engine's rep_tail is consulted too. */
+static int rep_free(struct kvt_ering *r, uint64_t need, uint64_t *free_p)
+{
+    uint64_t free = r->cap - (r->rep_head - r->rep_acked);
+
+    if (free < need) {
+        int rc = see_ack(r, __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_ACQUIRE));
+
+        if (rc < 0)
+            return rc;
+        free = r->cap - (r->rep_head - r->rep_acked);
+    }
+    *free_p = free;
+    return 0;
+}
+
+/* Where the next request is due: its slot, after a PAD if there is one. 1 a
+ * record with the expected sequence number is there (*off_p, *len_p), 0 not yet,
+ * -EPROTO a PAD that leads nowhere. */
+static int peek(const struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, uint32_t *len_p)
+{
+    uint64_t off = r->req_tail & (r->cap - 1), skip = 0;
+    uint32_t len, seq, want = r->req_seq + 1;
+
+    load_head(r->req + off, &len, &seq);
+    if (seq != want)
+        return 0;
+    if (len == KVT_ERING_PAD) {
+        if (off == 0)
+            return -EPROTO;
+        skip = r->cap - off;
+        off = 0;
+        load_head(r->req, &len, &seq);
+        if (seq != want || len == KVT_ERING_PAD)
+            return -EPROTO; /* the record is written before its PAD */
+    }
+    *off_p = off;
+    *skip_p = skip;
+    *len_p = len;
+    return 1;
 }
 
 bool kvt__ering_pending(const struct kvt_ering *r)
 {
-    uint64_t head, tail;
+    uint64_t off, skip;
+    uint32_t len;
 
-    if (r->closed)
-        return false;
-    head = __atomic_load_n(&r->ctl->req_head, __ATOMIC_ACQUIRE);
-    tail = __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_RELAXED);
-    /* A request that must wait for the engine to read its replies is not work: the
-     * loop may sleep (an engine that reads replies without asking anything is not
-     * one the library makes; the loop's tick serves it). */
-    /* (A rep_tail that does not add up is work too: take refuses the engine.) */
-    return head != r->req_tail &&
-           (r->rep_head - tail > r->cap || r->rep_head - tail + KVT_ERING_REC_BYTES <= r->cap);
+    /* (A request that breaks the protocol is work too: take refuses the engine.) */
+    return !r->closed && !r->taken && peek(r, &off, &skip, &len) != 0;
 }
 
 int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body_p, size_t *len_p)
 {
-    uint64_t head, free;
-    bool padded = false;
+    uint64_t off, skip, need, free;
+    uint32_t len;
     int rc;
 
     if (r->closed || r->taken)
         return 0;
-    head = __atomic_load_n(&r->ctl->req_head, __ATOMIC_ACQUIRE);
-    for (;;) {
-        uint64_t avail = head - r->req_tail, off, need;
-        struct kvt_ering_rec h;
-
-        if (avail == 0)
-            return 0;
-        if (avail > r->cap || (avail & 7) != 0)
-            return -EPROTO;
-        rc = rep_free(r, &free);
-        if (rc < 0)
-            return rc;
-        if (free < KVT_ERING_REC_BYTES)
-            return -EAGAIN;
-        off = r->req_tail & (r->cap - 1);
-        h = load_rec(r->req + off);
-        if (h.len == KVT_ERING_PAD) {
-            if (padded || r->cap - off > avail)
-                return -EPROTO;
-            padded = true;
-            r->req_tail += r->cap - off;
-            continue;
-        }
-        if (h.len > max_body || h.len > KVT_ERING_LEN_MAX)
-            return -EPROTO;
-        need = kvt_ering_rec_bytes(h.len);
-        if (need > r->cap / 2 || need > avail || off + need > r->cap || h.seq != r->req_seq + 1)
-            return -EPROTO;
-        memcpy(r->in, r->req + off + KVT_ERING_REC_BYTES, h.len);
-        r->req_tail += need;
-        r->req_seq++;
-        r->taken = true;
-        __atomic_store_n(&r->ctl->req_tail, r->req_tail, __ATOMIC_RELEASE);
-        *body_p = r->in;
-        *len_p = h.len;
-        return 1;
-    }
+    rc = peek(r, &off, &skip, &len);
+    if (rc <= 0)
+        return rc;
+    need = kvt_ering_rec_bytes(len);
+    if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap)
+        return -EPROTO;
+    rc = see_ack(r, load_ack(r->req + off));
+    if (rc < 0)
+        return rc;
+    /* Every request taken gets its reply record: room for a REDIRECT at least. */
+    rc = rep_free(r, KVT_ERING_REC_BYTES, &free);
+    if (rc < 0)
+        return rc;
+    if (free < KVT_ERING_REC_BYTES)
+        return -EAGAIN;
+    memcpy(r->in, r->req + off + KVT_ERING_REC_BYTES, len);
+    r->req_tail += skip + need;
+    r->req_seq++;
+    r->taken = true;
+    __atomic_store_n(&r->ctl->req_tail, r->req_tail, __ATOMIC_RELAXED);
+    *body_p = r->in;
+    *len_p = len;
+    return 1;
 }
 
-static void futex_wake(uint32_t *addr)
+static void futex_wake(const uint8_t *slot)
 {
-    syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    /* the slot's seq word: the engine waits on it */
+    syscall(SYS_futex, (const uint32_t *)(const void *)(slot + 4), FUTEX_WAKE, INT_MAX, NULL, NULL,
+            0);
 }
 
-/* Bumps rep_seq and wakes the engine if it futex-waits on it. */
-static void notify(struct kvt_ering *r)
+/* After a record was published at slot: wakes the engine if it sleeps on it. */
+static void notify(struct kvt_ering *r, const uint8_t *slot)
 {
-    __atomic_store_n(&r->ctl->rep_seq, ++r->rep_seq, __ATOMIC_RELEASE);
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&r->ctl->client_waiting, __ATOMIC_RELAXED) != 0)
-        futex_wake(&r->ctl->rep_seq);
+        futex_wake(slot);
 }
 
 int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
 {
     uint64_t free, need = kvt_ering_rec_bytes(len), off = r->rep_head & (r->cap - 1);
     uint64_t to_end = r->cap - off;
+    uint8_t *slot = r->rep + off; /* where the engine waits */
     bool fits;
-    int rc = rep_free(r, &free);
+    int rc;
 
     if (!r->taken)
         return -EINVAL;
     r->taken = false;
+    fits = len <= KVT_ERING_LEN_MAX && need <= r->cap / 2;
+    rc = rep_free(r, fits ? (to_end >= need ? need : to_end + need) : KVT_ERING_REC_BYTES, &free);
     if (rc < 0)
         return rc;
     if (free < KVT_ERING_REC_BYTES)
         return -EPROTO; /* take saw room for a marker: the engine took it back */
-    fits = len <= KVT_ERING_LEN_MAX && need <= r->cap / 2 &&
-           (to_end >= need ? need <= free : to_end + need <= free);
+    fits = fits && (to_end >= need ? need <= free : to_end + need <= free);
     if (!fits) {
-        store_rec(r->rep + off, KVT_ERING_REDIRECT, r->req_seq);
+        store_head(slot, KVT_ERING_REDIRECT, r->req_seq, r->req_tail);
         r->rep_head += KVT_ERING_REC_BYTES;
+    } else if (to_end < need) {
+        /* The record at the start, then the PAD that leads there. */
+        memcpy(r->rep + KVT_ERING_REC_BYTES, body, len);
+        store_head(r->rep, (uint32_t)len, r->req_seq, r->req_tail);
+        store_head(slot, KVT_ERING_PAD, r->req_seq, r->req_tail);
+        r->rep_head += to_end + need;
     } else {
-        if (to_end < need) {
-            store_rec(r->rep + off, KVT_ERING_PAD, r->req_seq);
-            r->rep_head += to_end;
-            off = 0;
-        }
-        memcpy(r->rep + off + KVT_ERING_REC_BYTES, body, len);
-        store_rec(r->rep + off, (uint32_t)len, r->req_seq);
+        memcpy(slot + KVT_ERING_REC_BYTES, body, len);
+        store_head(slot, (uint32_t)len, r->req_seq, r->req_tail);
         r->rep_head += need;
     }
-    __atomic_store_n(&r->ctl->rep_head, r->rep_head, __ATOMIC_RELEASE);
-    notify(r);
+    notify(r, slot);
     return fits ? 0 : 1;
 }
 
@@ -299,11 +333,19 @@ void kvt__ering_drain_wake(struct kvt_ering *r)
 
 void kvt__ering_close(struct kvt_ering *r)
 {
+    uint64_t free, off = r->rep_head & (r->cap - 1);
+    uint8_t *slot = r->rep + off;
+
     if (r->closed)
         return;
     r->closed = true;
     __atomic_store_n(&r->ctl->closed, 1u, __ATOMIC_RELEASE);
-    notify(r);
+    /* Into the slot the engine waits on, when the engine left room there (it has,
+     * unless it broke the protocol): it stops waiting at once. */
+    if (rep_free(r, KVT_ERING_REC_BYTES, &free) == 0 && free >= KVT_ERING_REC_BYTES)
+        store_head(slot, KVT_ERING_CLOSED, r->req_seq + (r->taken ? 0 : 1), r->req_tail);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    futex_wake(slot);
 }
 
 bool kvt__ering_closed(const struct kvt_ering *r)

@@ -40,6 +40,7 @@
 #define DEFAULT_TIMEOUT_MS 30000
 #define CLIENT_MAX_BODY    (256u << 20) /* replies: events and stats can be long */
 #define HELLO_FDS          3            /* the region's, the ring's memfd and eventfd */
+#define POSTED_MAX         128          /* posted calls out at once */
 
 /* Everything below is guarded by lock, except region (immutable after connect). */
 struct kvtier_client {
@@ -57,6 +58,15 @@ struct kvtier_client {
     size_t in_cap;
     struct kvt_cring *ring; /* the node's ring, or NULL */
     bool use_ring;          /* calls go through it (kvtier_client_set_ring) */
+    bool posting;           /* post the calls whose reply is only an rc */
+    /* The posted calls whose replies are not consumed, by ring sequence number
+     * (mod POSTED_MAX): their op and frame seq, to check their replies. */
+    struct {
+        uint32_t op;
+        uint64_t seq;
+    } posted[POSTED_MAX];
+    uint64_t posted_calls, posted_failed;
+    int posted_err; /* the first failure since the last drain */
 };
 
 /* ---- keys ------------------------------------------------------------------ */
@@ -236,15 +246,135 @@ static void mark_broken(struct kvtier_client *c, int err)
     }
 }
 
+static const struct kvt_eproto_limits reply_limits = {.max_body = CLIENT_MAX_BODY,
+                                                      .max_keys = UINT32_MAX,
+                                                      .max_params = 1u << 20,
+                                                      .max_events = UINT32_MAX,
+                                                      .max_stats = UINT32_MAX};
+
+/* Reads one frame's body from the socket into c->in; its length into *len_p. */
+static int read_frame(struct kvtier_client *c, int64_t deadline, int *fds, uint32_t *len_p)
+{
+    uint8_t hdr[KVT_EPROTO_HDR];
+    uint32_t len;
+    int rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fds);
+
+    if (rc < 0)
+        return rc;
+    len = kvt__eproto_frame_len(hdr);
+    if (len > CLIENT_MAX_BODY)
+        return -EPROTO;
+    if (len > c->in_cap) {
+        uint8_t *p = kvt_realloc(c->in, len);
+
+        if (p == NULL)
+            return -ENOMEM;
+        c->in = p;
+        c->in_cap = len;
+    }
+    rc = read_all(c->fd, c->in, len, deadline, fds);
+    if (rc < 0)
+        return rc;
+    *len_p = len;
+    return 0;
+}
+
+/* Decodes the reply in c->in to the request (op, seq) into rep: 0 (rep holds it),
+ * or the error that breaks the connection (an ERROR frame's rc, -EPROTO). */
+static int decode_reply(struct kvtier_client *c, uint32_t len, uint32_t op, uint64_t seq,
+                        struct kvt_emsg *rep)
+{
+    int rc = kvt__emsg_decode(c->in, len, &reply_limits, rep);
+
+    if (rc < 0)
+        return -EPROTO;
+    if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
+        rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
+        kvt__emsg_free(rep);
+        return rc;
+    }
+    if (rep->op != (op | KVT_EOP_REPLY) || rep->seq != seq || !kvt__emsg_has(rep, KVT_EF_RC)) {
+        kvt__emsg_free(rep);
+        return -EPROTO;
+    }
+    return 0;
+}
+
+/* The reply of posted call rseq (its body in c->in, or on the socket when
+ * on_socket): checked, its failure remembered. <0 only when the connection
+ * breaks. */
+static int posted_reply(struct kvtier_client *c, uint32_t rseq, uint32_t len, bool on_socket,
+                        int64_t deadline)
+{
+    struct kvt_emsg rep;
+    int rc = 0;
+
+    if (on_socket)
+        rc = read_frame(c, deadline, NULL, &len);
+    if (rc == 0)
+        rc = decode_reply(c, len, c->posted[rseq % POSTED_MAX].op, c->posted[rseq % POSTED_MAX].seq,
+                          &rep);
+    if (rc < 0)
+        return rc;
+    if (rep.rc < 0) {
+        c->posted_failed++;
+        if (c->posted_err == 0)
+            c->posted_err = (int)rep.rc;
+    }
+    kvt__emsg_free(&rep);
+    return 0;
+}
+
+/* Consumes the replies of posted calls: all of them (all) or those already there.
+ * <0: the connection broke. */
+static int drain_posted(struct kvtier_client *c, bool all, int64_t deadline)
+{
+    uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
+
+    while (c->ring != NULL && kvt__cring_outstanding(c->ring) > 0) {
+        uint32_t got = 0;
+        size_t n = 0;
+        int rc = kvt__cring_next(c->ring, c->fd, all, dl_ns, &c->in, &c->in_cap, &n, &got);
+
+        if (rc == 2)
+            return 0; /* (not all) nothing more there yet */
+        if (rc == 3) {
+            /* the node closed the ring: its ERROR frame (or EOF) says why */
+            uint32_t len;
+
+            rc = read_frame(c, deadline, NULL, &len);
+            if (rc == 0) {
+                struct kvt_emsg rep;
+
+                rc = decode_reply(c, len, 0, 0, &rep);
+                if (rc == 0) {
+                    kvt__emsg_free(&rep);
+                    rc = -EPROTO;
+                }
+            }
+            return rc;
+        }
+        if (rc < 0)
+            return rc;
+        rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* One round trip: sends req (op and seq filled in here), waits for its reply into
  * rep. rep's rc is returned (after the transport's own errors). Over the ring when
- * there is one, nothing rides along (fds, send_fd) and the request fits a record. */
+ * there is one, nothing rides along (fds, send_fd) and the request fits a record;
+ * replies of posted calls that come first are consumed on the way. A call on the
+ * socket first waits for every posted call, so that nothing is reordered. */
 static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fds,
                    int send_fd)
 {
     int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
-    uint8_t hdr[KVT_EPROTO_HDR];
+    uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
     bool via_ring = false;
+    uint32_t rseq = 0, len = 0;
     int rc;
 
     kvt__emsg_init(rep);
@@ -259,80 +389,99 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
     if (c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
         return -EMSGSIZE;
     if (c->ring != NULL && c->use_ring && fds == NULL && send_fd < 0) {
-        rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR);
+        const uint8_t *body = c->out.data + KVT_EPROTO_HDR;
+        size_t blen = c->out.len - KVT_EPROTO_HDR;
+
+        rc = kvt__cring_post(c->ring, body, blen, &rseq);
+        if (rc == -EBUSY) {
+            rc = drain_posted(c, true, deadline);
+            if (rc < 0)
+                goto broken;
+            rc = kvt__cring_post(c->ring, body, blen, &rseq);
+        }
         if (rc == 0)
             via_ring = true;
         else if (rc != -EMSGSIZE && rc != -EBUSY)
             goto broken;
     }
     if (!via_ring) {
-        rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
+        rc = drain_posted(c, true, deadline);
+        if (rc == 0)
+            rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
         if (rc < 0)
             goto broken;
     }
     for (;;) {
-        uint32_t len;
-
         if (via_ring) {
+            uint32_t got = 0;
             size_t n = 0;
 
-            /* The reply's body, or "it is on the socket" (1). */
-            via_ring = false;
-            rc = kvt__cring_wait(c->ring, c->fd, deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull,
-                                 &c->in, &c->in_cap, &n);
+            rc = kvt__cring_next(c->ring, c->fd, true, dl_ns, &c->in, &c->in_cap, &n, &got);
             if (rc < 0)
                 goto broken;
+            if ((rc == 0 || rc == 1) && got != rseq) {
+                rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
+                if (rc < 0)
+                    goto broken;
+                continue;
+            }
             if (rc == 0) {
                 len = (uint32_t)n;
                 goto decode;
             }
+            via_ring = false; /* 1: ours is on the socket; 3: read why the node closed */
         }
-        rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fds);
-        if (rc < 0)
-            goto broken;
-        len = kvt__eproto_frame_len(hdr);
-        if (len > CLIENT_MAX_BODY) {
-            rc = -EPROTO;
-            goto broken;
-        }
-        if (len > c->in_cap) {
-            uint8_t *p = kvt_realloc(c->in, len);
-
-            if (p == NULL) {
-                rc = -ENOMEM;
-                goto broken;
-            }
-            c->in = p;
-            c->in_cap = len;
-        }
-        rc = read_all(c->fd, c->in, len, deadline, fds);
+        rc = read_frame(c, deadline, fds, &len);
         if (rc < 0)
             goto broken;
     decode:
-        rc = kvt__emsg_decode(c->in, len,
-                              &(struct kvt_eproto_limits){.max_body = CLIENT_MAX_BODY,
-                                                          .max_keys = UINT32_MAX,
-                                                          .max_params = 1u << 20,
-                                                          .max_events = UINT32_MAX,
-                                                          .max_stats = UINT32_MAX},
-                              rep);
-        if (rc < 0) {
-            rc = -EPROTO;
+        rc = decode_reply(c, len, req->op, req->seq, rep);
+        if (rc < 0)
             goto broken;
-        }
-        if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
-            rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
-            kvt__emsg_free(rep);
-            goto broken;
-        }
-        if (rep->op != (req->op | KVT_EOP_REPLY) || rep->seq != req->seq ||
-            !kvt__emsg_has(rep, KVT_EF_RC)) {
-            kvt__emsg_free(rep);
-            rc = -EPROTO;
-            goto broken;
-        }
         return (int)rep->rc;
     }
+broken:
+    mark_broken(c, rc);
+    return rc;
+}
+
+/* Posts req on the ring without waiting for its reply (checked later, when a call
+ * or a drain consumes it). 1: it cannot be posted (call it), else 0 or the error
+ * that broke the connection. */
+static int post_call(struct kvtier_client *c, struct kvt_emsg *req)
+{
+    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    uint32_t rseq;
+    int rc;
+
+    if (c->broken)
+        return c->broken;
+    rc = drain_posted(c, kvt__cring_outstanding(c->ring) >= POSTED_MAX - 1, deadline);
+    if (rc < 0)
+        goto broken;
+    req->seq = c->seq + 1;
+    req->has |= 1u << KVT_EF_OP | 1u << KVT_EF_SEQ;
+    c->out.len = 0;
+    rc = kvt__emsg_encode(req, &c->out);
+    if (rc < 0 || c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
+        return 1;
+    rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR, &rseq);
+    if (rc == -EBUSY) { /* the ring is full of posted calls: their replies make room */
+        rc = drain_posted(c, true, deadline);
+        if (rc < 0)
+            goto broken;
+        rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR,
+                             &rseq);
+    }
+    if (rc == -EMSGSIZE || rc == -EBUSY)
+        return 1;
+    if (rc < 0)
+        goto broken;
+    c->seq++;
+    c->posted[rseq % POSTED_MAX].op = req->op;
+    c->posted[rseq % POSTED_MAX].seq = req->seq;
+    c->posted_calls++;
+    return 0;
 broken:
     mark_broken(c, rc);
     return rc;
@@ -470,6 +619,9 @@ void kvtier_close(struct kvtier_client *c)
 {
     if (c == NULL)
         return;
+    /* Posted calls reach the node before the connection ends. */
+    if (c->broken == 0 && c->ring != NULL && kvt__cring_outstanding(c->ring) > 0)
+        drain_posted(c, true, c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms);
     if (c->region.base != NULL)
         munmap(c->region.base, c->region.size);
     kvt__cring_close(c->ring);
@@ -524,11 +676,44 @@ int kvtier_client_set_ring(struct kvtier_client *c, bool enabled, int spin_us)
     if (c->ring == NULL)
         return enabled ? -EOPNOTSUPP : 0;
     pthread_mutex_lock(&c->lock);
+    if (!enabled && c->broken == 0 && drain_posted(c, true, now_ms() + c->timeout_ms) < 0)
+        mark_broken(c, -EPROTO);
     c->use_ring = enabled;
     if (spin_us >= 0)
         kvt__cring_set_spin(c->ring, (uint32_t)spin_us);
     pthread_mutex_unlock(&c->lock);
     return 0;
+}
+
+int kvtier_client_set_posting(struct kvtier_client *c, bool enabled)
+{
+    if (c->ring == NULL)
+        return enabled ? -EOPNOTSUPP : 0;
+    pthread_mutex_lock(&c->lock);
+    c->posting = enabled;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+int kvtier_client_drain(struct kvtier_client *c, uint64_t *failed_p)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = c->broken;
+    if (rc == 0 && c->ring != NULL) {
+        rc = drain_posted(c, true, c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms);
+        if (rc < 0)
+            mark_broken(c, rc);
+    }
+    if (rc == 0)
+        rc = c->posted_err;
+    if (failed_p != NULL)
+        *failed_p = c->posted_failed;
+    c->posted_err = 0;
+    c->posted_failed = 0;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
 }
 
 int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *out)
@@ -539,6 +724,7 @@ int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *
         return -EOPNOTSUPP;
     pthread_mutex_lock(&c->lock);
     kvt__cring_stats(c->ring, &st);
+    out->posted_calls = c->posted_calls;
     pthread_mutex_unlock(&c->lock);
     out->posted = st.posted;
     out->wakeups = st.wakeups;
@@ -606,11 +792,22 @@ static int locked_call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt
     return rc;
 }
 
+/* A call whose reply is only its rc: posted when the caller asked for posting. */
 static int simple_call(struct kvtier_client *c, struct kvt_emsg *req)
 {
     struct kvt_emsg rep;
-    int rc = locked_call(c, req, &rep);
+    int rc;
 
+    pthread_mutex_lock(&c->lock);
+    if (c->posting && c->ring != NULL && c->use_ring) {
+        rc = post_call(c, req);
+        if (rc != 1) {
+            pthread_mutex_unlock(&c->lock);
+            return rc;
+        }
+    }
+    rc = call(c, req, &rep, NULL);
+    pthread_mutex_unlock(&c->lock);
     kvt__emsg_free(&rep);
     return rc;
 }
@@ -1131,7 +1328,9 @@ int kvtier_prepare_store_packed(struct kvtier_client *c, const char *req_id, con
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap, ev_stack[PACKED_STACK_KEYS];
     struct kvtier_key *ev = ev_stack, *ev_heap = NULL;
-    size_t cap_ev = evicted_cap / 2; /* each takes at least a length byte and one key byte */
+    /* each takes at least a length byte and one key byte; a call evicts at most one
+     * key per key it stores */
+    size_t cap_ev = KVT_MIN(evicted_cap / 2, n);
     struct kvtier_store_plan plan = {.store_index = store_index, .chunk_ids = chunk_ids};
     int rc;
 

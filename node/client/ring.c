@@ -1,16 +1,17 @@
 /* libkvtier-client's side of the shared-memory ring (protocol and layout in
  * kvtier/engine_ring.h, contract in ring_int.h).
  *
- * A call posts its request record, publishes req_head, and if the node said it
- * sleeps, writes the eventfd. It then waits for the reply record: first spinning
- * on rep_head (a busy node answers in about a microsecond), then futex-waiting on
- * rep_seq in slices, looking at the socket between slices: a node that died or
- * closed the connection leaves an EOF or an ERROR frame there, and a node that
- * closes the connection on purpose also sets closed and wakes the futex.
+ * A call writes its request record (body, ack, then the header word), and if the
+ * node said it sleeps, writes the eventfd. It then waits for the reply record in
+ * the slot where it is due: first spinning on the slot's seq word (a busy node
+ * answers in about a microsecond), then futex-waiting on that word in slices,
+ * looking at the socket between slices: a node that died or closed the connection
+ * leaves an EOF or an ERROR frame there, and a node that closes the connection on
+ * purpose also writes a CLOSED record into the slot and wakes it.
  *
- * The node is trusted to follow the protocol but checked anyway: counters that do
- * not add up or a record out of bounds give -EPROTO (the connection is then broken
- * by the caller), never a read outside the mapping. */
+ * The node is trusted to follow the protocol but checked anyway: acks that do not
+ * add up or a record out of bounds give -EPROTO (the connection is then broken by
+ * the caller), never a read outside the mapping. */
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -39,8 +40,11 @@ struct kvt_cring {
     uint64_t req_cap, rep_cap;
     int evfd;
     uint64_t spin_ns;
-    uint64_t req_head, rep_tail; /* ours */
-    uint32_t seq;                /* of the last request posted */
+    uint64_t req_head;  /* request bytes published */
+    uint64_t req_acked; /* of those, taken by the node (its acks) */
+    uint64_t rep_tail;  /* reply bytes consumed */
+    uint32_t seq;       /* of the last request posted */
+    uint32_t rep_next;  /* of the next reply due */
     struct kvt_cring_stats st;
 };
 
@@ -104,8 +108,9 @@ int kvt__cring_open(int memfd, int evfd, struct kvt_cring **ring_p)
     r->rep = r->map + ctl.rep_off;
     r->req_cap = ctl.req_cap;
     r->rep_cap = ctl.rep_cap;
-    r->req_head = __atomic_load_n(&r->ctl->req_head, __ATOMIC_RELAXED);
+    r->req_head = r->req_acked = __atomic_load_n(&r->ctl->req_tail, __ATOMIC_RELAXED);
     r->rep_tail = __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_RELAXED);
+    r->rep_next = 1;
     r->evfd = evfd;
     r->spin_ns = DEFAULT_SPIN_US * 1000ull;
     *ring_p = r;
@@ -127,52 +132,76 @@ void kvt__cring_set_spin(struct kvt_cring *r, uint32_t spin_us)
     r->spin_ns = (uint64_t)spin_us * 1000ull;
 }
 
-static void store_rec(uint8_t *p, uint32_t len, uint32_t seq)
+static void load_head(const uint8_t *p, uint32_t *len_p, uint32_t *seq_p)
+{
+    uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_ACQUIRE);
+    struct kvt_ering_rec h;
+
+    memcpy(&h, &v, sizeof(v));
+    *len_p = h.len;
+    *seq_p = h.seq;
+}
+
+static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
 {
     struct kvt_ering_rec h = {.len = len, .seq = seq};
     uint64_t v;
 
+    __atomic_store_n((uint64_t *)(void *)(p + 8), ack, __ATOMIC_RELAXED);
     memcpy(&v, &h, sizeof(v));
-    __atomic_store_n((uint64_t *)(void *)p, v, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)(void *)p, v, __ATOMIC_RELEASE);
 }
 
-static struct kvt_ering_rec load_rec(const uint8_t *p)
+/* The node's ack of request bytes taken: -EPROTO unless it lies between what it
+ * acked before and what was published. */
+static int see_ack(struct kvt_cring *r, uint64_t ack)
 {
-    uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_RELAXED);
-    struct kvt_ering_rec h;
-
-    memcpy(&h, &v, sizeof(h));
-    return h;
+    if ((ack & 15) != 0 || ack - r->req_acked > r->req_head - r->req_acked)
+        return -EPROTO;
+    r->req_acked = ack;
+    return 0;
 }
 
-int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len)
+uint32_t kvt__cring_outstanding(const struct kvt_cring *r)
 {
-    uint64_t need = kvt_ering_rec_bytes(len), tail, used, free, off, to_end;
+    return r->seq + 1 - r->rep_next;
+}
+
+int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32_t *seq_p)
+{
+    uint64_t need = kvt_ering_rec_bytes(len), off, to_end, want, free;
+    uint32_t seq = r->seq + 1;
 
     if (len > KVT_ERING_LEN_MAX || need > r->req_cap / 2)
         return -EMSGSIZE;
-    tail = __atomic_load_n(&r->ctl->req_tail, __ATOMIC_ACQUIRE);
-    used = r->req_head - tail;
-    if (used > r->req_cap)
-        return -EPROTO;
-    free = r->req_cap - used;
     off = r->req_head & (r->req_cap - 1);
     to_end = r->req_cap - off;
-    if (to_end < need) {
-        if (to_end + need > free)
+    want = to_end >= need ? need : to_end + need;
+    free = r->req_cap - (r->req_head - r->req_acked);
+    if (free < want) {
+        int rc = see_ack(r, __atomic_load_n(&r->ctl->req_tail, __ATOMIC_ACQUIRE));
+
+        if (rc < 0)
+            return rc;
+        free = r->req_cap - (r->req_head - r->req_acked);
+        if (free < want)
             return -EBUSY;
-        store_rec(r->req + off, KVT_ERING_PAD, r->seq + 1);
-        r->req_head += to_end;
-        off = 0;
-    } else if (need > free) {
-        return -EBUSY;
     }
-    memcpy(r->req + off + KVT_ERING_REC_BYTES, body, len);
-    store_rec(r->req + off, (uint32_t)len, ++r->seq);
-    r->req_head += need;
-    __atomic_store_n(&r->ctl->req_head, r->req_head, __ATOMIC_RELEASE);
+    if (to_end < need) {
+        /* The record at the start, then the PAD that leads there. */
+        memcpy(r->req + KVT_ERING_REC_BYTES, body, len);
+        store_head(r->req, (uint32_t)len, seq, r->rep_tail);
+        store_head(r->req + off, KVT_ERING_PAD, seq, r->rep_tail);
+    } else {
+        memcpy(r->req + off + KVT_ERING_REC_BYTES, body, len);
+        store_head(r->req + off, (uint32_t)len, seq, r->rep_tail);
+    }
+    r->req_head += want;
+    r->seq = seq;
+    if (seq_p != NULL)
+        *seq_p = seq;
     r->st.posted++;
-    /* Dekker with the node's "set node_sleeping, fence, look at req_head". */
+    /* Dekker with the node's "set node_sleeping, fence, look at the rings". */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&r->ctl->node_sleeping, __ATOMIC_RELAXED) != 0) {
         uint64_t one = 1;
@@ -185,53 +214,69 @@ int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len)
     return 0;
 }
 
-/* Looks at the reply ring: 0 a record was taken (see wait), 2 nothing yet, or what
- * wait returns. */
-static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_t *len_p)
+/* The reply slot: where the next reply is due. */
+static uint8_t *slot(const struct kvt_cring *r)
 {
-    uint64_t head = __atomic_load_n(&r->ctl->rep_head, __ATOMIC_ACQUIRE);
+    return r->rep + (r->rep_tail & (r->rep_cap - 1));
+}
 
-    for (int pads = 0;; pads++) {
-        uint64_t avail = head - r->rep_tail, off, need;
-        struct kvt_ering_rec h;
+/* Looks at the reply slot: 0 a reply was taken, 2 nothing yet, or what next
+ * returns. */
+static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_t *len_p,
+                      uint32_t *seq_p)
+{
+    uint64_t off = r->rep_tail & (r->rep_cap - 1), skip = 0, need, avail;
+    uint32_t len, seq;
+    int rc;
 
-        if (avail == 0)
-            return 2;
-        if (avail > r->rep_cap || (avail & 7) != 0 || pads > 1)
+    if (r->rep_next == r->seq + 1)
+        return 2; /* nothing outstanding */
+    load_head(r->rep + off, &len, &seq);
+    if (len == KVT_ERING_CLOSED)
+        return 3;
+    if (seq != r->rep_next)
+        return 2;
+    if (len == KVT_ERING_PAD) {
+        if (off == 0)
             return -EPROTO;
-        off = r->rep_tail & (r->rep_cap - 1);
-        h = load_rec(r->rep + off);
-        if (h.len == KVT_ERING_PAD) {
-            if (r->rep_cap - off > avail)
-                return -EPROTO;
-            r->rep_tail += r->rep_cap - off;
-            continue;
-        }
-        if (h.seq != r->seq)
+        skip = r->rep_cap - off;
+        off = 0;
+        load_head(r->rep, &len, &seq);
+        if (seq != r->rep_next || len == KVT_ERING_PAD)
             return -EPROTO;
-        if (h.len == KVT_ERING_REDIRECT) {
-            r->rep_tail += KVT_ERING_REC_BYTES;
-            __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
-            r->st.redirects++;
-            return 1;
-        }
-        need = kvt_ering_rec_bytes(h.len);
-        if (h.len > KVT_ERING_LEN_MAX || need > avail || off + need > r->rep_cap)
-            return -EPROTO;
-        if (h.len > *cap_p) {
-            uint8_t *p = kvt_realloc(*buf_p, h.len);
-
-            if (p == NULL)
-                return -ENOMEM;
-            *buf_p = p;
-            *cap_p = h.len;
-        }
-        memcpy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, h.len);
-        *len_p = h.len;
-        r->rep_tail += need;
-        __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
-        return 0;
     }
+    *seq_p = seq;
+    rc = see_ack(
+        r, __atomic_load_n((const uint64_t *)(const void *)(r->rep + off + 8), __ATOMIC_RELAXED));
+    if (rc < 0)
+        return rc;
+    if (len == KVT_ERING_CLOSED)
+        return 3;
+    if (len == KVT_ERING_REDIRECT) {
+        r->rep_tail += skip + KVT_ERING_REC_BYTES;
+        r->rep_next++;
+        __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
+        r->st.redirects++;
+        return 1;
+    }
+    need = kvt_ering_rec_bytes(len);
+    avail = r->rep_cap - off;
+    if (len > KVT_ERING_LEN_MAX || need > avail || need > r->rep_cap / 2)
+        return -EPROTO;
+    if (len > *cap_p) {
+        uint8_t *p = kvt_realloc(*buf_p, len);
+
+        if (p == NULL)
+            return -ENOMEM;
+        *buf_p = p;
+        *cap_p = len;
+    }
+    memcpy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, len);
+    *len_p = len;
+    r->rep_tail += skip + need;
+    r->rep_next++;
+    __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
+    return 0;
 }
 
 static bool socket_has_news(int sockfd)
@@ -241,39 +286,45 @@ static bool socket_has_news(int sockfd)
     return poll(&p, 1, 0) > 0;
 }
 
-int kvt__cring_wait(struct kvt_cring *r, int sockfd, uint64_t deadline_ns, uint8_t **buf_p,
-                    size_t *cap_p, size_t *len_p)
+int kvt__cring_next(struct kvt_cring *r, int sockfd, bool wait, uint64_t deadline_ns,
+                    uint8_t **buf_p, size_t *cap_p, size_t *len_p, uint32_t *seq_p)
 {
-    uint64_t start = now_ns();
+    uint64_t start = 0;
     unsigned spins = 0;
 
     for (;;) {
-        int rc = take_reply(r, buf_p, cap_p, len_p);
+        int rc = take_reply(r, buf_p, cap_p, len_p, seq_p);
         uint64_t now;
 
-        if (rc != 2)
+        if (rc != 2 || !wait || r->rep_next == r->seq + 1)
             return rc;
-        if (__atomic_load_n(&r->ctl->closed, __ATOMIC_ACQUIRE) != 0)
-            return 1;
         /* The clock is read every 64 turns of the spin. */
         if ((++spins & 63) != 0) {
             cpu_relax();
             continue;
         }
+        if (__atomic_load_n(&r->ctl->closed, __ATOMIC_ACQUIRE) != 0)
+            return 3;
         now = now_ns();
+        if (start == 0)
+            start = now;
         if (deadline_ns != 0 && now >= deadline_ns)
             return -ETIMEDOUT;
         if (now - start < r->spin_ns) {
             cpu_relax();
             continue;
         }
-        /* Sleep: say so, then look again (the node bumps rep_seq after publishing
-         * and wakes us if it saw client_waiting). */
+        /* Sleep: say so, then look again (the node wakes the slot's seq word after
+         * publishing there when it sees client_waiting). */
+        uint32_t *word = (uint32_t *)(void *)(slot(r) + 4);
+
         __atomic_store_n(&r->ctl->client_waiting, 1u, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
-        uint32_t seen = __atomic_load_n(&r->ctl->rep_seq, __ATOMIC_ACQUIRE);
+        uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+        uint32_t len_now, seq_now;
 
-        if (__atomic_load_n(&r->ctl->rep_head, __ATOMIC_ACQUIRE) == r->rep_tail &&
+        load_head(slot(r), &len_now, &seq_now);
+        if (seq_now != r->rep_next && len_now != KVT_ERING_CLOSED &&
             __atomic_load_n(&r->ctl->closed, __ATOMIC_ACQUIRE) == 0) {
             uint64_t slice = SLICE_NS;
             struct timespec ts;
@@ -283,12 +334,12 @@ int kvt__cring_wait(struct kvt_cring *r, int sockfd, uint64_t deadline_ns, uint8
             ts.tv_sec = (time_t)(slice / 1000000000ull);
             ts.tv_nsec = (long)(slice % 1000000000ull);
             r->st.sleeps++;
-            syscall(SYS_futex, &r->ctl->rep_seq, FUTEX_WAIT, seen, &ts, NULL, 0);
+            syscall(SYS_futex, word, FUTEX_WAIT, seen, &ts, NULL, 0);
         }
         __atomic_store_n(&r->ctl->client_waiting, 0u, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&r->ctl->rep_head, __ATOMIC_ACQUIRE) == r->rep_tail &&
-            socket_has_news(sockfd))
-            return 1;
+        load_head(slot(r), &len_now, &seq_now);
+        if (seq_now != r->rep_next && len_now != KVT_ERING_CLOSED && socket_has_news(sockfd))
+            return 3;
     }
 }
 

@@ -167,12 +167,25 @@ bool kvtier_client_has_ring(const struct kvtier_client *c);
  * -EOPNOTSUPP enabling without a ring. */
 int kvtier_client_set_ring(struct kvtier_client *c, bool enabled, int spin_us);
 struct kvtier_ring_stats {
-    uint64_t posted;    /* calls through the ring */
-    uint64_t wakeups;   /* of those, calls that had to wake the node (it slept) */
-    uint64_t sleeps;    /* futex waits (a reply took longer than the spin) */
-    uint64_t redirects; /* replies too large for the ring, read from the socket */
+    uint64_t posted;       /* calls through the ring */
+    uint64_t wakeups;      /* of those, calls that had to wake the node (it slept) */
+    uint64_t sleeps;       /* futex waits (a reply took longer than the spin) */
+    uint64_t redirects;    /* replies too large for the ring, read from the socket */
+    uint64_t posted_calls; /* calls posted without waiting (kvtier_client_set_posting) */
 };
 int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *out);
+
+/* Posting: with a ring, the calls whose reply is only their rc (complete_store,
+ * complete_load, touch, on_request_finished, on_schedule_end) return 0 as soon as
+ * they are in the ring; the node runs them in order, before anything called
+ * after them, and their replies are checked by the next call that waits, by
+ * kvtier_client_drain, and at kvtier_close. A posted call that failed does not
+ * fail a later one: kvtier_client_drain says so. -EOPNOTSUPP without a ring. */
+int kvtier_client_set_posting(struct kvtier_client *c, bool enabled);
+/* Waits for every posted call: 0 when all of them since the last drain worked,
+ * else the first failure's rc (or the error that broke the connection);
+ * *failed_p (may be NULL) receives how many failed. */
+int kvtier_client_drain(struct kvtier_client *c, uint64_t *failed_p);
 
 /* ---- requests ---------------------------------------------------------------- */
 
