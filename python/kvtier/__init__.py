@@ -94,7 +94,8 @@ class _Region(ctypes.Structure):
 
 class _RingStats(ctypes.Structure):
     _fields_ = [("posted", ctypes.c_uint64), ("wakeups", ctypes.c_uint64),
-                ("sleeps", ctypes.c_uint64), ("redirects", ctypes.c_uint64)]
+                ("sleeps", ctypes.c_uint64), ("redirects", ctypes.c_uint64),
+                ("posted_calls", ctypes.c_uint64)]
 
 
 class _ConnectOpts(ctypes.Structure):
@@ -215,6 +216,8 @@ def _load(path=None):
     fn("kvtier_client_has_ring", ctypes.c_bool, _P)
     fn("kvtier_client_set_ring", i, _P, ctypes.c_bool, i)
     fn("kvtier_client_ring_stats", i, _P, ctypes.POINTER(_RingStats))
+    fn("kvtier_client_set_posting", i, _P, ctypes.c_bool)
+    fn("kvtier_client_drain", i, _P, ctypes.POINTER(ctypes.c_uint64))
     sp = ctypes.POINTER(sz)
     fn("kvtier_lookup_one", i, _P, cp, cp, sz)
     fn("kvtier_lookup_packed", i, _P, cp, cp, sz, sz, ctypes.c_uint,
@@ -353,7 +356,24 @@ class Client:
         self._check(self._lib.kvtier_client_ring_stats(self._handle(), ctypes.byref(st)),
                     "ring_stats")
         return {"posted": st.posted, "wakeups": st.wakeups, "sleeps": st.sleeps,
-                "redirects": st.redirects}
+                "redirects": st.redirects, "posted_calls": st.posted_calls}
+
+    def set_posting(self, enabled):
+        """With a ring: complete_store, complete_load, touch, on_request_finished and
+        on_schedule_end return once they are in the ring (the node runs them in
+        order, before anything called after them); drain() says how they went."""
+        self._check(self._lib.kvtier_client_set_posting(self._handle(), bool(enabled)),
+                    "set_posting")
+
+    def drain(self):
+        """Waits for every posted call: how many failed since the last drain (the
+        first failure's errno is raised only when the connection broke)."""
+        failed = ctypes.c_uint64(0)
+        rc = self._lib.kvtier_client_drain(self._handle(), ctypes.byref(failed))
+        if rc < 0 and -rc in (_errno.ECONNRESET, _errno.EPIPE, _errno.ETIMEDOUT,
+                              _errno.EPROTO):
+            raise KvtierError(rc, "drain")
+        return failed.value
 
     @property
     def handle(self):

@@ -664,6 +664,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
 _LOOKUP_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING,
                    LookupResult.RETRY)
+_SCAN_MAX = 64  # keys one lookup scan asks the node for
 _GONE = (errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT, errno.EPROTO, errno.EBADF,
          errno.ENOTCONN)
 
@@ -814,6 +815,17 @@ class KvtierOffloadingManager(OffloadingManager):
         self._errors = 0
         self._client = None
         self._region = None
+        # The last scan's answers (key -> result) for request _pf_ctx; any other
+        # call drops them (_pf_ctx = None): they may have changed.
+        self._pf: dict = {}
+        self._pf_ctx = None
+        self._epoch = 0  # bumped by every call but lookup: a scan lasts within one
+        self._scan_ctx = None  # the request whose keys _scan_keys lists
+        self._scan_len = 0
+        self._scan_keys: list = []
+        self._scan_idx: dict = {}
+        self._scan_last = -1  # position of the last key looked up in this scan
+        self._scan_epoch = -1
         self._attach(spec.connect("scheduler"))
 
     # ---------------------------------------------------------------- connection
@@ -836,13 +848,23 @@ class KvtierOffloadingManager(OffloadingManager):
         self._p_n_ev = ctypes.pointer(self._n_ev)
         self._p_ev_bytes = ctypes.pointer(self._ev_bytes)
         self._lookup_one = lib.kvtier_lookup_one
+        self._lookup_packed = lib.kvtier_lookup_packed
+        self._res = (ctypes.c_uint8 * _SCAN_MAX)()
+        self._done = ctypes.c_size_t(0)
+        self._p_done = ctypes.pointer(self._done)
         self._prepare_store = lib.kvtier_prepare_store_packed
         self._complete_store = lib.kvtier_complete_store_packed
         self._prepare_load = lib.kvtier_prepare_load_packed
         self._complete_load = lib.kvtier_complete_load_packed
         self._touch = lib.kvtier_touch_packed
+        # The calls vLLM expects nothing back from are posted: the node runs them
+        # in order before the next call, which does not wait for them.
+        if client.has_ring:
+            client.set_posting(True)
         self._loads.clear()
         self._stores.clear()
+        self._pf_ctx = None
+        self._epoch += 1
         self._down = False
 
     def _lost(self, rc: int, what: str) -> None:
@@ -913,6 +935,8 @@ class KvtierOffloadingManager(OffloadingManager):
             self._rid(ctx).decode(), json.dumps(params) if params else None, tiers)
 
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._pf_ctx = None
+        self._epoch += 1
         self._reqs[req_context.req_id] = req_context
         if self._down and not self._revive():
             return RequestOffloadingContext()
@@ -928,6 +952,10 @@ class KvtierOffloadingManager(OffloadingManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
+        if self._scan_ctx is req_context:
+            self._scan_ctx = None
         if self._reqs.pop(req_context.req_id, None) is None:
             return
         if self._down:
@@ -941,9 +969,21 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---------------------------------------------------------------- lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._pf_ctx is req_context:
+            r = self._pf.get(key)
+            if r is not None:
+                return r
         rid = self._rids.get(req_context.req_id)
         if rid is None:
             rid = self._rid(req_context)
+        # vLLM's scheduler records every key's position in the request before it
+        # looks them up, from the first on, until a miss: a lookup that starts such
+        # a scan asks for the keys after it too, in one call (see _scan).
+        positions = req_context._offload_key_positions
+        if len(positions) > 1:
+            r = self._scan(key, req_context, rid, positions)
+            if r is not None:
+                return r
         rc = self._lookup_one(self._h, rid, key, len(key))
         if rc >= 0:
             return _LOOKUP_RESULTS[rc]
@@ -952,12 +992,59 @@ class KvtierOffloadingManager(OffloadingManager):
             return self.lookup(key, req_context)
         return LookupResult.MISS
 
+    def _scan(self, key, req_context, rid, positions) -> LookupResult | None:
+        """A forward prefix scan of a request's keys (as vLLM's maximal prefix
+        lookup makes one): key and the keys after it in the request (same KV-cache
+        group, by position) are looked up in one node call that stops after the
+        first MISS or RETRY (KVTIER_LOOKUP_PREFIX), so the node sees the keys vLLM
+        would ask for; their answers serve vLLM's next lookups of this request
+        until any other call (which may change them) is made. A backward scan
+        (sliding windows) is left to one call per key. None: not a scan."""
+        pos = positions.get(key)
+        if pos is None:
+            return None
+        if self._scan_ctx is not req_context or self._scan_len != len(positions):
+            self._scan_ctx = req_context
+            self._scan_len = len(positions)
+            self._scan_keys = list(positions)
+            self._scan_idx = {k: i for i, k in enumerate(self._scan_keys)}
+            self._scan_last = -1
+        if self._scan_epoch != self._epoch:
+            self._scan_epoch = self._epoch
+            self._scan_last = -1
+        last, self._scan_last = self._scan_last, pos
+        if pos < last:
+            return None  # backwards: one key at a time
+        i = self._scan_idx[key]
+        group = key[-4:]
+        batch = [key]
+        for k in self._scan_keys[i + 1:i + _SCAN_MAX]:
+            if k[-4:] != group or positions[k] <= pos:
+                break
+            batch.append(k)
+            pos = positions[k]
+        if len(batch) == 1:
+            return None
+        packed, klen = self._pack(batch)
+        if not klen:
+            return None
+        rc = self._lookup_packed(self._h, rid, packed, klen, len(batch), 1, self._res,
+                                 self._p_done)
+        if rc < 0:
+            return None  # (one key at a time tells the rest)
+        res = _LOOKUP_RESULTS
+        self._pf = {k: res[v] for k, v in zip(batch, self._res[:self._done.value])}
+        self._pf_ctx = req_context
+        return self._pf.get(key)
+
     def get_load_source(self, key: OffloadKey, req_context: ReqContext):
         from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
         return CacheHitSource.HOST
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys or self._down:
             return
@@ -982,6 +1069,8 @@ class KvtierOffloadingManager(OffloadingManager):
         return packed, (klen if len(packed) == klen * len(keys) and klen else 0)
 
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext):
+        self._pf_ctx = None
+        self._epoch += 1
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         n = len(keys)
         if n == 0:
@@ -1009,6 +1098,8 @@ class KvtierOffloadingManager(OffloadingManager):
         return 0
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys:
             return
@@ -1039,6 +1130,8 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---------------------------------------------------------------- stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext):
+        self._pf_ctx = None
+        self._epoch += 1
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         n = len(keys)
         if self._down and not self._revive():
@@ -1064,7 +1157,7 @@ class KvtierOffloadingManager(OffloadingManager):
         evicted = []
         ne = self._n_ev.value
         if ne:
-            raw = self._ev.raw[:self._ev_bytes.value]
+            raw = ctypes.string_at(self._ev, self._ev_bytes.value)  # (not .raw: all of it)
             off = 0
             for _ in range(ne):
                 ln = raw[off]
@@ -1091,6 +1184,8 @@ class KvtierOffloadingManager(OffloadingManager):
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys:
             return
@@ -1118,6 +1213,8 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---------------------------------------------------------------- steps
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
         if self._down and not self._revive():
             return
         new = [self._rid_str(r) for r in context.new_req_ids]
@@ -1160,6 +1257,9 @@ class KvtierOffloadingManager(OffloadingManager):
         if self._down:
             return st
         try:
+            failed = self._client.drain()  # (posted calls that failed)
+            if failed:
+                st.increase_counter(KvtierMetrics.NODE_ERRORS, failed)
             stats = self._client.get_stats()
         except _kvt.KvtierError as e:
             self._lost(-e.errno, "get_stats")
@@ -1189,6 +1289,8 @@ class KvtierOffloadingManager(OffloadingManager):
         """vLLM drops every transfer in flight at a reset: so does this manager
         (a new connection: the node releases the old one's pins and stores), then
         asks the node to forget its chunks when the node can (kvtier_reset)."""
+        self._pf_ctx = None
+        self._epoch += 1
         if self._down and not self._revive():
             return
         try:
