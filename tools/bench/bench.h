@@ -8,5 +8,6 @@ int kvt_bench_core(int argc, char **argv) __attribute__((weak));
 int kvt_bench_storage(int argc, char **argv) __attribute__((weak));
 int kvt_bench_transport(int argc, char **argv) __attribute__((weak));
 int kvt_bench_pull(int argc, char **argv) __attribute__((weak));
+int kvt_bench_engine(int argc, char **argv) __attribute__((weak));
 
 #endif
