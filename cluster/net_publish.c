@@ -5,10 +5,14 @@
  * so the job is done at once. Keys to PUBLISH and UNPUBLISH collect in two vectors
  * and leave batched, one message per home and NT_KEYS_PER_MSG keys, at the next
  * flush (every schedule end and poll); keys homed here go straight to our own
- * directory. Every record has a TTL: all held keys are re-published at half of it,
- * and at once after a membership change (homes moved). A publication lost to a
- * failed send or to memory is repaired by that re-publication; a lost
- * unpublication ages out with its record. */
+ * directory. What leaves is what holds at the flush: a key queued for PUBLISH that
+ * the primary removed since, or queued for UNPUBLISH and stored again since, is not
+ * sent as such (the order of the two vectors would otherwise decide). Every record
+ * has a TTL: all held keys are re-published at half of it, and at once after a
+ * membership change (homes moved). A publication lost to a failed send or to memory
+ * is repaired by that re-publication; a lost unpublication ages out with its record.
+ * The node's reset (the primary cleared) unpublishes everything at once
+ * (kvt__nt_reset), so no peer is sent here for a chunk the reset dropped. */
 #include <errno.h>
 #include <string.h>
 
@@ -56,6 +60,7 @@ void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n)
                 break; /* the records age out with their TTL */
         }
         kvt_map_clear(&nt->published);
+        nt->pub.n = 0; /* nothing is held any more */
         return;
     }
     for (size_t i = 0; i < n; i++) {
@@ -131,6 +136,27 @@ out:
     kv->n = 0;
 }
 
+/* Keeps in kv the keys whose presence in the published set is held (order kept). */
+static void keep_if_published(struct net_tier *nt, struct keyvec *kv, bool held)
+{
+    size_t w = 0;
+
+    for (size_t i = 0; i < kv->n; i++) {
+        const struct kvt_key *k = &kv->v[i];
+
+        if ((kvt_map_get(&nt->published, k->bytes, k->len) != NULL) == held)
+            kv->v[w++] = *k;
+    }
+    kv->n = w;
+}
+
+void kvt__nt_reset(struct net_tier *nt)
+{
+    kvt__nt_on_removed(nt, NULL, 0); /* (the primary's reset did it: nothing left) */
+    keep_if_published(nt, &nt->unpub, false);
+    kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
+}
+
 static bool nt_homed_here(void *arg, const struct kvt_key *key)
 {
     struct net_tier *nt = arg;
@@ -164,6 +190,8 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
         }
         kvt_directory_retain(nt->dir, nt_homed_here, nt);
     }
+    keep_if_published(nt, &nt->unpub, false);
+    keep_if_published(nt, &nt->pub, true);
     kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
     kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
     /* A scan of every record: once a second (locate checks each record's expiry

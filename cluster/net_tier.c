@@ -20,6 +20,7 @@
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/log.h"
+#include "kvt/net_tier_test.h"
 #include "net_tier_int.h"
 
 /* ---- helpers the roles share --------------------------------------------------- */
@@ -108,6 +109,17 @@ bool kvt__nt_register(struct net_tier *nt)
         return false;
     }
     return true;
+}
+
+int kvt__net_tier_test_handle(struct kvt_tier *t, const void **handle_p, size_t *len_p)
+{
+    struct net_tier *nt = nt_of(t);
+
+    if (!kvt__nt_register(nt))
+        return -EIO;
+    *handle_p = nt->handle;
+    *len_p = nt->handle_len;
+    return 0;
 }
 
 /* ---- finished jobs ------------------------------------------------------------- */
@@ -268,9 +280,42 @@ static int nt_drain_jobs(struct kvt_tier *t)
     return 0;
 }
 
+/* After the manager drained us and cleared the primary: the primary's removed hook
+ * queued every publication for UNPUBLISH; they leave now, not at the next flush. */
+static int nt_reset(struct kvt_tier *t)
+{
+    kvt__nt_reset(nt_of(t));
+    return 0;
+}
+
 static bool nt_has_pending_work(struct kvt_tier *t)
 {
     return nt_busy(nt_of(t));
+}
+
+/* The loop's hooks: the lookup worker's eventfd and the peer links' transport fd;
+ * the loop may sleep only with nothing in flight and the transport armed (over tcp
+ * a peer's READ is served by our progress). */
+static size_t nt_event_fds(struct kvt_tier *t, int *fds, size_t cap)
+{
+    struct net_tier *nt = nt_of(t);
+    int pfd = kvt_peers_event_fd(nt->peers);
+    size_t n = 0;
+
+    if (n < cap)
+        fds[n++] = nt->wake_fd;
+    if (n < cap && pfd >= 0)
+        fds[n++] = pfd;
+    return n;
+}
+
+static int nt_arm(struct kvt_tier *t)
+{
+    struct net_tier *nt = nt_of(t);
+
+    if (nt_busy(nt))
+        return -EAGAIN;
+    return kvt_peers_arm(nt->peers);
 }
 
 static void nt_on_request_finished(struct kvt_tier *t, struct kvt_req_ctx *ctx)
@@ -339,6 +384,17 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_RECORDS, label,
                               (double)kvt_directory_num_records(nt->dir));
     return rc != 0 ? -ENOMEM : 0;
+}
+
+/* The transport's question for every READ a peer asks of us (UCX serves them in
+ * software): only rows of the primary granted to that peer by a lease still held. */
+static bool nt_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr,
+                        uint64_t off, uint64_t len)
+{
+    struct net_tier *nt = arg;
+
+    (void)ep;
+    return mr != NULL && mr == nt->mr_remote && kvt__net_may_read(nt, node_id, off, len);
 }
 
 bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len)
@@ -426,10 +482,14 @@ static const struct kvt_tier_ops nt_ops = {
     .get_finished_jobs = nt_get_finished_jobs,
     .drain_jobs = nt_drain_jobs,
     .has_pending_work = nt_has_pending_work,
+    .event_fds = nt_event_fds,
+    .poll = kvt_net_tier_poll,
+    .arm = nt_arm,
     .on_request_finished = nt_on_request_finished,
     .serve_external_requests = kvt__nt_serve,
     .on_schedule_end = nt_on_schedule_end,
     .get_stats = nt_get_stats,
+    .reset = nt_reset,
     .shutdown = nt_shutdown,
     .destroy = nt_destroy,
 };
@@ -500,6 +560,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     h = (struct kvt_peers_handlers){.on_msg = nt_on_msg,
                                     .on_member = nt_on_member,
                                     .on_link_closed = nt_on_link_closed,
+                                    .may_read = nt_may_read,
                                     .arg = nt};
     kvt_peers_set_handlers(nt->peers, &h);
     kvt_primary_set_removed_hook(nt->primary, kvt__nt_on_removed, nt);

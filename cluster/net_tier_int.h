@@ -302,6 +302,9 @@ void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n);
 void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type);
 /* Re-publication when due, then the batched UNPUBLISHes and PUBLISHes. */
 void kvt__nt_flush_publishes(struct net_tier *nt);
+/* The tier's reset op: every publication is withdrawn now (UNPUBLISH to each home,
+ * our own directory's records of us dropped). */
+void kvt__nt_reset(struct net_tier *nt);
 
 /* ---- net_fetch.c --------------------------------------------------------------- */
 

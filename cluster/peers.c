@@ -6,7 +6,12 @@
  *   AUTH_SENT   client: AUTH sent, waiting for AUTH_OK
  *   WAIT_HELLO  server: accepted, waiting for HELLO
  *   WAIT_AUTH   server: HELLO_ACK sent, waiting for AUTH
- *   UP          authenticated: heartbeats, MEMBERS, on_msg
+ *   UP          authenticated: heartbeats, MEMBERS, on_msg. Each side authorizes
+ *               its transport endpoint (the peer may READ our memory from then on)
+ *               as soon as the peer has proven the secret: the client once the
+ *               server's proof in HELLO_ACK checked out and its AUTH is sent, the
+ *               server before it sends AUTH_OK (a client may READ as soon as it
+ *               has AUTH_OK). Nothing of ours that names memory goes out earlier.
  *   LINGER      refused: REFUSE sent; waiting for the peer to close (a force close
  *               right away could drop the REFUSE), at most PEERS_LINGER_NS
  *   CLOSING     kvt_tp_ep_close called; waiting for the transport's CLOSED
@@ -96,7 +101,8 @@ struct kvt_peers {
     size_t secret_len;
     char listen_addr[KVT_WIRE_ADDR_MAX];
     char advertise[KVT_WIRE_ADDR_MAX];
-    uint16_t port;
+    uint16_t port;           /* listened on */
+    uint16_t advertise_port; /* told to peers: port, or the configured one */
     struct peers_seed *seeds;
     size_t n_seeds;
     uint64_t hb_ns, hs_ns, linger_ns;
@@ -237,7 +243,7 @@ static void send_members(struct kvt_peers *p, struct peer_link *l, uint64_t now)
 
         if (ids[i] == p->self) {
             *w = (struct kvt_wire_member){
-                .node_id = p->self, .incarnation = p->incarnation, .port = p->port};
+                .node_id = p->self, .incarnation = p->incarnation, .port = p->advertise_port};
             snprintf(w->addr, sizeof(w->addr), "%s", p->advertise);
         } else {
             const struct kvt_member *x = kvt_members_find(p->members, ids[i]);
@@ -423,7 +429,7 @@ static void fill_hello(const struct kvt_peers *p, struct kvt_wire_msg *m, enum k
     memcpy(m->u.hello.ns, p->ns, KVT_AUTH_NS_BYTES);
     memcpy(m->u.hello.nonce, nonce, KVT_AUTH_NONCE_BYTES);
     snprintf(m->u.hello.addr, sizeof(m->u.hello.addr), "%s", p->advertise);
-    m->u.hello.port = p->port;
+    m->u.hello.port = p->advertise_port;
 }
 
 static void record_peer(struct peer_link *l, const struct kvt_wire_msg *m)
@@ -477,6 +483,15 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
         return;
     }
     remember(p, l->peer_id);
+    /* Both sides authorized their end during the handshake (see the states above);
+     * again here, a no-op, so that no path reaches UP unauthorized. */
+    ret = kvt_tp_ep_authorize(l->ep);
+    if (ret < 0) {
+        kvt_warn(MOD, "link to node %llu: authorize: %s", (unsigned long long)l->peer_id,
+                 strerror(-ret));
+        link_close(p, l);
+        return;
+    }
     l->state = LINK_UP;
     l->deadline_ns = 0;
     p->n_up++;
@@ -569,6 +584,12 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
         ret = kvt_auth_proof(p->secret, p->secret_len, KVT_AUTH_CLIENT, &ap, out.u.hello.proof);
         if (ret == 0)
             ret = send_msg(p, l, &out);
+        /* The server has proven the secret: it may READ ours. Authorizing now, not
+         * at AUTH_OK, lets a transport that exchanges its data-plane addresses at
+         * authorize (UCX) do so while the server checks our proof; the server's
+         * AUTH_OK may travel on that data plane. */
+        if (ret == 0)
+            ret = kvt_tp_ep_authorize(l->ep);
         if (ret < 0) {
             kvt_warn(MOD, "AUTH to node %llu: %s", (unsigned long long)l->peer_id, strerror(-ret));
             link_close(p, l);
@@ -587,8 +608,13 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
             refuse(p, l, KVT_WIRE_R_AUTH);
             return;
         }
-        kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
-        ret = send_msg(p, l, &out);
+        /* Authorized before AUTH_OK goes out: a client may READ as soon as it has
+         * it (link_up's own call is then a no-op). */
+        ret = kvt_tp_ep_authorize(l->ep);
+        if (ret == 0) {
+            kvt_wire_msg_init(&out, KVT_WIRE_AUTH_OK);
+            ret = send_msg(p, l, &out);
+        }
         if (ret < 0) {
             kvt_warn(MOD, "AUTH_OK to node %llu: %s", (unsigned long long)l->peer_id,
                      strerror(-ret));
@@ -748,12 +774,25 @@ static void tp_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t l
         kvt_wire_msg_free(&m);
 }
 
+/* The transport asks before it serves a READ: only links that are UP, then the
+ * owner's may_read (grants), if any. */
+static bool tp_may_read(void *arg, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr, uint64_t off,
+                        uint64_t len)
+{
+    struct kvt_peers *p = arg;
+    struct peer_link *l = ep->user;
+
+    if (l == NULL || l->p != p || l->state != LINK_UP || p->destroying)
+        return false;
+    return p->h.may_read == NULL || p->h.may_read(p->h.arg, l->peer_id, ep, mr, off, len);
+}
+
 /* ---- timers ---- */
 
 static bool seed_is_self(const struct kvt_peers *p, const struct peers_seed *s)
 {
-    return s->port == p->port &&
-           (strcmp(s->host, p->advertise) == 0 || strcmp(s->host, p->listen_addr) == 0);
+    return (s->port == p->advertise_port && strcmp(s->host, p->advertise) == 0) ||
+           (s->port == p->port && strcmp(s->host, p->listen_addr) == 0);
 }
 
 static bool seed_linked(struct kvt_peers *p, size_t i)
@@ -948,8 +987,12 @@ int kvt_peers_create(const struct kvt_peers_config *cfg, struct kvt_peers **p_p)
     if (tc.backend == NULL)
         tc.backend = "ucx";
     kvt_transport_config_defaults(&tc);
-    tc.cb = (struct kvt_tp_callbacks){
-        .on_accept = tp_on_accept, .on_ep_state = tp_on_ep_state, .on_msg = tp_on_msg, .arg = p};
+    tc.cb = (struct kvt_tp_callbacks){.on_accept = tp_on_accept,
+                                      .on_ep_state = tp_on_ep_state,
+                                      .on_msg = tp_on_msg,
+                                      .may_read = tp_may_read,
+                                      .arg = p};
+    tc.local_addr = p->listen_addr; /* UCX's own tcp interfaces: on that device only */
     p->max_msg = tc.max_msg_bytes;
     ret = kvt_tp_open(&tc, &p->tp);
     if (ret < 0) {
@@ -961,10 +1004,11 @@ int kvt_peers_create(const struct kvt_peers_config *cfg, struct kvt_peers **p_p)
         kvt_error(MOD, "listen on %s:%u: %s", p->listen_addr, cfg->listen_port, strerror(-ret));
         goto err_tp;
     }
+    p->advertise_port = cfg->advertise_port != 0 ? cfg->advertise_port : p->port;
     p->next_tick_ns = kvt_now_ns(); /* the first progress dials the seeds */
-    kvt_info(MOD, "node %llu (incarnation %llu) listening on %s:%u, %zu seed(s)",
+    kvt_info(MOD, "node %llu (incarnation %llu) listening on %s:%u, known as %s:%u, %zu seed(s)",
              (unsigned long long)p->self, (unsigned long long)p->incarnation, p->listen_addr,
-             p->port, p->n_seeds);
+             p->port, p->advertise, p->advertise_port, p->n_seeds);
     *p_p = p;
     return 0;
 
@@ -1148,6 +1192,12 @@ int kvt_peers_link_peer(struct kvt_peers *p, struct kvt_tp_ep *ep, uint64_t *nod
     return 0;
 }
 
+/* The transport's refusal counters into p->counts.tp. */
+static void peers_tp_counts(struct kvt_peers *p)
+{
+    (void)kvt_tp_get_counters(p->tp, &p->counts.tp);
+}
+
 /* Adds counter name{label} += v, or sets a gauge; keeps the first error in *ret. */
 static void stat_put(struct kvt_stats *out, bool gauge, const char *name, const char *label,
                      uint64_t v, int *ret)
@@ -1181,6 +1231,10 @@ int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out)
             stat_put(out, false, "peers_refused", reason_name(i), d, &ret);
     }
     stat_put(out, false, "peers_malformed", NULL, c->malformed - r->malformed, &ret);
+    peers_tp_counts(p);
+    for (unsigned i = 0; i < KVT_TP_N_REFUSALS; i++)
+        stat_put(out, false, "peers_net_refused", kvt_tp_refusal_name(i),
+                 c->tp.refused[i] - r->tp.refused[i], &ret);
     stat_put(out, false, "peers_links_closed", NULL, c->links_closed - r->links_closed, &ret);
     stat_put(out, true, "peers_live", NULL, kvt_members_live(p->members, ids, KVT_ARRAY_SIZE(ids)),
              &ret);
@@ -1194,4 +1248,5 @@ int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out)
 void kvt_peers_counts(const struct kvt_peers *p, struct kvt_peers_counts *out)
 {
     *out = p->counts;
+    (void)kvt_tp_get_counters(p->tp, &out->tp);
 }

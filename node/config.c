@@ -27,6 +27,7 @@
 #include <strings.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <arpa/inet.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -87,6 +88,10 @@ static const struct key_def keys[] = {
      "node identity; default: a hash of the host name and network.port"},
     {"node.namespace", T_STR, F(node_namespace), 0, "default", 1, 63, NULL, 0,
      "cache namespace; only nodes (and engines) of one namespace share chunks"},
+    {"node.model_fingerprint", T_STR, F(node_model_fingerprint), 0, "", 1, 255, NULL, K_OPTIONAL,
+     "the model (and KV layout) this node's chunks are of, as its engines declare it; an "
+     "engine declaring another is refused, the storage tier drops files of another at start; "
+     "unset: the first engine that declares one sets it"},
     {"node.group", T_STR, F(node_group), 0, "", 1, 255, NULL, K_OPTIONAL,
      "group (name or number) that may enter the runtime folders of primary.path and "
      "engine.socket, for engines of other users; unset: the folders are 0700"},
@@ -121,6 +126,12 @@ static const struct key_def keys[] = {
      "transport between peers"},
     {"network.listen", T_STR, F(network_listen), 0, "127.0.0.1", 1, 255, NULL, K_ADDR,
      "address the network tier listens on"},
+    {"network.advertise", T_STR, F(network_advertise), 0, "", 1, 255, NULL, K_ADDR | K_OPTIONAL,
+     "address peers reach this node at (default network.listen; required when that is a "
+     "wildcard such as 0.0.0.0 or ::)"},
+    {"network.advertise_port", T_PORT, F(network_advertise_port), 0, "0", 0, 65535, NULL, 0,
+     "port peers dial to reach this node (0 = network.port; differs behind a port "
+     "forward)"},
     {"network.port", T_PORT, F(network_port), 0, "7170", 0, 65535, NULL, 0,
      "port of the network tier; 0 = any free port (then node.id must be set)"},
     {"network.peers", T_PEERS, F(network_peers), F(n_network_peers), "", 0, PEERS_MAX, NULL,
@@ -133,6 +144,12 @@ static const struct key_def keys[] = {
      "interval of heartbeats to peers, in ms (< network.lease_ms)"},
     {"network.heartbeat_misses", T_U32, F(network_heartbeat_misses), 0, "3", 1, 1000, NULL, 0,
      "heartbeats a peer may miss before it counts as down"},
+    {"network.keys_per_fetch", T_U32, F(network_keys_per_fetch), 0, "64", 1, 256, NULL, 0,
+     "keys asked of one peer in one FETCH"},
+    {"network.fetches_per_peer", T_U32, F(network_fetches_per_peer), 0, "4", 1, 1024, NULL, 0,
+     "FETCHes out to one peer at once (the rest wait their turn, their deadline not started)"},
+    {"network.reads_per_batch", T_U32, F(network_reads_per_batch), 0, "8", 1, 256, NULL, 0,
+     "one-sided READs of pulled chunks posted together (8 rows of 256 KiB fit a 2 MiB L2)"},
     {"cluster.secret_file", T_PATH, F(cluster_secret_file), 0, "", 1, PATH_MAX - 1, NULL,
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
     {"engine.socket", T_PATH, F(engine_socket), 0, "/run/kvtier/{id}/engine.sock", 1, 107, NULL, 0,
@@ -528,13 +545,21 @@ static int set_string(struct kvt_config *cfg, const struct key_def *k, const cha
         snprintf(why, why_len, "longer than %" PRIu64 " characters", k->max);
         return -EINVAL;
     }
-    if ((k->flags & K_ADDR) && !valid_host(s, len, strchr(s, ':') != NULL)) {
+    if ((k->flags & K_ADDR) && len != 0 && !valid_host(s, len, strchr(s, ':') != NULL)) {
         snprintf(why, why_len, "\"%s\" is not a host name or address", s);
         return -EINVAL;
     }
     if (k->off == F(engine_socket_group) && len != 0 && !valid_group(s)) {
         snprintf(why, why_len, "\"%s\" is not a group of this host", s);
         return -EINVAL;
+    }
+    if (k->off == F(node_model_fingerprint)) {
+        for (size_t i = 0; i < len; i++) {
+            if ((unsigned char)s[i] < 0x20 || s[i] == 0x7f) {
+                snprintf(why, why_len, "a control character at offset %zu", i);
+                return -EINVAL;
+            }
+        }
     }
     if (k->off == F(node_namespace) && !valid_namespace(s)) {
         snprintf(why, why_len, "\"%s\" may hold only letters, digits, '.', '-' and '_'", s);
@@ -1132,6 +1157,25 @@ static int check_group(struct loader *ld)
 
 /* Of two keys that disagree, the one to name: the one set last (a --set after the
  * file, a later line), else the one that was set at all, else a. */
+/* A numeric address that means "every address" (0.0.0.0, ::, [::]). */
+static bool is_wildcard(const char *addr)
+{
+    unsigned char a[sizeof(struct in6_addr)] = {0}, zero[sizeof(a)] = {0};
+    char buf[INET6_ADDRSTRLEN + 2];
+    size_t len = strlen(addr);
+
+    if (len >= 2 && addr[0] == '[' && addr[len - 1] == ']' && len - 2 < sizeof(buf)) {
+        memcpy(buf, addr + 1, len - 2);
+        buf[len - 2] = '\0';
+        addr = buf;
+    }
+    if (inet_pton(AF_INET, addr, a) == 1)
+        return memcmp(a, zero, sizeof(struct in_addr)) == 0;
+    if (inet_pton(AF_INET6, addr, a) == 1)
+        return memcmp(a, zero, sizeof(a)) == 0;
+    return false;
+}
+
 static const char *blame(const struct loader *ld, const char *a, const char *b)
 {
     int oa = origin_of(ld, a), ob = origin_of(ld, b);
@@ -1200,6 +1244,16 @@ static int finish(struct loader *ld)
                     "network.heartbeat_ms %u is not below network.lease_ms %u",
                     c->network_heartbeat_ms, c->network_lease_ms);
     }
+    /* Peers are told the address to reach this node at: never a wildcard. */
+    if (c->network_enabled && c->network_advertise != NULL && is_wildcard(c->network_advertise))
+        return fail(ld, origin_of(ld, "network.advertise"), "network.advertise",
+                    "'%s' is a wildcard: name the address peers reach this node at",
+                    c->network_advertise);
+    if (c->network_enabled && c->network_advertise == NULL && is_wildcard(c->network_listen))
+        return fail(ld, origin_of(ld, "network.listen"), "network.listen",
+                    "'%s' listens on every address; set network.advertise to the one peers "
+                    "reach this node at",
+                    c->network_listen);
     if (c->network_enabled && c->metrics_port != 0 && c->metrics_port == c->network_port &&
         strcmp(c->metrics_listen, c->network_listen) == 0) {
         key = blame(ld, "metrics.port", "network.port");
@@ -1227,6 +1281,54 @@ void kvt_config_free(struct kvt_config *cfg)
             free_peers(*FIELD(cfg, k, char **), *FIELD2(cfg, k, size_t));
     }
     memset(cfg, 0, sizeof(*cfg));
+}
+
+int kvt_config_copy(struct kvt_config *dst, const struct kvt_config *src)
+{
+    struct kvt_config c = *src;
+    size_t done;
+
+    /* Fields first, then every owned string and list replaced by a copy of its own. */
+    for (done = 0; done < N_KEYS; done++) {
+        const struct key_def *k = &keys[done];
+
+        if (k->type == T_STR || k->type == T_PATH) {
+            const char *from = *FIELD(src, k, char *);
+            char *to = from != NULL ? kvt_strdup(from) : NULL;
+
+            if (from != NULL && to == NULL)
+                break;
+            *FIELD(&c, k, char *) = to;
+        } else if (k->type == T_PEERS) {
+            size_t n = *FIELD2(src, k, size_t);
+            char **from = *FIELD(src, k, char **), **to = NULL;
+            size_t i = 0;
+
+            if (n > 0 && (to = kvt_calloc(n, sizeof(*to))) == NULL)
+                break;
+            for (; i < n && (to[i] = kvt_strdup(from[i])) != NULL; i++)
+                ;
+            if (i < n) {
+                free_peers(to, i);
+                break;
+            }
+            *FIELD(&c, k, char **) = to;
+        }
+    }
+    if (done < N_KEYS) {
+        /* Free what was copied: the keys before the one that failed. */
+        for (size_t i = 0; i < done; i++) {
+            const struct key_def *k = &keys[i];
+
+            if (k->type == T_STR || k->type == T_PATH)
+                kvt_free(*FIELD(&c, k, char *));
+            else if (k->type == T_PEERS)
+                free_peers(*FIELD(&c, k, char **), *FIELD2(&c, k, size_t));
+        }
+        return -ENOMEM;
+    }
+    *dst = c;
+    return 0;
 }
 
 static int load_defaults(struct kvt_config *cfg)

@@ -45,7 +45,19 @@
  * max_event_keys keys; past it the oldest events are dropped (and counted): the
  * newest say what the primary holds now, the oldest are the likeliest to be stale
  * (evicted since), and an engine that never takes events then costs a bounded
- * amount instead of ~150 bytes per chunk ever stored. */
+ * amount instead of ~150 bytes per chunk ever stored.
+ *
+ * HELLO and the model fingerprint: the node's (cfg.fingerprint, or the first an engine
+ * declares, handed to fingerprint_set once) is compared with the engine's; another is
+ * refused with an ERROR frame that names both. Every ERROR frame says why in its
+ * message, so that the client library can tell its caller.
+ *
+ * RESET runs kvt_manager_reset_all when no client holds anything the manager's reset
+ * would wipe under it: pins (its rows would be reused while it copies out), prepared
+ * stores (the write-pending rows are freed) or load jobs waiting for a promotion.
+ * Otherwise -EBUSY and nothing changes - what vLLM's reset_prefix_cache does while
+ * blocks are in use, rather than waiting for engines that may never let go. Requests
+ * stay; the queued events go with the chunks they describe. */
 #include <assert.h>
 #include <errno.h>
 #include <grp.h>
@@ -93,6 +105,9 @@ _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, by
 _Static_assert(sizeof(struct kvtier_tier_matcher) == sizeof(struct kvt_tier_matcher),
                "matcher layouts differ");
 _Static_assert(KVTIER_HIST_BUCKETS == KVT_HIST_BUCKETS, "histogram buckets differ");
+_Static_assert(sizeof(((struct kvtier_hist_bounds *)0)->bound) ==
+                   sizeof(((struct kvt_hist_layout *)0)->bounds),
+               "histogram bounds differ");
 _Static_assert(KVTIER_STAT_NAME_MAX == KVT_STAT_NAME_MAX, "stat names differ");
 _Static_assert(KVTIER_STAT_LABEL_MAX == KVT_STAT_LABEL_MAX, "stat labels differ");
 
@@ -157,10 +172,15 @@ struct kvt_engine_server {
     struct kvt_engine_server_counters ctr;
     void (*collect_stats)(void *arg);
     int (*total_stats)(void *arg, struct kvt_stats *out);
+    int (*fingerprint_set)(void *arg, const char *fp);
+    int (*peers)(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_p);
     void *collect_arg;
-    struct kvt_req_ctx *anon_ctx;      /* touch/loads that name no request */
-    struct kvt_store_output store_out; /* prepare_store's, reused */
-    struct kvt_events evq;             /* queued for take_events: ev[evq_head..n) */
+    char fingerprint[KVTIER_FINGERPRINT_MAX + 1]; /* the node's, "" while none */
+    char why[KVT_EPROTO_MSG_MAX + 1];             /* a refused HELLO's reason */
+    bool why_counted;                             /* ... counted already, by reason */
+    struct kvt_req_ctx *anon_ctx;                 /* touch/loads that name no request */
+    struct kvt_store_output store_out;            /* prepare_store's, reused */
+    struct kvt_events evq;                        /* queued for take_events: ev[evq_head..n) */
     size_t evq_head;
     uint64_t evq_keys;     /* keys of ev[evq_head..n), an event counting at least 1 */
     struct kvt_events evs; /* take_events', until its reply is encoded */
@@ -192,6 +212,8 @@ static const char *const refusal_names[KVT_EREF_COUNT] = {
     [KVT_EREF_OUTPUT_FULL] = "output_full",
     [KVT_EREF_EVENTS_DROPPED] = "events_dropped",
     [KVT_EREF_RING] = "ring",
+    [KVT_EREF_FINGERPRINT] = "fingerprint",
+    [KVT_EREF_RESET_BUSY] = "reset_busy",
 };
 
 const char *kvt_engine_refusal_name(enum kvt_engine_refusal r)
@@ -464,7 +486,8 @@ static int queue(struct eclient *c, const struct kvt_emsg *m)
     return kvt__emsg_encode(m, &c->out);
 }
 
-/* Queues an ERROR frame (best effort) and marks the client for closing. */
+/* Queues an ERROR frame (best effort) with why as its message, and marks the client
+ * for closing. */
 static void refuse(struct eclient *c, int err, const char *why)
 {
     struct kvt_emsg m;
@@ -472,7 +495,8 @@ static void refuse(struct eclient *c, int err, const char *why)
     kvt__emsg_init(&m);
     m.op = KVT_EOP_ERROR | KVT_EOP_REPLY;
     m.rc = err;
-    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_RC;
+    snprintf(m.message, sizeof(m.message), "%s", why);
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_RC | 1u << KVT_EF_MESSAGE;
     queue(c, &m);
     c->closing = true;
     c->closing_ns = kvt_now_ns();
@@ -594,13 +618,57 @@ static void ring_attach(struct kvt_engine_server *s, struct eclient *c, struct k
     r->has |= 1u << KVT_EF_FLAGS;
 }
 
+/* The engine's fingerprint against the node's: 0 (accepted; the node's set by it
+ * when it had none), or -EKEYREJECTED / fingerprint_set's error with s->why set. */
+static int hello_fingerprint(struct kvt_engine_server *s, struct eclient *c,
+                             const struct kvt_emsg *q)
+{
+    const char *fp = q->fingerprint;
+    int rc;
+
+    if (!kvt__emsg_has(q, KVT_EF_FINGERPRINT) || fp[0] == '\0')
+        return 0; /* declares none: a tool, or an engine of an earlier version */
+    if (s->fingerprint[0] == '\0') {
+        rc = s->fingerprint_set != NULL ? s->fingerprint_set(s->collect_arg, fp) : 0;
+        if (rc < 0) {
+            count(s, KVT_EREF_FINGERPRINT);
+            s->why_counted = true;
+            snprintf(s->why, sizeof(s->why), "the node cannot take the model fingerprint '%s': %s",
+                     fp, strerror(-rc));
+            return rc;
+        }
+        snprintf(s->fingerprint, sizeof(s->fingerprint), "%s", fp);
+        kvt_info(MOD, "client %llu (%s): the node's model fingerprint is now %s",
+                 (unsigned long long)c->id, c->name, KVT_LOG_STR(fp));
+        return 0;
+    }
+    if (strcmp(fp, s->fingerprint) == 0)
+        return 0;
+    count(s, KVT_EREF_FINGERPRINT);
+    s->why_counted = true;
+    snprintf(s->why, sizeof(s->why),
+             "model fingerprint mismatch: the engine declares '%s', the node serves '%s' "
+             "(node.model_fingerprint, or the first engine's); its chunks are not this "
+             "engine's",
+             fp, s->fingerprint);
+    return -EKEYREJECTED;
+}
+
 static int op_hello(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
                     struct kvt_emsg *r)
 {
-    if (!kvt__emsg_has(q, KVT_EF_MAJOR) || q->major != KVTIER_PROTO_MAJOR)
+    int rc;
+
+    if (!kvt__emsg_has(q, KVT_EF_MAJOR) || q->major != KVTIER_PROTO_MAJOR) {
+        snprintf(s->why, sizeof(s->why), "protocol major %llu, the node speaks %d",
+                 (unsigned long long)q->major, KVTIER_PROTO_MAJOR);
         return -EPROTO;
+    }
     /* The name is the engine's to choose: kept only in its log-safe form. */
     kvt_log_escape(c->name, sizeof(c->name), q->name[0] ? q->name : "engine");
+    rc = hello_fingerprint(s, c, q);
+    if (rc < 0)
+        return rc;
     c->hello_done = true;
     s->n_new--;
     memcpy(r->geom, s->geom, sizeof(s->geom));
@@ -609,6 +677,10 @@ static int op_hello(struct kvt_engine_server *s, struct eclient *c, const struct
     r->major = KVTIER_PROTO_MAJOR;
     r->minor = KVTIER_PROTO_MINOR;
     r->has |= 1u << KVT_EF_GEOM | 1u << KVT_EF_MAJOR | 1u << KVT_EF_MINOR;
+    if (s->fingerprint[0] != '\0') {
+        memcpy(r->fingerprint, s->fingerprint, sizeof(r->fingerprint));
+        r->has |= 1u << KVT_EF_FINGERPRINT;
+    }
     c->fd_to_send = true;
     if (kvt__emsg_has(q, KVT_EF_FLAGS) && (q->flags & KVT_HELLO_RING) && s->ring_bytes > 0)
         ring_attach(s, c, r); /* without one the engine uses the socket */
@@ -975,7 +1047,8 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
     }
     if (rc == 0) {
         r->stats = kvt_calloc(st.n ? st.n : 1, sizeof(*r->stats));
-        if (r->stats == NULL)
+        r->stat_bounds = kvt_calloc(st.n ? st.n : 1, sizeof(*r->stat_bounds));
+        if (r->stats == NULL || r->stat_bounds == NULL)
             rc = -ENOMEM;
     }
     if (rc == 0) {
@@ -991,11 +1064,19 @@ static int op_get_stats(struct kvt_engine_server *s, struct eclient *c, const st
             o->count = in->count;
             o->sum = in->sum;
             memcpy(o->buckets, in->buckets, sizeof(o->buckets));
+            if (in->kind == KVT_METRIC_HISTOGRAM) {
+                const struct kvt_hist_layout *l =
+                    in->layout != NULL ? in->layout : kvt_hist_layout_of(in->name);
+
+                r->stat_bounds[i].n = (uint32_t)l->n;
+                memcpy(r->stat_bounds[i].bound, l->bounds, l->n * sizeof(l->bounds[0]));
+            }
         }
         r->n_stats = (uint32_t)st.n;
+        /* Each histogram's own bounds, and the default ones for older clients. */
         memcpy(r->bounds, kvt_hist_bounds, sizeof(r->bounds));
         r->n_bounds = KVTIER_HIST_BUCKETS;
-        r->has |= 1u << KVT_EF_STATS | 1u << KVT_EF_BOUNDS;
+        r->has |= 1u << KVT_EF_STATS | 1u << KVT_EF_BOUNDS | 1u << KVT_EF_STAT_BOUNDS;
     }
     kvt_stats_cleanup(&st);
     return rc;
@@ -1020,6 +1101,87 @@ static int op_jobs(struct kvt_engine_server *s, struct eclient *c, const struct 
     return kvt__ejobs_step(c->jobs, q, r, s->lim.max_keys);
 }
 
+/* What of x a reset would wipe under it, or NULL. */
+static const char *holds(const struct eclient *x)
+{
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    if (kvt_map_size(&x->pins) > 0)
+        return "pins";
+    while (kvt_map_next(&x->reqs, &it, &e)) {
+        const struct ereq *r = e->value;
+
+        if (r->pending_stores > 0 || kvt_map_size(&r->writing) > 0)
+            return "prepared stores";
+    }
+    if (x->jobs != NULL && kvt__ejobs_waiting(x->jobs))
+        return "load jobs waiting";
+    return NULL;
+}
+
+static int op_reset(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
+                    struct kvt_emsg *r)
+{
+    int rc;
+
+    for (struct eclient *x = s->clients; x != NULL; x = x->next) {
+        const char *what = x->hello_done ? holds(x) : NULL;
+
+        if (what != NULL) {
+            count(s, KVT_EREF_RESET_BUSY);
+            kvt_info(MOD, "client %llu (%s): reset refused, client %llu (%s) holds %s",
+                     (unsigned long long)c->id, c->name, (unsigned long long)x->id, x->name, what);
+            return -EBUSY;
+        }
+    }
+    rc = kvt_manager_reset_all(s->m);
+    /* The chunks the queued events describe are gone (whatever a tier said). */
+    for (size_t i = s->evq_head; i < s->evq.n; i++)
+        kvt_free(s->evq.ev[i].keys);
+    s->evq.n = s->evq_head = 0;
+    s->evq_keys = 0;
+    s->ctr.resets++;
+    if (rc == 0)
+        kvt_info(MOD, "client %llu (%s, pid %d) reset the node's cache", (unsigned long long)c->id,
+                 c->name, (int)c->pid);
+    else
+        kvt_error(MOD, "client %llu (%s): reset: %s", (unsigned long long)c->id, c->name,
+                  strerror(-rc));
+    return rc;
+}
+
+static int op_pending(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
+                      struct kvt_emsg *r)
+{
+    r->flags = 0;
+    if (kvt_manager_has_pending_work(s->m))
+        r->flags |= KVT_EPENDING_NODE;
+    if (c->jobs != NULL && kvt__ejobs_unreported(c->jobs))
+        r->flags |= KVT_EPENDING_CLIENT;
+    r->has |= 1u << KVT_EF_FLAGS;
+    return 0;
+}
+
+static int op_peers(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
+                    struct kvt_emsg *r)
+{
+    size_t cap = 1024, n = 0;
+    int rc;
+
+    if (s->peers == NULL)
+        return -EOPNOTSUPP;
+    r->peers = kvt_calloc(cap, sizeof(*r->peers));
+    if (r->peers == NULL)
+        return -ENOMEM;
+    rc = s->peers(s->collect_arg, r->peers, cap, &n);
+    if (rc < 0)
+        return rc;
+    r->n_peers = (uint32_t)KVT_MIN(n, cap);
+    r->has |= 1u << KVT_EF_PEERS;
+    return 0;
+}
+
 typedef int (*op_fn)(struct kvt_engine_server *, struct eclient *, const struct kvt_emsg *,
                      struct kvt_emsg *);
 
@@ -1038,6 +1200,9 @@ static const op_fn ops[KVT_EOP_MAX_REQUEST + 1] = {
     [KVT_EOP_GET_STATS] = op_get_stats,
     [KVT_EOP_ATTACH] = op_attach,
     [KVT_EOP_JOBS] = op_jobs,
+    [KVT_EOP_RESET] = op_reset,
+    [KVT_EOP_PENDING] = op_pending,
+    [KVT_EOP_PEERS] = op_peers,
 };
 
 /* Executes one frame body (from the socket or the ring) and encodes its reply into
@@ -1054,7 +1219,9 @@ static void exec_frame(struct kvt_engine_server *s, struct eclient *c, const uin
             s->ctr.oversized++;
         else if (rc != -ENOMEM)
             s->ctr.malformed++;
-        refuse(c, rc, rc == -ENOMEM ? "no memory to decode a request" : "bad request");
+        refuse(c, rc,
+               rc == -ENOMEM ? "no memory to decode a request"
+                             : "bad request (malformed or over a limit)");
         return;
     }
     if (q.op < 1 || q.op > KVT_EOP_MAX_REQUEST || !kvt__emsg_has(&q, KVT_EF_SEQ) ||
@@ -1066,10 +1233,14 @@ static void exec_frame(struct kvt_engine_server *s, struct eclient *c, const uin
     }
     s->ctr.requests++;
     kvt__emsg_init(&r);
+    s->why[0] = '\0';
+    s->why_counted = false;
     rc = ops[q.op](s, c, &q, &r);
     if (q.op == KVT_EOP_HELLO && rc < 0) {
-        s->ctr.malformed++;
-        refuse(c, rc, "incompatible hello");
+        if (!s->why_counted)
+            s->ctr.malformed++;
+        refuse(c, rc, s->why[0] ? s->why : "incompatible hello");
+        kvt__emsg_free(&r);
         kvt__emsg_free(&q);
         return;
     }
@@ -1613,7 +1784,9 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
 
     if (cfg == NULL || cfg->socket_path == NULL || cfg->manager == NULL ||
         strlen(cfg->socket_path) == 0 || strlen(cfg->socket_path) >= sizeof(sa.sun_path) ||
-        cfg->socket_mode > 0777)
+        cfg->socket_mode > 0777 ||
+        (cfg->fingerprint != NULL &&
+         (cfg->fingerprint[0] == '\0' || strlen(cfg->fingerprint) > KVTIER_FINGERPRINT_MAX)))
         return -EINVAL;
     mode = cfg->socket_mode ? (mode_t)cfg->socket_mode : 0660;
     if (cfg->socket_group != NULL && resolve_group(cfg->socket_group, &gid) != 0) {
@@ -1633,7 +1806,11 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->m = cfg->manager;
     s->collect_stats = cfg->collect_stats;
     s->total_stats = cfg->total_stats;
+    s->fingerprint_set = cfg->fingerprint_set;
+    s->peers = cfg->peers;
     s->collect_arg = cfg->collect_arg;
+    if (cfg->fingerprint != NULL)
+        snprintf(s->fingerprint, sizeof(s->fingerprint), "%s", cfg->fingerprint);
     s->region_fd = region->fd;
     snprintf(s->path, sizeof(s->path), "%s", cfg->socket_path);
     kvt__eproto_limits_default(&s->lim);
@@ -1646,6 +1823,7 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->lim.max_params = s->lim.max_body;
     s->lim.max_events = 0; /* requests carry none */
     s->lim.max_stats = 0;
+    s->lim.max_peers = 0;
     s->max_clients = cfg->max_clients ? cfg->max_clients : 64;
     s->max_requests = cfg->max_requests ? cfg->max_requests : 4096;
     s->max_params = cfg->max_params_bytes ? cfg->max_params_bytes : 64u << 10;

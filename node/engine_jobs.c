@@ -368,6 +368,16 @@ out:
     return e->n_waiting == 0;
 }
 
+bool kvt__ejobs_waiting(const struct kvt_ejobs *j)
+{
+    return j->waiting != NULL;
+}
+
+bool kvt__ejobs_unreported(const struct kvt_ejobs *j)
+{
+    return j->waiting != NULL || j->done != NULL;
+}
+
 bool kvt__ejobs_progress(struct kvt_ejobs *j)
 {
     struct ejob **pp = &j->waiting;

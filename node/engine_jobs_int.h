@@ -34,6 +34,11 @@ int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_em
  * whether some wait still. */
 bool kvt__ejobs_progress(struct kvt_ejobs *j);
 
+/* Whether load jobs wait for a chunk (a reset would wipe what they wait for). */
+bool kvt__ejobs_waiting(const struct kvt_ejobs *j);
+/* Whether jobs are waiting or finished and not yet reported. */
+bool kvt__ejobs_unreported(const struct kvt_ejobs *j);
+
 /* Fails nothing (the client is gone): drops the jobs, finishes the request,
  * unmaps the region. NULL is ignored. */
 void kvt__ejobs_destroy(struct kvt_ejobs *j);

@@ -6,10 +6,11 @@
  * together after its "# HELP" and "# TYPE" lines, in the order the names first appear
  * (the tiering stats first, then the node's samples). Histograms come out as the
  * format wants them: cumulative "_bucket" series with an "le" label ending at "+Inf"
- * (kvt_stats keeps per-bucket counts and a last bound that stands for infinity), then
- * "_sum" and "_count". The text is built in a private buffer that is handed over only
- * when complete, so an error leaves nothing behind. Families are found by scanning
- * (quadratic in the number of series): a node has a few hundred at most. */
+ * (kvt_stats keeps per-bucket counts; each metric's bounds are its own,
+ * kvt_hist_layout_of), then "_sum" and "_count". The text is built in a private buffer
+ * that is handed over only when complete, so an error leaves nothing behind. Families
+ * are found by scanning (quadratic in the number of series): a node has a few hundred
+ * at most. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -344,25 +345,40 @@ static void family_head(struct buf *b, const char *name, const char *help,
     buf_printf(b, "\n# TYPE %s %s\n", name, type_word(kind));
 }
 
-/* name{label_name="label_value"[,le="..."]} (no braces when there is no label). */
-static void series(struct buf *b, const char *name, const char *suffix, const char *label_name,
-                   const char *label_value, const char *le)
+static void label(struct buf *b, const char *name, const char *value, bool comma)
+{
+    buf_printf(b, "%s%s=\"", comma ? "," : "", name);
+    buf_escaped(b, value, true);
+    buf_puts(b, "\"");
+}
+
+/* name{label_name="label_value"[,label2_name="label2_value"][,le="..."]} (no braces
+ * when there is no label). */
+static void series2(struct buf *b, const char *name, const char *suffix, const char *label_name,
+                    const char *label_value, const char *label2_name, const char *label2_value,
+                    const char *le)
 {
     bool has = label_name != NULL && label_value != NULL;
+    bool has2 = has && label2_name != NULL && label2_value != NULL;
 
     buf_puts(b, name);
     buf_puts(b, suffix);
     if (!has && le == NULL)
         return;
     buf_puts(b, "{");
-    if (has) {
-        buf_printf(b, "%s=\"", label_name);
-        buf_escaped(b, label_value, true);
-        buf_puts(b, "\"");
-    }
+    if (has)
+        label(b, label_name, label_value, false);
+    if (has2)
+        label(b, label2_name, label2_value, true);
     if (le != NULL)
         buf_printf(b, "%sle=\"%s\"", has ? "," : "", le);
     buf_puts(b, "}");
+}
+
+static void series(struct buf *b, const char *name, const char *suffix, const char *label_name,
+                   const char *label_value, const char *le)
+{
+    series2(b, name, suffix, label_name, label_value, NULL, NULL, le);
 }
 
 static void render_stat(struct buf *b, const char *name, const struct kvt_stat *st)
@@ -383,16 +399,21 @@ static void render_stat(struct buf *b, const char *name, const struct kvt_stat *
         buf_puts(b, "\n");
         return;
     }
+    /* The metric's own buckets (kvt_hist_layout_of), then +Inf. */
+    const struct kvt_hist_layout *l = st->layout ? st->layout : kvt_hist_layout_of(st->name);
     uint64_t cum = 0;
 
-    for (size_t i = 0; i < KVT_HIST_BUCKETS; i++) {
+    for (size_t i = 0; i <= l->n; i++) {
         char le[40];
 
         cum += st->buckets[i];
-        if (i == KVT_HIST_BUCKETS - 1)
-            snprintf(le, sizeof(le), "+Inf"); /* the last bound stands for infinity */
-        else
-            fmt_value(kvt_hist_bounds[i], le, sizeof(le));
+        if (i == l->n) {
+            for (size_t j = i + 1; j < KVT_HIST_BUCKETS; j++)
+                cum += st->buckets[j]; /* none: the layout has no bucket there */
+            snprintf(le, sizeof(le), "+Inf");
+        } else {
+            fmt_value(l->bounds[i], le, sizeof(le));
+        }
         series(b, name, "_bucket", ln, lv, le);
         buf_printf(b, " %llu\n", (unsigned long long)cum);
     }
@@ -445,6 +466,12 @@ static int check_sample(const struct kvt_prom_sample *s)
         return -EINVAL;
     if (s->label_name != NULL && !valid_label_name(s->label_name))
         return -EINVAL;
+    if ((s->label2_name == NULL) != (s->label2_value == NULL))
+        return -EINVAL;
+    if (s->label2_name != NULL &&
+        (s->label_name == NULL || !valid_label_name(s->label2_name) ||
+         strcmp(s->label2_name, s->label_name) == 0 || strcmp(s->label2_name, "le") == 0))
+        return -EINVAL;
     return 0;
 }
 
@@ -462,7 +489,9 @@ static int render_samples(struct buf *b, struct names *ns, const struct kvt_prom
             if (strcmp(ss[j].name, ss[i].name) != 0)
                 continue;
             if (ss[j].kind != ss[i].kind || (same_str(ss[j].label_name, ss[i].label_name) &&
-                                             same_str(ss[j].label_value, ss[i].label_value)))
+                                             same_str(ss[j].label_value, ss[i].label_value) &&
+                                             same_str(ss[j].label2_name, ss[i].label2_name) &&
+                                             same_str(ss[j].label2_value, ss[i].label2_value)))
                 return -EINVAL; /* another kind, or the same series twice */
         }
     }
@@ -482,7 +511,8 @@ static int render_samples(struct buf *b, struct names *ns, const struct kvt_prom
         for (size_t j = i; j < n; j++) {
             if (strcmp(ss[j].name, ss[i].name) != 0)
                 continue;
-            series(b, name, "", ss[j].label_name, ss[j].label_value, NULL);
+            series2(b, name, "", ss[j].label_name, ss[j].label_value, ss[j].label2_name,
+                    ss[j].label2_value, NULL);
             buf_puts(b, " ");
             buf_value(b, ss[j].value);
             buf_puts(b, "\n");

@@ -873,6 +873,26 @@ int kvt_manager_reset_cache(struct kvt_manager *m)
     return 0;
 }
 
+int kvt_manager_reset_all(struct kvt_manager *m)
+{
+    int err = kvt_manager_reset_cache(m);
+
+    if (err != 0)
+        return err;
+    for (size_t i = 0; i < m->n_tiers; i++) {
+        int rc = kvt_tier_reset(m->tiers[i]);
+
+        if (rc == -EOPNOTSUPP) {
+            kvt_info(MOD, "reset: tier #%zu (%s) keeps its data (no reset)", i, m->tiers[i]->type);
+        } else if (rc != 0) {
+            kvt_error(MOD, "reset: tier #%zu (%s): %s", i, m->tiers[i]->type, strerror(-rc));
+            if (err == 0)
+                err = rc;
+        }
+    }
+    return err;
+}
+
 int kvt_manager_shutdown(struct kvt_manager *m)
 {
     int err = 0;

@@ -71,6 +71,8 @@ struct kvt_metrics {
                                      other context can take its address), */
     struct req_metrics *last_rm;  /* and its metrics */
     struct kvt_stats stats;
+    /* The buckets of the two delay histograms (vLLM's, by their names). */
+    const struct kvt_hist_layout *sync_layout, *async_layout;
 };
 
 int kvt_metrics_create(const char *const *tier_types, size_t n_tiers, size_t num_primary_chunks,
@@ -98,6 +100,8 @@ int kvt_metrics_create(const char *const *tier_types, size_t n_tiers, size_t num
         snprintf(mt->labels[i + 1], KVT_STAT_LABEL_MAX, "%zu:%s", i + 1, tier_types[i]);
     kvt_map_init(&mt->requests);
     kvt_stats_init(&mt->stats);
+    mt->sync_layout = kvt_hist_layout_of(KVT_M_LOOKUP_SYNC_DELAY);
+    mt->async_layout = kvt_hist_layout_of(KVT_M_LOOKUP_ASYNC_DELAY);
     *mt_p = mt;
     return 0;
 }
@@ -193,15 +197,11 @@ void kvt_metrics_on_request_finished(struct kvt_metrics *mt, const struct kvt_re
     }
 }
 
-static void hist_add(struct hist_acc *h, double v)
+static void hist_add(struct hist_acc *h, const struct kvt_hist_layout *l, double v)
 {
-    size_t b = 0;
-
-    while (b < KVT_HIST_BUCKETS - 1 && v > kvt_hist_bounds[b])
-        b++;
     h->count++;
     h->sum += v;
-    h->buckets[b]++;
+    h->buckets[kvt_hist_bucket(l, v)]++;
 }
 
 static void observe_resolved(struct kvt_metrics *mt, size_t label_idx,
@@ -211,9 +211,9 @@ static void observe_resolved(struct kvt_metrics *mt, size_t label_idx,
 
     a->queries++;
     a->hits += result == KVT_HIT;
-    hist_add(&a->sync_delay, dt_s);
+    hist_add(&a->sync_delay, mt->sync_layout, dt_s);
     if (start_s >= 0)
-        hist_add(&a->async_delay, kvt_now_s() - start_s);
+        hist_add(&a->async_delay, mt->async_layout, kvt_now_s() - start_s);
 }
 
 /* The request's metrics, created on first sight (Python's setdefault). */

@@ -746,18 +746,15 @@ static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
 static void pr_observe_alloc(struct kvt_primary *p, size_t n_new)
 {
     struct kvt_stat *s;
-    size_t b = 0;
 
     if (p->pending_stats.n != 1) {
         kvt_stats_observe(&p->pending_stats, KVT_M_CPU_ALLOC_SIZE, NULL, (double)n_new);
         return;
     }
     s = &p->pending_stats.s[0];
-    while (b < KVT_HIST_BUCKETS - 1 && (double)n_new > kvt_hist_bounds[b])
-        b++;
     s->count++;
     s->sum += (double)n_new;
-    s->buckets[b]++;
+    s->buckets[kvt_hist_bucket(s->layout, (double)n_new)]++;
 }
 
 /* Scratch of n entries for a prepare_store: victims (at most one per key), the

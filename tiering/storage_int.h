@@ -37,7 +37,7 @@
 #define ST_OFF_PAYLOAD 8
 #define ST_OFF_FLAGS   12
 #define ST_OFF_ROWLEN  16
-#define ST_OFF_NS      24
+#define ST_OFF_GEN     24 /* the folder's generation (ST_GEN_BYTES) */
 #define ST_OFF_KEY     56
 #define ST_OFF_NONCE   120 /* ST_NONCE_BYTES random, fresh for every file */
 #define ST_OFF_ROWTAG  136 /* GMAC of the row (ST_TAG_BYTES) */
@@ -46,6 +46,8 @@
 #define ST_TAG_BYTES   16
 #define ST_KEY_BYTES   32 /* AES-256 */
 #define ST_KEY_FILE    "storage.key"
+#define ST_GEN_BYTES   32
+#define ST_STATE_FILE  "STATE" /* in the namespace folder: generation, fingerprint */
 
 /* Errors the I/O threads report per chunk besides errnos (positive values no file
  * call returns). */
@@ -53,6 +55,7 @@
 #define ST_ERR_MAC     EKEYREJECTED /* a MAC did not verify: changed, or another key */
 #define ST_ERR_OLD     EPROTO       /* a file of format version 1 */
 #define ST_ERR_FOREIGN EPERM        /* another user's file, or open to group/others */
+#define ST_ERR_STALE   ESTALE       /* ours, of an earlier generation (reset, model change) */
 
 enum st_state { ST_WRITING, ST_PUBLISHED, ST_DOOMED };
 
@@ -86,6 +89,9 @@ struct st_job {
     struct kvt_list link;      /* pool.done */
     const struct kvt_job *job; /* NULL for ST_UNLINK */
     enum st_kind kind;
+    /* The folder's generation when the job was made: stores write it, loads accept
+     * only it (a job outlives no reset unnoticed). Read-only once queued. */
+    uint8_t gen[ST_GEN_BYTES];
     bool direct;
     size_t n_items, cap_items;
     struct st_item *items;
@@ -182,6 +188,7 @@ struct st_pool {
 struct st_counters {
     uint64_t stored, skipped, loaded, evictions, checksum_fail, errors, enospc, eio, capacity_drops;
     uint64_t mac_fail, old_format, foreign;
+    uint64_t stale, reset_drops, fingerprint_drops;
 };
 
 struct st_tier {
@@ -204,7 +211,10 @@ struct st_tier {
     int fault_n[2], fault_err[2]; /* atomics */
     struct st_pool pool;
     /* Scheduler only. */
-    struct kvt_map index; /* key -> st_entry */
+    uint8_t gen[ST_GEN_BYTES]; /* the folder's generation (STATE); jobs take a copy */
+    char *fingerprint;         /* recorded in STATE, NULL: none (any engine's chunks) */
+    bool withheld;             /* the node's fingerprint is not known yet: lookups MISS */
+    struct kvt_map index;      /* key -> st_entry */
     struct kvt_list lru;
     uint64_t capacity, used;
     size_t n_published, n_writing, n_doomed;
@@ -226,6 +236,8 @@ struct st_mac *kvt__st_mac_new(const struct st_tier *s);
 void kvt__st_mac_free(struct st_mac *m);
 /* Fills nonce with fresh random bytes. 0 or -errno. */
 int kvt__st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES]);
+/* len random bytes (getrandom). 0 or -errno. */
+int kvt__st_random(uint8_t *buf, size_t len);
 /* GMAC of len bytes with the header key (hdr) or the row key under nonce. 0 or -EIO. */
 int kvt__st_mac(struct st_mac *m, bool hdr, const uint8_t *nonce, const uint8_t *data, size_t len,
                 uint8_t tag[ST_TAG_BYTES]);
@@ -237,11 +249,12 @@ size_t kvt__st_name(const struct kvt_key *key, const char *ext, char *buf);
 uint64_t kvt__st_file_bytes(uint64_t row_len);
 /* Writes the header of a file whose row has tag row_tag under nonce, and its own tag.
  * 0 or -EIO (the MAC failed to compute). */
-int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
-                       uint64_t row_len, const uint8_t *nonce, const uint8_t *row_tag);
-/* 0, ST_ERR_CORRUPT, ST_ERR_MAC (the header's tag) or ST_ERR_OLD; fills key_p and
- * row_len_p. */
-int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p,
+int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *gen,
+                       const struct kvt_key *key, uint64_t row_len, const uint8_t *nonce,
+                       const uint8_t *row_tag);
+/* 0, ST_ERR_CORRUPT, ST_ERR_MAC (the header's tag), ST_ERR_OLD or ST_ERR_STALE (a
+ * valid file of another generation than gen); fills key_p and row_len_p. */
+int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *gen, struct kvt_key *key_p,
                        uint64_t *row_len_p);
 /* Probes O_DIRECT in dir_fd: 1 supported, 0 not, negative errno if the folder is not
  * writable at all. */

@@ -4,7 +4,7 @@
  *
  * File format 2 (little-endian), one chunk per file "<shard>/<key hex>.kvc":
  *   0 magic "KVTS" | 4 version u16 (2) | 6 key length u16 | 8 payload offset u32 (4096)
- *   12 flags u32 (0) | 16 row length u64 | 24 namespace [32] | 56 key [64, zero padded]
+ *   12 flags u32 (0) | 16 row length u64 | 24 generation [32] | 56 key [64, zero padded]
  *   120 nonce [12] | 132 zeros [4] | 136 GMAC of the row [16] | 152 GMAC of the whole
  *   4096-byte block with this field zeroed [16] | zeros up to 4096 | the row.
  * The header tag covers the padding too, so a flipped bit anywhere in the file is
@@ -14,6 +14,13 @@
  * 4096 so that the same file can be written and read with O_DIRECT or buffered:
  * written as one contiguous image (header block + a copy of the row) from the
  * thread's huge-page buffer, read with one preadv straight into the slot.
+ *
+ * Generation: the 32 bytes at 24 name the folder's generation when the file was
+ * written (the front end's STATE file; before there was one, the namespace id, so
+ * the files of earlier versions keep theirs). A reset or a change of the model
+ * fingerprint starts a new one: a file of another generation is stale (ST_ERR_STALE),
+ * never served, and removed where it is found (at start, at a load), so what a reset
+ * dropped stays dropped across a crash or restart that came before its removal.
  *
  * Files and other users: the namespace folder and its shards are 0700 and the files
  * 0600, all of the tier's user. Names are opened relative to the folder fds with
@@ -123,8 +130,9 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, const struct kvt_key *key,
-                       uint64_t row_len, const uint8_t *nonce, const uint8_t *row_tag)
+int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *gen,
+                       const struct kvt_key *key, uint64_t row_len, const uint8_t *nonce,
+                       const uint8_t *row_tag)
 {
     memset(blk, 0, ST_BLOCK);
     put32(blk + ST_OFF_MAGIC, ST_MAGIC);
@@ -133,14 +141,14 @@ int kvt__st_hdr_encode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, const 
     put32(blk + ST_OFF_PAYLOAD, ST_BLOCK);
     put32(blk + ST_OFF_FLAGS, 0);
     put64(blk + ST_OFF_ROWLEN, row_len);
-    memcpy(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES);
+    memcpy(blk + ST_OFF_GEN, gen, ST_GEN_BYTES);
     memcpy(blk + ST_OFF_KEY, key->bytes, key->len);
     memcpy(blk + ST_OFF_NONCE, nonce, ST_NONCE_BYTES);
     memcpy(blk + ST_OFF_ROWTAG, row_tag, ST_TAG_BYTES);
     return kvt__st_mac(m, true, nonce, blk, ST_BLOCK, blk + ST_OFF_HDRTAG);
 }
 
-int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, struct kvt_key *key_p,
+int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *gen, struct kvt_key *key_p,
                        uint64_t *row_len_p)
 {
     uint8_t tag[ST_TAG_BYTES], want[ST_TAG_BYTES];
@@ -162,8 +170,10 @@ int kvt__st_hdr_decode(struct st_mac *m, uint8_t *blk, const uint8_t *ns, struct
     /* Authenticated: what follows is our own writing, checked against this tier. */
     klen = get16(blk + ST_OFF_KEYLEN);
     if (get32(blk + ST_OFF_PAYLOAD) != ST_BLOCK || get32(blk + ST_OFF_FLAGS) != 0 || klen < 1 ||
-        klen > KVT_KEY_MAX || memcmp(blk + ST_OFF_NS, ns, KVT_STORAGE_NS_BYTES) != 0)
+        klen > KVT_KEY_MAX)
         return ST_ERR_CORRUPT;
+    if (memcmp(blk + ST_OFF_GEN, gen, ST_GEN_BYTES) != 0)
+        return ST_ERR_STALE; /* ours, of a generation a reset or a model change ended */
     key_p->len = (uint8_t)klen;
     memcpy(key_p->bytes, blk + ST_OFF_KEY, klen);
     *row_len_p = get64(blk + ST_OFF_ROWLEN);
@@ -310,8 +320,8 @@ static uint8_t *write_buffer(struct st_thread *th, size_t bytes)
  * the slot: on this project's virtio disk files written in two pieces read back at
  * 3.4-3.8 GB/s, the same bytes written in one at 4.3-5.9 (2026-12-06). The copy also
  * fixes the bytes that the MAC covers. */
-static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
-                       bool direct)
+static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_job *sj,
+                       const struct st_item *it, bool direct)
 {
     size_t row = s->base.row_bytes;
     uint8_t *src = s->base.primary_base + (size_t)it->chunk * row;
@@ -335,7 +345,7 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         uint8_t nonce[ST_NONCE_BYTES], tag[ST_TAG_BYTES];
         if (kvt__st_mac_nonce(nonce) != 0 ||
             kvt__st_mac(th->mac, false, nonce, src, row, tag) != 0 ||
-            kvt__st_hdr_encode(th->mac, hdr, s->ns, &it->key, row, nonce, tag) != 0)
+            kvt__st_hdr_encode(th->mac, hdr, sj->gen, &it->key, row, nonce, tag) != 0)
             return EIO;
     }
     for (bool retried = false;;) {
@@ -440,8 +450,8 @@ static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct,
 /* Checks what a load brought into hdr and the slot (err: the read's own error, 0 when
  * the whole file was read); deletes the file of a failed load, which is never tried
  * again: the index drops the key. Another user's file (ST_ERR_FOREIGN) stays. */
-static int check_loaded(struct st_tier *s, struct st_mac *m, const struct st_item *it, uint8_t *hdr,
-                        int err)
+static int check_loaded(struct st_tier *s, struct st_mac *m, const uint8_t *gen,
+                        const struct st_item *it, uint8_t *hdr, int err)
 {
     size_t row = s->base.row_bytes;
     const uint8_t *dst = s->base.primary_base + (size_t)it->chunk * row;
@@ -449,7 +459,7 @@ static int check_loaded(struct st_tier *s, struct st_mac *m, const struct st_ite
     struct kvt_key key;
     uint64_t row_len = 0;
     if (err == 0)
-        err = kvt__st_hdr_decode(m, hdr, s->ns, &key, &row_len);
+        err = kvt__st_hdr_decode(m, hdr, gen, &key, &row_len);
     if (err == 0 && (!kvt_key_eq(&key, &it->key) || row_len != row))
         err = ST_ERR_CORRUPT;
     if (err == 0 && (kvt__st_mac(m, false, hdr + ST_OFF_NONCE, dst, row, tag) != 0 ||
@@ -464,7 +474,7 @@ static int check_loaded(struct st_tier *s, struct st_mac *m, const struct st_ite
 }
 
 /* One blocking load of it into hdr and its slot (no fault injection). */
-static int read_chunk_io(struct st_tier *s, struct st_mac *m, uint8_t *hdr,
+static int read_chunk_io(struct st_tier *s, struct st_mac *m, const uint8_t *gen, uint8_t *hdr,
                          const struct st_item *it, bool direct)
 {
     size_t row = s->base.row_bytes;
@@ -487,16 +497,16 @@ static int read_chunk_io(struct st_tier *s, struct st_mac *m, uint8_t *hdr,
         }
         break;
     }
-    return check_loaded(s, m, it, hdr, err);
+    return check_loaded(s, m, gen, it, hdr, err);
 }
 
-static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_item *it,
-                      bool direct)
+static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_job *sj,
+                      const struct st_item *it, bool direct)
 {
     int err = take_fault(s, KVT_STORAGE_FAULT_READ);
     if (err != 0)
-        return check_loaded(s, th->mac, it, th->hdr, err);
-    return read_chunk_io(s, th->mac, th->hdr, it, direct);
+        return check_loaded(s, th->mac, sj->gen, it, th->hdr, err);
+    return read_chunk_io(s, th->mac, sj->gen, th->hdr, it, direct);
 }
 
 static int unlink_chunk(struct st_tier *s, const struct st_item *it)
@@ -595,10 +605,10 @@ static void run_task(struct st_tier *s, struct st_thread *th, struct st_task *t)
         struct st_item *it = &sj->items[i];
         switch (sj->kind) {
         case ST_STORE:
-            it->err = write_chunk(s, th, it, sj->direct);
+            it->err = write_chunk(s, th, sj, it, sj->direct);
             break;
         case ST_LOAD:
-            it->err = read_chunk(s, th, it, sj->direct);
+            it->err = read_chunk(s, th, sj, it, sj->direct);
             break;
         case ST_UNLINK:
             it->err = unlink_chunk(s, it);
@@ -652,13 +662,13 @@ static bool rd_start(struct st_tier *s, struct st_thread *th, struct st_task *t,
     if (err == 0)
         err = open_chunk(s, it, &direct, &fd);
     if (err != 0) {
-        it->err = check_loaded(s, th->mac, it, rd->hdr, err);
+        it->err = check_loaded(s, th->mac, t->sj->gen, it, rd->hdr, err);
         return false;
     }
     sqe = io_uring_get_sqe(th->ring);
     if (sqe == NULL) { /* cannot happen: the ring has depth entries */
         close(fd);
-        it->err = read_chunk_io(s, th->mac, rd->hdr, it, direct);
+        it->err = read_chunk_io(s, th->mac, t->sj->gen, rd->hdr, it, direct);
         return false;
     }
     rd->t = t;
@@ -684,9 +694,9 @@ static struct st_task *rd_complete(struct st_tier *s, struct st_thread *th,
     io_uring_cqe_seen(th->ring, cqe);
     close(rd->fd);
     if (res >= 0 && (size_t)res == ST_BLOCK + s->base.row_bytes)
-        it->err = check_loaded(s, th->mac, it, rd->hdr, 0);
+        it->err = check_loaded(s, th->mac, t->sj->gen, it, rd->hdr, 0);
     else
-        it->err = read_chunk_io(s, th->mac, rd->hdr, it, rd->direct);
+        it->err = read_chunk_io(s, th->mac, t->sj->gen, rd->hdr, it, rd->direct);
     rd->t = NULL;
     th->n_busy--;
     return --t->left == 0 ? t : NULL;
@@ -1111,7 +1121,7 @@ void kvt__st_pool_pause(struct st_tier *s, bool paused)
 
 /* What the scan saw besides the files it indexed (summed over its threads). */
 struct scan_counts {
-    size_t tmp_removed, bad_removed, mac_removed, old_removed, foreign;
+    size_t tmp_removed, bad_removed, mac_removed, old_removed, foreign, stale_removed;
 };
 
 struct scan {
@@ -1141,8 +1151,9 @@ static bool ends_with(const char *name, size_t len, const char *ext)
     return len > el && memcmp(name + len - el, ext, el) == 0;
 }
 
-/* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT, ST_ERR_MAC, ST_ERR_OLD or
- * ST_SCAN_OPEN_MODE for one to delete; ST_ERR_FOREIGN for another user's (left). */
+/* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT, ST_ERR_MAC, ST_ERR_OLD,
+ * ST_ERR_STALE or ST_SCAN_OPEN_MODE for one to delete; ST_ERR_FOREIGN for another
+ * user's (left). */
 static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigned shard,
                       const char *name, size_t len, struct st_found *f)
 {
@@ -1164,7 +1175,7 @@ static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigne
         stem[len - 4] = '\0';
         if (kvt_key_from_hex(&f->key, stem) == 0 && (kvt_key_hash(&f->key) >> 56) == shard &&
             pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK)
-            rc = kvt__st_hdr_decode(m, blk, s->ns, &key, &row_len);
+            rc = kvt__st_hdr_decode(m, blk, s->gen, &key, &row_len);
     }
     if (rc == 0 && (st.st_mode & 077))
         rc = ST_SCAN_OPEN_MODE;
@@ -1239,6 +1250,10 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
                 l->c.foreign++;
                 continue;
             }
+            if (rc == ST_ERR_STALE) {
+                l->c.stale_removed++;
+                continue;
+            }
             l->c.bad_removed++;
             l->c.mac_removed += rc == ST_ERR_MAC;
             l->c.old_removed += rc == ST_ERR_OLD;
@@ -1275,6 +1290,7 @@ static void *scan_main(void *arg)
     sc->c.mac_removed += l.c.mac_removed;
     sc->c.old_removed += l.c.old_removed;
     sc->c.foreign += l.c.foreign;
+    sc->c.stale_removed += l.c.stale_removed;
     if (l.err != 0) {
         sc->err = l.err;
     } else if (l.n > 0) {
@@ -1320,6 +1336,7 @@ int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p)
     s->restart.mac_removed = sc.c.mac_removed;
     s->restart.old_removed = sc.c.old_removed;
     s->restart.foreign = sc.c.foreign;
+    s->restart.stale_removed = sc.c.stale_removed;
     if (sc.err != 0) {
         kvt_free(sc.found);
         return sc.err;

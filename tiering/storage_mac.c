@@ -86,6 +86,11 @@ int kvt__st_mac_nonce(uint8_t nonce[ST_NONCE_BYTES])
     return random_bytes(nonce, ST_NONCE_BYTES);
 }
 
+int kvt__st_random(uint8_t *buf, size_t len)
+{
+    return random_bytes(buf, len);
+}
+
 /* Reads the key file: our own private regular file of exactly ST_KEY_BYTES. */
 static int read_key_file(int root_fd, const char *root, uint8_t key[ST_KEY_BYTES])
 {

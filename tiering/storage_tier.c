@@ -38,6 +38,21 @@
  * older version are chmodded 0700), the LOCK file is 0600 and must be ours. The MAC
  * keys derive from cfg.key or from <root>/storage.key (storage_mac.c).
  *
+ * Generations (STATE, the file format in storage_io.c): a job takes the folder's
+ * generation when it is made; stores write it into their files, loads accept only it.
+ * A reset or a change of the model fingerprint writes a new generation to STATE first
+ * (a crash after that leaves only stale files, removed at the next start) and then
+ * dooms every indexed file and queues its removal. A job made before the change ends
+ * failed (a load's bytes are not trusted, a store's file is removed): nothing of the
+ * old generation becomes a HIT afterwards. STATE is written to a temporary file,
+ * fsynced and renamed into place, and the folder fsynced.
+ *
+ * The model fingerprint (kvt/storage_tier.h) decides whether the files are kept: they
+ * are the chunks of the model STATE records. Until the node knows its own (none
+ * configured, no engine declared one yet) a folder with a recorded fingerprint is
+ * withheld: lookups MISS, so a node restarted for another model serves nothing of the
+ * old one, to its engines or its peers, before it knows which model it serves.
+ *
  * Errors: ENOSPC, EIO, a read-only or vanished root fail the affected chunks (the job
  * fails, kvtier_storage_tier_errors rises) and the tier keeps serving what it can. A
  * root that cannot be created or written at start is a configuration error.
@@ -56,6 +71,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "kvt/alloc.h"
@@ -126,6 +142,7 @@ static struct st_job *new_job(struct st_tier *s, const struct kvt_job *job, enum
         return NULL;
     sj->job = job;
     sj->kind = kind;
+    memcpy(sj->gen, s->gen, sizeof(sj->gen));
     if (cap > 0) {
         sj->items = kvt_reallocarray(NULL, cap, sizeof(*sj->items));
         sj->cap_items = cap;
@@ -278,7 +295,7 @@ static enum kvt_lookup_result st_lookup(struct kvt_tier *t, const struct kvt_key
     struct st_tier *s = st(t);
     struct st_entry *e = find(s, key);
     (void)ctx;
-    if (e == NULL || e->state != ST_PUBLISHED)
+    if (e == NULL || e->state != ST_PUBLISHED || s->withheld)
         return KVT_MISS;
     lru_touch(s, e); /* a promotion follows: keep it from being evicted first */
     return KVT_HIT;
@@ -364,7 +381,7 @@ static int st_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     s->n_unreported++;
     for (size_t i = 0; i < job->n; i++) {
         struct st_entry *e = find(s, &job->keys[i]);
-        if (e == NULL || e->state != ST_PUBLISHED || !slot_ok(s, job->chunk_ids[i]))
+        if (e == NULL || e->state != ST_PUBLISHED || s->withheld || !slot_ok(s, job->chunk_ids[i]))
             continue; /* fails: not in successful_keys */
         e->pins++;
         sj->items[sj->n_items++] =
@@ -379,6 +396,10 @@ static void count_error(struct st_tier *s, int err)
 {
     if (err == ECANCELED)
         return;
+    if (err == ST_ERR_STALE) { /* a reset's leftover, not a failure of the disk or file */
+        s->c.stale++;
+        return;
+    }
     s->c.errors++;
     if (err == ENOSPC || err == EDQUOT)
         s->c.enospc++;
@@ -405,6 +426,8 @@ static const char *err_name(int err)
         return "a file of the old unkeyed format";
     case ST_ERR_FOREIGN:
         return "not this tier's own file (another user's, a link, or open to group/others)";
+    case ST_ERR_STALE:
+        return "a file of an earlier generation (a reset or a model change)";
     default:
         return strerror(err);
     }
@@ -436,11 +459,28 @@ static void finish_store(struct st_tier *s, struct st_job *sj, kvt_job_result_cb
     size_t n_ok = 0, n_fail = 0;
     int first_err = 0;
     struct kvt_job_result r;
+    bool stale = memcmp(sj->gen, s->gen, sizeof(sj->gen)) != 0;
     for (size_t i = 0; i < sj->n_items; i++) {
         struct st_item *it = &sj->items[i];
         struct st_entry *e = it->e;
         assert(e->state == ST_WRITING);
         s->n_writing--;
+        if (it->err == 0 && stale) {
+            /* Written under the generation a reset or model change ended: its file
+             * goes (queued with this call's removals), the key is not stored. */
+            e->state = ST_PUBLISHED;
+            kvt_list_add_tail(&s->lru, &e->lru);
+            s->n_published++;
+            if (unlink_room(s) == 0) {
+                doom(s, e);
+                add_unlink(s, e);
+            } else {
+                doom(s, e); /* the file is stale: the next start removes it */
+                s->n_doomed--;
+                drop_entry(s, e);
+            }
+            it->err = ST_ERR_STALE;
+        }
         if (it->err == 0) {
             e->state = ST_PUBLISHED;
             kvt_list_add_tail(&s->lru, &e->lru);
@@ -453,6 +493,8 @@ static void finish_store(struct st_tier *s, struct st_job *sj, kvt_job_result_cb
         if (first_err == 0)
             first_err = it->err;
         n_fail++;
+        if (it->err == ST_ERR_STALE)
+            continue; /* doomed above: its bytes went with it */
         assert(s->used >= e->bytes);
         s->used -= e->bytes;
         drop_entry(s, e);
@@ -491,12 +533,15 @@ static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_
     struct kvt_key *ok = sj->result_keys, *gone;
     size_t n_ok = 0, n_gone = 0;
     int first_err = 0;
+    bool stale = memcmp(sj->gen, s->gen, sizeof(sj->gen)) != 0;
     struct kvt_job_result r;
     for (size_t i = 0; i < sj->n_items; i++) {
         struct st_item *it = &sj->items[i];
         struct st_entry *e = it->e;
         assert(e->pins > 0);
         e->pins--;
+        if (it->err == 0 && stale)
+            it->err = ECANCELED; /* read before a reset dropped it (counted there): not served */
         if (it->err == 0) {
             ok[n_ok++] = it->key;
             s->c.loaded++;
@@ -552,6 +597,7 @@ static void st_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, voi
             finish_load(s, sj, cb, arg);
         free_job(sj);
     }
+    flush_unlinks(s); /* stale stores' files */
 }
 
 static int st_drain_jobs(struct kvt_tier *t)
@@ -591,6 +637,9 @@ static int st_get_stats(struct kvt_tier *t, struct kvt_stats *out)
         {KVT_M_STORAGE_ENOSPC, s->c.enospc},
         {KVT_M_STORAGE_EIO, s->c.eio},
         {KVT_M_STORAGE_NO_SPACE, s->c.capacity_drops},
+        {KVT_M_STORAGE_STALE, s->c.stale},
+        {KVT_M_STORAGE_RESET_DROPS, s->c.reset_drops},
+        {KVT_M_STORAGE_FINGERPRINT_DROPS, s->c.fingerprint_drops},
     };
     int rc = 0;
     snprintf(s->label, sizeof(s->label), "%d:%s", t->index + 1, t->type);
@@ -605,8 +654,35 @@ static int st_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     if (rc == 0)
         rc = kvt_stats_set_gauge(out, KVT_M_STORAGE_FILES, s->label, (double)s->n_published);
     if (rc == 0)
+        rc = kvt_stats_set_gauge(out, KVT_M_STORAGE_WITHHELD, s->label, s->withheld ? 1.0 : 0.0);
+    if (rc == 0)
         memset(&s->c, 0, sizeof(s->c));
     return rc;
+}
+
+/* Used: the published files and the room reserved for those being written. Capacity:
+ * storage.capacity, or with no bound what the file system still holds for the tier
+ * (its files plus the space free to it); chunks at one file per row. */
+static int st_usage(struct kvt_tier *t, struct kvt_tier_usage *out)
+{
+    struct st_tier *s = st(t);
+    uint64_t fbytes = t->row_bytes > 0 ? kvt__st_file_bytes(t->row_bytes) : 0;
+    uint64_t cap = s->capacity;
+
+    if (cap == 0) {
+        struct statvfs vfs;
+
+        if (fstatvfs(s->dir_fd, &vfs) != 0)
+            return -errno;
+        cap = s->used + (uint64_t)vfs.f_bavail * (uint64_t)vfs.f_frsize;
+    }
+    *out = (struct kvt_tier_usage){
+        .used_chunks = s->n_published + s->n_writing,
+        .capacity_chunks = fbytes > 0 ? cap / fbytes : 0,
+        .used_bytes = s->used,
+        .capacity_bytes = cap,
+    };
+    return 0;
 }
 
 static int st_shutdown(struct kvt_tier *t)
@@ -649,6 +725,7 @@ static void st_free(struct st_tier *s)
         close(s->dir_fd);
     kvt_free(s->dir);
     kvt_free(s->root);
+    kvt_free(s->fingerprint);
     kvt_free(s);
 }
 
@@ -657,6 +734,305 @@ static void st_destroy(struct kvt_tier *t)
     struct st_tier *s = st(t);
     st_shutdown(t);
     st_free(s);
+}
+
+/* ---- generations and the model fingerprint (STATE) -------------------------------- */
+
+#define STATE_MAGIC "kvtier-storage-state 1\n"
+#define STATE_MAX   1024 /* bytes of a STATE file, at most */
+
+static void to_hex(const uint8_t *b, size_t n, char *out)
+{
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        out[2 * i] = digits[b[i] >> 4];
+        out[2 * i + 1] = digits[b[i] & 15];
+    }
+    out[2 * n] = '\0';
+}
+
+static int hex_val(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* n bytes from 2n lowercase hex digits; -EBADMSG otherwise. */
+static int from_hex(const char *h, size_t n, uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        int a = hex_val(h[2 * i]), b = a < 0 ? -1 : hex_val(h[2 * i + 1]);
+        if (b < 0)
+            return -EBADMSG;
+        out[i] = (uint8_t)(a << 4 | b);
+    }
+    return 0;
+}
+
+/* 1..KVT_STORAGE_FP_MAX bytes, no NUL (a C string). */
+static bool fp_ok(const char *fp)
+{
+    return fp != NULL && fp[0] != '\0' && strlen(fp) <= KVT_STORAGE_FP_MAX;
+}
+
+/* Parses STATE's text: 0, gen and *fp_p (NULL: none; kvt_free); -EBADMSG. */
+static int state_parse(const char *text, uint8_t gen[ST_GEN_BYTES], char **fp_p)
+{
+    const char *p = text, *nl;
+    uint8_t fp[KVT_STORAGE_FP_MAX];
+    size_t n;
+    if (strncmp(p, STATE_MAGIC, strlen(STATE_MAGIC)) != 0)
+        return -EBADMSG;
+    p += strlen(STATE_MAGIC);
+    if (strncmp(p, "generation ", 11) != 0)
+        return -EBADMSG;
+    p += 11;
+    nl = strchr(p, '\n');
+    if (nl == NULL || nl - p != 2 * ST_GEN_BYTES || from_hex(p, ST_GEN_BYTES, gen) != 0)
+        return -EBADMSG;
+    p = nl + 1;
+    if (strncmp(p, "fingerprint ", 12) != 0)
+        return -EBADMSG;
+    p += 12;
+    nl = strchr(p, '\n');
+    if (nl == NULL || nl[1] != '\0')
+        return -EBADMSG;
+    n = (size_t)(nl - p);
+    if (n == 1 && p[0] == '-') {
+        *fp_p = NULL;
+        return 0;
+    }
+    if (n == 0 || n % 2 != 0 || n / 2 > KVT_STORAGE_FP_MAX || from_hex(p, n / 2, fp) != 0 ||
+        memchr(fp, 0, n / 2) != NULL)
+        return -EBADMSG;
+    *fp_p = kvt_malloc(n / 2 + 1);
+    if (*fp_p == NULL)
+        return -ENOMEM;
+    memcpy(*fp_p, fp, n / 2);
+    (*fp_p)[n / 2] = '\0';
+    return 0;
+}
+
+/* Reads STATE: 0 with gen and *fp_p; -ENOENT when there is none; -EBADMSG when it
+ * does not parse; -EPERM when it is not our own private file (or a link). */
+static int state_read(struct st_tier *s, uint8_t gen[ST_GEN_BYTES], char **fp_p)
+{
+    char text[STATE_MAX + 1], what[4200];
+    struct stat st;
+    ssize_t n;
+    int fd = openat(s->dir_fd, ST_STATE_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), rc;
+    if (fd < 0)
+        return errno == ENOENT ? -ENOENT : errno == ELOOP ? -EPERM : -errno;
+    snprintf(what, sizeof(what), "%s/%s", s->dir, ST_STATE_FILE);
+    rc = kvt_private_file_check(fd, what, 0600, &st);
+    if (rc != 0) {
+        close(fd);
+        return rc;
+    }
+    n = pread(fd, text, sizeof(text), 0);
+    close(fd);
+    if (n < 0)
+        return -EIO;
+    if (n > STATE_MAX)
+        return -EBADMSG;
+    text[n] = '\0';
+    return state_parse(text, gen, fp_p);
+}
+
+/* Writes STATE: a temporary file, fsynced, renamed into place, the folder fsynced.
+ * 0 or -errno (the old STATE stays). */
+static int state_write(struct st_tier *s, const uint8_t gen[ST_GEN_BYTES], const char *fp)
+{
+    static const char tmp[] = ST_STATE_FILE ".tmp";
+    char text[STATE_MAX], ghex[2 * ST_GEN_BYTES + 1], fhex[2 * KVT_STORAGE_FP_MAX + 1];
+    int fd, n, rc = 0;
+    to_hex(gen, ST_GEN_BYTES, ghex);
+    if (fp != NULL)
+        to_hex((const uint8_t *)fp, strlen(fp), fhex);
+    else
+        snprintf(fhex, sizeof(fhex), "-");
+    n = snprintf(text, sizeof(text), "%sgeneration %s\nfingerprint %s\n", STATE_MAGIC, ghex, fhex);
+    assert(n > 0 && (size_t)n < sizeof(text));
+    unlinkat(s->dir_fd, tmp, 0); /* a leftover of ours (the folder is ours alone) */
+    fd = openat(s->dir_fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        rc = -errno;
+    else if (write(fd, text, (size_t)n) != n)
+        rc = errno ? -errno : -EIO;
+    else if (fsync(fd) != 0)
+        rc = -errno;
+    if (fd >= 0 && close(fd) != 0 && rc == 0)
+        rc = -errno;
+    if (rc == 0 && renameat(s->dir_fd, tmp, s->dir_fd, ST_STATE_FILE) != 0)
+        rc = -errno;
+    if (rc == 0 && fsync(s->dir_fd) != 0)
+        rc = -errno;
+    if (rc != 0) {
+        unlinkat(s->dir_fd, tmp, 0);
+        kvt_error(MOD, "cannot write '%s/%s': %s", s->dir, ST_STATE_FILE, strerror(-rc));
+    }
+    return rc;
+}
+
+/* Dooms every indexed file and queues its removal; returns how many. A file whose
+ * removal cannot be queued (no memory) leaves the index at once: it is stale, so the
+ * next start removes it. Files being written are left to their jobs, which end
+ * failed (their generation is the old one). */
+static size_t drop_all(struct st_tier *s)
+{
+    struct kvt_map_entry *me;
+    size_t it = 0, n = 0;
+    while (kvt_map_next(&s->index, &it, &me)) {
+        struct st_entry *e = me->value;
+        if (e->state != ST_PUBLISHED)
+            continue;
+        n++;
+        if (unlink_room(s) == 0) {
+            doom(s, e);
+            add_unlink(s, e); /* a reader still at it fails: its generation is old */
+        } else if (e->pins == 0) {
+            doom(s, e);
+            s->n_doomed--;
+            drop_entry(s, e);
+        } else {
+            doom(s, e); /* leaves the index with its last reader */
+        }
+    }
+    flush_unlinks(s);
+    return n;
+}
+
+/* A new generation recorded with fp, then every file dropped. 0 and *n_p, or the
+ * -errno of writing STATE (nothing changed). */
+static int new_generation(struct st_tier *s, const char *fp, size_t *n_p)
+{
+    uint8_t gen[ST_GEN_BYTES];
+    int rc = kvt__st_random(gen, sizeof(gen));
+    if (rc == 0)
+        rc = state_write(s, gen, fp);
+    if (rc != 0)
+        return rc;
+    memcpy(s->gen, gen, sizeof(gen));
+    *n_p = drop_all(s);
+    return 0;
+}
+
+/* Replaces the recorded fingerprint (a copy of fp, or none). */
+static int set_recorded(struct st_tier *s, const char *fp)
+{
+    char *copy = NULL;
+    if (fp != NULL && (copy = kvt_strdup(fp)) == NULL)
+        return -ENOMEM;
+    kvt_free(s->fingerprint);
+    s->fingerprint = copy;
+    return 0;
+}
+
+/* At create, before the scan: STATE read (or written: a folder of an earlier version
+ * keeps its files under the namespace id as generation), and checked against
+ * want_fp (the node's fingerprint when known). */
+static int load_state(struct st_tier *s, const char *want_fp)
+{
+    uint8_t gen[ST_GEN_BYTES];
+    char *fp = NULL;
+    bool write = false, fresh = false;
+    int rc = state_read(s, gen, &fp);
+    if (rc == -ENOENT) {
+        memcpy(gen, s->ns, sizeof(gen));
+        write = true;
+        rc = 0;
+    } else if (rc == -EBADMSG) {
+        kvt_warn(MOD, "'%s/%s' does not parse: a new generation (every file is dropped)", s->dir,
+                 ST_STATE_FILE);
+        fresh = write = true;
+        rc = 0;
+    } else if (rc != 0) {
+        kvt_error(MOD, "'%s/%s': %s", s->dir, ST_STATE_FILE,
+                  rc == -EPERM ? "not this tier's own private file: refused" : strerror(-rc));
+        return rc;
+    }
+    if (want_fp != NULL && (fp == NULL || strcmp(fp, want_fp) != 0)) {
+        if (fp != NULL) {
+            kvt_warn(MOD,
+                     "'%s': its chunks were stored for model fingerprint %s, the node's is %s: "
+                     "they are dropped",
+                     s->dir, KVT_LOG_STR(fp), KVT_LOG_STR(want_fp));
+            fresh = true;
+            s->restart.fingerprint_changed = true;
+        }
+        kvt_free(fp);
+        fp = kvt_strdup(want_fp);
+        if (fp == NULL)
+            return -ENOMEM;
+        write = true;
+    } else if (want_fp == NULL && fp != NULL) {
+        kvt_info(MOD,
+                 "'%s': chunks of model fingerprint %s, withheld until the node's fingerprint "
+                 "is known (node.model_fingerprint, or an engine that declares one)",
+                 s->dir, KVT_LOG_STR(fp));
+        s->withheld = true;
+    }
+    if (fresh)
+        rc = kvt__st_random(gen, sizeof(gen));
+    if (rc == 0 && write)
+        rc = state_write(s, gen, fp);
+    if (rc != 0) {
+        kvt_free(fp);
+        return rc;
+    }
+    memcpy(s->gen, gen, sizeof(gen));
+    s->fingerprint = fp;
+    return 0;
+}
+
+static int st_reset(struct kvt_tier *t)
+{
+    struct st_tier *s = st(t);
+    size_t n = 0;
+    int rc = new_generation(s, s->fingerprint, &n);
+    if (rc != 0)
+        return rc;
+    s->c.reset_drops += n;
+    kvt_info(MOD, "'%s': reset, %zu chunk file(s) dropped", s->dir, n);
+    return 0;
+}
+
+int kvt_storage_tier_set_fingerprint(struct kvt_tier *t, const char *fp)
+{
+    struct st_tier *s = st(t);
+    size_t n = 0;
+    int rc;
+    if (!fp_ok(fp))
+        return -EINVAL;
+    if (s->fingerprint != NULL && strcmp(s->fingerprint, fp) == 0) {
+        if (s->withheld)
+            kvt_info(MOD, "'%s': the node's model fingerprint is %s: its %zu chunk file(s) served",
+                     s->dir, KVT_LOG_STR(fp), s->n_published);
+        s->withheld = false;
+        return 0;
+    }
+    if (s->fingerprint == NULL) {
+        rc = state_write(s, s->gen, fp);
+        if (rc == 0)
+            rc = set_recorded(s, fp);
+        if (rc == 0)
+            s->withheld = false;
+        return rc;
+    }
+    rc = new_generation(s, fp, &n);
+    if (rc == 0)
+        rc = set_recorded(s, fp);
+    if (rc != 0)
+        return rc;
+    s->c.fingerprint_drops += n;
+    s->withheld = false;
+    kvt_warn(MOD, "'%s': the node's model fingerprint is %s: %zu chunk file(s) of another dropped",
+             s->dir, KVT_LOG_STR(fp), n);
+    return 0;
+}
+
+const char *kvt_storage_tier_fingerprint(struct kvt_tier *t)
+{
+    return st(t)->fingerprint;
 }
 
 static const struct kvt_tier_ops storage_ops = {
@@ -669,6 +1045,8 @@ static const struct kvt_tier_ops storage_ops = {
     .take_events = st_take_events,
     .touch = st_touch,
     .get_stats = st_get_stats,
+    .usage = st_usage,
+    .reset = st_reset,
     .shutdown = st_shutdown,
     .destroy = st_destroy,
 };
@@ -712,6 +1090,10 @@ static int rebuild_index(struct st_tier *s)
     s->c.mac_fail += s->restart.mac_removed;
     s->c.old_format += s->restart.old_removed;
     s->c.foreign += s->restart.foreign;
+    if (s->restart.fingerprint_changed)
+        s->c.fingerprint_drops += s->restart.stale_removed;
+    else
+        s->c.stale += s->restart.stale_removed;
     if (s->enable_events && n > 0) {
         struct kvt_key *keys = kvt_reallocarray(NULL, n, sizeof(*keys));
         if (keys == NULL) {
@@ -750,6 +1132,10 @@ static int check_config(const struct kvt_storage_tier_config *cfg)
     }
     if (cfg->key != NULL && (cfg->key_len < 16 || cfg->key_len > 1024)) {
         kvt_error(MOD, "config: a MAC secret of %zu bytes (16..1024 expected)", cfg->key_len);
+        return -EINVAL;
+    }
+    if (cfg->fingerprint != NULL && !fp_ok(cfg->fingerprint)) {
+        kvt_error(MOD, "config: a model fingerprint of 1..%d bytes expected", KVT_STORAGE_FP_MAX);
         return -EINVAL;
     }
     if (cfg->n_read_threads > 256 || cfg->n_write_threads > 256 || cfg->scan_threads > 64 ||
@@ -921,6 +1307,9 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     s->direct_ok = cfg->io != KVT_STORAGE_IO_BUFFERED && probe == 1;
     if (cfg->io == KVT_STORAGE_IO_AUTO && probe == 0)
         kvt_warn(MOD, "O_DIRECT not supported in '%s': buffered I/O", s->dir);
+    rc = load_state(s, cfg->fingerprint);
+    if (rc != 0)
+        goto free_tier;
     rc = rebuild_index(s);
     if (rc != 0)
         goto free_tier;
@@ -955,6 +1344,10 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
                  "written under another key: a new secret or storage.key) and %zu of the old "
                  "unkeyed format",
                  s->dir, s->restart.mac_removed, s->restart.old_removed);
+    if (s->restart.stale_removed > 0)
+        kvt_info(MOD, "'%s': removed %zu file(s) of an earlier generation (%s)", s->dir,
+                 s->restart.stale_removed,
+                 s->restart.fingerprint_changed ? "another model" : "a reset or model change");
     if (s->restart.foreign > 0)
         kvt_warn(MOD,
                  "'%s': %zu file(s) refused: another user's or a link (left alone), or open to "
@@ -989,7 +1382,8 @@ void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *inf
                                              .direct_io = use_direct(s),
                                              .io_uring = s->uring_ok,
                                              .read_depth = s->uring_ok ? s->read_depth : 1,
-                                             .num_unreported = s->n_unreported};
+                                             .num_unreported = s->n_unreported,
+                                             .withheld = s->withheld};
 }
 
 bool kvt_storage_tier_has(struct kvt_tier *t, const struct kvt_key *key)

@@ -1,6 +1,6 @@
-/* The table of built-in transport backends and the configuration defaults. Each
- * backend's folder defines its ops table; the build defines KVT_HAVE_<BACKEND> for
- * the backends whose libraries were found. */
+/* The table of built-in transport backends, the configuration defaults and the
+ * names of the refusal counters. Each backend's folder defines its ops table; the
+ * build defines KVT_HAVE_<BACKEND> for the backends whose libraries were found. */
 #include <string.h>
 
 #include "kvt/transport.h"
@@ -44,4 +44,24 @@ void kvt_transport_config_defaults(struct kvt_transport_config *cfg)
         cfg->connect_timeout_ms = 5000;
     if (cfg->op_timeout_ms == 0)
         cfg->op_timeout_ms = 10000;
+    if (cfg->preauth_timeout_ms == 0)
+        cfg->preauth_timeout_ms = 10000;
+    if (cfg->max_preauth == 0)
+        cfg->max_preauth = 64;
+}
+
+const char *kvt_tp_refusal_name(unsigned r)
+{
+    static const char *const names[KVT_TP_N_REFUSALS] = {
+        [KVT_TP_READ_UNAUTH] = "read_unauth",
+        [KVT_TP_READ_RANGE] = "read_range",
+        [KVT_TP_READ_GRANT] = "read_grant",
+        [KVT_TP_PREAUTH_CONNS] = "preauth_conns",
+        [KVT_TP_PREAUTH_MALFORMED] = "preauth_malformed",
+        [KVT_TP_PREAUTH_TIMEOUT] = "preauth_timeout",
+        [KVT_TP_UNKNOWN_CONN] = "unknown_conn",
+        [KVT_TP_PROTO] = "proto",
+    };
+
+    return r < KVT_TP_N_REFUSALS ? names[r] : "?";
 }

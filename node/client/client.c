@@ -7,7 +7,13 @@
  * as SCM_RIGHTS with the HELLO reply; it is mapped MAP_SHARED and closed (the
  * mapping stays). A timeout, a short read or a reply that does not decode breaks
  * the connection: the socket is shut down and every later call returns the same
- * error, since the stream can no longer be trusted to be in step.
+ * error, since the stream can no longer be trusted to be in step. An ERROR frame
+ * breaks it too; its message is kept (kvtier_client_error, and kvtier_connect_ex's
+ * error buffer when it comes in answer to HELLO).
+ *
+ * The minor-1 calls (reset, has_pending_work, peers) are sent only to a node whose
+ * HELLO reply said minor >= 1: a minor-0 node would close the connection on an
+ * unknown op, so they return -EOPNOTSUPP there without asking.
  *
  * A mutex serializes calls; the buffers it guards are reused across calls.
  *
@@ -18,6 +24,7 @@
  * is too large for the ring, and the ERROR frame; a call is over before the next
  * starts, so the two paths never reorder anything. */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <poll.h>
 #include <pthread.h>
@@ -51,6 +58,9 @@ struct kvtier_client {
     uint64_t id;
     uint64_t seq;
     size_t max_keys;
+    unsigned node_minor;
+    char node_fp[KVTIER_FINGERPRINT_MAX + 1];
+    char error[KVTIER_ERROR_MAX + 1]; /* the ERROR frame's message */
     struct kvtier_region region;
     struct kvt_eproto_limits lim;
     struct kvt_ebuf out;
@@ -250,7 +260,8 @@ static const struct kvt_eproto_limits reply_limits = {.max_body = CLIENT_MAX_BOD
                                                       .max_keys = UINT32_MAX,
                                                       .max_params = 1u << 20,
                                                       .max_events = UINT32_MAX,
-                                                      .max_stats = UINT32_MAX};
+                                                      .max_stats = UINT32_MAX,
+                                                      .max_peers = UINT32_MAX};
 
 /* Reads one frame's body from the socket into c->in; its length into *len_p. */
 static int read_frame(struct kvtier_client *c, int64_t deadline, int *fds, uint32_t *len_p)
@@ -290,6 +301,8 @@ static int decode_reply(struct kvtier_client *c, uint32_t len, uint32_t op, uint
         return -EPROTO;
     if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
         rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
+        if (kvt__emsg_has(rep, KVT_EF_MESSAGE))
+            snprintf(c->error, sizeof(c->error), "%s", rep->message);
         kvt__emsg_free(rep);
         return rc;
     }
@@ -502,7 +515,7 @@ static bool want_ring(void)
     return v == NULL || strcmp(v, "0") != 0;
 }
 
-static int hello(struct kvtier_client *c, const char *name)
+static int hello(struct kvtier_client *c, const char *name, const char *fingerprint)
 {
     struct kvt_emsg req, rep;
     int fds[HELLO_FDS] = {-1, -1, -1};
@@ -520,10 +533,18 @@ static int hello(struct kvtier_client *c, const char *name)
         req.flags = KVT_HELLO_RING;
         req.has |= 1u << KVT_EF_FLAGS;
     }
+    if (fingerprint != NULL && fingerprint[0] != '\0') {
+        snprintf(req.fingerprint, sizeof(req.fingerprint), "%s", fingerprint);
+        req.has |= 1u << KVT_EF_FINGERPRINT;
+    }
     rc = call(c, &req, &rep, fds);
     rfd = fds[0];
     if (rc < 0)
         goto out;
+    c->node_minor =
+        kvt__emsg_has(&rep, KVT_EF_MINOR) && rep.minor < 0xffff ? (unsigned)rep.minor : 0;
+    if (kvt__emsg_has(&rep, KVT_EF_FINGERPRINT))
+        snprintf(c->node_fp, sizeof(c->node_fp), "%s", rep.fingerprint);
     if (rep.n_geom < KVT_EG_COUNT || rfd < 0) {
         rc = -EPROTO;
         goto out;
@@ -571,16 +592,38 @@ out:
     return rc;
 }
 
+/* The fields of a caller's kvtier_connect_ex that its size covers. */
+#define EX_HAS(o, field)                                                                           \
+    ((o) != NULL && (o)->size >= offsetof(struct kvtier_connect_ex, field) + sizeof((o)->field))
+
 int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *opts,
                    struct kvtier_client **client_p)
 {
+    struct kvtier_connect_ex ex = {.size = sizeof(ex)};
+
+    if (opts != NULL) {
+        ex.name = opts->name;
+        ex.timeout_ms = opts->timeout_ms;
+    }
+    return kvtier_connect_ex(socket_path, &ex, client_p);
+}
+
+int kvtier_connect_ex(const char *socket_path, const struct kvtier_connect_ex *opts,
+                      struct kvtier_client **client_p)
+{
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     struct kvtier_client *c;
-    const char *name = opts != NULL && opts->name != NULL ? opts->name : "engine";
+    const char *name = EX_HAS(opts, name) && opts->name != NULL ? opts->name : "engine";
+    const char *fp = EX_HAS(opts, fingerprint) ? opts->fingerprint : NULL;
+    int timeout = EX_HAS(opts, timeout_ms) ? opts->timeout_ms : 0;
+    char *err = EX_HAS(opts, error_len) ? opts->error : NULL;
+    size_t err_len = err != NULL ? opts->error_len : 0;
     int rc;
 
+    if (err_len > 0)
+        err[0] = '\0';
     if (socket_path == NULL || client_p == NULL || strlen(socket_path) >= sizeof(sa.sun_path) ||
-        strlen(name) > KVTIER_NAME_MAX)
+        strlen(name) > KVTIER_NAME_MAX || (fp != NULL && strlen(fp) > KVTIER_FINGERPRINT_MAX))
         return -EINVAL;
     c = kvt_calloc(1, sizeof(*c));
     if (c == NULL)
@@ -588,7 +631,7 @@ int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *op
     pthread_mutex_init(&c->lock, NULL);
     kvt__eproto_limits_default(&c->lim);
     kvt__ebuf_init(&c->out);
-    c->timeout_ms = opts != NULL && opts->timeout_ms != 0 ? opts->timeout_ms : DEFAULT_TIMEOUT_MS;
+    c->timeout_ms = timeout != 0 ? timeout : DEFAULT_TIMEOUT_MS;
     c->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (c->fd < 0) {
         rc = -errno;
@@ -599,9 +642,12 @@ int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *op
         rc = -errno;
         goto err_close;
     }
-    rc = hello(c, name);
-    if (rc < 0)
+    rc = hello(c, name, fp);
+    if (rc < 0) {
+        if (err_len > 0)
+            snprintf(err, err_len, "%s", c->error);
         goto err_close;
+    }
     *client_p = c;
     return 0;
 
@@ -731,6 +777,21 @@ int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *
     out->sleeps = st.sleeps;
     out->redirects = st.redirects;
     return 0;
+}
+
+const char *kvtier_client_error(const struct kvtier_client *c)
+{
+    return c->error;
+}
+
+const char *kvtier_client_node_fingerprint(const struct kvtier_client *c)
+{
+    return c->node_fp;
+}
+
+unsigned kvtier_client_node_minor(const struct kvtier_client *c)
+{
+    return c->node_minor;
 }
 
 /* ---- the calls -------------------------------------------------------------------- */
@@ -1100,6 +1161,26 @@ static int get_stats(struct kvtier_client *c, uint64_t flags, struct kvtier_stat
     out->n = rep.n_stats;
     rep.stats = NULL;
     memcpy(out->bounds, rep.bounds, sizeof(out->bounds));
+    if (kvt__emsg_has(&rep, KVT_EF_STAT_BOUNDS)) {
+        out->stat_bounds = rep.stat_bounds;
+        rep.stat_bounds = NULL;
+    } else {
+        /* A node that sends no bounds of each histogram's own: the common ones, whose
+         * last stands for +Inf. */
+        out->stat_bounds = kvt_calloc(out->n ? out->n : 1, sizeof(*out->stat_bounds));
+        if (out->stat_bounds == NULL) {
+            kvtier_stats_free(out);
+            rc = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; rep.n_bounds > 0 && i < out->n; i++) {
+            if (out->s[i].kind != KVTIER_HISTOGRAM)
+                continue;
+            out->stat_bounds[i].n = rep.n_bounds - 1;
+            memcpy(out->stat_bounds[i].bound, rep.bounds,
+                   (rep.n_bounds - 1) * sizeof(rep.bounds[0]));
+        }
+    }
     *stats_p = out;
 out:
     kvt__emsg_free(&rep);
@@ -1121,6 +1202,7 @@ void kvtier_stats_free(struct kvtier_stats *stats)
     if (stats == NULL)
         return;
     kvt_free(stats->s);
+    kvt_free(stats->stat_bounds);
     kvt_free(stats);
 }
 
@@ -1137,6 +1219,74 @@ double kvtier_stats_value(const struct kvtier_stats *stats, const char *name, co
             return s->kind == KVTIER_HISTOGRAM ? (double)s->count : s->value;
     }
     return 0;
+}
+
+/* ---- reset, pending work, peers (minor 1) ---------------------------------------------- */
+
+int kvtier_reset(struct kvtier_client *c)
+{
+    struct kvt_emsg req;
+
+    if (c->node_minor < 1)
+        return -EOPNOTSUPP;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_RESET;
+    return simple_call(c, &req);
+}
+
+int kvtier_has_pending_work(struct kvtier_client *c, bool *pending_p)
+{
+    struct kvt_emsg req, rep;
+    int rc;
+
+    if (pending_p == NULL)
+        return -EINVAL;
+    if (c->node_minor < 1)
+        return -EOPNOTSUPP;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_PENDING;
+    rc = locked_call(c, &req, &rep);
+    if (rc == 0)
+        *pending_p = (rep.flags & (KVT_EPENDING_NODE | KVT_EPENDING_CLIENT)) != 0;
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+int kvtier_get_peers(struct kvtier_client *c, struct kvtier_peers **peers_p)
+{
+    struct kvt_emsg req, rep;
+    struct kvtier_peers *out;
+    int rc;
+
+    if (peers_p == NULL)
+        return -EINVAL;
+    if (c->node_minor < 1)
+        return -EOPNOTSUPP;
+    kvt__emsg_init(&req);
+    req.op = KVT_EOP_PEERS;
+    rc = locked_call(c, &req, &rep);
+    if (rc < 0)
+        goto out;
+    out = kvt_calloc(1, sizeof(*out));
+    if (out == NULL) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    out->p = rep.peers;
+    out->n = rep.n_peers;
+    rep.peers = NULL;
+    *peers_p = out;
+out:
+    kvt__emsg_free(&rep);
+    return rc;
+}
+
+void kvtier_peers_free(struct kvtier_peers *peers)
+{
+    if (peers == NULL)
+        return;
+    kvt_free(peers->p);
+    kvt_free(peers);
 }
 
 /* ---- an engine's own region and jobs ------------------------------------------------ */

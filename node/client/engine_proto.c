@@ -13,12 +13,14 @@
  * allocates is a small multiple of the body plus the limits (heap_bytes says how
  * much). Encoding goes through msgpack-c's packer into a struct kvt_ebuf. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <msgpack.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvt/mpcheck.h"
 #include "kvtier/engine_proto.h"
 
@@ -31,7 +33,8 @@ void kvt__eproto_limits_default(struct kvt_eproto_limits *lim)
                                       .max_keys = 4096,
                                       .max_params = 64u << 10,
                                       .max_events = 65536,
-                                      .max_stats = 65536};
+                                      .max_stats = 65536,
+                                      .max_peers = 4096};
 }
 
 void kvt__emsg_init(struct kvt_emsg *m)
@@ -51,9 +54,11 @@ void kvt__emsg_free(struct kvt_emsg *m)
     kvt_free(m->preempted);
     kvt_free(m->events);
     kvt_free(m->stats);
+    kvt_free(m->stat_bounds);
     kvt_free(m->job_keys);
     kvt_free(m->jobs);
     kvt_free(m->ok);
+    kvt_free(m->peers);
     kvt_free(m->heap);
     kvt__emsg_init(m);
 }
@@ -338,6 +343,81 @@ static int dec_stats(struct cur *c, const struct kvt_eproto_limits *lim, struct 
     return rc;
 }
 
+/* Each stat's bucket bounds: after the stats they belong to (encoders write fields in
+ * id order), one list per stat, each ascending and finite. */
+static int dec_stat_bounds(struct cur *c, struct kvt_emsg *m)
+{
+    uint32_t n;
+    int rc;
+
+    if (!kvt__emsg_has(m, KVT_EF_STATS))
+        return -EBADMSG;
+    rc = rd_array(c, m->n_stats, &n);
+    if (rc == 0 && n != m->n_stats)
+        rc = -EBADMSG;
+    if (rc == 0)
+        rc = alloc_n(m, (void **)&m->stat_bounds, n, sizeof(*m->stat_bounds));
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
+        uint32_t nb;
+
+        rc = rd_array(c, KVTIER_HIST_BUCKETS - 1, &nb);
+        for (uint32_t b = 0; rc == 0 && b < nb; b++) {
+            rc = rd_f64(c, &hb->bound[b]);
+            if (rc == 0 && (!isfinite(hb->bound[b]) || (b > 0 && hb->bound[b] <= hb->bound[b - 1])))
+                rc = -EBADMSG;
+        }
+        if (rc == 0)
+            hb->n = nb;
+    }
+    return rc;
+}
+
+/* Peers: each an array of at least KVT_EPROTO_PEER_MIN fields (a newer minor's
+ * extra fields are skipped). */
+static int dec_peers(struct cur *c, const struct kvt_eproto_limits *lim, struct kvt_emsg *m)
+{
+    uint32_t n;
+    int rc = rd_array(c, lim->max_peers, &n);
+
+    if (rc < 0)
+        return rc;
+    rc = alloc_n(m, (void **)&m->peers, n, sizeof(*m->peers));
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        struct kvtier_peer *p = &m->peers[i];
+        uint32_t fields;
+        uint64_t port;
+
+        rc = rd_array(c, 64, &fields);
+        if (rc == 0 && fields < KVT_EPROTO_PEER_MIN)
+            rc = -EBADMSG;
+        if (rc == 0)
+            rc = rd_u64(c, &p->node_id);
+        if (rc == 0)
+            rc = rd_u64(c, &p->incarnation);
+        if (rc == 0)
+            rc = rd_str(c, 0, KVTIER_ADDR_MAX, p->addr);
+        if (rc == 0)
+            rc = rd_u64(c, &port);
+        if (rc == 0 && port > UINT16_MAX)
+            rc = -EBADMSG;
+        p->port = (uint16_t)port;
+        if (rc == 0)
+            rc = rd_int_range(c, KVTIER_PEER_ALIVE, KVTIER_PEER_SELF, &p->state);
+        if (rc == 0)
+            rc = rd_u64(c, &p->last_heard_ms);
+        if (rc == 0)
+            rc = rd_u64(c, &p->pulled_bytes);
+        if (rc == 0)
+            rc = rd_u64(c, &p->served_bytes);
+        for (uint32_t f = KVT_EPROTO_PEER_MIN; rc == 0 && f < fields; f++)
+            rc = skip(c);
+    }
+    if (rc == 0)
+        m->n_peers = n;
+    return rc;
+}
+
 static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits *lim,
                      struct kvt_emsg *m)
 {
@@ -478,6 +558,9 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
         if (rc == 0)
             m->n_bounds = n;
         break;
+    case KVT_EF_STAT_BOUNDS:
+        rc = dec_stat_bounds(c, m);
+        break;
     case KVT_EF_JOB_KEYS:
         rc = dec_keys(c, m, lim->max_keys, &m->job_keys, &m->n_job_keys);
         break;
@@ -502,6 +585,15 @@ static int dec_field(struct cur *c, uint64_t id, const struct kvt_eproto_limits 
             memcpy(m->ok, o.data, o.n);
             m->n_ok = (uint32_t)o.n;
         }
+        break;
+    case KVT_EF_FINGERPRINT:
+        rc = rd_str(c, 0, KVTIER_FINGERPRINT_MAX, m->fingerprint);
+        break;
+    case KVT_EF_MESSAGE:
+        rc = rd_str(c, 0, KVT_EPROTO_MSG_MAX, m->message);
+        break;
+    case KVT_EF_PEERS:
+        rc = dec_peers(c, lim, m);
         break;
     default:
         return skip(c); /* a newer minor's field */
@@ -726,6 +818,17 @@ static void enc_field(msgpack_packer *pk, const struct kvt_emsg *m, unsigned f)
         for (uint32_t i = 0; i < m->n_bounds; i++)
             msgpack_pack_double(pk, m->bounds[i]);
         break;
+    case KVT_EF_STAT_BOUNDS:
+        msgpack_pack_array(pk, m->n_stats);
+        for (uint32_t i = 0; i < m->n_stats; i++) {
+            const struct kvtier_hist_bounds *hb = &m->stat_bounds[i];
+            uint32_t nb = KVT_MIN(hb->n, (uint32_t)KVTIER_HIST_BUCKETS - 1);
+
+            msgpack_pack_array(pk, nb);
+            for (uint32_t b = 0; b < nb; b++)
+                msgpack_pack_double(pk, hb->bound[b]);
+        }
+        break;
     case KVT_EF_JOB_KEYS:
         pack_keys(pk, m->job_keys, m->n_job_keys);
         break;
@@ -737,6 +840,28 @@ static void enc_field(msgpack_packer *pk, const struct kvt_emsg *m, unsigned f)
     case KVT_EF_OK:
         msgpack_pack_bin(pk, m->n_ok);
         msgpack_pack_bin_body(pk, m->ok, m->n_ok);
+        break;
+    case KVT_EF_FINGERPRINT:
+        pack_str(pk, m->fingerprint);
+        break;
+    case KVT_EF_MESSAGE:
+        pack_str(pk, m->message);
+        break;
+    case KVT_EF_PEERS:
+        msgpack_pack_array(pk, m->n_peers);
+        for (uint32_t i = 0; i < m->n_peers; i++) {
+            const struct kvtier_peer *p = &m->peers[i];
+
+            msgpack_pack_array(pk, KVT_EPROTO_PEER_MIN);
+            msgpack_pack_uint64(pk, p->node_id);
+            msgpack_pack_uint64(pk, p->incarnation);
+            pack_str(pk, p->addr);
+            msgpack_pack_uint64(pk, p->port);
+            msgpack_pack_int(pk, p->state);
+            msgpack_pack_uint64(pk, p->last_heard_ms);
+            msgpack_pack_uint64(pk, p->pulled_bytes);
+            msgpack_pack_uint64(pk, p->served_bytes);
+        }
         break;
     default:
         msgpack_pack_nil(pk);

@@ -3,23 +3,45 @@
 Debian's python3 only: no third-party package. The C contract is
 <kvtier/client.h>; this module is a thin layer over it:
 
+    import time
     import kvtier
     with kvtier.Client("/run/kvtier/engine.sock", name="my-engine") as c:
         c.on_new_request("req-1")
         keys = [kvtier.make_key(block_hash, 0) for block_hash in hashes]
-        if c.lookup("req-1", keys) == [kvtier.MISS] * len(keys):
-            plan = c.prepare_store("req-1", keys)
+        # A secondary tier may still be looking (RETRY: the network tier asks the
+        # key's home node first, so a key the node has not seen answers RETRY, not
+        # MISS) or promoting (HIT_PENDING): ask again after the step ends.
+        res = c.lookup("req-1", keys)
+        for _ in range(1000):
+            if kvtier.RETRY not in res and kvtier.HIT_PENDING not in res:
+                break
+            c.on_schedule_end()
+            time.sleep(0.001)
+            res = c.lookup("req-1", keys)
+        missing = [k for k, r in zip(keys, res) if r == kvtier.MISS]
+        if missing:
+            plan = c.prepare_store("req-1", missing)
             for idx, chunk in plan.stores:
-                c.row(chunk)[:] = chunk_bytes_of(keys[idx])   # a writable memoryview
-            c.complete_store("req-1", keys)
+                c.row(chunk)[:] = chunk_bytes_of(missing[idx])  # a writable memoryview
+            c.complete_store("req-1", missing)
         c.on_schedule_end(new=["req-1"])
         c.on_request_finished("req-1")
 
+(A key still RETRY after that is treated as a MISS: storing it then is harmless,
+prepare_store leaves out what the node holds already.)
+
 Errors raise KvtierError (an OSError: .errno is the positive errno, e.g.
-errno.ENOSPC for "cannot store"). The library is the one installed inside this
-package (pip install builds it); $KVTIER_CLIENT_LIB, when set, names another (a
-development build), and the system's library path is the last resort.
-kvtier.__version__ is the loaded library's version, the project's.
+errno.ENOSPC for "cannot store"; .reason is the node's own text when it closed the
+connection, e.g. why it refused the engine's model fingerprint). The library is the
+one installed inside this package (pip install builds it); $KVTIER_CLIENT_LIB, when
+set, names another (a development build), and the system's library path is the last
+resort. kvtier.__version__ is the loaded library's version, the project's.
+
+An engine declares its model with fingerprint= (any text up to 255 bytes that
+changes when the model, dtype, KV layout, block size, parallelism or hash seed do;
+kvtier.vllm computes one): a node that serves another model refuses it
+(errno.EKEYREJECTED). The node's side: reset() (forget every chunk; EBUSY while an
+engine holds pins or stores), has_pending_work(), peers(), get_stats(totals=True).
 
 An engine with its own CPU region (vLLM) attaches it and lets the node move rows
 (kvtier.vllm builds on this):
@@ -39,6 +61,8 @@ __all__ = [
     "Client", "KvtierError", "make_key", "MISS", "HIT", "HIT_PENDING", "RETRY",
     "CHUNK_LEVEL", "REQUEST_LEVEL", "ANY", "MEDIUM_CPU", "MEDIUM_STORAGE", "LOCAL",
     "REMOTE", "Event", "Stat", "StorePlan", "Job", "JobDone", "JOB_STORE", "JOB_LOAD",
+    "COUNTER", "GAUGE", "HISTOGRAM",
+    "Peer", "PEER_ALIVE", "PEER_DOWN", "PEER_SELF", "FINGERPRINT_MAX",
 ]
 
 MISS, HIT, HIT_PENDING, RETRY = 0, 1, 2, 3
@@ -51,21 +75,33 @@ COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
 
 KEY_MAX = 64
 REQ_ID_MAX = 127
+FINGERPRINT_MAX = 255
+_ERROR_MAX = 1023
+_ADDR_MAX = 63
+PEER_ALIVE, PEER_DOWN, PEER_SELF = 0, 1, 2
 _HIST_BUCKETS = 16
 _LOOKUP_PREFIX = 1
 
 
 class KvtierError(OSError):
-    """A failed call: errno is the positive errno the C library returned."""
+    """A failed call: errno is the positive errno the C library returned; reason is
+    the node's own text when it closed the connection ("" otherwise)."""
 
-    def __init__(self, rc, what):
+    def __init__(self, rc, what, reason=""):
         code = -rc
-        super().__init__(code, "%s: %s" % (what, os.strerror(code)))
+        text = "%s: %s" % (what, os.strerror(code))
+        if reason:
+            text += " (%s)" % reason
+        super().__init__(code, text)
+        self.reason = reason
 
 
 Event = namedtuple("Event", "keys medium locality removed")
-Stat = namedtuple("Stat", "name label kind value count sum buckets")
+# bounds: a histogram's finite bucket upper bounds (buckets has one more: +Inf).
+Stat = namedtuple("Stat", "name label kind value count sum buckets bounds", defaults=((),))
 StorePlan = namedtuple("StorePlan", "stores evicted")  # stores: [(key index, chunk id)]
+Peer = namedtuple("Peer", "node_id incarnation addr port state last_heard_ms pulled_bytes "
+                         "served_bytes")  # state: PEER_ALIVE / PEER_DOWN / PEER_SELF
 Job = namedtuple("Job", "id kind keys rows")  # rows of the attached region, co-indexed
 JobDone = namedtuple("JobDone", "id ok key_ok")  # key_ok: a bool per key of the job
 JOB_STORE, JOB_LOAD = 0, 1
@@ -102,6 +138,23 @@ class _ConnectOpts(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("timeout_ms", ctypes.c_int)]
 
 
+class _ConnectEx(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_size_t), ("name", ctypes.c_char_p),
+                ("timeout_ms", ctypes.c_int), ("fingerprint", ctypes.c_char_p),
+                ("error", ctypes.POINTER(ctypes.c_char)), ("error_len", ctypes.c_size_t)]
+
+
+class _Peer(ctypes.Structure):
+    _fields_ = [("node_id", ctypes.c_uint64), ("incarnation", ctypes.c_uint64),
+                ("addr", ctypes.c_char * (_ADDR_MAX + 1)), ("port", ctypes.c_uint16),
+                ("state", ctypes.c_int), ("last_heard_ms", ctypes.c_uint64),
+                ("pulled_bytes", ctypes.c_uint64), ("served_bytes", ctypes.c_uint64)]
+
+
+class _Peers(ctypes.Structure):
+    _fields_ = [("p", ctypes.POINTER(_Peer)), ("n", ctypes.c_size_t)]
+
+
 class _Matcher(ctypes.Structure):
     _fields_ = [("medium", ctypes.c_int), ("locality", ctypes.c_int)]
 
@@ -135,6 +188,10 @@ class _Stat(ctypes.Structure):
                 ("buckets", ctypes.c_uint64 * _HIST_BUCKETS)]
 
 
+class _HistBounds(ctypes.Structure):
+    _fields_ = [("n", ctypes.c_uint32), ("bound", ctypes.c_double * (_HIST_BUCKETS - 1))]
+
+
 class _Job(ctypes.Structure):
     _fields_ = [("id", ctypes.c_uint64), ("kind", ctypes.c_int),
                 ("keys", ctypes.POINTER(_Key)), ("rows", ctypes.POINTER(ctypes.c_int64)),
@@ -152,7 +209,8 @@ class _JobsDone(ctypes.Structure):
 
 class _Stats(ctypes.Structure):
     _fields_ = [("s", ctypes.POINTER(_Stat)), ("n", ctypes.c_size_t),
-                ("bounds", ctypes.c_double * _HIST_BUCKETS)]
+                ("bounds", ctypes.c_double * _HIST_BUCKETS),
+                ("stat_bounds", ctypes.POINTER(_HistBounds))]
 
 
 _P = ctypes.c_void_p
@@ -187,6 +245,15 @@ def _load(path=None):
     i, cp, sz = ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t
     kp = ctypes.POINTER(_Key)
     fn("kvtier_connect", i, cp, ctypes.POINTER(_ConnectOpts), ctypes.POINTER(_P))
+    fn("kvtier_connect_ex", i, cp, ctypes.POINTER(_ConnectEx), ctypes.POINTER(_P))
+    fn("kvtier_client_error", cp, _P)
+    fn("kvtier_client_node_fingerprint", cp, _P)
+    fn("kvtier_client_node_minor", ctypes.c_uint, _P)
+    fn("kvtier_reset", i, _P)
+    fn("kvtier_has_pending_work", i, _P, ctypes.POINTER(ctypes.c_bool))
+    fn("kvtier_get_peers", i, _P, ctypes.POINTER(ctypes.POINTER(_Peers)))
+    fn("kvtier_peers_free", None, ctypes.POINTER(_Peers))
+    fn("kvtier_get_stats_totals", i, _P, ctypes.POINTER(ctypes.POINTER(_Stats)))
     fn("kvtier_close", None, _P)
     fn("kvtier_client_region", ctypes.POINTER(_Region), _P)
     fn("kvtier_client_id", ctypes.c_uint64, _P)
@@ -277,15 +344,24 @@ def _ids(ids):
 class Client:
     """One connection to kvtierd: the region mapped, the manager's calls as methods."""
 
-    def __init__(self, socket_path, name=None, timeout_ms=0, lib=None):
+    def __init__(self, socket_path, name=None, timeout_ms=0, lib=None, fingerprint=None):
+        """fingerprint: the engine's model fingerprint (str or bytes, 1..255 bytes), or
+        None to declare none (see the module's text)."""
         self._lib = _load(lib)
         self._c = None
-        opts = _ConnectOpts(name.encode() if name else None, int(timeout_ms))
+        fp = fingerprint.encode() if isinstance(fingerprint, str) else fingerprint
+        if fp is not None and not 1 <= len(fp) <= FINGERPRINT_MAX:
+            raise ValueError("a fingerprint is 1..%d bytes" % FINGERPRINT_MAX)
+        err = ctypes.create_string_buffer(_ERROR_MAX + 1)
+        opts = _ConnectEx(ctypes.sizeof(_ConnectEx), name.encode() if name else None,
+                          int(timeout_ms), fp, ctypes.cast(err, ctypes.POINTER(ctypes.c_char)),
+                          len(err))
         handle = _P()
-        rc = self._lib.kvtier_connect(os.fsencode(socket_path), ctypes.byref(opts),
-                                      ctypes.byref(handle))
+        rc = self._lib.kvtier_connect_ex(os.fsencode(socket_path), ctypes.byref(opts),
+                                         ctypes.byref(handle))
         if rc != 0:
-            raise KvtierError(rc, "connect %s" % socket_path)
+            raise KvtierError(rc, "connect %s" % socket_path,
+                              err.value.decode("utf-8", "replace"))
         self._c = handle
         r = self._lib.kvtier_client_region(self._c).contents
         self.num_chunks = r.num_chunks
@@ -300,6 +376,11 @@ class Client:
         # Which region this is: a restarted node has another (its rows mean
         # nothing to a connection to the old one).
         self.region_ident = (r.ident_dev, r.ident_ino)
+        # The node's model fingerprint as it said at connect time ("" none), and its
+        # protocol minor (0: no reset, has_pending_work or peers).
+        self.node_fingerprint = self._lib.kvtier_client_node_fingerprint(self._c).decode(
+            "utf-8", "replace")
+        self.node_minor = self._lib.kvtier_client_node_minor(self._c)
 
     # -- life cycle
     def close(self):
@@ -326,7 +407,10 @@ class Client:
 
     def _check(self, rc, what):
         if rc != 0:
-            raise KvtierError(rc, what)
+            reason = ""
+            if self._c is not None:
+                reason = self._lib.kvtier_client_error(self._c).decode("utf-8", "replace")
+            raise KvtierError(rc, what, reason)
 
     def _handle(self):
         if self._c is None:
@@ -491,17 +575,53 @@ class Client:
         finally:
             self._lib.kvtier_events_free(p)
 
-    def get_stats(self):
-        """[Stat(name, label, kind, value, count, sum, buckets)]."""
+    def get_stats(self, totals=False):
+        """[Stat(name, label, kind, value, count, sum, buckets, bounds)]: the changes since
+        this client's last call, or with totals=True the node's totals since it started
+        (what /metrics shows, the node's own series too). A histogram's buckets are per
+        bucket (not cumulative), buckets[len(bounds)] above its last bound."""
         p = ctypes.POINTER(_Stats)()
-        self._check(self._lib.kvtier_get_stats(self._handle(), ctypes.byref(p)), "get_stats")
+        f = self._lib.kvtier_get_stats_totals if totals else self._lib.kvtier_get_stats
+        self._check(f(self._handle(), ctypes.byref(p)), "get_stats")
         try:
             st = p.contents
-            return [Stat(st.s[i].name.decode(), st.s[i].label.decode(), st.s[i].kind,
-                         st.s[i].value, st.s[i].count, st.s[i].sum, list(st.s[i].buckets))
-                    for i in range(st.n)]
+            out = []
+            for i in range(st.n):
+                s = st.s[i]
+                hb = st.stat_bounds[i] if st.stat_bounds else None
+                bounds = tuple(hb.bound[:hb.n]) if hb is not None else ()
+                out.append(Stat(s.name.decode(), s.label.decode(), s.kind, s.value, s.count,
+                                s.sum, list(s.buckets), bounds))
+            return out
         finally:
             self._lib.kvtier_stats_free(p)
+
+    # -- the node
+    def reset(self):
+        """The node forgets every chunk (its primary, its storage tier's files, its
+        records in the cluster's directory). KvtierError EBUSY, nothing changed, while
+        an engine holds pins, stores being written or loads waiting."""
+        self._check(self._lib.kvtier_reset(self._handle()), "reset")
+
+    def has_pending_work(self):
+        """Whether the node has transfers in flight, or this client unreported jobs."""
+        out = ctypes.c_bool(False)
+        self._check(self._lib.kvtier_has_pending_work(self._handle(), ctypes.byref(out)),
+                    "has_pending_work")
+        return bool(out.value)
+
+    def peers(self):
+        """[Peer]: the node itself (PEER_SELF) first, then every member it has heard of.
+        KvtierError EOPNOTSUPP when the node runs no network tier."""
+        p = ctypes.POINTER(_Peers)()
+        self._check(self._lib.kvtier_get_peers(self._handle(), ctypes.byref(p)), "peers")
+        try:
+            ps = p.contents
+            return [Peer(x.node_id, x.incarnation, x.addr.decode("utf-8", "replace"), x.port,
+                         x.state, x.last_heard_ms, x.pulled_bytes, x.served_bytes)
+                    for x in (ps.p[i] for i in range(ps.n))]
+        finally:
+            self._lib.kvtier_peers_free(p)
 
     # -- an engine's own region and jobs (kvtier.vllm)
     def attach_region(self, fd, offset, rows, stride):

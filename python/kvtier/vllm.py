@@ -26,6 +26,30 @@ timeout_ms, or goes away, makes every job out fail and every lookup MISS; the I/
 thread reconnects every reconnect_s. The scheduler never waits for the node,
 except in drain_jobs() (vLLM's reset_cache), bounded by job_timeout_s.
 
+The model fingerprint. At connect time the tier declares what its chunks are: a
+string made from vLLM's offloading config (model_fingerprint(): the model, the KV
+dtype and layout, tokens per block and hash, blocks per chunk, bytes per block and
+row, the groups, TP/PP/context parallelism unless the layout is parallelism-agnostic,
+and PYTHONHASHSEED when it is set). The node serves one model: its
+node.model_fingerprint, or the first fingerprint declared; a node of another refuses
+the engine (logged with the node's reason, retried every reconnect_s, lookups MISS
+meanwhile), so a vLLM of another model or layout never loads another's rows. The
+hash seed is there for completeness only: another seed already makes other keys. A
+random one (PYTHONHASHSEED unset) is left out, or every restarted vLLM would be
+refused by a node that outlived it. Option fingerprint: None computes it, a string
+is declared as is, "" declares none.
+
+Resets. vLLM's reset_cache (its /reset_prefix_cache endpoint, sleep, weight updates)
+calls drain_jobs() on every secondary tier and keeps their data: vLLM 0.34's
+SecondaryTierManager has no reset hook ("persistent stores keep their data across
+resets"), so there is nothing to forward and the node keeps its chunks. An operator
+who wants them gone - new weights under the same model name, say - runs
+`kvtier reset` on the node (or kvtier.Client(...).reset()): it is refused (EBUSY)
+while an engine holds pins or stores in flight, which this tier does only inside
+one JOBS message, so it succeeds between steps. Afterwards this tier's remembered
+verdicts for keys of live requests may be stale: their loads fail and the keys are
+then MISS (vLLM issue #49176's rule), as for any chunk the node lost.
+
 Lookups (as vLLM's AsyncLookupManager): a key is asked once per generation; the
 node's HIT or HIT_PENDING make it present (a load will wait for the node's
 promotion), MISS absent, RETRY is asked again by the I/O thread. A load that fails
@@ -151,6 +175,37 @@ def region_fd_of(view: memoryview, spec=None) -> tuple[int, int]:
     raise ValueError("cannot open the file behind the primary region (%s)" % path)
 
 
+def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
+    """The fingerprint this tier declares: "vllm:<model>:<dtype>:<32 hex digits>", the
+    digits a SHA-256 of everything that makes a chunk's bytes mean something (see the
+    module's text). None when the spec carries no offloading config."""
+    cfg = getattr(offloading_spec, "config", None)
+    model = getattr(cfg, "model", None)
+    if cfg is None or model is None:
+        return None
+    par = getattr(cfg, "parallel", None)
+    cache = getattr(cfg, "cache", None)
+    desc = {
+        "model": str(model.name),
+        "dtype": str(model.dtype),
+        "layout": str(getattr(cfg, "kv_cache_layout", None)),
+        "canonical_layout": bool(getattr(cfg, "canonical_layout", False)),
+        "replicated_layout": bool(getattr(cfg, "replicated_layout", False)),
+        "tokens_per_hash": getattr(cache, "tokens_per_hash", None),
+        "blocks_per_chunk": getattr(cache, "blocks_per_chunk", None),
+        "worker_kv_bytes_per_block": getattr(cfg, "worker_kv_bytes_per_block", None),
+        "row_bytes": int(row_bytes),
+        "groups": [[g.group_id, g.tokens_per_block, len(g.layer_names),
+                    g.sliding_window_size_in_chunks] for g in getattr(cfg, "groups", ())],
+    }
+    if par is not None and not getattr(par, "is_parallelism_agnostic", False):
+        desc["parallel"] = [par.tp_size, par.pp_size, par.pcp_size, par.dcp_size]
+    if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
+        desc["hash_seed"] = os.environ["PYTHONHASHSEED"]
+    digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:32]
+    return "vllm:%s:%s:%s" % (str(model.name)[:160], str(model.dtype)[:32], digest)
+
+
 class _Key:
     """Lookup state of one key (scheduler thread)."""
 
@@ -177,7 +232,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
     config keys): socket, name, timeout_ms (one node call), poll_ms (polling while
     jobs are out), job_timeout_s (a job not reported by then fails), reconnect_s,
     request_level (ask vLLM to offload whole requests), enable_kv_events,
-    locality ("LOCAL"/"REMOTE")."""
+    locality ("LOCAL"/"REMOTE"), fingerprint (None: model_fingerprint() of vLLM's
+    config; a string: declared as is; "": none)."""
 
     medium: ClassVar[Medium] = Medium.CPU
 
@@ -195,6 +251,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         request_level: bool = False,
         enable_kv_events: bool = False,
         locality: str | None = None,
+        fingerprint: str | None = None,
         backpressure_detector=None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -211,6 +268,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._events: list[OffloadingEvent] | None = [] if enable_kv_events and events_on else None
         self._rows = primary_kv_view.shape[0] if primary_kv_view.shape else 0
         self._stride = self.block_size_bytes
+        if fingerprint is None:
+            fingerprint = model_fingerprint(offloading_spec, self._stride)
+        self.fingerprint = fingerprint or None
+        self._refused = False  # the node refused our fingerprint (logged once)
         # The region's own descriptor, passed at every (re)attach.
         self._region_fd, self._region_off = region_fd_of(primary_kv_view, offloading_spec)
 
@@ -492,7 +553,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     # ------------------------------------------------------------------ the I/O thread
     def _io_connect(self):
-        c = _kvt.Client(self._socket, name=self._name, timeout_ms=self._timeout_ms)
+        try:
+            c = _kvt.Client(self._socket, name=self._name, timeout_ms=self._timeout_ms,
+                            fingerprint=self.fingerprint)
+        except _kvt.KvtierError as e:
+            if e.errno == errno.EKEYREJECTED and not self._refused:
+                self._refused = True
+                logger.error("kvtier: the node at %s refused this engine's model fingerprint "
+                             "%s: %s", self._socket, self.fingerprint, e.reason or e)
+            raise
+        self._refused = False
         try:
             row = c.attach_region(self._region_fd, self._region_off, self._rows, self._stride)
         except _kvt.KvtierError as e:
@@ -502,8 +572,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
                              "bytes): its chunk size must equal vLLM's row stride",
                              self._socket, self._rows, self._stride)
             raise
-        logger.info("kvtier: attached %d rows of %d bytes to the node at %s", self._rows, row,
-                    self._socket)
+        logger.info("kvtier: attached %d rows of %d bytes to the node at %s (model fingerprint "
+                    "%s)", self._rows, row, self._socket, self.fingerprint or "none declared")
         return c
 
     def _io_main(self) -> None:

@@ -48,8 +48,12 @@ check "pull: all 256 chunks hit, none corrupt, ceiling and redis beside it" \
   '(.rows | length) == 1 and .rows[0].hit == 256 and .rows[0].corrupt == 0
      and .rows[0].gbps > 0 and .rows[0].transport_gbps > 0 and .redis_gbps > 0' "$out"
 
+out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" connect --json --iters 5)
+check "connect: 5 links up and answering, the first reply after UP" \
+  '.iters == 5 and .up_us.median > 0 and .first_rtt_us.median >= .up_us.median' "$out"
+
 if [ $fail -ne 0 ]; then
   echo "bench smoke: FAILED"
   exit 1
 fi
-echo "bench smoke: all 4 subcommands ran and checked their work"
+echo "bench smoke: all 5 subcommands ran and checked their work"

@@ -1,9 +1,15 @@
 /* Clusters of kvtier-simnode processes on loopback (issue #5's scenarios). Each test
  * starts its own nodes, drives them through their command lines, and prints the
  * figures it measured. The transport is UCX unless KVT_CLUSTER_BACKEND says
- * otherwise. Usage: test_cluster <path of kvtier-simnode>. */
+ * otherwise. Usage: test_cluster <path of kvtier-simnode>.
+ *
+ * The nodes are kvtierd's (kvtier-simnode opens them as kvtierd does) with kvtierd's
+ * defaults, except for what one configuration file, written by setup(), and each
+ * node's --set arguments say: see NODE_CONFIG and the tests' own sets (the lease
+ * TTL of test_kill_requester_with_leases, the rows and primary sizes). */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <signal.h>
@@ -22,7 +28,23 @@ static const char *simnode;
 static pid_t spawned[64]; /* every node a test started, killed by its teardown */
 static size_t n_spawned;
 static char *tmp;
-static char good_secret[512], bad_secret[512];
+static char good_secret[512], bad_secret[512], node_config[512], shm_dir[256];
+
+/* What every node runs with beside kvtierd's defaults: its runtime folder on /dev/shm
+ * (the region, lock and engine socket of node <id>, which a restarted node finds
+ * again), 1024 chunks of 64 KiB, no storage tier (these are the network tier's
+ * tests) and no /metrics (several nodes on one host). */
+#define NODE_CONFIG                                                                                \
+    "primary:\n"                                                                                   \
+    "  path: %s/{id}/primary.mmap\n"                                                               \
+    "  size: 64MiB\n"                                                                              \
+    "  row_bytes: 64KiB\n"                                                                         \
+    "engine:\n"                                                                                    \
+    "  socket: %s/{id}/engine.sock\n"                                                              \
+    "storage:\n"                                                                                   \
+    "  enabled: false\n"                                                                           \
+    "metrics:\n"                                                                                   \
+    "  port: 0\n"
 
 struct sn {
     pid_t pid;
@@ -74,37 +96,40 @@ static bool sn_line(struct sn *s, char *line, size_t cap, unsigned ms)
     }
 }
 
+/* Starts node id on port (0: any) with that secret file and namespace; the rest of
+ * the arguments, up to a NULL, are configuration keys ("key=value") for --set. */
 static void sn_start(struct sn *s, uint64_t id, unsigned port, const char *secret, const char *ns,
-                     const char *extra, ...)
+                     ...)
 {
     int in[2], out[2];
-    char *argv[48];
-    char idb[32], portb[16], line[256];
-    int argc = 0;
+    char *argv[64];
+    char sets[6][600], line[256];
+    int argc = 0, n_sets = 0;
     va_list ap;
     const char *a;
 
     memset(s, 0, sizeof(*s));
     assert_int_equal(pipe2(in, O_CLOEXEC), 0); /* other nodes must not inherit them */
     assert_int_equal(pipe2(out, O_CLOEXEC), 0);
-    snprintf(idb, sizeof(idb), "%" PRIu64, id);
-    snprintf(portb, sizeof(portb), "%u", port);
+    snprintf(sets[n_sets++], sizeof(sets[0]), "node.id=%" PRIu64, id);
+    snprintf(sets[n_sets++], sizeof(sets[0]), "network.port=%u", port);
+    snprintf(sets[n_sets++], sizeof(sets[0]), "cluster.secret_file=%s", secret);
+    snprintf(sets[n_sets++], sizeof(sets[0]), "node.namespace=%s", ns);
+    if (getenv("KVT_CLUSTER_BACKEND") != NULL)
+        snprintf(sets[n_sets++], sizeof(sets[0]), "network.transport=%s",
+                 getenv("KVT_CLUSTER_BACKEND"));
     argv[argc++] = (char *)simnode;
-    argv[argc++] = "--id";
-    argv[argc++] = idb;
-    argv[argc++] = "--port";
-    argv[argc++] = portb;
-    argv[argc++] = "--secret";
-    argv[argc++] = (char *)secret;
-    argv[argc++] = "--ns";
-    argv[argc++] = (char *)ns;
-    if (getenv("KVT_CLUSTER_BACKEND") != NULL) {
-        argv[argc++] = "--backend";
-        argv[argc++] = getenv("KVT_CLUSTER_BACKEND");
+    argv[argc++] = "--config";
+    argv[argc++] = node_config;
+    for (int i = 0; i < n_sets; i++) {
+        argv[argc++] = "--set";
+        argv[argc++] = sets[i];
     }
-    va_start(ap, extra);
-    for (a = extra; a != NULL && argc < 46; a = va_arg(ap, const char *))
+    va_start(ap, ns);
+    for (a = va_arg(ap, const char *); a != NULL && argc < 60; a = va_arg(ap, const char *)) {
+        argv[argc++] = "--set";
         argv[argc++] = (char *)a;
+    }
     va_end(ap);
     argv[argc] = NULL;
     s->pid = fork();
@@ -208,23 +233,23 @@ static void sn_quit(struct sn *s)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
-static char seedarg[64];
-
-static const char *seed_of(const struct sn *s)
+/* The key that makes a node dial s: "network.peers=127.0.0.1:<port>" (in buf). */
+static const char *peer_of(const struct sn *s, char *buf, size_t len)
 {
-    snprintf(seedarg, sizeof(seedarg), "127.0.0.1:%u", s->port);
-    return seedarg;
+    snprintf(buf, len, "network.peers=127.0.0.1:%u", s->port);
+    return buf;
 }
 
-/* A, B, C: B and C join through A; all see three live members. */
-static void start3(struct sn *n, const char *a_extra, const char *a_val)
+/* A, B, C, each with the keys set1 and set2 (NULL: none): B and C join through A;
+ * all see three live members. */
+static void start3(struct sn *n, const char *set1, const char *set2)
 {
     char seed[64];
 
-    sn_start(&n[0], 1, 0, good_secret, "ns", a_extra, a_val, NULL);
-    snprintf(seed, sizeof(seed), "%s", seed_of(&n[0]));
-    sn_start(&n[1], 2, 0, good_secret, "ns", "--peer", seed, a_extra, a_val, NULL);
-    sn_start(&n[2], 3, 0, good_secret, "ns", "--peer", seed, a_extra, a_val, NULL);
+    sn_start(&n[0], 1, 0, good_secret, "ns", set1, set2, NULL);
+    peer_of(&n[0], seed, sizeof(seed));
+    sn_start(&n[1], 2, 0, good_secret, "ns", seed, set1, set2, NULL);
+    sn_start(&n[2], 3, 0, good_secret, "ns", seed, set1, set2, NULL);
     for (int i = 0; i < 3; i++)
         sn_cmd(&n[i], 15000, "wait-live 3 10000");
 }
@@ -282,7 +307,7 @@ static void test_evicted_become_miss(void **state)
     const char *r;
 
     (void)state;
-    start3(n, "--chunks", "1000");
+    start3(n, "primary.size=64000KiB", NULL); /* 1000 chunks */
     sn_cmd(&n[0], 30000, "store 2 0 1000");
     /* 300 more: LRU evicts the first 300 (nothing touched them). */
     r = sn_cmd(&n[0], 30000, "store 2 1000 300");
@@ -358,7 +383,7 @@ static void test_kill_holder_mid_pull(void **state)
     uint64_t hit, t_end;
 
     (void)state;
-    start3(n, "--row", "262144");
+    start3(n, "primary.row_bytes=256KiB", "primary.size=256MiB");
     sn_cmd(&n[0], 60000, "store 4 0 1000");
     k.victim = &n[0];
     k.loader = &n[1];
@@ -381,8 +406,8 @@ static void test_kill_holder_mid_pull(void **state)
     r = sn_cmd(&n[2], 60000, "load 5 0 100 20000");
     assert_int_equal(field(r, "hit"), 100);
     /* A comes back on its port with a new incarnation and serves again. */
-    snprintf(seed, sizeof(seed), "%s", seed_of(&n[1]));
-    sn_start(&n[0], 1, a_port, good_secret, "ns", "--row", "262144", "--peer", seed, NULL);
+    sn_start(&n[0], 1, a_port, good_secret, "ns", "primary.row_bytes=256KiB", "primary.size=256MiB",
+             peer_of(&n[1], seed, sizeof(seed)), NULL);
     sn_cmd(&n[0], 15000, "wait-live 3 10000");
     sn_cmd(&n[2], 15000, "wait-live 3 10000");
     sn_cmd(&n[0], 60000, "store 6 0 200");
@@ -398,10 +423,19 @@ static void test_kill_requester_with_leases(void **state)
     struct sn n[3];
     struct kill_when k = {0};
     const char *r = "";
+    char seed[64];
     uint64_t t0, leases = 1;
 
     (void)state;
-    start3(n, "--row", "262144");
+    /* A 2 s lease (kvtierd's is 10 s): the bound below is the lease TTL + 1 s. */
+    sn_start(&n[0], 1, 0, good_secret, "ns", "primary.row_bytes=256KiB", "primary.size=256MiB",
+             "network.lease_ms=2000", NULL);
+    sn_start(&n[1], 2, 0, good_secret, "ns", "primary.row_bytes=256KiB", "primary.size=256MiB",
+             "network.lease_ms=2000", peer_of(&n[0], seed, sizeof(seed)), NULL);
+    sn_start(&n[2], 3, 0, good_secret, "ns", "primary.row_bytes=256KiB", "primary.size=256MiB",
+             "network.lease_ms=2000", seed, NULL);
+    for (int i = 0; i < 3; i++)
+        sn_cmd(&n[i], 15000, "wait-live 3 10000");
     sn_cmd(&n[0], 60000, "store 7 0 1000");
     k.victim = &n[1];
     k.loader = &n[1];
@@ -426,7 +460,7 @@ static void test_kill_requester_with_leases(void **state)
     fclose(n[1].in);
     close(n[1].out_fd);
     n[1].pid = 0;
-    while (now_ms() - t0 < 2000 + 1000) { /* --lease-ms default of simnode: 2000 */
+    while (now_ms() - t0 < 2000 + 1000) { /* network.lease_ms=2000 above */
         r = sn_cmd(&n[0], 5000, "counts");
         leases = field(r, "leases");
         if (leases == 0)
@@ -448,7 +482,7 @@ static void test_torn_reads(void **state)
     uint64_t fails = 0, corrupt = 0, rounds = 0;
 
     (void)state;
-    start3(n, "--row", "262144");
+    start3(n, "primary.row_bytes=256KiB", "primary.size=256MiB");
     sn_cmd(&n[0], 60000, "store 8 0 300");
     /* A scribbles for 3 s; B loads meanwhile (the two run in parallel). */
     fprintf(n[0].in, "rewrite 8 0 300 3000\n");
@@ -475,13 +509,15 @@ static void test_torn_reads(void **state)
 static void test_wrong_secret_and_namespace(void **state)
 {
     struct sn a, bad, other;
+    char seed[64];
     const char *r;
 
     (void)state;
     sn_start(&a, 1, 0, good_secret, "ns", NULL);
     sn_cmd(&a, 30000, "store 9 0 50");
-    sn_start(&bad, 5, 0, bad_secret, "ns", "--peer", seed_of(&a), NULL);
-    sn_start(&other, 6, 0, good_secret, "other-ns", "--peer", seed_of(&a), NULL);
+    peer_of(&a, seed, sizeof(seed));
+    sn_start(&bad, 5, 0, bad_secret, "ns", seed, NULL);
+    sn_start(&other, 6, 0, good_secret, "other-ns", seed, NULL);
     sn_cmd(&bad, 5000, "step 1000");
     sn_cmd(&other, 5000, "step 1000");
     r = sn_cmd(&bad, 30000, "load 9 0 50 2000");
@@ -549,11 +585,11 @@ static void test_primary_over_4gib(void **state)
     const char *r;
 
     (void)state;
-    sn_start(&a, 1, 0, good_secret, "ns", "--row", "4194304", "--chunks", "1040", "--lease-ms",
-             "20000", NULL);
-    snprintf(seed, sizeof(seed), "%s", seed_of(&a));
-    sn_start(&b, 2, 0, good_secret, "ns", "--peer", seed, "--row", "4194304", "--chunks", "600",
-             "--fetch-timeout-ms", "20000", "--lease-ms", "20000", NULL);
+    sn_start(&a, 1, 0, good_secret, "ns", "primary.row_bytes=4MiB", "primary.size=4160MiB",
+             "network.lease_ms=20000", NULL);
+    sn_start(&b, 2, 0, good_secret, "ns", peer_of(&a, seed, sizeof(seed)), "primary.row_bytes=4MiB",
+             "primary.size=2400MiB", "network.fetch_timeout_ms=20000", "network.lease_ms=20000",
+             NULL);
     sn_cmd(&a, 15000, "wait-live 2 10000");
     sn_cmd(&b, 15000, "wait-live 2 10000");
     r = sn_cmd(&a, 120000, "store 9 0 1040"); /* slots 0..1039: 1024 and up above 4 GiB */
@@ -580,17 +616,46 @@ static void write_secret(const char *path, const char *text)
 
 static int setup(void **state)
 {
+    FILE *f;
+
     (void)state;
     tmp = kt_tmpdir("cluster");
     snprintf(good_secret, sizeof(good_secret), "%s/secret", tmp);
     snprintf(bad_secret, sizeof(bad_secret), "%s/wrong", tmp);
     write_secret(good_secret, "correct horse battery staple 0123456789\n");
     write_secret(bad_secret, "an entirely different secret 9876543210\n");
+    /* The nodes' runtime folders, on the /dev/shm tmpfs (kvtierd refuses /dev/shm
+     * itself: others may write there). */
+    snprintf(shm_dir, sizeof(shm_dir), "/dev/shm/kvt-cluster.%d", (int)getpid());
+    if (mkdir(shm_dir, 0700) != 0)
+        return -1;
+    snprintf(node_config, sizeof(node_config), "%s/node.yaml", tmp);
+    f = fopen(node_config, "w");
+    if (f == NULL)
+        return -1;
+    fprintf(f, NODE_CONFIG, shm_dir, shm_dir);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path); /* best effort */
     return 0;
+}
+
+/* The runtime folders of the nodes (a SIGKILLed node leaves its region behind). */
+static void teardown_all(void)
+{
+    if (shm_dir[0] != '\0')
+        nftw(shm_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
 int main(int argc, char **argv)
 {
+    int rc;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_pull_1000, kill_spawned),
         cmocka_unit_test_teardown(test_evicted_become_miss, kill_spawned),
@@ -609,6 +674,11 @@ int main(int argc, char **argv)
     }
     simnode = argv[1];
     signal(SIGPIPE, SIG_IGN);
-    setup(NULL);
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    if (setup(NULL) != 0) {
+        fprintf(stderr, "test_cluster: cannot set up %s: %s\n", shm_dir, strerror(errno));
+        return 1;
+    }
+    rc = cmocka_run_group_tests(tests, NULL, NULL);
+    teardown_all();
+    return rc;
 }

@@ -24,6 +24,10 @@ enum conf_msg_type {
     M_SILENCE,     /* client -> peer: take the host's link (KVT_NETDEV) down for a ms */
     M_KILL,        /* client -> peer: raise(SIGKILL) */
     M_QUIT,        /* client -> peer: exit with CONF_EXIT_QUIT (ends a supervisor) */
+    M_AUTHORIZE,   /* client -> peer: authorize your end (the client's handshake) */
+    M_EXPECT,      /* client -> peer: at exit, refusal counter a must be exactly b */
+    M_DENY,        /* client -> peer: may_read refuses [a, a + b) of the region */
+    M_ACK,         /* peer -> client: M_AUTHORIZE, M_EXPECT or M_DENY (a) is done */
 };
 
 struct conf_msg {

@@ -12,7 +12,7 @@
  * server with M_QUIT.
  *
  * Exit status: cmocka's (0 when every test passed), 77 when the backend is not built
- * or needs an RDMA device and there is none (ctest's SKIP_RETURN_CODE), 2 on usage. */
+ * or needs an RDMA device and there is none (a failure wherever it runs), 2 on usage. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -66,6 +66,8 @@ struct conn {
     int bad_msgs;
     bool in_read; /* a read callback must never fire inside kvt_tp_read */
     int cb_in_read;
+    bool no_authorize; /* conn_connect leaves the connection unauthorized */
+    int acks;          /* M_ACK seen */
 };
 
 static struct conn C;
@@ -120,23 +122,63 @@ static void c_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t le
         c->peer_rx = m.a;
         c->peer_errors = m.b;
         break;
+    case M_ACK:
+        c->acks++;
+        break;
     default:
         c->bad_msgs++;
     }
 }
 
-static int conn_send(struct conn *c, uint32_t type, uint64_t a, const void *data, size_t len)
+static int conn_send_ab(struct conn *c, uint32_t type, uint64_t a, uint64_t b, const void *data,
+                        size_t len)
 {
     static uint8_t buf[sizeof(struct conf_msg) + CONF_MAX_MSG];
     struct conf_msg *m = (struct conf_msg *)buf;
     int ret;
 
-    *m = (struct conf_msg){.type = type, .a = a};
+    *m = (struct conf_msg){.type = type, .a = a, .b = b};
     if (len > 0)
         memcpy(m->data, data, len);
     while ((ret = kvt_tp_send(c->ep, buf, sizeof(*m) + len)) == -EAGAIN)
         kvt_tp_progress(c->tp);
     return ret;
+}
+
+static int conn_send(struct conn *c, uint32_t type, uint64_t a, const void *data, size_t len)
+{
+    return conn_send_ab(c, type, a, 0, data, len);
+}
+
+static bool acked(void *arg)
+{
+    struct conn *c = arg;
+
+    return c->closed > 0 || c->acks > 0;
+}
+
+/* Sends M_EXPECT or M_DENY and waits for the peer's M_ACK: it is in effect then. */
+static int conn_tell(struct conn *c, uint32_t type, uint64_t a, uint64_t b)
+{
+    int ret;
+
+    c->acks = 0;
+    ret = conn_send_ab(c, type, a, b, NULL, 0);
+    if (ret == 0)
+        ret = conf_pump(c->tp, acked, c, 10000);
+    if (ret == 0 && c->acks == 0)
+        ret = -ECONNRESET;
+    return ret;
+}
+
+/* The peer's refusal counter r must be exactly n when it exits (single host: its
+ * exit status says so). */
+static void conn_expect(struct conn *c, enum kvt_tp_refusal r, uint64_t n)
+{
+    int ret = conn_tell(c, M_EXPECT, r, n);
+
+    if (ret != 0)
+        fail_msg("M_EXPECT: %s", strerror(-ret));
 }
 
 static bool conn_ready(void *arg)
@@ -225,6 +267,7 @@ static void conn_config(struct kvt_transport_config *cfg)
         /* soft-RoCE in TCG guests moves ~6 MB/s: a 64 MiB batch needs more than the
          * default 10 s there. */
         .op_timeout_ms = strcmp(opt.backend, "verbs") == 0 || rdma_device_present() ? 60000 : 0,
+        .local_addr = opt.addr,
         .cb = {.on_ep_state = c_on_ep_state, .on_msg = c_on_msg, .arg = &C},
     };
 }
@@ -241,6 +284,22 @@ static int conn_open(const struct kvt_transport_config *cfg)
     if (c->local == NULL)
         return -ENOMEM;
     return kvt_tp_reg_local(c->tp, c->local, LOCAL_BYTES, &c->local_mr);
+}
+
+/* Both ends authorize: M_AUTHORIZE (the peer authorizes and acks), ours, the ack. */
+static int conn_authorize(struct conn *c)
+{
+    int ret;
+
+    c->acks = 0;
+    ret = conn_send(c, M_AUTHORIZE, 0, NULL, 0);
+    if (ret == 0)
+        ret = kvt_tp_ep_authorize(c->ep);
+    if (ret == 0)
+        ret = conf_pump(c->tp, acked, c, 10000);
+    if (ret == 0 && c->acks == 0)
+        ret = -ECONNRESET;
+    return ret;
 }
 
 /* Connects to the peer (retrying while a two-host server restarts its peer). */
@@ -263,6 +322,14 @@ static int conn_connect(struct conn *c)
         if (!opt.two_host || conf_now_ms() >= until)
             return c->closed_err != 0 ? c->closed_err : -ECONNRESET;
         usleep(200000);
+    }
+    /* The handshake, as an owner runs one: the peer authorizes on M_AUTHORIZE, we
+     * right after (our messages wait for the peer's authorize, in order), and its
+     * M_ACK says it has. */
+    if (!c->no_authorize) {
+        ret = conn_authorize(c);
+        if (ret < 0)
+            return ret;
     }
     ret = kvt_tp_unpack(c->ep, c->handle, c->handle_len, &c->rk);
     if (ret == 0)
@@ -867,25 +934,16 @@ static void test_read_out_of_range(void **state)
     assert_int_equal(C.closed, 0);
 }
 
-/* A connection whose READs skip the client's check of the remote range: UCX READs
- * over active messages (KVT_UCX_READ=am) with the backend's test-only hook
- * KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK, both read when the transport opens (the peer
- * inherits them; it never reads). */
+/* A connection whose READs skip the client's check of the remote range: the UCX
+ * backend's test-only hook KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK, read when the
+ * transport opens (the peer inherits it; it never reads). */
 static int conn_setup_no_client_check(void)
 {
-    const char *mode = getenv("KVT_UCX_READ");
-    char *saved = mode != NULL ? strdup(mode) : NULL;
     int ret;
 
-    setenv("KVT_UCX_READ", "am", 1);
     setenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK", "1", 1);
     ret = conn_setup(NULL);
     unsetenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK");
-    if (saved != NULL)
-        setenv("KVT_UCX_READ", saved, 1);
-    else
-        unsetenv("KVT_UCX_READ");
-    free(saved);
     return ret;
 }
 
@@ -900,11 +958,13 @@ static int setup_no_client_check(void **state)
 
 /* The server refuses a READ outside its registrations by itself: with the client's
  * range check skipped (UCX test hook), each bad range reaches the server, which must
- * answer EFAULT without sending a byte; the batch fails with -EFAULT exactly once,
- * nothing is written locally, the endpoint closes with -EFAULT and the server lives
- * on (exits 0). One connection (and peer) per range: the first refusal fails the
- * endpoint. Without the server's check the peer sends what lies past its region (the
- * batch succeeds) or crashes reading it (-ECONNRESET): either fails here. */
+ * refuse it without sending a byte, with the one answer it gives to a READ it does
+ * not grant (-EACCES at the reader: no layout oracle), and count it; the batch fails
+ * with -EACCES exactly once, nothing is written locally, the endpoint closes with
+ * -EACCES and the server lives on (exits 0, its "read_range" count 1 as told). One
+ * connection (and peer) per range: the first refusal fails the endpoint. Without the
+ * server's check the peer sends what lies past its region (the batch succeeds) or
+ * crashes reading it (-ECONNRESET): either fails here. */
 static void test_read_refused_by_server(void **state)
 {
     const uint64_t R = C.region_bytes;
@@ -924,6 +984,8 @@ static void test_read_refused_by_server(void **state)
                 fail_msg("range %zu: setup failed", i);
         }
         memset(C.local, FILL, 1u << 20);
+        conn_expect(&C, KVT_TP_READ_RANGE, 1);
+        conn_expect(&C, KVT_TP_READ_GRANT, 0);
         int ret = read_batch(&C, &bad[i], 1, &b);
 
         if (ret != -EINPROGRESS)
@@ -932,19 +994,136 @@ static void test_read_refused_by_server(void **state)
         assert_int_equal(conf_pump(C.tp, all_done, &w, 10000), 0);
         assert_int_equal(C.cb_in_read, 0);
         assert_int_equal(b.done, 1);
-        if (b.status != -EFAULT)
+        if (b.status != -EACCES)
             fail_msg("range %zu (remote %" PRIu64 ", %" PRIu64 " bytes): batch status %d (%s), "
-                     "expected -EFAULT",
+                     "expected -EACCES",
                      i, bad[i].remote_off, bad[i].len, b.status, strerror(-b.status));
         for (size_t k = 0; k < (1u << 20); k++)
             if (C.local[k] != FILL)
                 fail_msg("range %zu: byte %zu was written by a refused READ", i, k);
         assert_int_equal(conf_pump(C.tp, conn_closed, &C, 5000), 0);
-        assert_int_equal(C.closed_err, -EFAULT);
+        assert_int_equal(C.closed_err, -EACCES);
         assert_int_equal(conf_pump(C.tp, NULL, NULL, 100), 0);
         assert_int_equal(b.done, 1); /* exactly once */
     }
     printf("# %zu out-of-range READs refused by the server\n", (size_t)KVT_ARRAY_SIZE(bad));
+}
+
+/* A connection the peer has not authorized: the client asks nothing of it, the peer
+ * never authorizes, and a READ is refused before a byte moves. */
+static int setup_unauthorized(void **state)
+{
+    struct kvt_transport_config cfg;
+    int ret;
+
+    memset(&C, 0, sizeof(C));
+    rk_slot = NULL;
+    conn_config(&cfg);
+    C.no_authorize = true;
+    ret = peer_start(&C);
+    if (ret == 0)
+        ret = conn_open(&cfg);
+    if (ret == 0)
+        ret = conn_connect(&C);
+    if (ret < 0)
+        fprintf(stderr, "setup: %s\n", strerror(-ret));
+    return ret < 0 ? -1 : 0;
+}
+
+/* READ before authorize: the peer has not authorized us (nor we it, so the request
+ * goes on the connection's socket, the only way anything of ours reaches it before
+ * then). The peer refuses it, counts it ("read_unauth", checked by its exit status)
+ * and closes the endpoint: the batch fails, nothing is written, we see CLOSED. */
+static void test_read_before_authorize(void **state)
+{
+    struct kvt_read_op op = {.remote_off = 4096, .local_off = 0, .len = 4096};
+    struct batch b = {0};
+    struct waitn w = {&b, 1};
+
+    (void)state;
+    conn_expect(&C, KVT_TP_READ_UNAUTH, 1);
+    memset(C.local, FILL, 1u << 20);
+    assert_int_equal(read_batch(&C, &op, 1, &b), -EINPROGRESS);
+    assert_int_equal(conf_pump(C.tp, all_done, &w, 10000), 0);
+    printf("# READ before authorize: %s\n", b.status != 0 ? strerror(-b.status) : "completed");
+    assert_int_equal(b.done, 1);
+    assert_true(b.status < 0);
+    for (size_t k = 0; k < (1u << 20); k++)
+        if (C.local[k] != FILL)
+            fail_msg("byte %zu was written by a READ before authorize", k);
+    assert_int_equal(conf_pump(C.tp, conn_closed, &C, 5000), 0);
+    assert_true(C.closed_err < 0);
+    assert_int_equal(C.cb_in_read, 0);
+}
+
+/* may_read: the peer grants all of its region but a 64 KiB window. A READ beside the
+ * window completes; one inside it fails with -EACCES (the answer an out-of-range READ
+ * gets too), writes nothing, closes the endpoint and is counted as "read_grant", not
+ * "read_range" (the peer's exit status checks both). */
+static void test_read_not_granted(void **state)
+{
+    const uint64_t W = 1u << 20;
+    struct kvt_read_op ok = {.remote_off = W - 4096, .local_off = 0, .len = 4096};
+    struct kvt_read_op no = {.remote_off = W + 8192, .local_off = 8192, .len = 4096};
+    struct batch b1 = {0}, b2 = {0};
+    struct waitn w1 = {&b1, 1}, w2 = {&b2, 1};
+
+    (void)state;
+    assert_int_equal(conn_tell(&C, M_DENY, W, 64u << 10), 0);
+    conn_expect(&C, KVT_TP_READ_GRANT, 1);
+    conn_expect(&C, KVT_TP_READ_RANGE, 0);
+    memset(C.local, FILL, 1u << 20);
+    assert_int_equal(read_batch(&C, &ok, 1, &b1), -EINPROGRESS);
+    assert_int_equal(conf_pump(C.tp, all_done, &w1, 10000), 0);
+    assert_int_equal(b1.status, 0);
+    verify_ops(&C, &ok, 1, 0, 8192);
+    assert_int_equal(read_batch(&C, &no, 1, &b2), -EINPROGRESS);
+    assert_int_equal(conf_pump(C.tp, all_done, &w2, 10000), 0);
+    printf("# READ inside the window may_read refuses: %s\n",
+           b2.status != 0 ? strerror(-b2.status) : "completed");
+    assert_int_equal(b2.status, -EACCES);
+    for (size_t k = 8192; k < (1u << 20); k++)
+        if (C.local[k] != FILL)
+            fail_msg("byte %zu was written by a READ may_read refused", k);
+    assert_int_equal(conf_pump(C.tp, conn_closed, &C, 5000), 0);
+    assert_int_equal(C.closed_err, -EACCES);
+}
+
+/* Our active messages name a token the peer never gave (UCX test hook
+ * KVT_UCX_TEST_BAD_TOKEN, read when our transport opens; the peer is started before
+ * and does not have it). The peer must drop them unseen and count each: the message
+ * sent is M_KILL, so delivering it would kill the peer (exit status), and its
+ * "unknown_conn" count must be exactly 1. */
+static int setup_bad_token(void **state)
+{
+    struct kvt_transport_config cfg;
+    int ret;
+
+    memset(&C, 0, sizeof(C));
+    rk_slot = NULL;
+    conn_config(&cfg);
+    C.no_authorize = true; /* M_EXPECT goes first, on the socket */
+    ret = peer_start(&C);
+    if (ret == 0) {
+        setenv("KVT_UCX_TEST_BAD_TOKEN", "1", 1);
+        ret = conn_open(&cfg);
+        unsetenv("KVT_UCX_TEST_BAD_TOKEN");
+    }
+    if (ret == 0)
+        ret = conn_connect(&C);
+    if (ret < 0)
+        fprintf(stderr, "setup: %s\n", strerror(-ret));
+    return ret < 0 ? -1 : 0;
+}
+
+static void test_unknown_token(void **state)
+{
+    (void)state;
+    conn_expect(&C, KVT_TP_UNKNOWN_CONN, 1);
+    assert_int_equal(conn_authorize(&C), 0); /* its ack names our token: it arrives */
+    assert_int_equal(conn_send(&C, M_KILL, 0, NULL, 0), 0);
+    assert_int_equal(conf_pump(C.tp, NULL, NULL, 500), 0);
+    assert_int_equal(C.closed, 0);
 }
 
 /* A peer that never answers the connect: CLOSED(-ETIMEDOUT) after connect_timeout_ms. */
@@ -1095,6 +1274,17 @@ static int teardown_slow_reader(void **state)
 
 /* ---- main ---- */
 
+/* Whether this UCX instance moves its data over the transport's own socket (socket
+ * mode: forced by KVT_UCX_MODE=socket, or chosen between two hosts without RDMA; the
+ * instance then expects the path "socket"). */
+static bool socket_mode(void)
+{
+    const char *mode = getenv("KVT_UCX_MODE"), *path = getenv("KVT_CONF_EXPECT_PATH");
+
+    return (mode != NULL && strcmp(mode, "socket") == 0) ||
+           (path != NULL && strcmp(path, "socket") == 0);
+}
+
 /* Why a test cannot apply to this instance (backend, one or two hosts), or NULL. */
 static const char *not_applicable(const char *test)
 {
@@ -1106,6 +1296,16 @@ static const char *not_applicable(const char *test)
     if (strcmp(test, "test_op_timeout") == 0 && !opt.two_host && reads_bypass_peer_cpu())
         return "over RDMA on one host the peer's CPU does not serve READs and its link "
                "is also ours: the two-host instance takes the peer's link down";
+    if ((strcmp(test, "test_read_before_authorize") == 0 ||
+         strcmp(test, "test_read_not_granted") == 0) &&
+        strcmp(opt.backend, "verbs") == 0)
+        return "the NIC serves this backend's READs: neither authorize nor may_read gates "
+               "them yet (transport/verbs)";
+    if (strcmp(test, "test_unknown_token") == 0 && !ucx)
+        return "needs UCX's test hook that sends active messages with a wrong token";
+    if (strcmp(test, "test_unknown_token") == 0 && socket_mode())
+        return "socket mode sends no active message, so no token; the frames an "
+               "authorized peer may not send are tests/unit/test_tp_socket's";
     if (strcmp(test, "test_slow_reader_left") == 0 && (!ucx || opt.two_host))
         return "a regression test of UCX's software GET, with the peer's pid on this host";
     if (strcmp(test, "test_slow_reader_left") == 0 && reads_bypass_peer_cpu())
@@ -1235,6 +1435,10 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_read_out_of_range, setup_default, teardown_default),
         cmocka_unit_test_setup_teardown(test_read_refused_by_server, setup_no_client_check,
                                         teardown_default),
+        cmocka_unit_test_setup_teardown(test_read_before_authorize, setup_unauthorized,
+                                        teardown_default),
+        cmocka_unit_test_setup_teardown(test_read_not_granted, setup_default, teardown_default),
+        cmocka_unit_test_setup_teardown(test_unknown_token, setup_bad_token, teardown_default),
         cmocka_unit_test_setup_teardown(test_peer_sigkill, setup_default, teardown_killed),
         cmocka_unit_test_teardown(test_connect_timeout, teardown_default),
         cmocka_unit_test_setup_teardown(test_op_timeout, setup_op_timeout, teardown_stalled),

@@ -3,11 +3,13 @@
  * A peer process serves exactly one connection: it registers CONF_REGION_BYTES of a
  * known pattern for remote READ, sends its packed handle from on_accept (the endpoint
  * is CONNECTED there, so this also checks that a send from on_accept arrives first),
+ * authorizes its end when the client asks (M_AUTHORIZE: the client's handshake),
+ * lets the client read all of the region but what M_DENY names (its may_read),
  * obeys the client's control messages (stream, stall, kill, quit) and exits once that
- * endpoint is CLOSED: 0 when everything it received was in order and intact, 1
- * otherwise. A second transport listens on the mute port and is never progressed:
- * a peer that never answers a connect. The single-host suite starts one peer per test
- * (exec of its own binary); the two-host supervisor restarts one per connection. */
+ * endpoint is CLOSED: 0 when everything it received was in order and intact and its
+ * refusal counters are what M_EXPECT said, 1 otherwise. A second transport listens on the mute port
+ * and is never progressed: a peer that never answers a connect. The single-host suite starts one
+ * peer per test (exec of its own binary); the two-host supervisor restarts one per connection. */
 #include <errno.h>
 #include <net/if.h>
 #include <poll.h>
@@ -110,7 +112,12 @@ struct peer {
     unsigned stall_ms;
     bool silence; /* during the stall, with the link down */
     bool kill, quit;
-    int errors; /* anything that makes the peer exit 1 */
+    int errors;                  /* anything that makes the peer exit 1 */
+    uint64_t deny_off, deny_len; /* may_read refuses what overlaps this */
+    struct {
+        uint64_t refusal, count;
+    } expect[8];
+    unsigned n_expect;
 };
 
 /* Takes this host's link down or up: how an RDMA peer is made to stop answering, as
@@ -220,10 +227,69 @@ static void peer_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t
     case M_QUIT:
         p->quit = true;
         break;
+    case M_AUTHORIZE: {
+        int ret = kvt_tp_ep_authorize(ep);
+
+        if (ret < 0) {
+            fprintf(stderr, "peer: authorize: %s\n", strerror(-ret));
+            p->errors++;
+        }
+        (void)peer_send(p, M_ACK, M_AUTHORIZE, 0, NULL, 0);
+        break;
+    }
+    case M_EXPECT:
+        if (p->n_expect == sizeof(p->expect) / sizeof(p->expect[0]) || m.a >= KVT_TP_N_REFUSALS) {
+            p->errors++;
+            break;
+        }
+        p->expect[p->n_expect].refusal = m.a;
+        p->expect[p->n_expect++].count = m.b;
+        (void)peer_send(p, M_ACK, M_EXPECT, 0, NULL, 0);
+        break;
+    case M_DENY:
+        p->deny_off = m.a;
+        p->deny_len = m.b;
+        (void)peer_send(p, M_ACK, M_DENY, 0, NULL, 0);
+        break;
     default:
         fprintf(stderr, "peer: unknown message type %u\n", m.type);
         p->errors++;
     }
+}
+
+/* The region is the peer's to give: all of it but the M_DENY window. */
+static bool peer_may_read(void *arg, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr, uint64_t off,
+                          uint64_t len)
+{
+    struct peer *p = arg;
+
+    (void)ep;
+    if (mr != p->mr)
+        return false;
+    return p->deny_len == 0 || off + len <= p->deny_off || off >= p->deny_off + p->deny_len;
+}
+
+/* The refusal counters against what the client said to expect; errors. */
+static int peer_check_counters(struct peer *p)
+{
+    struct kvt_tp_counters c;
+    int errors = 0;
+
+    if (p->n_expect == 0)
+        return 0;
+    if (kvt_tp_get_counters(p->tp, &c) != 0)
+        return 1;
+    for (unsigned i = 0; i < p->n_expect; i++) {
+        uint64_t got = c.refused[p->expect[i].refusal];
+
+        if (got != p->expect[i].count) {
+            fprintf(stderr, "peer: refusals \"%s\": %llu, expected %llu\n",
+                    kvt_tp_refusal_name((unsigned)p->expect[i].refusal), (unsigned long long)got,
+                    (unsigned long long)p->expect[i].count);
+            errors++;
+        }
+    }
+    return errors;
 }
 
 /* Sends what the stream still owes, as far as credits allow. */
@@ -264,9 +330,11 @@ int conf_peer_main(const char *backend, const char *addr, uint16_t port, uint16_
     struct kvt_transport_config cfg = {
         .backend = backend,
         .max_msg_bytes = CONF_MAX_MSG,
+        .local_addr = addr,
         .cb = {.on_accept = peer_on_accept,
                .on_ep_state = peer_on_ep_state,
                .on_msg = peer_on_msg,
+               .may_read = peer_may_read,
                .arg = &p},
     };
     struct kvt_transport_config mute_cfg = {.backend = backend};
@@ -328,6 +396,7 @@ int conf_peer_main(const char *backend, const char *addr, uint16_t port, uint16_
             poll(&pfd, 1, 50);
         }
     }
+    p.errors += peer_check_counters(&p);
     status = p.errors == 0 ? 0 : 1;
     if (p.errors != 0)
         fprintf(stderr, "peer: %d errors\n", p.errors);

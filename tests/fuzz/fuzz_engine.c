@@ -2,10 +2,11 @@
  * decoder kvtierd runs on every frame an engine sends, and the one the client runs
  * on the daemon's replies.
  *
- * Input: byte 0 picks the limits (even: the server's request limits, with no events
- * or stats allowed; odd: the client's), the rest is one body for kvt__emsg_decode.
- * (Seeds in corpus/engine: one request or reply of every op, encoded by our
- * encoder, plus hostile headers.)
+ * Input: byte 0 picks the limits (even: the server's request limits, with no events,
+ * stats or peers allowed; odd: the client's), the rest is one body for
+ * kvt__emsg_decode. (Seeds in corpus/engine: one request or reply of every op, the
+ * minor-1 fields - fingerprint, ERROR message, peers with a newer minor's extra
+ * field - and hostile headers.)
  *
  * Checked on every input, beyond the sanitizers' own checks:
  * - decode fails only with -EBADMSG, -EPROTO or -EMSGSIZE (never -ENOMEM: no
@@ -46,6 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if ((data[0] & 1) == 0) {
         lim.max_events = 0;
         lim.max_stats = 0;
+        lim.max_peers = 0;
     }
     data++;
     size--;

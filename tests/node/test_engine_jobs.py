@@ -209,6 +209,27 @@ class EngineJobs(unittest.TestCase):
             b.on_request_finished("after-1")
         self.finish()
 
+    def test_reset_drops_what_jobs_stored(self):
+        a, ra = self.engine("r", rows=4)
+        with a, kvtier.Client(self.sock, name="admin", timeout_ms=10000) as admin:
+            a.attach_region(ra.fd, 0, 4, ROW)
+            ra.write(0, pattern(5))
+            _, done = a.jobs_step([], [kvtier.Job(1, kvtier.JOB_STORE, [key(5)], [0])])
+            self.assertTrue(done[0].ok)
+            self.assertEqual(a.jobs_step([key(5)])[0], [kvtier.HIT])
+            self.assertFalse(a.has_pending_work())
+            admin.reset()  # the engine holds nothing between its steps
+            self.assertEqual(a.jobs_step([key(5)])[0], [kvtier.MISS])
+            ra.write(1, b"\x33" * ROW)
+            _, done = a.jobs_step([], [kvtier.Job(2, kvtier.JOB_LOAD, [key(5)], [1])])
+            self.assertEqual([(d.id, d.ok) for d in done], [(2, False)])
+            self.assertEqual(ra.row(1), b"\x33" * ROW)  # not written
+            # Still attached: it stores again.
+            _, done = a.jobs_step([], [kvtier.Job(3, kvtier.JOB_STORE, [key(5)], [0])])
+            self.assertTrue(done[0].ok)
+        self.finish()
+
+
 if __name__ == "__main__":
     SERVER = sys.argv.pop(1)
     unittest.main(verbosity=2)

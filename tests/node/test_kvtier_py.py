@@ -112,6 +112,13 @@ class KvtierPy(unittest.TestCase):
         self.assertFalse(evs[0].removed)
         stats = a.get_stats()
         self.assertTrue(stats and all(s.name for s in stats))
+        # Each histogram with its own buckets: vLLM's for the allocation sizes.
+        alloc = [s for s in stats if s.name == "vllm:kv_offload_cpu_allocation_size"]
+        self.assertEqual(len(alloc), 1)
+        self.assertEqual(alloc[0].bounds,
+                         (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144))
+        self.assertEqual(sum(alloc[0].buckets), alloc[0].count)
+        self.assertTrue(all(s.bounds == () for s in stats if s.kind != kvtier.HISTOGRAM))
 
         a.on_request_finished("a-1")
         b.on_request_finished("b-1")
@@ -179,6 +186,52 @@ class KvtierPy(unittest.TestCase):
         self.assertEqual(rep["released_pins"], 1)
         self.assertEqual(rep["aborted_stores"], 1)
         self.assertEqual(rep["finished_reqs"], 1)
+
+    def test_reset_busy_then_done(self):
+        a, b = self.connect("a"), self.connect("b")
+        self.assertEqual(a.node_minor, 1)
+        keys = [key(i) for i in range(40, 43)]
+        a.on_new_request("ra")
+        plan = a.prepare_store("ra", keys)
+        for _, chunk in plan.stores:
+            a.row(chunk)[:] = b"\x11" * a.row_bytes
+        a.complete_store("ra", keys)
+        b.on_new_request("rb")
+        b.prepare_load("rb", keys[:1])  # b holds a pin: a reset would wipe its row
+        with self.assertRaises(kvtier.KvtierError) as e:
+            a.reset()
+        self.assertEqual(e.exception.errno, errno.EBUSY)
+        self.assertEqual(a.lookup("ra", keys), [kvtier.HIT] * 3)  # nothing changed
+        b.complete_load("rb", keys[:1])
+        self.assertFalse(a.has_pending_work())
+        a.reset()
+        self.assertEqual(a.lookup("ra", keys), [kvtier.MISS] * 3)
+        self.assertEqual(b.lookup("rb", keys), [kvtier.MISS] * 3)
+        self.assertEqual(a.take_events(), [])  # they described chunks that are gone
+        with self.assertRaises(kvtier.KvtierError) as e:
+            a.peers()  # the stand-in has no cluster
+        self.assertEqual(e.exception.errno, errno.EOPNOTSUPP)
+        a.on_request_finished("ra")
+        b.on_request_finished("rb")
+        a.close()
+        b.close()
+        self.finish()
+
+    def test_fingerprint_refused_with_reason(self):
+        a = kvtier.Client(self.srv.sock, name="a", fingerprint="model-one")
+        self.assertEqual(a.node_fingerprint, "model-one")  # the first declared sets it
+        with self.assertRaises(kvtier.KvtierError) as e:
+            kvtier.Client(self.srv.sock, name="b", fingerprint="model-two")
+        self.assertEqual(e.exception.errno, errno.EKEYREJECTED)
+        self.assertIn("'model-two'", e.exception.reason)
+        self.assertIn("'model-one'", e.exception.reason)
+        self.assertIn("model-one", str(e.exception))
+        with kvtier.Client(self.srv.sock, name="tool") as t:  # declares none: accepted
+            self.assertEqual(t.node_fingerprint, "model-one")
+        with self.assertRaises(ValueError):
+            kvtier.Client(self.srv.sock, fingerprint="x" * 256)
+        a.close()
+        self.finish()
 
 
 if __name__ == "__main__":

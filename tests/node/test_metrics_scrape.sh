@@ -4,7 +4,9 @@
 # chunks pulled between the nodes), then every node is scraped: each page must be
 # 200, promtool-clean (vLLM's "vllm:" names excepted) and show the counters that this
 # traffic must have moved; then more load, and every one of those counters must
-# have moved again on the second scrape. kvtierd once froze its page for good after
+# have moved again on the second scrape. The second pages must also show the node's
+# gauges: its build, this process, how full each tier is, and vLLM's own buckets
+# for vLLM's histograms. kvtierd once froze its page for good after
 # the first pull (two families of one name): the second scrape is what catches it.
 #
 #   test_metrics_scrape.sh KVTIERD KVTIER_LOAD TMPDIR
@@ -19,6 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 pass=0 fail=0
+t_start=$(date +%s)
 ok() { pass=$((pass + 1)); echo "ok - $*"; }
 bad() { fail=$((fail + 1)); echo "FAIL - $*"; }
 
@@ -123,6 +126,54 @@ for m in "${per_pair[@]}"; do
     a=$((a + x)) b=$((b + y))
   done
   if [ "$a" -gt 0 ] && [ "$b" -gt "$a" ]; then ok "cluster: $m moved ($a -> $b)"; else bad "cluster: $m did not move ($a -> $b)"; fi
+done
+
+# The node's own gauges on the second pages: its build, this process, how full each
+# tier is (16 MiB primary of 256 KiB rows: 64 chunks; storage bounded at 64 MiB, files
+# of a 4 KiB header and the row: 252 chunks; the network tier keeps none), and the
+# histograms' buckets: vLLM's own for vLLM's metrics.
+exact() { # page, series as printed -> its value, or "absent"
+  awk -v n="$2" '$1 == n { v = $2; f = 1 } END { if (f) print v; else print "absent" }' "$1"
+}
+is() { # description, awk condition on a and b
+  if awk -v a="$3" -v b="${4:-0}" "BEGIN { exit !($2) }" 2>/dev/null && [ "$3" != absent ]; then
+    ok "$1 ($3${4:+, $4})"
+  else
+    bad "$1 ($3${4:+, $4})"
+  fi
+}
+now=$(date +%s)
+for i in 1 2; do
+  page=$work/page.2.$i
+  n=$(grep -Ec '^kvtier_build_info\{version="[0-9]+\.[0-9]+\.[0-9]+",revision="[^"]+"\} 1$' "$page")
+  if [ "$n" = 1 ]; then ok "node $i: kvtier_build_info{version,revision} 1"; else bad "node $i: kvtier_build_info: $(grep build_info "$page")"; fi
+  is "node $i: process_cpu_seconds_total moved" 'b > a && a > 0' \
+    "$(exact "$work/page.1.$i" process_cpu_seconds_total)" "$(exact "$page" process_cpu_seconds_total)"
+  is "node $i: process_resident_memory_bytes > 1 MiB" 'a > 1048576' "$(exact "$page" process_resident_memory_bytes)"
+  is "node $i: 0 < process_open_fds <= process_max_fds" 'a > 0 && a <= b' \
+    "$(exact "$page" process_open_fds)" "$(exact "$page" process_max_fds)"
+  is "node $i: process_start_time_seconds within the test" "a >= $((t_start - 5)) && a <= $now" \
+    "$(exact "$page" process_start_time_seconds)"
+  t='{tier="0:primary"}'
+  is "node $i: primary capacity 64 chunks, 16 MiB" 'a == 64 && b == 16777216' \
+    "$(exact "$page" "kvtier_tier_capacity_chunks$t")" "$(exact "$page" "kvtier_tier_capacity_bytes$t")"
+  uc=$(exact "$page" "kvtier_tier_used_chunks$t")
+  is "node $i: primary used: 1..64 chunks of 256 KiB" "a >= 1 && a <= 64 && b == a * 262144" \
+    "$uc" "$(exact "$page" "kvtier_tier_used_bytes$t")"
+  t='{tier="1:storage"}'
+  is "node $i: storage capacity 252 chunks, 64 MiB" 'a == 252 && b == 67108864' \
+    "$(exact "$page" "kvtier_tier_capacity_chunks$t")" "$(exact "$page" "kvtier_tier_capacity_bytes$t")"
+  uc=$(exact "$page" "kvtier_tier_used_chunks$t")
+  is "node $i: storage used: 1..252 files of 260 KiB" "a >= 1 && a <= 252 && b == a * 266240" \
+    "$uc" "$(exact "$page" "kvtier_tier_used_bytes$t")"
+  if grep -q '^kvtier_tier_[a-z_]*{tier="2:network"}' "$page"; then bad "node $i: the network tier shows usage"; else ok "node $i: no usage for the network tier"; fi
+  if grep -q '^vllm:kv_offload_cpu_allocation_size_bucket{le="262144"} ' "$page" &&
+     grep -q '^vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier="0:primary",le="1e-05"} ' "$page" &&
+     ! grep -q '^vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier="0:primary",le="1e-06"} ' "$page"; then
+    ok "node $i: vLLM's own histogram buckets"
+  else
+    bad "node $i: histogram buckets: $(grep -E 'allocation_size_bucket|sync_delay_seconds_bucket\{tier="0' "$page" | head -4)"
+  fi
 done
 
 for i in 1 2; do

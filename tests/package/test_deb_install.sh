@@ -70,7 +70,7 @@ except Exception as e:
   phase "kvtierd start to /healthz"
   check "the installed kvtierd serves: /healthz answers 200 (example config)" '[ "$code" = 200 ]'
   check "kvtier status (the installed CLI) exits 0" \
-    'in_root kvtier status --socket /run/kvtier/engine.sock --metrics 127.0.0.1:9464 >"$root/tmp/status" 2>&1'
+    'in_root kvtier status --socket /run/kvtier/engine.sock >"$root/tmp/status" 2>&1'
   sed 's/^/    /' "$root/tmp/status"
   check "the engine socket is in /run/kvtier, group kvtier may connect (srw-rw----, engine.socket_mode)" \
     '[ "$(in_root stat -c %A:%U:%G /run/kvtier/engine.sock)" = srw-rw----:kvtier:kvtier ]'
@@ -227,7 +227,7 @@ files=$(dpkg-deb -c "$deb" | awk '{print $6}')
 for f in ./usr/sbin/kvtierd ./usr/bin/kvtier ./usr/bin/kvtier-load ./usr/bin/kvtier-bench \
   ./usr/lib/x86_64-linux-gnu/libkvtier-client.so.0.1.0 ./usr/lib/x86_64-linux-gnu/libkvtier-client.so.0 \
   ./usr/lib/x86_64-linux-gnu/libkvtier-client.so ./usr/include/kvtier/client.h \
-  ./usr/lib/x86_64-linux-gnu/pkgconfig/kvtier-client.pc ./usr/lib/python3/dist-packages/kvtier.py \
+  ./usr/lib/x86_64-linux-gnu/pkgconfig/kvtier-client.pc ./usr/lib/python3/dist-packages/kvtier/__init__.py ./usr/lib/python3/dist-packages/kvtier/vllm.py \
   ./etc/kvtier/kvtierd.yaml ./lib/systemd/system/kvtierd.service ./usr/lib/tmpfiles.d/kvtier.conf \
   ./usr/lib/sysusers.d/kvtier.conf ./usr/share/doc/kvtier/copyright; do
   grep -qxF "$f" <<<"$files" || bad "the package lacks $f"

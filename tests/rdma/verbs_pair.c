@@ -116,9 +116,13 @@ static int srv_accept(void *arg, struct kvt_tp_ep *ep)
     if (srv.ep != NULL)
         return -EBUSY; /* one client */
     srv.ep = ep;
-    rc = kvt_tp_pack(srv.tp, srv.mr, h, sizeof(h), &hl);
+    rc = kvt_tp_ep_authorize(ep); /* no handshake here: the client is trusted */
+    if (rc == 0)
+        rc = kvt_tp_pack(srv.tp, srv.mr, h, sizeof(h), &hl);
     if (rc == 0)
         rc = kvt_tp_send(ep, h, hl);
+    if (rc == 0)
+        rc = kvt_tp_ep_authorize(ep); /* the test's own client: no handshake */
     if (rc != 0) {
         fprintf(stderr, "server: sending the handle: %s\n", strerror(-rc));
         exit(1);
@@ -235,6 +239,10 @@ static void cli_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state st, int
 {
     if (st == KVT_EP_CONNECTED) {
         cli.connected = true;
+        if (kvt_tp_ep_authorize(ep) != 0) {
+            fprintf(stderr, "client: authorize failed\n");
+            exit(1);
+        }
     } else {
         cli.closed = true;
         cli.closed_err = err;

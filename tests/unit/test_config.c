@@ -179,6 +179,7 @@ static void test_defaults_without_file(void **state)
         assert_string_equal(cfg.storage_root, want);
     }
     assert_null(cfg.node_group);
+    assert_null(cfg.node_model_fingerprint);
     assert_non_null(strstr(cfg.primary_path, idhex));
     assert_null(strstr(cfg.primary_path, "{id}"));
     assert_true(cfg.storage_enabled);
@@ -487,6 +488,30 @@ static void test_node_group(void **state)
                WANT("node.group", "not a group id"));
 }
 
+/* node.model_fingerprint: unset by default, any printable text up to 255 bytes. */
+static void test_model_fingerprint(void **state)
+{
+    char *sets[] = {fx.set_region, fx.set_storage, fx.set_sock,
+                    "node.model_fingerprint=vllm:Qwen/Qwen3-0.6B:5e1f"};
+    struct kvt_config cfg;
+    char err[512];
+
+    (void)state;
+    assert_int_equal(kvt_config_load(&cfg, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_string_equal(cfg.node_model_fingerprint, "vllm:Qwen/Qwen3-0.6B:5e1f");
+    kvt_config_free(&cfg);
+    expect_bad("node:\n  model_fingerprint: \"a\\tb\"\n", NULL, 0, 0,
+               WANT(at_line(2), "node.model_fingerprint", "control character"));
+    {
+        char big[300], set[340];
+
+        memset(big, 'x', sizeof(big) - 1);
+        big[sizeof(big) - 1] = '\0';
+        snprintf(set, sizeof(set), "node.model_fingerprint=%s", big);
+        expect_bad(NULL, (char *[]){set}, 1, 0, WANT("node.model_fingerprint", "longer than 255"));
+    }
+}
+
 static void test_malformed_yaml(void **state)
 {
     (void)state;
@@ -601,6 +626,7 @@ static void test_help(void **state)
     static const char *const every[] = {"node.id",
                                         "node.namespace",
                                         "node.group",
+                                        "node.model_fingerprint",
                                         "primary.path",
                                         "primary.size",
                                         "primary.row_bytes",
@@ -888,6 +914,115 @@ static void test_engine_ring_keys(void **state)
                WANT(at_line(2), "engine.ring_spin_us"));
 }
 
+/* The network tier's fetch shape: defaults as the tier's own, file values, ranges. */
+static void test_network_fetch_keys(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_int_equal(cfg.network_keys_per_fetch, 64);
+    assert_int_equal(cfg.network_fetches_per_peer, 4);
+    assert_int_equal(cfg.network_reads_per_batch, 8);
+    kvt_config_free(&cfg);
+    write_file(fx.conf,
+               "network:\n  keys_per_fetch: 256\n  fetches_per_peer: 2\n  reads_per_batch: 32\n",
+               0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_int_equal(cfg.network_keys_per_fetch, 256);
+    assert_int_equal(cfg.network_fetches_per_peer, 2);
+    assert_int_equal(cfg.network_reads_per_batch, 32);
+    kvt_config_free(&cfg);
+    expect_bad("network:\n  keys_per_fetch: 257\n", NULL, 0, 0,
+               WANT(at_line(2), "network.keys_per_fetch"));
+    expect_bad("network:\n  reads_per_batch: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "network.reads_per_batch"));
+    expect_bad("network:\n  fetches_per_peer: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "network.fetches_per_peer"));
+}
+
+/* network.advertise: what peers are told; a wildcard listen address needs one, and an
+ * advertised wildcard is refused, each naming the key and its line. */
+static void test_network_advertise(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_null(cfg.network_advertise);
+    kvt_config_free(&cfg);
+    write_file(fx.conf, "network:\n  listen: 0.0.0.0\n  advertise: 10.1.2.3\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_string_equal(cfg.network_listen, "0.0.0.0");
+    assert_string_equal(cfg.network_advertise, "10.1.2.3");
+    kvt_config_free(&cfg);
+    write_file(fx.conf, "network:\n  listen: \"::\"\n  advertise: \"fd00::5\"\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_string_equal(cfg.network_advertise, "fd00::5");
+    kvt_config_free(&cfg);
+    expect_bad("network:\n  port: 7170\n  listen: 0.0.0.0\n", NULL, 0, 0,
+               WANT(at_line(3), "network.listen", "network.advertise"));
+    expect_bad("network:\n  listen: \"::\"\n", NULL, 0, 0,
+               WANT(at_line(2), "network.listen", "every address"));
+    expect_bad("network:\n  listen: \"::1\"\n  advertise: \"0:0::0\"\n", NULL, 0, 0,
+               WANT(at_line(3), "network.advertise", "wildcard"));
+    expect_bad("network:\n  advertise: \"a b\"\n", NULL, 0, 0,
+               WANT(at_line(2), "network.advertise", "not a host name"));
+    /* Without a network tier, nothing is advertised: a wildcard is fine. */
+    write_file(fx.conf, "network:\n  enabled: false\n  listen: 0.0.0.0\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    kvt_config_free(&cfg);
+}
+
+/* A copy owns its strings and peer list: equal by dump, unchanged when the original
+ * goes; out of memory at any allocation fails whole and leaks nothing (the test
+ * allocator and ASan). */
+static void test_copy(void **state)
+{
+    char *sets[] = {"network.peers=a:1,b:2,[::1]:3",
+                    fx.set_secret,
+                    "node.namespace=ns-x",
+                    "node.group=0",
+                    fx.set_region,
+                    fx.set_storage,
+                    fx.set_sock};
+    struct kvt_config a, b, c;
+    char err[512], *ta, *tb;
+    int rc = -ENOMEM;
+    long n;
+
+    (void)state;
+    assert_int_equal(kvt_config_load(&a, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_int_equal(kvt_config_copy(&b, &a), 0);
+    ta = dump_text(&a);
+    tb = dump_text(&b);
+    assert_string_equal(ta, tb);
+    assert_true(b.network_peers != a.network_peers);
+    assert_true(b.network_peers[2] != a.network_peers[2]);
+    assert_true(b.node_namespace != a.node_namespace);
+    kvt_config_free(&a);
+    free(tb);
+    tb = dump_text(&b);
+    assert_string_equal(ta, tb); /* b stands alone */
+    for (n = 0; n < 1000 && rc == -ENOMEM; n++) {
+        memset(&c, 0xa5, sizeof(c));
+        kvt_alloc_fail_after(n);
+        rc = kvt_config_copy(&c, &b);
+        kvt_alloc_fail_after(-1);
+    }
+    assert_int_equal(rc, 0);
+    assert_true(n > 3); /* it did fail at the first allocations */
+    free(ta);
+    ta = dump_text(&c);
+    assert_string_equal(ta, tb);
+    free(ta);
+    free(tb);
+    kvt_config_free(&b);
+    kvt_config_free(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -900,6 +1035,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_size_suffix, setup, teardown),
         cmocka_unit_test_setup_teardown(test_secret_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_group, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_fingerprint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_yaml, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_set, setup, teardown),
@@ -911,6 +1047,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_deep_nesting_refused_quickly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_huge_file_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_and_metrics_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_advertise, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_fetch_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy, setup, teardown),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -32,6 +33,7 @@
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/engine_api.h"
+#include "kvt/example_tier.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/primary.h"
@@ -52,6 +54,8 @@ static struct {
     pthread_t thread;
     pthread_mutex_t lock;
     volatile int stop;
+    struct kvt_tier *tiers[1]; /* the next start's secondary tiers (the manager owns them) */
+    size_t n_tiers;
 } g;
 
 static void *server_main(void *arg)
@@ -90,7 +94,7 @@ static void start_with(const struct kvt_engine_server_config *lim)
     assert_int_equal(kvt_region_open(&rc, r), 0);
     pc.row_bytes = r->row_bytes;
     assert_int_equal(kvt_primary_create(&pc, r, &p), 0);
-    assert_int_equal(kvt_manager_create(p, NULL, 0, &g.m), 0);
+    assert_int_equal(kvt_manager_create(p, g.tiers, g.n_tiers, &g.m), 0);
     sc.socket_path = g.sock;
     sc.manager = g.m;
     assert_int_equal(kvt_engine_server_create(&sc, &g.srv), 0);
@@ -111,8 +115,10 @@ static void stop(void)
     pthread_join(g.thread, NULL);
     kvt_engine_server_destroy(g.srv);
     assert_int_equal(access(g.sock, F_OK), -1); /* unlinked */
+    kvt_manager_shutdown(g.m);
     kvt_manager_destroy(g.m);
     pthread_mutex_destroy(&g.lock);
+    g.n_tiers = 0;
 }
 
 static int setup(void **state)
@@ -419,6 +425,28 @@ static void test_events_and_stats(void **state)
     assert_true(st->bounds[0] > 0);
     for (size_t i = 0; i < st->n; i++)
         assert_true(strlen(st->s[i].name) > 0);
+    /* Each histogram with its own buckets: vLLM's for the allocation sizes. */
+    {
+        bool seen = false;
+
+        assert_non_null(st->stat_bounds);
+        for (size_t i = 0; i < st->n; i++) {
+            const struct kvtier_stat *h = &st->s[i];
+            const struct kvtier_hist_bounds *hb = &st->stat_bounds[i];
+
+            if (h->kind != KVTIER_HISTOGRAM) {
+                assert_int_equal(hb->n, 0);
+                continue;
+            }
+            if (strcmp(h->name, "vllm:kv_offload_cpu_allocation_size") != 0)
+                continue;
+            seen = true;
+            assert_int_equal(hb->n, 10);
+            assert_true(hb->bound[0] == 1 && hb->bound[9] == 262144);
+            assert_int_equal(h->buckets[1], 1); /* one prepare_store of 3 keys */
+        }
+        assert_true(seen);
+    }
     kvtier_stats_free(st);
     st = NULL; /* this server keeps no totals (no total_stats hook) */
     assert_int_equal(kvtier_get_stats_totals(a, &st), -EOPNOTSUPP);
@@ -840,6 +868,182 @@ static int raw_hello(const char *name)
 static uint64_t refused(enum kvt_engine_refusal r)
 {
     return counters().refused_by[r];
+}
+
+/* Each stat's bucket bounds on the wire: they round-trip; bounds before the stats,
+ * of another count, descending or not finite are a malformed message. */
+static void test_stat_bounds_codec(void **state)
+{
+    static const struct kvt_eproto_limits lim = {.max_body = 1u << 20,
+                                                 .max_keys = 4096,
+                                                 .max_params = 1u << 16,
+                                                 .max_events = 64,
+                                                 .max_stats = 64};
+    struct kvtier_stat st[2] = {{.name = "h", .kind = KVTIER_HISTOGRAM},
+                                {.name = "c", .kind = KVTIER_COUNTER}};
+    struct kvtier_hist_bounds hb[2] = {{.n = 3, .bound = {0.5, 1, 2}}, {.n = 0}};
+    struct kvt_emsg m, d;
+    struct kvt_ebuf b;
+
+    (void)state;
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_GET_STATS | KVT_EOP_REPLY;
+    m.stats = st;
+    m.stat_bounds = hb;
+    m.n_stats = 2;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_STATS | 1u << KVT_EF_STAT_BOUNDS;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), 0);
+    assert_true(kvt__emsg_has(&d, KVT_EF_STAT_BOUNDS));
+    assert_int_equal(d.stat_bounds[0].n, 3);
+    assert_true(d.stat_bounds[0].bound[0] == 0.5 && d.stat_bounds[0].bound[2] == 2);
+    assert_int_equal(d.stat_bounds[1].n, 0);
+    kvt__emsg_free(&d);
+    kvt__ebuf_cleanup(&b);
+
+    hb[0].bound[2] = 1; /* not ascending */
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+    hb[0].bound[2] = INFINITY;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+    /* Bounds without their stats. */
+    hb[0].bound[2] = 2;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_STAT_BOUNDS;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    assert_int_equal(kvt__emsg_decode(b.data + 4, b.len - 4, &lim, &d), -EBADMSG);
+    kvt__ebuf_cleanup(&b);
+}
+
+/* ---- a node that sends no bounds of each stat's own (before KVT_EF_STAT_BOUNDS) ---- */
+
+/* One frame off fd into *m (the test's own limits). */
+static int old_node_recv(int fd, struct kvt_emsg *m)
+{
+    static const struct kvt_eproto_limits lim = {.max_body = 1u << 20,
+                                                 .max_keys = 4096,
+                                                 .max_params = 1u << 16,
+                                                 .max_events = 64,
+                                                 .max_stats = 64};
+    uint8_t hdr[4], body[65536];
+    uint32_t len;
+
+    if (recv(fd, hdr, 4, MSG_WAITALL) != 4)
+        return -1;
+    len = kvt__eproto_frame_len(hdr);
+    if (len > sizeof(body) || recv(fd, body, len, MSG_WAITALL) != (ssize_t)len)
+        return -1;
+    return kvt__emsg_decode(body, len, &lim, m);
+}
+
+/* Sends m, with fd (>= 0) by SCM_RIGHTS. */
+static void old_node_send(int sock, const struct kvt_emsg *m, int fd)
+{
+    char cbuf[CMSG_SPACE(sizeof(int))] = {0};
+    struct kvt_ebuf b;
+    struct iovec iov;
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(m, &b), 0);
+    iov = (struct iovec){.iov_base = b.data, .iov_len = b.len};
+    if (fd >= 0) {
+        struct cmsghdr *cm;
+
+        mh.msg_control = cbuf;
+        mh.msg_controllen = sizeof(cbuf);
+        cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    }
+    assert_int_equal(sendmsg(sock, &mh, 0), (ssize_t)b.len);
+    kvt__ebuf_cleanup(&b);
+}
+
+/* Plays a node of the protocol before each stat's bounds: HELLO (a 1-chunk region of a
+ * memfd), then one GET_STATS answered with a histogram and a counter, the common
+ * bounds and nothing else. */
+static void *old_node(void *arg)
+{
+    int sock = accept4(*(int *)arg, NULL, NULL, SOCK_CLOEXEC);
+    int region = memfd_create("old-node", MFD_CLOEXEC);
+    struct kvtier_stat st[2] = {{.name = "h", .kind = KVTIER_HISTOGRAM, .count = 1},
+                                {.name = "c", .kind = KVTIER_COUNTER, .value = 2}};
+    struct kvt_emsg q, r;
+
+    assert_true(region >= 0 && ftruncate(region, 4096) == 0);
+    assert_int_equal(old_node_recv(sock, &q), 0);
+    kvt__emsg_init(&r);
+    r.op = KVT_EOP_HELLO | KVT_EOP_REPLY;
+    r.seq = q.seq;
+    r.n_geom = KVT_EG_COUNT;
+    r.geom[KVT_EG_CLIENT_ID] = 1;
+    r.geom[KVT_EG_NUM_CHUNKS] = 1;
+    r.geom[KVT_EG_ROW_BYTES] = r.geom[KVT_EG_PAGE_BYTES] = r.geom[KVT_EG_SIZE] = 4096;
+    r.geom[KVT_EG_NUM_WORKERS] = 1;
+    r.geom[KVT_EG_MAX_KEYS] = 64;
+    r.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_RC | 1u << KVT_EF_GEOM;
+    old_node_send(sock, &r, region);
+    kvt__emsg_free(&q);
+    assert_int_equal(old_node_recv(sock, &q), 0);
+    kvt__emsg_init(&r);
+    r.op = KVT_EOP_GET_STATS | KVT_EOP_REPLY;
+    r.seq = q.seq;
+    st[0].buckets[15] = 1;
+    r.stats = st;
+    r.n_stats = 2;
+    memcpy(r.bounds, kvt_hist_bounds, sizeof(r.bounds));
+    r.n_bounds = KVTIER_HIST_BUCKETS;
+    r.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_RC | 1u << KVT_EF_STATS |
+            1u << KVT_EF_BOUNDS;
+    old_node_send(sock, &r, -1);
+    kvt__emsg_free(&q);
+    close(region);
+    close(sock);
+    return NULL;
+}
+
+/* Stats from an older node: every histogram gets the common bounds, the last (which
+ * stood for +Inf) left out; a counter none. */
+static void test_stat_bounds_from_older_node(void **state)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char path[300];
+    int lfd;
+    pthread_t th;
+    struct kvtier_client *c = NULL;
+    struct kvtier_stats *st = NULL;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/old-node.sock", g.dir);
+    unlink(path);
+    lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(lfd >= 0 && strlen(path) < sizeof(sa.sun_path));
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(lfd, 1), 0);
+    assert_int_equal(pthread_create(&th, NULL, old_node, &lfd), 0);
+    assert_int_equal(kvtier_connect(path, NULL, &c), 0);
+    assert_int_equal(kvtier_get_stats(c, &st), 0);
+    assert_int_equal(st->n, 2);
+    assert_non_null(st->stat_bounds);
+    assert_int_equal(st->stat_bounds[0].n, KVTIER_HIST_BUCKETS - 1);
+    for (unsigned i = 0; i < KVTIER_HIST_BUCKETS - 1; i++)
+        assert_true(st->stat_bounds[0].bound[i] == kvt_hist_bounds[i]);
+    assert_int_equal(st->stat_bounds[1].n, 0);
+    kvtier_stats_free(st);
+    kvtier_close(c);
+    pthread_join(th, NULL);
+    close(lfd);
+    unlink(path);
 }
 
 /* Engine B's complete_store of engine A's write-pending key is refused and counted:
@@ -1310,6 +1514,339 @@ static void test_attach_and_jobs(void **state)
     close(fd);
 }
 
+/* ---- reset, pending work, fingerprints, peers (minor 1) -------------------------------- */
+
+static struct kvtier_client *conn_fp(const char *name, const char *fp, int *rc_p, char *err,
+                                     size_t err_len)
+{
+    struct kvtier_client *c = NULL;
+    struct kvtier_connect_ex o = {.size = sizeof(o),
+                                  .name = name,
+                                  .timeout_ms = 10000,
+                                  .fingerprint = fp,
+                                  .error = err,
+                                  .error_len = err_len};
+
+    *rc_p = kvtier_connect_ex(g.sock, &o, &c);
+    return c;
+}
+
+static enum kvtier_lookup_result look1(struct kvtier_client *c, const char *req, int i)
+{
+    struct kvtier_key k = key(i);
+    uint8_t r = 0xff;
+
+    assert_int_equal(kvtier_lookup(c, req, &k, 1, 0, &r, NULL), 0);
+    return r;
+}
+
+/* reset: refused (-EBUSY, counted, nothing changed) while an engine holds a pin or a
+ * prepared store; done once nothing is held: every chunk gone, the queued events
+ * dropped, live requests kept, engines still attached. */
+static void test_reset_refused_while_held_then_done(void **state)
+{
+    struct kvtier_client *a = conn("a"), *b = conn("b");
+    struct kvtier_key k = key(1100), k2 = key(1101);
+    struct kvtier_events *ev = NULL;
+    uint32_t idx;
+    int64_t id;
+    struct kvtier_store_plan plan = {.store_index = &idx, .chunk_ids = &id};
+
+    (void)state;
+    assert_int_equal(kvtier_client_node_minor(a), 1);
+    assert_int_equal(kvtier_on_new_request(a, "r-a", NULL, NULL), 0);
+    assert_int_equal(kvtier_on_new_request(b, "r-b", NULL, NULL), 0);
+    assert_int_equal(store(a, "r-a", 1100, 1, 7), 0);
+    assert_int_equal(look1(a, "r-a", 1100), KVTIER_HIT);
+
+    /* b pins the chunk: refused, nothing changed. */
+    assert_int_equal(kvtier_prepare_load(b, "r-b", &k, 1, &id), 0);
+    assert_int_equal(kvtier_reset(a), -EBUSY);
+    assert_int_equal(refused(KVT_EREF_RESET_BUSY), 1);
+    assert_int_equal(counters().resets, 0);
+    assert_int_equal(entry(1100).ref_cnt, 1);
+    assert_int_equal(kvtier_complete_load(b, "r-b", &k, 1), 0);
+
+    /* a prepared store not completed (its own): refused too. */
+    assert_int_equal(kvtier_prepare_store(a, "r-a", &k2, 1, &plan), 0);
+    assert_int_equal(kvtier_reset(b), -EBUSY);
+    assert_int_equal(refused(KVT_EREF_RESET_BUSY), 2);
+    assert_int_equal(kvtier_complete_store(a, "r-a", &k2, 1, true), 0);
+
+    assert_int_equal(kvtier_reset(b), 0);
+    assert_int_equal(counters().resets, 1);
+    assert_int_equal(entry(1100).ref_cnt, -99);
+    assert_int_equal(entry(1101).ref_cnt, -99);
+    assert_int_equal(look1(a, "r-a", 1100), KVTIER_MISS);
+    assert_int_equal(kvtier_take_events(b, &ev), 0); /* the stored events went too */
+    assert_int_equal(ev->n, 0);
+    kvtier_events_free(ev);
+    /* Requests and connections live on: a stores again. */
+    assert_true(has_request("r-a") && has_request("r-b"));
+    assert_int_equal(store(a, "r-a", 1100, 1, 9), 0);
+    assert_int_equal(look1(b, "r-b", 1100), KVTIER_HIT);
+    assert_int_equal(kvtier_on_request_finished(a, "r-a"), 0);
+    assert_int_equal(kvtier_on_request_finished(b, "r-b"), 0);
+    kvtier_close(a);
+    kvtier_close(b);
+}
+
+/* has_pending_work follows the manager's (a cascade the secondary tier holds), and
+ * reset drains that tier before it clears the primary. */
+static void test_pending_work_and_reset_drain(void **state)
+{
+    struct kvt_example_tier_config hold = {.hold_jobs = true};
+    struct kvtier_client *a;
+    bool pending = true;
+
+    (void)state;
+    stop();
+    assert_int_equal(kvt_example_tier_create(&hold, &g.tiers[0]), 0);
+    g.n_tiers = 1;
+    start(0, 0);
+    a = conn("a");
+    assert_int_equal(kvtier_has_pending_work(a, &pending), 0);
+    assert_false(pending);
+    assert_int_equal(kvtier_on_new_request(a, "p-a", NULL, NULL), 0);
+    assert_int_equal(store(a, "p-a", 1200, 2, 1), 0);
+    assert_int_equal(kvtier_on_schedule_end(a, NULL, 0, NULL, 0), 0); /* the cascade goes */
+    assert_int_equal(kvtier_has_pending_work(a, &pending), 0);
+    assert_true(pending);
+    /* The held cascade is drained by the reset (example tier: drain completes it). */
+    assert_int_equal(kvtier_reset(a), 0);
+    assert_int_equal(kvtier_has_pending_work(a, &pending), 0);
+    assert_false(pending);
+    pthread_mutex_lock(&g.lock);
+    assert_int_equal(kvt_primary_num_entries(kvt_manager_primary(g.m)), 0);
+    /* The example tier has no reset op: it keeps what it stored (vLLM's semantics). */
+    assert_int_equal(kvt_example_tier_num_keys(g.tiers[0]), 2);
+    pthread_mutex_unlock(&g.lock);
+    assert_int_equal(kvtier_on_request_finished(a, "p-a"), 0);
+    kvtier_close(a);
+}
+
+static struct {
+    int calls;
+    int rc;
+    char last[KVTIER_FINGERPRINT_MAX + 1];
+} fp_cb;
+
+static int on_fingerprint(void *arg, const char *fp)
+{
+    (void)arg;
+    fp_cb.calls++;
+    snprintf(fp_cb.last, sizeof(fp_cb.last), "%s", fp);
+    return fp_cb.rc;
+}
+
+/* The first engine that declares a fingerprint sets the node's (told once); another is
+ * refused with both named (counted); none is accepted; a configured one is fixed. */
+static void test_fingerprint_first_engine_sets_it(void **state)
+{
+    char err[KVTIER_ERROR_MAX + 1], big[KVTIER_FINGERPRINT_MAX + 2];
+    struct kvtier_client *a, *b, *c, *d;
+    int rc;
+
+    (void)state;
+    stop();
+    memset(&fp_cb, 0, sizeof(fp_cb));
+    fp_cb.rc = -EIO;
+    start_with(&(struct kvt_engine_server_config){.fingerprint_set = on_fingerprint});
+    /* The node cannot take it: refused, still unset. */
+    assert_null(conn_fp("a", "model-a", &rc, err, sizeof(err)));
+    assert_int_equal(rc, -EIO);
+    assert_non_null(strstr(err, "model-a"));
+    fp_cb.rc = 0;
+    a = conn_fp("a", "model-a", &rc, err, sizeof(err));
+    assert_int_equal(rc, 0);
+    assert_int_equal(fp_cb.calls, 2);
+    assert_string_equal(fp_cb.last, "model-a");
+    assert_string_equal(kvtier_client_node_fingerprint(a), "model-a"); /* its own, now */
+    b = conn_fp("b", "model-b", &rc, err, sizeof(err));
+    assert_null(b);
+    assert_int_equal(rc, -EKEYREJECTED);
+    assert_non_null(strstr(err, "'model-b'"));
+    assert_non_null(strstr(err, "'model-a'"));
+    assert_int_equal(refused(KVT_EREF_FINGERPRINT), 2); /* the -EIO one, and this */
+    assert_int_equal(counters().malformed, 0);
+    c = conn_fp("c", NULL, &rc, err, sizeof(err)); /* declares none: accepted */
+    assert_int_equal(rc, 0);
+    assert_string_equal(kvtier_client_node_fingerprint(c), "model-a");
+    d = conn_fp("d", "model-a", &rc, err, sizeof(err));
+    assert_int_equal(rc, 0);
+    assert_int_equal(fp_cb.calls, 2); /* set once */
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    assert_null(conn_fp("e", big, &rc, err, sizeof(err)));
+    assert_int_equal(rc, -EINVAL); /* refused by the library, not sent */
+    kvtier_close(a);
+    kvtier_close(c);
+    kvtier_close(d);
+
+    /* Configured: fixed from the start, the callback never told. */
+    stop();
+    memset(&fp_cb, 0, sizeof(fp_cb));
+    start_with(&(struct kvt_engine_server_config){.fingerprint = "fixed",
+                                                  .fingerprint_set = on_fingerprint});
+    assert_null(conn_fp("x", "model-a", &rc, err, sizeof(err)));
+    assert_int_equal(rc, -EKEYREJECTED);
+    assert_non_null(strstr(err, "'fixed'"));
+    a = conn_fp("y", "fixed", &rc, err, sizeof(err));
+    assert_int_equal(rc, 0);
+    assert_string_equal(kvtier_client_node_fingerprint(a), "fixed");
+    assert_int_equal(fp_cb.calls, 0);
+    kvtier_close(a);
+}
+
+static int fake_peers(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_p)
+{
+    (void)arg;
+    assert_true(cap >= 2);
+    out[0] = (struct kvtier_peer){
+        .node_id = 7, .incarnation = 70, .port = 7170, .state = KVTIER_PEER_SELF};
+    snprintf(out[0].addr, sizeof(out[0].addr), "127.0.0.1");
+    out[1] = (struct kvtier_peer){.node_id = 8,
+                                  .incarnation = 80,
+                                  .port = 7171,
+                                  .state = KVTIER_PEER_DOWN,
+                                  .last_heard_ms = 1500,
+                                  .pulled_bytes = 4096,
+                                  .served_bytes = 8192};
+    snprintf(out[1].addr, sizeof(out[1].addr), "10.0.0.8");
+    *n_p = 2;
+    return 0;
+}
+
+/* PEERS: what the node's callback lists, field by field; -EOPNOTSUPP (the connection
+ * stays) on a node without one. */
+static void test_peers_listed(void **state)
+{
+    struct kvtier_client *a = conn("a");
+    struct kvtier_peers *p = NULL;
+
+    (void)state;
+    assert_int_equal(kvtier_get_peers(a, &p), -EOPNOTSUPP);
+    assert_int_equal(kvtier_on_new_request(a, "still-up", NULL, NULL), 0);
+    kvtier_close(a);
+    stop();
+    start_with(&(struct kvt_engine_server_config){.peers = fake_peers});
+    a = conn("a");
+    assert_int_equal(kvtier_get_peers(a, &p), 0);
+    assert_int_equal(p->n, 2);
+    assert_true(p->p[0].node_id == 7 && p->p[0].state == KVTIER_PEER_SELF);
+    assert_string_equal(p->p[0].addr, "127.0.0.1");
+    assert_true(p->p[1].node_id == 8 && p->p[1].incarnation == 80 && p->p[1].port == 7171);
+    assert_string_equal(p->p[1].addr, "10.0.0.8");
+    assert_int_equal(p->p[1].state, KVTIER_PEER_DOWN);
+    assert_true(p->p[1].last_heard_ms == 1500 && p->p[1].pulled_bytes == 4096 &&
+                p->p[1].served_bytes == 8192);
+    kvtier_peers_free(p);
+    kvtier_close(a);
+}
+
+/* An ERROR frame's message reaches the caller (kvtier_client_error): a request the
+ * server cannot decode closes the connection with its reason. */
+static void test_error_message_surfaced(void **state)
+{
+    int fd = raw_hello("raw");
+    struct kvt_emsg m;
+
+    (void)state;
+    send_frame(fd, "\xc1", 1);
+    assert_int_equal(raw_recv(fd, &m), 0);
+    assert_int_equal(m.op, KVT_EOP_ERROR | KVT_EOP_REPLY);
+    assert_true(kvt__emsg_has(&m, KVT_EF_MESSAGE));
+    assert_non_null(strstr(m.message, "bad request"));
+    kvt__emsg_free(&m);
+    close(fd);
+}
+
+/* A node of minor 0 (a fake that answers HELLO as one): the minor-1 calls return
+ * -EOPNOTSUPP without sending anything (such a node closes on an unknown op). */
+struct minor0 {
+    int lfd;
+    int frames_after_hello;
+};
+
+static void *minor0_main(void *arg)
+{
+    struct minor0 *z = arg;
+    int fd = accept(z->lfd, NULL, NULL), mfd = memfd_create("region", 0);
+    struct kvt_emsg m;
+    struct kvt_ebuf b;
+    char cbuf[CMSG_SPACE(sizeof(int))] = {0};
+    struct iovec iov;
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof(cbuf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+
+    assert_true(fd >= 0 && mfd >= 0);
+    assert_int_equal(ftruncate(mfd, 4 * 4096), 0);
+    assert_int_equal(raw_recv(fd, &m), 0);
+    assert_int_equal(m.op, KVT_EOP_HELLO);
+    kvt__emsg_free(&m);
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_HELLO | KVT_EOP_REPLY;
+    m.seq = 1;
+    m.rc = 0;
+    m.major = 1;
+    m.minor = 0;
+    m.geom[KVT_EG_CLIENT_ID] = 1;
+    m.geom[KVT_EG_NUM_CHUNKS] = 4;
+    m.geom[KVT_EG_ROW_BYTES] = 4096;
+    m.geom[KVT_EG_PAGE_BYTES] = 4096;
+    m.geom[KVT_EG_NUM_WORKERS] = 1;
+    m.geom[KVT_EG_SIZE] = 4 * 4096;
+    m.geom[KVT_EG_MAX_KEYS] = 16;
+    m.n_geom = KVT_EG_COUNT;
+    m.has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_RC | 1u << KVT_EF_MAJOR |
+            1u << KVT_EF_MINOR | 1u << KVT_EF_GEOM;
+    kvt__ebuf_init(&b);
+    assert_int_equal(kvt__emsg_encode(&m, &b), 0);
+    iov = (struct iovec){b.data, b.len};
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &mfd, sizeof(int));
+    assert_int_equal(sendmsg(fd, &mh, 0), (ssize_t)b.len);
+    kvt__ebuf_cleanup(&b);
+    close(mfd);
+    /* Anything more the client sends is counted until it closes. */
+    while (raw_recv(fd, &m) == 0) {
+        z->frames_after_hello++;
+        kvt__emsg_free(&m);
+    }
+    close(fd);
+    return NULL;
+}
+
+static void test_minor0_node_not_asked(void **state)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct minor0 z = {0};
+    struct kvtier_client *c = NULL;
+    struct kvtier_peers *p = NULL;
+    pthread_t t;
+    bool pending;
+
+    (void)state;
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/minor0.sock", g.dir);
+    z.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_int_equal(bind(z.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    assert_int_equal(listen(z.lfd, 1), 0);
+    assert_int_equal(pthread_create(&t, NULL, minor0_main, &z), 0);
+    assert_int_equal(kvtier_connect(sa.sun_path, NULL, &c), 0);
+    assert_int_equal(kvtier_client_node_minor(c), 0);
+    assert_int_equal(kvtier_reset(c), -EOPNOTSUPP);
+    assert_int_equal(kvtier_has_pending_work(c, &pending), -EOPNOTSUPP);
+    assert_int_equal(kvtier_get_peers(c, &p), -EOPNOTSUPP);
+    kvtier_close(c);
+    pthread_join(t, NULL);
+    close(z.lfd);
+    unlink(sa.sun_path);
+    assert_int_equal(z.frames_after_hello, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1325,6 +1862,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_max_clients, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_path_stale_and_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(test_daemon_gone, setup, teardown),
+        cmocka_unit_test(test_stat_bounds_codec),
+        cmocka_unit_test(test_stat_bounds_from_older_node),
         cmocka_unit_test_setup_teardown(test_complete_store_of_another_clients_key_refused, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_events_bounded_oldest_dropped, setup, teardown),
@@ -1336,6 +1875,12 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hello_name_cannot_forge_log_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_mode_and_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_and_jobs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reset_refused_while_held_then_done, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pending_work_and_reset_drain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fingerprint_first_engine_sets_it, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_peers_listed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_message_surfaced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_minor0_node_not_asked, setup, teardown),
     };
     int rc;
 

@@ -965,6 +965,114 @@ static void test_reset_cache_clears_orchestrator_state(void **state)
     fx_free(f);
 }
 
+/* A tier with a reset op (kvt_manager_reset_all): it records whether it was drained
+ * before, what the primary held when it was reset, and fails when told to. */
+struct reset_tier {
+    struct kvt_tier base;
+    struct kvt_primary *p;
+    unsigned drains, resets;
+    size_t primary_entries_at_reset;
+    bool drained_before_reset;
+    int reset_rc;
+};
+static enum kvt_lookup_result rt_lookup(struct kvt_tier *t, const struct kvt_key *k,
+                                        struct kvt_req_ctx *c)
+{
+    return KVT_MISS;
+}
+static int rt_submit(struct kvt_tier *t, const struct kvt_job *j)
+{
+    return -ENOSPC;
+}
+static void rt_finished(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)
+{
+}
+static int rt_drain(struct kvt_tier *t)
+{
+    ((struct reset_tier *)t)->drains++;
+    return 0;
+}
+static int rt_reset(struct kvt_tier *t)
+{
+    struct reset_tier *r = (struct reset_tier *)t;
+    r->resets++;
+    r->drained_before_reset = r->drains > 0;
+    r->primary_entries_at_reset = kvt_primary_num_entries(r->p);
+    return r->reset_rc;
+}
+static void rt_destroy(struct kvt_tier *t)
+{
+    free(t);
+}
+static const struct kvt_tier_ops reset_tier_ops = {
+    .lookup = rt_lookup,
+    .submit_store = rt_submit,
+    .submit_load = rt_submit,
+    .get_finished_jobs = rt_finished,
+    .drain_jobs = rt_drain,
+    .reset = rt_reset,
+    .destroy = rt_destroy,
+};
+
+/* reset_all: reset_cache (drain, primary cleared), then each tier's reset; a tier
+ * without one keeps its data, a failing one's error is returned after the others. */
+static void test_reset_all_resets_every_tier_after_the_primary(void **state)
+{
+    struct kvt_primary_config pc = {.num_chunks = 5, .row_bytes = 16};
+    struct kvt_primary *p;
+    struct kvt_manager *m;
+    struct kvt_tier *ex;
+    struct reset_tier *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+    struct kvt_key k[2], kept = kt_key(77);
+    struct kvt_req_ctx *ctx = kt_ctx("req_reset_all");
+    struct kvt_store_output out;
+    struct kvt_tier *tiers[3];
+
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(kvt_primary_create(&pc, NULL, &p), 0);
+    kvt_tier_init(&a->base, &reset_tier_ops, "reset_a", KVT_MEDIUM_CPU, KVT_ANY);
+    kvt_tier_init(&b->base, &reset_tier_ops, "reset_b", KVT_MEDIUM_CPU, KVT_ANY);
+    a->p = b->p = p;
+    b->reset_rc = -EIO;
+    assert_int_equal(kvt_example_tier_create(NULL, &ex), 0);
+    tiers[0] = &a->base;
+    tiers[1] = &b->base;
+    tiers[2] = ex;
+    assert_int_equal(kvt_manager_create(p, tiers, 3, &m), 0);
+    kvt_store_output_init(&out);
+    kt_keys(k, 0, 2);
+    assert_int_equal(kvt_manager_on_new_request(m, ctx, NULL), 0);
+    assert_int_equal(kvt_manager_prepare_store(m, k, 2, ctx, &out), 0);
+    assert_int_equal(kvt_manager_complete_store(m, k, 2, ctx, true), 0);
+    assert_int_equal(kvt_example_tier_insert(ex, &kept, NULL), 0);
+    assert_int_equal(kvt_primary_num_entries(p), 2);
+
+    /* reset_cache alone never asks a tier to forget. */
+    assert_int_equal(kvt_manager_reset_cache(m), 0);
+    assert_int_equal(a->resets + b->resets, 0);
+    assert_int_equal(kvt_manager_prepare_store(m, k, 2, ctx, &out), 0);
+    assert_int_equal(kvt_manager_complete_store(m, k, 2, ctx, true), 0);
+
+    a->drains = b->drains = 0;
+    assert_int_equal(kvt_manager_reset_all(m), -EIO); /* b's error, after a and b ran */
+    assert_int_equal(a->resets, 1);
+    assert_int_equal(b->resets, 1);
+    assert_true(a->drained_before_reset);
+    assert_true(b->drained_before_reset);
+    assert_int_equal(a->primary_entries_at_reset, 0);
+    assert_int_equal(kvt_primary_num_entries(p), 0);
+    assert_true(kvt_example_tier_has(ex, &kept));             /* no reset op: kept */
+    assert_true(kvt_manager_has_request(m, "req_reset_all")); /* active: kept */
+    b->reset_rc = 0;
+    assert_int_equal(kvt_manager_reset_all(m), 0);
+    assert_int_equal(kvt_manager_on_request_finished(m, ctx), 0);
+    kvt_req_ctx_unref(ctx);
+    kvt_store_output_cleanup(&out);
+    assert_int_equal(kvt_manager_shutdown(m), 0);
+    kvt_manager_destroy(m);
+}
+
 static void test_reset_cache_drains_all_tiers(void **state)
 {
     struct kvt_example_tier_config hold = {.hold_jobs = true};
@@ -1913,6 +2021,7 @@ int main(void)
         cmocka_unit_test(test_prepare_store_cascades_existing_blocks_to_request_level_tiers_mixed),
         cmocka_unit_test(test_reset_cache_clears_orchestrator_state),
         cmocka_unit_test(test_reset_cache_drains_all_tiers),
+        cmocka_unit_test(test_reset_all_resets_every_tier_after_the_primary),
         cmocka_unit_test(test_tier_filter_skips_filtered_secondary),
         cmocka_unit_test(test_tier_filter_allows_matching_secondary),
         cmocka_unit_test(test_works_without_secondary_tiers),

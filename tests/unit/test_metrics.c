@@ -5,6 +5,7 @@
 
 #include "test_util.h"
 #include "kvt/clock.h"
+#include "kvt/common.h"
 #include "kvt/metrics.h"
 #include "kvt/stats.h"
 
@@ -322,6 +323,91 @@ static void test_stats_refuses_kind_clash_and_long_names(void **state)
     kvt_stats_cleanup(&a);
 }
 
+static void expect_layout(const char *name, size_t n, const double *bounds)
+{
+    const struct kvt_hist_layout *l = kvt_hist_layout_of(name);
+
+    if (l->n != n)
+        fail_msg("%s: %zu bounds, expected %zu", name, l->n, n);
+    for (size_t i = 0; i < n; i++)
+        if (l->bounds[i] != bounds[i])
+            fail_msg("%s: bound %zu is %g, expected %g", name, i, l->bounds[i], bounds[i]);
+}
+
+/* Buckets per metric: vLLM's own for its three histograms, by unit for kvtier's names,
+ * the common layout otherwise; observations land in the metric's buckets, and a
+ * histogram keeps them through aggregate. */
+static void test_histogram_buckets_per_metric(void **state)
+{
+    static const double sync[] = {1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1};
+    static const double async[] = {1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5, 1, 5, 10};
+    static const double alloc[] = {1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144};
+    static const double secs[] = {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2,
+                                  3e-2, 0.1,  0.3,  1,    3,    10};
+    static const double chunks[] = {1, 4, 16, 64, 256, 1024, 4096, 16384, 65536};
+    struct kvt_stats a, b;
+    const struct kvt_stat *h;
+
+    (void)state;
+    expect_layout(KVT_M_LOOKUP_SYNC_DELAY, KVT_ARRAY_SIZE(sync), sync);
+    expect_layout(KVT_M_LOOKUP_ASYNC_DELAY, KVT_ARRAY_SIZE(async), async);
+    expect_layout(KVT_M_CPU_ALLOC_SIZE, KVT_ARRAY_SIZE(alloc), alloc);
+    expect_layout("kvtier_net_fetch_seconds", KVT_ARRAY_SIZE(secs), secs);
+    expect_layout("kvtier_net_fetch_chunks", KVT_ARRAY_SIZE(chunks), chunks);
+    expect_layout("kvtier_whatever", kvt_hist_default.n, kvt_hist_default.bounds);
+    expect_layout("vllm:kv_offload_unknown_seconds", kvt_hist_default.n, kvt_hist_default.bounds);
+    for (size_t i = 0; i < kvt_hist_default.n; i++)
+        assert_true(kvt_hist_default.bounds[i] == kvt_hist_bounds[i]);
+    /* Bucket i takes (bounds[i-1], bounds[i]]; above the last, bucket n. */
+    assert_int_equal(kvt_hist_bucket(kvt_hist_layout_of(KVT_M_CPU_ALLOC_SIZE), 1), 0);
+    assert_int_equal(kvt_hist_bucket(kvt_hist_layout_of(KVT_M_CPU_ALLOC_SIZE), 2), 1);
+    assert_int_equal(kvt_hist_bucket(kvt_hist_layout_of(KVT_M_CPU_ALLOC_SIZE), 262144), 9);
+    assert_int_equal(kvt_hist_bucket(kvt_hist_layout_of(KVT_M_CPU_ALLOC_SIZE), 262145), 10);
+
+    kvt_stats_init(&a);
+    kvt_stats_init(&b);
+    assert_int_equal(kvt_stats_observe(&a, KVT_M_LOOKUP_SYNC_DELAY, "1:fs", 20), 0);
+    assert_int_equal(kvt_stats_observe(&b, KVT_M_LOOKUP_SYNC_DELAY, "1:fs", 0.7), 0);
+    assert_int_equal(kvt_stats_observe(&b, "kvtier_x_chunks", NULL, 5), 0);
+    assert_int_equal(kvt_stats_aggregate(&a, &b), 0);
+    h = kvt_stats_find(&a, KVT_M_LOOKUP_SYNC_DELAY, "1:fs");
+    assert_non_null(h);
+    assert_ptr_equal(h->layout, kvt_hist_layout_of(KVT_M_LOOKUP_SYNC_DELAY));
+    assert_int_equal(h->buckets[11], 1); /* 20 s: above vLLM's last bound, 1 s */
+    assert_int_equal(h->buckets[10], 1); /* 0.7 <= 1 */
+    h = kvt_stats_find(&a, "kvtier_x_chunks", NULL);
+    assert_non_null(h);
+    assert_int_equal(h->buckets[2], 1); /* 5 <= 16 */
+    kvt_stats_cleanup(&a);
+    kvt_stats_cleanup(&b);
+}
+
+/* The tracker's delay histograms are vLLM's: a 20 s wait is above its last bucket. */
+static void test_tracker_delays_use_vllm_buckets(void **state)
+{
+    struct kvt_metrics *mt;
+    struct kvt_req_ctx *ctx = kt_ctx("test");
+    struct kvt_stats st;
+    const struct kvt_stat *h;
+
+    (void)state;
+    assert_int_equal(kvt_metrics_create(fs_only, 1, 5, 16, &mt), 0);
+    kvt_stats_init(&st);
+    kvt_metrics_on_new_request(mt, ctx);
+    lookup(mt, ctx, 1, 1, KVT_HIT, 20.0);
+    lookup(mt, ctx, 2, 1, KVT_HIT, 0.003);
+    assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
+    h = kvt_stats_find(&st, KVT_M_LOOKUP_SYNC_DELAY, "1:fs");
+    assert_non_null(h);
+    assert_int_equal(h->count, 2);
+    assert_int_equal(h->buckets[11], 1);
+    assert_int_equal(h->buckets[5], 1); /* 0.003 <= 5e-3 */
+    kvt_stats_cleanup(&st);
+    kvt_metrics_on_request_finished(mt, ctx);
+    kvt_metrics_destroy(mt);
+    kvt_req_ctx_unref(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -335,6 +421,8 @@ int main(void)
         cmocka_unit_test(test_tiering_metrics_tracker_asserts_on_unregistered_job),
         cmocka_unit_test(test_stats_aggregate_counters_gauges_histograms),
         cmocka_unit_test(test_stats_refuses_kind_clash_and_long_names),
+        cmocka_unit_test(test_histogram_buckets_per_metric),
+        cmocka_unit_test(test_tracker_delays_use_vllm_buckets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

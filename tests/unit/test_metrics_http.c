@@ -188,6 +188,10 @@ static void test_render_basic_and_histogram(void **state)
     assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 0.002), 0);
     assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 3), 0);
     assert_int_equal(kvt_stats_observe(&st, KVT_M_LOOKUP_SYNC_DELAY, "0:primary", 100), 0);
+    /* A name without buckets of its own: the common layout. */
+    assert_int_equal(kvt_stats_observe(&st, "kvtier_test_values", "0:primary", 0.002), 0);
+    assert_int_equal(kvt_stats_observe(&st, "kvtier_test_values", "0:primary", 3), 0);
+    assert_int_equal(kvt_stats_observe(&st, "kvtier_test_values", "0:primary", 100), 0);
     text = render(&st, NULL, 0, 0);
 
     assert_line(text, "# TYPE vllm:kv_offload_tiering_read_bytes_total counter");
@@ -209,25 +213,39 @@ static void test_render_basic_and_histogram(void **state)
     assert_line(text, "vllm:kv_offload_tiering_active_promotion_jobs{tier=\"1:fs\"} 2");
     assert_line(text, "vllm:kv_offload_tiering_promotion_allocation_failures_total 1");
 
+    /* vLLM's own buckets for its metric: 10 us .. 1 s (tiering/spec.py). */
     assert_line(text, "# TYPE vllm:kv_offload_tiering_lookup_sync_delay_seconds histogram");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"1e-06\"} 0");
+                      "{tier=\"0:primary\",le=\"1e-05\"} 0");
+    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
+                      "{tier=\"0:primary\",le=\"5e-05\"} 0");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
                       "{tier=\"0:primary\",le=\"0.001\"} 0");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
                       "{tier=\"0:primary\",le=\"0.005\"} 1");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"4\"} 2");
+                      "{tier=\"0:primary\",le=\"0.5\"} 1");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"64\"} 2");
-    assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
-                      "{tier=\"0:primary\",le=\"256\"} 3");
+                      "{tier=\"0:primary\",le=\"1\"} 1");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket"
                       "{tier=\"0:primary\",le=\"+Inf\"} 3");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_sum"
                       "{tier=\"0:primary\"} 103.002");
     assert_line(text, "vllm:kv_offload_tiering_lookup_sync_delay_seconds_count"
                       "{tier=\"0:primary\"} 3");
+    assert_null(strstr(text, "lookup_sync_delay_seconds_bucket{tier=\"0:primary\",le=\"1e-06\"}"));
+    assert_null(strstr(text, "lookup_sync_delay_seconds_bucket{tier=\"0:primary\",le=\"4\"}"));
+    /* The common layout, for a name without its own. */
+    assert_line(text, "# TYPE kvtier_test_values histogram");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"1e-06\"} 0");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"0.001\"} 0");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"0.005\"} 1");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"4\"} 2");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"64\"} 2");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"256\"} 3");
+    assert_line(text, "kvtier_test_values_bucket{tier=\"0:primary\",le=\"+Inf\"} 3");
+    assert_line(text, "kvtier_test_values_sum{tier=\"0:primary\"} 103.002");
+    assert_line(text, "kvtier_test_values_count{tier=\"0:primary\"} 3");
     assert_null(strstr(text, "1e+300"));
     assert_promtool_vllm_names(text);
     kvt_free(text);
@@ -359,14 +377,15 @@ static void test_accumulator_refuses_bad_deltas(void **state)
 }
 
 static const struct kvt_prom_sample node_samples[] = {
-    {"kvtier_peers", "Peers by state.", KVT_METRIC_GAUGE, "state", "up", 2},
-    {"kvtier_peers", "Peers by state.", KVT_METRIC_GAUGE, "state", "down", 1},
+    {"kvtier_peers", "Peers by state.", KVT_METRIC_GAUGE, "state", "up", 2, NULL, NULL},
+    {"kvtier_peers", "Peers by state.", KVT_METRIC_GAUGE, "state", "down", 1, NULL, NULL},
     {"kvtier_bytes_served", "Bytes peers read from this node's region.", KVT_METRIC_COUNTER, NULL,
-     NULL, 1e12},
-    {"kvtier_leases_active", "Grants whose lease has not ended.", KVT_METRIC_GAUGE, NULL, NULL, 3},
+     NULL, 1e12, NULL, NULL},
+    {"kvtier_leases_active", "Grants whose lease has not ended.", KVT_METRIC_GAUGE, NULL, NULL, 3,
+     NULL, NULL},
     {"kvtier_checksum_failures_total", "Chunks pulled from peers that failed the checksum.",
-     KVT_METRIC_COUNTER, "peer", "10.0.0.2:7170", 0},
-    {"kvtier_build_info", "Version.", KVT_METRIC_GAUGE, "version", "0.1.0", 1},
+     KVT_METRIC_COUNTER, "peer", "10.0.0.2:7170", 0, NULL, NULL},
+    {"kvtier_build_info", "Version.", KVT_METRIC_GAUGE, "version", "0.1.0", 1, NULL, NULL},
 };
 
 static void test_node_samples(void **state)
@@ -403,11 +422,11 @@ static void test_escaping_and_names(void **state)
 {
     const struct kvt_prom_sample ss[] = {
         {"kvtier_odd", "Help with \\ and\nnewline \"quoted\".", KVT_METRIC_GAUGE, "v", "a\"b\\c\nd",
-         1.5},
-        {"9lives", "x", KVT_METRIC_GAUGE, NULL, NULL, -0.25},
-        {"kvtier.dotted-name", "x", KVT_METRIC_GAUGE, NULL, NULL, INFINITY},
-        {"kvtier_nan", "", KVT_METRIC_GAUGE, NULL, NULL, NAN},
-        {"kvtier_small", "x", KVT_METRIC_GAUGE, NULL, NULL, 1e-7},
+         1.5, NULL, NULL},
+        {"9lives", "x", KVT_METRIC_GAUGE, NULL, NULL, -0.25, NULL, NULL},
+        {"kvtier.dotted-name", "x", KVT_METRIC_GAUGE, NULL, NULL, INFINITY, NULL, NULL},
+        {"kvtier_nan", "", KVT_METRIC_GAUGE, NULL, NULL, NAN, NULL, NULL},
+        {"kvtier_small", "x", KVT_METRIC_GAUGE, NULL, NULL, 1e-7, NULL, NULL},
     };
     struct kvt_stats st;
     char *text;
@@ -431,19 +450,27 @@ static void test_escaping_and_names(void **state)
 
 static void test_render_refuses_bad_samples(void **state)
 {
-    const struct kvt_prom_sample hist[] = {{"kvtier_h", "h", KVT_METRIC_HISTOGRAM, NULL, NULL, 1}};
-    const struct kvt_prom_sample bad_label[] = {{"kvtier_l", "l", KVT_METRIC_GAUGE, "1x", "v", 1}};
-    const struct kvt_prom_sample reserved[] = {{"kvtier_l", "l", KVT_METRIC_GAUGE, "__x", "v", 1}};
-    const struct kvt_prom_sample half_label[] = {{"kvtier_l", "l", KVT_METRIC_GAUGE, "x", NULL, 1}};
-    const struct kvt_prom_sample twice[] = {{"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 1},
-                                            {"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 2}};
-    const struct kvt_prom_sample kinds[] = {{"kvtier_k", "k", KVT_METRIC_GAUGE, "a", "1", 1},
-                                            {"kvtier_k", "k", KVT_METRIC_COUNTER, "a", "2", 2}};
+    const struct kvt_prom_sample hist[] = {
+        {"kvtier_h", "h", KVT_METRIC_HISTOGRAM, NULL, NULL, 1, NULL, NULL}};
+    const struct kvt_prom_sample bad_label[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "1x", "v", 1, NULL, NULL}};
+    const struct kvt_prom_sample reserved[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "__x", "v", 1, NULL, NULL}};
+    const struct kvt_prom_sample half_label[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "x", NULL, 1, NULL, NULL}};
+    const struct kvt_prom_sample twice[] = {
+        {"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 1, NULL, NULL},
+        {"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 2, NULL, NULL}};
+    const struct kvt_prom_sample kinds[] = {
+        {"kvtier_k", "k", KVT_METRIC_GAUGE, "a", "1", 1, NULL, NULL},
+        {"kvtier_k", "k", KVT_METRIC_COUNTER, "a", "2", 2, NULL, NULL}};
     const struct kvt_prom_sample clash[] = {
-        {KVT_M_CHUNK_HITS, "same name as a stat", KVT_METRIC_COUNTER, NULL, NULL, 1}};
-    const struct kvt_prom_sample alike[] = {{"kvtier_a-b", "x", KVT_METRIC_GAUGE, NULL, NULL, 1},
-                                            {"kvtier_a_b", "x", KVT_METRIC_GAUGE, NULL, NULL, 1}};
-    const struct kvt_prom_sample noname[] = {{"", "x", KVT_METRIC_GAUGE, NULL, NULL, 1}};
+        {KVT_M_CHUNK_HITS, "same name as a stat", KVT_METRIC_COUNTER, NULL, NULL, 1, NULL, NULL}};
+    const struct kvt_prom_sample alike[] = {
+        {"kvtier_a-b", "x", KVT_METRIC_GAUGE, NULL, NULL, 1, NULL, NULL},
+        {"kvtier_a_b", "x", KVT_METRIC_GAUGE, NULL, NULL, 1, NULL, NULL}};
+    const struct kvt_prom_sample noname[] = {
+        {"", "x", KVT_METRIC_GAUGE, NULL, NULL, 1, NULL, NULL}};
     struct {
         const struct kvt_prom_sample *s;
         size_t n;
@@ -465,6 +492,55 @@ static void test_render_refuses_bad_samples(void **state)
         assert_int_equal(len, 77);
     }
     kvt_stats_cleanup(&st);
+}
+
+/* A second label (kvtier_build_info's version and revision): printed after the first,
+ * escaped alike; one family may hold series that differ in either; a second label
+ * without a first, under the first's name or "le", half given, or a series twice is
+ * refused. */
+static void test_render_two_labels(void **state)
+{
+    const struct kvt_prom_sample ok2[] = {
+        {"kvtier_build_info", "Build.", KVT_METRIC_GAUGE, "version", "0.1.0", 1, "revision",
+         "1a2b3c4d, dirty"},
+        {"kvtier_pair", "p", KVT_METRIC_COUNTER, "a", "1", 2, "b", "x\"y"},
+        {"kvtier_pair", "p", KVT_METRIC_COUNTER, "a", "1", 3, "b", "z"},
+        {"kvtier_pair", "p", KVT_METRIC_COUNTER, "a", "2", 4, "b", "z"},
+    };
+    const struct kvt_prom_sample no_first[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, NULL, NULL, 1, "b", "v"}};
+    const struct kvt_prom_sample same_name[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "a", "1", 1, "a", "2"}};
+    const struct kvt_prom_sample le[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "a", "1", 1, "le", "2"}};
+    const struct kvt_prom_sample half[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "a", "1", 1, "b", NULL}};
+    const struct kvt_prom_sample bad_name[] = {
+        {"kvtier_l", "l", KVT_METRIC_GAUGE, "a", "1", 1, "2b", "v"}};
+    const struct kvt_prom_sample twice[] = {
+        {"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 1, "b", "2"},
+        {"kvtier_t", "t", KVT_METRIC_GAUGE, "a", "1", 2, "b", "2"}};
+    const struct {
+        const struct kvt_prom_sample *s;
+        size_t n;
+    } bad[] = {{no_first, 1}, {same_name, 1}, {le, 1}, {half, 1}, {bad_name, 1}, {twice, 2}};
+    char *text;
+    size_t len;
+
+    (void)state;
+    text = render(NULL, ok2, KVT_ARRAY_SIZE(ok2), 0);
+    assert_line(text, "kvtier_build_info{version=\"0.1.0\",revision=\"1a2b3c4d, dirty\"} 1");
+    assert_line(text, "kvtier_pair_total{a=\"1\",b=\"x\\\"y\"} 2");
+    assert_line(text, "kvtier_pair_total{a=\"1\",b=\"z\"} 3");
+    assert_line(text, "kvtier_pair_total{a=\"2\",b=\"z\"} 4");
+    assert_promtool_clean(text);
+    kvt_free(text);
+    for (size_t i = 0; i < KVT_ARRAY_SIZE(bad); i++) {
+        text = NULL;
+        if (kvt_prom_render(NULL, bad[i].s, bad[i].n, 0, &text, &len) != -EINVAL)
+            fail_msg("case %zu rendered", i);
+        assert_null(text);
+    }
 }
 
 static void test_render_out_of_memory(void **state)
@@ -1027,6 +1103,7 @@ int main(void)
         cmocka_unit_test(test_node_samples),
         cmocka_unit_test(test_escaping_and_names),
         cmocka_unit_test(test_render_refuses_bad_samples),
+        cmocka_unit_test(test_render_two_labels),
         cmocka_unit_test(test_render_out_of_memory),
         cmocka_unit_test(test_http_endpoints),
         cmocka_unit_test(test_http_publish_while_serving),

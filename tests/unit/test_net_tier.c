@@ -19,6 +19,7 @@
 #include "kvt/hash.h"
 #include "kvt/manager.h"
 #include "kvt/net_tier.h"
+#include "kvt/net_tier_test.h"
 #include "kvt/peers.h"
 #include "kvt/primary.h"
 #include "kvt/stats.h"
@@ -401,6 +402,94 @@ static void test_may_read_answers_from_active_leases(void **state)
     tn_stop(&a);
 }
 
+struct read_done {
+    bool done;
+    int status;
+};
+
+static void on_read(void *arg, int status)
+{
+    struct read_done *d = arg;
+
+    d->done = true;
+    d->status = status;
+}
+
+/* An authenticated peer that holds A's handle (as if from an earlier GRANT) READs
+ * rows it was never granted: refused, no byte lands, counted on A as not granted;
+ * then, granted, the same rows read. */
+static void test_authenticated_peer_reads_only_its_grants(void **state)
+{
+    enum { K = 4 };
+    struct kvt_net_tier_config nc = {.lease_ms = 5000};
+    struct kvt_peers_counts pa;
+    struct tn a, b;
+    int64_t slot[K];
+    const void *handle;
+    size_t handle_len;
+    struct kvt_transport *tpb;
+    struct kvt_tp_ep *ep;
+    struct kvt_tp_rkey *rk = NULL;
+    struct kvt_tp_mr *local = NULL;
+    uint8_t *buf = aligned_alloc(4096, ROW);
+    struct read_done d = {0};
+
+    (void)state;
+    assert_non_null(buf);
+    tn_start_cfg(&a, 0xA, 0, &nc);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 200, K, slot);
+    assert_int_equal(kvt__net_tier_test_handle(a.net, &handle, &handle_len), 0);
+
+    tpb = kvt_peers_transport(b.p);
+    ep = kvt_peers_link(b.p, 0xA);
+    assert_non_null(ep);
+    assert_int_equal(kvt_tp_unpack(ep, handle, handle_len, &rk), 0);
+    assert_int_equal(kvt_tp_reg_local(tpb, buf, ROW, &local), 0);
+    memset(buf, 0x5a, ROW);
+    {
+        struct kvt_read_op op = {.remote_off = (uint64_t)slot[0] * ROW, .local_off = 0, .len = ROW};
+
+        assert_int_equal(kvt_tp_read(ep, rk, local, &op, 1, on_read, &d), -EINPROGRESS);
+    }
+    assert_true(WAIT_FOR(10000, d.done));
+    assert_int_equal(d.status, -EACCES);
+    for (size_t i = 0; i < ROW; i++)
+        assert_int_equal(buf[i], 0x5a);
+    kvt_peers_counts(a.p, &pa);
+    assert_int_equal(pa.tp.refused[KVT_TP_READ_GRANT], 1);
+    kvt_tp_rkey_destroy(tpb, rk);
+    kvt_tp_dereg(local, tpb);
+    free(buf);
+
+    /* The refusal closed that link; the peers link again and B pulls the same rows
+     * through the protocol: granted, read, verified. */
+    {
+        struct kvt_req_ctx *ctx = new_req(&b);
+        struct kvt_key keys[K];
+
+        for (size_t i = 0; i < K; i++)
+            key_of(200 + (uint32_t)i, &keys[i]);
+        assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+        assert_true(WAIT_FOR(20000, ({
+                                 bool all = true;
+
+                                 for (size_t i = 0; i < K; i++)
+                                     all &= kvt_manager_lookup(b.m, &keys[i], ctx) == KVT_HIT;
+                                 all;
+                             })));
+        end_req(&b, ctx);
+    }
+    kvt_peers_counts(a.p, &pa);
+    assert_int_equal(pa.tp.refused[KVT_TP_READ_GRANT], 1);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 /* Every allocation index of a pull, in turn, and all that follow it, fail: B looks
  * keys up and pulls them while A serves, both stepped as usual; memory comes back
  * and both settle. Checked: no crash, no leak (ASan), every job the managers
@@ -495,12 +584,99 @@ static void test_pull_survives_allocation_failures(void **state)
     tn_stop(&a);
 }
 
+/* The node's reset (kvt_manager_reset_all on A) withdraws every record of A's chunks
+ * at once: the homes' directories drop them and B's new lookups MISS where they were
+ * HIT. Publications of keys removed before a flush are not sent. */
+static void test_reset_unpublishes_everything(void **state)
+{
+    struct tn a, b;
+    struct kvt_net_tier_counts ca, cb;
+    struct kvt_key keys[24];
+    struct kvt_req_ctx *ctx;
+
+    (void)state;
+    tn_start(&a, 0xA, 0);
+    tn_start(&b, 0xB, kvt_peers_port(a.p));
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    for (uint32_t i = 0; i < 24; i++)
+        key_of(300 + i, &keys[i]);
+    a_store(&a, 300, 24, NULL);
+    assert_true(WAIT_FOR(5000, ({
+                             kvt_net_tier_counts(a.net, &ca);
+                             kvt_net_tier_counts(b.net, &cb);
+                             ca.directory_records + cb.directory_records == 24;
+                         })));
+    assert_int_equal(ca.published_keys, 24);
+    assert_true(ca.directory_records > 0 && cb.directory_records > 0); /* both are homes */
+    ctx = new_req(&b);
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < 24; i++)
+                                 all &= kvt_tier_lookup(b.net, &keys[i], ctx) == KVT_HIT;
+                             all;
+                         })));
+    end_req(&b, ctx);
+
+    assert_int_equal(kvt_manager_reset_all(a.m), 0);
+    kvt_net_tier_counts(a.net, &ca);
+    assert_int_equal(ca.published_keys, 0);
+    /* A's own records of itself went at once (no step in between); B's when the
+     * UNPUBLISH arrives. */
+    assert_int_equal(ca.directory_records, 0);
+    assert_true(WAIT_FOR(5000, ({
+                             kvt_net_tier_counts(a.net, &ca);
+                             kvt_net_tier_counts(b.net, &cb);
+                             ca.directory_records + cb.directory_records == 0;
+                         })));
+    ctx = new_req(&b);
+    {
+        size_t missed = 0, answered = 0;
+        int res[24];
+
+        for (size_t i = 0; i < 24; i++)
+            res[i] = -1;
+        assert_true(WAIT_FOR(10000, ({
+                                 for (size_t i = 0; i < 24; i++) {
+                                     enum kvt_lookup_result r;
+
+                                     if (res[i] >= 0)
+                                         continue;
+                                     r = kvt_tier_lookup(b.net, &keys[i], ctx);
+                                     if (r != KVT_RETRY) {
+                                         res[i] = (int)r;
+                                         missed += r == KVT_MISS;
+                                         answered++;
+                                     }
+                                 }
+                                 answered == 24;
+                             })));
+        assert_int_equal(missed, 24);
+    }
+    end_req(&b, ctx);
+
+    /* Stored and removed within one step: never published. */
+    a_store(&a, 400, 2, NULL);
+    assert_int_equal(kvt_manager_reset_all(a.m), 0);
+    for (int i = 0; i < 50; i++)
+        spin();
+    kvt_net_tier_counts(a.net, &ca);
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(ca.directory_records + cb.directory_records, 0);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pull_pipelined_and_per_peer_stats),
         cmocka_unit_test(test_may_read_answers_from_active_leases),
+        cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),
+        cmocka_unit_test(test_reset_unpublishes_everything),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -719,6 +719,9 @@ static void test_malformed_after_auth(void **state)
                                     &ap, m.u.hello.proof),
                      0);
     assert_int_equal(raw_send(&r, &m), 0);
+    /* Our end, as a client does once the server's proof checked out and AUTH is sent
+     * (the server's AUTH_OK may travel on the data plane that authorizing sets up). */
+    assert_int_equal(kvt_tp_ep_authorize(r.ep), 0);
     assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_AUTH_OK] == 1 && linked(&a, raw_id)));
     assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_HEARTBEAT] >= 1)); /* A treats it as a peer */
 
@@ -765,6 +768,119 @@ static void test_malformed_after_auth(void **state)
     node_stop(&a);
 }
 
+/* ---- READs and the may_read hook ---- */
+
+static struct {
+    bool allow;
+    size_t asked;
+    uint64_t node, off, len;
+    struct kvt_tp_ep *ep;
+} g_mr;
+
+static bool hook_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr,
+                          uint64_t off, uint64_t len)
+{
+    (void)arg;
+    (void)mr;
+    g_mr.asked++;
+    g_mr.node = node_id;
+    g_mr.ep = ep;
+    g_mr.off = off;
+    g_mr.len = len;
+    return g_mr.allow;
+}
+
+struct rd_done {
+    int n, status;
+};
+
+static void rd_cb(void *arg, int status)
+{
+    struct rd_done *d = arg;
+
+    d->n++;
+    d->status = status;
+}
+
+/* B reads A's registration over their link: A's transport asks peers, which asks
+ * A's may_read handler with B's node id and the range. Allowed: the bytes arrive.
+ * Refused: the READ fails with -EACCES, nothing is written, and A counts it
+ * ("peers_net_refused" label "read_grant" in the stats, counts.tp). */
+static void test_read_grant_hook(void **state)
+{
+    static struct tnode a, b;
+    const size_t R = 1u << 20;
+    uint8_t *region = aligned_alloc(4096, R), *local = aligned_alloc(4096, R);
+    uint8_t handle[KVT_TP_MAX_HANDLE_SIZE];
+    size_t hlen;
+    struct kvt_tp_mr *mr, *lmr;
+    struct kvt_tp_rkey *rk;
+    struct kvt_tp_ep *ep;
+    struct kvt_peers_handlers h;
+    struct kvt_peers_counts c;
+    struct kvt_stats st;
+    struct rd_done d1 = {0}, d2 = {0};
+    struct kvt_read_op op1 = {.remote_off = 4096, .local_off = 0, .len = 8192};
+    struct kvt_read_op op2 = {.remote_off = 65536, .local_off = 65536, .len = 4096};
+
+    (void)state;
+    assert_non_null(region);
+    assert_non_null(local);
+    for (size_t i = 0; i < R; i++)
+        region[i] = (uint8_t)(i * 7 + (i >> 12));
+    memset(local, 0xa5, R);
+    mesh2(&a, &b);
+    h = (struct kvt_peers_handlers){.on_msg = on_msg,
+                                    .on_member = on_member,
+                                    .on_link_closed = on_link_closed,
+                                    .may_read = hook_may_read,
+                                    .arg = &a};
+    kvt_peers_set_handlers(a.p, &h);
+    assert_int_equal(kvt_tp_reg_remote(kvt_peers_transport(a.p), region, R, &mr), 0);
+    assert_int_equal(kvt_tp_pack(kvt_peers_transport(a.p), mr, handle, sizeof(handle), &hlen), 0);
+    assert_int_equal(kvt_tp_reg_local(kvt_peers_transport(b.p), local, R, &lmr), 0);
+    ep = kvt_peers_link(b.p, 0xA);
+    assert_non_null(ep);
+    assert_int_equal(kvt_tp_unpack(ep, handle, hlen, &rk), 0);
+
+    memset(&g_mr, 0, sizeof(g_mr));
+    g_mr.allow = true;
+    assert_int_equal(kvt_tp_read(ep, rk, lmr, &op1, 1, rd_cb, &d1), -EINPROGRESS);
+    assert_true(WAIT_FOR(5000, d1.n == 1));
+    assert_int_equal(d1.status, 0);
+    assert_memory_equal(local, region + 4096, 8192);
+    assert_int_equal(g_mr.asked, 1);
+    assert_int_equal(g_mr.node, 0xB);
+    assert_int_equal(g_mr.off, 4096);
+    assert_int_equal(g_mr.len, 8192);
+    assert_non_null(g_mr.ep);
+
+    g_mr.allow = false;
+    assert_int_equal(kvt_tp_read(ep, rk, lmr, &op2, 1, rd_cb, &d2), -EINPROGRESS);
+    assert_true(WAIT_FOR(5000, d2.n == 1));
+    assert_int_equal(d2.status, -EACCES);
+    for (size_t i = 65536; i < 65536 + 4096; i++)
+        assert_int_equal(local[i], 0xa5);
+    assert_int_equal(g_mr.asked, 2);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.tp.refused[KVT_TP_READ_GRANT], 1);
+    assert_int_equal(c.tp.refused[KVT_TP_READ_RANGE], 0);
+    assert_int_equal(c.tp.refused[KVT_TP_READ_UNAUTH], 0);
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_peers_get_stats(a.p, &st), 0);
+    assert_true(kvt_stats_value(&st, "peers_net_refused", "read_grant") == 1);
+    assert_non_null(kvt_stats_find(&st, "peers_net_refused", "unknown_conn"));
+    kvt_stats_cleanup(&st);
+
+    kvt_tp_rkey_destroy(kvt_peers_transport(b.p), rk);
+    kvt_tp_dereg(lmr, kvt_peers_transport(b.p));
+    kvt_tp_dereg(mr, kvt_peers_transport(a.p));
+    node_stop(&b);
+    node_stop(&a);
+    free(region);
+    free(local);
+}
+
 /* After a failed test: whatever it left registered (its state is static, so the
  * pointers are still good). */
 static int teardown(void **state)
@@ -793,9 +909,10 @@ int main(void)
         cmocka_unit_test_teardown(test_silent_peer_down, teardown),
         cmocka_unit_test_teardown(test_restart_and_link_closed, teardown),
         cmocka_unit_test_teardown(test_malformed_after_auth, teardown),
+        cmocka_unit_test_teardown(test_read_grant_hook, teardown),
     };
 
-    setenv("UCX_TLS", "tcp", 0); /* loopback, as the conformance suite runs it */
+    setenv("KVT_UCX_MODE", "socket", 0); /* nodes of hosts without RDMA, as in the cluster tests */
     setenv("UCX_NET_DEVICES", "lo", 0);
     if (getenv("KVT_LOG") == NULL)
         kvt_log_set_level(KVT_LOG_ERROR);

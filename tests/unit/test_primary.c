@@ -789,6 +789,7 @@ static void test_stats_split_read_and_write(void **state)
     assert_non_null(h);
     assert_int_equal(h->count, 1);
     assert_float_equal(h->sum, 3, 0);
+    assert_int_equal(h->buckets[1], 1); /* vLLM's buckets: 3 in (1, 4] */
     kvt_stats_clear(&st);
     assert_int_equal(kvt_primary_get_stats(f->p, &st), 0); /* histogram consumed */
     assert_null(kvt_stats_find(&st, KVT_M_CPU_ALLOC_SIZE, NULL));

@@ -1807,6 +1807,194 @@ static void test_default_backpressure_watermarks(void **state)
     fx_free(f);
 }
 
+/* ---- reset and the model fingerprint (STATE) -------------------------------------------- */
+
+static size_t chunk_files(struct fx *f)
+{
+    return count_files(kvt_storage_tier_dir(f->t), ".kvc");
+}
+
+/* reset: every file dropped (counted), lookups MISS at once, the files removed; a
+ * restart serves nothing of them; what is stored after the reset survives it. */
+static void test_reset_drops_every_file_across_restart(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    int keys[6] = {1, 2, 3, 4, 5, 6};
+    struct kvt_storage_restart_info ri;
+    (void)state;
+    assert_true(wait_job(f, store_keys(f, keys, 6))->success);
+    assert_int_equal(chunk_files(f), 6);
+    assert_int_equal(kvt_tier_reset(f->t), 0);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(lookup(f, keys[i]), KVT_MISS);
+    settle(f);
+    assert_int_equal(chunk_files(f), 0);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_RESET_DROPS), 6);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FILES), 0);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_USED_BYTES), 0);
+    assert_true(wait_job(f, store1(f, 7))->success); /* the new generation */
+    fx_close(f);
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 1);
+    assert_int_equal(ri.stale_removed, 0);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(lookup(f, keys[i]), KVT_MISS);
+    assert_int_equal(lookup(f, 7), KVT_HIT);
+    fx_free(f);
+}
+
+/* The process stops before a reset's files are removed (their removals never ran):
+ * the next start finds them stale by their generation, removes and counts them, and
+ * serves none. */
+static void test_reset_interrupted_files_stale_at_restart(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    int keys[4] = {11, 12, 13, 14};
+    struct kvt_storage_restart_info ri;
+    (void)state;
+    assert_true(wait_job(f, store_keys(f, keys, 4))->success);
+    kvt_storage_tier_pause(f->t, true); /* the removals stay queued */
+    assert_int_equal(kvt_tier_reset(f->t), 0);
+    fx_close(f); /* cancels them: the files stay */
+    assert_int_equal(count_files(f->root, ".kvc"), 4);
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 0);
+    assert_int_equal(ri.stale_removed, 4);
+    assert_int_equal(chunk_files(f), 0);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_STALE), 4);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_CHECKSUM_FAIL), 0); /* not a corruption */
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(lookup(f, keys[i]), KVT_MISS);
+    fx_free(f);
+}
+
+/* Jobs made before a reset end failed: a load's bytes are not served, a store's file
+ * is removed and its key not indexed. */
+static void test_jobs_across_a_reset_fail(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    struct result *r;
+    kvt_job_id_t ld, stj;
+    (void)state;
+    assert_true(wait_job(f, store1(f, 21))->success);
+    kvt_storage_tier_pause(f->t, true);
+    ld = load_keys(f, (int[]){21}, 1);
+    stj = store1(f, 22);
+    assert_int_equal(kvt_tier_reset(f->t), 0);
+    kvt_storage_tier_pause(f->t, false);
+    r = wait_job(f, ld);
+    assert_false(r->success);
+    assert_int_equal(r->n_successful, 0);
+    r = wait_job(f, stj);
+    assert_false(r->success);
+    settle(f);
+    assert_int_equal(lookup(f, 21), KVT_MISS);
+    assert_int_equal(lookup(f, 22), KVT_MISS);
+    assert_int_equal(chunk_files(f), 0);
+    assert_true(wait_job(f, store1(f, 22))->success); /* stored again, now */
+    assert_int_equal(lookup(f, 22), KVT_HIT);
+    fx_free(f);
+}
+
+/* The model fingerprint: recorded when the node first knows one (files kept), files of
+ * another dropped at start (counted), withheld while the node does not know its own,
+ * then served or dropped when it is set. */
+static void test_fingerprint_recorded_changed_withheld(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    struct kvt_storage_restart_info ri;
+    struct kvt_storage_tier_info info;
+    (void)state;
+    assert_null(kvt_storage_tier_fingerprint(f->t));
+    assert_true(wait_job(f, store_keys(f, (int[]){31, 32}, 2))->success);
+    fx_close(f);
+
+    /* None recorded: model-a is recorded, the files kept. */
+    f->cfg.fingerprint = "model-a";
+    assert_int_equal(fx_open(f), 0);
+    assert_string_equal(kvt_storage_tier_fingerprint(f->t), "model-a");
+    assert_int_equal(lookup(f, 31), KVT_HIT);
+    fx_close(f);
+
+    /* Another model at start: every file dropped, counted, nothing served. */
+    f->cfg.fingerprint = "model-b";
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_true(ri.fingerprint_changed);
+    assert_int_equal(ri.files_found, 0);
+    assert_int_equal(ri.stale_removed, 2);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FINGERPRINT_DROPS), 2);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_STALE), 0);
+    assert_int_equal(lookup(f, 31), KVT_MISS);
+    assert_int_equal(chunk_files(f), 0);
+    assert_string_equal(kvt_storage_tier_fingerprint(f->t), "model-b");
+    assert_true(wait_job(f, store_keys(f, (int[]){33, 34}, 2))->success);
+    fx_close(f);
+
+    /* The node does not know its fingerprint: withheld (stores still go on). */
+    f->cfg.fingerprint = NULL;
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_info(f->t, &info);
+    assert_true(info.withheld);
+    assert_int_equal(info.num_keys, 2);
+    assert_int_equal(lookup(f, 33), KVT_MISS);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_WITHHELD), 1);
+    assert_false(wait_job(f, load_keys(f, (int[]){33}, 1))->success);
+    assert_true(wait_job(f, store1(f, 35))->success);
+    /* ... until it is set: the same model's are served. */
+    assert_int_equal(kvt_storage_tier_set_fingerprint(f->t, ""), -EINVAL);
+    assert_int_equal(kvt_storage_tier_set_fingerprint(f->t, "model-b"), 0);
+    assert_int_equal(lookup(f, 33), KVT_HIT);
+    assert_int_equal(lookup(f, 35), KVT_HIT);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_WITHHELD), 0);
+    assert_true(wait_job(f, load_keys(f, (int[]){33}, 1))->success);
+    fx_close(f);
+
+    /* Withheld, then another model is set: dropped at once. */
+    assert_int_equal(fx_open(f), 0);
+    assert_int_equal(lookup(f, 33), KVT_MISS);
+    assert_int_equal(kvt_storage_tier_set_fingerprint(f->t, "model-c"), 0);
+    assert_int_equal(lookup(f, 33), KVT_MISS);
+    assert_int_equal(lookup(f, 35), KVT_MISS);
+    settle(f);
+    assert_int_equal(chunk_files(f), 0);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FINGERPRINT_DROPS), 2 + 3); /* summed */
+    assert_string_equal(kvt_storage_tier_fingerprint(f->t), "model-c");
+    fx_close(f);
+    f->cfg.fingerprint = "model-c";
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_false(ri.fingerprint_changed);
+    assert_int_equal(ri.files_found, 0);
+    fx_free(f);
+}
+
+/* STATE that does not parse: a new generation, every file dropped; one that is not
+ * the tier's own private file is refused. */
+static void test_state_file_checked(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    char path[4200];
+    struct kvt_storage_restart_info ri;
+    (void)state;
+    assert_true(wait_job(f, store_keys(f, (int[]){41, 42}, 2))->success);
+    snprintf(path, sizeof(path), "%s/STATE", kvt_storage_tier_dir(f->t));
+    fx_close(f);
+    write_junk(path, 40);
+    assert_int_equal(chmod(path, 0600), 0);
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 0);
+    assert_int_equal(ri.stale_removed, 2);
+    assert_int_equal(lookup(f, 41), KVT_MISS);
+    fx_close(f);
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(fx_open(f), -EPERM);
+    fx_free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1843,6 +2031,11 @@ int main(void)
         cmocka_unit_test(test_default_backpressure_watermarks),
         cmocka_unit_test(test_manager_cascade_evict_promote_restart),
         cmocka_unit_test(test_manager_corrupt_file_is_a_miss),
+        cmocka_unit_test(test_reset_drops_every_file_across_restart),
+        cmocka_unit_test(test_reset_interrupted_files_stale_at_restart),
+        cmocka_unit_test(test_jobs_across_a_reset_fail),
+        cmocka_unit_test(test_fingerprint_recorded_changed_withheld),
+        cmocka_unit_test(test_state_file_checked),
     };
     if (getenv("KVT_TEST_FILTER") != NULL) /* e.g. KVT_TEST_FILTER='*restart*' */
         cmocka_set_test_filter(getenv("KVT_TEST_FILTER"));

@@ -1,5 +1,6 @@
 """Real kvtierd nodes for the vLLM tests and benchmark: a cluster of N daemons on
-loopback, each with its own primary (a /dev/shm file), storage folder, engine
+loopback, each with its own primary (a /dev/shm file in a folder of its own: kvtierd
+refuses a region directly in a folder others may write), storage folder, engine
 socket and network port, sharing one cluster secret."""
 
 import os
@@ -68,7 +69,7 @@ class Cluster:
                 f.write("metrics:\n  port: %d\n" % self.metrics[i])
                 f.write("log:\n  level: %s\n" % log_level)
             self.cfgs.append(cfg)
-        self.env = dict(os.environ, UCX_TLS=os.environ.get("UCX_TLS", "tcp"),
+        self.env = dict(os.environ, KVT_UCX_MODE=os.environ.get("KVT_UCX_MODE", "socket"),
                         UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"))
         self.env.setdefault("ASAN_OPTIONS", "detect_leaks=0")
 

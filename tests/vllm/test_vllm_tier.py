@@ -344,3 +344,100 @@ def types_ns(**kw):
     import types
 
     return types.SimpleNamespace(**kw)
+
+
+# ---- model fingerprints and resets ---------------------------------------------------
+
+def _offloading_config(name="Qwen/Qwen3-0.6B", dtype="bfloat16", tp=1, agnostic=False):
+    from vllm.v1.kv_offload.config import (
+        OffloadingCacheConfig,
+        OffloadingConfig,
+        OffloadingGroupConfig,
+        OffloadingModelConfig,
+        OffloadingParallelConfig,
+    )
+
+    return OffloadingConfig(
+        groups=(OffloadingGroupConfig(16, ("layer.0", "layer.1"), 0),),
+        worker_kv_bytes_per_block=ROW // tp, enable_kv_cache_events=False, extra_config={},
+        engine_id="kvt-test", model=OffloadingModelConfig(name, dtype),
+        cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+        parallel=OffloadingParallelConfig(0, tp, tp, 1, 1, 1, 0, 1, None, agnostic))
+
+
+def test_fingerprint_from_vllm_config(monkeypatch):
+    from kvtier.vllm import model_fingerprint
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+
+    def fp(row=ROW, **kw):
+        return model_fingerprint(types_ns(config=_offloading_config(**kw)), row)
+
+    a = fp()
+    assert a == fp()  # the same config, the same fingerprint (nothing random in it)
+    assert a.startswith("vllm:Qwen/Qwen3-0.6B:bfloat16:") and len(a) <= kvtier.FINGERPRINT_MAX
+    assert len({a, fp(dtype="float16"), fp(name="other/model"), fp(tp=2), fp(row=ROW // 2)}) == 5
+    # A layout that is the same bytes under any parallelism does not name it.
+    assert fp(tp=2, agnostic=True) != fp(tp=2)
+    monkeypatch.setenv("PYTHONHASHSEED", "7")
+    assert fp() != a
+    assert model_fingerprint(types_ns(), ROW) is None  # no config: declares none
+
+
+def _total(sock, name, label):
+    with kvtier.Client(sock, timeout_ms=5000) as c:
+        return sum(s.value for s in c.get_stats(totals=True)
+                   if s.name == name and s.label == label)
+
+
+def test_engine_of_another_model_refused(cluster):
+    e1 = eng_mod.Engine([kv(cluster.socks[0])], spec_attrs={"config": _offloading_config()})
+    e2 = None
+    try:
+        fp = e1.tiers[0].fingerprint
+        assert fp is not None and fp.startswith("vllm:")
+        store(e1, 2, "fpa")
+        with kvtier.Client(cluster.socks[0], timeout_ms=5000) as c:
+            assert c.node_fingerprint == fp  # the first engine's is the node's
+        # Another dtype: the node refuses the engine; its lookups MISS, nothing loads.
+        e2 = eng_mod.Engine([kv(cluster.socks[0], reconnect_s=60)],
+                            spec_attrs={"config": _offloading_config(dtype="float16")})
+        assert e2.tiers[0].fingerprint != fp
+        ctx = e2.request()
+        with e2.mgr.lock:
+            assert e2.mgr.lookup(eng_mod.key(0, b"fpa"), ctx) is LookupResult.MISS
+        assert not e2.tiers[0]._node_up
+        assert _total(cluster.socks[0], "kvtier_engine_refused", "fingerprint") == 1
+        e2.finish(ctx)
+    finally:
+        e1.shutdown()
+        if e2 is not None:
+            e2.shutdown()
+
+
+def test_vllm_reset_keeps_the_nodes_chunks_operator_reset_drops_them(cluster):
+    e = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        kept = store(e, 3, "rst-kept")
+        dropped = store(e, 3, "rst-dropped")
+        # vLLM's reset_cache (/reset_prefix_cache) drains the tier and clears vLLM's
+        # primary; the node keeps its chunks: they come back from it.
+        with e.mgr.lock:
+            e.mgr.reset_cache()
+            e.mgr.on_reset_flushed()
+        ctx = e.request()
+        _, final, _ = e.lookup_until_hit(ctx, kept)
+        assert [final[k] for k in kept] == [LookupResult.HIT] * 3
+        assert e.load_rows(ctx, kept) == [eng_mod.row_bytes_of(i, ROW, b"rst-kept")
+                                          for i in range(3)]
+        e.finish(ctx)
+        e.settle()
+        # The operator's reset on the node (the tier holds nothing between steps).
+        with kvtier.Client(cluster.socks[0], timeout_ms=5000) as c:
+            c.reset()
+        ctx = e.request()
+        _, final, _ = e.lookup_until_hit(ctx, dropped)
+        assert [final[k] for k in dropped] == [LookupResult.MISS] * 3
+        e.finish(ctx)
+    finally:
+        e.shutdown()

@@ -20,6 +20,7 @@
  * build folder or with --simnode PATH. */
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -32,6 +33,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "kvt/common.h"
 
 struct proc {
     pid_t pid;
@@ -196,47 +198,82 @@ struct bp_row {
     double ceiling_hot; /* the same READs over 32 chunks that stay in the caches */
 };
 
+static int bp_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path); /* best effort */
+    return 0;
+}
+
+/* The nodes' runtime folder (a node that died leaves its region there) and secret. */
+static void bp_clean(const char *run, const char *secret)
+{
+    nftw(run, bp_rm, 8, FTW_DEPTH | FTW_PHYS);
+    unlink(secret);
+}
+
 /* One pull: A and B started under the row's UCX_TLS, A stores n chunks, B pulls them
  * as requests of per keys, inflight at a time. 0, or -1 with a message. */
 static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, unsigned inflight,
                    struct bp_row *r)
 {
     char secret[] = "/tmp/kvtier-bench-pull-secret-XXXXXX";
-    char line[1024], cmd[256], portb[16], seed[64], nb[32], sizeb[32];
+    char run[64] = "/dev/shm/kvtier-bench-pull-XXXXXX";
+    char line[1024], cmd[256], portb[16];
+    /* The nodes are kvtierd's with its defaults, but their runtime folders in run, no
+     * storage tier (the pull is the network tier's) and no /metrics. */
+    char k_path[128], k_sock[128], k_secret[128], k_row[64], k_size[64], k_peer[64];
+    char *common[] = {"--set", k_path,           "--set", k_sock,
+                      "--set", k_secret,         "--set", k_row,
+                      "--set", k_size,           "--set", "storage.enabled=false",
+                      "--set", "metrics.port=0", "--set", "network.port=0"};
+    char *av[32];
+    size_t ac = 0;
     struct proc a = {0}, b = {0};
     double t0;
     int fd;
 
+    if (mkdtemp(run) == NULL &&
+        (snprintf(run, sizeof(run), "/tmp/kvtier-bench-pull-XXXXXX"), mkdtemp(run) == NULL)) {
+        fprintf(stderr, "kvtier-bench pull: cannot make a runtime folder: %s\n", strerror(errno));
+        return -1;
+    }
     fd = mkstemp(secret);
     if (fd < 0 || write(fd, "kvtier-bench pull shared secret 0123\n", 37) != 37) {
         fprintf(stderr, "kvtier-bench pull: cannot write a secret file\n");
+        rmdir(run);
         return -1;
     }
     close(fd);
-    snprintf(nb, sizeof(nb), "%zu", n + 16);
-    snprintf(sizeb, sizeof(sizeb), "%zu", size);
-    {
-        char *av[] = {(char *)simnode, "--id", "1",     "--secret", secret,
-                      "--chunks",      nb,     "--row", sizeb,      NULL};
-
-        if (bp_spawn(&a, av) != 0 || !bp_answer(&a, line, sizeof(line)) ||
-            sscanf(line, "ready id=%*x port=%15s", portb) != 1) {
-            fprintf(stderr, "kvtier-bench pull: node A did not start\n");
-            unlink(secret);
-            return -1;
-        }
+    snprintf(k_path, sizeof(k_path), "primary.path=%s/{id}/primary.mmap", run);
+    snprintf(k_sock, sizeof(k_sock), "engine.socket=%s/{id}/engine.sock", run);
+    snprintf(k_secret, sizeof(k_secret), "cluster.secret_file=%s", secret);
+    snprintf(k_row, sizeof(k_row), "primary.row_bytes=%zu", size);
+    snprintf(k_size, sizeof(k_size), "primary.size=%zu", (n + 16) * size);
+    av[ac++] = (char *)simnode;
+    for (size_t i = 0; i < KVT_ARRAY_SIZE(common); i++)
+        av[ac++] = common[i];
+    av[ac++] = "--set";
+    av[ac++] = "node.id=1";
+    av[ac] = NULL;
+    if (bp_spawn(&a, av) != 0 || !bp_answer(&a, line, sizeof(line)) ||
+        sscanf(line, "ready id=%*x port=%15s", portb) != 1) {
+        fprintf(stderr, "kvtier-bench pull: node A did not start\n");
+        bp_clean(run, secret);
+        return -1;
     }
-    snprintf(seed, sizeof(seed), "127.0.0.1:%s", portb);
-    {
-        char *av[] = {(char *)simnode, "--id", "2",      "--secret", secret, "--chunks", nb,
-                      "--row",         sizeb,  "--peer", seed,       NULL};
-
-        if (bp_spawn(&b, av) != 0 || !bp_answer(&b, line, sizeof(line))) {
-            fprintf(stderr, "kvtier-bench pull: node B did not start\n");
-            bp_stop(&a);
-            unlink(secret);
-            return -1;
-        }
+    snprintf(k_peer, sizeof(k_peer), "network.peers=127.0.0.1:%s", portb);
+    av[ac - 1] = "node.id=2";
+    av[ac++] = "--set";
+    av[ac++] = k_peer;
+    av[ac] = NULL;
+    if (bp_spawn(&b, av) != 0 || !bp_answer(&b, line, sizeof(line))) {
+        fprintf(stderr, "kvtier-bench pull: node B did not start\n");
+        bp_stop(&a);
+        bp_clean(run, secret);
+        return -1;
     }
     if (!bp_cmd(&a, line, sizeof(line), "wait-live 2 10000") ||
         !bp_cmd(&b, line, sizeof(line), "wait-live 2 10000")) {
@@ -263,13 +300,13 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
         fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s) %s", r->tls, line + 3);
     bp_stop(&a);
     bp_stop(&b);
-    unlink(secret);
+    bp_clean(run, secret);
     return 0;
 fail:
     fprintf(stderr, "kvtier-bench pull: failed: %s", line);
     bp_stop(&a);
     bp_stop(&b);
-    unlink(secret);
+    bp_clean(run, secret);
     return -1;
 }
 

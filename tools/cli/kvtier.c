@@ -1,13 +1,16 @@
 /* kvtier: the node's command-line tool (docs/cli.md).
  *
- *   kvtier <command> [--socket PATH] [--metrics HOST:PORT] [command options]
+ *   kvtier <command> [--socket PATH] [command options]
  *
- * Engine-API commands (status, stats, lookup, put, get, top) connect to kvtierd's
- * unix socket as an engine named "kvtier-cli" through libkvtier-client, exactly as
- * an inference engine would; HTTP commands (status's health, peers) read the
- * daemon's /healthz and /metrics. bench execs kvtier-bench with the remaining
- * arguments. Every command is one short-lived connection: the daemon cleans up
- * whatever a killed CLI left (pins, prepared stores, requests).
+ * Every command but bench connects to kvtierd's unix socket as an engine named
+ * "kvtier-cli" through libkvtier-client, exactly as an inference engine would, and
+ * declares no model fingerprint (a node accepts such an engine whatever its model):
+ * status and stats read the node's totals (what /metrics shows), peers its member
+ * table, reset asks it to forget every chunk. There is no HTTP client here: a node
+ * that answers on its engine socket is serving (it stops accepting engines first
+ * when it drains). bench execs kvtier-bench with the remaining arguments. Every
+ * command is one short-lived connection: the daemon cleans up whatever a killed CLI
+ * left (pins, prepared stores, requests).
  *
  * Exit status: 0 success, 1 the operation failed (daemon unreachable, key not
  * found, verify mismatch, unhealthy), 2 bad command line. */
@@ -37,14 +40,11 @@
 #define EX_FAIL  KVT_TOOL_EX_FAIL
 #define EX_USAGE KVT_TOOL_EX_USAGE
 
-#define DEFAULT_METRICS "127.0.0.1:9464"
-#define HTTP_TIMEOUT_MS 3000
-#define LOOKUP_STEPS    200 /* steps a lookup may stay RETRY / HIT_PENDING */
+#define LOOKUP_STEPS 200 /* steps a lookup may stay RETRY / HIT_PENDING */
 
 struct cli {
     const char *cmd;
     const char *socket;
-    const char *metrics;
     int timeout_ms;
     /* command options */
     const char *file;
@@ -61,11 +61,16 @@ struct cli {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvtier <command> [--socket PATH] [--metrics HOST:PORT] [options]\n\n"
+    fprintf(f, "usage: kvtier <command> [--socket PATH] [options]\n\n"
                "commands:\n"
-               "  status                  node reachable, region geometry, /healthz\n"
+               "  status                  node reachable, region, model fingerprint, chunks,\n"
+               "                          engines and peers\n"
                "  stats [--json]          the node's stats since it started (as /metrics)\n"
-               "  peers                   peer gauges and counters from /metrics\n"
+               "  peers                   the node's cluster: every member, its state and the\n"
+               "                          bytes pulled from and served to it\n"
+               "  reset                   the node forgets every chunk (primary, storage\n"
+               "                          files, cluster records); refused while an engine\n"
+               "                          holds pins or stores\n"
                "  lookup KEYHEX... [--once]\n"
                "                          look keys up (steps until HIT or MISS unless --once)\n"
                "  put KEYHEX (--file F | --pattern SEED)\n"
@@ -79,8 +84,6 @@ static void usage(FILE *f)
                "common options:\n"
                "  --socket PATH           the daemon's engine socket (default: $KVTIER_SOCKET,\n"
                "                          else the only /run/kvtier/[*/]engine.sock)\n"
-               "  --metrics HOST:PORT     the daemon's /metrics server (default: $KVTIER_METRICS,\n"
-               "                          else " DEFAULT_METRICS ")\n"
                "  --timeout MS            per-call timeout (default 10000)\n"
                "  -h, --help              this text\n"
                "  -V, --version           the version and git revision of this build\n\n"
@@ -150,20 +153,18 @@ static int connect_node(struct cli *cl, struct kvtier_client **c_p)
 
     if (rc != 0)
         return rc;
-    rc = kvtier_connect(cl->socket, &o, c_p);
+    char why[KVTIER_ERROR_MAX + 1];
+    struct kvtier_connect_ex ex = {.size = sizeof(ex),
+                                   .name = o.name,
+                                   .timeout_ms = o.timeout_ms,
+                                   .error = why,
+                                   .error_len = sizeof(why)};
+
+    rc = kvtier_connect_ex(cl->socket, &ex, c_p);
     if (rc < 0)
-        return fail("cannot connect to %s: %s", cl->socket, kvt_tool_strerror(rc));
+        return fail("cannot connect to %s: %s%s%s", cl->socket, kvt_tool_strerror(rc),
+                    why[0] ? ": " : "", why);
     return 0;
-}
-
-static const char *metrics_addr(const struct cli *cl)
-{
-    const char *e;
-
-    if (cl->metrics != NULL)
-        return cl->metrics;
-    e = getenv("KVTIER_METRICS");
-    return e != NULL && *e ? e : DEFAULT_METRICS;
 }
 
 static void fmt_bytes(double b, char *out, size_t n)
@@ -195,42 +196,91 @@ static void fmt_value(const char *name, double v, const char *suffix, char *out,
 
 /* ---- status ------------------------------------------------------------------- */
 
+/* A stat's value, summed over its labels (e.g. every tier's), or -1 when absent. */
+static double stat_sum(const struct kvtier_stats *st, const char *name)
+{
+    double v = -1;
+
+    for (size_t i = 0; i < st->n; i++) {
+        if (strcmp(st->s[i].name, name) == 0)
+            v = (v < 0 ? 0 : v) +
+                (st->s[i].kind == KVTIER_HISTOGRAM ? (double)st->s[i].count : st->s[i].value);
+    }
+    return v;
+}
+
 static int cmd_status(struct cli *cl)
 {
     struct kvtier_client *c;
     const struct kvtier_region *r;
-    char sz[32], row[32], page[32], *body = NULL;
-    int rc, status = 0, ret = 0;
+    struct kvtier_stats *st = NULL;
+    struct kvtier_peers *peers = NULL;
+    char sz[32], row[32], page[32], a[32], b[32];
+    const char *fp;
+    int rc;
 
     rc = connect_node(cl, &c);
     if (rc != 0)
         return rc;
     r = kvtier_client_region(c);
+    fp = kvtier_client_node_fingerprint(c);
     fmt_bytes((double)r->size, sz, sizeof(sz));
     fmt_bytes((double)r->row_bytes, row, sizeof(row));
     fmt_bytes((double)r->page_bytes, page, sizeof(page));
-    printf("node       %s: reachable (client id %" PRIu64 ")\n", cl->socket, kvtier_client_id(c));
+    printf("node       %s: reachable (client id %" PRIu64 ", protocol 1.%u)\n", cl->socket,
+           kvtier_client_id(c), kvtier_client_node_minor(c));
+    printf("health     ok (serving engines)\n");
     printf("region     %zu chunks x %s = %s (%u workers x %s pages)\n", r->num_chunks, row, sz,
            r->num_workers, page);
     printf("limits     %zu keys per call\n", kvtier_client_max_keys(c));
-    kvtier_close(c);
+    printf("model      %s\n", fp[0] ? fp : "(no fingerprint: none configured, none declared yet)");
+    rc = kvtier_get_stats_totals(c, &st);
+    if (rc == 0) {
+        double chunks = stat_sum(st, "kvtier_primary_chunks");
+        double files = stat_sum(st, "kvtier_storage_files");
+        double withheld = stat_sum(st, "kvtier_storage_withheld");
 
-    rc = kvt_tool_http_get(metrics_addr(cl), "/healthz", HTTP_TIMEOUT_MS, &status, &body, NULL);
-    if (rc < 0) {
-        printf("health     unknown: http://%s/healthz: %s\n", metrics_addr(cl), strerror(-rc));
-        ret = EX_FAIL;
-    } else {
-        size_t n = strlen(body);
-
-        while (n > 0 && (body[n - 1] == '\n' || body[n - 1] == '\r'))
-            body[--n] = '\0';
-        printf("health     %s (HTTP %d%s%s)\n", status == 200 ? "ok" : "UNHEALTHY", status,
-               n ? ": " : "", body);
-        if (status != 200)
-            ret = EX_FAIL;
+        if (chunks >= 0)
+            printf("primary    %.0f of %zu chunks in use\n", chunks, r->num_chunks);
+        if (files >= 0) {
+            fmt_bytes(stat_sum(st, "kvtier_storage_used_bytes"), a, sizeof(a));
+            printf("storage    %.0f chunk files, %s%s\n", files, a,
+                   withheld > 0 ? " (withheld until the node's model fingerprint is known)" : "");
+        } else {
+            printf("storage    off\n");
+        }
+        if (stat_sum(st, "kvtier_engine_clients") >= 0)
+            printf("engines    %.0f attached (this one included), %.0f resets\n",
+                   stat_sum(st, "kvtier_engine_clients"),
+                   fmax(stat_sum(st, "kvtier_engine_resets"), 0));
+        kvtier_stats_free(st);
+    } else if (rc != -EOPNOTSUPP) {
+        kvtier_close(c);
+        return fail("get_stats: %s", kvt_tool_strerror(rc));
     }
-    free(body);
-    return ret;
+    rc = kvtier_get_peers(c, &peers);
+    if (rc == 0) {
+        size_t up = 0;
+        uint64_t pulled = 0, served = 0;
+
+        for (size_t i = 0; i < peers->n; i++) {
+            up += peers->p[i].state != KVTIER_PEER_DOWN;
+            pulled += peers->p[i].pulled_bytes;
+            served += peers->p[i].served_bytes;
+        }
+        fmt_bytes((double)pulled, a, sizeof(a));
+        fmt_bytes((double)served, b, sizeof(b));
+        printf("cluster    %zu of %zu members up (this node included); %s pulled, %s served\n", up,
+               peers->n, a, b);
+        kvtier_peers_free(peers);
+    } else if (rc == -EOPNOTSUPP) {
+        printf("cluster    none (the network tier is off)\n");
+    } else {
+        kvtier_close(c);
+        return fail("peers: %s", kvt_tool_strerror(rc));
+    }
+    kvtier_close(c);
+    return 0;
 }
 
 /* ---- stats --------------------------------------------------------------------- */
@@ -302,42 +352,89 @@ static int cmd_stats(struct cli *cl)
 
 /* ---- peers --------------------------------------------------------------------- */
 
-static bool is_peer_metric(const char *name)
+static const char *peer_state(int state)
 {
-    return strstr(name, "peer") != NULL || strncmp(name, "kvtier_net_", 11) == 0 ||
-           strstr(name, "member") != NULL;
+    return state == KVTIER_PEER_SELF ? "self" : state == KVTIER_PEER_ALIVE ? "up" : "down";
+}
+
+static bool is_peer_stat(const char *name)
+{
+    return strncmp(name, "kvtier_peers_", 13) == 0 || strncmp(name, "kvtier_net_", 11) == 0;
 }
 
 static int cmd_peers(struct cli *cl)
 {
-    struct kvt_prom_samples ps;
-    char *body;
-    size_t bad = 0, shown = 0;
-    int status, rc;
+    struct kvtier_client *c;
+    struct kvtier_peers *p = NULL;
+    struct kvtier_stats *st = NULL;
+    int rc = connect_node(cl, &c);
 
-    rc = kvt_tool_http_get(metrics_addr(cl), "/metrics", HTTP_TIMEOUT_MS, &status, &body, NULL);
-    if (rc < 0)
-        return fail("http://%s/metrics: %s", metrics_addr(cl), strerror(-rc));
-    if (status != 200) {
-        free(body);
-        return fail("http://%s/metrics: HTTP %d", metrics_addr(cl), status);
+    if (rc != 0)
+        return rc;
+    rc = kvtier_get_peers(c, &p);
+    if (rc == -EOPNOTSUPP) {
+        kvtier_close(c);
+        printf("(no cluster: the node's network tier is off)\n");
+        return 0;
     }
-    rc = kvt_tool_prom_parse(body, &ps, &bad);
-    free(body);
-    if (rc < 0)
-        return fail("http://%s/metrics: not the Prometheus text format (line %zu)",
-                    metrics_addr(cl), bad);
-    printf("%-48s %-40s %s\n", "METRIC", "LABELS", "VALUE");
-    for (size_t i = 0; i < ps.n; i++) {
-        if (!is_peer_metric(ps.s[i].name))
-            continue;
-        printf("%-48s %-40s %.6g\n", ps.s[i].name, ps.s[i].labels[0] ? ps.s[i].labels : "-",
-               ps.s[i].value);
-        shown++;
+    if (rc < 0) {
+        kvtier_close(c);
+        return fail("peers: %s", kvt_tool_strerror(rc));
     }
-    if (shown == 0)
-        printf("(no peer metrics: the network tier is off or has no peers)\n");
-    kvt_tool_prom_free(&ps);
+    rc = kvtier_get_stats_totals(c, &st);
+    kvtier_close(c);
+    printf("%-16s %-16s %-28s %-5s %10s %12s %12s\n", "NODE", "INCARNATION", "ADDRESS", "STATE",
+           "HEARD", "PULLED", "SERVED");
+    for (size_t i = 0; i < p->n; i++) {
+        const struct kvtier_peer *x = &p->p[i];
+        char addr[KVTIER_ADDR_MAX + 8], heard[32], pulled[32], served[32];
+
+        snprintf(addr, sizeof(addr), "%s:%u", x->addr, (unsigned)x->port);
+        if (x->state == KVTIER_PEER_SELF)
+            snprintf(heard, sizeof(heard), "-");
+        else
+            snprintf(heard, sizeof(heard), "%.1fs ago", (double)x->last_heard_ms / 1000.0);
+        fmt_bytes((double)x->pulled_bytes, pulled, sizeof(pulled));
+        fmt_bytes((double)x->served_bytes, served, sizeof(served));
+        printf("%016" PRIx64 " %016" PRIx64 " %-28s %-5s %10s %12s %12s\n", x->node_id,
+               x->incarnation, addr, peer_state(x->state), heard, pulled, served);
+    }
+    if (p->n <= 1)
+        printf("(no peer seen yet)\n");
+    kvtier_peers_free(p);
+    if (rc == 0) {
+        printf("\n%-48s %-12s %s\n", "COUNTER / GAUGE", "LABEL", "VALUE");
+        for (size_t i = 0; i < st->n; i++) {
+            char v[48];
+
+            if (!is_peer_stat(st->s[i].name) || st->s[i].kind == KVTIER_HISTOGRAM)
+                continue;
+            fmt_value(st->s[i].name, st->s[i].value, "", v, sizeof(v));
+            printf("%-48s %-12s %s\n", st->s[i].name, st->s[i].label[0] ? st->s[i].label : "-", v);
+        }
+        kvtier_stats_free(st);
+    }
+    return 0;
+}
+
+/* ---- reset -------------------------------------------------------------------------- */
+
+static int cmd_reset(struct cli *cl)
+{
+    struct kvtier_client *c;
+    int rc = connect_node(cl, &c);
+
+    if (rc != 0)
+        return rc;
+    rc = kvtier_reset(c);
+    kvtier_close(c);
+    if (rc == -EBUSY)
+        return fail("reset refused: an engine holds chunks (pins, stores being written or "
+                    "loads waiting); retry when it is idle");
+    if (rc < 0)
+        return fail("reset: %s", kvt_tool_strerror(rc));
+    printf("node reset: its primary, its storage tier's files and its records in the "
+           "cluster's directory are dropped\n");
     return 0;
 }
 
@@ -824,22 +921,10 @@ static int cmd_bench(struct cli *cl, int argc, char **argv)
 
 /* ---- main ------------------------------------------------------------------------------ */
 
-enum {
-    O_SOCKET = 256,
-    O_METRICS,
-    O_TIMEOUT,
-    O_FILE,
-    O_PATTERN,
-    O_OUT,
-    O_ONCE,
-    O_JSON,
-    O_ITER,
-    O_INTERVAL
-};
+enum { O_SOCKET = 256, O_TIMEOUT, O_FILE, O_PATTERN, O_OUT, O_ONCE, O_JSON, O_ITER, O_INTERVAL };
 
 static const struct option long_opts[] = {
     {"socket", required_argument, NULL, O_SOCKET},
-    {"metrics", required_argument, NULL, O_METRICS},
     {"timeout", required_argument, NULL, O_TIMEOUT},
     {"file", required_argument, NULL, O_FILE},
     {"pattern", required_argument, NULL, O_PATTERN},
@@ -865,7 +950,6 @@ static bool option_allowed(const char *cmd, int opt)
 {
     switch (opt) {
     case O_SOCKET:
-    case O_METRICS:
     case O_TIMEOUT:
         return true;
     case O_FILE:
@@ -888,7 +972,7 @@ static bool option_allowed(const char *cmd, int opt)
 
 int main(int argc, char **argv)
 {
-    static const char *const cmds[] = {"status", "stats", "peers", "lookup",
+    static const char *const cmds[] = {"status", "stats", "peers", "reset", "lookup",
                                        "put",    "get",   "top",   "bench"};
     struct cli cl = {.timeout_ms = 10000, .interval_s = 1.0};
     bool known = false;
@@ -934,14 +1018,6 @@ int main(int argc, char **argv)
                 return bad_usage("--socket: a unix socket path of 1 to 107 bytes");
             cl.socket = optarg;
             break;
-        case O_METRICS: {
-            char h[256], p[16];
-
-            if (kvt_tool_parse_hostport(optarg, h, sizeof(h), p, sizeof(p)) < 0)
-                return bad_usage("--metrics: '%s' is not HOST:PORT", optarg);
-            cl.metrics = optarg;
-            break;
-        }
         case O_TIMEOUT:
             if (kvt_tool_parse_u64(optarg, 1, 3600000, &v) < 0)
                 return bad_usage("--timeout: '%s' is not 1..3600000 ms", optarg);
@@ -985,6 +1061,8 @@ int main(int argc, char **argv)
         return cmd_stats(&cl);
     if (!strcmp(cl.cmd, "peers"))
         return cmd_peers(&cl);
+    if (!strcmp(cl.cmd, "reset"))
+        return cmd_reset(&cl);
     if (!strcmp(cl.cmd, "lookup"))
         return cmd_lookup(&cl);
     if (!strcmp(cl.cmd, "put"))

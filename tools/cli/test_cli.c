@@ -141,61 +141,6 @@ static void test_content(void **state)
     assert_int_equal(kvt_tool_content_check(5, b, 100), 100);
 }
 
-static void test_hostport(void **state)
-{
-    char h[64], p[8];
-
-    (void)state;
-    assert_int_equal(kvt_tool_parse_hostport("127.0.0.1:9464", h, sizeof(h), p, sizeof(p)), 0);
-    assert_string_equal(h, "127.0.0.1");
-    assert_string_equal(p, "9464");
-    assert_int_equal(kvt_tool_parse_hostport("[::1]:80", h, sizeof(h), p, sizeof(p)), 0);
-    assert_string_equal(h, "::1");
-    assert_int_equal(kvt_tool_parse_hostport("host", h, sizeof(h), p, sizeof(p)), -EINVAL);
-    assert_int_equal(kvt_tool_parse_hostport(":80", h, sizeof(h), p, sizeof(p)), -EINVAL);
-    assert_int_equal(kvt_tool_parse_hostport("h:0", h, sizeof(h), p, sizeof(p)), -EINVAL);
-    assert_int_equal(kvt_tool_parse_hostport("h:70000", h, sizeof(h), p, sizeof(p)), -EINVAL);
-    assert_int_equal(kvt_tool_parse_hostport("h:8a", h, sizeof(h), p, sizeof(p)), -EINVAL);
-}
-
-static void test_prom(void **state)
-{
-    const char *text = "# HELP kvtier_peers Peers.\n"
-                       "# TYPE kvtier_peers gauge\n"
-                       "kvtier_peers{state=\"up\"} 2\n"
-                       "vllm:kv_offload_tiering_chunk_hits_total{tier=\"0:primary\",x=\"a\\\"b\"} "
-                       "12 1700000000\n"
-                       "\n"
-                       "up 1e3\r\n"
-                       "h_bucket{le=\"+Inf\"} +Inf\n";
-    struct kvt_prom_samples ps;
-    size_t bad = 0;
-    char v[32];
-
-    (void)state;
-    assert_int_equal(kvt_tool_prom_parse(text, &ps, &bad), 0);
-    assert_int_equal(ps.n, 4);
-    assert_string_equal(ps.s[0].name, "kvtier_peers");
-    assert_string_equal(ps.s[0].labels, "state=\"up\"");
-    assert_true(ps.s[0].value == 2);
-    assert_string_equal(ps.s[1].name, "vllm:kv_offload_tiering_chunk_hits_total");
-    assert_true(ps.s[1].value == 12);
-    assert_true(kvt_tool_prom_label(&ps.s[1], "tier", v, sizeof(v)));
-    assert_string_equal(v, "0:primary");
-    assert_true(kvt_tool_prom_label(&ps.s[1], "x", v, sizeof(v)));
-    assert_string_equal(v, "a\"b");
-    assert_false(kvt_tool_prom_label(&ps.s[1], "nope", v, sizeof(v)));
-    assert_true(ps.s[2].value == 1000);
-    assert_true(isinf(ps.s[3].value));
-    kvt_tool_prom_free(&ps);
-
-    assert_int_equal(kvt_tool_prom_parse("ok 1\nbad{x=\"1\" 2\n", &ps, &bad), -EPROTO);
-    assert_int_equal(bad, 2);
-    assert_int_equal(kvt_tool_prom_parse("ok 1\n9bad 2\n", &ps, &bad), -EPROTO);
-    assert_int_equal(kvt_tool_prom_parse("ok one\n", &ps, &bad), -EPROTO);
-    assert_int_equal(bad, 1);
-}
-
 static void test_cli_usage(void **state)
 {
     (void)state;
@@ -204,7 +149,10 @@ static void test_cli_usage(void **state)
     ASSERT_RUN(2, "unknown option '--bogus'", kvtier_bin, "status", "--bogus");
     ASSERT_RUN(2, "needs a value", kvtier_bin, "status", "--socket");
     ASSERT_RUN(2, "does not apply", kvtier_bin, "stats", "--file", "x");
-    ASSERT_RUN(2, "not HOST:PORT", kvtier_bin, "peers", "--metrics", "nowhere");
+    /* status and peers speak the engine API: no --metrics (no HTTP client) any more */
+    ASSERT_RUN(2, "unknown option '--metrics'", kvtier_bin, "peers", "--metrics", "nowhere");
+    ASSERT_RUN(2, "unexpected argument", kvtier_bin, "reset", "now");
+    ASSERT_RUN(2, "does not apply", kvtier_bin, "reset", "--json");
     ASSERT_RUN(2, "missing KEYHEX", kvtier_bin, "lookup", "--socket", "/nonexistent");
     ASSERT_RUN(2, "bad key 'xyz'", kvtier_bin, "lookup", "xyz");
     ASSERT_RUN(2, "exactly one of --file", kvtier_bin, "put", "00");
@@ -225,8 +173,10 @@ static void test_cli_no_daemon(void **state)
     ASSERT_RUN(1, "cannot connect", kvtier_bin, "lookup", "--socket", "/nonexistent/s", "00ff");
     ASSERT_RUN(1, "cannot connect", kvtier_bin, "put", "--socket", "/nonexistent/s", "00ff",
                "--pattern", "1");
-    /* port 1 on loopback: nobody listens */
-    ASSERT_RUN(1, "/metrics", kvtier_bin, "peers", "--metrics", "127.0.0.1:1");
+    ASSERT_RUN(1, "cannot connect to /nonexistent/s", kvtier_bin, "peers", "--socket",
+               "/nonexistent/s");
+    ASSERT_RUN(1, "cannot connect to /nonexistent/s", kvtier_bin, "reset", "--socket",
+               "/nonexistent/s");
 }
 
 static void test_load_usage(void **state)
@@ -251,8 +201,7 @@ int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_key),     cmocka_unit_test(test_numbers),
-        cmocka_unit_test(test_content),       cmocka_unit_test(test_hostport),
-        cmocka_unit_test(test_prom),          cmocka_unit_test(test_cli_usage),
+        cmocka_unit_test(test_content),       cmocka_unit_test(test_cli_usage),
         cmocka_unit_test(test_cli_no_daemon), cmocka_unit_test(test_load_usage),
     };
 

@@ -1,15 +1,15 @@
 /* The kvtier CLI and kvtier-load against a live engine API: a kvtierd started
  * here with a temporary socket, region and storage folder (mode kvtierd), or the
  * node tests' stand-in engine server while kvtierd is not built (mode standin).
- * status (kvtierd: /healthz too), put/get round trips by file and by pattern,
- * lookup, stats, peers (kvtierd), and a 5-second kvtier-load that must end with 0
- * errors. The daemon is stopped with SIGTERM and must exit 0.
+ * status, put/get round trips by file and by pattern, lookup, stats, peers (no
+ * cluster here: the network tier is off), reset (kvtierd: a restart after it serves
+ * nothing stored before it, and what was stored after it from the storage tier), and
+ * a 5-second kvtier-load that must end with 0 errors. The daemon is stopped with
+ * SIGTERM and must exit 0.
  *
  *   test_cli_node kvtierd|standin SERVER KVTIER KVTIER_LOAD */
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <spawn.h>
@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -33,7 +32,7 @@
 extern char **environ;
 
 static const char *mode, *server_bin, *kvtier_bin, *load_bin;
-static char dir[256], sock[300], metrics[64];
+static char dir[256], sock[300];
 static pid_t server_pid = -1;
 
 /* Runs argv (NULL-terminated list), captures stdout+stderr into out. */
@@ -93,60 +92,39 @@ static int run(char *out, size_t out_len, const char *bin, ...)
                      want_text);                                                                   \
     } while (0)
 
-static int free_port(void)
-{
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof(a);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &al), 0);
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
+/* Serving: the engine API answers (a node that drains stops accepting engines). */
 static bool ready(void)
 {
     struct stat sb;
-    char *body = NULL;
-    int status = 0;
+    struct kvtier_client *c = NULL;
+    struct kvtier_connect_opts o = {.name = "cli-test-ready", .timeout_ms = 500};
 
     if (stat(sock, &sb) != 0 || !S_ISSOCK(sb.st_mode))
         return false;
-    if (strcmp(mode, "kvtierd") != 0)
-        return true;
-    if (kvt_tool_http_get(metrics, "/healthz", 500, &status, &body, NULL) < 0)
+    if (kvtier_connect(sock, &o, &c) != 0)
         return false;
-    free(body);
-    return status == 200;
+    kvtier_close(c);
+    return true;
 }
 
-static int start_server(void **state)
+/* Starts the server on dir's files (kept across restarts). */
+static int spawn_server(void)
 {
-    char region[320], storage[320], logf[320], port_s[16];
-    char set_sock[400], set_region[400], set_storage[400], set_mport[64];
+    char region[320], storage[320], logf[320];
+    char set_sock[400], set_region[400], set_storage[400];
     posix_spawn_file_actions_t fa;
     char *argv[32];
     int n = 0;
 
-    (void)state;
-    snprintf(dir, sizeof(dir), "/tmp/kvtier-cli-test-XXXXXX");
-    if (mkdtemp(dir) == NULL)
-        return -1;
     snprintf(sock, sizeof(sock), "%s/engine.sock", dir);
-    snprintf(region, sizeof(region), "%s/region", dir);
+    snprintf(region, sizeof(region), "%s/run/region", dir);
     snprintf(storage, sizeof(storage), "%s/storage", dir);
     snprintf(logf, sizeof(logf), "%s/server.log", dir);
-    snprintf(port_s, sizeof(port_s), "%d", free_port());
-    snprintf(metrics, sizeof(metrics), "127.0.0.1:%s", port_s);
     argv[n++] = (char *)server_bin;
     if (strcmp(mode, "kvtierd") == 0) {
         snprintf(set_sock, sizeof(set_sock), "engine.socket=%s", sock);
         snprintf(set_region, sizeof(set_region), "primary.path=%s", region);
         snprintf(set_storage, sizeof(set_storage), "storage.root=%s", storage);
-        snprintf(set_mport, sizeof(set_mport), "metrics.port=%s", port_s);
         char *sets[] = {set_sock,
                         set_region,
                         "primary.size=64MiB",
@@ -154,7 +132,7 @@ static int start_server(void **state)
                         set_storage,
                         "storage.capacity=256MiB",
                         "network.enabled=false",
-                        set_mport,
+                        "metrics.port=0",
                         "node.id=7"};
         for (size_t i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) {
             argv[n++] = "--set";
@@ -169,7 +147,7 @@ static int start_server(void **state)
     }
     argv[n] = NULL;
     posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, logf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, logf, O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
     if (posix_spawn(&server_pid, server_bin, &fa, NULL, argv, environ) != 0)
         return -1;
@@ -191,42 +169,71 @@ static int start_server(void **state)
     return 0;
 }
 
-static int stop_server(void **state)
+/* SIGTERM: it must exit 0 within 15 s. */
+static int term_server(void)
 {
     int status = -1;
-    char cmd[400];
 
-    (void)state;
-    if (server_pid > 0) {
-        kill(server_pid, SIGTERM);
-        for (int i = 0; i < 150; i++) {
-            if (waitpid(server_pid, &status, WNOHANG) == server_pid)
-                break;
-            usleep(100000);
-            if (i == 149) {
-                kill(server_pid, SIGKILL);
-                waitpid(server_pid, &status, 0);
-                fprintf(stderr, "server did not exit within 15 s of SIGTERM\n");
-                return -1;
-            }
-        }
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "server exit status %d after SIGTERM (log in %s)\n", status, dir);
+    if (server_pid <= 0)
+        return 0;
+    kill(server_pid, SIGTERM);
+    for (int i = 0; i < 150; i++) {
+        if (waitpid(server_pid, &status, WNOHANG) == server_pid)
+            break;
+        usleep(100000);
+        if (i == 149) {
+            kill(server_pid, SIGKILL);
+            waitpid(server_pid, &status, 0);
+            fprintf(stderr, "server did not exit within 15 s of SIGTERM\n");
+            server_pid = -1;
             return -1;
         }
     }
+    server_pid = -1;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "server exit status %d after SIGTERM (log in %s)\n", status, dir);
+        return -1;
+    }
+    return 0;
+}
+
+static int start_server(void **state)
+{
+    char run[320];
+
+    (void)state;
+    snprintf(dir, sizeof(dir), "/tmp/kvtier-cli-test-XXXXXX");
+    if (mkdtemp(dir) == NULL)
+        return -1;
+    /* The region's folder: kvtierd's own (a folder others may write is refused). */
+    snprintf(run, sizeof(run), "%s/run", dir);
+    if (mkdir(run, 0700) != 0)
+        return -1;
+    return spawn_server();
+}
+
+static int stop_server(void **state)
+{
+    char cmd[400];
+    int rc;
+
+    (void)state;
+    rc = term_server();
     snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? 0 : -1;
+    return system(cmd) == 0 && rc == 0 ? 0 : -1;
 }
 
 static void test_status(void **state)
 {
     (void)state;
-    if (strcmp(mode, "kvtierd") == 0)
-        CHECK(0, "health     ok", kvtier_bin, "status", "--socket", sock, "--metrics", metrics);
-    else /* the stand-in serves no HTTP: reachable and geometry, health unknown */
-        CHECK(1, "region     1024 chunks x 64.0 KiB", kvtier_bin, "status", "--socket", sock,
-              "--metrics", "127.0.0.1:1");
+    CHECK(0, "health     ok", kvtier_bin, "status", "--socket", sock);
+    CHECK(0, "region     1024 chunks x 64.0 KiB", kvtier_bin, "status", "--socket", sock);
+    CHECK(0, "cluster    none", kvtier_bin, "status", "--socket", sock);
+    if (strcmp(mode, "kvtierd") == 0) {
+        CHECK(0, "model      (no fingerprint", kvtier_bin, "status", "--socket", sock);
+        CHECK(0, "storage    ", kvtier_bin, "status", "--socket", sock);
+        CHECK(0, "engines    1 attached", kvtier_bin, "status", "--socket", sock);
+    }
 }
 
 static void test_put_get_file(void **state)
@@ -318,7 +325,44 @@ static void test_stats_forms(void **state)
 static void test_peers(void **state)
 {
     (void)state;
-    CHECK(0, "METRIC", kvtier_bin, "peers", "--metrics", metrics);
+    CHECK(0, "(no cluster: the node's network tier is off)", kvtier_bin, "peers", "--socket", sock);
+}
+
+/* reset drops every chunk. With kvtierd: chunks that a restart serves from the
+ * storage tier (so they are there) are served by none after a reset and another
+ * restart, while what was stored after the reset comes back. A fresh daemon first,
+ * so that no back-pressure left by the load test keeps the chunks from the storage
+ * tier. */
+static void test_reset_then_restart(void **state)
+{
+    bool daemon = strcmp(mode, "kvtierd") == 0;
+
+    (void)state;
+    if (daemon) {
+        assert_int_equal(term_server(), 0);
+        assert_int_equal(spawn_server(), 0);
+    }
+    CHECK(0, "stored in chunk", kvtier_bin, "put", "5e7a0001", "--pattern", "41", "--socket", sock);
+    CHECK(0, "stored in chunk", kvtier_bin, "put", "5e7a0002", "--pattern", "42", "--socket", sock);
+    if (daemon) {
+        assert_int_equal(term_server(), 0); /* drains: both are in the storage tier */
+        assert_int_equal(spawn_server(), 0);
+    }
+    CHECK(0, "matches pattern 41", kvtier_bin, "get", "5e7a0001", "--pattern", "41", "--socket",
+          sock);
+    CHECK(0, "node reset", kvtier_bin, "reset", "--socket", sock);
+    CHECK(1, "not found", kvtier_bin, "get", "5e7a0001", "--socket", sock);
+    CHECK(1, "not found", kvtier_bin, "get", "5e7a0002", "--socket", sock);
+    CHECK(0, "stored in chunk", kvtier_bin, "put", "5e7a0003", "--pattern", "43", "--socket", sock);
+    if (!daemon)
+        return;
+    CHECK(0, "1 resets", kvtier_bin, "status", "--socket", sock);
+    assert_int_equal(term_server(), 0);
+    assert_int_equal(spawn_server(), 0);
+    CHECK(1, "not found", kvtier_bin, "get", "5e7a0001", "--socket", sock);
+    CHECK(1, "not found", kvtier_bin, "get", "5e7a0002", "--socket", sock);
+    CHECK(0, "matches pattern 43", kvtier_bin, "get", "5e7a0003", "--pattern", "43", "--socket",
+          sock);
 }
 
 static void test_load(void **state)
@@ -344,7 +388,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_put_get_pattern),
         cmocka_unit_test(test_load),
         cmocka_unit_test(test_stats_forms),
-        cmocka_unit_test(test_peers), /* kvtierd only: the stand-in serves no /metrics */
+        cmocka_unit_test(test_peers),
+        cmocka_unit_test(test_reset_then_restart),
     };
     size_t n_tests = sizeof(tests) / sizeof(tests[0]);
 
@@ -357,7 +402,5 @@ int main(int argc, char **argv)
     kvtier_bin = argv[3];
     load_bin = argv[4];
     signal(SIGPIPE, SIG_IGN);
-    if (strcmp(mode, "kvtierd") != 0)
-        n_tests--; /* left out, not counted as passed */
     return _cmocka_run_group_tests("cli_node", tests, n_tests, start_server, stop_server);
 }

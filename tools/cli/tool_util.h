@@ -1,7 +1,6 @@
 /* Helpers shared by the kvtier CLI and kvtier-load (tools/cli/, tools/load/):
- * hex keys, deterministic chunk content, a tiny HTTP/1.0 GET for /metrics and
- * /healthz, a Prometheus text parser and a progress line. None of them touch the
- * daemon's internals: the tools speak only <kvtier/client.h> and HTTP. */
+ * hex keys, deterministic chunk content and a progress line. None of them touch the
+ * daemon's internals: the tools speak only <kvtier/client.h>. */
 #ifndef KVT_TOOL_UTIL_H
 #define KVT_TOOL_UTIL_H
 
@@ -33,33 +32,6 @@ size_t kvt_tool_content_check(uint64_t seed, const uint8_t *buf, size_t len);
 uint64_t kvt_tool_key_seed(const struct kvtier_key *key);
 /* XXH3-64 of buf (what `kvtier get` prints). */
 uint64_t kvt_tool_hash(const void *buf, size_t len);
-
-/* "host:port" (host may be [v6]) -> parts; -EINVAL if malformed. */
-int kvt_tool_parse_hostport(const char *s, char *host, size_t host_len, char *port,
-                            size_t port_len);
-
-/* GET http://hostport/path with a timeout; *body_p (NUL-terminated, free()) and
- * *status_p on success. -ECONNREFUSED, -ETIMEDOUT, -EPROTO (not HTTP), ... */
-int kvt_tool_http_get(const char *hostport, const char *path, int timeout_ms, int *status_p,
-                      char **body_p, size_t *len_p);
-
-/* One sample of the Prometheus text format. */
-struct kvt_prom_sample {
-    char name[128];
-    char labels[256]; /* the text between the braces, "" when none */
-    double value;
-};
-struct kvt_prom_samples {
-    struct kvt_prom_sample *s;
-    size_t n;
-};
-/* Parses the text format (comments skipped); -EPROTO names the first bad line
- * in *bad_line_p (1-based, may be NULL). */
-int kvt_tool_prom_parse(const char *text, struct kvt_prom_samples *out, size_t *bad_line_p);
-void kvt_tool_prom_free(struct kvt_prom_samples *ps);
-/* The value of label key in a sample's label text into out; false if absent. */
-bool kvt_tool_prom_label(const struct kvt_prom_sample *s, const char *key, char *out,
-                         size_t out_len);
 
 /* Progress: on a terminal one line redrawn in place, otherwise a plain line at most
  * every plain_every_s seconds. frac < 0: no bar (unknown total). */

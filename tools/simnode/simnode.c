@@ -1,17 +1,19 @@
 /* kvtier-simnode: one kvtier node and a small engine simulator in one process, for
- * the cluster tests. The node is what kvtierd assembles (primary, network tier,
- * peer links, manager); the "engine" plays vLLM through the manager API: it stores
- * chunks of known content and loads them back, checking every byte.
+ * the cluster tests. The node is kvtierd's own (kvt_node_open: the runtime folders,
+ * the region, the tiers in their configured order, the peer links, the manager, the
+ * engine socket, /metrics), configured as kvtierd is, from a YAML file and --set
+ * overrides, with kvtierd's defaults for whatever they leave out; it must run the
+ * network tier. The "engine" plays vLLM through the manager API: it stores chunks of
+ * known content and loads them back, checking every byte.
  *
- *   kvtier-simnode --id N [--port P] [--peer host:port]... --secret FILE [--ns NAME]
- *               [--chunks N] [--row BYTES] [--lease-ms MS] [--heartbeat-ms MS]
- *               [--fetch-timeout-ms MS] [--backend ucx|verbs] [--addr A]
- *               [--keys-per-fetch N] [--fetches-per-peer N] [--ops-per-batch N]
- *   kvtier-simnode --version
+ *   kvtier-simnode [--config FILE] [--set KEY=VALUE]...
+ *   kvtier-simnode --version | --help
  *
- * It prints "ready id=<hex> port=<p> inc=<hex>" and then reads commands on stdin,
- * one per line, answering each with one line "ok ..." or "err ..." (progress lines
- * "progress ..." may come before the answer). Between commands the node steps.
+ * (kvtierd --help lists the keys.) It prints "ready id=<hex> port=<p> inc=<hex>" and
+ * then reads commands on stdin, one per line, answering each with one line "ok ..." or
+ * "err ..." (progress lines "progress ..." may come before the answer). Between
+ * commands the node runs kvtierd's loop: it sleeps on the node's fd as long as the
+ * node allows, then lets it do what is due (the tick's step, the tiers' polls).
  *
  *   store SEED FIRST N            stores chunks (SEED, FIRST..FIRST+N-1)
  *   load SEED FIRST N TIMEOUT_MS [pause]
@@ -27,9 +29,9 @@
  *                                 the same keys as engine requests of REQ_KEYS keys,
  *                                 INFLIGHT of them at a time (a new one starts when one
  *                                 is loaded); the engine looks its waiting keys up and
- *                                 steps every STEP_US (500) us, the node polls the
- *                                 network tier in between and sleeps only when nothing
- *                                 is in flight; a loaded request's hits stay prepared
+ *                                 steps every STEP_US (500) us, the node's loop runs in
+ *                                 between and sleeps only when nothing is in flight; a
+ *                                 loaded request's hits stay prepared
  *                                 for load until the last request has answered, then
  *                                 every byte is checked (struct held_load): hit miss
  *                                 corrupt timeout requests req_ms_p50 req_ms_p99
@@ -44,37 +46,38 @@
  *   wait-live N MS                until N members (self included) are live
  *   counts                        the network tier's and the peer links' counters
  *   step MS                       keeps stepping for MS ms
- *   quit                          orderly shutdown, exit 0
+ *   quit                          orderly shutdown (kvtierd's SIGTERM), exit 0
  */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include "kvt/alloc.h"
-#include "kvt/auth.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
+#include "kvt/config.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/net_tier.h"
+#include "kvt/node.h"
 #include "kvt/peers.h"
 #include "kvt/primary.h"
 #include "kvt/version.h"
 
-#define MAX_PEERS 16
-
+/* The node and its parts the simulator drives (all owned by kvt_node). */
 struct node {
+    struct kvt_node *node;
     struct kvt_peers *peers;
     struct kvt_manager *m;
-    struct kvt_tier *net; /* owned by m */
+    struct kvt_tier *net;
     struct kvt_primary *primary;
     size_t row;
     size_t chunks;
@@ -144,9 +147,10 @@ static uint8_t *row_of(const struct node *n, int64_t slot)
     return n->net->primary_base + (size_t)slot * n->row;
 }
 
+/* The engine's schedule end. */
 static void step(struct node *n)
 {
-    kvt_manager_on_schedule_end(n->m, NULL);
+    kvt_node_step(n->node);
 }
 
 static void step_for(struct node *n, unsigned ms)
@@ -360,24 +364,16 @@ out:
     kvt_free(ns);
 }
 
-/* Whether the loop may sleep: the transport is armed and no transfer is in flight
- * (our fetches, peers' leases on our chunks: over tcp both sides' progress moves the
- * bytes, as in kvtier-bench transport, which busy-polls). */
-static bool may_sleep(struct node *n)
-{
-    return !kvt_tier_has_pending_work(n->net) && kvt_peers_arm(n->peers) == 0;
-}
-
-/* Sleeps until the transport or the lookup worker has news, at most 200 us, when it
- * may sleep at all. */
+/* Sleeps until the node has news, at most 200 us, when the node lets it sleep at all
+ * (nothing in flight: over tcp both sides' progress moves a READ's bytes, as in
+ * kvtier-bench transport, which busy-polls). */
 static void wait_events(struct node *n)
 {
-    struct pollfd pfd[2] = {{.fd = kvt_peers_event_fd(n->peers), .events = POLLIN},
-                            {.fd = kvt_net_tier_wake_fd(n->net), .events = POLLIN}};
+    struct pollfd pfd = {.fd = kvt_node_fd(n->node), .events = POLLIN};
     struct timespec ts = {0, 200000};
 
-    if (may_sleep(n))
-        ppoll(pfd, 2, &ts, NULL);
+    if (kvt_node_timeout_ms(n->node) > 0)
+        ppoll(&pfd, 1, &ts, NULL);
 }
 
 struct pull_req {
@@ -486,8 +482,8 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
         res[i] = -1;
     }
     while (done < n_req && kvt_now_ns() < deadline) {
-        if (kvt_now_ns() < next_step) { /* between engine steps: the node's own poll */
-            kvt_net_tier_poll(n->net);
+        if (kvt_now_ns() < next_step) { /* between engine steps: the node's own loop */
+            kvt_node_progress(n->node);
             wait_events(n);
             continue;
         }
@@ -690,26 +686,35 @@ static void cmd_wait_live(struct node *n, size_t want, unsigned ms)
         printf("err live=%zu\n", got);
 }
 
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvtier-simnode [--config FILE] [--set KEY=VALUE]...\n"
+               "       kvtier-simnode --version | --help\n\n"
+               "One kvtier node (kvtierd's, configured as kvtierd is: kvtierd --help lists\n"
+               "the keys; it must run the network tier) and an engine simulator driven by\n"
+               "commands on stdin (see tools/simnode/simnode.c).\n");
+}
+
 static int run(struct node *n)
 {
     char line[256];
     uint64_t next_look = 0;
 
     for (;;) {
-        struct pollfd pfd[3] = {{.fd = 0, .events = POLLIN},
-                                {.fd = kvt_peers_event_fd(n->peers), .events = POLLIN},
-                                {.fd = kvt_net_tier_wake_fd(n->net), .events = POLLIN}};
-        /* Sleep only when nothing is in flight (peers' READs over tcp need our
+        struct pollfd pfd[2] = {{.fd = 0, .events = POLLIN},
+                                {.fd = kvt_node_fd(n->node), .events = POLLIN}};
+        /* kvtierd's loop, with stdin beside the node: sleep as long as the node lets
+         * it (not at all with transfers in flight: peers' READs over tcp need our
          * progress to be served). Busy, look at stdin once a ms, not once a loop: a
          * serving node spent a tenth of its time in that poll(). */
-        bool sleep_ok = may_sleep(n);
+        int wait_ms = kvt_node_timeout_ms(n->node);
         int pr = 0;
 
-        if (sleep_ok || kvt_now_ns() >= next_look) {
-            pr = poll(pfd, 3, sleep_ok ? 1 : 0);
+        if (wait_ms > 0 || kvt_now_ns() >= next_look) {
+            pr = poll(pfd, 2, wait_ms);
             next_look = kvt_now_ns() + 1000000ull;
         }
-        step(n);
+        kvt_node_progress(n->node);
         if (pr <= 0 || !(pfd[0].revents & (POLLIN | POLLHUP)))
             continue;
         if (fgets(line, sizeof(line), stdin) == NULL)
@@ -751,165 +756,89 @@ static int run(struct node *n)
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"id", required_argument, NULL, 'i'},
-        {"port", required_argument, NULL, 'p'},
-        {"peer", required_argument, NULL, 'P'},
-        {"secret", required_argument, NULL, 's'},
-        {"ns", required_argument, NULL, 'n'},
-        {"chunks", required_argument, NULL, 'c'},
-        {"row", required_argument, NULL, 'r'},
-        {"lease-ms", required_argument, NULL, 'l'},
-        {"heartbeat-ms", required_argument, NULL, 'h'},
-        {"fetch-timeout-ms", required_argument, NULL, 'f'},
-        {"backend", required_argument, NULL, 'b'},
-        {"addr", required_argument, NULL, 'a'},
-        {"keys-per-fetch", required_argument, NULL, 'K'},
-        {"fetches-per-peer", required_argument, NULL, 'F'},
-        {"ops-per-batch", required_argument, NULL, 'O'},
+        {"config", required_argument, NULL, 'c'},
+        {"set", required_argument, NULL, 's'},
+        {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
-    const char *peer_list[MAX_PEERS];
-    size_t n_peers = 0;
-    const char *secret_path = NULL, *ns_name = "kvtier-test", *backend = "ucx";
-    const char *addr = "127.0.0.1";
-    uint64_t id = 0;
-    unsigned port = 0, lease_ms = 2000, hb_ms = 200, fetch_ms = 3000;
-    size_t chunks = 1024, row = 65536;
-    uint8_t secret[KVT_AUTH_SECRET_MAX];
-    size_t secret_len = 0;
-    struct kvt_peers_config pc = {0};
-    struct kvt_primary_config prc = {0};
-    struct kvt_net_tier_config nc = {0};
+    char **sets = kvt_calloc((size_t)argc + 1, sizeof(*sets));
+    const char *cfg_path = NULL;
+    size_t n_sets = 0;
+    struct kvt_config cfg;
     struct node n = {0};
+    char err[512];
     int c, rc;
 
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (sets == NULL)
+        return 1;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case 'i':
-            id = strtoull(optarg, NULL, 0);
-            break;
-        case 'p':
-            port = (unsigned)strtoul(optarg, NULL, 0);
-            break;
-        case 'P':
-            if (n_peers < MAX_PEERS)
-                peer_list[n_peers++] = optarg;
+        case 'c':
+            cfg_path = optarg;
             break;
         case 's':
-            secret_path = optarg;
-            break;
-        case 'n':
-            ns_name = optarg;
-            break;
-        case 'c':
-            chunks = strtoull(optarg, NULL, 0);
-            break;
-        case 'r':
-            row = strtoull(optarg, NULL, 0);
-            break;
-        case 'l':
-            lease_ms = (unsigned)strtoul(optarg, NULL, 0);
+            sets[n_sets++] = optarg;
             break;
         case 'h':
-            hb_ms = (unsigned)strtoul(optarg, NULL, 0);
-            break;
-        case 'f':
-            fetch_ms = (unsigned)strtoul(optarg, NULL, 0);
-            break;
-        case 'b':
-            backend = optarg;
-            break;
-        case 'a':
-            addr = optarg;
-            break;
-        case 'K':
-            nc.keys_per_fetch = (unsigned)strtoul(optarg, NULL, 0);
-            break;
-        case 'F':
-            nc.fetches_per_peer = (unsigned)strtoul(optarg, NULL, 0);
-            break;
-        case 'O':
-            nc.max_ops_per_batch = (unsigned)strtoul(optarg, NULL, 0);
-            break;
+            usage(stdout);
+            kvt_free(sets);
+            return 0;
         case 'V':
             printf("kvtier-simnode %s\n", kvt_version_string());
+            kvt_free(sets);
             return 0;
         default:
-            fprintf(stderr, "kvtier-simnode: bad option\n");
+            usage(stderr);
+            kvt_free(sets);
             return 2;
         }
     }
-    if (id == 0 || secret_path == NULL) {
-        fprintf(stderr, "kvtier-simnode: --id and --secret are required\n");
+    if (optind < argc) {
+        fprintf(stderr, "kvtier-simnode: unexpected argument '%s'\n", argv[optind]);
+        kvt_free(sets);
         return 2;
     }
-    rc = kvt_auth_load_secret(secret_path, secret, sizeof(secret), &secret_len);
+    rc = kvt_config_load(&cfg, cfg_path, sets, n_sets, err, sizeof(err));
+    kvt_free(sets);
     if (rc != 0) {
-        fprintf(stderr, "kvtier-simnode: secret %s: %s\n", secret_path, strerror(-rc));
-        return 2;
+        fprintf(stderr, "kvtier-simnode: %s\n", err);
+        return KVT_CONFIG_EXIT;
     }
-    if (getenv("KVT_LOG") != NULL) {
-        enum kvt_log_level lv;
-
-        if (kvt_log_parse_level(getenv("KVT_LOG"), &lv) == 0)
-            kvt_log_set_level(lv);
-    }
-
-    pc.node_id = id;
-    kvt_auth_namespace(ns_name, pc.ns);
-    pc.secret = secret;
-    pc.secret_len = secret_len;
-    pc.listen_addr = addr;
-    pc.listen_port = (uint16_t)port;
-    pc.seeds = peer_list;
-    pc.n_seeds = n_peers;
-    pc.heartbeat_ms = hb_ms;
-    pc.heartbeat_misses = 10; /* 2 s: ASan builds on a loaded 2-core machine stall */
-    pc.transport.backend = backend;
-    pc.transport.op_timeout_ms = fetch_ms;
-    rc = kvt_peers_create(&pc, &n.peers);
-    if (rc != 0) {
-        fprintf(stderr, "kvtier-simnode: peers: %s\n", strerror(-rc));
-        return 1;
-    }
-    prc.num_chunks = chunks;
-    prc.row_bytes = row;
-    prc.policy = "lru";
-    prc.checksum_on_complete = true; /* grants carry the checksum of what was stored */
-    rc = kvt_primary_create(&prc, NULL, &n.primary);
-    if (rc == 0) {
-        nc.peers = n.peers;
-        nc.primary = n.primary;
-        nc.lease_ms = lease_ms;
-        nc.fetch_timeout_ms = fetch_ms;
-        rc = kvt_net_tier_create(&nc, &n.net);
-    }
-    if (rc == 0)
-        rc = kvt_manager_create(n.primary, &n.net, 1, &n.m);
+    /* log.level, unless KVT_LOG says otherwise (a debugging run of one test). */
+    if (getenv("KVT_LOG") == NULL)
+        kvt_log_set_level(cfg.log_level);
+    signal(SIGPIPE, SIG_IGN);
+    rc = kvt_node_open(&cfg, &n.node);
+    kvt_config_free(&cfg);
     if (rc != 0) {
         fprintf(stderr, "kvtier-simnode: node: %s\n", strerror(-rc));
         return 1;
     }
-    n.row = row;
-    n.chunks = chunks;
-    n.pattern = pattern_create(row);
+    n.net = kvt_node_tier(n.node, KVT_TIER_NETWORK);
+    if (n.net == NULL) {
+        fprintf(stderr, "kvtier-simnode: the configuration runs no network tier "
+                        "(network.enabled, tiers)\n");
+        kvt_node_close(n.node);
+        return KVT_CONFIG_EXIT;
+    }
+    n.peers = kvt_node_peers(n.node);
+    n.m = kvt_node_manager(n.node);
+    n.primary = kvt_node_primary(n.node);
+    n.row = kvt_primary_row_bytes(n.primary);
+    n.chunks = kvt_primary_num_chunks(n.primary);
+    n.pattern = pattern_create(n.row);
     if (n.pattern == NULL) {
         fprintf(stderr, "kvtier-simnode: out of memory\n");
+        kvt_node_close(n.node);
         return 1;
     }
-    /* Fault the primary in now, as kvtierd's region is (populate): first touches
-     * inside the transport's receive copies would be timed as transfer. */
-    if (madvise(n.net->primary_base, chunks * row, MADV_POPULATE_WRITE) != 0)
-        memset(n.net->primary_base, 0, chunks * row);
-    kvt_mem_touch(n.net->primary_base, chunks * row);
-    printf("ready id=%016" PRIx64 " port=%u inc=%016" PRIx64 "\n", id, kvt_peers_port(n.peers),
-           kvt_peers_incarnation(n.peers));
-    rc = run(&n);
-    kvt_manager_shutdown(n.m);
-    kvt_manager_destroy(n.m);
-    kvt_peers_destroy(n.peers);
+    printf("ready id=%016" PRIx64 " port=%u inc=%016" PRIx64 "\n", kvt_peers_self(n.peers),
+           kvt_peers_port(n.peers), kvt_peers_incarnation(n.peers));
+    run(&n);
+    rc = kvt_node_stop(n.node);
+    kvt_node_close(n.node);
     kvt_free(n.pattern);
-    return rc;
+    return rc == 0 ? 0 : 1;
 }

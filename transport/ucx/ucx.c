@@ -1,57 +1,75 @@
-/* The UCX backend of the transport interface (kvt/transport.h, DESIGN.md §7).
+/* The UCX backend of the transport interface (kvt/transport.h).
  *
  * One UCP context and one worker per transport, single-threaded, owned by the node's
- * loop. Control messages are active messages (one AM id) with a small header
- * {magic, version, type, seq}; data moves with ucp_get_nbx against rkeys the peer
- * packed with ucp_rkey_pack over RDMA, else as READ over active messages (see
- * ucx_ep_rd_path). UCX_TLS is left alone: tcp and shared memory (sysv, cma) here,
- * verbs where a device exists.
+ * loop. A connection starts on a TCP socket of our own (ucx_sock.c: our listener,
+ * frames of kvt/tp_frame.h), which carries everything until the owner authorizes
+ * the endpoint: the HELLO, control messages bounded in size and number, READ
+ * requests (refused). Authorizing sends our worker address and a fresh 128-bit token
+ * as the last frame; with the peer's address and token in too, each side gets a ucp
+ * ep to the other's worker (one makes it, the other adopts UCX's match once told:
+ * kvt__ucx_ep_wire) and every later message and READ moves as an active message that
+ * names the receiver's token. Our AM handlers find the endpoint by that
+ * token and drop (and count) anything else, so nobody reaches our worker's handlers
+ * without the handshake, even one who wires up to our worker directly. The UCX
+ * context has no RMA feature: no software GET handler answers anyone from our memory;
+ * READs are request/reply over active messages (ucx_am_read.c; UCX moves large
+ * replies by rendezvous, over RDMA where there is hardware, over cma between two
+ * local nodes). UCX never gets tcp (ucx_config_tls: UCX's own tcp port lets anyone
+ * write into our memory): a connection whose peers have neither shared memory nor
+ * RDMA between them moves its messages and READs over our own socket instead
+ * (socket mode, ucx_sock_read.c; the path is chosen per connection after both
+ * authorized, kvt__ucx_ep_wire). Shared structures: ucx_int.h.
  *
  * Why every user callback is deferred: UCX calls us back from inside
- * ucp_worker_progress() (AM arrival, peer failure, request completion, new
- * connection) and from inside ucp_ep_close_nbx() (force close completes every
- * outstanding request). Those UCX callbacks only record what happened in our own
- * structures; dispatch() runs after ucp_worker_progress() returns and calls the
- * owner's callbacks, so the owner may call any transport function from them.
+ * ucp_worker_progress() (AM arrival, peer failure, request completion) and from inside
+ * ucp_ep_close_nbx() (force close completes every outstanding request). Those UCX
+ * callbacks only record what happened in our own structures; dispatch() runs after
+ * ucp_worker_progress() returns and calls the owner's callbacks, so the owner may call
+ * any transport function from them. (may_read is the exception: a question asked
+ * from the READ request handler, see kvt/transport.h.)
  *
  * Endpoint states:
- *   ACCEPTING  passive side, ucp ep created in the listener callback; dispatch
- *              calls on_accept, then sends HELLO (seq 0) and the ep is CONNECTED.
+ *   ACCEPTING  passive side, the socket accepted; dispatch queues our HELLO frame,
+ *              calls on_accept, then writes what is queued and the ep is CONNECTED.
  *   CONNECTING active side, waiting for the server's HELLO (or connect timeout).
- *   CONNECTED  usable.
- *   FAILED     an error or a local close was seen (ep->err); teardown force-closes
- *              the ucp ep, which completes every request; its batches complete with
- *              the ep's error (-ECANCELED for a local close), then CLOSED is
- *              reported once (not for a refused accept).
+ *   CONNECTED  usable (messages bounded until authorized).
+ *   FAILED     an error or a local close was seen (ep->err); teardown closes the
+ *              socket and force-closes the ucp ep, which completes every request; its
+ *              batches complete with the ep's error (-ECANCELED for a local close),
+ *              then CLOSED is reported once (not for a refused accept).
  *   DEAD       CLOSED reported; the ep waits on tp->zombies until UCX holds no
  *              request that names it, then it is freed.
+ * Across CONNECTED: authorized (our ep_authorize, our ADDR sent), peer_addr (the
+ * peer's ADDR read), path (both: decided by the creator, told in its MODE frame;
+ * PATH_UCX: uep, the active-message channel; PATH_SOCK: frames on the socket).
  *
- * Control message order: the AM handler files each message into ep->rx sorted by
- * seq; eager data is kept (persistent UCX descriptor) or copied, rendezvous data is
- * fetched with ucp_am_recv_data_nbx. dispatch delivers the head while it is
- * complete and in sequence, so a rendezvous message never overtakes an eager one.
- * -EAGAIN on send is the local bound: recv_credits messages not yet completed by UCX.
+ * Control message order: one sequence space per direction over both channels. The
+ * passive side's HELLO is 0; every DATA or RDREQ frame on the socket before ADDR,
+ * and every MSG frame of socket mode, takes the next number on both ends, and each
+ * active message carries its own. Socket frames are
+ * filed into ep->rx as they are read, active messages by their seq; eager data is
+ * kept (persistent UCX descriptor) or copied, rendezvous data is fetched with
+ * ucp_am_recv_data_nbx. dispatch delivers the head while it is complete and in
+ * sequence, so nothing overtakes what was sent before it, on either channel.
+ * -EAGAIN on send is the local bound: recv_credits messages not yet completed by UCX
+ * (or waiting for the ucp ep).
  *
- * READ batches (GET path): n ucp_get_nbx into the local registration (its memh
- * passed, no per-op registration); the batch counts its outstanding requests; it completes
- * (from dispatch, never inside read()) when the count reaches 0, with the first
- * error seen. Any request error fails the endpoint. Batches older than
- * op_timeout_ms fail the endpoint with -ETIMEDOUT.
+ * Event fd: an epoll fd holding the worker's efd, a timerfd armed (in arm) for the
+ * nearest deadline, and the epoll set of our sockets.
  *
- * Event fd: an epoll fd holding the worker's efd and a timerfd armed (in arm) for
- * the nearest connect or op deadline, so a sleeping loop wakes for timeouts too.
- *
- * Handle layout (pack/unpack): {magic, rkey length, base, length} little-endian,
- * then the UCX rkey bytes. The base address stays inside the handle: the owner names
- * remote memory by offsets only, and every op is checked against the length. */
+ * Handle layout (pack/unpack): {magic, 0, base, length} little-endian. The base
+ * address stays inside the handle: the owner names remote memory by offsets only,
+ * every op is checked against the length, and the server checks each request against
+ * its registrations again. */
 #include <dirent.h>
 #include <endian.h>
 #include <errno.h>
-#include <netdb.h>
+#include <ifaddrs.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/timerfd.h>
 #include <time.h>
@@ -65,188 +83,9 @@
 #include "kvt/list.h"
 #include "kvt/log.h"
 #include "kvt/transport.h"
+#include "ucx_int.h"
 
-#define UCX_AM_ID    7 /* control messages */
-#define UCX_AM_RDREQ 8 /* READ over active messages: a request for one op */
-#define UCX_AM_RDREP 9 /* ... and its reply, carrying the bytes */
-/* READ replies in flight per endpoint (at least one): UCX moves concurrent
- * rendezvous replies interleaved, so without a bound the first batch of many would
- * complete only when nearly all of them had. */
-#define UCX_RD_INFLIGHT_BYTES (2u << 20)
-/* READ replies up to this many bytes are sent from the request's AM handler, eager
- * and short (over tcp UCX sends up to ~8 KiB short). */
-#define UCX_RD_EAGER_BYTES (4u << 10)
-#define UCX_MAGIC          0x6b767475u /* "kvtu" */
-#define UCX_VERSION        1
-#define UCX_PROGRESS_MAX   64 /* ucp_worker_progress rounds per kvt_tp_progress */
-#define UCX_CLOSE_WAIT_NS  (2ull * 1000000000ull)
-
-enum ucx_msg_type { UCX_MSG_HELLO = 1, UCX_MSG_DATA = 2 };
-
-struct ucx_am_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t type;
-    uint64_t seq;
-};
-
-/* READ over active messages: the request (client to server, no data) and the reply
- * (server to client, the bytes as data, or err != 0 and no data). */
-struct ucx_rd_hdr {
-    uint32_t magic;
-    uint16_t version;
-    uint16_t err;  /* reply: 0, or the positive errno of a refusal */
-    uint64_t addr; /* the server's address, inside one of its remote registrations */
-    uint64_t len;
-    uint64_t tag; /* the requester's: batch id << 32 | op index */
-};
-
-/* One ucp_mem_map covers a whole region, however large (a node's primary: kvtierd
- * takes up to 64 TiB); UCX registers it with each of its transports as they need.
- * KVT_TP_MAX_REG_BYTES is the verbs backend's piece size, not a bound here: with it,
- * a primary over 2 GiB could not be registered and its node served no peer. */
-#define UCX_MAX_REG_BYTES (64ull << 40)
-
-struct ucx_handle_hdr {
-    uint32_t magic;
-    uint32_t rkey_len;
-    uint64_t base;
-    uint64_t len;
-};
-
-enum ucx_ep_state { EP_ACCEPTING, EP_CONNECTING, EP_CONNECTED, EP_FAILED, EP_DEAD };
-
-/* How an endpoint's READs move (see ucx_ep_rd_path): not yet known, ucp_get_nbx (a
- * one-sided GET: RDMA or cross-memory attach), or our READ over active messages. */
-enum ucx_rd_path { RD_PATH_AUTO, RD_PATH_GET, RD_PATH_AM };
-/* UCX may still move an endpoint to other lanes this long after it connected
- * (wireup ends after the first messages); until then an AM choice is re-checked. */
-#define UCX_WIREUP_SETTLE_NS   (2ull * 1000000000ull)
-#define UCX_RD_PATH_RECHECK_NS (10ull * 1000000ull)
-
-/* The transport; every field belongs to the owner's thread. */
-struct ucx_tp {
-    struct kvt_transport pub;
-    ucp_context_h ctx;
-    ucp_worker_h worker;
-    ucp_listener_h listener;
-    int epfd, wfd, tfd;      /* epoll (the event fd), worker efd, timerfd */
-    struct kvt_list eps;     /* endpoints not yet reported CLOSED */
-    struct kvt_list zombies; /* reported CLOSED, waiting for UCX to let go */
-    struct kvt_list done;    /* batches whose callback is due */
-    struct kvt_list orphans; /* batches reported at close whose UCX requests never ended */
-    struct ucx_ep *last_ep;  /* lookup cache for ucx_ep_find */
-    uint64_t next_ep_id;
-    struct kvt_list mrs;         /* remote registrations (READ over AM serves these) */
-    struct kvt_list rd_sent;     /* ucx_rd_tx whose send UCX has not completed */
-    uint64_t timer_at_ns;        /* when the armed timerfd fires (0: not armed) */
-    enum ucx_rd_path read_force; /* KVT_UCX_READ: the path every endpoint takes */
-    bool test_no_rcheck;         /* tests only: READs over AM skip the remote range check */
-    bool kick;                   /* a UCX callback left work for dispatch */
-    bool closing;
-};
-
-/* An endpoint: owned by tp (on tp->eps, then tp->zombies). rx holds ucx_msg,
- * batches holds ucx_batch in submission order (oldest first). ucx_reqs counts UCX
- * requests whose completion names this ep (sends, gets, rendezvous receives). */
-struct ucx_ep {
-    struct kvt_tp_ep pub;
-    struct ucx_tp *tp;
-    struct kvt_list node;
-    ucp_ep_h uep;    /* NULL after teardown */
-    void *close_req; /* ucp_ep_close_nbx request still running */
-    uint64_t id;
-    enum ucx_ep_state state;
-    int err;     /* the CLOSED error */
-    bool silent; /* never announced (accept refused or failed first) */
-    uint64_t deadline_ns;
-    uint64_t tx_seq, rx_seq;
-    unsigned tx_inflight;
-    unsigned ucx_reqs;
-    struct kvt_list rx;
-    struct kvt_list batches;
-    unsigned n_batches;
-    uint32_t next_batch_id;
-    struct kvt_list rd_q; /* ucx_rd_tx: READ replies to send from dispatch */
-    uint64_t rd_inflight; /* bytes of the replies UCX is still sending */
-    enum ucx_rd_path rd_path;
-    bool rd_path_final; /* GET, or AM once wireup has had time to settle */
-    uint64_t connected_ns, rd_path_checked_ns;
-    char am_lanes[32], bw_lanes[32]; /* the transports of its AM and rma_bw lanes */
-};
-
-struct ucx_msg {
-    struct kvt_list node;
-    struct ucx_ep *ep;
-    uint64_t seq;
-    uint16_t type;
-    bool ready;  /* bytes complete (rendezvous finished) */
-    bool failed; /* rendezvous receive failed */
-    void *desc;  /* persistent UCX descriptor to release, or NULL */
-    const uint8_t *data;
-    size_t len;
-    uint8_t buf[];
-};
-
-struct ucx_tx {
-    struct ucx_ep *ep;
-    struct ucx_am_hdr hdr;
-    uint8_t data[];
-};
-
-/* One op of a READ over active messages. */
-enum ucx_rd_state { RD_WAIT, RD_RECV, RD_DONE };
-
-struct ucx_rd_op {
-    struct ucx_batch *b;
-    uint8_t *dst;
-    ucp_mem_h memh;        /* the local registration's */
-    struct ucx_rd_hdr hdr; /* the request, alive until its send completes */
-    enum ucx_rd_state state;
-};
-
-struct ucx_batch {
-    struct kvt_list node; /* ep->batches, then tp->done */
-    struct ucx_ep *ep;
-    kvt_read_cb cb;
-    void *arg;
-    uint64_t start_ns;
-    unsigned pending; /* UCX requests not yet completed, and AM ops not yet answered */
-    int status;
-    uint32_t id;            /* READ over AM: the tag's upper half */
-    size_t n_ops;           /* READ over AM: ops[] */
-    struct ucx_rd_op ops[]; /* READ over AM only */
-};
-
-/* A READ reply the server owes (queued by the request's AM handler, sent by
- * dispatch), then in flight until UCX completes its send. */
-struct ucx_rd_tx {
-    struct kvt_list node; /* ep->rd_q while queued, then tp->rd_sent */
-    struct ucx_ep *ep;
-    struct kvt_tp_mr *mr;
-    struct ucx_rd_hdr hdr;
-};
-
-struct kvt_tp_mr {
-    struct ucx_tp *tp;
-    struct kvt_list node; /* tp->mrs (remote registrations) */
-    unsigned inflight;    /* READ replies sent from it, not yet completed */
-    ucp_mem_h memh;
-    uint8_t *base;
-    size_t len;
-    void *rkey_buf; /* packed rkey (remote registrations only) */
-    size_t rkey_len;
-};
-
-struct kvt_tp_rkey {
-    ucp_rkey_h rkey;
-    uint64_t ep_id; /* the endpoint it was unpacked on */
-    uint64_t base;
-    uint64_t len;
-};
-
-/* The one place UCX status codes become negative errno. */
-static int ucx_errno(ucs_status_t st)
+int kvt__ucx_errno(ucs_status_t st)
 {
     if (st >= UCS_ERR_LAST_LINK_FAILURE && st <= UCS_ERR_FIRST_LINK_FAILURE)
         return -ECONNRESET;
@@ -308,29 +147,9 @@ static int ucx_errno(ucs_status_t st)
     }
 }
 
-static uint64_t ucx_now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static struct ucx_tp *tp_of(struct kvt_transport *t)
-{
-    return KVT_CONTAINER_OF(t, struct ucx_tp, pub);
-}
-
-static struct ucx_ep *ep_of(struct kvt_tp_ep *e)
-{
-    return KVT_CONTAINER_OF(e, struct ucx_ep, pub);
-}
-
 /* ---- endpoints ---- */
 
-/* Records a failure; teardown and the CLOSED report happen in dispatch. Safe from
- * inside UCX callbacks. The first error wins. */
-static void ucx_ep_fail(struct ucx_ep *ep, int err)
+void kvt__ucx_ep_fail(struct ucx_ep *ep, int err)
 {
     if (ep->state >= EP_FAILED)
         return;
@@ -341,9 +160,19 @@ static void ucx_ep_fail(struct ucx_ep *ep, int err)
     ep->state = EP_FAILED;
     ep->err = err;
     ep->tp->kick = true;
+    kvt__ucx_ep_account(ep);
 }
 
-static void ucx_batch_finish(struct ucx_batch *b)
+void kvt__ucx_ep_proto(struct ucx_ep *ep, const char *why)
+{
+    if (ep->state >= EP_FAILED)
+        return;
+    ep->tp->counters.refused[KVT_TP_PROTO]++;
+    kvt_warn("ucx", "endpoint %llu: %s; closed", (unsigned long long)ep->id, why);
+    kvt__ucx_ep_fail(ep, -EPROTO);
+}
+
+void kvt__ucx_batch_finish(struct ucx_batch *b)
 {
     struct ucx_ep *ep = b->ep;
 
@@ -353,19 +182,49 @@ static void ucx_batch_finish(struct ucx_batch *b)
     ep->tp->kick = true;
 }
 
-/* Force-closes the ucp ep of a FAILED endpoint: UCX completes each outstanding
- * request (with UCS_ERR_CANCELED) before ucp_ep_close_nbx returns. Not from inside a
- * UCX callback. */
+void kvt__ucx_ep_account(struct ucx_ep *ep)
+{
+    struct ucx_tp *tp = ep->tp;
+    bool alive = ep->state < EP_FAILED;
+    bool preauth = alive && ep->passive && !ep->authorized;
+    bool busy = alive && ep->sock >= 0 &&
+                (ep->sock_connecting || !ep->peer_addr || ep->out_bytes > 0 || !ep->authorized ||
+                 ep->path != PATH_UCX);
+
+    if (preauth != ep->preauth_counted) {
+        tp->n_preauth += preauth ? 1 : -1;
+        ep->preauth_counted = preauth;
+    }
+    if (busy != ep->sock_busy) {
+        tp->n_sock_busy += busy ? 1 : -1;
+        ep->sock_busy = busy;
+    }
+}
+
+static void ucx_tx_free_queue(struct ucx_ep *ep)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &ep->txq)
+    {
+        kvt_list_del(pos);
+        ep->tx_inflight--;
+        kvt_free(kvt_list_entry(pos, struct ucx_tx, node));
+    }
+}
+
+static void ucx_uep_close(ucp_ep_h uep, void **req_p);
+
+/* Closes the socket and force-closes the ucp ep of a FAILED endpoint: UCX completes
+ * each outstanding request (with UCS_ERR_CANCELED) before ucp_ep_close_nbx returns.
+ * Not from inside a UCX callback. */
 static void ucx_ep_teardown(struct ucx_ep *ep)
 {
     struct kvt_list *pos, *tmp;
-    ucp_request_param_t param = {
-        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_EP_CLOSE_FLAG_FORCE,
-    };
 
-    if (ep->uep == NULL)
+    if (ep->torn)
         return;
+    ep->torn = true;
     kvt_list_for_each_safe(pos, tmp, &ep->batches)
     {
         struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
@@ -375,48 +234,92 @@ static void ucx_ep_teardown(struct ucx_ep *ep)
     }
     if (ep->tp->last_ep == ep)
         ep->tp->last_ep = NULL;
-
-    ucs_status_ptr_t req = ucp_ep_close_nbx(ep->uep, &param);
-
-    ep->uep = NULL;
-    if (UCS_PTR_IS_PTR(req))
-        ep->close_req = req;
-    else if (UCS_PTR_IS_ERR(req))
-        kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
-    /* READs over AM still waiting for a reply will never get one; those whose bytes
-     * are being received complete from UCX (the close cancels them). */
+    kvt__ucx_sock_close(ep); /* drops the output: replies of ours, messages */
+    kvt_free(ep->out_spare);
+    ep->out_spare = NULL;
+    kvt_free(ep->reader);
+    ep->reader = NULL;
+    if (ep->sink_msg != NULL) { /* half read: never delivered, freed with the ep */
+        ep->sink_msg->ready = true;
+        ep->sink_msg->failed = true;
+        ep->sink_msg = NULL;
+    }
+    ep->sink_op = NULL; /* ended below with the ops waiting */
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    ucx_tx_free_queue(ep);
+    if (ep->uep != NULL) {
+        ucx_uep_close(ep->uep, &ep->close_req);
+        ep->uep = NULL;
+        kvt_free(ep->conn); /* no error callback after the close */
+        ep->conn = NULL;
+    }
+    /* READs still waiting for a reply (or for the ucp ep) will never get one; those
+     * whose bytes are being received complete from UCX (the close cancels them), or,
+     * in socket mode, end here (the socket is closed: no byte lands after). */
     kvt_list_for_each_safe(pos, tmp, &ep->batches)
     {
         struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
 
         for (size_t i = 0; i < b->n_ops; i++) {
-            if (b->ops[i].state != RD_WAIT)
+            enum ucx_rd_state st = b->ops[i].state;
+
+            if (st != RD_WAIT && st != RD_UNSENT && !(st == RD_RECV && ep->path == PATH_SOCK))
                 continue;
+            b->ops[i].in_window = false;
             b->ops[i].state = RD_DONE;
             if (--b->pending == 0)
-                ucx_batch_finish(b);
+                kvt__ucx_batch_finish(b);
         }
     }
+    ep->n_unsent = 0;
+    ep->win_ops = 0;
+    ep->win_bytes = 0;
     kvt_list_for_each_safe(pos, tmp, &ep->rd_q)
     {
         kvt_list_del(pos);
         kvt_free(kvt_list_entry(pos, struct ucx_rd_tx, node));
     }
+    kvt__ucx_ep_account(ep);
 }
 
-static struct ucx_ep *ucx_ep_alloc(struct ucx_tp *tp)
+/* A new endpoint on socket fd (-1: none yet), on tp->eps. */
+struct ucx_ep *kvt__ucx_ep_new(struct ucx_tp *tp, int fd, bool passive)
 {
     struct ucx_ep *ep = kvt_calloc(1, sizeof(*ep));
+    size_t got = 0;
 
     if (ep == NULL)
         return NULL;
+    ep->reader = kvt_malloc(sizeof(*ep->reader));
+    while (ep->reader != NULL && got < sizeof(ep->token)) {
+        ssize_t n = getrandom(ep->token + got, sizeof(ep->token) - got, 0);
+
+        if (n < 0 && errno != EINTR)
+            break;
+        got += n > 0 ? (size_t)n : 0;
+    }
+    if (ep->reader == NULL || got < sizeof(ep->token)) {
+        kvt_error("ucx", "a new endpoint: %s", ep->reader == NULL ? "out of memory" : "no random");
+        kvt_free(ep->reader);
+        kvt_free(ep);
+        return NULL;
+    }
+    kvt_tp_frame_reader_init(ep->reader, !passive);
     ep->pub.tp = &tp->pub;
     ep->tp = tp;
     ep->id = ++tp->next_ep_id;
+    ep->sock = fd;
+    ep->passive = passive;
+    ep->preauth_deadline_ns = ucx_now_ns() + (uint64_t)tp->pub.cfg.preauth_timeout_ms * 1000000ull;
     kvt_list_init(&ep->node);
     kvt_list_init(&ep->rx);
+    kvt_list_init(&ep->txq);
     kvt_list_init(&ep->batches);
     kvt_list_init(&ep->rd_q);
+    kvt_list_init(&ep->outq);
+    kvt_list_add_tail(&tp->eps, &ep->node);
+    kvt__ucx_ep_account(ep);
     return ep;
 }
 
@@ -451,17 +354,28 @@ static void ucx_ep_free(struct ucx_ep *ep)
     kvt_free(ep);
 }
 
-static struct ucx_ep *ucx_ep_find(struct ucx_tp *tp, ucp_ep_h uep)
+/* Constant time: the token is the only secret an active message shows. */
+static bool ucx_token_eq(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+
+    for (size_t i = 0; i < UCX_TOKEN_BYTES; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+struct ucx_ep *kvt__ucx_ep_by_token(struct ucx_tp *tp, const uint8_t *token)
 {
     struct kvt_list *pos, *tmp;
 
-    if (tp->last_ep != NULL && tp->last_ep->uep == uep)
+    if (tp->last_ep != NULL && ucx_token_eq(tp->last_ep->token, token))
         return tp->last_ep;
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->uep == uep) {
+        /* Only an authorized endpoint has shown its token to anyone. */
+        if (ep->authorized && ucx_token_eq(ep->token, token)) {
             tp->last_ep = ep;
             return ep;
         }
@@ -471,7 +385,95 @@ static struct ucx_ep *ucx_ep_find(struct ucx_tp *tp, ucp_ep_h uep)
 
 static void ucx_err_cb(void *arg, ucp_ep_h uep, ucs_status_t status)
 {
-    ucx_ep_fail(arg, ucx_errno(status));
+    struct ucx_conn *c = arg;
+
+    if (c->ep != NULL)
+        kvt__ucx_ep_fail(c->ep, kvt__ucx_errno(status));
+    else
+        c->failed = true; /* stashed: closed by ucx_stash_reap */
+}
+
+static struct ucx_conn *ucx_conn_new(struct ucx_tp *tp)
+{
+    struct ucx_conn *c = kvt_calloc(1, sizeof(*c));
+
+    if (c != NULL) {
+        c->tp = tp;
+        kvt_list_init(&c->node);
+    }
+    return c;
+}
+
+/* Makes (or adopts: see ucx_ep_adopt) a ucp ep to addr, with error handling PEER.
+ * quiet: a failure is an answer (the path is being chosen), not worth a warning. */
+static int ucx_conn_create(struct ucx_tp *tp, const void *addr, bool quiet, struct ucx_conn **c_p)
+{
+    struct ucx_conn *c = ucx_conn_new(tp);
+    ucs_status_t st;
+
+    if (c == NULL)
+        return -ENOMEM;
+    ucp_ep_params_t p = {
+        .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
+        .address = (const ucp_address_t *)addr,
+        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+        .err_handler = {.cb = ucx_err_cb, .arg = c},
+    };
+    st = ucp_ep_create(tp->worker, &p, &c->uep);
+    if (st != UCS_OK) {
+        if (quiet)
+            kvt_debug("ucx", "ucp_ep_create from a peer's address: %s", ucs_status_string(st));
+        else
+            kvt_warn("ucx", "ucp_ep_create from a peer's address: %s", ucs_status_string(st));
+        kvt_free(c);
+        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : kvt__ucx_errno(st);
+    }
+    *c_p = c;
+    return 0;
+}
+
+/* Force-closes a ucp ep of ours; *req_p: the close request still running, or NULL. */
+static void ucx_uep_close(ucp_ep_h uep, void **req_p)
+{
+    ucp_request_param_t param = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+        .flags = UCP_EP_CLOSE_FLAG_FORCE,
+    };
+    ucs_status_ptr_t req = ucp_ep_close_nbx(uep, &param);
+
+    *req_p = UCS_PTR_IS_PTR(req) ? req : NULL;
+    if (UCS_PTR_IS_ERR(req))
+        kvt_debug("ucx", "ucp_ep_close_nbx: %s", ucs_status_string(UCS_PTR_STATUS(req)));
+}
+
+/* Closes stashed eps that failed or that nobody claimed for this long (all: at
+ * transport close). Their close requests are waited for briefly, then let go. */
+#define UCX_STASH_NS (10ull * 1000000000ull)
+
+static void ucx_stash_reap(struct ucx_tp *tp, bool all)
+{
+    struct kvt_list *pos, *tmp;
+    uint64_t now = ucx_now_ns();
+
+    kvt_list_for_each_safe(pos, tmp, &tp->stash)
+    {
+        struct ucx_conn *c = kvt_list_entry(pos, struct ucx_conn, node);
+        void *req;
+
+        if (!all && !c->failed && now - c->since_ns < UCX_STASH_NS)
+            continue;
+        kvt_list_del(&c->node);
+        ucx_uep_close(c->uep, &req);
+        if (req != NULL) {
+            uint64_t until = ucx_now_ns() + 100000000ull;
+
+            while (ucp_request_check_status(req) == UCS_INPROGRESS && ucx_now_ns() < until)
+                ucp_worker_progress(tp->worker);
+            ucp_request_free(req);
+        }
+        kvt_free(c);
+    }
 }
 
 /* ---- control messages ---- */
@@ -483,50 +485,48 @@ static void ucx_send_done(void *req, ucs_status_t status, void *user_data)
     tx->ep->tx_inflight--;
     tx->ep->ucx_reqs--;
     if (status != UCS_OK)
-        ucx_ep_fail(tx->ep, ucx_errno(status));
+        kvt__ucx_ep_fail(tx->ep, kvt__ucx_errno(status));
     kvt_free(tx);
     ucp_request_free(req);
 }
 
-static int ucx_post_am(struct ucx_ep *ep, uint16_t type, uint64_t seq, const void *buf, size_t len)
+/* Sends a queued (or new) message as an active message on uep (reply: with our ep
+ * for the receiver to answer on, the WIRE). */
+static int ucx_post_tx(struct ucx_ep *ep, struct ucx_tx *tx, bool reply)
 {
-    struct ucx_tx *tx = kvt_malloc(sizeof(*tx) + len);
     ucp_request_param_t param = {
         .op_attr_mask =
             UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-        .flags = UCP_AM_SEND_FLAG_REPLY,
+        .flags = reply ? UCP_AM_SEND_FLAG_REPLY : 0,
         .cb.send = ucx_send_done,
+        .user_data = tx,
     };
 
-    if (tx == NULL)
-        return -ENOMEM;
-    tx->ep = ep;
-    tx->hdr =
-        (struct ucx_am_hdr){.magic = UCX_MAGIC, .version = UCX_VERSION, .type = type, .seq = seq};
-    if (len > 0)
-        memcpy(tx->data, buf, len);
-    param.user_data = tx;
+    memcpy(tx->hdr.token, ep->peer_token, UCX_TOKEN_BYTES);
+    if (ep->tp->test_bad_token && tx->hdr.kind == UCX_AM_DATA)
+        tx->hdr.token[0] ^= 0xff;
 
     ucs_status_ptr_t req =
-        ucp_am_send_nbx(ep->uep, UCX_AM_ID, &tx->hdr, sizeof(tx->hdr), tx->data, len, &param);
+        ucp_am_send_nbx(ep->uep, UCX_AM_ID, &tx->hdr, sizeof(tx->hdr), tx->data, tx->len, &param);
 
     if (req == NULL) {
+        ep->tx_inflight--;
         kvt_free(tx);
         return 0;
     }
     if (UCS_PTR_IS_ERR(req)) {
-        int err = ucx_errno(UCS_PTR_STATUS(req));
+        int err = kvt__ucx_errno(UCS_PTR_STATUS(req));
 
+        ep->tx_inflight--;
         kvt_free(tx);
-        ucx_ep_fail(ep, err);
+        kvt__ucx_ep_fail(ep, err);
         return err;
     }
-    ep->tx_inflight++;
     ep->ucx_reqs++;
     return 0;
 }
 
-static void ucx_rx_insert(struct ucx_ep *ep, struct ucx_msg *m)
+void kvt__ucx_rx_insert(struct ucx_ep *ep, struct ucx_msg *m)
 {
     struct kvt_list *pos = ep->rx.prev;
 
@@ -550,16 +550,8 @@ static void ucx_rndv_done(void *req, ucs_status_t status, size_t length, void *u
     m->ep->tp->kick = true;
     if (status != UCS_OK || length != m->len) {
         m->failed = true;
-        ucx_ep_fail(m->ep, status != UCS_OK ? ucx_errno(status) : -EPROTO);
+        kvt__ucx_ep_fail(m->ep, status != UCS_OK ? kvt__ucx_errno(status) : -EPROTO);
     }
-}
-
-/* The endpoint an active message came on, or NULL (no reply ep: not one of ours). */
-static struct ucx_ep *ucx_am_ep(struct ucx_tp *tp, const ucp_am_recv_param_t *param)
-{
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP))
-        return NULL;
-    return ucx_ep_find(tp, param->reply_ep);
 }
 
 static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_length, void *data,
@@ -571,33 +563,43 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
     bool keep = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA;
 
-    ep = ucx_am_ep(tp, param);
-    if (ep == NULL || ep->state >= EP_FAILED)
-        return UCS_OK; /* dropped: the endpoint is closing */
     if (header_length != sizeof(hdr)) {
-        ucx_ep_fail(ep, -EPROTO);
-        return UCS_OK;
+        tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
+        return UCS_OK; /* names no endpoint: dropped (and its data with it) */
     }
     memcpy(&hdr, header, sizeof(hdr));
-    if (hdr.magic != UCX_MAGIC || hdr.version != UCX_VERSION || hdr.seq < ep->rx_seq ||
-        (hdr.type == UCX_MSG_DATA && length > tp->pub.cfg.max_msg_bytes) ||
-        (hdr.type == UCX_MSG_HELLO && (length != 0 || hdr.seq != 0)) ||
-        (hdr.type != UCX_MSG_DATA && hdr.type != UCX_MSG_HELLO)) {
-        kvt_warn("ucx", "endpoint %llu: bad message (type %u, seq %llu, %zu bytes)",
-                 (unsigned long long)ep->id, hdr.type, (unsigned long long)hdr.seq, length);
-        ucx_ep_fail(ep, -EPROTO);
+    ep = kvt__ucx_ep_by_token(tp, hdr.token);
+    if (ep == NULL || ep->path == PATH_SOCK) { /* socket mode: nothing comes over UCX */
+        tp->counters.refused[KVT_TP_UNKNOWN_CONN]++;
+        return UCS_OK;
+    }
+    if (ep->state >= EP_FAILED)
+        return UCS_OK; /* dropped: the endpoint is closing */
+    if (hdr.magic == UCX_MAGIC && hdr.version == UCX_VERSION && hdr.kind == UCX_AM_WIRE &&
+        length == 0 && !ep->creator && ep->uep == NULL && !ep->wire_rx &&
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+        ep->wire_ep = param->reply_ep; /* the ep UCX made for the creator's */
+        ep->wire_rx = true;
+        tp->kick = true;
+        return UCS_OK;
+    }
+    if (hdr.magic != UCX_MAGIC || hdr.version != UCX_VERSION || hdr.kind != UCX_AM_DATA ||
+        hdr.seq < ep->rx_seq || length > tp->pub.cfg.max_msg_bytes) {
+        kvt_warn("ucx", "endpoint %llu: bad message (seq %llu, %zu bytes)",
+                 (unsigned long long)ep->id, (unsigned long long)hdr.seq, length);
+        kvt__ucx_ep_fail(ep, -EPROTO);
         return UCS_OK;
     }
 
     struct ucx_msg *m = kvt_malloc(sizeof(*m) + (keep ? 0 : length));
 
     if (m == NULL) {
-        ucx_ep_fail(ep, -ENOMEM);
+        kvt__ucx_ep_fail(ep, -ENOMEM);
         return UCS_OK;
     }
-    *m = (struct ucx_msg){.ep = ep, .seq = hdr.seq, .type = hdr.type, .len = length};
+    *m = (struct ucx_msg){.ep = ep, .seq = hdr.seq, .kind = RX_DATA, .len = length};
     m->data = m->buf;
-    ucx_rx_insert(ep, m);
+    kvt__ucx_rx_insert(ep, m);
     tp->kick = true;
     if (rndv) {
         ucp_request_param_t rp = {
@@ -612,7 +614,7 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
         } else if (UCS_PTR_IS_ERR(req)) {
             m->ready = true;
             m->failed = true;
-            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
+            kvt__ucx_ep_fail(ep, kvt__ucx_errno(UCS_PTR_STATUS(req)));
         } else {
             ep->ucx_reqs++;
         }
@@ -629,7 +631,294 @@ static ucs_status_t ucx_am_cb(void *arg, const void *header, size_t header_lengt
     return UCS_OK;
 }
 
+/* ---- authorization ---- */
+
+/* Sends what waited for the active-message channel, in order. */
+static void ucx_ep_flush_waiting(struct ucx_ep *ep)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &ep->txq)
+    {
+        kvt_list_del(pos);
+        if (ucx_post_tx(ep, kvt_list_entry(pos, struct ucx_tx, node), false) < 0)
+            return; /* the ep failed; teardown frees the rest */
+    }
+    kvt__ucx_read_post_unsent(ep);
+    ep->tp->kick = true;
+}
+
+/* Whether we are the side that makes this connection's ucp ep: the one whose worker
+ * address sorts first. -1: the same address (our own worker). */
+static int ucx_ep_role(const struct ucx_ep *ep)
+{
+    const struct ucx_tp *tp = ep->tp;
+    size_t n = KVT_MIN(tp->waddr_len, ep->peer_waddr_len);
+    int c = memcmp(tp->waddr, ep->peer_waddr, n);
+
+    if (c == 0 && tp->waddr_len == ep->peer_waddr_len)
+        return -1;
+    return c < 0 || (c == 0 && tp->waddr_len < ep->peer_waddr_len);
+}
+
+static bool ucx_ep_lanes(struct ucx_ep *ep);
+static bool ucx_list_has(const char *list, const char *name, size_t n);
+
+/* Whether the peer's shared memory is out of our reach for certain (another boot id
+ * or IPC namespace; UCX judges shared memory so too), from the ADDR frames. */
+static bool ucx_other_host(const struct ucx_ep *ep)
+{
+    static const uint8_t unknown[sizeof(ep->peer_host)];
+
+    if (memcmp(ep->tp->host, unknown, sizeof(unknown)) == 0 ||
+        memcmp(ep->peer_host, unknown, sizeof(unknown)) == 0)
+        return false;
+    return memcmp(ep->tp->host, ep->peer_host, sizeof(unknown)) != 0;
+}
+
+/* The creator's choice of path (see kvt__ucx_ep_wire): PATH_UCX with ep->conn made,
+ * or PATH_SOCK; *why_p says why socket mode. Negative: the ep fails (KVT_UCX_MODE=ucx
+ * on both sides and UCX cannot reach the peer). */
+static int ucx_ep_choose(struct ucx_ep *ep, const char **why_p)
+{
+    struct ucx_tp *tp = ep->tp;
+    uint32_t both = tp->addr_flags & ep->peer_flags;
+    bool tcp_ok = both & KVT_TP_ADDR_TCP_OK;
+    int ret;
+
+    if ((tp->addr_flags | ep->peer_flags) & KVT_TP_ADDR_SOCKET) {
+        *why_p = "KVT_UCX_MODE=socket";
+        return PATH_SOCK;
+    }
+    /* Another host and no RDMA transport on both: UCX would find no lane but tcp,
+     * which it does not have (and ucp_ep_create would say so as an error). */
+    if (!tcp_ok && ucx_other_host(ep) && !(both & KVT_TP_ADDR_NET)) {
+        *why_p = "the peer is on another host and RDMA is not on both";
+        return PATH_SOCK;
+    }
+    ret = ucx_conn_create(tp, ep->peer_waddr, !tcp_ok, &ep->conn);
+    if (ret < 0) {
+        if (tcp_ok)
+            return ret;
+        *why_p = "UCX has no transport that reaches the peer";
+        return PATH_SOCK;
+    }
+    ep->conn->ep = ep;
+    ep->uep = ep->conn->uep;
+    /* UCX has tcp only when the user's UCX_TLS named it: our data stays off it
+     * unless both sides asked for it (KVT_UCX_MODE=ucx). */
+    if (tp->ucx_tcp && !tcp_ok &&
+        (!ucx_ep_lanes(ep) || ucx_list_has(ep->am_lanes, "tcp", 3) ||
+         ucx_list_has(ep->bw_lanes, "tcp", 3))) {
+        ep->conn->ep = NULL;
+        ep->conn->failed = true; /* closed by ucx_stash_reap */
+        ep->conn->since_ns = ucx_now_ns();
+        kvt_list_add_tail(&tp->stash, &ep->conn->node);
+        ep->conn = NULL;
+        ep->uep = NULL;
+        *why_p = "UCX reaches the peer over tcp only";
+        return PATH_SOCK;
+    }
+    return PATH_UCX;
+}
+
+/* The path of a connection both ends authorized. The side whose worker address sorts
+ * first (the creator; the same side for every connection between two workers)
+ * decides and says so in a MODE frame on the socket:
+ *   - socket mode when either side asks for it (KVT_UCX_MODE=socket), when the peer
+ *     is on another host (boot id, IPC namespace) and RDMA is not on both, when
+ *     ucp_ep_create finds no transport to the peer, or when UCX reaches it over tcp
+ *     only (the user's UCX_TLS gave UCX tcp): messages and READs then move on our own
+ *     socket (ucx_sock_read.c);
+ *   - else UCX: the creator's ucp ep (made above) carries a WIRE active message, and
+ *     the other side makes its own only once that WIRE arrived (ucx_ep_adopt), by
+ *     when UCX has the ep it made for the creator's waiting to be matched, and
+ *     ucp_ep_create adopts that one (no wireup of its own).
+ * Why the sides take turns: UCX 1.13 resolves a simultaneous connect, and a wireup
+ * REPLY left pending on a shared-memory lane (the peer stalled with its FIFO full)
+ * trips an assertion when the ep is purged ("got REP message", ucp_request.c:684; the
+ * assertion is gone in 1.14): a stalled peer aborted us at close. Why not use the ep
+ * UCX made (the WIRE's reply_ep): UCX destroys such an ep by itself when the peer
+ * fails, and closing it asserts. */
+int kvt__ucx_ep_wire(struct ucx_ep *ep)
+{
+    const char *why = NULL;
+    uint32_t mode;
+    int role, ret;
+
+    if (ep->uep != NULL || ep->path != PATH_NONE || !ep->authorized || !ep->peer_addr ||
+        ep->state >= EP_FAILED)
+        return 0;
+    role = ucx_ep_role(ep);
+    if (role < 0) {
+        kvt_warn("ucx", "endpoint %llu: the peer is this transport itself",
+                 (unsigned long long)ep->id);
+        return -EPROTO;
+    }
+    ep->creator = role == 1;
+    if (!ep->creator) {
+        ep->tp->kick = ep->wire_rx || ep->tp->kick; /* the WIRE may be in already */
+        return 0;
+    }
+    ret = ucx_ep_choose(ep, &why);
+    if (ret < 0)
+        return ret;
+    mode = htole32(ret == PATH_SOCK ? KVT_TP_MODE_SOCKET : KVT_TP_MODE_UCX);
+    if (ret == PATH_SOCK) {
+        kvt_info("ucx", "endpoint %llu: socket mode (%s)", (unsigned long long)ep->id, why);
+        ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_MODE, &mode, sizeof(mode), NULL, 0);
+        return ret < 0 ? ret : kvt__ucx_sock_start(ep);
+    }
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_MODE, &mode, sizeof(mode), NULL, 0);
+    if (ret < 0)
+        return ret; /* teardown closes the ucp ep */
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    ep->path = PATH_UCX;
+    ep->connected_ns = ucx_now_ns();
+    kvt__ucx_ep_account(ep);
+
+    struct ucx_tx *tx = kvt_malloc(sizeof(*tx));
+
+    if (tx == NULL)
+        return -ENOMEM;
+    tx->ep = ep;
+    tx->len = 0;
+    tx->hdr = (struct ucx_am_hdr){.magic = UCX_MAGIC, .version = UCX_VERSION, .kind = UCX_AM_WIRE};
+    ep->tx_inflight++;
+    if (ucx_post_tx(ep, tx, true) < 0)
+        return 0; /* the ep failed */
+    ucx_ep_flush_waiting(ep);
+    return 0;
+}
+
+int kvt__ucx_ep_mode(struct ucx_ep *ep, uint32_t mode)
+{
+    /* Only from the creator, once, after both ADDRs and our authorize (it decides only
+     * then), and never against what already happened. */
+    if (!ep->authorized || !ep->peer_addr || ep->creator || ep->mode_rx ||
+        (mode != KVT_TP_MODE_UCX && mode != KVT_TP_MODE_SOCKET))
+        return -EPROTO;
+    ep->mode_rx = true;
+    if (mode == KVT_TP_MODE_UCX)
+        return 0; /* the WIRE comes (or came) over UCX */
+    if (ep->path != PATH_NONE || ep->wire_rx)
+        return -EPROTO;
+    kvt_info("ucx", "endpoint %llu: socket mode (the peer's choice)", (unsigned long long)ep->id);
+    return kvt__ucx_sock_start(ep);
+}
+
+/* Not the creator, the WIRE in (on wire_ep) and the peer's address known: makes our
+ * ucp ep, which UCX matches with wire_ep. UCX matches by a per-peer counter, so when
+ * the creator made eps for several connections and their WIREs came out of order, or
+ * one of its eps died before its WIRE reached us, ucp_ep_create hands us the ep
+ * matched with another connection's: kept aside (tp->stash) for the connection it
+ * belongs to, and we ask again. From dispatch. */
+#define UCX_ADOPT_TRIES 8
+
+static int ucx_ep_adopt(struct ucx_ep *ep)
+{
+    struct ucx_tp *tp = ep->tp;
+    struct kvt_list *pos, *tmp;
+    struct ucx_conn *c = NULL;
+    int ret;
+
+    kvt_list_for_each_safe(pos, tmp, &tp->stash)
+    {
+        struct ucx_conn *s = kvt_list_entry(pos, struct ucx_conn, node);
+
+        if (s->uep == ep->wire_ep && !s->failed) {
+            kvt_list_del(&s->node);
+            c = s;
+            break;
+        }
+    }
+    for (int i = 0; c == NULL && i < UCX_ADOPT_TRIES; i++) {
+        ret = ucx_conn_create(tp, ep->peer_waddr, false, &c);
+        if (ret < 0)
+            return ret;
+        if (c->uep == ep->wire_ep)
+            break;
+        c->since_ns = ucx_now_ns();
+        kvt_list_add_tail(&tp->stash, &c->node);
+        c = NULL;
+    }
+    if (c == NULL) {
+        kvt_warn("ucx", "endpoint %llu: UCX matched none of %d eps with the peer's",
+                 (unsigned long long)ep->id, UCX_ADOPT_TRIES);
+        return -EPROTO;
+    }
+    kvt_free(ep->peer_waddr);
+    ep->peer_waddr = NULL;
+    c->ep = ep;
+    ep->conn = c;
+    ep->uep = c->uep;
+    ep->path = PATH_UCX;
+    ep->connected_ns = ucx_now_ns();
+    kvt__ucx_ep_account(ep);
+    ucx_ep_flush_waiting(ep);
+    return 0;
+}
+
+static int ucx_ep_authorize(struct kvt_tp_ep *pep)
+{
+    struct ucx_ep *ep = ep_of(pep);
+    struct ucx_tp *tp = ep->tp;
+    int ret;
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    if (ep->authorized)
+        return 0;
+    /* Our last frame before authorization ends: the token the peer must name us by,
+     * what we want and have (the creator decides the path from both), and where we
+     * are. */
+    uint8_t head[UCX_TOKEN_BYTES + KVT_TP_FRAME_CAPS_BYTES] = {0};
+    uint32_t flags = htole32(tp->addr_flags);
+
+    memcpy(head, ep->token, UCX_TOKEN_BYTES);
+    memcpy(head + UCX_TOKEN_BYTES, &flags, 4);
+    memcpy(head + UCX_TOKEN_BYTES + 8, tp->host, sizeof(tp->host));
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_ADDR, head, sizeof(head), tp->waddr, tp->waddr_len);
+    if (ret < 0) {
+        kvt__ucx_ep_fail(ep, ret);
+        return ret;
+    }
+    ep->authorized = true;
+    kvt__ucx_ep_account(ep);
+    ret = kvt__ucx_ep_wire(ep);
+    if (ret < 0)
+        kvt__ucx_ep_fail(ep, ret);
+    return ret;
+}
+
+static int ucx_get_counters(struct kvt_transport *t, struct kvt_tp_counters *out)
+{
+    if (out == NULL)
+        return -EINVAL;
+    *out = tp_of(t)->counters;
+    return 0;
+}
+
 /* ---- dispatch: the owner's callbacks, outside ucp_worker_progress ---- */
+
+/* A READ request that came as a frame on the socket, in order with the messages. */
+static void ucx_rx_rdreq(struct ucx_ep *ep, const struct ucx_msg *m)
+{
+    struct ucx_rd_hdr h = {.magic = UCX_MAGIC, .version = UCX_VERSION};
+
+    memcpy(&h.addr, m->data, 8);
+    memcpy(&h.len, m->data + 8, 8);
+    memcpy(&h.tag, m->data + 16, 8);
+    h.addr = le64toh(h.addr);
+    h.len = le64toh(h.len);
+    h.tag = le64toh(h.tag);
+    if (h.len == 0) {
+        kvt__ucx_ep_fail(ep, -EPROTO);
+        return;
+    }
+    kvt__ucx_rd_serve(ep, &h, 0);
+}
 
 static int ucx_deliver_rx(struct ucx_ep *ep)
 {
@@ -643,22 +932,26 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
             break;
         ep->rx_seq++;
         n++;
-        if (m->type == UCX_MSG_HELLO) {
+        if (m->kind == RX_HELLO) {
             ucx_msg_free(ep->tp, m);
             if (ep->state != EP_CONNECTING) {
-                ucx_ep_fail(ep, -EPROTO);
+                kvt__ucx_ep_fail(ep, -EPROTO);
                 break;
             }
             ep->state = EP_CONNECTED;
-            ep->connected_ns = ucx_now_ns();
             if (cb->on_ep_state != NULL)
                 cb->on_ep_state(cb->arg, &ep->pub, KVT_EP_CONNECTED, 0);
             continue;
         }
         if (ep->state != EP_CONNECTED) { /* data before HELLO */
             ucx_msg_free(ep->tp, m);
-            ucx_ep_fail(ep, -EPROTO);
+            kvt__ucx_ep_fail(ep, -EPROTO);
             break;
+        }
+        if (m->kind == RX_RDREQ) {
+            ucx_rx_rdreq(ep, m);
+            ucx_msg_free(ep->tp, m);
+            continue;
         }
         /* Unlinked first: on_msg may close the endpoint. */
         kvt_list_del(&m->node);
@@ -673,22 +966,26 @@ static int ucx_deliver_rx(struct ucx_ep *ep)
 static int ucx_accept(struct ucx_ep *ep)
 {
     const struct kvt_tp_callbacks *cb = &ep->tp->pub.cfg.cb;
+    uint32_t version = htole32(UCX_VERSION);
     int ret;
 
+    /* HELLO first on the socket, before anything on_accept sends (written after it). */
+    ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_HELLO, &version, sizeof(version), NULL, 0);
+    if (ret < 0) {
+        kvt__ucx_ep_fail(ep, ret);
+        return 1;
+    }
+    ep->tx_seq = 1;
     ep->state = EP_CONNECTED;
-    ep->connected_ns = ucx_now_ns();
     ret = cb->on_accept != NULL ? cb->on_accept(cb->arg, &ep->pub) : 0;
     if (ret < 0) {
         ep->silent = true;
-        ucx_ep_fail(ep, ret);
+        kvt__ucx_ep_fail(ep, ret);
         return 1;
     }
-    if (ep->state == EP_CONNECTED) /* the owner may have closed it already */
-        ucx_post_am(ep, UCX_MSG_HELLO, 0, NULL, 0);
+    kvt__ucx_sock_flush(ep);
     return 1;
 }
-
-static int ucx_rd_send_replies(struct ucx_ep *ep);
 
 static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 {
@@ -703,8 +1000,19 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
 
             if (ep->state == EP_ACCEPTING)
                 n += ucx_accept(ep);
+            if (ep->wire_rx && ep->state == EP_CONNECTED && ep->peer_addr && ep->uep == NULL &&
+                ep->path == PATH_NONE) {
+                int ret = ucx_ep_adopt(ep);
+
+                ep->wire_rx = false;
+                if (ret < 0)
+                    kvt__ucx_ep_fail(ep, ret);
+                n++;
+            }
             n += ucx_deliver_rx(ep);
-            n += ucx_rd_send_replies(ep);
+            n += kvt__ucx_rd_send_replies(ep);
+            if (ep->sock_eof && ep->state < EP_FAILED)
+                kvt__ucx_ep_fail(ep, -ECONNRESET); /* after what came before the end */
         }
     }
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
@@ -726,7 +1034,7 @@ static int ucx_dispatch(struct ucx_tp *tp, bool deliver)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->state != EP_FAILED || ep->uep != NULL || !kvt_list_empty(&ep->batches))
+        if (ep->state != EP_FAILED || !ep->torn || !kvt_list_empty(&ep->batches))
             continue;
         ep->state = EP_DEAD;
         kvt_list_del(&ep->node);
@@ -757,7 +1065,8 @@ static bool ucx_reap(struct ucx_tp *tp)
     return kvt_list_empty(&tp->zombies);
 }
 
-/* Marks connect and op timeouts; returns the nearest deadline still ahead (0: none). */
+/* Marks connect, pre-auth and op timeouts; returns the nearest deadline still ahead
+ * (0: none). */
 static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
 {
     uint64_t op_ns = (uint64_t)tp->pub.cfg.op_timeout_ms * 1000000ull;
@@ -769,14 +1078,29 @@ static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
         uint64_t dl = 0;
 
-        if (ep->state == EP_CONNECTING)
+        if (ep->state >= EP_FAILED)
+            continue;
+        if (!ep->authorized) {
+            if (ep->preauth_deadline_ns <= now) {
+                tp->counters.refused[KVT_TP_PREAUTH_TIMEOUT]++;
+                kvt_debug("ucx", "endpoint %llu: not authorized in %u ms; closed",
+                          (unsigned long long)ep->id, tp->pub.cfg.preauth_timeout_ms);
+                kvt__ucx_ep_fail(ep, -ETIMEDOUT);
+                continue;
+            }
+            dl = ep->preauth_deadline_ns;
+        }
+        if (ep->state == EP_CONNECTING && (dl == 0 || ep->deadline_ns < dl))
             dl = ep->deadline_ns;
-        else if (ep->state == EP_CONNECTED && !kvt_list_empty(&ep->batches))
-            dl = kvt_list_entry(ep->batches.next, struct ucx_batch, node)->start_ns + op_ns;
+        if (ep->state == EP_CONNECTED && !kvt_list_empty(&ep->batches)) {
+            uint64_t b = kvt_list_entry(ep->batches.next, struct ucx_batch, node)->start_ns + op_ns;
+
+            dl = dl == 0 || b < dl ? b : dl;
+        }
         if (dl == 0)
             continue;
         if (dl <= now) {
-            ucx_ep_fail(ep, -ETIMEDOUT);
+            kvt__ucx_ep_fail(ep, -ETIMEDOUT);
             continue;
         }
         if (next == 0 || dl < next)
@@ -785,7 +1109,7 @@ static uint64_t ucx_check_timeouts(struct ucx_tp *tp, uint64_t now)
     return next;
 }
 
-/* True when dispatch has work without any new UCX event. */
+/* True when dispatch has work without any new event. */
 static bool ucx_work_pending(struct ucx_tp *tp)
 {
     struct kvt_list *pos, *tmp;
@@ -796,12 +1120,19 @@ static bool ucx_work_pending(struct ucx_tp *tp)
     {
         struct ucx_ep *ep = kvt_list_entry(pos, struct ucx_ep, node);
 
-        if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED)
+        if (ep->state == EP_ACCEPTING || ep->state == EP_FAILED || ep->sock_eof ||
+            (ep->wire_rx && ep->peer_addr && ep->path == PATH_NONE))
             return true;
+        /* Replies owed: over UCX as the in-flight bound lets them; in socket mode they
+         * wait for the socket (EPOLLOUT) while anything is queued on it. */
         if (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED &&
-            (ep->rd_inflight == 0 ||
-             ep->rd_inflight + kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node)->hdr.len <=
-                 UCX_RD_INFLIGHT_BYTES))
+            (ep->path == PATH_SOCK
+                 ? ep->out_bytes == 0
+                 : ep->uep != NULL &&
+                       (ep->rd_inflight == 0 ||
+                        ep->rd_inflight +
+                                kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node)->hdr.len <=
+                            UCX_RD_INFLIGHT_BYTES)))
             return true;
         if (!kvt_list_empty(&ep->rx)) {
             struct ucx_msg *m = kvt_list_entry(ep->rx.next, struct ucx_msg, node);
@@ -817,27 +1148,6 @@ static bool ucx_work_pending(struct ucx_tp *tp)
 
 static void ucx_close(struct kvt_transport *t);
 
-static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param);
-static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param);
-
-/* KVT_UCX_READ=get|am: every endpoint's READs take that path; else each endpoint's
- * own lanes decide (ucx_ep_rd_path). */
-static enum ucx_rd_path ucx_read_force(void)
-{
-    const char *force = getenv("KVT_UCX_READ");
-
-    if (force != NULL && strcmp(force, "am") == 0)
-        return RD_PATH_AM;
-    if (force != NULL && strcmp(force, "get") == 0)
-        return RD_PATH_GET;
-    return RD_PATH_AUTO;
-}
-
-/* Whether a comma-separated list (UCX_TLS, or our lists of lane transports) holds
- * the first n bytes of name as an entry: whole, after UCX_TLS's leading "^", or with
- * a ":aux"-like suffix. */
 static bool ucx_list_has(const char *list, const char *name, size_t n)
 {
     for (const char *p = list + (list[0] == '^'); *p != '\0'; p += *p == ',') {
@@ -853,6 +1163,14 @@ static bool ucx_list_has(const char *list, const char *name, size_t n)
 static bool ucx_tls_names(const char *tls, const char *name)
 {
     return ucx_list_has(tls, name, strlen(name));
+}
+
+/* The user's UCX_TLS, or NULL (unset or empty: compose files pass an empty one). */
+static const char *ucx_user_tls(void)
+{
+    const char *tls = getenv("UCX_TLS");
+
+    return tls != NULL && tls[0] != '\0' ? tls : NULL;
 }
 
 /* Whether UCX_TLS (NULL: UCX's default, all) lets UCX open posix or sysv. */
@@ -876,11 +1194,190 @@ static bool ucx_tls_has_mm(const char *tls)
 static void ucx_config_shm(ucp_config_t *config)
 {
     if (getenv("UCX_POSIX_ERROR_HANDLING") == NULL && getenv("UCX_SYSV_ERROR_HANDLING") == NULL &&
-        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(getenv("UCX_TLS")))
+        getenv("UCX_MM_ERROR_HANDLING") == NULL && ucx_tls_has_mm(ucx_user_tls()))
         (void)ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
     /* Only cma's memory domain has this field in UCX 1.13 (src/uct/sm/scopy/cma). */
     if (getenv("UCX_CMA_MEMORY_INVALIDATE") == NULL)
         (void)ucp_config_modify(config, "MEMORY_INVALIDATE", "y");
+}
+
+/* The device that holds addr, as UCX names net devices ("lo", "eth0"), into dev;
+ * false when addr is a wildcard or no interface has it. */
+static bool ucx_addr_device(const char *addr, char *dev, size_t cap)
+{
+    struct sockaddr_storage ss;
+    struct ifaddrs *ifs, *i;
+    socklen_t len;
+    bool found = false;
+
+    if (kvt__ucx_sockaddr(addr, 0, &ss, &len) < 0 || getifaddrs(&ifs) < 0)
+        return false;
+    for (i = ifs; i != NULL && !found; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != ss.ss_family)
+            continue;
+        if (ss.ss_family == AF_INET)
+            found = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr ==
+                    ((struct sockaddr_in *)&ss)->sin_addr.s_addr;
+        else
+            found = memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr,
+                           &((struct sockaddr_in6 *)&ss)->sin6_addr, sizeof(struct in6_addr)) == 0;
+        if (found)
+            snprintf(dev, cap, "%s", i->ifa_name);
+    }
+    freeifaddrs(ifs);
+    return found;
+}
+
+/* Appends every RDMA device port ("mlx5_0:1") to list: UCX_NET_DEVICES names those
+ * too, and confining tcp must not take RDMA away. */
+static void ucx_rdma_ports(char *list, size_t cap)
+{
+    DIR *d = opendir("/sys/class/infiniband");
+    struct dirent *e;
+
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL) {
+        char path[512];
+        DIR *pd;
+        struct dirent *pe;
+
+        if (e->d_name[0] == '.')
+            continue;
+        snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports", e->d_name);
+        pd = opendir(path);
+        if (pd == NULL)
+            continue;
+        while ((pe = readdir(pd)) != NULL) {
+            size_t used = strlen(list);
+
+            if (pe->d_name[0] != '.')
+                snprintf(list + used, cap - used, ",%s:%s", e->d_name, pe->d_name);
+        }
+        closedir(pd);
+    }
+    closedir(d);
+}
+
+/* UCX's tcp interface accepts a connection from anyone who reaches its port (an
+ * ephemeral one of its own) and, in 1.13, writes the payload of a uct PUT request
+ * wherever the request's header says (uct_tcp_ep_handle_put_req; tests/security's
+ * uct-put probe wrote into a node's primary that way, whatever the worker's UCP
+ * features). So UCX never gets tcp: peers on this host are reached over shared
+ * memory, peers elsewhere over RDMA, and a connection with neither moves over our
+ * own socket (socket mode). Unless the user set UCX_TLS: then it is theirs, and a
+ * UCX_TLS that gives UCX tcp is warned about at open (ucx_probe_resources). */
+static void ucx_config_tls(ucp_config_t *config)
+{
+    if (ucx_user_tls() != NULL)
+        return;
+    if (ucp_config_modify(config, "TLS", "^tcp") != UCS_OK)
+        kvt_warn("ucx", "UCX_TLS=^tcp refused: UCX may open its tcp port");
+}
+
+/* A UCX_TLS of the user's may hold tcp, whose interfaces listen on every device UCX
+ * uses: unless the user chose (UCX_NET_DEVICES), only the device of the address we
+ * listen on (and every RDMA port). */
+static void ucx_config_devices(ucp_config_t *config, const char *local_addr)
+{
+    char list[1024];
+
+    if (ucx_user_tls() == NULL || getenv("UCX_NET_DEVICES") != NULL || local_addr == NULL)
+        return;
+    if (!ucx_addr_device(local_addr, list, sizeof(list))) {
+        kvt_debug("ucx", "%s is no interface's address: UCX uses every device", local_addr);
+        return;
+    }
+    ucx_rdma_ports(list, sizeof(list));
+    if (ucp_config_modify(config, "NET_DEVICES", list) != UCS_OK)
+        kvt_warn("ucx", "UCX_NET_DEVICES=%s refused: UCX uses every device", list);
+    else
+        kvt_debug("ucx", "UCX net devices: %s", list);
+}
+
+/* Where this process's shared memory reaches, as UCX judges it (another boot id or
+ * IPC namespace: unreachable): the boot id's two halves xored, and the IPC namespace's
+ * inode. Zeros when unknown (then the creator asks UCX itself). */
+static void ucx_host_id(uint8_t host[16])
+{
+    char text[64] = "", ns[64] = "";
+    uint8_t boot[16];
+    unsigned long long ino = 0;
+    size_t k = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    ssize_t n;
+
+    memset(host, 0, 16);
+    if (f == NULL)
+        return;
+    if (fgets(text, sizeof(text), f) == NULL)
+        text[0] = '\0';
+    fclose(f);
+    for (const char *p = text; *p != '\0' && k < 32; p++) {
+        int v = *p >= '0' && *p <= '9'   ? *p - '0'
+                : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10
+                : *p >= 'A' && *p <= 'F' ? *p - 'A' + 10
+                                         : -1;
+
+        if (v < 0)
+            continue;
+        if (k % 2 == 0)
+            boot[k / 2] = (uint8_t)(v << 4);
+        else
+            boot[k / 2] |= (uint8_t)v;
+        k++;
+    }
+    n = readlink("/proc/self/ns/ipc", ns, sizeof(ns) - 1);
+    if (k < 32 || n <= 0)
+        return;
+    ns[n] = '\0';
+    if (sscanf(ns, "ipc:[%llu]", &ino) != 1)
+        return;
+    for (int i = 0; i < 8; i++)
+        host[i] = boot[i] ^ boot[8 + i];
+    ino = htole64(ino);
+    memcpy(host + 8, &ino, 8);
+}
+
+/* The transports UCX opened (ucp_context_print_info's resources, "tcp/lo"): whether
+ * one is tcp (the user's UCX_TLS named it: warned about) and whether one reaches
+ * other hosts without tcp (verbs: rc, dc, ud). */
+static void ucx_probe_resources(struct ucx_tp *tp)
+{
+    char *text = NULL, *line, *save = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+
+    if (f == NULL)
+        return;
+    ucp_context_print_info(tp->ctx, f);
+    if (fclose(f) != 0 || text == NULL) {
+        free(text);
+        return;
+    }
+    for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        const char *p = strstr(line, "resource");
+        const char *tl;
+
+        if (p == NULL || (tl = strstr(p, "-- ")) == NULL)
+            continue;
+        tl += 3;
+        if (strncmp(tl, "tcp/", 4) == 0)
+            tp->ucx_tcp = true;
+        else if (strncmp(tl, "rc", 2) == 0 || strncmp(tl, "dc", 2) == 0 ||
+                 strncmp(tl, "ud", 2) == 0)
+            tp->addr_flags |= KVT_TP_ADDR_NET;
+    }
+    free(text);
+    if (tp->ucx_tcp)
+        kvt_warn("ucx",
+                 "SECURITY: UCX_TLS=%s gives UCX its tcp transport, which listens on a port "
+                 "of its own that accepts anyone, and UCX 1.13 writes a uct PUT's payload "
+                 "wherever its header says: whoever reaches that port can write into this "
+                 "node's memory without the cluster secret. kvtier keeps its own data off "
+                 "UCX's tcp (socket mode) unless KVT_UCX_MODE=ucx; unset UCX_TLS to close "
+                 "the port",
+                 ucx_user_tls() != NULL ? ucx_user_tls() : "(all)");
 }
 
 static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport **tp_p)
@@ -899,28 +1396,45 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     tp->pub.ops = &kvt_ucx_transport_ops;
     tp->pub.cfg = *cfg;
     kvt_transport_config_defaults(&tp->pub.cfg);
-    tp->epfd = tp->wfd = tp->tfd = -1;
+    tp->epfd = tp->wfd = tp->tfd = tp->sfd = tp->lfd = -1;
     kvt_list_init(&tp->eps);
     kvt_list_init(&tp->zombies);
     kvt_list_init(&tp->done);
     kvt_list_init(&tp->orphans);
+    kvt_list_init(&tp->stash);
     kvt_list_init(&tp->mrs);
     kvt_list_init(&tp->rd_sent);
-    tp->read_force = ucx_read_force();
-    /* Test-only (tests/conformance test_read_refused_by_server): READs over AM skip
+    /* Test-only hooks, read once here. KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK: READs skip
      * the client's check of the remote range, so the server's check is what refuses
-     * them. Never set in production; ucp_get_nbx keeps the check (nothing on the
-     * server checks a GET). */
+     * them (tests/conformance test_read_refused_by_server). KVT_UCX_TEST_BAD_TOKEN:
+     * every active message names a token the peer never gave (test_unknown_token).
+     * Never set in production. */
     tp->test_no_rcheck = getenv("KVT_UCX_TEST_NO_CLIENT_RANGE_CHECK") != NULL;
+    tp->test_bad_token = getenv("KVT_UCX_TEST_BAD_TOKEN") != NULL;
+    if (getenv("KVT_UCX_READ") != NULL)
+        kvt_warn("ucx", "KVT_UCX_READ is no longer read: READs are always active messages");
+    /* KVT_UCX_MODE: socket mode on every connection (tests; two hosts emulated on one),
+     * or UCX over tcp allowed (a bench switch; it needs UCX_TLS with tcp). */
+    const char *mode = getenv("KVT_UCX_MODE");
 
-    /* The user's settings win over each of these. A node restarted after SIGKILL
-     * listens on its port again while the dead process's connections sit in
-     * TIME_WAIT. */
-    setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
-    setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
+    if (mode != NULL && strcmp(mode, "socket") == 0) {
+        tp->force = MODE_SOCKET;
+        tp->addr_flags |= KVT_TP_ADDR_SOCKET;
+    } else if (mode != NULL && strcmp(mode, "ucx") == 0) {
+        tp->force = MODE_UCX;
+        tp->addr_flags |= KVT_TP_ADDR_TCP_OK;
+        kvt_warn("ucx", "KVT_UCX_MODE=ucx: UCX may carry this node's data over tcp (a bench "
+                        "switch; see the warning about UCX_TLS)");
+    } else if (mode != NULL && mode[0] != '\0' && strcmp(mode, "auto") != 0) {
+        kvt_error("ucx", "KVT_UCX_MODE=%s: expected auto, socket or ucx", KVT_LOG_STR(mode));
+        kvt_free(tp);
+        return -EINVAL;
+    }
+    ucx_host_id(tp->host);
+
     st = ucp_config_read(NULL, NULL, &config);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         goto err_free;
     }
     /* Shared memory between two nodes on one host: our endpoints need peer-failure
@@ -930,25 +1444,30 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
      * messages move over sysv and large ones by rendezvous over cma
      * (process_vm_readv); without them every byte went through loopback tcp. */
     ucx_config_shm(config);
+    ucx_config_tls(config);
+    ucx_config_devices(config, cfg->local_addr);
+    /* No UCP_FEATURE_RMA: a worker with it answers software GETs (ucp_get_req_handler)
+     * from whatever address the request names, to anyone wired up to it. */
     ucp_params_t params = {
         .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-        .features = UCP_FEATURE_AM | UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP,
+        .features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
         .name = "kvtier",
     };
     st = ucp_init(&params, config, &tp->ctx);
     ucp_config_release(config);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "ucp_init: %s", ucs_status_string(st));
         goto err_free;
     }
+    ucx_probe_resources(tp);
     ucp_worker_params_t wp = {
         .field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
         .thread_mode = UCS_THREAD_MODE_SINGLE,
     };
     st = ucp_worker_create(tp->ctx, &wp, &tp->worker);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "ucp_worker_create: %s", ucs_status_string(st));
         goto err_cleanup;
     }
@@ -962,29 +1481,38 @@ static int ucx_open(const struct kvt_transport_config *cfg, struct kvt_transport
     };
     st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     ap.id = UCX_AM_RDREQ;
-    ap.cb = ucx_rdreq_cb;
+    ap.cb = kvt__ucx_rdreq_cb;
     if (st == UCS_OK)
         st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     ap.id = UCX_AM_RDREP;
-    ap.cb = ucx_rdrep_cb;
+    ap.cb = kvt__ucx_rdrep_cb;
     if (st == UCS_OK)
         st = ucp_worker_set_am_recv_handler(tp->worker, &ap);
     if (st == UCS_OK)
         st = ucp_worker_get_efd(tp->worker, &tp->wfd);
+    if (st == UCS_OK)
+        st = ucp_worker_get_address(tp->worker, &tp->waddr, &tp->waddr_len);
+    if (st == UCS_OK && tp->waddr_len > KVT_TP_FRAME_WADDR_MAX) {
+        kvt_error("ucx", "our worker address of %zu bytes exceeds %d", tp->waddr_len,
+                  KVT_TP_FRAME_WADDR_MAX);
+        st = UCS_ERR_EXCEEDS_LIMIT;
+    }
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
+        ret = kvt__ucx_errno(st);
         kvt_error("ucx", "worker setup: %s", ucs_status_string(st));
         goto err_worker;
     }
     tp->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     tp->epfd = epoll_create1(EPOLL_CLOEXEC);
-    if (tp->tfd < 0 || tp->epfd < 0) {
+    tp->sfd = epoll_create1(EPOLL_CLOEXEC);
+    if (tp->tfd < 0 || tp->epfd < 0 || tp->sfd < 0) {
         ret = -errno;
         goto err_fds;
     }
     struct epoll_event ev = {.events = EPOLLIN};
     if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->wfd, &ev) < 0 ||
-        epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->tfd, &ev) < 0) {
+        epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->tfd, &ev) < 0 ||
+        epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->sfd, &ev) < 0) {
         ret = -errno;
         goto err_fds;
     }
@@ -996,7 +1524,11 @@ err_fds:
         close(tp->tfd);
     if (tp->epfd >= 0)
         close(tp->epfd);
+    if (tp->sfd >= 0)
+        close(tp->sfd);
 err_worker:
+    if (tp->waddr != NULL)
+        ucp_worker_release_address(tp->worker, tp->waddr);
     ucp_worker_destroy(tp->worker);
 err_cleanup:
     ucp_cleanup(tp->ctx);
@@ -1039,15 +1571,13 @@ static void ucx_close(struct kvt_transport *t)
     struct kvt_list *pos, *tmp;
 
     tp->closing = true;
-    if (tp->listener != NULL) {
-        ucp_listener_destroy(tp->listener);
-        tp->listener = NULL;
-    }
+    kvt__ucx_sock_close_listener(tp);
     kvt_list_for_each_safe(pos, tmp, &tp->eps)
-        ucx_ep_fail(kvt_list_entry(pos, struct ucx_ep, node), 0);
+        kvt__ucx_ep_fail(kvt_list_entry(pos, struct ucx_ep, node), 0);
     /* Batches and CLOSED reports before close returns; no more messages. A force
-     * close does not complete every request inside ucp_ep_close_nbx (a get still on
-     * its way over tcp completes from progress), so the worker keeps running. */
+     * close does not complete every request inside ucp_ep_close_nbx (a rendezvous
+     * still on its way over tcp completes from progress), so the worker keeps
+     * running. */
     uint64_t until = ucx_now_ns() + UCX_CLOSE_WAIT_NS;
 
     for (;;) {
@@ -1061,6 +1591,7 @@ static void ucx_close(struct kvt_transport *t)
         ucp_worker_progress(tp->worker);
     }
 
+    ucx_stash_reap(tp, true);
     while (!ucx_reap(tp) && ucx_now_ns() < until)
         ucp_worker_progress(tp->worker);
     kvt_list_for_each_safe(pos, tmp, &tp->zombies)
@@ -1073,6 +1604,8 @@ static void ucx_close(struct kvt_transport *t)
     }
     close(tp->epfd);
     close(tp->tfd);
+    close(tp->sfd);
+    ucp_worker_release_address(tp->worker, tp->waddr);
     ucp_worker_destroy(tp->worker);
     ucp_cleanup(tp->ctx);
     kvt_list_for_each_safe(pos, tmp, &tp->orphans)
@@ -1088,135 +1621,38 @@ static void ucx_close(struct kvt_transport *t)
     kvt_free(tp);
 }
 
-static int ucx_sockaddr(const char *addr, uint16_t port, struct sockaddr_storage *ss,
-                        socklen_t *len_p)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *res;
-
-    if (addr == NULL)
-        return -EINVAL;
-    if (getaddrinfo(addr, NULL, &hints, &res) != 0 || res == NULL)
-        return -EINVAL;
-    if (res->ai_addrlen > sizeof(*ss)) {
-        freeaddrinfo(res);
-        return -EINVAL;
-    }
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len_p = res->ai_addrlen;
-    freeaddrinfo(res);
-    if (ss->ss_family == AF_INET)
-        ((struct sockaddr_in *)ss)->sin_port = htons(port);
-    else if (ss->ss_family == AF_INET6)
-        ((struct sockaddr_in6 *)ss)->sin6_port = htons(port);
-    else
-        return -EAFNOSUPPORT;
-    return 0;
-}
-
-static void ucx_conn_cb(ucp_conn_request_h creq, void *arg)
-{
-    struct ucx_tp *tp = arg;
-    struct ucx_ep *ep = tp->closing ? NULL : ucx_ep_alloc(tp);
-    ucs_status_t st;
-
-    if (ep == NULL) {
-        ucp_listener_reject(tp->listener, creq);
-        return;
-    }
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .conn_request = creq,
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_err_cb, .arg = ep},
-    };
-    st = ucp_ep_create(tp->worker, &p, &ep->uep);
-    if (st != UCS_OK) {
-        kvt_warn("ucx", "accept: ucp_ep_create: %s", ucs_status_string(st));
-        kvt_free(ep);
-        return;
-    }
-    ep->state = EP_ACCEPTING;
-    ep->tx_seq = 1; /* 0 is the HELLO sent once the owner accepts */
-    kvt_list_add_tail(&tp->eps, &ep->node);
-    tp->kick = true;
-}
-
 static int ucx_listen(struct kvt_transport *t, const char *addr, uint16_t port, uint16_t *port_p)
 {
-    struct ucx_tp *tp = tp_of(t);
-    struct sockaddr_storage ss;
-    socklen_t len;
-    ucs_status_t st;
-    int ret;
-
-    if (tp->listener != NULL)
-        return -EBUSY;
-    ret = ucx_sockaddr(addr, port, &ss, &len);
-    if (ret < 0)
-        return ret;
-    ucp_listener_params_t lp = {
-        .field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = len},
-        .conn_handler = {.cb = ucx_conn_cb, .arg = tp},
-    };
-    st = ucp_listener_create(tp->worker, &lp, &tp->listener);
-    if (st != UCS_OK) {
-        kvt_error("ucx", "listen on %s:%u: %s", addr, port, ucs_status_string(st));
-        tp->listener = NULL;
-        return st == UCS_ERR_BUSY ? -EADDRINUSE : ucx_errno(st);
-    }
-    ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
-    st = ucp_listener_query(tp->listener, &la);
-    if (st != UCS_OK) {
-        ucp_listener_destroy(tp->listener);
-        tp->listener = NULL;
-        return ucx_errno(st);
-    }
-    if (port_p != NULL)
-        *port_p = la.sockaddr.ss_family == AF_INET6
-                      ? ntohs(((struct sockaddr_in6 *)&la.sockaddr)->sin6_port)
-                      : ntohs(((struct sockaddr_in *)&la.sockaddr)->sin_port);
-    return 0;
+    return kvt__ucx_sock_listen(tp_of(t), addr, port, port_p);
 }
 
 static int ucx_connect(struct kvt_transport *t, const char *addr, uint16_t port, void *user,
                        struct kvt_tp_ep **ep_p)
 {
     struct ucx_tp *tp = tp_of(t);
-    struct sockaddr_storage ss;
     struct ucx_ep *ep;
-    socklen_t len;
-    ucs_status_t st;
     int ret;
 
-    if (ep_p == NULL || port == 0)
+    if (ep_p == NULL || port == 0 || addr == NULL)
         return -EINVAL;
-    ret = ucx_sockaddr(addr, port, &ss, &len);
-    if (ret < 0)
-        return ret;
-    ep = ucx_ep_alloc(tp);
+    ep = kvt__ucx_ep_new(tp, -1, false);
     if (ep == NULL)
         return -ENOMEM;
     ep->pub.user = user;
     ep->state = EP_CONNECTING;
     ep->deadline_ns = ucx_now_ns() + (uint64_t)tp->pub.cfg.connect_timeout_ms * 1000000ull;
-
-    ucp_ep_params_t p = {
-        .field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-        .sockaddr = {.addr = (const struct sockaddr *)&ss, .addrlen = len},
-        .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-        .err_handler = {.cb = ucx_err_cb, .arg = ep},
-    };
-    st = ucp_ep_create(tp->worker, &p, &ep->uep);
-    if (st != UCS_OK) {
+    ret = kvt__ucx_sock_connect(ep, addr, port);
+    if (ret < 0) {
+        /* Never announced: gone without a callback. */
+        kvt_list_del(&ep->node);
+        kvt_list_init(&ep->node);
+        ep->state = EP_DEAD;
+        kvt__ucx_ep_account(ep);
+        kvt_free(ep->reader);
         kvt_free(ep);
-        return ucx_errno(st);
+        return ret;
     }
-    kvt_list_add_tail(&tp->eps, &ep->node);
+    kvt__ucx_ep_account(ep);
     *ep_p = &ep->pub;
     return 0;
 }
@@ -1225,13 +1661,14 @@ static void ucx_ep_close(struct kvt_tp_ep *pep)
 {
     struct ucx_ep *ep = ep_of(pep);
 
-    ucx_ep_fail(ep, 0);
+    kvt__ucx_ep_fail(ep, 0);
     ucx_ep_teardown(ep);
 }
 
 static int ucx_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
 {
     struct ucx_ep *ep = ep_of(pep);
+    struct ucx_tx *tx;
     int ret;
 
     if (ep->state != EP_CONNECTED)
@@ -1240,12 +1677,41 @@ static int ucx_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
         return -EINVAL;
     if (len > ep->tp->pub.cfg.max_msg_bytes)
         return -EMSGSIZE;
+    if (!ep->authorized) { /* a frame on the socket, within the pre-auth bounds */
+        if (len > KVT_TP_PREAUTH_MSG_BYTES)
+            return -EMSGSIZE;
+        if (ep->tcp_msgs >= KVT_TP_PREAUTH_MSGS)
+            return -ENOBUFS;
+        ret = kvt__ucx_sock_frame(ep, KVT_TP_FRAME_DATA, buf, len, NULL, 0);
+        if (ret < 0)
+            return ret;
+        ep->tcp_msgs++;
+        ep->tx_seq++;
+        return 0;
+    }
     if (ep->tx_inflight >= ep->tp->pub.cfg.recv_credits)
         return -EAGAIN;
-    ret = ucx_post_am(ep, UCX_MSG_DATA, ep->tx_seq, buf, len);
-    if (ret == 0)
-        ep->tx_seq++;
-    return ret;
+    if (ep->path == PATH_SOCK) { /* a MSG frame on our socket */
+        ret = kvt__ucx_sock_msg(ep, buf, len);
+        if (ret == 0)
+            ep->tx_seq++;
+        return ret;
+    }
+    tx = kvt_malloc(sizeof(*tx) + len);
+    if (tx == NULL)
+        return -ENOMEM;
+    tx->ep = ep;
+    tx->len = len;
+    tx->hdr = (struct ucx_am_hdr){.magic = UCX_MAGIC, .version = UCX_VERSION, .seq = ep->tx_seq};
+    if (len > 0)
+        memcpy(tx->data, buf, len);
+    ep->tx_seq++;
+    ep->tx_inflight++;
+    if (ep->uep == NULL) { /* the peer has not authorized us yet: in order, later */
+        kvt_list_add_tail(&ep->txq, &tx->node);
+        return 0;
+    }
+    return ucx_post_tx(ep, tx, false);
 }
 
 /* ---- memory ---- */
@@ -1256,7 +1722,6 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     struct ucx_tp *tp = tp_of(t);
     struct kvt_tp_mr *mr;
     ucs_status_t st;
-    int ret;
 
     if (base == NULL || len == 0 || len > UCX_MAX_REG_BYTES || mr_p == NULL)
         return -EINVAL;
@@ -1268,6 +1733,8 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     mr->len = len;
     kvt_list_init(&mr->node);
 
+    /* Registered for UCX's rendezvous: replies are sent from it (zero copy), and
+     * received into local registrations. */
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_PROT,
@@ -1278,34 +1745,15 @@ static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
     };
     st = ucp_mem_map(tp->ctx, &mp, &mr->memh);
     if (st != UCS_OK) {
-        ret = ucx_errno(st);
         kvt_error("ucx", "ucp_mem_map of %zu bytes: %s", len, ucs_status_string(st));
-        goto err_free;
+        kvt_free(mr);
+        return kvt__ucx_errno(st);
     }
-    if (remote) {
-        st = ucp_rkey_pack(tp->ctx, mr->memh, &mr->rkey_buf, &mr->rkey_len);
-        if (st != UCS_OK) {
-            ret = ucx_errno(st);
-            kvt_error("ucx", "ucp_rkey_pack: %s", ucs_status_string(st));
-            goto err_unmap;
-        }
-        if (mr->rkey_len > KVT_TP_MAX_HANDLE_SIZE - sizeof(struct ucx_handle_hdr)) {
-            kvt_error("ucx", "packed rkey of %zu bytes exceeds the handle size", mr->rkey_len);
-            ret = -E2BIG;
-            goto err_rkey;
-        }
+    if (remote)
         kvt_list_add_tail(&tp->mrs, &mr->node);
-    }
+    mr->remote = remote;
     *mr_p = mr;
     return 0;
-
-err_rkey:
-    ucp_rkey_buffer_release(mr->rkey_buf);
-err_unmap:
-    ucp_mem_unmap(tp->ctx, mr->memh);
-err_free:
-    kvt_free(mr);
-    return ret;
 }
 
 static int ucx_reg_remote(struct kvt_transport *t, void *base, size_t len, struct kvt_tp_mr **mr_p)
@@ -1335,6 +1783,8 @@ static void ucx_dereg(struct kvt_tp_mr *mr)
         if (mr->inflight > 0)
             kvt_warn("ucx", "dereg: %u READ replies still in flight", mr->inflight);
     }
+    /* Socket mode: replies on the output stop reading it. */
+    kvt__ucx_sock_dereg(mr->tp, mr);
     /* Queued replies from it become refusals; late completions forget it. */
     kvt_list_for_each_safe(pos, tmp, &mr->tp->rd_sent)
     {
@@ -1354,13 +1804,11 @@ static void ucx_dereg(struct kvt_tp_mr *mr)
 
             if (tx->mr == mr) {
                 tx->mr = NULL;
-                tx->hdr.err = EFAULT;
+                tx->hdr.err = UCX_RD_REFUSED;
                 tx->hdr.len = 0;
             }
         }
     }
-    if (mr->rkey_buf != NULL)
-        ucp_rkey_buffer_release(mr->rkey_buf);
     ucp_mem_unmap(mr->tp->ctx, mr->memh);
     kvt_free(mr);
 }
@@ -1368,20 +1816,17 @@ static void ucx_dereg(struct kvt_tp_mr *mr)
 static int ucx_pack(struct kvt_tp_mr *mr, void *buf, size_t cap, size_t *len_p)
 {
     struct ucx_handle_hdr h;
-    size_t total;
 
-    if (mr == NULL || mr->rkey_buf == NULL || len_p == NULL)
+    if (mr == NULL || !mr->remote || len_p == NULL)
         return -EINVAL;
-    total = sizeof(h) + mr->rkey_len;
-    if (buf == NULL || cap < total)
+    if (buf == NULL || cap < sizeof(h))
         return -ENOSPC;
     h.magic = htole32(UCX_MAGIC);
-    h.rkey_len = htole32((uint32_t)mr->rkey_len);
+    h.reserved = 0;
     h.base = htole64((uint64_t)(uintptr_t)mr->base);
     h.len = htole64(mr->len);
     memcpy(buf, &h, sizeof(h));
-    memcpy((uint8_t *)buf + sizeof(h), mr->rkey_buf, mr->rkey_len);
-    *len_p = total;
+    *len_p = sizeof(h);
     return 0;
 }
 
@@ -1390,30 +1835,23 @@ static int ucx_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct
     struct ucx_ep *ep = ep_of(pep);
     struct ucx_handle_hdr h;
     struct kvt_tp_rkey *rk;
-    ucs_status_t st;
 
     if (buf == NULL || rk_p == NULL)
         return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
-    if (len < sizeof(h) || len > KVT_TP_MAX_HANDLE_SIZE)
+    if (len != sizeof(h))
         return -EPROTO;
     memcpy(&h, buf, sizeof(h));
     h.magic = le32toh(h.magic);
-    h.rkey_len = le32toh(h.rkey_len);
     h.base = le64toh(h.base);
     h.len = le64toh(h.len);
-    if (h.magic != UCX_MAGIC || h.rkey_len != len - sizeof(h) || h.rkey_len == 0 || h.len == 0 ||
-        h.len > UCX_MAX_REG_BYTES || h.base + h.len < h.base)
+    if (h.magic != UCX_MAGIC || h.reserved != 0 || h.len == 0 || h.len > UCX_MAX_REG_BYTES ||
+        h.base + h.len < h.base)
         return -EPROTO;
     rk = kvt_calloc(1, sizeof(*rk));
     if (rk == NULL)
         return -ENOMEM;
-    st = ucp_ep_rkey_unpack(ep->uep, (const uint8_t *)buf + sizeof(h), &rk->rkey);
-    if (st != UCS_OK) {
-        kvt_free(rk);
-        return st == UCS_ERR_INVALID_PARAM ? -EPROTO : ucx_errno(st);
-    }
     rk->ep_id = ep->id;
     rk->base = h.base;
     rk->len = h.len;
@@ -1423,41 +1861,11 @@ static int ucx_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct
 
 static void ucx_rkey_destroy(struct kvt_tp_rkey *rk)
 {
-    if (rk == NULL)
-        return;
-    ucp_rkey_destroy(rk->rkey);
     kvt_free(rk);
 }
 
 /* ---- READ batches ---- */
 
-static void ucx_get_done(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_batch *b = user_data;
-
-    ucp_request_free(req);
-    if (b->ep == NULL) { /* orphaned by ucx_close: reported already, freed there */
-        b->pending--;
-        return;
-    }
-    b->ep->ucx_reqs--;
-    if (status != UCS_OK) {
-        if (b->status == 0)
-            b->status = ucx_errno(status);
-        ucx_ep_fail(b->ep, ucx_errno(status));
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-}
-
-static bool ucx_in_range(uint64_t off, uint64_t len, uint64_t size)
-{
-    return len > 0 && off <= size && len <= size - off;
-}
-
-/* Appends the transport of a ucp_ep_print_info lane line ("lane[3]:  5:cma/memory.0
- * md[4] -> ... rma_bw#0") to the comma-separated list out, once. False when the line
- * cannot be read or the name does not fit: the caller then assumes the worst. */
 static bool ucx_lane_add(const char *line, char *out, size_t cap)
 {
     const char *p = strstr(line, "]:");
@@ -1492,8 +1900,8 @@ static bool ucx_lane_is(const char *line, const char *role)
     return false;
 }
 
-/* The transports of ep's AM lane and of its high-bandwidth RMA lanes (GET, and the
- * rendezvous of large AM replies), from ucp_ep_print_info: UCX 1.13 has no query.
+/* The transports of ep's AM lane and of its high-bandwidth lanes (the rendezvous of
+ * large AM replies), from ucp_ep_print_info: UCX 1.13 has no query.
  * False when some lane could not be read (the lists are then incomplete). */
 static bool ucx_ep_lanes(struct ucx_ep *ep)
 {
@@ -1510,6 +1918,8 @@ static bool ucx_ep_lanes(struct ucx_ep *ep)
         free(text);
         return false;
     }
+    char am_bw[sizeof(ep->bw_lanes)] = "";
+
     for (line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
         if (strstr(line, "lane[") == NULL)
             continue;
@@ -1517,452 +1927,53 @@ static bool ucx_ep_lanes(struct ucx_ep *ep)
             ok &= ucx_lane_add(line, ep->am_lanes, sizeof(ep->am_lanes));
         if (ucx_lane_is(line, "rma_bw"))
             ok &= ucx_lane_add(line, ep->bw_lanes, sizeof(ep->bw_lanes));
+        if (ucx_lane_is(line, "am_bw"))
+            ok &= ucx_lane_add(line, am_bw, sizeof(am_bw));
     }
+    /* No zero-copy lane (tcp without RMA): UCX sends rendezvous data as active
+     * messages on its am_bw lanes (or the am lane). */
+    if (ep->bw_lanes[0] == '\0')
+        snprintf(ep->bw_lanes, sizeof(ep->bw_lanes), "%s", am_bw[0] != '\0' ? am_bw : ep->am_lanes);
     free(text);
     return ok;
 }
-
-/* Whether every name in the list is an RDMA transport (rc_verbs, rc_mlx5, dc_mlx5). */
-static bool ucx_lanes_rdma(const char *list)
-{
-    if (list[0] == '\0')
-        return false;
-    for (const char *p = list;; p++) {
-        if (strncmp(p, "rc", 2) != 0 && strncmp(p, "dc", 2) != 0)
-            return false;
-        if ((p = strchr(p, ',')) == NULL)
-            return true;
-    }
-}
-
-/* How ep's READs move: ucp_get_nbx where UCP does the GET in hardware, i.e. the
- * endpoint's RMA lanes are RDMA; everywhere else UCP 1.13 would emulate GET over
- * its AM lane (tcp, or sysv shared memory between two nodes on one host: UCP does
- * not GET over cma from memory it did not allocate itself), with the abort
- * described at "READ over active messages", so there our own READ over AM (on one
- * host: requests over sysv, large replies by rendezvous over cma). An AM choice is
- * re-checked while wireup may still move the endpoint to other lanes; GET is final.
- * KVT_UCX_READ overrides. */
-static enum ucx_rd_path ucx_ep_rd_path(struct ucx_ep *ep)
-{
-    uint64_t now;
-
-    if (ep->tp->read_force != RD_PATH_AUTO)
-        return ep->tp->read_force;
-    if (ep->rd_path_final) /* every READ after the first seconds: no clock, no parse */
-        return ep->rd_path;
-    now = ucx_now_ns();
-    if (ep->rd_path == RD_PATH_AM && now - ep->rd_path_checked_ns < UCX_RD_PATH_RECHECK_NS)
-        return RD_PATH_AM;
-    ep->rd_path_checked_ns = now;
-    ep->rd_path = ucx_ep_lanes(ep) && ucx_lanes_rdma(ep->bw_lanes) ? RD_PATH_GET : RD_PATH_AM;
-    ep->rd_path_final = ep->rd_path == RD_PATH_GET || now - ep->connected_ns > UCX_WIREUP_SETTLE_NS;
-    return ep->rd_path;
-}
-
-static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
-                       struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
-                       size_t *posted_p);
 
 static int ucx_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_mr *local,
                     const struct kvt_read_op *ops, size_t n, kvt_read_cb cb, void *arg)
 {
     struct ucx_ep *ep = ep_of(pep);
     struct ucx_batch *b;
-    int err = 0;
+    size_t posted = 0;
+    int err;
 
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
     if (rk == NULL || local == NULL || ops == NULL || n == 0 || n > UINT32_MAX || cb == NULL ||
         rk->ep_id != ep->id || local->tp != ep->tp)
         return -EINVAL;
-    bool am = ucx_ep_rd_path(ep) == RD_PATH_AM;
-
     for (size_t i = 0; i < n; i++)
-        if ((!(am && ep->tp->test_no_rcheck) &&
-             !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
+        if ((!ep->tp->test_no_rcheck && !ucx_in_range(ops[i].remote_off, ops[i].len, rk->len)) ||
             !ucx_in_range(ops[i].local_off, ops[i].len, local->len))
             return -EINVAL;
     if (ep->n_batches >= ep->tp->pub.cfg.max_batches)
         return -EAGAIN;
+    /* Before we authorized, requests go as frames on the socket (the peer refuses
+     * them unless it authorized us), within the same bound as messages. */
+    if (!ep->authorized && n > KVT_TP_PREAUTH_MSGS - ep->tcp_msgs)
+        return -ENOBUFS;
 
-    b = kvt_calloc(1, sizeof(*b) + (am ? n * sizeof(b->ops[0]) : 0));
+    b = kvt_calloc(1, sizeof(*b) + n * sizeof(b->ops[0]));
     if (b == NULL)
         return -ENOMEM;
     b->ep = ep;
     b->id = ep->next_batch_id++;
-    b->n_ops = am ? n : 0;
+    b->n_ops = n;
     b->cb = cb;
     b->arg = arg;
     b->start_ns = ucx_now_ns();
     b->pending = 1; /* held while posting */
-    kvt_list_add_tail(&ep->batches, &b->node);
-    ep->n_batches++;
-
-    ucp_request_param_t param = {
-        .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-        .cb.send = ucx_get_done,
-        .user_data = b,
-        .memh = local->memh,
-    };
-    size_t i = 0;
-
-    if (am)
-        err = ucx_read_am(ep, b, rk, local, ops, n, &i);
-    for (; !am && i < n; i++) {
-        ucs_status_ptr_t req = ucp_get_nbx(ep->uep, local->base + ops[i].local_off, ops[i].len,
-                                           rk->base + ops[i].remote_off, rk->rkey, &param);
-
-        if (req == NULL)
-            continue;
-        if (UCS_PTR_IS_ERR(req)) {
-            err = ucx_errno(UCS_PTR_STATUS(req));
-            break;
-        }
-        b->pending++;
-        ep->ucx_reqs++;
-    }
-    if (err != 0) {
-        ucx_ep_fail(ep, err);
-        if (i == 0) { /* nothing posted: fail without a callback */
-            kvt_list_del(&b->node);
-            ep->n_batches--;
-            kvt_free(b);
-            return err;
-        }
-        if (b->status == 0)
-            b->status = err;
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-    return -EINPROGRESS;
-}
-
-/* ---- READ over active messages ----
- *
- * Over tcp UCP has no hardware GET: ucp_get_nbx is emulated with a request message
- * that the target's UCP answers from inside its own progress (ucp_get_req_handler).
- * In UCX 1.13 that handler aborts the target process (ucs_fatal "unexpected error")
- * when its reply cannot be sent because the initiator has closed in the meantime: a
- * reader that timed out and left crashes the node it read from, as soon as that node
- * progresses again. No endpoint option avoids it (the endpoint is found by id even
- * once failed, and a failed lane returns an error too). So where the READ would be
- * software-emulated anyway, we emulate it ourselves with the same shape: one request
- * message per op (UCX_AM_RDREQ), one reply carrying the bytes (UCX_AM_RDREP; UCX
- * sends large replies by rendezvous, received straight into the local registration).
- * A reply that cannot be sent is an error we see and turn into a failed endpoint.
- *
- * Small replies (up to UCX_RD_EAGER_BYTES) and refusals are sent from inside the
- * request's AM handler, as UCX answers a GET, eager and short with
- * UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL: UCX has copied the bytes when the call returns, so
- * no reply record, memh, dispatch round or completion callback; if UCX cannot take
- * it now (NO_RESOURCE) the reply is queued like a large one. The client copies small
- * replies into place in its reply handler, and only into an op still waiting on a
- * connected endpoint: a reply for a cancelled or timed-out READ finds no op (the
- * endpoint failed, its ops ended at teardown) and is dropped.
- *
- * The server checks every requested range against its remote registrations
- * (tp->mrs) before it sends a byte; a refused range is answered with err set. */
-
-static bool ucx_rd_hdr_ok(const void *header, size_t header_length, struct ucx_rd_hdr *h)
-{
-    if (header_length != sizeof(*h))
-        return false;
-    memcpy(h, header, sizeof(*h));
-    return h->magic == UCX_MAGIC && h->version == UCX_VERSION;
-}
-
-static struct kvt_tp_mr *ucx_mr_find(struct ucx_tp *tp, uint64_t addr, uint64_t len)
-{
-    struct kvt_list *pos, *tmp;
-
-    kvt_list_for_each_safe(pos, tmp, &tp->mrs)
-    {
-        struct kvt_tp_mr *mr = kvt_list_entry(pos, struct kvt_tp_mr, node);
-        uint64_t base = (uint64_t)(uintptr_t)mr->base;
-
-        if (addr >= base && len <= mr->len && addr - base <= mr->len - len)
-            return mr;
-    }
-    return NULL;
-}
-
-/* A reply sent from the request handler: completes in the call (FORCE_IMM_CMPL), so
- * this runs only if UCX ever returns a request there after all. */
-static void ucx_rdrep_imm_sent(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_ep *ep = user_data;
-
-    ep->ucx_reqs--;
-    if (status != UCS_OK)
-        ucx_ep_fail(ep, ucx_errno(status));
-    ucp_request_free(req);
-}
-
-/* Server: a request for one op. Small replies and refusals are sent at once; the
- * others (and any that UCX cannot take now) are queued and sent from dispatch, at
- * most UCX_RD_INFLIGHT_BYTES in flight. */
-static ucs_status_t ucx_rdreq_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param)
-{
-    struct ucx_tp *tp = arg;
-    struct ucx_rd_hdr h;
-    struct ucx_rd_tx *tx;
-    struct kvt_tp_mr *mr;
-    struct ucx_ep *ep;
-
-    ep = ucx_am_ep(tp, param);
-    if (ep == NULL || ep->state != EP_CONNECTED)
-        return UCS_OK; /* dropped: the endpoint is closing */
-    if (!ucx_rd_hdr_ok(header, header_length, &h) || length != 0 || h.err != 0 || h.len == 0) {
-        kvt_warn("ucx", "endpoint %llu: bad READ request", (unsigned long long)ep->id);
-        ucx_ep_fail(ep, -EPROTO);
-        return UCS_OK;
-    }
-    mr = ucx_mr_find(tp, h.addr, h.len);
-    if (mr == NULL) {
-        h.err = EFAULT;
-        h.len = 0;
-    }
-    if (h.len <= UCX_RD_EAGER_BYTES && kvt_list_empty(&ep->rd_q)) {
-        /* Small (or refused): answered here, inside progress, as UCX answers a GET.
-         * Sent short with the bytes copied before the call returns, or not at all
-         * (NO_RESOURCE: queued below), so no request, record or memh. */
-        ucp_request_param_t p = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL |
-                            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER,
-            .cb.send = ucx_rdrep_imm_sent,
-            .user_data = ep,
-        };
-        ucs_status_ptr_t req = ucp_am_send_nbx(ep->uep, UCX_AM_RDREP, &h, sizeof(h),
-                                               (void *)(uintptr_t)h.addr, h.len, &p);
-
-        if (req == NULL)
-            return UCS_OK;
-        if (UCS_PTR_IS_PTR(req)) { /* FORCE_IMM_CMPL says never; keep the ep alive */
-            ep->ucx_reqs++;
-            return UCS_OK;
-        }
-        if (UCS_PTR_STATUS(req) != UCS_ERR_NO_RESOURCE) {
-            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
-            return UCS_OK;
-        }
-    }
-    tx = kvt_malloc(sizeof(*tx));
-    if (tx == NULL) {
-        ucx_ep_fail(ep, -ENOMEM);
-        return UCS_OK;
-    }
-    tx->ep = ep;
-    tx->mr = mr;
-    tx->hdr = h;
-    kvt_list_add_tail(&ep->rd_q, &tx->node);
-    tp->kick = true;
-    return UCS_OK;
-}
-
-static void ucx_rdrep_sent(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_rd_tx *tx = user_data;
-
-    kvt_list_del(&tx->node);
-    tx->ep->ucx_reqs--;
-    tx->ep->rd_inflight -= tx->hdr.len;
-    tx->ep->tp->kick = !kvt_list_empty(&tx->ep->rd_q) || tx->ep->tp->kick;
-    if (tx->mr != NULL)
-        tx->mr->inflight--;
-    if (status != UCS_OK)
-        ucx_ep_fail(tx->ep, ucx_errno(status));
-    kvt_free(tx);
-    ucp_request_free(req);
-}
-
-/* Server, from dispatch: sends the replies an endpoint owes. */
-static int ucx_rd_send_replies(struct ucx_ep *ep)
-{
-    int n = 0;
-
-    while (!kvt_list_empty(&ep->rd_q) && ep->state == EP_CONNECTED) {
-        struct ucx_rd_tx *tx = kvt_list_entry(ep->rd_q.next, struct ucx_rd_tx, node);
-
-        if (ep->rd_inflight > 0 && ep->rd_inflight + tx->hdr.len > UCX_RD_INFLIGHT_BYTES)
-            break;
-        ucp_request_param_t param = {
-            .op_attr_mask =
-                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-            .flags = UCP_AM_SEND_FLAG_REPLY,
-            .cb.send = ucx_rdrep_sent,
-            .user_data = tx,
-        };
-
-        if (tx->mr != NULL) {
-            param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-            param.memh = tx->mr->memh;
-        }
-        kvt_list_del(&tx->node);
-        n++;
-
-        ucs_status_ptr_t req =
-            ucp_am_send_nbx(ep->uep, UCX_AM_RDREP, &tx->hdr, sizeof(tx->hdr),
-                            (void *)(uintptr_t)tx->hdr.addr, tx->hdr.len, &param);
-
-        if (req == NULL) {
-            kvt_free(tx);
-            continue;
-        }
-        if (UCS_PTR_IS_ERR(req)) {
-            kvt_free(tx);
-            ucx_ep_fail(ep, ucx_errno(UCS_PTR_STATUS(req)));
-            break;
-        }
-        ep->ucx_reqs++;
-        ep->rd_inflight += tx->hdr.len;
-        kvt_list_add_tail(&ep->tp->rd_sent, &tx->node);
-        if (tx->mr != NULL)
-            tx->mr->inflight++;
-    }
-    return n;
-}
-
-static void ucx_rd_op_done(struct ucx_rd_op *op, int err)
-{
-    struct ucx_batch *b = op->b;
-
-    op->state = RD_DONE;
-    if (err != 0) {
-        if (b->status == 0)
-            b->status = err;
-        ucx_ep_fail(b->ep, err);
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-}
-
-static void ucx_rd_recv_done(void *req, ucs_status_t status, size_t length, void *user_data)
-{
-    struct ucx_rd_op *op = user_data;
-    struct ucx_batch *b = op->b;
-
-    ucp_request_free(req);
-    if (b->ep == NULL) { /* orphaned by ucx_close: reported already, freed there */
-        b->pending--;
-        return;
-    }
-    b->ep->ucx_reqs--;
-    ucx_rd_op_done(op, status != UCS_OK ? ucx_errno(status) : length != op->hdr.len ? -EPROTO : 0);
-}
-
-/* Client: the op the tag names, if it is still waiting for its reply. */
-static struct ucx_rd_op *ucx_rd_op_find(struct ucx_ep *ep, uint64_t tag)
-{
-    uint32_t id = (uint32_t)(tag >> 32), idx = (uint32_t)tag;
-    struct kvt_list *pos, *tmp;
-
-    kvt_list_for_each_safe(pos, tmp, &ep->batches)
-    {
-        struct ucx_batch *b = kvt_list_entry(pos, struct ucx_batch, node);
-
-        if (b->id != id)
-            continue;
-        if (idx >= b->n_ops || b->ops[idx].state != RD_WAIT)
-            return NULL;
-        return &b->ops[idx];
-    }
-    return NULL;
-}
-
-/* Client: a reply; eager bytes are copied, rendezvous bytes received in place. */
-static ucs_status_t ucx_rdrep_cb(void *arg, const void *header, size_t header_length, void *data,
-                                 size_t length, const ucp_am_recv_param_t *param)
-{
-    struct ucx_tp *tp = arg;
-    struct ucx_rd_hdr h;
-    struct ucx_rd_op *op;
-    struct ucx_ep *ep;
-
-    ep = ucx_am_ep(tp, param);
-    if (ep == NULL || ep->state >= EP_FAILED)
-        return UCS_OK; /* dropped: the endpoint is closing, its ops end at teardown */
-    op = ucx_rd_hdr_ok(header, header_length, &h) ? ucx_rd_op_find(ep, h.tag) : NULL;
-    if (op == NULL || h.addr != op->hdr.addr) {
-        kvt_warn("ucx", "endpoint %llu: READ reply for no pending op", (unsigned long long)ep->id);
-        ucx_ep_fail(ep, -EPROTO);
-        return UCS_OK;
-    }
-    if (h.err != 0) {
-        kvt_warn("ucx", "endpoint %llu: the peer refused a READ of %llu bytes: %s",
-                 (unsigned long long)ep->id, (unsigned long long)op->hdr.len, strerror(h.err));
-        ucx_rd_op_done(op, -EFAULT);
-        return UCS_OK;
-    }
-    if (length != op->hdr.len) {
-        ucx_rd_op_done(op, -EPROTO);
-        return UCS_OK;
-    }
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-        memcpy(op->dst, data, length);
-        ucx_rd_op_done(op, 0);
-        return UCS_OK;
-    }
-
-    ucp_request_param_t rp = {
-        .op_attr_mask =
-            UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH,
-        .cb.recv_am = ucx_rd_recv_done,
-        .user_data = op,
-        .memh = op->memh,
-    };
-    ucs_status_ptr_t req = ucp_am_recv_data_nbx(tp->worker, data, op->dst, length, &rp);
-
-    if (req == NULL) {
-        ucx_rd_op_done(op, 0);
-    } else if (UCS_PTR_IS_ERR(req)) {
-        ucx_rd_op_done(op, ucx_errno(UCS_PTR_STATUS(req)));
-    } else {
-        op->state = RD_RECV;
-        ep->ucx_reqs++;
-    }
-    return UCS_OK;
-}
-
-static void ucx_rdreq_sent(void *req, ucs_status_t status, void *user_data)
-{
-    struct ucx_rd_op *op = user_data;
-    struct ucx_batch *b = op->b;
-
-    ucp_request_free(req);
-    if (b->ep == NULL) {
-        b->pending--;
-        return;
-    }
-    b->ep->ucx_reqs--;
-    if (status != UCS_OK) {
-        if (b->status == 0)
-            b->status = ucx_errno(status);
-        ucx_ep_fail(b->ep, ucx_errno(status));
-    }
-    if (--b->pending == 0)
-        ucx_batch_finish(b);
-}
-
-/* Client: posts the request of each op; returns 0 or the first posting error. */
-static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rkey *rk,
-                       struct kvt_tp_mr *local, const struct kvt_read_op *ops, size_t n,
-                       size_t *posted_p)
-{
-    size_t i;
-
-    for (i = 0; i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         struct ucx_rd_op *op = &b->ops[i];
-        ucp_request_param_t param = {
-            .op_attr_mask =
-                UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS,
-            .flags = UCP_AM_SEND_FLAG_REPLY,
-            .cb.send = ucx_rdreq_sent,
-            .user_data = op,
-        };
 
         op->b = b;
         op->memh = local->memh;
@@ -1972,34 +1983,44 @@ static int ucx_read_am(struct ucx_ep *ep, struct ucx_batch *b, struct kvt_tp_rke
                                       .addr = rk->base + ops[i].remote_off,
                                       .len = ops[i].len,
                                       .tag = (uint64_t)b->id << 32 | (uint32_t)i};
-        op->state = RD_WAIT;
-        b->pending++; /* the reply */
-
-        ucs_status_ptr_t req =
-            ucp_am_send_nbx(ep->uep, UCX_AM_RDREQ, &op->hdr, sizeof(op->hdr), NULL, 0, &param);
-
-        if (req == NULL)
-            continue;
-        if (UCS_PTR_IS_ERR(req)) {
-            op->state = RD_DONE;
-            b->pending--;
-            *posted_p = i;
-            return ucx_errno(UCS_PTR_STATUS(req));
-        }
-        b->pending++; /* the request's send */
-        ep->ucx_reqs++;
+        op->state = RD_UNSENT;
     }
-    *posted_p = n;
-    return 0;
+    kvt_list_add_tail(&ep->batches, &b->node);
+    ep->n_batches++;
+
+    ep->cork++; /* socket frames: one write for the batch */
+    err = kvt__ucx_read_post(ep, b, 0, &posted);
+    ep->cork--;
+    kvt__ucx_sock_flush(ep);
+    if (err != 0) {
+        kvt__ucx_ep_fail(ep, err);
+        if (posted == 0) { /* nothing posted: fail without a callback */
+            kvt_list_del(&b->node);
+            ep->n_batches--;
+            kvt_free(b);
+            return err;
+        }
+        if (b->status == 0)
+            b->status = err;
+        for (size_t i = posted; i < n; i++) { /* never posted: no reply to wait for */
+            b->ops[i].state = RD_DONE;
+            b->pending--;
+        }
+    }
+    if (--b->pending == 0)
+        kvt__ucx_batch_finish(b);
+    return -EINPROGRESS;
 }
 
 /* ---- the loop ---- */
 
 /* The busy-polling owner calls this in a tight loop, so it costs no system call of
- * its own: the timerfd is read only once its deadline has passed (arm resets it
- * anyway), and worker progress stops as soon as a UCX callback has left work for
- * dispatch, so a completion reaches its callback without one more empty
- * ucp_worker_progress (an epoll_wait over tcp) first. */
+ * its own once every endpoint is authorized and quiet: the sockets are looked at only
+ * while one matters (or after a sleep, or every UCX_SOCK_EVERY_NS), the timerfd is
+ * read only once its deadline has passed (arm resets it anyway), and worker progress
+ * stops as soon as a UCX callback has left work for dispatch, so a completion reaches
+ * its callback without one more empty ucp_worker_progress (an epoll_wait over tcp)
+ * first. */
 static int ucx_progress(struct kvt_transport *t)
 {
     struct ucx_tp *tp = tp_of(t);
@@ -2014,8 +2035,13 @@ static int ucx_progress(struct kvt_transport *t)
         if (k == 0 || tp->kick)
             break;
     }
-    n += ucx_dispatch(tp, true);
     now = ucx_now_ns();
+    if (tp->n_sock_busy > 0 || tp->slept || now - tp->sock_check_ns >= UCX_SOCK_EVERY_NS) {
+        tp->slept = false;
+        tp->sock_check_ns = now;
+        n += kvt__ucx_sock_poll(tp);
+    }
+    n += ucx_dispatch(tp, true);
     if (tp->timer_at_ns != 0 && now >= tp->timer_at_ns) {
         uint64_t expirations;
 
@@ -2028,6 +2054,8 @@ static int ucx_progress(struct kvt_transport *t)
         n += ucx_dispatch(tp, true);
     if (!kvt_list_empty(&tp->zombies))
         ucx_reap(tp);
+    if (!kvt_list_empty(&tp->stash))
+        ucx_stash_reap(tp, false);
     return n;
 }
 
@@ -2052,7 +2080,7 @@ static int ucx_arm(struct kvt_transport *t)
     if (st == UCS_ERR_BUSY)
         return -EAGAIN;
     if (st != UCS_OK)
-        return ucx_errno(st);
+        return kvt__ucx_errno(st);
 
     struct itimerspec its = {0};
 
@@ -2063,26 +2091,28 @@ static int ucx_arm(struct kvt_transport *t)
     if (timerfd_settime(tp->tfd, TFD_TIMER_ABSTIME, &its, NULL) < 0)
         return -errno;
     tp->timer_at_ns = next;
+    tp->slept = true; /* the sockets, in the event fd, may be why the owner wakes */
     return 0;
 }
 
 static int ucx_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
 {
     struct ucx_ep *ep = ep_of(pep);
-    const char *forced;
-    enum ucx_rd_path path;
 
     if (cap == 0)
         return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
-    path = ucx_ep_rd_path(ep);
-    (void)ucx_ep_lanes(ep); /* as they are now, for people */
-    forced = ep->tp->read_force != RD_PATH_AUTO ? " (KVT_UCX_READ)" : "";
-    if (path == RD_PATH_GET)
-        snprintf(buf, cap, "get over %s%s", ep->bw_lanes, forced);
-    else
-        snprintf(buf, cap, "am over %s, rndv over %s%s", ep->am_lanes, ep->bw_lanes, forced);
+    if (ep->path == PATH_SOCK) {
+        snprintf(buf, cap, "socket");
+        return 0;
+    }
+    if (ep->uep == NULL) {
+        snprintf(buf, cap, "not yet authorized both ways");
+        return 0;
+    }
+    (void)ucx_ep_lanes(ep);
+    snprintf(buf, cap, "am over %s, rndv over %s", ep->am_lanes, ep->bw_lanes);
     return 0;
 }
 
@@ -2105,4 +2135,6 @@ const struct kvt_transport_ops kvt_ucx_transport_ops = {
     .event_fd = ucx_event_fd,
     .arm = ucx_arm,
     .ep_info = ucx_ep_info,
+    .ep_authorize = ucx_ep_authorize,
+    .get_counters = ucx_get_counters,
 };

@@ -5,29 +5,54 @@
  * Resources. open() takes every device rdma_cm knows (rdma_get_devices) and makes a
  * PD and a completion channel on each; memory is registered on every device, split
  * into pieces of KVT_TP_MAX_REG_BYTES. Each endpoint has its own CQ on its device's
- * channel (cq_context = the ep), its RC QP (rdma_create_qp) and one registered
- * buffer pool: n_rx receive buffers (recv_credits + 2, all posted before connect or
- * accept) and n_tx send buffers, each VB_HDR + max_msg_bytes.
+ * channel (cq_context = the ep), its RC QP (ibv_create_qp: ours, not rdma_cm's; see
+ * Access) and one registered buffer pool: n_rx receive buffers (recv_credits + 2,
+ * all posted before connect or accept) and n_tx send buffers, each VB_HDR +
+ * max_msg_bytes.
  *
  * Handshake: the private data of the connect request and of the accept carries
  * struct vb_hello {magic, version, receive credits, largest message, node GUID};
  * a bad one is rejected. The GUID names the device the peer's QP sits on, so
- * unpack picks that device's rkeys out of a handle.
+ * unpack picks that device's rkeys out of a handle. Nothing in it names memory: rkeys
+ * and offsets travel only in handles, which the owner sends after its own handshake.
+ *
+ * Access (who may READ our memory). Remote registrations are shared by every QP of a
+ * device's PD, so the gate is the QP: a QP serves RDMA READs only with
+ * IBV_ACCESS_REMOTE_READ in its access flags. Every QP starts with no access flag at
+ * all and gets IBV_ACCESS_REMOTE_READ (and nothing else) from ep_authorize, an
+ * RTS->RTS modify, once the owner's handshake has authenticated the peer; a READ
+ * before that fails at the peer (rxe: remote invalid request) and moves our QP to
+ * the error state: our receives are flushed though we did not stop the QP, so the
+ * endpoint closes with -EACCES (logged). Failing or closing an endpoint moves its
+ * QP to the error state at once (no more responses) and the reap destroys it: the
+ * access ends with the link, and a new connection is a new QP with none.
+ * rdma_create_qp would let librdmacm move the QP through INIT, RTR and RTS with the
+ * access flags the kernel's CM computes (remote write, read and atomics whenever the
+ * peer asked for a read depth), inside rdma_accept and inside rdma_get_cm_event on
+ * the active side, before we see the connection: clearing them afterwards leaves a
+ * window. So we create the QP ourselves and make each transition (vb_qp_modify) with
+ * rdma_init_qp_attr's attributes but our access flags: rdma_accept and rdma_connect
+ * get the QP number, the active side takes CONNECT_RESPONSE, moves its QP to RTR
+ * and RTS and completes with rdma_establish. Why not per-peer PDs or memory windows:
+ * docs/rdma.md ("Who may read").
  *
  * Endpoint states:
  *   RESOLVING  active side: address and route resolution (rdma_cm events).
- *   CONNECTING active side: QP made, rdma_connect sent, waiting for ESTABLISHED.
- *   ACCEPTING  passive side: QP made, rdma_accept sent, waiting for ESTABLISHED;
- *              on_accept is called then (the ep is CONNECTED by then).
+ *   CONNECTING active side: QP made (INIT), rdma_connect sent, waiting for
+ *              CONNECT_RESPONSE; then RTR, RTS, rdma_establish and CONNECTED.
+ *   ACCEPTING  passive side: QP made and moved to RTS, rdma_accept sent, waiting
+ *              for ESTABLISHED; on_accept is called then (the ep is CONNECTED by then).
  *   CONNECTED  usable. Its CQ is polled only in this state, so a message that
  *              lands before ESTABLISHED is processed waits in the CQ.
- *   DYING      failed or closed (ep->err set); the next reap destroys QP, CQ, buffers
+ *   DYING      failed or closed (ep->err set; QP in the error state); the next reap
+ *              destroys QP, CQ, buffers
  *              and cm_id (ibv_destroy_qp returns only once the device has stopped
  *              using the QP), then completes every batch with the ep's error, then
  *              queues the CLOSED callback (none for an ep that was never announced).
  *   DEAD       on tp->dead until its CLOSED callback ran; then freed.
  * Nothing is torn down inside a callback or inside ep_close: ep_close marks the ep
- * DYING (and disconnects, so the device stops at once), progress reaps it.
+ * DYING (its QP to the error state and rdma_disconnect, so the device stops at
+ * once), progress reaps it.
  *
  * Control messages and credits. Every message starts with struct vb_msg_hdr
  * {credits returned, type, flags}. A peer has posted R + 2 receives (R from its
@@ -171,6 +196,7 @@ struct vb_tp {
     struct kvt_list mrs;   /* live registrations */
     struct kvt_list rkeys; /* live unpacked rkeys */
     bool closing;
+    struct kvt_tp_counters ctr; /* refusals (the NIC's, as far as we see them) */
 };
 
 /* A registration: n_dev * n_pieces ibv_mr, device-major. refs: the owner's (until
@@ -235,8 +261,11 @@ struct vb_ep {
     struct vb_dev *dev;
     unsigned dev_idx;
     struct rdma_cm_id *id;
+    struct ibv_qp *qp; /* ours (ibv_create_qp), not id->qp: see Access */
     struct ibv_cq *cq;
-    bool cq_event; /* a notification was read: re-arm before polling */
+    bool cq_event;   /* a notification was read: re-arm before polling */
+    bool authorized; /* ep_authorize granted the peer IBV_ACCESS_REMOTE_READ */
+    bool link_ib;    /* InfiniBand link layer (not RoCE): see vb_qp_attr_restrict */
     enum vb_ep_state state;
     int err;        /* the CLOSED error; 0 for a local close */
     bool announced; /* the owner knows it (connect, or on_accept kept it) */
@@ -337,6 +366,15 @@ static int vb_wc_err(enum ibv_wc_status st)
     }
 }
 
+/* The same for our RDMA READ work requests: a peer whose QP refuses our READ (no
+ * remote read access: it has not authorized us; rxe answers remote invalid request,
+ * hardware may answer remote access error) or whose registration does not cover the
+ * range gives -EACCES, as a software backend's refusal does. */
+static int vb_read_wc_err(enum ibv_wc_status st)
+{
+    return st == IBV_WC_REM_INV_REQ_ERR ? -EACCES : vb_wc_err(st);
+}
+
 /* rdma_cm event status for an event that ends a connection attempt. */
 static int vb_cm_err(enum rdma_cm_event_type ev, int status)
 {
@@ -414,6 +452,13 @@ static void vb_ep_fail(struct vb_ep *ep, int err)
     if (err != 0)
         kvt_debug(VB_MOD, "endpoint %p fails: %s", (void *)ep, strerror(-err));
     ep->err = err;
+    /* The responder stops now, authorized or not: a QP in the error state answers
+     * nothing (rdma_disconnect does not do it for a QP it did not create). */
+    if (ep->qp != NULL) {
+        struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+
+        ibv_modify_qp(ep->qp, &a, IBV_QP_STATE); /* errors ignored: destroyed next */
+    }
     if (ep->id != NULL &&
         (ep->state == EP_CONNECTED || ep->state == EP_CONNECTING || ep->state == EP_ACCEPTING))
         rdma_disconnect(ep->id); /* errors ignored: we destroy the QP next */
@@ -443,8 +488,9 @@ static void vb_ep_teardown(struct vb_ep *ep)
     struct kvt_list *pos, *tmp;
     int berr = ep->err != 0 ? ep->err : -ECANCELED;
 
-    if (ep->id != NULL && ep->id->qp != NULL)
-        rdma_destroy_qp(ep->id);
+    if (ep->qp != NULL && ibv_destroy_qp(ep->qp) != 0)
+        kvt_warn(VB_MOD, "ibv_destroy_qp: %s", strerror(errno));
+    ep->qp = NULL;
     if (ep->cq != NULL && ibv_destroy_cq(ep->cq) != 0)
         kvt_warn(VB_MOD, "ibv_destroy_cq: %s", strerror(errno));
     ep->cq = NULL;
@@ -561,7 +607,54 @@ static int vb_post_rx(struct vb_ep *ep, unsigned idx)
     struct ibv_recv_wr wr = {.wr_id = ((uint64_t)idx << 2) | WR_RX, .sg_list = &sge, .num_sge = 1};
     struct ibv_recv_wr *bad;
 
-    return vb_ret(ibv_post_recv(ep->id->qp, &wr, &bad));
+    return vb_ret(ibv_post_recv(ep->qp, &wr, &bad));
+}
+
+/* ---- queue pair states and access ---- */
+
+/* What rdma_init_qp_attr computed for a transition, made ours: the access flags are
+ * always set, and to IBV_ACCESS_REMOTE_READ only once the peer is authorized, else to
+ * none (the kernel's CM gives remote write, read and atomics whenever the peer asked
+ * for a read depth, already at INIT on the passive side). rd_dest/rd_init >= 0
+ * replace the read depths (RTR's max_dest_rd_atomic, RTS's max_rd_atomic), as
+ * librdmacm does with the accept's values. On an InfiniBand link the kernel may
+ * return bits 21-23 (RoCE source MAC and VLAN) that modify_qp refuses there: dropped,
+ * as librdmacm does. */
+static void vb_qp_attr_restrict(struct ibv_qp_attr *a, int *mask, bool authorized, bool link_ib,
+                                int rd_dest, int rd_init)
+{
+    a->qp_access_flags = authorized ? IBV_ACCESS_REMOTE_READ : 0;
+    *mask |= IBV_QP_ACCESS_FLAGS;
+    if (link_ib)
+        *mask &= ~0xe00000;
+    if (a->qp_state == IBV_QPS_RTR && rd_dest >= 0)
+        a->max_dest_rd_atomic = (uint8_t)rd_dest;
+    if (a->qp_state == IBV_QPS_RTS && rd_init >= 0)
+        a->max_rd_atomic = (uint8_t)rd_init;
+}
+
+/* Moves ep's QP to state with the connection's attributes (path, PSNs, QP numbers,
+ * timeouts: rdma_init_qp_attr) and our access flags. */
+static int vb_qp_modify(struct vb_ep *ep, enum ibv_qp_state state, int rd_dest, int rd_init)
+{
+    struct ibv_qp_attr a;
+    int mask = 0;
+
+    memset(&a, 0, sizeof(a));
+    a.qp_state = state;
+    if (rdma_init_qp_attr(ep->id, &a, &mask) != 0)
+        return vb_errno();
+    vb_qp_attr_restrict(&a, &mask, ep->authorized, ep->link_ib, rd_dest, rd_init);
+    return vb_ret(ibv_modify_qp(ep->qp, &a, mask));
+}
+
+/* RTR then RTS, once rdma_cm knows the peer (passive: its request; active: its
+ * response). */
+static int vb_qp_ready(struct vb_ep *ep, int rd_dest, int rd_init)
+{
+    int err = vb_qp_modify(ep, IBV_QPS_RTR, rd_dest, rd_init);
+
+    return err != 0 ? err : vb_qp_modify(ep, IBV_QPS_RTS, rd_dest, rd_init);
 }
 
 /* Which step of an endpoint's setup failed, in the log (the caller logs only
@@ -594,6 +687,7 @@ static int vb_ep_setup(struct vb_ep *ep)
     if (ibv_query_port(ep->id->verbs, ep->id->port_num, &pattr) != 0)
         return vb_setup_err(ep, "ibv_query_port", vb_errno());
     ep->max_msg_sz = pattr.max_msg_sz > 0 ? pattr.max_msg_sz : (1u << 30);
+    ep->link_ib = pattr.link_layer == IBV_LINK_LAYER_INFINIBAND;
     ep->n_rx = cfg->recv_credits + 2;
     ep->n_tx = cfg->recv_credits + 2;
     if (da->max_qp_wr > 0 && (unsigned)da->max_qp_wr < ep->n_tx + 8) {
@@ -645,10 +739,14 @@ static int vb_ep_setup(struct vb_ep *ep)
     qa.cap.max_recv_wr = ep->n_rx;
     qa.cap.max_send_sge = ep->max_sge;
     qa.cap.max_recv_sge = 1;
-    if (rdma_create_qp(ep->id, ep->dev->pd, &qa) != 0)
-        return vb_setup_err(ep, "rdma_create_qp", vb_errno());
+    ep->qp = ibv_create_qp(ep->dev->pd, &qa);
+    if (ep->qp == NULL)
+        return vb_setup_err(ep, "ibv_create_qp", vb_errno());
     if (qa.cap.max_send_sge < ep->max_sge)
         ep->max_sge = KVT_MAX(qa.cap.max_send_sge, 1u);
+    err = vb_qp_modify(ep, IBV_QPS_INIT, -1, -1);
+    if (err != 0)
+        return vb_setup_err(ep, "the QP's INIT", err);
 
     for (unsigned i = 0; i < ep->n_rx; i++) {
         err = vb_post_rx(ep, i);
@@ -687,8 +785,12 @@ static int vb_hello_parse(struct vb_ep *ep, const void *data, size_t len)
     return 0;
 }
 
+/* req_resp, req_init (passive side): the connect request's responder_resources and
+ * initiator_depth as the CONNECT_REQUEST event gives them, already from our side's
+ * view (the CM swaps the requester's fields): req_resp is the read depth the
+ * requester initiates (ours to answer), req_init the depth it answers (ours to use). */
 static void vb_conn_param(struct vb_ep *ep, struct rdma_conn_param *p, struct vb_hello *h,
-                          uint8_t peer_resp, uint8_t peer_init, bool passive)
+                          uint8_t req_resp, uint8_t req_init, bool passive)
 {
     const struct ibv_device_attr *da = &ep->dev->attr;
 
@@ -699,11 +801,12 @@ static void vb_conn_param(struct vb_ep *ep, struct rdma_conn_param *p, struct vb
     p->responder_resources = (uint8_t)KVT_MIN(da->max_qp_rd_atom, 255);
     p->initiator_depth = (uint8_t)KVT_MIN(da->max_qp_init_rd_atom, 255);
     if (passive) {
-        p->responder_resources = KVT_MIN(p->responder_resources, peer_init);
-        p->initiator_depth = KVT_MIN(p->initiator_depth, peer_resp);
+        p->responder_resources = KVT_MIN(p->responder_resources, req_resp);
+        p->initiator_depth = KVT_MIN(p->initiator_depth, req_init);
     }
     p->retry_count = 7;
     p->rnr_retry_count = 7;
+    p->qp_num = ep->qp->qp_num; /* our QP, not id->qp (see Access) */
 }
 
 /* ---- control messages ---- */
@@ -738,7 +841,7 @@ static int vb_send_raw(struct vb_ep *ep, uint8_t type, const void *buf, size_t l
     };
     struct ibv_send_wr *bad;
 
-    err = vb_ret(ibv_post_send(ep->id->qp, &wr, &bad));
+    err = vb_ret(ibv_post_send(ep->qp, &wr, &bad));
     if (err != 0) {
         ep->tx_free[ep->n_tx_free++] = idx;
         vb_ep_fail(ep, err);
@@ -878,7 +981,7 @@ static void vb_pump(struct vb_ep *ep)
         ep->wrs[nw - 1].send_flags = IBV_SEND_SIGNALED;
         seg->batch = b;
         seg->n_wr = nw;
-        err = vb_ret(ibv_post_send(ep->id->qp, ep->wrs, &bad));
+        err = vb_ret(ibv_post_send(ep->qp, ep->wrs, &bad));
         if (err != 0) {
             kvt_error(VB_MOD, "ibv_post_send of %u RDMA READs: %s", nw, strerror(-err));
             b->status = err;
@@ -932,7 +1035,8 @@ static int vb_poll_ep(struct vb_ep *ep)
         for (int i = 0; i < n; i++) {
             unsigned idx = (unsigned)(wc[i].wr_id >> 2);
             int kind = (int)(wc[i].wr_id & 3);
-            int err = vb_wc_err(wc[i].status);
+            int err = kind == WR_RX || kind == WR_TX ? vb_wc_err(wc[i].status)
+                                                     : vb_read_wc_err(wc[i].status);
 
             total++;
             if (err != 0 && err != -ECANCELED)
@@ -940,6 +1044,17 @@ static int vb_poll_ep(struct vb_ep *ep)
                          strerror(-err));
             switch (kind) {
             case WR_RX:
+                if (err == -ECANCELED && ep->state == EP_CONNECTED && !ep->authorized) {
+                    /* Flushed while we had not stopped the QP: the device did, after
+                     * a bad request of the peer; before authorization that is an
+                     * RDMA request the access gate refused (rxe answers remote
+                     * invalid request and moves our QP to the error state). */
+                    kvt_warn(VB_MOD, "closing an endpoint not yet authorized: its peer sent an "
+                                     "RDMA request the device refused (a READ before the "
+                                     "handshake?)");
+                    ep->tp->ctr.refused[KVT_TP_READ_UNAUTH]++;
+                    err = -EACCES;
+                }
                 if (err != 0)
                     vb_ep_fail(ep, err);
                 else if (ep->state == EP_CONNECTED)
@@ -978,7 +1093,7 @@ static void vb_drain_channels(struct vb_tp *tp)
 /* ---- connection manager events ---- */
 
 static void vb_on_connect_request(struct vb_tp *tp, struct rdma_cm_id *id, const void *pdata,
-                                  size_t plen, uint8_t peer_resp, uint8_t peer_init)
+                                  size_t plen, uint8_t req_resp, uint8_t req_init)
 {
     struct rdma_conn_param param;
     struct vb_hello hello;
@@ -1016,7 +1131,15 @@ static void vb_on_connect_request(struct vb_tp *tp, struct rdma_cm_id *id, const
         vb_ep_fail(ep, err);
         return;
     }
-    vb_conn_param(ep, &param, &hello, peer_resp, peer_init, true);
+    vb_conn_param(ep, &param, &hello, req_resp, req_init, true);
+    err = vb_qp_ready(ep, param.responder_resources, param.initiator_depth);
+    if (err != 0) {
+        kvt_error(VB_MOD, "moving an accepted QP to RTS: %s", strerror(-err));
+        rdma_reject(id, NULL, 0);
+        ep->state = EP_RESOLVING;
+        vb_ep_fail(ep, err);
+        return;
+    }
     if (rdma_accept(id, &param) != 0) {
         err = vb_errno();
         kvt_error(VB_MOD, "rdma_accept: %s", strerror(-err));
@@ -1024,23 +1147,43 @@ static void vb_on_connect_request(struct vb_tp *tp, struct rdma_cm_id *id, const
     }
 }
 
-static void vb_on_established(struct vb_tp *tp, struct vb_ep *ep, const void *pdata, size_t plen)
+/* Active side: the server accepted. Our QP goes to RTR and RTS (read depths as the
+ * CM negotiated them), then rdma_establish sends the RTU: connected. */
+static void vb_on_connect_response(struct vb_tp *tp, struct vb_ep *ep, const void *pdata,
+                                   size_t plen)
 {
     const struct kvt_tp_callbacks *cb = &tp->pub.cfg.cb;
     int err;
 
-    if (ep->state == EP_CONNECTING) {
-        err = vb_hello_parse(ep, pdata, plen);
-        if (err != 0) {
-            kvt_warn(VB_MOD, "the server's handshake is bad");
-            vb_ep_fail(ep, err);
-            return;
-        }
-        ep->state = EP_CONNECTED;
-        ep->was_connected = true;
-        if (cb->on_ep_state != NULL)
-            cb->on_ep_state(cb->arg, &ep->pub, KVT_EP_CONNECTED, 0);
-    } else if (ep->state == EP_ACCEPTING) {
+    if (ep->state != EP_CONNECTING)
+        return;
+    err = vb_hello_parse(ep, pdata, plen);
+    if (err != 0) {
+        kvt_warn(VB_MOD, "the server's handshake is bad");
+        vb_ep_fail(ep, err);
+        return;
+    }
+    err = vb_qp_ready(ep, -1, -1);
+    if (err == 0 && rdma_establish(ep->id) != 0)
+        err = vb_errno();
+    if (err != 0) {
+        kvt_warn(VB_MOD, "completing a connection (RTR, RTS, rdma_establish): %s", strerror(-err));
+        vb_ep_fail(ep, err);
+        return;
+    }
+    ep->state = EP_CONNECTED;
+    ep->was_connected = true;
+    if (cb->on_ep_state != NULL)
+        cb->on_ep_state(cb->arg, &ep->pub, KVT_EP_CONNECTED, 0);
+}
+
+/* Passive side: the client's RTU arrived. */
+static void vb_on_established(struct vb_tp *tp, struct vb_ep *ep)
+{
+    const struct kvt_tp_callbacks *cb = &tp->pub.cfg.cb;
+    int err;
+
+    if (ep->state == EP_ACCEPTING) {
         ep->state = EP_CONNECTED;
         ep->was_connected = true;
         err = cb->on_accept != NULL ? cb->on_accept(cb->arg, &ep->pub) : -ECONNREFUSED;
@@ -1059,7 +1202,7 @@ static void vb_on_cm_event(struct vb_tp *tp, struct rdma_cm_event *ev)
     int status = ev->status;
     uint8_t pdata[64];
     size_t plen = 0;
-    uint8_t peer_resp = 0, peer_init = 0;
+    uint8_t req_resp = 0, req_init = 0;
     struct vb_ep *ep;
     int err;
 
@@ -1067,13 +1210,13 @@ static void vb_on_cm_event(struct vb_tp *tp, struct rdma_cm_event *ev)
         plen = KVT_MIN((size_t)ev->param.conn.private_data_len, sizeof(pdata));
         memcpy(pdata, ev->param.conn.private_data, plen);
     }
-    peer_resp = ev->param.conn.responder_resources;
-    peer_init = ev->param.conn.initiator_depth;
+    req_resp = ev->param.conn.responder_resources;
+    req_init = ev->param.conn.initiator_depth;
     rdma_ack_cm_event(ev);
     kvt_debug(VB_MOD, "%s (status %d)", rdma_event_str(type), status);
 
     if (type == RDMA_CM_EVENT_CONNECT_REQUEST) {
-        vb_on_connect_request(tp, id, plen ? pdata : NULL, plen, peer_resp, peer_init);
+        vb_on_connect_request(tp, id, plen ? pdata : NULL, plen, req_resp, req_init);
         return;
     }
     if (id == tp->listen_id || id->context == NULL)
@@ -1106,8 +1249,11 @@ static void vb_on_cm_event(struct vb_tp *tp, struct rdma_cm_event *ev)
         }
         break;
     }
+    case RDMA_CM_EVENT_CONNECT_RESPONSE:
+        vb_on_connect_response(tp, ep, plen ? pdata : NULL, plen);
+        break;
     case RDMA_CM_EVENT_ESTABLISHED:
-        vb_on_established(tp, ep, plen ? pdata : NULL, plen);
+        vb_on_established(tp, ep);
         break;
     case RDMA_CM_EVENT_DISCONNECTED:
         if (ep->state == EP_CONNECTED)
@@ -1757,17 +1903,63 @@ static int vb_arm(struct kvt_transport *t)
     return 0;
 }
 
+/* The peer may READ our remote registrations through ep from now on: the QP gets
+ * IBV_ACCESS_REMOTE_READ (and no other access flag), in place (RTS->RTS; rxe checks
+ * the flags per request). A failure fails the endpoint: the owner wanted this peer
+ * served and the QP's state is unknown. */
+static int vb_ep_authorize(struct kvt_tp_ep *pep)
+{
+    struct vb_ep *ep = ep_of(pep);
+    struct ibv_qp_attr a;
+    int err;
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    if (ep->authorized)
+        return 0;
+    memset(&a, 0, sizeof(a));
+    a.qp_access_flags = IBV_ACCESS_REMOTE_READ;
+    err = vb_ret(ibv_modify_qp(ep->qp, &a, IBV_QP_ACCESS_FLAGS));
+    if (err != 0) {
+        kvt_error(VB_MOD, "granting a peer remote read (RTS->RTS access flags): %s",
+                  strerror(-err));
+        vb_ep_fail(ep, err);
+        return err;
+    }
+    ep->authorized = true;
+    return 0;
+}
+
+/* "rdma read over <device>; peer reads ours: yes|no", the second part from the QP
+ * itself (ibv_query_qp), so tests see what the device enforces. */
 static int vb_ep_info(struct kvt_tp_ep *pep, char *buf, size_t cap)
 {
     struct vb_ep *ep = ep_of(pep);
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    const char *peer_reads = "?";
 
     if (cap == 0)
         return -EINVAL;
     if (ep->state != EP_CONNECTED)
         return -ENOTCONN;
-    snprintf(buf, cap, "rdma read over %s",
+    memset(&a, 0, sizeof(a));
+    if (ibv_query_qp(ep->qp, &a, IBV_QP_ACCESS_FLAGS, &ia) == 0)
+        peer_reads = (a.qp_access_flags & IBV_ACCESS_REMOTE_READ) ? "yes" : "no";
+    snprintf(buf, cap, "rdma read over %s; peer reads ours: %s",
              ep->id != NULL && ep->id->verbs != NULL ? ibv_get_device_name(ep->id->verbs->device)
-                                                     : "?");
+                                                     : "?",
+             peer_reads);
+    return 0;
+}
+
+/* The NIC serves READs without us: what we count is what we see of its refusals (an
+ * unauthorized endpoint whose QP the device stopped after a peer's RDMA request). */
+static int vb_get_counters(struct kvt_transport *t, struct kvt_tp_counters *out)
+{
+    if (out == NULL)
+        return -EINVAL;
+    *out = tp_of(t)->ctr;
     return 0;
 }
 
@@ -1790,4 +1982,6 @@ const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .event_fd = vb_event_fd,
     .arm = vb_arm,
     .ep_info = vb_ep_info,
+    .ep_authorize = vb_ep_authorize,
+    .get_counters = vb_get_counters,
 };

@@ -20,7 +20,9 @@
  * Holder side (peers miss):
  *   submit_store  the cascade: publish "we hold K" to K's home (batched per home per
  *                 step), report the job done at once; the bytes stay in the primary.
- *                 Primary evictions unpublish (batched).
+ *                 Primary evictions unpublish (batched); the tier's reset op (the
+ *                 node's reset, after the primary was cleared) unpublishes every key
+ *                 at once.
  *   serve_external_requests  the ParentManager loop, every schedule end: each FETCH
  *                 becomes a synthetic request (on_new_request, lookup per key, kept
  *                 parked while any key is RETRY/HIT_PENDING up to park_timeout_ms,

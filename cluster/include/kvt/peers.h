@@ -28,6 +28,12 @@
  * member heard with a newer incarnation is a new member (RESTARTED event). Seeds and
  * down members are re-dialled every heartbeat interval, so a restarted node rejoins.
  *
+ * A link becomes UP on our side when the handshake succeeded (client: AUTH_OK
+ * received; server: AUTH verified, AUTH_OK sent), and only then is its transport
+ * endpoint authorized (kvt_tp_ep_authorize): before, the peer can READ nothing of
+ * ours and its messages are bounded by the transport's pre-auth limits. READs of an
+ * UP link are put to the may_read handler.
+ *
  * Messages after the handshake are decoded here (bounded, kvt/wire.h) and handed to
  * on_msg with the sender's id; a message that does not decode, or one of the
  * handshake's types, is refused and counted (malformed), the link stays up, and the
@@ -60,6 +66,15 @@ struct kvt_peers_handlers {
     /* An authenticated link is closing: drop what names ep (rkeys unpacked on it,
      * requests waiting for an answer on it) now; ep is freed after the call. */
     void (*on_link_closed)(void *arg, uint64_t node_id, struct kvt_tp_ep *ep);
+    /* May node_id, on its authenticated link ep, READ [off, off + len) of our
+     * registration mr? Asked by the transport for every READ request (backends that
+     * serve READs in software: UCX), from inside progress: a question, it must not
+     * call the transport or kvt_peers_send. Only ever asked for a link that is UP
+     * (others are refused before); NULL allows every READ of an UP link. This is
+     * where grant-level checking goes (the network tier: only chunks it granted to
+     * that node, while the grant lasts). */
+    bool (*may_read)(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr,
+                     uint64_t off, uint64_t len);
     void *arg;
 };
 
@@ -72,6 +87,7 @@ struct kvt_peers_config {
     const char *listen_addr;    /* "127.0.0.1" */
     uint16_t listen_port;       /* 0: any (kvt_peers_port tells) */
     const char *advertise_addr; /* sent to peers; NULL = listen_addr */
+    uint16_t advertise_port;    /* sent to peers; 0 = the port listened on */
     const char *const *seeds;   /* "host:port" */
     size_t n_seeds;
     uint32_t heartbeat_ms;                 /* 0 = 500 */
@@ -124,7 +140,10 @@ int kvt_peers_link_peer(struct kvt_peers *p, struct kvt_tp_ep *ep, uint64_t *nod
 
 /* Counters since the last call (return-and-reset, kvt/stats.h), names
  * "peers_handshakes", "peers_refused" (label = reason: "version", "namespace",
- * "auth", "protocol", "timeout"), "peers_malformed", "peers_links_closed"; gauges
+ * "auth", "protocol", "timeout"), "peers_malformed", "peers_links_closed",
+ * "peers_net_refused" (what the transport refused before or outside the handshake,
+ * label = kvt_tp_refusal_name: "read_unauth", "read_range", "read_grant",
+ * "preauth_conns", "preauth_malformed", "preauth_timeout", "unknown_conn"); gauges
  * "peers_live", "peers_links". */
 int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out);
 
@@ -138,6 +157,7 @@ struct kvt_peers_counts {
     uint64_t handshakes, refused, malformed, links_closed;
     uint64_t refused_by_reason[KVT_PEERS_R_TIMEOUT + 1]; /* enum kvt_wire_reason, or
                                                             KVT_PEERS_R_TIMEOUT */
+    struct kvt_tp_counters tp; /* the transport's refusals (kvt_tp_get_counters) */
 };
 void kvt_peers_counts(const struct kvt_peers *p, struct kvt_peers_counts *out);
 

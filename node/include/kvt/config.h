@@ -49,6 +49,9 @@ enum kvt_tier_kind { KVT_TIER_STORAGE, KVT_TIER_NETWORK };
 struct kvt_config {
     uint64_t node_id;
     char *node_namespace;
+    /* NULL when unset (the first engine that declares one sets the node's); else
+     * 1..255 bytes without control characters. */
+    char *node_model_fingerprint;
     /* NULL when unset; else a group that exists (a name, or a number), checked at load:
      * the runtime folders are made 0750 with this group so that its engines reach the
      * socket. */
@@ -71,6 +74,8 @@ struct kvt_config {
 
     bool network_enabled;
     char *network_listen;
+    char *network_advertise;        /* what peers are told; NULL: network_listen */
+    uint16_t network_advertise_port; /* what peers are told; 0: network_port */
     uint16_t network_port; /* 0: any */
     enum kvt_transport_kind network_transport;
     char **network_peers; /* "host:port" or "[v6]:port" seeds */
@@ -79,6 +84,9 @@ struct kvt_config {
     uint32_t network_fetch_timeout_ms; /* a FETCH not granted by then fails */
     uint32_t network_heartbeat_ms;     /* < network_lease_ms */
     uint32_t network_heartbeat_misses; /* a peer missing this many is down */
+    uint32_t network_keys_per_fetch;   /* keys of one FETCH, 1..256 */
+    uint32_t network_fetches_per_peer; /* FETCHes out to one peer at once */
+    uint32_t network_reads_per_batch;  /* one-sided READs posted together, 1..256 */
 
     /* NULL when unset (then network.peers must be empty); else a regular file, not a
      * symlink, no group/other access, KVT_AUTH_SECRET_MIN..MAX bytes (checked at load). */
@@ -112,6 +120,9 @@ struct kvt_config {
 /* Fills *cfg with the defaults (derived ones resolved). 0 or -ENOMEM. */
 int kvt_config_defaults(struct kvt_config *cfg);
 void kvt_config_free(struct kvt_config *cfg);
+/* A deep copy of src into *dst (its own strings and peer list); 0 or -ENOMEM (then *dst
+ * is not written). */
+int kvt_config_copy(struct kvt_config *dst, const struct kvt_config *src);
 
 /* Defaults, then the file at path (NULL: none), then sets[] ("key=value") in order, then
  * derived defaults and cross-key checks (secret file present and mode 0600 or stricter).

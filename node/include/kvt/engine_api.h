@@ -1,4 +1,4 @@
-/* kvtierd's local engine API server (DESIGN.md §2, issue #6): engines on this host
+/* kvtierd's local engine API server (issue #6): engines on this host
  * connect to a unix socket, receive the primary region's fd (SCM_RIGHTS) and drive
  * the tiering manager with msgpack requests (kvtier/engine_proto.h), one request per
  * manager call. The client side is libkvtier-client (kvtier/client.h).
@@ -26,7 +26,18 @@
  * Other clients are not affected. What one client can make the server hold is
  * bounded too: its requests and their params, its queued replies, the time it may
  * take to say HELLO; the events queued for take_events are bounded for all. A
- * request that would pass a bound is refused (its rc) and counted by reason. */
+ * request that would pass a bound is refused (its rc) and counted by reason. An
+ * ERROR frame carries the reason as text (kvtier_client_error).
+ *
+ * Model fingerprint (kvtier/client.h): the node's is cfg.fingerprint, or else the
+ * first one an engine declares at HELLO (fingerprint_set is told, once); an engine
+ * that declares another is refused (ERROR -EKEYREJECTED with both named, counted as
+ * "fingerprint"); one that declares none is accepted.
+ *
+ * Reset (RESET): kvt_manager_reset_all, refused with -EBUSY (counted "reset_busy")
+ * while any client holds pins, prepared stores or waiting load jobs, since the rows
+ * they name would be wiped under them. The events queued for take_events are dropped
+ * with the chunks they describe. */
 #ifndef KVT_ENGINE_API_H
 #define KVT_ENGINE_API_H
 
@@ -35,6 +46,7 @@
 #include <stdint.h>
 
 #include "kvt/stats.h"
+#include "kvtier/client.h"
 
 struct kvt_manager;
 struct kvt_region;
@@ -73,6 +85,15 @@ struct kvt_engine_server_config {
     /* get_stats with KVT_ESTATS_TOTALS: adds the node's totals since start to *out
      * (0 or -errno). NULL: such requests get -EOPNOTSUPP. Same arg. */
     int (*total_stats)(void *arg, struct kvt_stats *out);
+    /* The node's model fingerprint (1..KVTIER_FINGERPRINT_MAX bytes, copied), or NULL:
+     * the first engine that declares one sets it for the server's life. */
+    const char *fingerprint;
+    /* Told when an engine's HELLO sets the node's fingerprint (may be NULL): 0, or a
+     * -errno that refuses that engine, the fingerprint staying unset. Same arg. */
+    int (*fingerprint_set)(void *arg, const char *fp);
+    /* PEERS: writes the node's peers (itself first) into out[0..cap) and their count
+     * to *n_p; 0 or -errno. NULL: the node has no cluster (-EOPNOTSUPP). Same arg. */
+    int (*peers)(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_p);
     void *collect_arg;
     /* Shared-memory rings (kvtier/engine_ring.h): bytes each way of the ring an
      * engine gets when it asks in HELLO; 0 = 256 KiB, < 0 = no rings (engines use
@@ -101,7 +122,10 @@ enum kvt_engine_refusal {
     KVT_EREF_REQUESTS,        /* new_request over max_requests */
     KVT_EREF_OUTPUT_FULL,     /* replies reached max_output_bytes: reading paused */
     KVT_EREF_EVENTS_DROPPED,  /* events dropped, oldest first, over max_event_keys */
-    KVT_EREF_RING, /* an engine broke its ring's protocol (counter, record, seq): closed */
+    KVT_EREF_FINGERPRINT, /* HELLO with another model's fingerprint (or one the node cannot record)
+                           */
+    KVT_EREF_RESET_BUSY,  /* RESET while an engine holds pins, stores or loads */
+    KVT_EREF_RING,        /* an engine broke its ring's protocol (counter, record, seq): closed */
     KVT_EREF_COUNT,
 };
 /* "clients", "malformed", ... (a Prometheus label value). */
@@ -130,6 +154,7 @@ struct kvt_engine_server_counters {
     uint64_t job_rows_stored; /* rows of store jobs validated in the node */
     uint64_t job_rows_loaded; /* rows of load jobs validated in the engine's region */
     uint64_t job_rows_failed; /* rows of jobs reported failed */
+    uint64_t resets;          /* RESETs done (the node's cache forgotten) */
     /* Shared-memory rings. */
     uint64_t ring_clients;   /* engines given a ring, ever */
     uint64_t ring_requests;  /* requests served from rings (also in requests) */

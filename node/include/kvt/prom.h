@@ -51,6 +51,9 @@ struct kvt_prom_sample {
     const char *label_name;    /* NULL: no label */
     const char *label_value;
     double value; /* gauge: now; counter: since the node started */
+    /* A second label (NULL: none; only beside a first one, under another name). */
+    const char *label2_name;
+    const char *label2_value;
 };
 
 #define KVT_PROM_NO_COLONS 0x1u

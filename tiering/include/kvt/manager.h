@@ -65,6 +65,11 @@ int kvt_manager_take_events(struct kvt_manager *m, struct kvt_events *out);
 int kvt_manager_get_stats(struct kvt_manager *m, struct kvt_stats *out);
 /* Drains every tier, then clears the primary; secondary data survives. */
 int kvt_manager_reset_cache(struct kvt_manager *m);
+/* reset_cache, then every tier's reset (kvt_tier_reset): what the secondary tiers
+ * hold is forgotten too (the engine API's reset). A tier without a reset keeps its
+ * data; the first other error of a tier is returned, after every tier was asked. A
+ * tier that fails to drain stops it before anything is cleared (its error). */
+int kvt_manager_reset_all(struct kvt_manager *m);
 /* Shuts every tier down; if one fails, returns its error and keeps the primary. */
 int kvt_manager_shutdown(struct kvt_manager *m);
 

@@ -1,6 +1,11 @@
-/* OffloadingConnectorStats (spec §5.6): metric name -> label value -> value.
+/* OffloadingConnectorStats: metric name -> label value -> value.
  * Counters add on aggregate, gauges overwrite, histograms merge their buckets.
- * Label is one value (the "tier" label, e.g. "1:fs") or "" for unlabelled metrics. */
+ * Label is one value (the "tier" label, e.g. "1:fs") or "" for unlabelled metrics.
+ *
+ * A histogram's buckets are chosen per metric, by its name (kvt_hist_layout_of), so
+ * that two histograms of one name always share them: vLLM's buckets for vLLM's
+ * metrics; by unit for kvtier's own ("..._seconds": 10 us to 10 s, "..._chunks": 1
+ * to 65536 chunks); the old common layout for any other name. */
 #ifndef KVT_STATS_H
 #define KVT_STATS_H
 
@@ -14,17 +19,33 @@ enum kvt_metric_kind { KVT_METRIC_COUNTER, KVT_METRIC_GAUGE, KVT_METRIC_HISTOGRA
 #define KVT_STAT_LABEL_MAX 48
 #define KVT_HIST_BUCKETS   16
 
-/* Upper bounds of histogram buckets (the last one is +Inf). */
+/* A histogram's buckets: n finite upper bounds, ascending; bucket i < n counts the
+ * observations in (bounds[i-1], bounds[i]], bucket n everything above (+Inf). */
+struct kvt_hist_layout {
+    size_t n; /* < KVT_HIST_BUCKETS */
+    double bounds[KVT_HIST_BUCKETS - 1];
+};
+
+/* The layout for any name without one of its own: 1e-6 .. 256. */
+extern const struct kvt_hist_layout kvt_hist_default;
+/* kvt_hist_default's bounds, 16 of them, the last (1e300) standing for +Inf: what the
+ * engine API sends as its one "bounds" list, for clients that know no other. */
 extern const double kvt_hist_bounds[KVT_HIST_BUCKETS];
+
+/* The buckets of the histogram called name (see the top of this file). */
+const struct kvt_hist_layout *kvt_hist_layout_of(const char *name);
+/* The bucket of v (0..l->n). */
+size_t kvt_hist_bucket(const struct kvt_hist_layout *l, double v);
 
 struct kvt_stat {
     char name[KVT_STAT_NAME_MAX];
     char label[KVT_STAT_LABEL_MAX];
     enum kvt_metric_kind kind;
-    double value;    /* counter / gauge */
-    uint64_t count;  /* histogram: observations */
-    double sum;      /* histogram: sum of observations */
-    uint64_t buckets[KVT_HIST_BUCKETS]; /* histogram: per-bucket (not cumulative) */
+    double value;                         /* counter / gauge */
+    uint64_t count;                       /* histogram: observations */
+    double sum;                           /* histogram: sum of observations */
+    uint64_t buckets[KVT_HIST_BUCKETS];   /* histogram: per-bucket (not cumulative) */
+    const struct kvt_hist_layout *layout; /* histogram: kvt_hist_layout_of(name) */
 };
 
 struct kvt_stats {

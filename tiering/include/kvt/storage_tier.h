@@ -5,6 +5,7 @@
  * Layout under cfg.root (every folder 0700, every file 0600, all of the tier's user):
  *   <root>/storage.key                                         random MAC key (no cfg.key)
  *   <root>/<64 hex of the namespace fingerprint>/LOCK          flock: one tier per folder
+ *   <root>/<ns hex>/STATE                                      generation, model fingerprint
  *   <root>/<ns hex>/<2 hex shard>/<key hex>.kvc                one chunk per file
  *   <root>/<ns hex>/<2 hex shard>/<key hex>.tmp                being written (removed at start)
  * Each file: a 4096-byte header block (magic, version 2, key, row length, namespace, a
@@ -17,7 +18,22 @@
  *
  * Lookups are answered synchronously from the in-memory index (HIT/MISS, never RETRY):
  * the tier needs no async lookup helper. A key counts as present only once its file is
- * published (renamed into place). */
+ * published (renamed into place).
+ *
+ * Generations and the model fingerprint (STATE): every file carries the folder's
+ * generation, 32 bytes; a file of another one is stale: never served, removed where it
+ * is found (at start, at a load). The tier's reset op (the node's reset) starts a new
+ * generation, so what it dropped is not served again even when a restart comes before
+ * the files are gone. STATE also records the model fingerprint the chunks were stored
+ * under (an opaque string, the node's node.model_fingerprint or the one its engines
+ * declare; none until one is known):
+ *   - the node's fingerprint known at create (cfg.fingerprint) or set later
+ *     (kvt_storage_tier_set_fingerprint) and none recorded: it is recorded, the files
+ *     are kept (chunks stored before any fingerprint was declared count as this one's);
+ *   - it differs from the recorded one: a new generation, every file dropped (counted,
+ *     KVT_M_STORAGE_FINGERPRINT_DROPS), the new one recorded;
+ *   - none known at create and one recorded: the chunks are withheld (lookups MISS,
+ *     stores go on) until the node's fingerprint is set, then kept or dropped as above. */
 #ifndef KVT_STORAGE_TIER_H
 #define KVT_STORAGE_TIER_H
 
@@ -30,6 +46,7 @@
 struct kvt_bp_config;
 
 #define KVT_STORAGE_NS_BYTES 32
+#define KVT_STORAGE_FP_MAX   255 /* bytes of a model fingerprint */
 
 /* How chunk files are read and written. AUTO probes O_DIRECT once at create and uses it
  * when the file system takes it and rows are multiples of 4096 bytes at 4096-aligned
@@ -66,15 +83,18 @@ struct kvt_storage_tier_config {
      * and are removed. */
     const uint8_t *key;
     size_t key_len;
+    /* The node's model fingerprint (1..KVT_STORAGE_FP_MAX bytes, copied), or NULL when
+     * it is not known yet (see the top of this file). */
+    const char *fingerprint;
 };
 
-/* Creates the folders, takes the folder lock, probes O_DIRECT, rebuilds the index from
- * the headers (temporary files and files with bad headers, bad MACs or the old format
- * are deleted; another user's files are left alone and counted) and starts the I/O
- * threads. -EINVAL for a bad config, the negative errno when the root or the namespace
- * folder cannot be created or written (a configuration error, logged with the path),
- * -EPERM when the root, a folder or the key file is another user's, a link or open to
- * group/others, -EBUSY when another tier holds the folder. */
+/* Creates the folders, takes the folder lock, probes O_DIRECT, reads (or writes) STATE,
+ * rebuilds the index from the headers (temporary files and files with bad headers,
+ * bad MACs, the old format or another generation are deleted; another user's files
+ * are left alone and counted) and starts the I/O threads. -EINVAL for a bad config, the negative
+ * errno when the root or the namespace folder cannot be created or written (a configuration error,
+ * logged with the path), -EPERM when the root, a folder or the key file is another user's, a link
+ * or open to group/others, -EBUSY when another tier holds the folder. */
 int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kvt_tier **tier_p);
 
 /* Stat names (label "<index+1>:<type>"); counters are return-and-reset, gauges re-emitted. */
@@ -96,18 +116,36 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
 #define KVT_M_STORAGE_USED_BYTES     "kvtier_storage_used_bytes"     /* gauge */
 #define KVT_M_STORAGE_CAPACITY_BYTES "kvtier_storage_capacity_bytes" /* gauge (0 = none) */
 #define KVT_M_STORAGE_FILES          "kvtier_storage_files"          /* gauge */
+/* Files dropped by a reset; by a change of the model fingerprint (at start, or when
+ * the node's is set); files of an earlier generation found at start or at a load (a
+ * reset or model change that stopped before its files were removed). */
+#define KVT_M_STORAGE_RESET_DROPS       "kvtier_storage_reset_drops"
+#define KVT_M_STORAGE_FINGERPRINT_DROPS "kvtier_storage_fingerprint_drops"
+#define KVT_M_STORAGE_STALE             "kvtier_storage_stale_files"
+/* Gauge: 1 while the chunks recorded under a fingerprint wait for the node's. */
+#define KVT_M_STORAGE_WITHHELD "kvtier_storage_withheld"
+
+/* The node's model fingerprint is now fp (1..KVT_STORAGE_FP_MAX bytes): the chunks of
+ * the recorded one are served again, or dropped (a new generation) when it differs; a
+ * folder with none recorded records fp and keeps its files. 0, -EINVAL (fp), or the
+ * -errno of writing STATE (nothing changed). Scheduler thread. */
+int kvt_storage_tier_set_fingerprint(struct kvt_tier *t, const char *fp);
+/* The fingerprint STATE records, or NULL. */
+const char *kvt_storage_tier_fingerprint(struct kvt_tier *t);
 
 /* Introspection (scheduler thread). */
 struct kvt_storage_restart_info {
-    size_t files_found;   /* valid chunk files indexed */
-    size_t tmp_removed;   /* leftover temporary files deleted */
-    size_t bad_removed;   /* files with bad headers (or foreign names) deleted */
-    size_t mac_removed;   /* of those: the header's MAC did not verify */
-    size_t old_removed;   /* of those: an older file format */
-    size_t foreign;       /* refused: another user's (left) or open to group/others */
-    size_t evicted;       /* over capacity at start, evicted */
-    uint64_t bytes_found; /* file bytes indexed */
-    double seconds;       /* time to rebuild the index */
+    size_t files_found;       /* valid chunk files indexed */
+    size_t tmp_removed;       /* leftover temporary files deleted */
+    size_t bad_removed;       /* files with bad headers (or foreign names) deleted */
+    size_t mac_removed;       /* of those: the header's MAC did not verify */
+    size_t old_removed;       /* of those: an older file format */
+    size_t foreign;           /* refused: another user's (left) or open to group/others */
+    size_t evicted;           /* over capacity at start, evicted */
+    size_t stale_removed;     /* of another generation (reset, model change), deleted */
+    bool fingerprint_changed; /* cfg.fingerprint differed from STATE's: all dropped */
+    uint64_t bytes_found;     /* file bytes indexed */
+    double seconds;           /* time to rebuild the index */
 };
 void kvt_storage_tier_restart_info(struct kvt_tier *t, struct kvt_storage_restart_info *info_p);
 
@@ -121,6 +159,7 @@ struct kvt_storage_tier_info {
     bool io_uring;         /* every read thread reads through its io_uring */
     unsigned read_depth;   /* chunk reads in flight per read thread */
     size_t num_unreported; /* jobs submitted and not yet reported */
+    bool withheld;         /* chunks wait for the node's fingerprint: lookups MISS */
 };
 void kvt_storage_tier_info(struct kvt_tier *t, struct kvt_storage_tier_info *info_p);
 /* True when key is indexed and published. */

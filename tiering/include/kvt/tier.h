@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <stddef.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "kvt/types.h"
 #include "kvt/stats.h"
@@ -44,6 +45,13 @@ struct kvt_parent;
 struct kvt_bp;
 
 typedef void (*kvt_job_result_cb_t)(void *arg, const struct kvt_job_result *result);
+
+/* How full a tier is (kvt_tier_usage): what it holds now and what it can hold, in
+ * chunks and in bytes as the tier counts them (a file's header included). */
+struct kvt_tier_usage {
+    uint64_t used_chunks, capacity_chunks;
+    uint64_t used_bytes, capacity_bytes;
+};
 
 struct kvt_tier_ops {
     /* Required. */
@@ -66,6 +74,22 @@ struct kvt_tier_ops {
     void (*serve_external_requests)(struct kvt_tier *t, struct kvt_parent *parent);
     void (*on_schedule_end)(struct kvt_tier *t, const struct kvt_schedule_end_ctx *ctx);
     int (*get_stats)(struct kvt_tier *t, struct kvt_stats *out); /* return-and-reset */
+    /* The node loop's hooks, so that it runs every tier alike: event_fds writes at
+     * most cap fds that turn readable when the tier has work for poll and returns how
+     * many; poll does that work between schedule ends without blocking; arm, called
+     * before the loop sleeps on those fds, returns 0 when it may, -EAGAIN (or another
+     * negative errno) when poll has work now. */
+    size_t (*event_fds)(struct kvt_tier *t, int *fds, size_t cap);
+    int (*poll)(struct kvt_tier *t);
+    int (*arm)(struct kvt_tier *t);
+    /* How full the tier is; unset: it keeps no chunks of its own. */
+    int (*usage)(struct kvt_tier *t, struct kvt_tier_usage *out);
+    /* Forgets everything the tier holds (the node's cache is reset: the engine API's
+     * reset, kvt_manager_reset_all). Called with no job of the tier in flight (every
+     * tier drained, the manager took their results) and after the primary was cleared.
+     * A tier that keeps data across restarts makes sure none of it is served again,
+     * after a restart either. */
+    int (*reset)(struct kvt_tier *t);
     int (*shutdown)(struct kvt_tier *t); /* release threads and connections */
     void (*destroy)(struct kvt_tier *t); /* free; after shutdown */
 };
@@ -149,6 +173,29 @@ static inline void kvt_tier_on_schedule_end(struct kvt_tier *t,
 static inline int kvt_tier_get_stats(struct kvt_tier *t, struct kvt_stats *out)
 {
     return t->ops->get_stats ? t->ops->get_stats(t, out) : 0;
+}
+/* Defaults: no fd, nothing to poll, always ready to sleep (a tier whose threads
+ * finish its jobs is heard from at the next step), -EOPNOTSUPP for usage. */
+static inline size_t kvt_tier_event_fds(struct kvt_tier *t, int *fds, size_t cap)
+{
+    return t->ops->event_fds ? t->ops->event_fds(t, fds, cap) : 0;
+}
+static inline int kvt_tier_poll(struct kvt_tier *t)
+{
+    return t->ops->poll ? t->ops->poll(t) : 0;
+}
+static inline int kvt_tier_arm(struct kvt_tier *t)
+{
+    return t->ops->arm ? t->ops->arm(t) : 0;
+}
+static inline int kvt_tier_usage(struct kvt_tier *t, struct kvt_tier_usage *out)
+{
+    return t->ops->usage ? t->ops->usage(t, out) : -EOPNOTSUPP;
+}
+/* -EOPNOTSUPP: the tier cannot forget what it holds (its data survives a reset). */
+static inline int kvt_tier_reset(struct kvt_tier *t)
+{
+    return t->ops->reset ? t->ops->reset(t) : -EOPNOTSUPP;
 }
 static inline int kvt_tier_shutdown(struct kvt_tier *t)
 {

@@ -16,6 +16,27 @@
  * on_msg; the buffer is valid only during the callback. kvt_tp_send copies.
  * -EAGAIN when the peer has no receive credit left (try after progress).
  *
+ * Authorization: a connection is unauthenticated until its owner says otherwise.
+ * The owner runs its own handshake (cluster/peers.c: HELLO/AUTH, an HMAC over the
+ * cluster secret) with control messages, then calls kvt_tp_ep_authorize on its end.
+ * Before that call no memory of ours is readable by that endpoint: its READ
+ * requests are refused, counted (KVT_TP_READ_UNAUTH) and the endpoint is closed
+ * (verbs: its QP has no remote access flag until then, so the NIC refuses the READ,
+ * the reader's batch fails with -EACCES and its endpoint closes; the access ends
+ * with the endpoint).
+ * Until an endpoint is authorized, messages are bounded in both directions: at
+ * most KVT_TP_PREAUTH_MSGS messages of at most KVT_TP_PREAUTH_MSG_BYTES each
+ * (kvt_tp_send says -EMSGSIZE or -ENOBUFS past them), and an endpoint the owner has
+ * not authorized within preauth_timeout_ms is closed (-ETIMEDOUT, counted). Each
+ * side authorizes its own end: READs and messages flow both ways once both have.
+ * Messages sent between our authorize and the peer's keep their order.
+ * For backends that serve READs in software (UCX), every READ request of an
+ * authorized endpoint whose range lies inside a remote registration is also put to
+ * the may_read callback; a range outside every registration and a range may_read
+ * refuses get the same answer (the READ fails with -EACCES at the reader), so a
+ * reader learns nothing of our layout. Refusals of every kind are counted
+ * (kvt_tp_get_counters).
+ *
  * Memory: kvt_tp_reg_remote registers memory that peers may READ (read only to
  * them; any length a node's primary may have: verbs splits it into registrations of
  * at most KVT_TP_MAX_REG_BYTES, UCX maps it whole); its handle is
@@ -42,6 +63,9 @@
 
 #define KVT_TP_MAX_REG_BYTES   (2ull << 30) /* verbs: one ibv_reg_mr covers at most 2 GiB */
 #define KVT_TP_MAX_HANDLE_SIZE 4096         /* packed handle of one registered region */
+/* Before an endpoint is authorized: messages each way, and bytes per message. */
+#define KVT_TP_PREAUTH_MSGS      8
+#define KVT_TP_PREAUTH_MSG_BYTES 4096
 
 struct kvt_transport;
 struct kvt_tp_ep;
@@ -57,8 +81,40 @@ struct kvt_tp_callbacks {
     int (*on_accept)(void *arg, struct kvt_tp_ep *ep);
     void (*on_ep_state)(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state state, int err);
     void (*on_msg)(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t len);
+    /* Backends that serve READs in software (UCX): may the authorized endpoint ep
+     * read [off, off + len) of our remote registration mr? Asked for every READ
+     * request whose range lies inside mr, from inside progress (while the backend's
+     * library runs its handlers): a pure question, it must not call any transport
+     * function. NULL refuses every READ. A refusal is answered exactly as a range
+     * outside every registration is, and counted (KVT_TP_READ_GRANT). */
+    bool (*may_read)(void *arg, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr, uint64_t off,
+                     uint64_t len);
     void *arg;
 };
+
+/* What a transport refused, by reason (kvt_tp_counters.refused[]). */
+enum kvt_tp_refusal {
+    KVT_TP_READ_UNAUTH,       /* a READ request from an endpoint not authorized; closed */
+    KVT_TP_READ_RANGE,        /* a READ outside every remote registration */
+    KVT_TP_READ_GRANT,        /* a READ inside one that may_read refused (or no may_read) */
+    KVT_TP_PREAUTH_CONNS,     /* a connection beyond max_preauth: accepted, closed at once */
+    KVT_TP_PREAUTH_MALFORMED, /* bytes before authorize that are not our protocol; closed */
+    KVT_TP_PREAUTH_TIMEOUT,   /* not authorized within preauth_timeout_ms; closed */
+    KVT_TP_UNKNOWN_CONN,      /* a message that names no endpoint of ours; dropped */
+    KVT_TP_PROTO, /* an authorized peer broke the protocol (a READ reply for no READ or of
+                   * another length, requests beyond the window, a frame over its bound,
+                   * bytes out of place); closed */
+    KVT_TP_N_REFUSALS
+};
+
+/* Cumulative since the transport opened. */
+struct kvt_tp_counters {
+    uint64_t refused[KVT_TP_N_REFUSALS];
+};
+
+/* "read_unauth", "read_range", "read_grant", "preauth_conns", "preauth_malformed",
+ * "preauth_timeout", "unknown_conn", "proto" (metric labels); "?" out of range. */
+const char *kvt_tp_refusal_name(unsigned r);
 
 struct kvt_transport_config {
     const char *backend;         /* "ucx" or "verbs" */
@@ -67,6 +123,12 @@ struct kvt_transport_config {
     unsigned max_batches;        /* READ batches in flight per endpoint; 0 = 256 */
     unsigned connect_timeout_ms; /* 0 = 5000 */
     unsigned op_timeout_ms;      /* a READ batch older than this fails; 0 = 10000 */
+    unsigned preauth_timeout_ms; /* an endpoint not authorized by then is closed; 0 = 10000 */
+    unsigned max_preauth;        /* accepted endpoints not yet authorized, at most; 0 = 64 */
+    /* The address this transport will listen on. UCX confines its own tcp
+     * interfaces to that address's device unless UCX_NET_DEVICES is set; NULL, or a
+     * wildcard address, leaves UCX's choice (every device). */
+    const char *local_addr;
     struct kvt_tp_callbacks cb;
 };
 
@@ -108,9 +170,16 @@ struct kvt_transport_ops {
     int (*event_fd)(struct kvt_transport *tp);
     /* 0: safe to sleep on event_fd; -EAGAIN: call progress again first. */
     int (*arm)(struct kvt_transport *tp);
-    /* How READs to this peer move, for people and tests ("get over cma", "am over
-     * tcp", "rdma read"): a NUL-terminated line in buf. Optional. */
+    /* How READs to this peer move, for people and tests ("am over sysv, rndv over
+     * cma", "rdma read"): a NUL-terminated line in buf. Optional. */
     int (*ep_info)(struct kvt_tp_ep *ep, char *buf, size_t cap);
+    /* The owner's handshake with the peer on ep succeeded: from now on the peer may
+     * READ our remote registrations (subject to may_read) and messages are no
+     * longer bounded by the pre-auth limits. 0 (again 0 when already authorized),
+     * -ENOTCONN before CONNECTED or after a failure. May be called from callbacks. */
+    int (*ep_authorize)(struct kvt_tp_ep *ep);
+    /* Fills *out with the refusal counters. */
+    int (*get_counters)(struct kvt_transport *tp, struct kvt_tp_counters *out);
 };
 
 /* Fields every backend's endpoint and transport start with. */
@@ -206,6 +275,14 @@ static inline int kvt_tp_ep_info(struct kvt_tp_ep *ep, char *buf, size_t cap)
 static inline int kvt_tp_arm(struct kvt_transport *tp)
 {
     return tp->ops->arm(tp);
+}
+static inline int kvt_tp_ep_authorize(struct kvt_tp_ep *ep)
+{
+    return ep->tp->ops->ep_authorize == NULL ? -EOPNOTSUPP : ep->tp->ops->ep_authorize(ep);
+}
+static inline int kvt_tp_get_counters(struct kvt_transport *tp, struct kvt_tp_counters *out)
+{
+    return tp->ops->get_counters == NULL ? -EOPNOTSUPP : tp->ops->get_counters(tp, out);
 }
 
 #endif

@@ -1,4 +1,4 @@
-/* libkvtier-client: the local engine API of kvtierd (DESIGN.md §2, node/).
+/* libkvtier-client: the local engine API of kvtierd (node/).
  *
  * An inference engine on the same host attaches to its node's kvtierd over a unix
  * socket. At connect time the daemon passes the primary region's file descriptor
@@ -25,6 +25,20 @@
  *   on_schedule_end    end of one scheduler step (drives promotions and cascades)
  *   take_events        stored / removed events since the last call
  *   get_stats          the manager's metrics (counters, gauges, histograms)
+ *   has_pending_work   whether the node has transfers in flight (keep stepping)
+ *   reset              the node forgets every chunk (vLLM's reset_cache, and more)
+ *
+ * Model fingerprint. Chunks mean something only to engines of one model and layout
+ * (model, dtype, KV layout, block size, parallelism, hash seed). An engine declares
+ * what it runs at connect time as an opaque string of up to KVTIER_FINGERPRINT_MAX
+ * bytes (kvtier.vllm computes one from vLLM's config). The node serves one: its
+ * node.model_fingerprint, or else the first one an engine declares, kept for the
+ * daemon's life and recorded by its storage tier, so that after a model change and
+ * a restart the old model's files are dropped, not served. An engine that declares
+ * another is refused: kvtier_connect_ex fails with -EKEYREJECTED and the node's
+ * reason in its error buffer (counted, kvtier_engine_refused_total{reason=
+ * "fingerprint"}). An engine that declares none (tools like the kvtier CLI, engines
+ * of earlier versions) is accepted by any node and trusted to run the node's model.
  *
  * Request ids are node-wide (several engines share one manager): an id another
  * engine uses is refused with -EEXIST, so engines should make them unique (e.g.
@@ -63,17 +77,21 @@
 extern "C" {
 #endif
 
-/* Protocol version spoken by this library (the daemon refuses another major). */
+/* Protocol version spoken by this library (the daemon refuses another major; minor
+ * 1 adds the fingerprint, error messages, reset, has_pending_work and peers). */
 #define KVTIER_PROTO_MAJOR 1
-#define KVTIER_PROTO_MINOR 0
+#define KVTIER_PROTO_MINOR 1
 
-#define KVTIER_KEY_MAX        64  /* bytes of a key */
-#define KVTIER_REQ_ID_MAX     127 /* bytes of a request id (not counting the NUL) */
-#define KVTIER_NAME_MAX       63  /* bytes of an engine name */
-#define KVTIER_STAT_NAME_MAX  96  /* including the NUL */
-#define KVTIER_STAT_LABEL_MAX 48  /* including the NUL */
-#define KVTIER_HIST_BUCKETS   16
-#define KVTIER_FILTER_MAX     8
+#define KVTIER_KEY_MAX         64  /* bytes of a key */
+#define KVTIER_REQ_ID_MAX      127 /* bytes of a request id (not counting the NUL) */
+#define KVTIER_NAME_MAX        63  /* bytes of an engine name */
+#define KVTIER_STAT_NAME_MAX   96  /* including the NUL */
+#define KVTIER_STAT_LABEL_MAX  48  /* including the NUL */
+#define KVTIER_HIST_BUCKETS    16
+#define KVTIER_FILTER_MAX      8
+#define KVTIER_FINGERPRINT_MAX 255  /* bytes of a model fingerprint */
+#define KVTIER_ADDR_MAX        63   /* bytes of a peer's address */
+#define KVTIER_ERROR_MAX       1023 /* bytes of the daemon's reason for closing */
 
 /* An opaque 1..64-byte key, compared bytewise (vLLM: 32-byte block hash followed by
  * the big-endian 32-bit KV-cache group index; see kvtier_key_make). A value type:
@@ -139,9 +157,39 @@ struct kvtier_client;
  * -EPROTO for a daemon of another protocol major, -EMFILE etc. */
 int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *opts,
                    struct kvtier_client **client_p);
+
+/* kvtier_connect's settings and more. size is sizeof(struct kvtier_connect_ex) as the
+ * caller's header has it (a later library reads only the fields the caller knows);
+ * zero fields take the defaults. */
+struct kvtier_connect_ex {
+    size_t size;
+    const char *name; /* as kvtier_connect_opts */
+    int timeout_ms;   /* as kvtier_connect_opts */
+    /* The engine's model fingerprint (1..KVTIER_FINGERPRINT_MAX bytes, see the top of
+     * this file), or NULL / "" for none. -EINVAL when longer. */
+    const char *fingerprint;
+    /* When the daemon refuses the connection, its reason (NUL-terminated, cut to
+     * error_len - 1 bytes; "" when it gave none). NULL: not wanted. */
+    char *error;
+    size_t error_len;
+};
+
+/* kvtier_connect with a fingerprint and the daemon's reason for a refusal:
+ * -EKEYREJECTED another model's fingerprint, -EPROTO another major, and
+ * kvtier_connect's errors. */
+int kvtier_connect_ex(const char *socket_path, const struct kvtier_connect_ex *opts,
+                      struct kvtier_client **client_p);
 /* Closes the connection (the daemon cleans up whatever the client left open, see
  * above) and unmaps the region. NULL is ignored. */
 void kvtier_close(struct kvtier_client *c);
+/* The daemon's reason when it closed this connection (an ERROR frame), "" when it
+ * gave none; valid until kvtier_close. */
+const char *kvtier_client_error(const struct kvtier_client *c);
+/* The model fingerprint the node announced at connect time ("" when it had none). */
+const char *kvtier_client_node_fingerprint(const struct kvtier_client *c);
+/* The protocol minor the node speaks (0: none of the minor-1 calls; they return
+ * -EOPNOTSUPP without asking). */
+unsigned kvtier_client_node_minor(const struct kvtier_client *c);
 
 /* The mapped region; valid until kvtier_close. */
 const struct kvtier_region *kvtier_client_region(const struct kvtier_client *c);
@@ -279,6 +327,49 @@ int kvtier_touch(struct kvtier_client *c, const char *req_id, const struct kvtie
 int kvtier_on_schedule_end(struct kvtier_client *c, const char *const *new_req_ids, size_t n_new,
                            const char *const *preempted_req_ids, size_t n_preempted);
 
+/* has_pending_work: *pending_p is true while the node's manager has transfers in
+ * flight (vLLM's has_pending_work: keep stepping) or this client has jobs not yet
+ * reported by kvtier_jobs_step. */
+int kvtier_has_pending_work(struct kvtier_client *c, bool *pending_p);
+
+/* reset: the node forgets every chunk it holds - its primary (the rows engines map),
+ * its storage tier's files (dropped so that a restart does not serve them either)
+ * and its publications in the cluster's directory (peers stop being sent here for
+ * them). As vLLM's reset_cache it first waits for every tier's transfers to end and
+ * keeps live requests. Refused with -EBUSY, nothing changed, while any engine of the
+ * node holds pins (prepare_load not completed), prepared stores not completed or load
+ * jobs waiting - as vLLM's reset_prefix_cache fails while blocks are in use. Engines
+ * that hold nothing stay attached; what they remember of the node (lookup verdicts)
+ * may be stale: their loads of dropped chunks fail, as for any chunk gone. A tier's
+ * failure is returned (-errno) after every tier was asked. */
+int kvtier_reset(struct kvtier_client *c);
+
+/* ---- the cluster ---------------------------------------------------------------------- */
+
+enum kvtier_peer_state { KVTIER_PEER_ALIVE = 0, KVTIER_PEER_DOWN = 1, KVTIER_PEER_SELF = 2 };
+
+struct kvtier_peer {
+    uint64_t node_id;
+    uint64_t incarnation;
+    char addr[KVTIER_ADDR_MAX + 1]; /* its listen address, NUL-terminated */
+    uint16_t port;
+    int state;              /* enum kvtier_peer_state */
+    uint64_t last_heard_ms; /* since the node last heard from it (0: itself) */
+    uint64_t pulled_bytes;  /* the node pulled from it, since the node started */
+    uint64_t served_bytes;  /* the node served to it, since the node started */
+};
+
+struct kvtier_peers {
+    struct kvtier_peer *p;
+    size_t n;
+};
+
+/* The node's view of its cluster: itself (KVTIER_PEER_SELF) first, then every member
+ * it has heard of. Free with kvtier_peers_free. -EOPNOTSUPP when the node runs no
+ * network tier. */
+int kvtier_get_peers(struct kvtier_client *c, struct kvtier_peers **peers_p);
+void kvtier_peers_free(struct kvtier_peers *peers);
+
 /* ---- events and stats -------------------------------------------------------------- */
 
 struct kvtier_event {
@@ -312,10 +403,24 @@ struct kvtier_stat {
     uint64_t buckets[KVTIER_HIST_BUCKETS]; /* histogram: per bucket, not cumulative */
 };
 
+/* A histogram's own buckets (each metric has its own: vLLM's for vLLM's metrics): n
+ * finite upper bounds, ascending; its buckets[i] counts the observations up to
+ * bound[i] (above bound[i-1]), buckets[n] the rest (+Inf). n is 0 for a counter or a
+ * gauge. */
+struct kvtier_hist_bounds {
+    uint32_t n;
+    double bound[KVTIER_HIST_BUCKETS - 1];
+};
+
 struct kvtier_stats {
     struct kvtier_stat *s;
     size_t n;
-    double bounds[KVTIER_HIST_BUCKETS]; /* bucket upper bounds; the last is +Inf */
+    /* The buckets of a node that sends no bounds of each histogram's own (an older
+     * one): the last bound stands for +Inf. */
+    double bounds[KVTIER_HIST_BUCKETS];
+    /* Each stat's own bucket bounds: s[i]'s are stat_bounds[i] (from an older node, the
+     * ones above for every histogram). */
+    struct kvtier_hist_bounds *stat_bounds;
 };
 
 /* get_stats: the manager's metrics since the previous get_stats (counters are

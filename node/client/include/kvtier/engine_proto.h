@@ -8,6 +8,11 @@
  * geometry, and the region's fd travels with it as SCM_RIGHTS ancillary data.
  * Unknown fields are skipped (a newer minor may add some); an unknown op is refused.
  *
+ * Minor 1 adds: HELLO's FINGERPRINT (the engine's model fingerprint in the request,
+ * the node's in the reply), ERROR's MESSAGE (why the connection is closed), and the
+ * ops RESET, PENDING and PEERS. A client sends them only to a node whose HELLO reply
+ * said minor >= 1 (a minor-0 node would close the connection on an unknown op).
+ *
  * Decoding is bounded before allocation: the body is first walked as raw msgpack
  * headers (every payload present, every count no larger than the bytes left, depth
  * and object count capped), then each list is checked against the limits before
@@ -25,6 +30,8 @@
 #define KVT_EPROTO_HDR      4
 #define KVT_EPROTO_ID_MAX   KVTIER_REQ_ID_MAX
 #define KVT_EPROTO_GEOM_MAX 8
+#define KVT_EPROTO_MSG_MAX  1023 /* bytes of an ERROR frame's message */
+#define KVT_EPROTO_PEER_MIN 8    /* fields of a peer a reply carries at least */
 
 enum kvt_eproto_op {
     KVT_EOP_HELLO = 1,
@@ -39,9 +46,12 @@ enum kvt_eproto_op {
     KVT_EOP_SCHEDULE_END = 10,
     KVT_EOP_TAKE_EVENTS = 11,
     KVT_EOP_GET_STATS = 12,
-    KVT_EOP_ATTACH = 13, /* an engine's own region: GEOM (KVT_EA_*), its fd as SCM_RIGHTS */
-    KVT_EOP_JOBS = 14,   /* a step's lookups (KEYS) and jobs; reply: verdicts, finished jobs */
-    KVT_EOP_MAX_REQUEST = 14,
+    KVT_EOP_ATTACH = 13,  /* an engine's own region: GEOM (KVT_EA_*), its fd as SCM_RIGHTS */
+    KVT_EOP_JOBS = 14,    /* a step's lookups (KEYS) and jobs; reply: verdicts, finished jobs */
+    KVT_EOP_RESET = 15,   /* minor 1: the node forgets every chunk (rc only; -EBUSY) */
+    KVT_EOP_PENDING = 16, /* minor 1: has_pending_work; reply FLAGS (KVT_EPENDING_*) */
+    KVT_EOP_PEERS = 17,   /* minor 1: reply PEERS */
+    KVT_EOP_MAX_REQUEST = 17,
     KVT_EOP_ERROR = 0x7f, /* server -> client: the connection is being closed */
     KVT_EOP_REPLY = 0x80,
 };
@@ -65,15 +75,27 @@ enum kvt_eproto_field {
     KVT_EF_FILTER = 14,  /* array of [medium, locality]; absent = every tier */
     KVT_EF_NEW = 15,     /* array of str */
     KVT_EF_PREEMPTED = 16,
-    KVT_EF_EVENTS = 17,   /* array of [keys, medium, locality, removed] */
-    KVT_EF_STATS = 18,    /* array of [name, label, kind, value, count, sum, buckets] */
-    KVT_EF_GEOM = 19,     /* array of uint, KVT_EG_* */
-    KVT_EF_BOUNDS = 20,   /* array of 16 floats */
-    KVT_EF_JOB_KEYS = 21, /* array of bin: every job's keys, job after job */
-    KVT_EF_JOBS = 22,     /* array of uint: [job id, kind or status, n keys] per job */
-    KVT_EF_OK = 23,       /* bin: one byte per key of the finished jobs, 1 = loaded/stored */
-    KVT_EF_COUNT = 24,
+    KVT_EF_EVENTS = 17,      /* array of [keys, medium, locality, removed] */
+    KVT_EF_STATS = 18,       /* array of [name, label, kind, value, count, sum, buckets] */
+    KVT_EF_GEOM = 19,        /* array of uint, KVT_EG_* */
+    KVT_EF_BOUNDS = 20,      /* array of 16 floats */
+    KVT_EF_JOB_KEYS = 21,    /* array of bin: every job's keys, job after job */
+    KVT_EF_JOBS = 22,        /* array of uint: [job id, kind or status, n keys] per job */
+    KVT_EF_OK = 23,          /* bin: one byte per key of the finished jobs, 1 = loaded/stored */
+    KVT_EF_FINGERPRINT = 24, /* str 0..KVTIER_FINGERPRINT_MAX: HELLO (engine's; node's) */
+    KVT_EF_MESSAGE = 25,     /* str 0..KVT_EPROTO_MSG_MAX: ERROR's reason */
+    KVT_EF_PEERS = 26,       /* array of [id, incarnation, addr, port, state, last heard ms,
+                                pulled bytes, served bytes, ...more in a newer minor] */
+    /* array parallel to KVT_EF_STATS (and after it): each stat's finite bucket upper
+     * bounds, ascending (empty for a counter or gauge); without it a histogram's
+     * bounds are KVT_EF_BOUNDS, the last of which stands for +Inf */
+    KVT_EF_STAT_BOUNDS = 27,
+    KVT_EF_COUNT = 28,
 };
+
+/* PENDING reply flags (KVT_EF_FLAGS). */
+#define KVT_EPENDING_NODE   1u /* the node's manager has work in flight */
+#define KVT_EPENDING_CLIENT 2u /* this client's jobs are not all reported */
 
 /* ATTACH geometry, KVT_EF_GEOM[i] of the request: the engine's region as the node is
  * to map it from the passed fd. The reply's GEOM is the node's rows (KVT_EG_*). */
@@ -115,8 +137,9 @@ struct kvt_eproto_limits {
     uint32_t max_params; /* bytes of params JSON */
     uint32_t max_events; /* events in one reply (keys of all events: max_body bound) */
     uint32_t max_stats;
+    uint32_t max_peers; /* peers in one reply */
 };
-/* 1 MiB bodies, 4096 keys, 64 KiB params, 65536 events/stats. */
+/* 1 MiB bodies, 4096 keys, 64 KiB params, 65536 events/stats, 4096 peers. */
 void kvt__eproto_limits_default(struct kvt_eproto_limits *lim);
 
 typedef char kvt_eproto_id_t[KVT_EPROTO_ID_MAX + 1];
@@ -154,6 +177,7 @@ struct kvt_emsg {
     uint32_t n_events;
     struct kvtier_stat *stats;
     uint32_t n_stats;
+    struct kvtier_hist_bounds *stat_bounds; /* KVT_EF_STAT_BOUNDS: n_stats of them */
     uint64_t geom[KVT_EPROTO_GEOM_MAX];
     uint32_t n_geom;
     double bounds[KVTIER_HIST_BUCKETS];
@@ -164,6 +188,10 @@ struct kvt_emsg {
     uint32_t n_jobs;
     uint8_t *ok;
     uint32_t n_ok;
+    char fingerprint[KVTIER_FINGERPRINT_MAX + 1];
+    char message[KVT_EPROTO_MSG_MAX + 1];
+    struct kvtier_peer *peers;
+    uint32_t n_peers;
     /* decoded only */
     void *heap; /* the events' key array */
     size_t heap_bytes;
