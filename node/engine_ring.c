@@ -46,7 +46,9 @@ struct kvt_ering {
     /* the node's own copies */
     uint64_t req_tail;  /* request bytes taken */
     uint64_t rep_head;  /* reply bytes published */
-    uint64_t rep_acked; /* reply bytes the engine said it consumed */
+    uint64_t rep_acked; /* reply bytes the engine said it consumed (the later of:) */
+    uint64_t hdr_ack;   /* the last ack in a request's header */
+    uint64_t ctl_ack;   /* the last rep_tail read from the control page */
     uint32_t req_seq;   /* sequence number of the last request taken */
     bool taken;         /* a request was taken and awaits its reply */
     bool closed;
@@ -172,13 +174,18 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
     __atomic_store_n((uint64_t *)(void *)p, v, __ATOMIC_RELEASE);
 }
 
-/* Takes an ack of the engine (reply bytes it consumed): -EPROTO unless it lies
- * between what it acked before and what was published. */
-static int see_ack(struct kvt_ering *r, uint64_t ack)
+/* Takes an ack of the engine (reply bytes it consumed) from one of its two
+ * channels (*last: request headers or rep_tail): -EPROTO unless it lies between
+ * what that channel said before and what was published. The channels are read at
+ * different times: a request posted earlier carries an older ack than rep_tail
+ * may already say, so each goes forward on its own and the later one counts. */
+static int see_ack(struct kvt_ering *r, uint64_t ack, uint64_t *last)
 {
-    if ((ack & 15) != 0 || ack - r->rep_acked > r->rep_head - r->rep_acked)
+    if ((ack & 15) != 0 || ack - *last > r->rep_head - *last)
         return -EPROTO;
-    r->rep_acked = ack;
+    *last = ack;
+    if (r->rep_head - ack < r->rep_head - r->rep_acked)
+        r->rep_acked = ack;
     return 0;
 }
 
@@ -189,7 +196,7 @@ static int rep_free(struct kvt_ering *r, uint64_t need, uint64_t *free_p)
     uint64_t free = r->cap - (r->rep_head - r->rep_acked);
 
     if (free < need) {
-        int rc = see_ack(r, __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_ACQUIRE));
+        int rc = see_ack(r, __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_ACQUIRE), &r->ctl_ack);
 
         if (rc < 0)
             return rc;
@@ -248,7 +255,7 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     need = kvt_ering_rec_bytes(len);
     if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap)
         return -EPROTO;
-    rc = see_ack(r, load_ack(r->req + off));
+    rc = see_ack(r, load_ack(r->req + off), &r->hdr_ack);
     if (rc < 0)
         return rc;
     /* Every request taken gets its reply record: room for a REDIRECT at least. */

@@ -41,7 +41,9 @@ struct kvt_cring {
     int evfd;
     uint64_t spin_ns;
     uint64_t req_head;  /* request bytes published */
-    uint64_t req_acked; /* of those, taken by the node (its acks) */
+    uint64_t req_acked; /* of those, taken by the node (the later of:) */
+    uint64_t hdr_ack;   /* the last ack in a reply's header */
+    uint64_t ctl_ack;   /* the last req_tail read from the control page */
     uint64_t rep_tail;  /* reply bytes consumed */
     uint32_t seq;       /* of the last request posted */
     uint32_t rep_next;  /* of the next reply due */
@@ -109,6 +111,7 @@ int kvt__cring_open(int memfd, int evfd, struct kvt_cring **ring_p)
     r->req_cap = ctl.req_cap;
     r->rep_cap = ctl.rep_cap;
     r->req_head = r->req_acked = __atomic_load_n(&r->ctl->req_tail, __ATOMIC_RELAXED);
+    r->hdr_ack = r->ctl_ack = r->req_acked;
     r->rep_tail = __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_RELAXED);
     r->rep_next = 1;
     r->evfd = evfd;
@@ -152,13 +155,18 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
     __atomic_store_n((uint64_t *)(void *)p, v, __ATOMIC_RELEASE);
 }
 
-/* The node's ack of request bytes taken: -EPROTO unless it lies between what it
- * acked before and what was published. */
-static int see_ack(struct kvt_cring *r, uint64_t ack)
+/* The node's ack of request bytes taken, from one of its two channels (*last:
+ * reply headers or req_tail): -EPROTO unless it lies between what that channel
+ * said before and what was published. req_tail moves when the node takes a
+ * request, a reply's ack when it answers: each goes forward on its own, and the
+ * later one counts. */
+static int see_ack(struct kvt_cring *r, uint64_t ack, uint64_t *last)
 {
-    if ((ack & 15) != 0 || ack - r->req_acked > r->req_head - r->req_acked)
+    if ((ack & 15) != 0 || ack - *last > r->req_head - *last)
         return -EPROTO;
-    r->req_acked = ack;
+    *last = ack;
+    if (r->req_head - ack < r->req_head - r->req_acked)
+        r->req_acked = ack;
     return 0;
 }
 
@@ -179,7 +187,7 @@ int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32
     want = to_end >= need ? need : to_end + need;
     free = r->req_cap - (r->req_head - r->req_acked);
     if (free < want) {
-        int rc = see_ack(r, __atomic_load_n(&r->ctl->req_tail, __ATOMIC_ACQUIRE));
+        int rc = see_ack(r, __atomic_load_n(&r->ctl->req_tail, __ATOMIC_ACQUIRE), &r->ctl_ack);
 
         if (rc < 0)
             return rc;
@@ -247,7 +255,8 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
     }
     *seq_p = seq;
     rc = see_ack(
-        r, __atomic_load_n((const uint64_t *)(const void *)(r->rep + off + 8), __ATOMIC_RELAXED));
+        r, __atomic_load_n((const uint64_t *)(const void *)(r->rep + off + 8), __ATOMIC_RELAXED),
+        &r->hdr_ack);
     if (rc < 0)
         return rc;
     if (len == KVT_ERING_CLOSED)

@@ -39,14 +39,17 @@
  * far the producer has consumed the other ring (a request's ack: reply bytes the
  * engine has read; a reply's: request bytes the node has taken), which is all
  * either needs to know how much room it has. rep_tail and req_tail in the control
- * page say the same and are read only when the acks say a ring is full.
+ * page say the same and are read only when the acks say a ring is full. The two
+ * channels are not in step (a request posted ahead of its replies carries an
+ * older ack than rep_tail may already hold): each only ever goes forward, and the
+ * further of the two counts.
  *
  * Who writes what: the engine writes requests, client_waiting and rep_tail; the
  * node writes replies, node_sleeping, closed and req_tail. The node keeps its own
  * copies of every counter and size and never trusts one it reads: an ack that goes
- * backwards or beyond what was published, a record out of bounds or over the
- * limits closes that engine's connection (counted), and a request body is copied
- * out of the ring before it is decoded.
+ * backwards on its channel or beyond what was published, a record out of bounds or
+ * over the limits closes that engine's connection (counted), and a request body is
+ * copied out of the ring before it is decoded.
  *
  * Waking: while the node is polling it clears node_sleeping; before it sleeps it
  * sets it and looks at every ring once more. An engine that publishes a request
