@@ -180,6 +180,12 @@ static const struct key_def keys[] = {
      NULL, 0, "replies queued for an engine that does not read them; its requests then wait"},
     {"engine.max_event_keys", T_U32, F(engine_max_event_keys), 0, "65536", 1, 16777216, NULL, 0,
      "keys of the events kept for take_events; past it the oldest events are dropped"},
+    {"engine.ring_bytes", T_SIZE, F(engine_ring_bytes), 0, "256KiB", 0, 64 * MIB, NULL, 0,
+     "shared-memory ring of each engine, each way (0 = none: engines use the socket); "
+     "messages over half of it use the socket"},
+    {"engine.ring_spin_us", T_U32, F(engine_ring_spin_us), 0, "100", 0, 1000000, NULL, 0,
+     "how long the loop keeps polling the engines' rings after a request, in us (0 = never: "
+     "each ring request wakes the loop)"},
     {"metrics.listen", T_STR, F(metrics_listen), 0, "127.0.0.1", 1, 255, NULL, K_ADDR,
      "address of the /metrics and /healthz HTTP server"},
     {"metrics.port", T_PORT, F(metrics_port), 0, "9464", 0, 65535, NULL, 0,

@@ -31,6 +31,16 @@
  * mirror is hash maps (requests, each request's keys being written, pins) so that
  * every check costs O(1) per key, whatever a client holds.
  *
+ * Rings (engine_ring.c): a client that asked in HELLO has a ring whose memfd and
+ * eventfd ride with the region's fd. Its requests are taken from the ring (copied
+ * out, checked) and run through exec_frame like the socket's; the reply goes back
+ * into the ring, or on the socket behind a REDIRECT record when it is too large. A
+ * ring that breaks its protocol is refused like a malformed frame (counted: ring);
+ * closing the client closes its ring first, so an engine waiting there wakes. The
+ * eventfds are in the epoll set with their client pointer tagged (RING_TAG).
+ * kvt_engine_server_spin polls the rings while they are busy and tells them when
+ * the loop is about to sleep.
+ *
  * Events: the manager's events are moved into one queue here at every progress()
  * and handed to whichever client calls take_events. The queue holds at most
  * max_event_keys keys; past it the oldest events are dropped (and counted): the
@@ -71,7 +81,9 @@
 #include "kvt/primary.h"
 #include "kvt/region.h"
 #include "kvtier/engine_proto.h"
+#include "kvtier/engine_ring.h"
 #include "engine_jobs_int.h"
+#include "engine_ring_int.h"
 
 #define MOD        "engine_api"
 #define MAX_EVENTS 64
@@ -83,6 +95,10 @@
 /* An input buffer larger than this is freed when empty (it grew for a rare big frame;
  * bulk requests of max_keys keys, ~70 KiB, keep theirs). */
 #define IN_KEEP_BYTES (256u << 10)
+/* Ring requests of one engine per pass over the rings: the others get their turn. */
+#define RING_PER_TURN 16
+/* epoll data of an engine's ring eventfd: its struct eclient, tagged. */
+#define RING_TAG ((uintptr_t)1)
 
 _Static_assert(sizeof(struct kvtier_key) == sizeof(struct kvt_key), "key layouts differ");
 _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, bytes),
@@ -132,6 +148,7 @@ struct eclient {
     struct kvt_stats stats; /* fan-out mode: deltas since this client's last get_stats */
     int passed_fd;          /* the last fd the client passed (ATTACH takes it), or -1 */
     struct kvt_ejobs *jobs; /* its attached region and jobs, or NULL */
+    struct kvt_ering *ring; /* its shared-memory ring (engine_ring.c), or NULL */
     struct eclient *next;
 };
 
@@ -169,6 +186,16 @@ struct kvt_engine_server {
     uint64_t evq_keys;     /* keys of ev[evq_head..n), an event counting at least 1 */
     struct kvt_events evs; /* take_events', until its reply is encoded */
     struct kvt_map named;  /* complete_load's scratch: key bytes -> times named */
+    /* Rings: size each way (0 = none), how long to keep polling after the last
+     * request, when that was, whether engines were told the loop sleeps, whether
+     * the loop polls them (kvt_engine_server_spin called), the reply scratch. */
+    size_t ring_bytes;
+    uint64_t ring_spin_ns;
+    uint64_t ring_active_ns;
+    bool rings_sleeping;
+    bool ring_polled;
+    unsigned n_rings;
+    struct kvt_ebuf ring_out;
 };
 
 static const char *const refusal_names[KVT_EREF_COUNT] = {
@@ -185,6 +212,7 @@ static const char *const refusal_names[KVT_EREF_COUNT] = {
     [KVT_EREF_REQUESTS] = "requests",
     [KVT_EREF_OUTPUT_FULL] = "output_full",
     [KVT_EREF_EVENTS_DROPPED] = "events_dropped",
+    [KVT_EREF_RING] = "ring",
     [KVT_EREF_FINGERPRINT] = "fingerprint",
     [KVT_EREF_RESET_BUSY] = "reset_busy",
 };
@@ -376,6 +404,12 @@ static void client_destroy(struct kvt_engine_server *s, struct eclient *c, const
     kvt__ejobs_destroy(c->jobs);
     if (c->passed_fd >= 0)
         close(c->passed_fd);
+    if (c->ring != NULL) {
+        kvt__ering_close(c->ring); /* an engine waiting on it wakes and finds the socket closed */
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, kvt__ering_eventfd(c->ring), NULL);
+        kvt__ering_destroy(c->ring);
+        s->n_rings--;
+    }
     client_release(s, c);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -396,7 +430,7 @@ static int flush_out(struct kvt_engine_server *s, struct eclient *c)
     while (c->out_off < c->out.len) {
         union {
             struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(3 * sizeof(int))];
         } ctl;
         struct iovec iov = {.iov_base = c->out.data + c->out_off,
                             .iov_len = c->out.len - c->out_off};
@@ -404,14 +438,23 @@ static int flush_out(struct kvt_engine_server *s, struct eclient *c)
         ssize_t w;
 
         if (c->fd_to_send) {
+            /* The region's fd; with a ring, its memfd and eventfd after it. */
+            int fds[3] = {s->region_fd, -1, -1};
+            size_t nfd = 1;
+
+            if (c->ring != NULL) {
+                fds[1] = kvt__ering_memfd(c->ring);
+                fds[2] = kvt__ering_eventfd(c->ring);
+                nfd = 3;
+            }
             memset(&ctl, 0, sizeof(ctl));
             mh.msg_control = ctl.buf;
-            mh.msg_controllen = sizeof(ctl.buf);
+            mh.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
             struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
             cm->cmsg_level = SOL_SOCKET;
             cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(cm), &s->region_fd, sizeof(int));
+            cm->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+            memcpy(CMSG_DATA(cm), fds, nfd * sizeof(int));
         }
         w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
@@ -458,6 +501,8 @@ static void refuse(struct eclient *c, int err, const char *why)
     queue(c, &m);
     c->closing = true;
     c->closing_ns = kvt_now_ns();
+    if (c->ring != NULL)
+        kvt__ering_close(c->ring); /* the engine stops waiting there and reads the socket */
     kvt_warn(MOD, "client %llu (%s, pid %d): %s (%s); closing", (unsigned long long)c->id,
              c->name[0] ? c->name : "-", (int)c->pid, why, strerror(-err));
 }
@@ -553,6 +598,27 @@ static const struct kvt_key *keys_of(const struct kvt_emsg *q)
     return (const struct kvt_key *)q->keys;
 }
 
+/* Gives c a ring whose fds ride with HELLO's reply (and says so in its flags). */
+static void ring_attach(struct kvt_engine_server *s, struct eclient *c, struct kvt_emsg *r)
+{
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = (void *)((uintptr_t)c | RING_TAG)};
+
+    if (kvt__ering_create(s->ring_bytes, &c->ring) != 0)
+        return;
+    if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, kvt__ering_eventfd(c->ring), &ev) != 0) {
+        kvt_warn(MOD, "client %llu: epoll_ctl add ring: %s", (unsigned long long)c->id,
+                 strerror(errno));
+        kvt__ering_destroy(c->ring);
+        c->ring = NULL;
+        return;
+    }
+    kvt__ering_set_sleeping(c->ring, s->rings_sleeping || !s->ring_polled);
+    s->n_rings++;
+    s->ctr.ring_clients++;
+    r->flags = KVT_HELLO_RING;
+    r->has |= 1u << KVT_EF_FLAGS;
+}
+
 /* The engine's fingerprint against the node's: 0 (accepted; the node's set by it
  * when it had none), or -EKEYREJECTED / fingerprint_set's error with s->why set. */
 static int hello_fingerprint(struct kvt_engine_server *s, struct eclient *c,
@@ -617,8 +683,10 @@ static int op_hello(struct kvt_engine_server *s, struct eclient *c, const struct
         r->has |= 1u << KVT_EF_FINGERPRINT;
     }
     c->fd_to_send = true;
-    kvt_info(MOD, "client %llu (%s, pid %d) attached", (unsigned long long)c->id, c->name,
-             (int)c->pid);
+    if (kvt__emsg_has(q, KVT_EF_FLAGS) && (q->flags & KVT_HELLO_RING) && s->ring_bytes > 0)
+        ring_attach(s, c, r); /* without one the engine uses the socket */
+    kvt_info(MOD, "client %llu (%s, pid %d) attached%s", (unsigned long long)c->id, c->name,
+             (int)c->pid, c->ring != NULL ? " with a ring" : "");
     return 0;
 }
 
@@ -1138,9 +1206,11 @@ static const op_fn ops[KVT_EOP_MAX_REQUEST + 1] = {
     [KVT_EOP_PEERS] = op_peers,
 };
 
-/* Executes one frame body and queues its reply. */
-static void handle_frame(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
-                         size_t len)
+/* Executes one frame body (from the socket or the ring) and encodes its reply into
+ * out (a whole frame, header included). A frame that must close the connection
+ * queues an ERROR frame on the socket instead (refuse). */
+static void exec_frame(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
+                       size_t len, struct kvt_ebuf *out)
 {
     struct kvt_emsg q, r;
     int rc = kvt__emsg_decode(body, len, &s->lim, &q);
@@ -1181,7 +1251,7 @@ static void handle_frame(struct kvt_engine_server *s, struct eclient *c, const u
     r.seq = q.seq;
     r.rc = rc;
     r.has |= 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_RC;
-    if (queue(c, &r) != 0)
+    if (kvt__emsg_encode(&r, out) != 0)
         refuse(c, -ENOMEM, "no memory for a reply");
     /* Borrowed from the server's scratch, not the reply's to free. */
     r.evicted = NULL;
@@ -1191,6 +1261,12 @@ static void handle_frame(struct kvt_engine_server *s, struct eclient *c, const u
     kvt_events_init(&s->evs);
     kvt__emsg_free(&r);
     kvt__emsg_free(&q);
+}
+
+static void handle_frame(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
+                         size_t len)
+{
+    exec_frame(s, c, body, len, &c->out);
 }
 
 /* Executes the complete frames buffered, in order, until the client's queued replies
@@ -1228,6 +1304,137 @@ static void run_frames(struct kvt_engine_server *s, struct eclient *c)
         c->in = NULL;
         c->in_cap = 0;
     }
+}
+
+/* ---- rings (engine_ring.c) ------------------------------------------------------ */
+
+/* Serves up to RING_PER_TURN requests from c's ring through exec_frame, as the
+ * socket's frames are served. A ring that breaks its protocol is refused like a
+ * malformed frame (counted: ring); a reply too large for the ring goes on the
+ * socket behind a REDIRECT. While c's socket replies are at max_output_bytes the
+ * ring waits too. Returns how many requests it served. */
+static int ring_service(struct kvt_engine_server *s, struct eclient *c)
+{
+    int served = 0;
+
+    while (served < RING_PER_TURN && !c->closing) {
+        const uint8_t *body;
+        size_t len;
+        int rc;
+
+        if (c->out.len - c->out_off >= s->max_output)
+            break;
+        rc = kvt__ering_take(c->ring, s->lim.max_body, &body, &len);
+        if (rc == 0 || rc == -EAGAIN)
+            break;
+        if (rc < 0) {
+            count(s, KVT_EREF_RING);
+            refuse(c, rc, "broke its ring's protocol");
+            break;
+        }
+        s->ring_out.len = 0;
+        exec_frame(s, c, body, len, &s->ring_out);
+        if (c->closing)
+            break; /* refused: its ERROR frame is on the socket, the ring closed */
+        rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
+                              s->ring_out.len - KVT_EPROTO_HDR);
+        if (rc < 0) {
+            count(s, KVT_EREF_RING);
+            refuse(c, rc, "broke its ring's protocol");
+            break;
+        }
+        if (rc == 1) {
+            s->ctr.ring_redirects++;
+            if (kvt__ebuf_append(&c->out, s->ring_out.data, s->ring_out.len) != 0) {
+                refuse(c, -ENOMEM, "no memory for a reply");
+                break;
+            }
+        }
+        s->ctr.ring_requests++;
+        served++;
+    }
+    if (c->out.len > 0 && (flush_out(s, c) < 0 || update_watch(s, c) < 0)) {
+        /* The socket failed: its epoll event (HUP or ERR) ends the client. */
+    }
+    return served;
+}
+
+/* Tells every ring whether the loop sleeps (engines then write its eventfd). */
+static void rings_set_sleeping(struct kvt_engine_server *s, bool sleeping)
+{
+    if (s->rings_sleeping == sleeping)
+        return;
+    s->rings_sleeping = sleeping;
+    for (struct eclient *c = s->clients; c != NULL; c = c->next) {
+        if (c->ring != NULL)
+            kvt__ering_set_sleeping(c->ring, sleeping);
+    }
+}
+
+/* One pass over every ring; returns the requests served. */
+static int rings_poll(struct kvt_engine_server *s)
+{
+    int served = 0;
+    struct eclient *next;
+
+    for (struct eclient *c = s->clients; c != NULL; c = next) {
+        next = c->next;
+        if (c->ring != NULL && !c->closing && kvt__ering_pending(c->ring))
+            served += ring_service(s, c);
+    }
+    return served;
+}
+
+/* Whether a ring has a request the loop could serve now. */
+static bool rings_pending(struct kvt_engine_server *s)
+{
+    for (struct eclient *c = s->clients; c != NULL; c = c->next) {
+        if (c->ring != NULL && !c->closing && c->out.len - c->out_off < s->max_output &&
+            kvt__ering_pending(c->ring))
+            return true;
+    }
+    return false;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+bool kvt_engine_server_spin(struct kvt_engine_server *s, uint64_t max_ns)
+{
+    uint64_t now = kvt_now_ns(), end = now + max_ns;
+
+    s->ring_polled = true;
+    if (s->n_rings == 0)
+        return false;
+    while (s->ring_spin_ns > 0 && now - s->ring_active_ns < s->ring_spin_ns) {
+        rings_set_sleeping(s, false);
+        /* A pass over the rings is a few loads; the clock costs more on a VM. */
+        for (int i = 0; i < 16; i++) {
+            if (rings_poll(s) > 0) {
+                s->ring_active_ns = kvt_now_ns();
+                break;
+            }
+            cpu_relax();
+        }
+        now = kvt_now_ns();
+        if (now >= end)
+            return true;
+    }
+    /* Going to sleep: engines must wake the loop from now on. A request published
+     * before they could see the flag is found by the look after the fence. */
+    rings_set_sleeping(s, true);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (rings_pending(s)) {
+        s->ring_active_ns = kvt_now_ns();
+        return true;
+    }
+    return false;
 }
 
 /* recv that keeps the last descriptor the client passed (SCM_RIGHTS) for ATTACH;
@@ -1406,7 +1613,8 @@ int kvt_engine_server_progress(struct kvt_engine_server *s)
                 accept_one(s);
         }
         for (int i = 0; i < n; i++) {
-            struct eclient *c = evs[i].data.ptr;
+            uintptr_t tag = (uintptr_t)evs[i].data.ptr & RING_TAG;
+            struct eclient *c = (struct eclient *)((uintptr_t)evs[i].data.ptr & ~RING_TAG);
             bool live = false;
 
             if (c == NULL)
@@ -1414,11 +1622,20 @@ int kvt_engine_server_progress(struct kvt_engine_server *s)
             /* An earlier event of this batch may have destroyed it (refused). */
             for (struct eclient *x = s->clients; x != NULL && !live; x = x->next)
                 live = x == c;
-            if (live)
+            if (live && tag) {
+                kvt__ering_drain_wake(c->ring); /* served below, with every ring */
+                s->ctr.ring_wakeups++;
+            } else if (live) {
                 client_event(s, c, evs[i].events);
+            }
         }
         if (n < MAX_EVENTS)
             break;
+    }
+    if (s->n_rings > 0 && rings_poll(s) > 0) {
+        s->ring_active_ns = kvt_now_ns();
+        if (s->ring_polled && s->ring_spin_ns > 0)
+            rings_set_sleeping(s, false); /* the loop spins now (kvt_engine_server_spin) */
     }
     if (s->clients != NULL)
         sweep(s);
@@ -1615,6 +1832,12 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->max_output = cfg->max_output_bytes ? cfg->max_output_bytes : 1ull << 20;
     s->hello_timeout_ns = (cfg->hello_timeout_ms ? cfg->hello_timeout_ms : 5000) * 1000000ull;
     s->max_event_keys = cfg->max_event_keys ? cfg->max_event_keys : 65536;
+    s->ring_bytes = cfg->ring_bytes < 0 ? 0
+                    : cfg->ring_bytes   ? (size_t)cfg->ring_bytes
+                                        : 256u << 10;
+    s->ring_spin_ns = (uint64_t)cfg->ring_spin_us * 1000;
+    s->rings_sleeping = true;
+    kvt__ebuf_init(&s->ring_out);
     s->geom[KVT_EG_NUM_CHUNKS] = region->num_chunks;
     s->geom[KVT_EG_ROW_BYTES] = region->row_bytes;
     s->geom[KVT_EG_PAGE_BYTES] = region->page_bytes;
@@ -1685,6 +1908,7 @@ void kvt_engine_server_destroy(struct kvt_engine_server *s)
     kvt_events_cleanup(&s->evq);
     kvt_events_cleanup(&s->evs);
     kvt_map_cleanup(&s->named);
+    kvt__ebuf_cleanup(&s->ring_out);
     kvt_free(s);
 }
 

@@ -113,6 +113,7 @@ struct kvt_node {
 
     int ep; /* kvt_node_fd */
     uint64_t last_step_ns, last_metrics_ns;
+    bool rings_busy; /* the engines' rings had work: the loop must not sleep */
     bool stopped;
     /* Members ever seen live (PEERS lists them whatever their state now). */
     uint64_t seen[KVT_MEMBERS_MAX];
@@ -687,6 +688,13 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            KVT_METRIC_COUNTER, ec.job_rows_loaded);
     SAMPLE("kvtier_engine_job_rows_failed", "Rows of engine jobs reported failed",
            KVT_METRIC_COUNTER, ec.job_rows_failed);
+    SAMPLE("kvtier_engine_ring_requests", "Engine API requests served from shared-memory rings",
+           KVT_METRIC_COUNTER, ec.ring_requests);
+    SAMPLE("kvtier_engine_ring_redirects",
+           "Ring replies too large for the ring, sent on the socket", KVT_METRIC_COUNTER,
+           ec.ring_redirects);
+    SAMPLE("kvtier_engine_ring_wakeups", "Times an engine woke the sleeping loop through its ring",
+           KVT_METRIC_COUNTER, ec.ring_wakeups);
     if (nd->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
@@ -960,6 +968,8 @@ static int start_services(struct kvt_node *nd)
         .max_output_bytes = nd->cfg.engine_max_output_bytes,
         .hello_timeout_ms = nd->cfg.engine_hello_timeout_ms,
         .max_event_keys = nd->cfg.engine_max_event_keys,
+        .ring_bytes = nd->cfg.engine_ring_bytes ? (int64_t)nd->cfg.engine_ring_bytes : -1,
+        .ring_spin_us = nd->cfg.engine_ring_spin_us,
         .manager = nd->m,
         .region = nd->region,
         .collect_stats = collect_stats,
@@ -1029,7 +1039,10 @@ int kvt_node_timeout_ms(struct kvt_node *nd)
 {
     uint64_t now = kvt_now_ns(), next = nd->last_step_ns + tick_ns(nd);
 
-    /* Sleep only when every tier armed: nothing in flight, the transport armed. */
+    /* Not while the engines' rings are busy (progress polls them), and only when
+     * every tier armed: nothing in flight, the transport armed. */
+    if (nd->rings_busy)
+        return 0;
     for (size_t i = 0; i < nd->n_tiers; i++)
         if (kvt_tier_arm(nd->tiers[i]) != 0)
             return 0;
@@ -1063,6 +1076,10 @@ int kvt_node_progress(struct kvt_node *nd)
         publish_metrics(nd);
         nd->last_metrics_ns = kvt_now_ns();
     }
+    /* The engines' rings are polled while they are busy (at most 50 us a turn, so
+     * the rest of the loop still turns); the loop sleeps only once they are quiet
+     * and their engines know to wake it. */
+    nd->rings_busy = nd->engines != NULL && kvt_engine_server_spin(nd->engines, 50000);
     return rc;
 }
 

@@ -16,7 +16,14 @@
  * HELLO reply said minor >= 1: a minor-0 node would close the connection on an
  * unknown op, so they return -EOPNOTSUPP there without asking.
  *
- * A mutex serializes calls; the buffers it guards are reused across calls. */
+ * A mutex serializes calls; the buffers it guards are reused across calls.
+ *
+ * The ring (ring.c, kvtier/engine_ring.h): HELLO asks the node for one (unless
+ * $KVTIER_RING is 0); when the reply brings its memfd and eventfd, every call whose
+ * request fits a ring record goes through shared memory instead of the socket, with
+ * the same frame bodies. The socket keeps what passes a descriptor (ATTACH), what
+ * is too large for the ring, and the ERROR frame; a call is over before the next
+ * starts, so the two paths never reorder anything. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -32,11 +39,16 @@
 #include <unistd.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvtier/client.h"
 #include "kvtier/engine_proto.h"
+#include "kvtier/engine_ring.h"
+#include "ring_int.h"
 
 #define DEFAULT_TIMEOUT_MS 30000
 #define CLIENT_MAX_BODY    (256u << 20) /* replies: events and stats can be long */
+#define HELLO_FDS          3            /* the region's, the ring's memfd and eventfd */
+#define POSTED_MAX         128          /* posted calls out at once */
 
 /* Everything below is guarded by lock, except region (immutable after connect). */
 struct kvtier_client {
@@ -55,6 +67,17 @@ struct kvtier_client {
     struct kvt_ebuf out;
     uint8_t *in;
     size_t in_cap;
+    struct kvt_cring *ring; /* the node's ring, or NULL */
+    bool use_ring;          /* calls go through it (kvtier_client_set_ring) */
+    bool posting;           /* post the calls whose reply is only an rc */
+    /* The posted calls whose replies are not consumed, by ring sequence number
+     * (mod POSTED_MAX): their op and frame seq, to check their replies. */
+    struct {
+        uint32_t op;
+        uint64_t seq;
+    } posted[POSTED_MAX];
+    uint64_t posted_calls, posted_failed;
+    int posted_err; /* the first failure since the last drain */
 };
 
 /* ---- keys ------------------------------------------------------------------ */
@@ -173,14 +196,14 @@ static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline, int s
     return 0;
 }
 
-/* Reads exactly n bytes; a descriptor passed along is stored in *fd_p (if fd_p is
- * NULL or one is already held, it is closed). */
-static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fd_p)
+/* Reads exactly n bytes; descriptors passed along fill the free (-1) slots of
+ * fds[0..HELLO_FDS) in order (with fds NULL, or no slot free, they are closed). */
+static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fds)
 {
     while (n > 0) {
         union {
             struct cmsghdr h;
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(HELLO_FDS * sizeof(int))];
         } ctl;
         struct iovec iov = {.iov_base = p, .iov_len = n};
         struct msghdr mh = {.msg_iov = &iov,
@@ -195,11 +218,13 @@ static int read_all(int fd, uint8_t *p, size_t n, int64_t deadline, int *fd_p)
                     continue;
                 size_t nfd = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
                 for (size_t i = 0; i < nfd; i++) {
-                    int got;
+                    int got, k = 0;
 
                     memcpy(&got, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-                    if (fd_p != NULL && *fd_p < 0)
-                        *fd_p = got;
+                    while (fds != NULL && k < HELLO_FDS && fds[k] >= 0)
+                        k++;
+                    if (fds != NULL && k < HELLO_FDS)
+                        fds[k] = got;
                     else
                         close(got);
                 }
@@ -232,13 +257,138 @@ static void mark_broken(struct kvtier_client *c, int err)
     }
 }
 
+static const struct kvt_eproto_limits reply_limits = {.max_body = CLIENT_MAX_BODY,
+                                                      .max_keys = UINT32_MAX,
+                                                      .max_params = 1u << 20,
+                                                      .max_events = UINT32_MAX,
+                                                      .max_stats = UINT32_MAX,
+                                                      .max_peers = UINT32_MAX};
+
+/* Reads one frame's body from the socket into c->in; its length into *len_p. */
+static int read_frame(struct kvtier_client *c, int64_t deadline, int *fds, uint32_t *len_p)
+{
+    uint8_t hdr[KVT_EPROTO_HDR];
+    uint32_t len;
+    int rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fds);
+
+    if (rc < 0)
+        return rc;
+    len = kvt__eproto_frame_len(hdr);
+    if (len > CLIENT_MAX_BODY)
+        return -EPROTO;
+    if (len > c->in_cap) {
+        uint8_t *p = kvt_realloc(c->in, len);
+
+        if (p == NULL)
+            return -ENOMEM;
+        c->in = p;
+        c->in_cap = len;
+    }
+    rc = read_all(c->fd, c->in, len, deadline, fds);
+    if (rc < 0)
+        return rc;
+    *len_p = len;
+    return 0;
+}
+
+/* Decodes the reply in c->in to the request (op, seq) into rep: 0 (rep holds it),
+ * or the error that breaks the connection (an ERROR frame's rc, -EPROTO). */
+static int decode_reply(struct kvtier_client *c, uint32_t len, uint32_t op, uint64_t seq,
+                        struct kvt_emsg *rep)
+{
+    int rc = kvt__emsg_decode(c->in, len, &reply_limits, rep);
+
+    if (rc < 0)
+        return -EPROTO;
+    if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
+        rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
+        if (kvt__emsg_has(rep, KVT_EF_MESSAGE))
+            snprintf(c->error, sizeof(c->error), "%s", rep->message);
+        kvt__emsg_free(rep);
+        return rc;
+    }
+    if (rep->op != (op | KVT_EOP_REPLY) || rep->seq != seq || !kvt__emsg_has(rep, KVT_EF_RC)) {
+        kvt__emsg_free(rep);
+        return -EPROTO;
+    }
+    return 0;
+}
+
+/* The reply of posted call rseq (its body in c->in, or on the socket when
+ * on_socket): checked, its failure remembered. <0 only when the connection
+ * breaks. */
+static int posted_reply(struct kvtier_client *c, uint32_t rseq, uint32_t len, bool on_socket,
+                        int64_t deadline)
+{
+    struct kvt_emsg rep;
+    int rc = 0;
+
+    if (on_socket)
+        rc = read_frame(c, deadline, NULL, &len);
+    if (rc == 0)
+        rc = decode_reply(c, len, c->posted[rseq % POSTED_MAX].op, c->posted[rseq % POSTED_MAX].seq,
+                          &rep);
+    if (rc < 0)
+        return rc;
+    if (rep.rc < 0) {
+        c->posted_failed++;
+        if (c->posted_err == 0)
+            c->posted_err = (int)rep.rc;
+    }
+    kvt__emsg_free(&rep);
+    return 0;
+}
+
+/* Consumes the replies of posted calls: all of them (all) or those already there.
+ * <0: the connection broke. */
+static int drain_posted(struct kvtier_client *c, bool all, int64_t deadline)
+{
+    uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
+
+    while (c->ring != NULL && kvt__cring_outstanding(c->ring) > 0) {
+        uint32_t got = 0;
+        size_t n = 0;
+        int rc = kvt__cring_next(c->ring, c->fd, all, dl_ns, &c->in, &c->in_cap, &n, &got);
+
+        if (rc == 2)
+            return 0; /* (not all) nothing more there yet */
+        if (rc == 3) {
+            /* the node closed the ring: its ERROR frame (or EOF) says why */
+            uint32_t len;
+
+            rc = read_frame(c, deadline, NULL, &len);
+            if (rc == 0) {
+                struct kvt_emsg rep;
+
+                rc = decode_reply(c, len, 0, 0, &rep);
+                if (rc == 0) {
+                    kvt__emsg_free(&rep);
+                    rc = -EPROTO;
+                }
+            }
+            return rc;
+        }
+        if (rc < 0)
+            return rc;
+        rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* One round trip: sends req (op and seq filled in here), waits for its reply into
- * rep. rep's rc is returned (after the transport's own errors). */
-static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p,
+ * rep. rep's rc is returned (after the transport's own errors). Over the ring when
+ * there is one, nothing rides along (fds, send_fd) and the request fits a record;
+ * replies of posted calls that come first are consumed on the way. A call on the
+ * socket first waits for every posted call, so that nothing is reordered. */
+static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fds,
                    int send_fd)
 {
     int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
-    uint8_t hdr[KVT_EPROTO_HDR];
+    uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
+    bool via_ring = false;
+    uint32_t rseq = 0, len = 0;
     int rc;
 
     kvt__emsg_init(rep);
@@ -252,58 +402,56 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
         return rc;
     if (c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
         return -EMSGSIZE;
-    rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
-    if (rc < 0)
-        goto broken;
-    for (;;) {
-        uint32_t len;
+    if (c->ring != NULL && c->use_ring && fds == NULL && send_fd < 0) {
+        const uint8_t *body = c->out.data + KVT_EPROTO_HDR;
+        size_t blen = c->out.len - KVT_EPROTO_HDR;
 
-        rc = read_all(c->fd, hdr, sizeof(hdr), deadline, fd_p);
-        if (rc < 0)
-            goto broken;
-        len = kvt__eproto_frame_len(hdr);
-        if (len > CLIENT_MAX_BODY) {
-            rc = -EPROTO;
-            goto broken;
-        }
-        if (len > c->in_cap) {
-            uint8_t *p = kvt_realloc(c->in, len);
-
-            if (p == NULL) {
-                rc = -ENOMEM;
+        rc = kvt__cring_post(c->ring, body, blen, &rseq);
+        if (rc == -EBUSY) {
+            rc = drain_posted(c, true, deadline);
+            if (rc < 0)
                 goto broken;
-            }
-            c->in = p;
-            c->in_cap = len;
+            rc = kvt__cring_post(c->ring, body, blen, &rseq);
         }
-        rc = read_all(c->fd, c->in, len, deadline, fd_p);
+        if (rc == 0)
+            via_ring = true;
+        else if (rc != -EMSGSIZE && rc != -EBUSY)
+            goto broken;
+    }
+    if (!via_ring) {
+        rc = drain_posted(c, true, deadline);
+        if (rc == 0)
+            rc = write_all(c->fd, c->out.data, c->out.len, deadline, send_fd);
         if (rc < 0)
             goto broken;
-        rc = kvt__emsg_decode(c->in, len,
-                              &(struct kvt_eproto_limits){.max_body = CLIENT_MAX_BODY,
-                                                          .max_keys = UINT32_MAX,
-                                                          .max_params = 1u << 20,
-                                                          .max_events = UINT32_MAX,
-                                                          .max_stats = UINT32_MAX,
-                                                          .max_peers = UINT32_MAX},
-                              rep);
-        if (rc < 0) {
-            rc = -EPROTO;
-            goto broken;
+    }
+    for (;;) {
+        if (via_ring) {
+            uint32_t got = 0;
+            size_t n = 0;
+
+            rc = kvt__cring_next(c->ring, c->fd, true, dl_ns, &c->in, &c->in_cap, &n, &got);
+            if (rc < 0)
+                goto broken;
+            if ((rc == 0 || rc == 1) && got != rseq) {
+                rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
+                if (rc < 0)
+                    goto broken;
+                continue;
+            }
+            if (rc == 0) {
+                len = (uint32_t)n;
+                goto decode;
+            }
+            via_ring = false; /* 1: ours is on the socket; 3: read why the node closed */
         }
-        if (rep->op == (KVT_EOP_ERROR | KVT_EOP_REPLY) || rep->op == KVT_EOP_ERROR) {
-            rc = kvt__emsg_has(rep, KVT_EF_RC) && rep->rc < 0 ? (int)rep->rc : -EPROTO;
-            if (kvt__emsg_has(rep, KVT_EF_MESSAGE))
-                snprintf(c->error, sizeof(c->error), "%s", rep->message);
-            kvt__emsg_free(rep);
+        rc = read_frame(c, deadline, fds, &len);
+        if (rc < 0)
             goto broken;
-        }
-        if (rep->op != (req->op | KVT_EOP_REPLY) || rep->seq != req->seq ||
-            !kvt__emsg_has(rep, KVT_EF_RC)) {
-            kvt__emsg_free(rep);
-            rc = -EPROTO;
+    decode:
+        rc = decode_reply(c, len, req->op, req->seq, rep);
+        if (rc < 0)
             goto broken;
-        }
         return (int)rep->rc;
     }
 broken:
@@ -311,17 +459,68 @@ broken:
     return rc;
 }
 
-static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fd_p)
+/* Posts req on the ring without waiting for its reply (checked later, when a call
+ * or a drain consumes it). 1: it cannot be posted (call it), else 0 or the error
+ * that broke the connection. */
+static int post_call(struct kvtier_client *c, struct kvt_emsg *req)
 {
-    return call_fd(c, req, rep, fd_p, -1);
+    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    uint32_t rseq;
+    int rc;
+
+    if (c->broken)
+        return c->broken;
+    rc = drain_posted(c, kvt__cring_outstanding(c->ring) >= POSTED_MAX - 1, deadline);
+    if (rc < 0)
+        goto broken;
+    req->seq = c->seq + 1;
+    req->has |= 1u << KVT_EF_OP | 1u << KVT_EF_SEQ;
+    c->out.len = 0;
+    rc = kvt__emsg_encode(req, &c->out);
+    if (rc < 0 || c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
+        return 1;
+    rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR, &rseq);
+    if (rc == -EBUSY) { /* the ring is full of posted calls: their replies make room */
+        rc = drain_posted(c, true, deadline);
+        if (rc < 0)
+            goto broken;
+        rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR,
+                             &rseq);
+    }
+    if (rc == -EMSGSIZE || rc == -EBUSY)
+        return 1;
+    if (rc < 0)
+        goto broken;
+    c->seq++;
+    c->posted[rseq % POSTED_MAX].op = req->op;
+    c->posted[rseq % POSTED_MAX].seq = req->seq;
+    c->posted_calls++;
+    return 0;
+broken:
+    mark_broken(c, rc);
+    return rc;
+}
+
+static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fds)
+{
+    return call_fd(c, req, rep, fds, -1);
 }
 
 /* ---- connect / close ----------------------------------------------------------- */
 
+/* Whether to ask the node for a ring: yes unless $KVTIER_RING is "0". */
+static bool want_ring(void)
+{
+    const char *v = getenv("KVTIER_RING");
+
+    return v == NULL || strcmp(v, "0") != 0;
+}
+
 static int hello(struct kvtier_client *c, const char *name, const char *fingerprint)
 {
     struct kvt_emsg req, rep;
-    int rfd = -1;
+    int fds[HELLO_FDS] = {-1, -1, -1};
+    int rfd;
     int rc;
     struct stat st;
 
@@ -331,11 +530,16 @@ static int hello(struct kvtier_client *c, const char *name, const char *fingerpr
     req.minor = KVTIER_PROTO_MINOR;
     snprintf(req.name, sizeof(req.name), "%s", name);
     req.has = 1u << KVT_EF_MAJOR | 1u << KVT_EF_MINOR | 1u << KVT_EF_NAME;
+    if (want_ring()) {
+        req.flags = KVT_HELLO_RING;
+        req.has |= 1u << KVT_EF_FLAGS;
+    }
     if (fingerprint != NULL && fingerprint[0] != '\0') {
         snprintf(req.fingerprint, sizeof(req.fingerprint), "%s", fingerprint);
         req.has |= 1u << KVT_EF_FINGERPRINT;
     }
-    rc = call(c, &req, &rep, &rfd);
+    rc = call(c, &req, &rep, fds);
+    rfd = fds[0];
     if (rc < 0)
         goto out;
     c->node_minor =
@@ -372,9 +576,19 @@ static int hello(struct kvtier_client *c, const char *name, const char *fingerpr
         rc = -errno;
         goto out;
     }
+    r->ident_dev = (uint64_t)st.st_dev;
+    r->ident_ino = (uint64_t)st.st_ino;
+    /* A ring that does not check out leaves the client on the socket. */
+    if (kvt__emsg_has(&rep, KVT_EF_FLAGS) && (rep.flags & KVT_HELLO_RING) && fds[1] >= 0 &&
+        fds[2] >= 0 && kvt__cring_open(fds[1], fds[2], &c->ring) == 0) {
+        fds[2] = -1; /* the ring's now */
+        c->use_ring = true;
+    }
 out:
-    if (rfd >= 0)
-        close(rfd);
+    for (int i = 0; i < HELLO_FDS; i++) {
+        if (fds[i] >= 0)
+            close(fds[i]);
+    }
     kvt__emsg_free(&rep);
     return rc;
 }
@@ -452,8 +666,12 @@ void kvtier_close(struct kvtier_client *c)
 {
     if (c == NULL)
         return;
+    /* Posted calls reach the node before the connection ends. */
+    if (c->broken == 0 && c->ring != NULL && kvt__cring_outstanding(c->ring) > 0)
+        drain_posted(c, true, c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms);
     if (c->region.base != NULL)
         munmap(c->region.base, c->region.size);
+    kvt__cring_close(c->ring);
     close(c->fd);
     kvt__ebuf_cleanup(&c->out);
     kvt_free(c->in);
@@ -481,6 +699,85 @@ uint64_t kvtier_client_id(const struct kvtier_client *c)
 size_t kvtier_client_max_keys(const struct kvtier_client *c)
 {
     return c->max_keys;
+}
+
+bool kvtier_client_alive(struct kvtier_client *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    bool alive;
+
+    /* Between calls nothing is to be read: readable means EOF or an ERROR frame. */
+    pthread_mutex_lock(&c->lock);
+    alive = c->broken == 0 && poll(&p, 1, 0) == 0;
+    pthread_mutex_unlock(&c->lock);
+    return alive;
+}
+
+bool kvtier_client_has_ring(const struct kvtier_client *c)
+{
+    return c->ring != NULL;
+}
+
+int kvtier_client_set_ring(struct kvtier_client *c, bool enabled, int spin_us)
+{
+    if (c->ring == NULL)
+        return enabled ? -EOPNOTSUPP : 0;
+    pthread_mutex_lock(&c->lock);
+    if (!enabled && c->broken == 0 && drain_posted(c, true, now_ms() + c->timeout_ms) < 0)
+        mark_broken(c, -EPROTO);
+    c->use_ring = enabled;
+    if (spin_us >= 0)
+        kvt__cring_set_spin(c->ring, (uint32_t)spin_us);
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+int kvtier_client_set_posting(struct kvtier_client *c, bool enabled)
+{
+    if (c->ring == NULL)
+        return enabled ? -EOPNOTSUPP : 0;
+    pthread_mutex_lock(&c->lock);
+    c->posting = enabled;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
+int kvtier_client_drain(struct kvtier_client *c, uint64_t *failed_p)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = c->broken;
+    if (rc == 0 && c->ring != NULL) {
+        rc = drain_posted(c, true, c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms);
+        if (rc < 0)
+            mark_broken(c, rc);
+    }
+    if (rc == 0)
+        rc = c->posted_err;
+    if (failed_p != NULL)
+        *failed_p = c->posted_failed;
+    c->posted_err = 0;
+    c->posted_failed = 0;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *out)
+{
+    struct kvt_cring_stats st;
+
+    if (c->ring == NULL)
+        return -EOPNOTSUPP;
+    pthread_mutex_lock(&c->lock);
+    kvt__cring_stats(c->ring, &st);
+    out->posted_calls = c->posted_calls;
+    pthread_mutex_unlock(&c->lock);
+    out->posted = st.posted;
+    out->wakeups = st.wakeups;
+    out->sleeps = st.sleeps;
+    out->redirects = st.redirects;
+    return 0;
 }
 
 const char *kvtier_client_error(const struct kvtier_client *c)
@@ -557,11 +854,22 @@ static int locked_call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt
     return rc;
 }
 
+/* A call whose reply is only its rc: posted when the caller asked for posting. */
 static int simple_call(struct kvtier_client *c, struct kvt_emsg *req)
 {
     struct kvt_emsg rep;
-    int rc = locked_call(c, req, &rep);
+    int rc;
 
+    pthread_mutex_lock(&c->lock);
+    if (c->posting && c->ring != NULL && c->use_ring) {
+        rc = post_call(c, req);
+        if (rc != 1) {
+            pthread_mutex_unlock(&c->lock);
+            return rc;
+        }
+    }
+    rc = call(c, req, &rep, NULL);
+    pthread_mutex_unlock(&c->lock);
     kvt__emsg_free(&rep);
     return rc;
 }
@@ -1106,4 +1414,155 @@ void kvtier_jobs_done_free(struct kvtier_jobs_done *done)
         return;
     kvt_free(done->job);
     kvt_free(done);
+}
+
+/* ---- packed keys ------------------------------------------------------------------- */
+
+/* Keys of one length back to back, unpacked into struct kvtier_key: on the stack for
+ * the common short call, else on the heap (*heap_p, freed by the caller). */
+#define PACKED_STACK_KEYS 32
+
+static int unpack(const void *keys, size_t key_len, size_t n, struct kvtier_key *stack,
+                  struct kvtier_key **out_p, struct kvtier_key **heap_p)
+{
+    const uint8_t *p = keys;
+    struct kvtier_key *out = stack;
+
+    *heap_p = NULL;
+    if ((n > 0 && keys == NULL) || key_len < 1 || key_len > KVTIER_KEY_MAX)
+        return -EINVAL;
+    if (n > PACKED_STACK_KEYS) {
+        if (n > SIZE_MAX / sizeof(*out))
+            return -EMSGSIZE;
+        out = kvt_malloc(n * sizeof(*out));
+        if (out == NULL)
+            return -ENOMEM;
+        *heap_p = out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i].len = (uint8_t)key_len;
+        memcpy(out[i].bytes, p + i * key_len, key_len);
+        memset(out[i].bytes + key_len, 0, KVTIER_KEY_MAX - key_len);
+    }
+    *out_p = out;
+    return 0;
+}
+
+int kvtier_lookup_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                         size_t key_len, size_t n, unsigned flags, uint8_t *results,
+                         size_t *n_done_p)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_lookup(c, req_id, k, n, flags, results, n_done_p);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_lookup_one(struct kvtier_client *c, const char *req_id, const void *key, size_t key_len)
+{
+    uint8_t res = 0;
+    size_t done = 0;
+    int rc = kvtier_lookup_packed(c, req_id, key, key_len, 1, 0, &res, &done);
+
+    if (rc == 0 && done != 1)
+        rc = -EPROTO;
+    return rc < 0 ? rc : (int)res;
+}
+
+int kvtier_prepare_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                size_t key_len, size_t n, uint32_t *store_index, int64_t *chunk_ids,
+                                size_t *n_store_p, void *evicted, size_t evicted_cap,
+                                size_t *n_evicted_p, size_t *evicted_bytes_p)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap, ev_stack[PACKED_STACK_KEYS];
+    struct kvtier_key *ev = ev_stack, *ev_heap = NULL;
+    /* each takes at least a length byte and one key byte; a call evicts at most one
+     * key per key it stores */
+    size_t cap_ev = KVT_MIN(evicted_cap / 2, n);
+    struct kvtier_store_plan plan = {.store_index = store_index, .chunk_ids = chunk_ids};
+    int rc;
+
+    if (n_store_p == NULL || n_evicted_p == NULL || (evicted_cap > 0 && evicted == NULL))
+        return -EINVAL;
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
+    if (rc < 0)
+        return rc;
+    if (cap_ev > PACKED_STACK_KEYS) {
+        ev = ev_heap = kvt_calloc(cap_ev, sizeof(*ev));
+        if (ev == NULL) {
+            kvt_free(heap);
+            return -ENOMEM;
+        }
+    }
+    plan.evicted = ev;
+    plan.cap_evicted = cap_ev;
+    rc = kvtier_prepare_store(c, req_id, k, n, &plan);
+    if (rc == 0) {
+        uint8_t *out = evicted;
+        size_t off = 0, shown = KVT_MIN(plan.n_evicted, cap_ev);
+
+        for (size_t i = 0; i < shown && off + 1 + ev[i].len <= evicted_cap; i++) {
+            out[off] = ev[i].len;
+            memcpy(out + off + 1, ev[i].bytes, ev[i].len);
+            off += 1 + (size_t)ev[i].len;
+        }
+        *n_store_p = plan.n_store;
+        *n_evicted_p = plan.n_evicted;
+        if (evicted_bytes_p != NULL)
+            *evicted_bytes_p = off;
+    }
+    kvt_free(ev_heap);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                 size_t key_len, size_t n, bool success)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_complete_store(c, req_id, k, n, success);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                               size_t key_len, size_t n, int64_t *chunk_ids)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_prepare_load(c, req_id, k, n, chunk_ids);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_complete_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                size_t key_len, size_t n)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_complete_load(c, req_id, k, n);
+    kvt_free(heap);
+    return rc;
+}
+
+int kvtier_touch_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                        size_t key_len, size_t n)
+{
+    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
+    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+
+    if (rc == 0)
+        rc = kvtier_touch(c, req_id, k, n);
+    kvt_free(heap);
+    return rc;
 }

@@ -554,6 +554,15 @@ void kvt__ebuf_cleanup(struct kvt_ebuf *b)
     kvt__ebuf_init(b);
 }
 
+int kvt__ebuf_append(struct kvt_ebuf *b, const void *p, size_t len)
+{
+    if (kvt_vec_reserve(b->data, b->cap, b->len + len, 256) < 0)
+        return -ENOMEM;
+    memcpy(b->data + b->len, p, len);
+    b->len += len;
+    return 0;
+}
+
 struct sink {
     struct kvt_ebuf *b;
     bool failed;
@@ -566,12 +575,10 @@ static int sink_write(void *data, const char *buf, size_t len)
 
     if (s->failed)
         return -1;
-    if (kvt_vec_reserve(b->data, b->cap, b->len + len, 256) < 0) {
+    if (kvt__ebuf_append(b, buf, len) != 0) {
         s->failed = true;
         return -1;
     }
-    memcpy(b->data + b->len, buf, len);
-    b->len += len;
     return 0;
 }
 

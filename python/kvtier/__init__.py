@@ -125,7 +125,14 @@ class _Key(ctypes.Structure):
 class _Region(ctypes.Structure):
     _fields_ = [("base", ctypes.POINTER(ctypes.c_uint8)), ("size", ctypes.c_size_t),
                 ("num_chunks", ctypes.c_size_t), ("row_bytes", ctypes.c_size_t),
-                ("page_bytes", ctypes.c_size_t), ("num_workers", ctypes.c_uint)]
+                ("page_bytes", ctypes.c_size_t), ("num_workers", ctypes.c_uint),
+                ("ident_dev", ctypes.c_uint64), ("ident_ino", ctypes.c_uint64)]
+
+
+class _RingStats(ctypes.Structure):
+    _fields_ = [("posted", ctypes.c_uint64), ("wakeups", ctypes.c_uint64),
+                ("sleeps", ctypes.c_uint64), ("redirects", ctypes.c_uint64),
+                ("posted_calls", ctypes.c_uint64)]
 
 
 class _ConnectOpts(ctypes.Structure):
@@ -272,6 +279,23 @@ def _load(path=None):
     fn("kvtier_jobs_step", i, _P, kp, sz, ctypes.POINTER(ctypes.c_uint8), ctypes.POINTER(_Job),
        sz, ctypes.POINTER(ctypes.POINTER(_JobsDone)))
     fn("kvtier_jobs_done_free", None, ctypes.POINTER(_JobsDone))
+    # the shared-memory ring and the packed-key calls (kvtier.vllm's fast path)
+    fn("kvtier_client_alive", ctypes.c_bool, _P)
+    fn("kvtier_client_has_ring", ctypes.c_bool, _P)
+    fn("kvtier_client_set_ring", i, _P, ctypes.c_bool, i)
+    fn("kvtier_client_ring_stats", i, _P, ctypes.POINTER(_RingStats))
+    fn("kvtier_client_set_posting", i, _P, ctypes.c_bool)
+    fn("kvtier_client_drain", i, _P, ctypes.POINTER(ctypes.c_uint64))
+    sp = ctypes.POINTER(sz)
+    fn("kvtier_lookup_one", i, _P, cp, cp, sz)
+    fn("kvtier_lookup_packed", i, _P, cp, cp, sz, sz, ctypes.c_uint,
+       ctypes.POINTER(ctypes.c_uint8), sp)
+    fn("kvtier_prepare_store_packed", i, _P, cp, cp, sz, sz, ctypes.POINTER(ctypes.c_uint32),
+       ctypes.POINTER(ctypes.c_int64), sp, ctypes.c_void_p, sz, sp, sp)
+    fn("kvtier_complete_store_packed", i, _P, cp, cp, sz, sz, ctypes.c_bool)
+    fn("kvtier_prepare_load_packed", i, _P, cp, cp, sz, sz, ctypes.POINTER(ctypes.c_int64))
+    fn("kvtier_complete_load_packed", i, _P, cp, cp, sz, sz)
+    fn("kvtier_touch_packed", i, _P, cp, cp, sz, sz)
     _lib = lib
     return lib
 
@@ -350,6 +374,9 @@ class Client:
         self._region = memoryview(buf).cast("B")
         self.client_id = self._lib.kvtier_client_id(self._c)
         self.max_keys = self._lib.kvtier_client_max_keys(self._c)
+        # Which region this is: a restarted node has another (its rows mean
+        # nothing to a connection to the old one).
+        self.region_ident = (r.ident_dev, r.ident_ino)
         # The node's model fingerprint as it said at connect time ("" none), and its
         # protocol minor (0: no reset, has_pending_work or peers).
         self.node_fingerprint = self._lib.kvtier_client_node_fingerprint(self._c).decode(
@@ -390,6 +417,58 @@ class Client:
         if self._c is None:
             raise KvtierError(-_errno.EBADF, "client closed")
         return self._c
+
+    def alive(self):
+        """False once the node went away or closed this connection (no round trip)."""
+        return self._c is not None and bool(self._lib.kvtier_client_alive(self._c))
+
+    # -- the shared-memory ring
+    @property
+    def has_ring(self):
+        """Whether the node gave this connection a shared-memory ring (calls then
+        go through shared memory, not the socket)."""
+        return bool(self._lib.kvtier_client_has_ring(self._handle()))
+
+    def set_ring(self, enabled, spin_us=-1):
+        """Calls through the ring (enabled) or the socket; spin_us: how long a call
+        spins on its reply before it sleeps (< 0 keeps it)."""
+        self._check(self._lib.kvtier_client_set_ring(self._handle(), bool(enabled), int(spin_us)),
+                    "set_ring")
+
+    def ring_stats(self):
+        """{"posted", "wakeups", "sleeps", "redirects"} of the ring's calls."""
+        st = _RingStats()
+        self._check(self._lib.kvtier_client_ring_stats(self._handle(), ctypes.byref(st)),
+                    "ring_stats")
+        return {"posted": st.posted, "wakeups": st.wakeups, "sleeps": st.sleeps,
+                "redirects": st.redirects, "posted_calls": st.posted_calls}
+
+    def set_posting(self, enabled):
+        """With a ring: complete_store, complete_load, touch, on_request_finished and
+        on_schedule_end return once they are in the ring (the node runs them in
+        order, before anything called after them); drain() says how they went."""
+        self._check(self._lib.kvtier_client_set_posting(self._handle(), bool(enabled)),
+                    "set_posting")
+
+    def drain(self):
+        """Waits for every posted call: how many failed since the last drain (the
+        first failure's errno is raised only when the connection broke)."""
+        failed = ctypes.c_uint64(0)
+        rc = self._lib.kvtier_client_drain(self._handle(), ctypes.byref(failed))
+        if rc < 0 and -rc in (_errno.ECONNRESET, _errno.EPIPE, _errno.ETIMEDOUT,
+                              _errno.EPROTO):
+            raise KvtierError(rc, "drain")
+        return failed.value
+
+    @property
+    def handle(self):
+        """The C client (a void pointer as an int), for callers that use the
+        library's functions directly (kvtier.vllm's fast path). Valid until close."""
+        return self._handle().value
+
+    @property
+    def lib(self):
+        return self._lib
 
     # -- the region
     def row(self, chunk_id):

@@ -58,6 +58,7 @@ forgets the positive verdicts of its failed keys (vLLM issue #49176); a store
 that succeeds makes its keys present.
 """
 
+import ctypes
 import errno
 import hashlib
 import json
@@ -67,7 +68,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any, ClassVar
 
 import kvtier as _kvt
@@ -82,13 +83,19 @@ from vllm.v1.kv_offload.base import (
     OffloadingEvent,
     OffloadingGaugeMetadata,
     OffloadingHistogramMetadata,
+    OffloadingManager,
     OffloadingMetricMetadata,
+    OffloadingSpec,
     OffloadKey,
     OffloadPolicy,
+    PrepareStoreOutput,
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    TierFilter,
 )
+from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
+from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
@@ -699,3 +706,864 @@ class KvtierSecondaryTier(SecondaryTierManager):
             done.extend(d)
             if ki >= len(keys) and ji >= len(jobs):
                 return verdicts, done
+
+
+# ==================================================================================
+# kvtier as vLLM's CPU tier itself: KvtierOffloadingSpec
+# ==================================================================================
+#
+#   --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+#     "kv_connector_extra_config": {"spec_name": "KvtierOffloadingSpec",
+#       "spec_module_path": "kvtier.vllm", "kvtier_socket": "/run/kvtier/engine.sock"}}'
+#
+# Here the node's primary is vLLM's CPU tier: no region of vLLM's own, no copy
+# between two CPU regions. Scheduler side, every OffloadingManager call is one call
+# to the node, through the shared-memory ring libkvtier-client sets up at connect
+# (a lookup is a few microseconds, no system call while the node is busy); the
+# node's cache policies are vLLM's chunk-era LRU and ARC. Worker side, vLLM's own
+# CPU<->GPU transfer handlers (CPUOffloadingWorker) copy between the GPU and the
+# node's region, which every worker maps through its own connection: rows laid
+# out as vLLM's SharedOffloadRegion lays them out (one cell of cpu_page_size bytes
+# per worker, in rank order), so no copy code of ours is on the GPU path.
+#
+# Geometry: the node's row (primary.row_bytes) must be vLLM's kv_bytes_per_chunk
+# (one chunk of every worker, rounded up to the page) and primary.workers the world
+# size; the spec checks both when it attaches and says what to set otherwise.
+#
+# A node that goes away: lookups answer MISS, stores are refused (None), loads
+# prepared meanwhile carry no region and fail in the workers, completions of
+# transfers prepared against the old node are dropped; every later call tries to
+# reconnect (at most every reconnect_s), re-registers the live requests and goes on
+# with the new node (workers re-attach when they see a load or store for its
+# region). Request ids are prefixed with the engine's id: the node is shared by
+# every engine on the host.
+
+_LOOKUP_RESULTS = (LookupResult.MISS, LookupResult.HIT, LookupResult.HIT_PENDING,
+                   LookupResult.RETRY)
+_SCAN_MAX = 64  # keys one lookup scan asks the node for
+_GONE = (errno.ECONNRESET, errno.EPIPE, errno.ETIMEDOUT, errno.EPROTO, errno.EBADF,
+         errno.ENOTCONN)
+
+
+class KvtierGeometryError(ValueError):
+    """The node's rows do not fit the model: what to configure is in the message."""
+
+
+def _round_up(x: int, a: int) -> int:
+    return (x + a - 1) // a * a
+
+
+def _node_metric_definitions() -> dict[str, OffloadingMetricMetadata]:
+    """The node's metrics that get_stats forwards (vLLM's names)."""
+    g, c, h = OffloadingGaugeMetadata, OffloadingCounterMetadata, OffloadingHistogramMetadata
+    return {
+        "vllm:kv_offload_cpu_cache_usage_perc": g(
+            documentation="Fraction of the kvtier node's primary pinned by transfers."),
+        "vllm:kv_offload_cpu_cache_write_usage_perc": g(
+            documentation="Fraction of the kvtier node's primary pinned by stores."),
+        "vllm:kv_offload_cpu_cache_read_usage_perc": g(
+            documentation="Fraction of the kvtier node's primary pinned by loads."),
+        "vllm:kv_offload_cpu_allocation_size": h(
+            documentation="Chunks asked for by each prepare_store to the kvtier node.",
+            buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144)),
+        KvtierMetrics.NODE_CONNECTED: g(
+            documentation="1 while the kvtier node is connected."),
+        KvtierMetrics.NODE_ERRORS: c(
+            documentation="kvtier node calls that failed (node gone, timeout, refused)."),
+    }
+
+
+class KvtierOffloadingSpec(OffloadingSpec):
+    """vLLM's offloading spec over a kvtier node. kv_connector_extra_config keys:
+    kvtier_socket (the node's engine socket, default /run/kvtier/engine.sock),
+    kvtier_name (the engine's name in the node's logs), kvtier_timeout_ms (one call,
+    default 2000), kvtier_connect_timeout_s (how long the first attach waits for the
+    node, default 30), kvtier_reconnect_s (default 1.0), kvtier_ring_spin_us (how
+    long a call spins before sleeping, default the library's 20)."""
+
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict[str, Any]
+                                 ) -> dict[str, OffloadingMetricMetadata]:
+        return _node_metric_definitions()
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict[str, Any]) -> tuple[str, ...]:
+        return ("kvtier_socket", "kvtier_num_chunks", "kvtier_row_bytes")
+
+    def __init__(self, config):
+        super().__init__(config)
+        ex = self.extra_config
+        self.socket = ex.get("kvtier_socket", ex.get("socket", "/run/kvtier/engine.sock"))
+        self.kvtier_name = ex.get("kvtier_name")
+        self.timeout_ms = int(ex.get("kvtier_timeout_ms", 2000))
+        self.connect_timeout_s = float(ex.get("kvtier_connect_timeout_s", 30.0))
+        self.reconnect_s = float(ex.get("kvtier_reconnect_s", 1.0))
+        self.ring_spin_us = int(ex.get("kvtier_ring_spin_us", -1))
+        self.world_size = max(int(config.parallel.world_size), 1)
+        # vLLM's geometry, as CPUOffloadingSpec computes it (one copy per worker)
+        self.cpu_page_size_per_worker = 0
+        self.kv_bytes_per_chunk = 0
+        if config.worker_kv_bytes_per_block > 0:
+            chunk = config.worker_kv_bytes_per_block * self.world_size * self.blocks_per_chunk
+            self.cpu_page_size_per_worker = chunk // self.world_size
+            self.kv_bytes_per_chunk = _round_up(chunk, mmap.PAGESIZE)
+        self.num_chunks = 0  # the node's, once attached
+        # Request ids are node-wide: this engine's prefix keeps them apart.
+        self.req_prefix = ("%s/" % config.engine_id)[-48:]
+        self._manager = None
+        self._worker = None
+
+    def connect(self, role: str):
+        """A client of the node whose geometry fits the model (waits up to
+        connect_timeout_s for the node); raises KvtierGeometryError otherwise."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        name = (self.kvtier_name or "vllm-%s" % self.config.engine_id)[:50] + "-" + role
+        while True:
+            try:
+                c = _kvt.Client(self.socket, name=name[:63], timeout_ms=self.timeout_ms)
+                break
+            except _kvt.KvtierError as e:
+                if e.errno not in (errno.ENOENT, errno.ECONNREFUSED) or \
+                        time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
+        try:
+            self.check_geometry(c)
+        except KvtierGeometryError:
+            c.close()
+            raise
+        if self.ring_spin_us >= 0 and c.has_ring:
+            c.set_ring(True, self.ring_spin_us)
+        self.num_chunks = c.num_chunks
+        return c
+
+    def check_geometry(self, c) -> None:
+        if self.kv_bytes_per_chunk == 0:
+            return  # the scheduler of a model whose size is not known here
+        want_row, want_workers = self.kv_bytes_per_chunk, self.world_size
+        if (c.row_bytes != want_row or c.num_workers != want_workers
+                or self.cpu_page_size_per_worker > c.page_bytes):
+            raise KvtierGeometryError(
+                "kvtier node at %s has rows of %d bytes for %d worker(s) (%d bytes each); "
+                "this model needs rows of %d bytes (kv_bytes_per_chunk: %d blocks per chunk "
+                "on %d worker(s), %d bytes per worker, rounded up to the page) for %d "
+                "worker(s): start the node with primary.row_bytes=%d and primary.workers=%d"
+                % (self.socket, c.row_bytes, c.num_workers, c.page_bytes, want_row,
+                   self.blocks_per_chunk, want_workers, self.cpu_page_size_per_worker,
+                   want_workers, want_row, want_workers))
+
+    def get_manager(self) -> "KvtierOffloadingManager":
+        if self._manager is None:
+            self._manager = KvtierOffloadingManager(self)
+        return self._manager
+
+    def get_worker(self, kv_caches) -> "KvtierOffloadingWorker":
+        if self._worker is None:
+            self._worker = KvtierOffloadingWorker(self, kv_caches)
+        return self._worker
+
+
+class KvtierCPULoadStoreSpec(CPULoadStoreSpec):
+    """vLLM's CPULoadStoreSpec (chunk ids) with the node region they are rows of:
+    its (device, inode), or None when the node was unreachable as the transfer was
+    prepared (the transfer then fails in the workers)."""
+
+    def __init__(self, block_ids, region):
+        super().__init__(block_ids)
+        self.region = region
+
+
+class KvtierOffloadingManager(OffloadingManager):
+    """The scheduler's OffloadingManager: each call is one call to the node (see
+    KvtierOffloadingSpec). Single-threaded, as vLLM's CPU manager (its lock is
+    the default no-op): the C client's own mutex covers a second thread."""
+
+    def __init__(self, spec: KvtierOffloadingSpec):
+        self._spec = spec
+        self._prefix = spec.req_prefix
+        self._events_on = bool(spec.kv_events_config.enable_kv_cache_events)
+        self._reqs: dict[str, ReqContext] = {}  # live: re-registered after a reconnect
+        self._rids: dict[str, bytes] = {}  # vLLM's id -> the node's
+        self._gen = 0  # bumped at every (re)connect: transfers of older gens are void
+        self._loads: dict[bytes, list[int]] = {}  # packed keys -> gens, per prepare_load
+        self._stores: dict[bytes, list[int]] = {}  # packed keys_to_store -> gens
+        self._next_try = 0.0
+        self._errors = 0
+        self._client = None
+        self._region = None
+        # The last scan's answers (key -> result) for request _pf_ctx; any other
+        # call drops them (_pf_ctx = None): they may have changed.
+        self._pf: dict = {}
+        self._pf_ctx = None
+        self._epoch = 0  # bumped by every call but lookup: a scan lasts within one
+        self._scan_ctx = None  # the request whose keys _scan_keys lists
+        self._scan_len = 0
+        self._scan_keys: list = []
+        self._scan_idx: dict = {}
+        self._scan_last = -1  # position of the last key looked up in this scan
+        self._scan_epoch = -1
+        self._attach(spec.connect("scheduler"))
+
+    # ---------------------------------------------------------------- connection
+    def _attach(self, client) -> None:
+        lib = client.lib
+        self._client = client
+        self._h = client.handle
+        self._region = client.region_ident
+        self._gen += 1
+        n = max(int(client.max_keys), 1)
+        self._max_keys = n
+        self._idx = (ctypes.c_uint32 * n)()
+        self._ids = (ctypes.c_int64 * n)()
+        self._ev_cap = n * (_kvt.KEY_MAX + 1)
+        self._ev = ctypes.create_string_buffer(self._ev_cap)
+        self._n_store = ctypes.c_size_t(0)
+        self._n_ev = ctypes.c_size_t(0)
+        self._ev_bytes = ctypes.c_size_t(0)
+        self._p_n_store = ctypes.pointer(self._n_store)
+        self._p_n_ev = ctypes.pointer(self._n_ev)
+        self._p_ev_bytes = ctypes.pointer(self._ev_bytes)
+        self._lookup_one = lib.kvtier_lookup_one
+        self._lookup_packed = lib.kvtier_lookup_packed
+        self._res = (ctypes.c_uint8 * _SCAN_MAX)()
+        self._done = ctypes.c_size_t(0)
+        self._p_done = ctypes.pointer(self._done)
+        self._prepare_store = lib.kvtier_prepare_store_packed
+        self._complete_store = lib.kvtier_complete_store_packed
+        self._prepare_load = lib.kvtier_prepare_load_packed
+        self._complete_load = lib.kvtier_complete_load_packed
+        self._touch = lib.kvtier_touch_packed
+        # The calls vLLM expects nothing back from are posted: the node runs them
+        # in order before the next call, which does not wait for them.
+        if client.has_ring:
+            client.set_posting(True)
+        self._loads.clear()
+        self._stores.clear()
+        self._pf_ctx = None
+        self._epoch += 1
+        self._down = False
+
+    def _lost(self, rc: int, what: str) -> None:
+        """A call failed: a node gone (or out of step) makes this client down."""
+        self._errors += 1
+        if -rc in _GONE and not self._down:
+            logger.warning("kvtier: node at %s: %s: %s; lookups miss and stores are "
+                           "refused until it is back", self._spec.socket, what,
+                           os.strerror(-rc))
+            self._down = True
+            self._next_try = 0.0
+
+    def _revive(self) -> bool:
+        """When down: tries to reconnect (at most every reconnect_s). True if up."""
+        if not self._down:
+            return True
+        now = time.monotonic()
+        if now < self._next_try:
+            return False
+        self._next_try = now + self._spec.reconnect_s
+        try:
+            c = _kvt.Client(self._spec.socket, name=self._client_name(), timeout_ms=
+                            self._spec.timeout_ms)
+        except _kvt.KvtierError:
+            return False
+        try:
+            self._spec.check_geometry(c)
+        except KvtierGeometryError as e:
+            logger.error("kvtier: %s", e)
+            c.close()
+            return False
+        if self._spec.ring_spin_us >= 0 and c.has_ring:
+            c.set_ring(True, self._spec.ring_spin_us)
+        old = self._client
+        self._attach(c)
+        old.close()
+        for ctx in list(self._reqs.values()):
+            try:
+                self._register(ctx)
+            except _kvt.KvtierError as e:
+                logger.warning("kvtier: request %s not registered again: %s", ctx.req_id, e)
+        logger.info("kvtier: node at %s is back (region %s)", self._spec.socket, self._region)
+        return True
+
+    def _client_name(self) -> str:
+        return ((self._spec.kvtier_name or "vllm-%s" % self._spec.config.engine_id)[:50]
+                + "-scheduler")[:63]
+
+    def _rid(self, req_context: ReqContext) -> bytes:
+        rid = self._rids.get(req_context.req_id)
+        if rid is None:
+            rid = (self._prefix + req_context.req_id).encode()
+            if len(rid) > _kvt.REQ_ID_MAX:
+                rid = (self._prefix + hashlib.sha1(req_context.req_id.encode()).hexdigest()
+                       ).encode()
+            self._rids[req_context.req_id] = rid
+        return rid
+
+    # ---------------------------------------------------------------- requests
+    def _register(self, ctx: ReqContext) -> int:
+        params = ctx.kv_transfer_params
+        tiers = None
+        filt = ctx.load_tier_filter
+        if filt is not TierFilter.ALL:
+            tiers = [(_MEDIUM_IDS.get(m.medium, _kvt.ANY), _LOCALITY_IDS.get(m.locality, _kvt.ANY))
+                     for m in filt.matchers]
+        return self._client.on_new_request(
+            self._rid(ctx).decode(), json.dumps(params) if params else None, tiers)
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._pf_ctx = None
+        self._epoch += 1
+        self._reqs[req_context.req_id] = req_context
+        if self._down and not self._revive():
+            return RequestOffloadingContext()
+        try:
+            policy = self._register(req_context)
+        except _kvt.KvtierError as e:
+            if e.errno in _GONE:
+                self._lost(-e.errno, "on_new_request")
+                return RequestOffloadingContext()
+            raise
+        if policy == _kvt.REQUEST_LEVEL:
+            return RequestOffloadingContext(policy=OffloadPolicy.REQUEST_LEVEL)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
+        if self._scan_ctx is req_context:
+            self._scan_ctx = None
+        if self._reqs.pop(req_context.req_id, None) is None:
+            return
+        if self._down:
+            self._rids.pop(req_context.req_id, None)
+            return
+        try:
+            self._client.on_request_finished(self._rid(req_context).decode())
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "on_request_finished")
+        self._rids.pop(req_context.req_id, None)
+
+    # ---------------------------------------------------------------- lookups
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        if self._pf_ctx is req_context:
+            r = self._pf.get(key)
+            if r is not None:
+                return r
+        rid = self._rids.get(req_context.req_id)
+        if rid is None:
+            rid = self._rid(req_context)
+        # vLLM's scheduler records every key's position in the request before it
+        # looks them up, from the first on, until a miss: a lookup that starts such
+        # a scan asks for the keys after it too, in one call (see _scan).
+        positions = req_context._offload_key_positions
+        if len(positions) > 1:
+            r = self._scan(key, req_context, rid, positions)
+            if r is not None:
+                return r
+        rc = self._lookup_one(self._h, rid, key, len(key))
+        if rc >= 0:
+            return _LOOKUP_RESULTS[rc]
+        self._lost(rc, "lookup")
+        if self._down and self._revive():
+            return self.lookup(key, req_context)
+        return LookupResult.MISS
+
+    def _scan(self, key, req_context, rid, positions) -> LookupResult | None:
+        """A forward prefix scan of a request's keys (as vLLM's maximal prefix
+        lookup makes one): key and the keys after it in the request (same KV-cache
+        group, by position) are looked up in one node call that stops after the
+        first MISS or RETRY (KVTIER_LOOKUP_PREFIX), so the node sees the keys vLLM
+        would ask for; their answers serve vLLM's next lookups of this request
+        until any other call (which may change them) is made. A backward scan
+        (sliding windows) is left to one call per key. None: not a scan."""
+        pos = positions.get(key)
+        if pos is None:
+            return None
+        if self._scan_ctx is not req_context or self._scan_len != len(positions):
+            self._scan_ctx = req_context
+            self._scan_len = len(positions)
+            self._scan_keys = list(positions)
+            self._scan_idx = {k: i for i, k in enumerate(self._scan_keys)}
+            self._scan_last = -1
+        if self._scan_epoch != self._epoch:
+            self._scan_epoch = self._epoch
+            self._scan_last = -1
+        last, self._scan_last = self._scan_last, pos
+        if pos < last:
+            return None  # backwards: one key at a time
+        i = self._scan_idx[key]
+        group = key[-4:]
+        batch = [key]
+        for k in self._scan_keys[i + 1:i + _SCAN_MAX]:
+            if k[-4:] != group or positions[k] <= pos:
+                break
+            batch.append(k)
+            pos = positions[k]
+        if len(batch) == 1:
+            return None
+        packed, klen = self._pack(batch)
+        if not klen:
+            return None
+        rc = self._lookup_packed(self._h, rid, packed, klen, len(batch), 1, self._res,
+                                 self._p_done)
+        if rc < 0:
+            return None  # (one key at a time tells the rest)
+        res = _LOOKUP_RESULTS
+        self._pf = {k: res[v] for k, v in zip(batch, self._res[:self._done.value])}
+        self._pf_ctx = req_context
+        return self._pf.get(key)
+
+    def get_load_source(self, key: OffloadKey, req_context: ReqContext):
+        from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+        return CacheHitSource.HOST
+
+    def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if not keys or self._down:
+            return
+        packed, klen = self._pack(keys)
+        rid = self._rid(req_context) if req_context is not None else None
+        if klen:
+            rc = self._touch(self._h, rid, packed, klen, len(keys))
+            if rc < 0:
+                self._lost(rc, "touch")
+        else:
+            try:
+                self._client.touch(keys, None if rid is None else rid.decode())
+            except _kvt.KvtierError as e:
+                self._lost(-e.errno, "touch")
+
+    # ---------------------------------------------------------------- loads
+    @staticmethod
+    def _pack(keys) -> tuple[bytes, int]:
+        """Keys back to back and their one length (0 when lengths differ)."""
+        packed = b"".join(keys)
+        klen = len(keys[0])
+        return packed, (klen if len(packed) == klen * len(keys) and klen else 0)
+
+    def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext):
+        self._pf_ctx = None
+        self._epoch += 1
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        n = len(keys)
+        if n == 0:
+            return KvtierCPULoadStoreSpec([], self._region)
+        if n > self._max_keys or (self._down and not self._revive()):
+            return KvtierCPULoadStoreSpec([0] * n, None)  # fails in the workers
+        packed, klen = self._pack(keys)
+        rc = (self._prepare_load(self._h, self._rid(req_context), packed, klen, n, self._ids)
+              if klen else self._prepare_load_slow(keys, req_context))
+        if rc < 0:
+            self._lost(rc, "prepare_load")
+            # (vLLM asserts the keys were HIT: a node that refuses them now has
+            # lost them; the workers fail this load and vLLM recomputes)
+            return KvtierCPULoadStoreSpec([0] * n, None)
+        self._loads.setdefault(packed, []).append(self._gen)
+        return KvtierCPULoadStoreSpec(self._ids[:n], self._region)
+
+    def _prepare_load_slow(self, keys, req_context) -> int:
+        try:
+            ids = self._client.prepare_load(self._rid(req_context).decode(), keys)
+        except _kvt.KvtierError as e:
+            return -e.errno
+        for i, v in enumerate(ids):
+            self._ids[i] = v
+        return 0
+
+    def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if not keys:
+            return
+        packed, klen = self._pack(keys)
+        gens = self._loads.get(packed)
+        if gens:
+            gen = gens.pop(0)
+            if not gens:
+                del self._loads[packed]
+            if gen != self._gen:
+                return  # pinned on a node that is gone
+        elif self._down:
+            return
+        if self._down:
+            return
+        # (no request id: the node scopes pins by client, and the request may be
+        # finished already)
+        if klen:
+            rc = self._complete_load(self._h, None, packed, klen, len(keys))
+        else:
+            try:
+                self._client.complete_load(None, keys)
+                rc = 0
+            except _kvt.KvtierError as e:
+                rc = -e.errno
+        if rc < 0:
+            self._lost(rc, "complete_load")
+
+    # ---------------------------------------------------------------- stores
+    def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext):
+        self._pf_ctx = None
+        self._epoch += 1
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        n = len(keys)
+        if self._down and not self._revive():
+            return None
+        if n == 0:
+            return PrepareStoreOutput(keys_to_store=[],
+                                      store_spec=KvtierCPULoadStoreSpec([], self._region),
+                                      evicted_keys=[])
+        packed, klen = self._pack(keys)
+        if not klen or n > self._max_keys:
+            return self._prepare_store_slow(keys, req_context)
+        rc = self._prepare_store(self._h, self._rid(req_context), packed, klen, n, self._idx,
+                                 self._ids, self._p_n_store, self._ev, self._ev_cap, self._p_n_ev,
+                                 self._p_ev_bytes)
+        if rc < 0:
+            if rc != -errno.ENOSPC:
+                self._lost(rc, "prepare_store")
+            return None
+        ns = self._n_store.value
+        to_store = [keys[i] for i in self._idx[:ns]]
+        if ns:
+            self._stores.setdefault(b"".join(to_store), []).append(self._gen)
+        evicted = []
+        ne = self._n_ev.value
+        if ne:
+            raw = ctypes.string_at(self._ev, self._ev_bytes.value)  # (not .raw: all of it)
+            off = 0
+            for _ in range(ne):
+                ln = raw[off]
+                evicted.append(OffloadKey(raw[off + 1:off + 1 + ln]))
+                off += 1 + ln
+        return PrepareStoreOutput(keys_to_store=to_store,
+                                  store_spec=KvtierCPULoadStoreSpec(self._ids[:ns], self._region),
+                                  evicted_keys=evicted)
+
+    def _prepare_store_slow(self, keys, req_context):
+        try:
+            plan = self._client.prepare_store(self._rid(req_context).decode(), keys)
+        except _kvt.KvtierError as e:
+            if e.errno != errno.ENOSPC:
+                self._lost(-e.errno, "prepare_store")
+            return None
+        to_store = [keys[i] for i, _ in plan.stores]
+        if to_store:
+            self._stores.setdefault(b"".join(to_store), []).append(self._gen)
+        return PrepareStoreOutput(
+            keys_to_store=to_store,
+            store_spec=KvtierCPULoadStoreSpec([c for _, c in plan.stores], self._region),
+            evicted_keys=[OffloadKey(k) for k in plan.evicted])
+
+    def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
+                       success: bool = True) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
+        keys = keys if isinstance(keys, (list, tuple)) else list(keys)
+        if not keys:
+            return
+        packed, klen = self._pack(keys)
+        gens = self._stores.get(packed)
+        if gens:
+            gen = gens.pop(0)
+            if not gens:
+                del self._stores[packed]
+            if gen != self._gen:
+                return  # prepared on a node that is gone
+        if self._down:
+            return
+        rid = self._rid(req_context)
+        if klen and len(keys) <= self._max_keys:
+            rc = self._complete_store(self._h, rid, packed, klen, len(keys), bool(success))
+        else:
+            try:
+                self._client.complete_store(rid.decode(), keys, success)
+                rc = 0
+            except _kvt.KvtierError as e:
+                rc = -e.errno
+        if rc < 0:
+            self._lost(rc, "complete_store")
+
+    # ---------------------------------------------------------------- steps
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._pf_ctx = None
+        self._epoch += 1
+        if self._down and not self._revive():
+            return
+        new = [self._rid_str(r) for r in context.new_req_ids]
+        pre = [self._rid_str(r) for r in context.preempted_req_ids]
+        try:
+            self._client.on_schedule_end(new, pre)
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "on_schedule_end")
+
+    def _rid_str(self, req_id: str) -> str:
+        rid = self._rids.get(req_id)
+        return rid.decode() if rid is not None else (self._prefix + req_id)[-_kvt.REQ_ID_MAX:]
+
+    def has_pending_work(self) -> bool:
+        return False
+
+    # ---------------------------------------------------------------- events, stats
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if not self._events_on or self._down:
+            return
+        try:
+            events = self._client.take_events()
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "take_events")
+            return
+        for ev in events:
+            yield OffloadingEvent(
+                keys=[OffloadKey(k) for k in ev.keys],
+                medium=Medium.STORAGE if ev.medium == _kvt.MEDIUM_STORAGE else Medium.CPU,
+                removed=ev.removed,
+                locality=None if ev.locality == _kvt.ANY else (
+                    Locality.REMOTE if ev.locality == _kvt.REMOTE else Locality.LOCAL))
+
+    def get_stats(self) -> OffloadingConnectorStats | None:
+        st = OffloadingConnectorStats()
+        st.set_gauge(KvtierMetrics.NODE_CONNECTED, 0 if self._down else 1)
+        if self._errors:
+            st.increase_counter(KvtierMetrics.NODE_ERRORS, self._errors)
+            self._errors = 0
+        if self._down:
+            return st
+        try:
+            failed = self._client.drain()  # (posted calls that failed)
+            if failed:
+                st.increase_counter(KvtierMetrics.NODE_ERRORS, failed)
+            stats = self._client.get_stats()
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "get_stats")
+            return st
+        known = _node_metric_definitions()
+        for s in stats:
+            if s.name not in known or s.label:
+                continue
+            if s.kind == _kvt.GAUGE:
+                st.set_gauge(s.name, s.value)
+            elif s.kind == _kvt.COUNTER:
+                st.increase_counter(s.name, s.value)
+            elif s.count:
+                # the node keeps buckets, not samples: count samples of the mean
+                # (count and sum exact, as vLLM's logger reduces them)
+                for _ in range(int(s.count)):
+                    st.observe_histogram(s.name, s.sum / s.count)
+        return st
+
+    def config_info(self):
+        c = self._client
+        return [{"kvtier_socket": self._spec.socket, "kvtier_num_chunks": c.num_chunks,
+                 "kvtier_row_bytes": c.row_bytes}]
+
+    # ---------------------------------------------------------------- reset, shutdown
+    def reset_cache(self) -> None:
+        """vLLM drops every transfer in flight at a reset: so does this manager
+        (a new connection: the node releases the old one's pins and stores), then
+        asks the node to forget its chunks when the node can (kvtier_reset)."""
+        self._pf_ctx = None
+        self._epoch += 1
+        if self._down and not self._revive():
+            return
+        try:
+            c = self._spec.connect("scheduler")
+        except (OSError, _kvt.KvtierError) as e:
+            self._lost(-getattr(e, "errno", errno.ECONNRESET) or -errno.ECONNRESET, "reset_cache")
+            return
+        old = self._client
+        self._attach(c)
+        old.close()
+        for ctx in list(self._reqs.values()):
+            try:
+                self._register(ctx)
+            except _kvt.KvtierError:
+                pass
+        reset = getattr(c.lib, "kvtier_reset", None)
+        if reset is None:
+            logger.error("kvtier: this libkvtier-client cannot ask the node to reset; its "
+                         "chunks stay (transfers in flight were dropped)")
+            return
+        reset.restype = ctypes.c_int
+        reset.argtypes = [ctypes.c_void_p]
+        rc = reset(self._h)
+        if rc < 0:
+            logger.warning("kvtier: the node did not reset its cache: %s", os.strerror(-rc))
+
+    def shutdown(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+            self._down = True
+
+
+_MEDIUM_IDS = {Medium.CPU: _kvt.MEDIUM_CPU, Medium.STORAGE: _kvt.MEDIUM_STORAGE, None: _kvt.ANY}
+_LOCALITY_IDS = {Locality.LOCAL: _kvt.LOCAL, Locality.REMOTE: _kvt.REMOTE, None: _kvt.ANY}
+
+
+# ---------------------------------------------------------------- worker side
+
+def _node_region_cls():
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+    class NodeRegion(SharedOffloadRegion):
+        """The node's region as vLLM's SharedOffloadRegion: this worker's views are
+        made by SharedOffloadRegion's own methods (create_next_worker_view: cells of
+        cpu_page_size bytes in rank order, rows of kv_bytes_per_chunk), over the
+        mapping of this worker's connection instead of a /dev/shm file of vLLM's.
+        cleanup() closes the connection (vLLM calls it once its copies are done)."""
+
+        def __init__(self, client, rank: int, cpu_page_size: int):  # noqa: super() not called
+            import torch
+
+            self._client = client
+            self.page_size = mmap.PAGESIZE
+            self.num_chunks = client.num_chunks
+            self._row_stride = client.row_bytes
+            self.total_size_bytes = client.num_chunks * client.row_bytes
+            self.cpu_page_size = cpu_page_size
+            self.mmap_path = "kvtier:%s" % (client.region_ident,)
+            self._segments = [(self.mmap_path, 0, self.total_size_bytes)]
+            self._creator = False
+            self.rank = rank
+            self._worker_offset = rank * cpu_page_size
+            self._worker_area_end = (rank + 1) * cpu_page_size
+            self.fd = None
+            self.mmap_obj = None
+            self._base = torch.frombuffer(client._region, dtype=torch.int8)
+            self._views = []
+            self._canonical_offset = 0
+            self.is_pinned = False
+            self.pinned_addresses = []
+
+        def cleanup(self) -> None:
+            super().cleanup()
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    return NodeRegion
+
+
+class KvtierOffloadingWorker(OffloadingWorker):
+    """The worker side: vLLM's CPUOffloadingWorker (its transfer handlers, its
+    streams, its copy kernels) over the node's region. A transfer whose spec names
+    another region than the one mapped here (a restarted node) makes this worker
+    attach again; one that names no region, or one no longer there, fails. The
+    CPUOffloadingWorker of an older region stays until its transfers are reported."""
+
+    def __init__(self, spec: KvtierOffloadingSpec, kv_caches):
+        self._spec = spec
+        self._kv_caches = kv_caches
+        self._rank = int(spec.config.parallel.rank)
+        self._failed: list[int] = []
+        self._inner = None
+        self._client = None
+        self._region = None
+        self._gone: set = set()  # regions of nodes that went away
+        self._jobs: dict[int, Any] = {}  # job id -> the CPUOffloadingWorker it went to
+        self._old: list = []  # workers of older regions with jobs out
+        self._next_try = 0.0
+        self._attach(spec.connect("worker%d" % self._rank))
+
+    def _attach(self, client) -> None:
+        from vllm.v1.kv_offload.cpu.gpu_worker import CPUOffloadingWorker
+
+        page = self._spec.cpu_page_size_per_worker or client.page_bytes
+        region = _node_region_cls()(client, self._rank, page)
+        try:
+            inner = CPUOffloadingWorker(kv_caches=self._kv_caches,
+                                        blocks_per_chunk=self._spec.blocks_per_chunk,
+                                        num_cpu_chunks=client.num_chunks, mmap_region=region)
+        except Exception:
+            region.cleanup()
+            raise
+        old = self._inner
+        self._inner = inner
+        self._client = client
+        self._region = client.region_ident
+        if old is not None:
+            if any(w is old for w in self._jobs.values()):
+                self._old.append(old)
+            else:
+                old.shutdown()
+
+    def _ready_for(self, spec_) -> bool:
+        """Whether a transfer of spec_ can run: it names the region mapped here and
+        the node still holds it. A region found gone stays gone; learning that, the
+        worker attaches the node's current region for the transfers to come."""
+        want = getattr(spec_, "region", None)
+        if want is None or want in self._gone:
+            return False
+        if want == self._region and self._client.alive():
+            return True
+        now = time.monotonic()
+        if now < self._next_try:
+            return False  # (the node was unreachable a moment ago)
+        try:
+            c = _kvt.Client(self._spec.socket, name="vllm-worker%d" % self._rank,
+                            timeout_ms=self._spec.timeout_ms)
+        except _kvt.KvtierError:
+            self._next_try = now + self._spec.reconnect_s
+            return False
+        if c.region_ident != want:
+            self._gone.add(want)  # the node has another region now
+            if len(self._gone) > 64:
+                self._gone.pop()
+        if c.region_ident == self._region and self._client.alive():
+            c.close()
+            return False
+        if self._region is not None and self._region != c.region_ident:
+            self._gone.add(self._region)
+        try:
+            self._spec.check_geometry(c)
+            self._attach(c)
+        except Exception as e:  # noqa: BLE001 - the transfer fails, logged
+            logger.error("kvtier: worker %d cannot attach the node again: %s", self._rank, e)
+            return False
+        logger.info("kvtier: worker %d attached the node's region %s", self._rank, self._region)
+        return want == self._region
+
+    def submit_store(self, job_id, device_ptrs, dst_spec) -> bool:
+        if not self._ready_for(dst_spec):
+            self._failed.append(job_id)
+            return True
+        self._jobs[job_id] = self._inner
+        return self._inner.submit_store(job_id, device_ptrs, dst_spec)
+
+    def submit_load(self, job_id, src_spec, device_ptrs, expedited=False) -> bool:
+        if not self._ready_for(src_spec):
+            self._failed.append(job_id)
+            return True
+        self._jobs[job_id] = self._inner
+        return self._inner.submit_load(job_id, src_spec, device_ptrs, expedited)
+
+    def get_finished(self) -> list:
+        out = [TransferResult(job_id=j, success=False) for j in self._failed]
+        self._failed = []
+        for w in [self._inner] + self._old:
+            for r in w.get_finished():
+                self._jobs.pop(r.job_id, None)
+                out.append(r)
+        if self._old:
+            busy = set(map(id, self._jobs.values()))
+            for w in [w for w in self._old if id(w) not in busy]:
+                w.shutdown()  # its region's connection closes with it
+            self._old = [w for w in self._old if id(w) in busy]
+        return out
+
+    def wait(self, job_ids) -> None:
+        for w in self._old:
+            w.wait(job_ids)
+        self._inner.wait(job_ids)
+
+    def shutdown(self) -> None:
+        for w in self._old:
+            w.shutdown()
+        self._old = []
+        if self._inner is not None:
+            self._inner.shutdown()
+            self._inner = None

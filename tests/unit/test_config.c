@@ -892,6 +892,30 @@ static void test_engine_and_metrics_keys(void **state)
     expect_bad(NULL, bad_set, 1, 0, WANT("option --set engine.socket_mode=rw"));
 }
 
+/* The engines' shared-memory rings: size each way (0 = none) and the loop's spin. */
+static void test_engine_ring_keys(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock, "engine.ring_bytes=1MiB",
+                              "engine.ring_spin_us=0"};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_int_equal(cfg.engine_ring_bytes, 256 * 1024);
+    assert_int_equal(cfg.engine_ring_spin_us, 100);
+    kvt_config_free(&cfg);
+    assert_int_equal(kvt_config_load(&cfg, NULL, sets, 5, err, sizeof(err)), 0);
+    assert_int_equal(cfg.engine_ring_bytes, 1 << 20);
+    assert_int_equal(cfg.engine_ring_spin_us, 0);
+    kvt_config_free(&cfg);
+    expect_bad("engine:\n  ring_bytes: 65MiB\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.ring_bytes", "out of range"));
+    expect_bad("engine:\n  ring_spin_us: 1000001\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.ring_spin_us", "out of range"));
+    expect_bad("engine:\n  ring_spin_us: -1\n", NULL, 0, 0,
+               WANT(at_line(2), "engine.ring_spin_us"));
+}
+
 /* The network tier's fetch shape: defaults as the tier's own, file values, ranges. */
 static void test_network_fetch_keys(void **state)
 {
@@ -1035,6 +1059,7 @@ static void test_copy(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_engine_ring_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_defaults_without_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_file_and_sets, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unknown_key, setup, teardown),

@@ -32,15 +32,18 @@ class Cluster:
     chunk size (vLLM's row stride must equal it)."""
 
     def __init__(self, kvtierd, n=2, row_bytes=256 << 10, primary="64MiB", storage=True,
-                 tmp=None, log_level="warn"):
+                 tmp=None, log_level="warn", network=True, workers=1, policy="lru",
+                 engine_extra=""):
         self.kvtierd = kvtierd
         self.dir = tempfile.mkdtemp(prefix="kvt-vllm.", dir=tmp)
         self.n = n
         self.procs = [None] * n
         self.socks = [os.path.join(self.dir, "node%d.sock" % i) for i in range(n)]
-        # Each region in a folder of its own on the /dev/shm tmpfs: kvtierd refuses a
-        # folder others may write, such as /dev/shm itself.
-        self.shm_dirs = ["/dev/shm/kvt-vllm-%d-%d" % (os.getpid(), i) for i in range(n)]
+        # Each region in a folder of its own (kvtierd refuses a folder others may
+        # write, such as /dev/shm itself); kvtierd makes the folder.
+        self.shm_dirs = ["/dev/shm/kvt-vllm-%d-%d-%s" % (os.getpid(), i,
+                                                         os.path.basename(self.dir))
+                         for i in range(n)]
         self.shm = [os.path.join(d, "primary.mmap") for d in self.shm_dirs]
         self.logs = [os.path.join(self.dir, "node%d.log" % i) for i in range(n)]
         chosen = free_ports(2 * n)
@@ -54,15 +57,16 @@ class Cluster:
             cfg = os.path.join(self.dir, "node%d.yaml" % i)
             with open(cfg, "w") as f:
                 f.write("node:\n  id: %d\n  namespace: kvt-vllm\n" % (i + 1))
-                f.write("primary:\n  path: %s\n  size: %s\n  row_bytes: %d\n"
-                        % (self.shm[i], primary, row_bytes))
+                f.write("primary:\n  path: %s\n  size: %s\n  row_bytes: %d\n  workers: %d\n"
+                        "  policy: %s\n" % (self.shm[i], primary, row_bytes, workers, policy))
                 f.write("storage:\n  enabled: %s\n  root: %s\n  capacity: 256MiB\n"
                         % ("true" if storage else "false", os.path.join(self.dir, "st%d" % i)))
-                f.write("network:\n  listen: 127.0.0.1\n  port: %d\n" % ports[i])
+                f.write("network:\n  enabled: %s\n  listen: 127.0.0.1\n  port: %d\n"
+                        % ("true" if network else "false", ports[i]))
                 if peers:
                     f.write("  peers:\n" + peers)
                 f.write("cluster:\n  secret_file: %s\n" % os.path.join(self.dir, "secret"))
-                f.write("engine:\n  socket: %s\n" % self.socks[i])
+                f.write("engine:\n  socket: %s\n%s" % (self.socks[i], engine_extra))
                 f.write("metrics:\n  port: %d\n" % self.metrics[i])
                 f.write("log:\n  level: %s\n" % log_level)
             self.cfgs.append(cfg)
@@ -84,7 +88,8 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise RuntimeError("kvtierd %d did not start:\n%s" % (k, self.log(k)))
                 time.sleep(0.05)
-        time.sleep(1.0)  # heartbeats: the nodes find each other
+        if self.n > 1 or i is None:
+            time.sleep(1.0 if self.n > 1 else 0.0)  # heartbeats: the nodes find each other
         return self
 
     def log(self, i):
@@ -117,6 +122,12 @@ class Cluster:
     def cleanup(self):
         for i in range(self.n):
             self.kill(i)
+        for path in self.shm:
+            for suffix in ("", ".lock"):
+                try:
+                    os.unlink(path + suffix)
+                except FileNotFoundError:
+                    pass
         for d in self.shm_dirs:
             shutil.rmtree(d, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -9,6 +9,7 @@ int kvt_bench_core(int argc, char **argv) __attribute__((weak));
 int kvt_bench_storage(int argc, char **argv) __attribute__((weak));
 int kvt_bench_transport(int argc, char **argv) __attribute__((weak));
 int kvt_bench_pull(int argc, char **argv) __attribute__((weak));
+int kvt_bench_engine(int argc, char **argv) __attribute__((weak));
 int kvt_bench_connect(int argc, char **argv) __attribute__((weak));
 
 #endif

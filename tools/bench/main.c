@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
     {"storage", kvt_bench_storage, "storage tier: write/read GB/s vs fio, index rebuild"},
     {"transport", kvt_bench_transport, "READ GB/s and 4 KiB latency vs ucx_perftest"},
     {"pull", kvt_bench_pull, "two nodes: pull rate and lookup-to-HIT vs transport, redis"},
+    {"engine", kvt_bench_engine, "engine API: us per call, ring vs socket vs in-process vs floor"},
     {"connect", kvt_bench_connect, "peer link set-up: dial to authenticated (UP), us"},
 };
 

@@ -106,6 +106,8 @@ struct kvt_config {
     uint64_t engine_max_client_params; /* params bytes of all of one engine's requests */
     uint64_t engine_max_output_bytes;  /* replies queued for one engine */
     uint32_t engine_max_event_keys;    /* keys of events queued for take_events */
+    uint64_t engine_ring_bytes;        /* each engine's ring, each way; 0: none */
+    uint32_t engine_ring_spin_us;      /* the loop polls the rings this long after a request */
     char *metrics_listen;
     uint16_t metrics_port;             /* 0: /metrics off */
     uint32_t metrics_max_connections;  /* HTTP connections at once */

@@ -9,6 +9,12 @@
  * when it is readable, kvt_engine_server_progress accepts, reads, decodes, calls the
  * manager and replies, without blocking.
  *
+ * Rings: an engine that asks for one in HELLO gets a shared-memory ring
+ * (kvtier/engine_ring.h, node/engine_ring.c) and sends its calls there instead of
+ * the socket: the same frames, the same dispatch, the same mirror and bounds. While
+ * engines are busy the loop polls the rings (kvt_engine_server_spin); when they
+ * are quiet it sleeps and engines wake it through an eventfd in the server's fd.
+ *
  * Per client the server keeps what the client holds in the manager: its requests,
  * its prepared stores not yet completed, its pins (prepared loads not completed).
  * A client may only name its own requests and unpin its own pins. When a client
@@ -36,6 +42,7 @@
 #ifndef KVT_ENGINE_API_H
 #define KVT_ENGINE_API_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -89,6 +96,14 @@ struct kvt_engine_server_config {
      * to *n_p; 0 or -errno. NULL: the node has no cluster (-EOPNOTSUPP). Same arg. */
     int (*peers)(void *arg, struct kvtier_peer *out, size_t cap, size_t *n_p);
     void *collect_arg;
+    /* Shared-memory rings (kvtier/engine_ring.h): bytes each way of the ring an
+     * engine gets when it asks in HELLO; 0 = 256 KiB, < 0 = no rings (engines use
+     * the socket). A message larger than half of it travels on the socket. */
+    int64_t ring_bytes;
+    /* How long the loop keeps polling the rings after their last request, when it
+     * calls kvt_engine_server_spin; 0 = it never spins (every ring request then
+     * wakes it through the engine's eventfd). */
+    uint32_t ring_spin_us;
 };
 
 /* Why the server refused a request or a client, or dropped something: one counter
@@ -111,6 +126,7 @@ enum kvt_engine_refusal {
     KVT_EREF_FINGERPRINT, /* HELLO with another model's fingerprint (or one the node cannot record)
                            */
     KVT_EREF_RESET_BUSY,  /* RESET while an engine holds pins, stores or loads */
+    KVT_EREF_RING,        /* an engine broke its ring's protocol (counter, record, seq): closed */
     KVT_EREF_COUNT,
 };
 /* "clients", "malformed", ... (a Prometheus label value). */
@@ -140,6 +156,11 @@ struct kvt_engine_server_counters {
     uint64_t job_rows_loaded; /* rows of load jobs validated in the engine's region */
     uint64_t job_rows_failed; /* rows of jobs reported failed */
     uint64_t resets;          /* RESETs done (the node's cache forgotten) */
+    /* Shared-memory rings. */
+    uint64_t ring_clients;   /* engines given a ring, ever */
+    uint64_t ring_requests;  /* requests served from rings (also in requests) */
+    uint64_t ring_redirects; /* ring replies too large for the ring, sent on the socket */
+    uint64_t ring_wakeups;   /* times an engine's eventfd woke the loop */
 };
 
 struct kvt_engine_server;
@@ -159,6 +180,13 @@ int kvt_engine_server_fd(const struct kvt_engine_server *srv);
  * also when the fd is not readable, every loop turn or tick: it moves the manager's
  * events to the bounded queue and enforces the HELLO deadline. */
 int kvt_engine_server_progress(struct kvt_engine_server *srv);
+
+/* Serves the engines' rings by polling them, for at most max_ns, while they had a
+ * request within ring_spin_us. true: call it (and progress) again without sleeping;
+ * false: the rings are quiet and every engine now wakes the fd above when it posts,
+ * so the caller may sleep on it. A loop that never calls this still serves the
+ * rings, woken by the fd after every ring request (slower: a wake-up per call). */
+bool kvt_engine_server_spin(struct kvt_engine_server *srv, uint64_t max_ns);
 
 /* Adds one stats delta to every attached client's pending stats (see collect_stats). */
 int kvt_engine_server_fanout_stats(struct kvt_engine_server *srv, const struct kvt_stats *delta);

@@ -55,7 +55,9 @@ int kvt_node_fd(const struct kvt_node *node);
  * arm, kvt_tier_arm), else until the next tick's step, at most loop.tick_ms. */
 int kvt_node_timeout_ms(struct kvt_node *node);
 /* Does what is due, never blocks: the engines' requests, the tick's step when no
- * engine stepped for loop.tick_ms, every tier's poll, /metrics once a second.
+ * engine stepped for loop.tick_ms, every tier's poll, /metrics once a second; then,
+ * while the engines' shared-memory rings are busy, polls them for up to 50 us (and
+ * kvt_node_timeout_ms says 0 until they are quiet).
  * 0, or the engine server's error (the server itself failed). */
 int kvt_node_progress(struct kvt_node *node);
 /* One schedule end (what an engine's on_schedule_end does): the manager steps. */

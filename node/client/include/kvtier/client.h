@@ -10,7 +10,10 @@
  *     worker w's cell of row c = row + w * region.page_bytes  (w < num_workers)
  *
  * Every call below maps one-to-one onto the tiering manager (tiering's manager.h,
- * vLLM's TieringOffloadingManager) and is one synchronous round trip:
+ * vLLM's TieringOffloadingManager) and is one synchronous round trip, through a
+ * ring of shared memory the node sets up at connect time (no system call while the
+ * node is busy; see kvtier_client_set_ring) or, for what does not fit it, the
+ * socket:
  *
  *   on_new_request     register a request (its id names it in every later call)
  *   lookup             MISS / HIT / HIT_PENDING / RETRY per key, in order
@@ -137,6 +140,9 @@ struct kvtier_region {
     size_t row_bytes;     /* bytes of one chunk: num_workers * page_bytes */
     size_t page_bytes;    /* one worker's cell of a row */
     unsigned num_workers; /* cells per row */
+    /* The region file's device and inode: another node (a restarted one) has
+     * another region, so rows named by one connection mean nothing to the next. */
+    uint64_t ident_dev, ident_ino;
 };
 
 /* Optional settings of kvtier_connect; zero/NULL fields take the defaults. */
@@ -195,6 +201,40 @@ uint64_t kvtier_client_id(const struct kvtier_client *c);
 /* The most a single call may carry: keys per call (lookup, stores, loads, touch)
  * and request ids per on_schedule_end list, as the daemon announced them. */
 size_t kvtier_client_max_keys(const struct kvtier_client *c);
+
+/* Whether the node is still at the other end, without a round trip: false once the
+ * connection broke or the node closed it (it went away, or restarted). */
+bool kvtier_client_alive(struct kvtier_client *c);
+
+/* The shared-memory ring. kvtier_connect asks the node for one (unless the
+ * environment has KVTIER_RING=0); a node that gives none (rings off, an older node)
+ * leaves every call on the socket. With a ring, a call writes its request into
+ * memory the node polls and spins up to spin_us (default 20) on the reply before it
+ * sleeps on a futex; the node wakes it. */
+bool kvtier_client_has_ring(const struct kvtier_client *c);
+/* Sends calls through the ring (enabled) or the socket; spin_us < 0 keeps the spin.
+ * -EOPNOTSUPP enabling without a ring. */
+int kvtier_client_set_ring(struct kvtier_client *c, bool enabled, int spin_us);
+struct kvtier_ring_stats {
+    uint64_t posted;       /* calls through the ring */
+    uint64_t wakeups;      /* of those, calls that had to wake the node (it slept) */
+    uint64_t sleeps;       /* futex waits (a reply took longer than the spin) */
+    uint64_t redirects;    /* replies too large for the ring, read from the socket */
+    uint64_t posted_calls; /* calls posted without waiting (kvtier_client_set_posting) */
+};
+int kvtier_client_ring_stats(struct kvtier_client *c, struct kvtier_ring_stats *out);
+
+/* Posting: with a ring, the calls whose reply is only their rc (complete_store,
+ * complete_load, touch, on_request_finished, on_schedule_end) return 0 as soon as
+ * they are in the ring; the node runs them in order, before anything called
+ * after them, and their replies are checked by the next call that waits, by
+ * kvtier_client_drain, and at kvtier_close. A posted call that failed does not
+ * fail a later one: kvtier_client_drain says so. -EOPNOTSUPP without a ring. */
+int kvtier_client_set_posting(struct kvtier_client *c, bool enabled);
+/* Waits for every posted call: 0 when all of them since the last drain worked,
+ * else the first failure's rc (or the error that broke the connection);
+ * *failed_p (may be NULL) receives how many failed. */
+int kvtier_client_drain(struct kvtier_client *c, uint64_t *failed_p);
 
 /* ---- requests ---------------------------------------------------------------- */
 
@@ -400,6 +440,34 @@ const char *kvtier_lookup_result_name(int result);
 
 /* This library's version, the project's ("0.1.0"). */
 const char *kvtier_version(void);
+
+/* ---- packed keys ------------------------------------------------------------------
+ *
+ * The calls above with n keys of key_len bytes each back to back in keys (vLLM's
+ * keys of one model all have one length): what a binding such as Python's ctypes
+ * can pass without building struct kvtier_key arrays. Same results and errors. */
+int kvtier_lookup_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                         size_t key_len, size_t n, unsigned flags, uint8_t *results,
+                         size_t *n_done_p);
+/* One key: its enum kvtier_lookup_result (>= 0), or a negative errno. */
+int kvtier_lookup_one(struct kvtier_client *c, const char *req_id, const void *key, size_t key_len);
+/* prepare_store: store_index and chunk_ids as in struct kvtier_store_plan (n entries
+ * each); the evicted keys are written to evicted as records of one length byte and
+ * the key, as many as evicted_cap bytes hold (n * 65 bytes hold all: a call evicts at
+ * most one key per key it stores). *n_evicted_p is how many were evicted,
+ * *evicted_bytes_p (may be NULL) the bytes written. */
+int kvtier_prepare_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                size_t key_len, size_t n, uint32_t *store_index, int64_t *chunk_ids,
+                                size_t *n_store_p, void *evicted, size_t evicted_cap,
+                                size_t *n_evicted_p, size_t *evicted_bytes_p);
+int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                 size_t key_len, size_t n, bool success);
+int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                               size_t key_len, size_t n, int64_t *chunk_ids);
+int kvtier_complete_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                size_t key_len, size_t n);
+int kvtier_touch_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                        size_t key_len, size_t n);
 
 /* ---- an engine's own region: kvtier as a secondary tier (vLLM) ----------------------
  *

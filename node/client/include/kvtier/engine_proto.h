@@ -221,6 +221,8 @@ struct kvt_ebuf {
 };
 void kvt__ebuf_init(struct kvt_ebuf *b);
 void kvt__ebuf_cleanup(struct kvt_ebuf *b);
+/* Appends p[0..len). -ENOMEM (b unchanged). */
+int kvt__ebuf_append(struct kvt_ebuf *b, const void *p, size_t len);
 /* Appends one frame (header + body) of every field in m->has. -ENOMEM. */
 int kvt__emsg_encode(const struct kvt_emsg *m, struct kvt_ebuf *b);
 
