@@ -62,7 +62,7 @@ if command -v shellcheck >/dev/null; then
         fail "shellcheck entrypoint.sh check.sh"
     fi
 else
-    echo "note: shellcheck is not installed: not run (tools/install-deps installs it)"
+    fail "shellcheck is not installed (tools/install-deps installs it)"
 fi
 
 TMP=$(mktemp -d)
@@ -450,7 +450,7 @@ if [ ${#compose[@]} -gt 0 ]; then
         fi
     done
 else
-    echo "note: no docker compose v2: compose's own parse was not run (tools/install-deps installs it)"
+    fail "no docker compose v2 to parse the compose files (tools/install-deps installs it)"
 fi
 
 # ---- Dockerfile ------------------------------------------------------------------------

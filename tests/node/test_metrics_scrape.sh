@@ -109,9 +109,11 @@ for round in 1 2; do
       sleep 0.2
       scrape "$i" "$page" || break
     done
-    if command -v promtool >/dev/null; then
-      # promtool wants Prometheus's own names; vLLM's "vllm:" families are kept for
-      # vLLM's dashboards and are the only findings allowed.
+    # promtool (the test command installs it) wants Prometheus's own names; vLLM's
+    # "vllm:" families are kept for vLLM's dashboards and are the only findings allowed.
+    if ! command -v promtool >/dev/null; then
+      bad "round $round: node $i: promtool is not installed (tools/install-deps test)"
+    else
       out=$(promtool check metrics <"$page" 2>&1 | grep -v '^vllm:' || true)
       if [ -z "$out" ]; then ok "round $round: node $i page promtool-clean"; else bad "round $round: node $i promtool: $out"; fi
     fi
