@@ -45,23 +45,45 @@ static int nt_post_fences(struct net_tier *nt, struct fetch *f, struct batch *b)
 static void nt_fetch_end(struct net_tier *nt, struct fetch *f);
 static void nt_load_part_done(struct net_tier *nt, struct load_job *lj);
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f);
+static void nt_load_start(struct net_tier *nt, struct load_job *lj);
 
 /* ---- submit: the job becomes fetches ------------------------------------------- */
 
-/* The load job, whole: its record, its arrays of job->n (see struct load_job). */
-static struct load_job *nt_load_job_new(const struct kvt_job *job)
+/* The load job, whole: its record, its arrays of n (see struct load_job); a fetch
+ * into job also its destinations and its own copy of the keys. */
+static struct load_job *nt_load_job_alloc(size_t n, bool into)
 {
-    size_t n = job->n;
+    size_t extra = into ? n * (sizeof(uint64_t) + sizeof(struct kvt_key)) : 0;
     struct load_job *lj =
-        kvt_calloc(1, sizeof(*lj) + n * (sizeof(uint32_t) + sizeof(struct kvt_key) + 2));
+        kvt_calloc(1, sizeof(*lj) + extra + n * (sizeof(uint32_t) + sizeof(struct kvt_key) + 2));
+    uint8_t *p;
 
     if (lj == NULL)
         return NULL;
-    lj->job = job;
-    lj->idx = (uint32_t *)(lj + 1); /* the block's alignment, then bytes */
-    lj->ok_keys = (struct kvt_key *)(lj->idx + n);
-    lj->ok = (bool *)(lj->ok_keys + n);
+    p = (uint8_t *)(lj + 1); /* the block's alignment, then smaller and smaller */
+    if (into) {
+        lj->dst_off = (uint64_t *)p;
+        p += n * sizeof(uint64_t);
+    }
+    lj->idx = (uint32_t *)p;
+    p += n * sizeof(uint32_t);
+    lj->ok_keys = (struct kvt_key *)p;
+    p += n * sizeof(struct kvt_key);
+    if (into) {
+        lj->own.keys = (struct kvt_key *)p;
+        p += n * sizeof(struct kvt_key);
+    }
+    lj->ok = (bool *)p;
     lj->used = lj->ok + n;
+    return lj;
+}
+
+static struct load_job *nt_load_job_new(const struct kvt_job *job)
+{
+    struct load_job *lj = nt_load_job_alloc(job->n, false);
+
+    if (lj != NULL)
+        lj->job = job;
     return lj;
 }
 
@@ -87,13 +109,23 @@ int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
 {
     struct net_tier *nt = nt_of(t);
     struct load_job *lj = nt_load_job_new(job);
-    uint32_t per = KVT_MIN(nt->cfg.keys_per_fetch, (unsigned)NT_KEYS_PER_MSG);
 
     if (lj == NULL) {
         /* As after a failed load (vLLM's livelock rule): the next lookup asks again. */
         kvt_async_lookup_mark_miss(nt->al, job->keys, job->n);
         return -ENOMEM;
     }
+    nt_load_start(nt, lj);
+    return 0;
+}
+
+/* The job's keys, grouped by holder, become fetches queued on their peers; keys
+ * with no live holder, or no memory for their fetch, fail. */
+static void nt_load_start(struct net_tier *nt, struct load_job *lj)
+{
+    const struct kvt_job *job = lj->job;
+    uint32_t per = KVT_MIN(nt->cfg.keys_per_fetch, (unsigned)NT_KEYS_PER_MSG);
+
     lj->start_ns = kvt_now_ns();
     lj->parts_pending = 1; /* ours, dropped at the end: parts may end synchronously */
     for (size_t i = 0; i < job->n; i++) {
@@ -141,7 +173,6 @@ int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     }
     kvt__nt_pump(nt);
     nt_load_part_done(nt, lj);
-    return 0;
 }
 
 /* ---- the window: FETCH --------------------------------------------------------- */
@@ -274,36 +305,70 @@ fail:
 
 /* ---- READ and validation ------------------------------------------------------- */
 
+/* Where key ki of f's job lands: the job's primary slot, or its offset in the
+ * fetch-into region. */
+static struct kvt_tp_mr *nt_dest(struct net_tier *nt, const struct fetch *f, uint32_t ki,
+                                 uint64_t *off_p, uint8_t **row_p)
+{
+    const struct load_job *lj = f->lj;
+
+    if (lj->region != NULL) {
+        *off_p = lj->dst_off[ki];
+        *row_p = lj->region->base + lj->dst_off[ki];
+        return lj->region->mr;
+    }
+    *off_p = (uint64_t)lj->job->chunk_ids[ki] * nt->base.row_bytes;
+    *row_p = nt->base.primary_base + *off_p;
+    return nt->mr_local;
+}
+
+static void nt_batch_free(struct net_tier *nt, struct batch *b)
+{
+    for (uint32_t i = 0; i < b->n_words; i++)
+        nt->into_free[nt->n_into_free++] = b->words[i];
+    kvt_free(b);
+}
+
 static void nt_post_reads(struct net_tier *nt, struct fetch *f)
 {
     struct kvt_read_op ops[256];
     unsigned per = KVT_MIN(nt->cfg.max_ops_per_batch, (unsigned)KVT_ARRAY_SIZE(ops));
+    /* Fetch into with fences: each chunk holds a word of the pool while in flight. */
+    bool words = f->lj->region != NULL && f->fk != NULL;
 
     while (!f->failed && f->next_chunk < f->n_chunks) {
         uint32_t n = KVT_MIN(per, f->n_chunks - f->next_chunk);
-        struct batch *b = kvt_malloc(sizeof(*b));
+        struct kvt_tp_mr *mr = NULL;
+        struct batch *b;
         int rc;
 
+        if (words)
+            n = KVT_MIN(n, nt->n_into_free);
+        if (n == 0)
+            break; /* no fence word free: retried at the next poll */
+        b = kvt_malloc(sizeof(*b) + (words ? n * sizeof(uint32_t) : 0));
         if (b == NULL)
             break; /* retried at the next poll */
+        *b = (struct batch){.nt = nt, .fetch_id = f->id, .first = f->next_chunk, .n = n};
         for (uint32_t i = 0; i < n; i++) {
             const struct kvt_wire_chunk *ch = &f->chunks[f->next_chunk + i];
+            uint8_t *row;
 
             ops[i].remote_off = ch->offset;
-            ops[i].local_off =
-                (uint64_t)f->lj->job->chunk_ids[f->idx[ch->key_index]] * nt->base.row_bytes;
+            mr = nt_dest(nt, f, f->idx[ch->key_index], &ops[i].local_off, &row);
             ops[i].len = ch->length;
         }
-        *b = (struct batch){.nt = nt, .fetch_id = f->id, .first = f->next_chunk, .n = n};
-        rc = kvt_tp_read(f->ep, f->rk, nt->mr_local, ops, n, nt_read_done, b);
+        for (uint32_t i = 0; words && i < n; i++)
+            b->words[b->n_words++] = nt->into_free[--nt->n_into_free];
+        rc = kvt_tp_read(f->ep, f->rk, mr, ops, n, nt_read_done, b);
         if (rc == -EINPROGRESS)
             rc = 0; /* posted: nt_read_done follows */
         if (rc == -EAGAIN) {
-            kvt_free(b);
+            nt_batch_free(nt, b);
             break;
         }
         if (rc != 0) {
-            kvt_free(b);
+            nt_batch_free(nt, b);
             kvt_info(NT_MOD, "READ not posted to %016" PRIx64 ": %s", f->node, strerror(-rc));
             f->failed = true;
             break;
@@ -320,20 +385,22 @@ static void nt_post_reads(struct net_tier *nt, struct fetch *f)
 static int nt_post_fences(struct net_tier *nt, struct fetch *f, struct batch *b)
 {
     struct kvt_read_op ops[256];
+    struct kvt_tp_mr *mr = b->n_words > 0 ? nt->mr_into_fence : nt->mr_fence_in;
     int rc;
 
-    if (b->n > KVT_ARRAY_SIZE(ops))
+    if (b->n > KVT_ARRAY_SIZE(ops) || (f->lj->region != NULL && b->n_words != b->n))
         return -EINVAL;
     for (uint32_t i = 0; i < b->n; i++) {
         const struct kvt_wire_chunk *ch = &f->chunks[b->first + i];
-        uint64_t slot = (uint64_t)f->lj->job->chunk_ids[f->idx[ch->key_index]];
+        uint64_t w =
+            b->n_words > 0 ? b->words[i] : (uint64_t)f->lj->job->chunk_ids[f->idx[ch->key_index]];
 
         ops[i] = (struct kvt_read_op){.remote_off = ch->offset / ch->length * sizeof(uint32_t),
-                                      .local_off = slot * sizeof(uint32_t),
+                                      .local_off = w * sizeof(uint32_t),
                                       .len = sizeof(uint32_t)};
     }
     b->fences = true;
-    rc = kvt_tp_read(f->ep, f->fk, nt->mr_fence_in, ops, b->n, nt_read_done, b);
+    rc = kvt_tp_read(f->ep, f->fk, mr, ops, b->n, nt_read_done, b);
     return rc == -EINPROGRESS ? 0 : rc < 0 ? rc : -EIO;
 }
 
@@ -348,16 +415,16 @@ static void nt_fence_fail(struct net_tier *nt, struct fetch *f, enum kvt_net_fen
 }
 
 /* Chunk i of f was read into row: is it the granted one? Fences compare the word
- * READ after it (nt->fence_in at our slot) with the granted generation; checksums
- * hash it. */
+ * READ after it (*word: nt->fence_in at our slot, or a word of the into pool) with
+ * the granted generation; checksums hash it. */
 static bool nt_chunk_valid(struct net_tier *nt, struct fetch *f, const struct kvt_wire_chunk *ch,
-                           uint64_t slot, const uint8_t *row)
+                           uint32_t *word, const uint8_t *row)
 {
     uint64_t h, t0 = kvt_now_ns();
     bool ok;
 
     if (f->fk != NULL) {
-        uint32_t w = __atomic_load_n(&nt->fence_in[slot], __ATOMIC_ACQUIRE);
+        uint32_t w = __atomic_load_n(word, __ATOMIC_ACQUIRE);
 
         ok = w == ch->generation && !(w & 1);
         nt->c.verify_ns += kvt_now_ns() - t0;
@@ -402,15 +469,21 @@ static void nt_read_done(void *arg, int status)
             const struct kvt_wire_chunk *ch = &f->chunks[i];
             const struct kvt_job *job = f->lj->job;
             uint32_t ki = f->idx[ch->key_index]; /* the key's place in the job */
-            uint64_t slot = (uint64_t)job->chunk_ids[ki];
-            const uint8_t *row = nt->base.primary_base + slot * nt->base.row_bytes;
+            uint32_t *word = b->n_words > 0  ? &nt->into_fence[b->words[i - b->first]]
+                             : f->fk != NULL ? &nt->fence_in[job->chunk_ids[ki]]
+                                             : NULL;
+            uint64_t off;
+            uint8_t *row;
 
-            if (nt_chunk_valid(nt, f, ch, slot, row)) {
+            (void)nt_dest(nt, f, ki, &off, &row);
+            if (nt_chunk_valid(nt, f, ch, word, row)) {
                 f->chunk_ok[i] = true;
                 /* The primary then need not hash the row again when the promotion
                  * completes (checksum_on_complete): the bytes are the holder's, of
-                 * that checksum. */
-                (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], ch->checksum);
+                 * that checksum. A row read into a caller's region is not the
+                 * primary's. */
+                if (f->lj->region == NULL)
+                    (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], ch->checksum);
             }
         }
         if (status != 0 && !f->failed) {
@@ -420,7 +493,7 @@ static void nt_read_done(void *arg, int status)
         if (f->batches_in_flight == 0 && (f->failed || f->next_chunk == f->n_chunks))
             nt_fetch_end(nt, f);
     }
-    kvt_free(b);
+    nt_batch_free(nt, b);
 }
 
 /* ---- the end: RELEASE, the job's verdicts -------------------------------------- */
@@ -459,6 +532,10 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
             nt->c.pulled_bytes += f->chunks[i].length;
             if (p != NULL)
                 p->pulled_bytes += f->chunks[i].length;
+            if (lj->region != NULL) {
+                nt->c.into_chunks++;
+                nt->c.into_bytes += f->chunks[i].length;
+            }
         }
         if (f->grant_ns != 0)
             nt->c.read_ns += now - f->grant_ns;
@@ -501,7 +578,10 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
                                 .n_ok = n_ok < job->n ? n_ok : 0,
                                 .seconds = (double)(kvt_now_ns() - lj->start_ns) * 1e-9,
                                 .bytes = (int64_t)lj->bytes};
-    kvt__nt_job_done(nt, &lj->done);
+    if (lj->region != NULL)
+        kvt_list_add_tail(&nt->into_done, &lj->done.link); /* its callback, next poll */
+    else
+        kvt__nt_job_done(nt, &lj->done);
 }
 
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f)
@@ -609,4 +689,181 @@ void kvt__nt_fetch_cleanup(struct net_tier *nt)
             kvt_tp_rkey_destroy(tp, f->fk);
     }
     kvt__nt_free_map(&nt->fetches);
+}
+
+/* ---- fetch into: the caller's regions ------------------------------------------ */
+
+/* The fence word pool, registered with the first region. */
+static int nt_into_pool(struct net_tier *nt)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+    int rc;
+
+    if (nt->mr_into_fence != NULL)
+        return 0;
+    if (nt->into_fence == NULL) {
+        nt->into_fence = kvt_calloc(NT_INTO_FENCE_WORDS, sizeof(*nt->into_fence));
+        nt->into_free = kvt_calloc(NT_INTO_FENCE_WORDS, sizeof(*nt->into_free));
+        if (nt->into_fence == NULL || nt->into_free == NULL)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < NT_INTO_FENCE_WORDS; i++)
+            nt->into_free[i] = NT_INTO_FENCE_WORDS - 1 - i;
+        nt->n_into_free = NT_INTO_FENCE_WORDS;
+    }
+    rc = kvt_tp_reg_local(tp, nt->into_fence, NT_INTO_FENCE_WORDS * sizeof(*nt->into_fence),
+                          &nt->mr_into_fence);
+    if (rc != 0)
+        nt->mr_into_fence = NULL;
+    return rc;
+}
+
+int kvt_net_tier_region_add(struct kvt_tier *t, void *base, size_t len, struct kvt_net_region **r_p)
+{
+    struct net_tier *nt = nt_of(t);
+    struct kvt_net_region *r;
+    int rc;
+
+    if (base == NULL || len == 0)
+        return -EINVAL;
+    if (nt->shut)
+        return -ESHUTDOWN;
+    rc = nt_into_pool(nt);
+    if (rc != 0) {
+        kvt_error(NT_MOD, "cannot register the fence words of fetch into: %s", strerror(-rc));
+        return rc;
+    }
+    r = kvt_calloc(1, sizeof(*r));
+    if (r == NULL)
+        return -ENOMEM;
+    rc = kvt_tp_reg_local(kvt_peers_transport(nt->peers), base, len, &r->mr);
+    if (rc != 0) {
+        kvt_error(NT_MOD, "cannot register a region of %zu bytes for fetch into: %s", len,
+                  strerror(-rc));
+        kvt_free(r);
+        return rc;
+    }
+    r->base = base;
+    r->len = len;
+    kvt_list_add_tail(&nt->regions, &r->link);
+    *r_p = r;
+    return 0;
+}
+
+static void nt_region_free(struct net_tier *nt, struct kvt_net_region *r)
+{
+    kvt_list_del(&r->link);
+    kvt_tp_dereg(r->mr, kvt_peers_transport(nt->peers));
+    if (r->free_cb != NULL)
+        r->free_cb(r->base, r->len);
+    kvt_free(r);
+}
+
+static void nt_fail_region_fetch(struct net_tier *nt, void *v, void *arg)
+{
+    struct fetch *f = v;
+
+    if (f->lj->region != arg || f->failed)
+        return;
+    f->failed = true;
+    if (f->batches_in_flight == 0)
+        nt_fetch_end(nt, f);
+}
+
+void kvt_net_tier_region_remove(struct kvt_tier *t, struct kvt_net_region *r,
+                                kvt_net_region_free_cb free_cb)
+{
+    struct net_tier *nt = nt_of(t);
+
+    if (r == NULL)
+        return;
+    r->removed = true;
+    r->free_cb = free_cb;
+    /* Fetches not reading end now; those reading when their batches complete. */
+    kvt__nt_for_each(nt, &nt->fetches, nt_fail_region_fetch, r);
+    /* Its ended jobs go at the next delivery, without their callbacks. */
+    if (r->jobs == 0)
+        nt_region_free(nt, r);
+}
+
+int kvt_net_tier_fetch_into(struct kvt_tier *t, struct kvt_net_region *r,
+                            const struct kvt_key *keys, const uint64_t *offs, size_t n,
+                            kvt_net_into_cb_t cb, void *arg)
+{
+    struct net_tier *nt = nt_of(t);
+    size_t row = nt->base.row_bytes;
+    struct load_job *lj;
+
+    if (r == NULL || keys == NULL || offs == NULL || cb == NULL || n == 0 || n > (1u << 20) ||
+        row == 0)
+        return -EINVAL;
+    if (r->removed || nt->shut)
+        return -ESHUTDOWN;
+    for (size_t i = 0; i < n; i++) {
+        if (offs[i] % row != 0 || offs[i] > r->len || r->len - offs[i] < row)
+            return -EINVAL;
+    }
+    lj = nt_load_job_alloc(n, true);
+    if (lj == NULL)
+        return -ENOMEM;
+    lj->region = r;
+    lj->cb = cb;
+    lj->cb_arg = arg;
+    lj->own.id = nt->next_id++;
+    lj->own.n = n;
+    memcpy(lj->own.keys, keys, n * sizeof(*keys));
+    memcpy(lj->dst_off, offs, n * sizeof(*offs));
+    lj->job = &lj->own;
+    r->jobs++;
+    nt_load_start(nt, lj);
+    return -EINPROGRESS;
+}
+
+void kvt__nt_into_deliver(struct net_tier *nt)
+{
+    struct kvt_list done, *pos, *tmp;
+
+    if (kvt_list_empty(&nt->into_done))
+        return;
+    /* A callback may start jobs that end at once: they wait for the next call. */
+    done.next = nt->into_done.next;
+    done.prev = nt->into_done.prev;
+    done.next->prev = &done;
+    done.prev->next = &done;
+    kvt_list_init(&nt->into_done);
+    kvt_list_for_each_safe(pos, tmp, &done)
+    {
+        struct load_job *lj = kvt_list_entry(pos, struct load_job, done.link);
+        struct kvt_net_region *r = lj->region;
+
+        kvt_list_del(pos);
+        if (!r->removed)
+            lj->cb(lj->cb_arg, lj->ok, lj->own.n);
+        kvt_free(lj);
+        if (--r->jobs == 0 && r->removed)
+            nt_region_free(nt, r);
+    }
+}
+
+void kvt__nt_into_cleanup(struct net_tier *nt)
+{
+    struct kvt_list *pos, *tmp;
+
+    /* The fetches are freed: their jobs go with the ended ones. */
+    kvt_list_for_each_safe(pos, tmp, &nt->into_done)
+    {
+        kvt_list_del(pos);
+        kvt_free(kvt_list_entry(pos, struct load_job, done.link));
+    }
+    kvt_list_for_each_safe(pos, tmp, &nt->regions)
+    {
+        struct kvt_net_region *r = kvt_list_entry(pos, struct kvt_net_region, link);
+
+        r->jobs = 0;
+        nt_region_free(nt, r);
+    }
+    if (nt->mr_into_fence != NULL)
+        kvt_tp_dereg(nt->mr_into_fence, kvt_peers_transport(nt->peers));
+    nt->mr_into_fence = NULL;
+    kvt_free(nt->into_fence);
+    kvt_free(nt->into_free);
 }

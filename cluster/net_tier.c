@@ -283,6 +283,7 @@ int kvt__nt_progress(struct net_tier *nt)
         kvt__nt_expire_leases(nt, now);
     }
     kvt__nt_pump(nt);
+    kvt__nt_into_deliver(nt);
     return rc;
 }
 
@@ -303,7 +304,7 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t)
 static bool nt_busy(struct net_tier *nt)
 {
     return kvt_map_size(&nt->fetches) > 0 || kvt_map_size(&nt->leases) > 0 || nt->n_in > 0 ||
-           !kvt_list_empty(&nt->done);
+           !kvt_list_empty(&nt->done) || !kvt_list_empty(&nt->into_done);
 }
 
 static int nt_drain_jobs(struct kvt_tier *t)
@@ -402,6 +403,7 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= nt_stat(out, KVT_M_NET_PULLED_CHUNKS, label, c->pulled_chunks, &r->pulled_chunks);
     rc |= nt_stat(out, KVT_M_NET_PULLED_BYTES, label, c->pulled_bytes, &r->pulled_bytes);
     rc |= nt_stat(out, KVT_M_NET_SERVED_BYTES, label, c->served_bytes, &r->served_bytes);
+    rc |= nt_stat(out, KVT_M_NET_INTO_CHUNKS, label, c->into_chunks, &r->into_chunks);
     rc |= nt_stat(out, KVT_M_NET_CHECKSUM_FAIL, label, c->checksum_failures, &r->checksum_failures);
     rc |= nt_stat(out, KVT_M_NET_FENCE_FAIL, label, c->fence_failures, &r->fence_failures);
     rc |= nt_stat(out, KVT_M_NET_LEASE_EXPIRED, label, c->lease_expiries, &r->lease_expiries);
@@ -450,6 +452,13 @@ const char *kvt_net_fence_reason_name(unsigned r)
     };
 
     return r < KVT_NET_FENCE_N_REASONS ? names[r] : "?";
+}
+
+static const struct kvt_tier_ops nt_ops;
+
+bool kvt_net_tier_is(const struct kvt_tier *t)
+{
+    return t != NULL && t->ops == &nt_ops;
 }
 
 bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len)
@@ -508,6 +517,7 @@ static void nt_destroy(struct kvt_tier *t)
     kvt_async_lookup_destroy(nt->al);
     kvt__nt_locate_cleanup(nt);
     kvt__nt_fetch_cleanup(nt);
+    kvt__nt_into_cleanup(nt);
     kvt__nt_serve_cleanup(nt);
     kvt__nt_free_map(&nt->nodes);
     kvt_map_cleanup(&nt->published);
@@ -585,6 +595,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     nt->next_id = 1;
     nt->lq_tail = &nt->lq_head;
     kvt_list_init(&nt->done);
+    kvt_list_init(&nt->regions);
+    kvt_list_init(&nt->into_done);
     nt->next_republish_ns = kvt_now_ns() + ms_ns(nt->cfg.record_ttl_ms) / 2;
     pthread_mutex_init(&nt->mu, NULL);
     pthread_condattr_init(&ca);

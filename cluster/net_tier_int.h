@@ -89,10 +89,17 @@ struct nt_done {
 };
 
 /* A load job: made whole at submit (job->n entries in each array, one allocation),
- * freed after its report. */
+ * freed after its report. A fetch-into job (region not NULL) is the same with a
+ * job of its own (own: keys copied, no chunk ids) and a destination per key; it
+ * ends on nt->into_done, and is freed after its callback, through its link. */
 struct load_job {
     struct nt_done done; /* first: the block is freed through it */
     const struct kvt_job *job;
+    struct kvt_net_region *region; /* fetch into: where the rows land; else NULL */
+    uint64_t *dst_off;             /* fetch into: key i's row at region->base + dst_off[i] */
+    kvt_net_into_cb_t cb;
+    void *cb_arg;
+    struct kvt_job own;
     size_t parts_pending; /* fetches not ended, + 1 while submit runs */
     uint64_t start_ns;
     uint64_t bytes;
@@ -135,8 +142,28 @@ struct batch {
     struct net_tier *nt;
     uint64_t fetch_id;
     uint32_t first, n;
-    bool fences; /* the READ in flight is of the fence words */
+    bool fences;      /* the READ in flight is of the fence words */
+    uint32_t n_words; /* fetch into with fences: n words of nt->into_fence, held */
+    uint32_t words[]; /* chunk first + i's fence word lands in into_fence[words[i]] */
 };
+
+/* A caller's region for fetch into (kvt/net_tier.h). jobs counts its load jobs not
+ * yet freed: a removed region is deregistered and handed back when it reaches 0,
+ * so no READ lands in memory the caller unmapped. */
+struct kvt_net_region {
+    struct kvt_list link; /* nt->regions */
+    uint8_t *base;
+    size_t len;
+    struct kvt_tp_mr *mr;
+    unsigned jobs;
+    bool removed;
+    kvt_net_region_free_cb free_cb;
+};
+
+/* Fence words of fetch-into READs land in a pool of their own (the primary's
+ * fence_in is indexed by primary slot): a batch takes a word per chunk when its
+ * rows are posted and gives them back when it is freed. */
+#define NT_INTO_FENCE_WORDS 4096u
 
 struct inbound { /* a peer's FETCH waiting for the serving loop */
     uint64_t from, from_inc;
@@ -232,6 +259,12 @@ struct net_tier {
     uint32_t *fence_in; /* [num_chunks] */
     uint8_t fence_handle[KVT_TP_MAX_HANDLE_SIZE];
     size_t fence_handle_len;
+    /* Fetch into: the callers' regions, ended into jobs waiting for their callback
+     * (load_job.done.link), the fence word pool and its free stack. */
+    struct kvt_list regions, into_done;
+    uint32_t *into_fence, *into_free;
+    uint32_t n_into_free;
+    struct kvt_tp_mr *mr_into_fence;
     bool omit_fences; /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
 
@@ -337,6 +370,10 @@ void kvt__nt_expire_fetches(struct net_tier *nt, uint64_t now);
 void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
 /* Destroy: frees the fetches. */
 void kvt__nt_fetch_cleanup(struct net_tier *nt);
+/* Fires the callbacks of the fetch-into jobs that ended (loop top level). */
+void kvt__nt_into_deliver(struct net_tier *nt);
+/* Destroy: frees the into jobs not delivered, the regions, the word pool. */
+void kvt__nt_into_cleanup(struct net_tier *nt);
 
 /* ---- net_serve.c --------------------------------------------------------------- */
 

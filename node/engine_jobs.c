@@ -18,9 +18,27 @@
  *          primary (prepare_store / complete_store, so its storage and network tiers
  *          take them as any chunk); keys it holds already count as stored;
  *   load   the node fills the job's rows of the attached region from its primary;
- *          a key still being promoted (from storage or a peer) waits, in the
- *          client's pending list, until it is HIT, MISS or the wait times out.
- * A row is reported done only after it was validated: a stored row compares equal
+ *          a key still being promoted (from storage) waits, in the client's
+ *          pending list, until it is HIT, MISS or the wait times out; a key on a
+ *          peer is READ by the network tier straight into the job's row
+ *          (kvt_net_tier_fetch_into, the region registered with the transport at
+ *          ATTACH): no copy through the node's primary, and the key does not enter
+ *          it (a second copy would cost a primary row and the memcpy this avoids;
+ *          the peer keeps its own, so a later load pulls again).
+ *
+ * DIRECT READS: when the node has a network tier, the jobs request's lookups leave
+ * it out of the manager (its load_tier_filter names every other tier), so the
+ * manager never promotes a peer's chunk for an engine's lookup; a key the manager
+ * misses is asked of the network tier, whose HIT (a live holder located) is the
+ * engine's HIT. A load job's keys the manager misses and the network tier locates
+ * go to one fetch into per pass; each key's row is reported done only once the
+ * network tier validated it (its fence word, or its checksum: network.verify),
+ * else it fails - a torn or rewritten row is a failed key, never wrong bytes
+ * reported loaded. Without a network tier, or when it cannot register the region,
+ * or when another tier has the network tier's medium and locality (the filter
+ * could not tell them apart), peer keys take the old path through the primary.
+ * A row is reported done only after it was validated (rows read from a peer: as
+ * above): a stored row compares equal
  * in the engine's region and in the primary (then its checksum is kept); a loaded row hashes to the
  * checksum the primary holds for the chunk (set when it was stored, or by the network tier when it
  * verified a peer's bytes), or when none is held, to the primary row's hash after the copy. The
@@ -42,7 +60,9 @@
 #include "kvt/clock.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
+#include "kvt/list.h"
 #include "kvt/manager.h"
+#include "kvt/net_tier.h"
 #include "kvt/primary.h"
 
 #define MOD "engine_jobs"
@@ -51,7 +71,8 @@
 /* Keys of load jobs one client may have waiting. */
 #define EJOB_MAX_WAITING (1u << 20)
 
-enum { KEY_WAITING = 0, KEY_OK = 1, KEY_FAILED = 2 };
+/* KEY_REMOTE: in a fetch into; still counted waiting until its callback. */
+enum { KEY_WAITING = 0, KEY_OK = 1, KEY_FAILED = 2, KEY_REMOTE = 3 };
 
 /* One job, from submission to its report. */
 struct ejob {
@@ -64,6 +85,15 @@ struct ejob {
     uint8_t *state; /* KEY_* per key */
     uint64_t deadline_ns;
     struct ejob *next;
+};
+
+/* One fetch into of a job's keys, until its callback (or the client's end). */
+struct ejob_into {
+    struct kvt_list link; /* kvt_ejobs.into */
+    struct kvt_ejobs *j;
+    struct ejob *e;
+    uint32_t n;
+    uint32_t idx[]; /* the keys' places in e */
 };
 
 /* Loop thread only. */
@@ -81,6 +111,9 @@ struct kvt_ejobs {
     uint32_t n_waiting_keys;
     struct kvt_store_output out;
     struct kvt_engine_server_counters *ctr;
+    struct kvt_tier *net;        /* the network tier when reads go direct, else NULL */
+    struct kvt_net_region *nreg; /* the region, registered with it */
+    struct kvt_list into;        /* ejob_into in flight */
 };
 
 static void ejob_free(struct ejob *e)
@@ -97,6 +130,54 @@ static uint8_t *arow(const struct kvt_ejobs *j, int64_t row)
 }
 
 /* ---- attach ----------------------------------------------------------------------- */
+
+static void region_unmap(void *base, size_t len)
+{
+    munmap(base, len);
+}
+
+/* Direct reads (see above): the network tier, the jobs request's filter without
+ * it, the region registered. Left off (the old path) when any of it cannot be. */
+static void direct_setup(struct kvt_ejobs *j, uint64_t client_id, size_t size)
+{
+    struct kvt_tier_filter f = {.all = false, .n = 0};
+    struct kvt_tier *net = NULL;
+    size_t n = kvt_manager_num_tiers(j->m);
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        if (kvt_net_tier_is(kvt_manager_tier(j->m, i)))
+            net = kvt_manager_tier(j->m, i);
+    }
+    if (net == NULL)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        struct kvt_tier *t = kvt_manager_tier(j->m, i);
+
+        if (t == net)
+            continue;
+        if ((t->medium == net->medium && t->locality == net->locality) ||
+            f.n == KVT_FILTER_MAX_MATCHERS) {
+            kvt_info(MOD,
+                     "client %llu: tier %s cannot be told from the network tier; peer "
+                     "rows go through the primary",
+                     (unsigned long long)client_id, t->type);
+            return;
+        }
+        f.m[f.n++] = (struct kvt_tier_matcher){.medium = t->medium, .locality = t->locality};
+    }
+    rc = kvt_net_tier_region_add(net, j->map, size, &j->nreg);
+    if (rc < 0) {
+        kvt_warn(MOD,
+                 "client %llu: its region cannot be registered (%s); peer rows go through "
+                 "the primary",
+                 (unsigned long long)client_id, strerror(-rc));
+        j->nreg = NULL;
+        return;
+    }
+    j->net = net;
+    j->ctx->load_tier_filter = f;
+}
 
 int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t client_id, int fd,
                       const struct kvt_emsg *q, struct kvt_emsg *r,
@@ -168,6 +249,8 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
     rc = kvt_req_ctx_create(req_id, NULL, &j->ctx);
     if (rc < 0)
         goto err_unmap;
+    kvt_list_init(&j->into);
+    direct_setup(j, client_id, size);
     rc = kvt_manager_on_new_request(m, j->ctx, &policy);
     if (rc < 0)
         goto err_ctx;
@@ -185,9 +268,14 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
 
 err_ctx:
     kvt_req_ctx_unref(j->ctx);
+    if (j->nreg != NULL) {
+        kvt_net_tier_region_remove(j->net, j->nreg, region_unmap);
+        j->map = NULL; /* unmapped by the network tier's callback */
+    }
 err_unmap:
     kvt_store_output_cleanup(&j->out);
-    munmap(j->map, j->map_len);
+    if (j->map != NULL)
+        munmap(j->map, j->map_len);
 err_free:
     kvt_free(j);
 refuse:
@@ -203,6 +291,16 @@ void kvt__ejobs_destroy(struct kvt_ejobs *j)
 
     if (j == NULL)
         return;
+    /* First: no callback fires after this, and the network tier unmaps the region
+     * once no READ of it is in flight. */
+    if (j->nreg != NULL)
+        kvt_net_tier_region_remove(j->net, j->nreg, region_unmap);
+    while (!kvt_list_empty(&j->into)) {
+        struct kvt_list *l = j->into.next;
+
+        kvt_list_del(l);
+        kvt_free(kvt_list_entry(l, struct ejob_into, link));
+    }
     for (e = j->waiting; e != NULL; e = next) {
         next = e->next;
         ejob_free(e);
@@ -214,7 +312,8 @@ void kvt__ejobs_destroy(struct kvt_ejobs *j)
     kvt_manager_on_request_finished(j->m, j->ctx);
     kvt_req_ctx_unref(j->ctx);
     kvt_store_output_cleanup(&j->out);
-    munmap(j->map, j->map_len);
+    if (j->nreg == NULL)
+        munmap(j->map, j->map_len);
     kvt_free(j);
 }
 
@@ -332,16 +431,75 @@ static uint8_t load_one(struct kvt_ejobs *j, const struct kvt_key *key, int64_t 
     return ok ? KEY_OK : KEY_FAILED;
 }
 
-/* Advances one load job; true when it is finished. */
+/* The network tier read (or failed) a fetch into's keys. */
+static void into_done(void *arg, const bool *ok, size_t n)
+{
+    struct ejob_into *in = arg;
+    struct kvt_ejobs *j = in->j;
+    struct ejob *e = in->e;
+
+    for (size_t k = 0; k < n && k < in->n; k++) {
+        uint32_t i = in->idx[k];
+
+        e->state[i] = ok[k] ? KEY_OK : KEY_FAILED;
+        if (ok[k])
+            j->ctr->job_rows_read_direct++;
+        e->n_waiting--;
+        j->n_waiting_keys--;
+    }
+    kvt_list_del(&in->link);
+    kvt_free(in);
+}
+
+/* The keys idx[0..n) of e, located on peers: one fetch into their rows. */
+static void fetch_into(struct kvt_ejobs *j, struct ejob *e, const uint32_t *idx, uint32_t n)
+{
+    struct ejob_into *in = kvt_malloc(sizeof(*in) + n * sizeof(uint32_t));
+    struct kvt_key *keys = kvt_calloc(n, sizeof(*keys));
+    uint64_t *offs = kvt_calloc(n, sizeof(*offs));
+    int rc = -ENOMEM;
+
+    if (in != NULL && keys != NULL && offs != NULL) {
+        *in = (struct ejob_into){.j = j, .e = e, .n = n};
+        for (uint32_t k = 0; k < n; k++) {
+            in->idx[k] = idx[k];
+            keys[k] = e->keys[idx[k]];
+            offs[k] = (uint64_t)e->rows[idx[k]] * j->prow;
+            e->state[idx[k]] = KEY_REMOTE;
+        }
+        kvt_list_add_tail(&j->into, &in->link);
+        rc = kvt_net_tier_fetch_into(j->net, j->nreg, keys, offs, n, into_done, in);
+    }
+    kvt_free(keys);
+    kvt_free(offs);
+    if (rc == -EINPROGRESS)
+        return;
+    kvt_warn(MOD, "a fetch into the engine's region of %u keys failed to start: %s", n,
+             strerror(-rc));
+    for (uint32_t k = 0; k < n; k++) {
+        e->state[idx[k]] = KEY_FAILED;
+        e->n_waiting--;
+        j->n_waiting_keys--;
+    }
+    if (in != NULL && in->link.next != NULL)
+        kvt_list_del(&in->link);
+    kvt_free(in);
+}
+
+/* Advances one load job; true when it is finished. Keys the manager misses go to
+ * the network tier when reads are direct: located ones are fetched into their rows
+ * (all of this pass at once), the others wait for its lookup or fail. */
 static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now)
 {
-    struct kvt_key *keys = kvt_calloc(e->n_waiting ? e->n_waiting : 1, sizeof(*keys));
-    enum kvt_lookup_result *res = kvt_calloc(e->n_waiting ? e->n_waiting : 1, sizeof(*res));
-    uint32_t *idx = kvt_calloc(e->n_waiting ? e->n_waiting : 1, sizeof(*idx));
-    uint32_t n = 0;
+    size_t cap = e->n_waiting ? e->n_waiting : 1;
+    struct kvt_key *keys = kvt_calloc(cap, sizeof(*keys));
+    enum kvt_lookup_result *res = kvt_calloc(cap, sizeof(*res));
+    uint32_t *idx = kvt_calloc(cap, sizeof(*idx));
+    uint32_t *remote = kvt_calloc(cap, sizeof(*remote));
+    uint32_t n = 0, n_remote = 0;
     bool expired = now >= e->deadline_ns;
 
-    if (keys == NULL || res == NULL || idx == NULL)
+    if (keys == NULL || res == NULL || idx == NULL || remote == NULL)
         goto out; /* try again on the next pass */
     for (uint32_t i = 0; i < e->n; i++) {
         if (e->state[i] == KEY_WAITING) {
@@ -352,20 +510,30 @@ static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now)
     kvt_manager_lookup_many(j->m, keys, n, j->ctx, false, res);
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = idx[k];
+        enum kvt_lookup_result r = res[k];
 
-        if (res[k] == KVT_HIT)
+        if (r == KVT_MISS && j->net != NULL)
+            r = kvt_tier_lookup(j->net, &e->keys[i], j->ctx);
+        if (res[k] == KVT_MISS && r == KVT_HIT) {
+            remote[n_remote++] = i; /* on a peer: read straight into its row */
+            continue;
+        }
+        if (r == KVT_HIT)
             e->state[i] = load_one(j, &e->keys[i], e->rows[i]);
-        else if (res[k] == KVT_MISS || expired)
+        else if (r == KVT_MISS || expired)
             e->state[i] = KEY_FAILED;
         if (e->state[i] != KEY_WAITING) {
             e->n_waiting--;
             j->n_waiting_keys--;
         }
     }
+    if (n_remote > 0)
+        fetch_into(j, e, remote, n_remote);
 out:
     kvt_free(keys);
     kvt_free(res);
     kvt_free(idx);
+    kvt_free(remote);
     return e->n_waiting == 0;
 }
 
@@ -492,8 +660,13 @@ int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_em
             return -ENOMEM;
         }
         kvt_manager_lookup_many(j->m, qkeys, q->n_keys, j->ctx, false, res);
-        for (uint32_t i = 0; i < q->n_keys; i++)
+        for (uint32_t i = 0; i < q->n_keys; i++) {
+            /* Direct reads: a key on a peer is loadable as it is (HIT), not once
+             * promoted. */
+            if (res[i] == KVT_MISS && j->net != NULL)
+                res[i] = kvt_tier_lookup(j->net, &qkeys[i], j->ctx);
             r->results[i] = (uint8_t)res[i];
+        }
         r->n_results = q->n_keys;
         r->has |= 1u << KVT_EF_RESULTS;
         kvt_free(res);

@@ -686,6 +686,9 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            KVT_METRIC_COUNTER, ec.job_rows_stored);
     SAMPLE("kvtier_engine_job_rows_loaded", "Rows of engine load jobs validated in their region",
            KVT_METRIC_COUNTER, ec.job_rows_loaded);
+    SAMPLE("kvtier_engine_job_rows_read_direct",
+           "Rows of engine load jobs READ from a peer straight into their region",
+           KVT_METRIC_COUNTER, ec.job_rows_read_direct);
     SAMPLE("kvtier_engine_job_rows_failed", "Rows of engine jobs reported failed",
            KVT_METRIC_COUNTER, ec.job_rows_failed);
     SAMPLE("kvtier_engine_ring_requests", "Engine API requests served from shared-memory rings",

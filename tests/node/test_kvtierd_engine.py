@@ -14,11 +14,19 @@ needs the daemon's storage and network tiers.
 - Two nodes: peers() and `kvtier peers` list each other with the bytes moved; a
   reset of the holder withdraws its directory records at once, so the other node's
   first verdict for its chunks is MISS, never HIT_PENDING.
+- Two nodes, load jobs into an attached region: B's engine loads chunks A's engine
+  stored; each row is READ from A straight into B's engine region (kvtier_net_pulled_
+  into_chunks and /metrics' kvtier_engine_job_rows_read_direct count them, B's
+  primary never holds them); a row A rewrites while B reads fails its key, never
+  arrives as wrong bytes.
 
 Run by ctest (label "node"): argv[1] kvtierd, argv[2] the kvtier CLI;
 $KVTIER_CLIENT_LIB the library, $PYTHONPATH the package's folder."""
 
 import errno
+import mmap
+import socket
+import urllib.request
 import os
 import re
 import shutil
@@ -58,6 +66,7 @@ class Node:
         self.seeds = list(seeds)
         self.listen, self.advertise = listen, advertise
         self.fingerprint = None
+        self.metrics_port = 0  # 0: no /metrics
         self.proc = None
         self.port = None
 
@@ -76,7 +85,7 @@ class Node:
                   "  advertise: \"%s\"" % (self.advertise or ""),
                   "cluster:", "  secret_file: %s" % self.secret,
                   "engine:", "  socket: %s" % self.sock,
-                  "metrics:", "  port: 0",
+                  "metrics:", "  port: %d" % self.metrics_port,
                   "log:", "  level: info"]
         return "\n".join(lines) + "\n"
 
@@ -309,6 +318,77 @@ class Kvtierd(unittest.TestCase):
                 n.client("m1", fingerprint="model-one")
             self.assertEqual(e.exception.errno, errno.EKEYREJECTED)
         n.stop()
+
+    def metrics(self, n):
+        """n's /metrics text, the next snapshot (n.metrics_port was set)."""
+        time.sleep(1.2)
+        url = "http://127.0.0.1:%d/metrics" % n.metrics_port
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.read().decode()
+
+    def test_load_jobs_read_peer_rows_into_the_region(self):
+        a = self.node("ja", 0xA, storage=False)
+        a.start()
+        b = self.node("jb", 0xB, storage=False, seeds=["127.0.0.1:%d" % a.port])
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            b.metrics_port = sk.getsockname()[1]
+        b.start()
+        region = os.path.join(self.work, "engine-b.region")
+        rows = 8
+        fd = os.open(region, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, rows * ROW)
+        mm = mmap.mmap(fd, rows * ROW)
+        try:
+            with a.client("ea") as ea, b.client("eb") as eb:
+                for _ in range(500):
+                    if len([p for p in eb.peers() if p.state == kvtier.PEER_ALIVE]) == 1:
+                        break
+                    time.sleep(0.02)
+                keys = [key("direct", i) for i in range(5)]
+                store(ea, "sa", keys)
+                eb.attach_region(fd, 0, rows, ROW)
+                mm[:] = b"\xee" * (rows * ROW)
+                # The lookup: RETRY while A is located, then HIT (never HIT_PENDING:
+                # nothing is promoted into B's primary).
+                seen = set()
+                for _ in range(2000):
+                    verdicts, _ = eb.jobs_step(keys)
+                    seen.update(verdicts)
+                    if verdicts == [kvtier.HIT] * 5:
+                        break
+                    time.sleep(0.005)
+                self.assertEqual(verdicts, [kvtier.HIT] * 5)
+                self.assertNotIn(kvtier.HIT_PENDING, seen)
+                dest = [7, 0, 3, 1, 5]
+                _, fin = eb.jobs_step([], [kvtier.Job(30, kvtier.JOB_LOAD, keys, dest)])
+                done = {d.id: d for d in fin}
+                for _ in range(2000):
+                    if 30 in done:
+                        break
+                    time.sleep(0.002)
+                    _, fin = eb.jobs_step()
+                    done.update({d.id: d for d in fin})
+                self.assertTrue(done[30].ok, done[30].key_ok)
+                for k, r in zip(keys, dest):
+                    self.assertEqual(mm[r * ROW:(r + 1) * ROW], content(k), "row %d" % r)
+                for r in set(range(rows)) - set(dest):
+                    self.assertEqual(mm[r * ROW:(r + 1) * ROW], b"\xee" * ROW, "row %d" % r)
+                self.assertEqual(total(eb, "kvtier_net_pulled_into_chunks"), 5)
+                text = self.metrics(b)
+                self.assertRegex(text, r"(?m)^kvtier_engine_job_rows_read_direct_total 5$")
+                self.assertRegex(text, r"(?m)^kvtier_primary_chunks 0$")
+                # Not in B's primary: a plain lookup is no HIT at first.
+                eb.on_new_request("plain")
+                first = eb.lookup("plain", keys)
+                self.assertNotIn(kvtier.HIT, first)
+                eb.on_request_finished("plain")
+                eb.on_schedule_end()
+        finally:
+            mm.close()
+            os.close(fd)
+        b.stop()
+        a.stop()
 
     def test_two_nodes_peers_and_reset(self):
         a = self.node("a", 0xA, storage=False)

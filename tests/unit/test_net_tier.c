@@ -822,6 +822,216 @@ static void test_reset_unpublishes_everything(void **state)
     tn_stop(&a);
 }
 
+/* ---- fetch into: rows READ straight into a caller's region --------------------- */
+
+struct into_res {
+    int calls;
+    bool ok[16];
+    size_t n;
+};
+
+static void into_done(void *arg, const bool *ok, size_t n)
+{
+    struct into_res *r = arg;
+
+    r->calls++;
+    r->n = n;
+    memcpy(r->ok, ok, n * sizeof(*ok));
+}
+
+static int g_freed;
+static void *g_freed_base;
+
+static void region_freed(void *base, size_t len)
+{
+    (void)len;
+    g_freed++;
+    g_freed_base = base;
+}
+
+/* B pulls K keys of A into a region of its own (not its primary), each at the row
+ * the test names (in reverse order); A rewrites one granted row and is still
+ * writing another while B reads: those two keys fail, the others hold A's bytes
+ * in the region, B's primary holds none of them, and into_chunks counts K - 2. */
+static void into_rewrite_during_read(enum kvt_net_verify mode)
+{
+    enum { K = 8, REGION_ROWS = K + 2 };
+    struct kvt_net_tier_config nc = {.verify = mode};
+    struct kvt_net_tier_counts cb;
+    struct kvt_net_region *reg;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[K];
+    struct into_res res = {0};
+    uint64_t offs[K];
+    uint8_t *region, *row;
+    struct kvt_stats st;
+    char label[48];
+    struct tn a, b;
+
+    tn_start_cfg(&a, 0xA, 0, &nc);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 500, K, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    region = aligned_alloc(4096, REGION_ROWS * ROW);
+    assert_non_null(region);
+    memset(region, 0xaa, REGION_ROWS * ROW);
+    assert_int_equal(kvt_net_tier_region_add(b.net, region, REGION_ROWS * ROW, &reg), 0);
+    for (size_t i = 0; i < K; i++) {
+        key_of(500 + (uint32_t)i, &keys[i]);
+        offs[i] = (uint64_t)(REGION_ROWS - 1 - i) * ROW;
+    }
+    /* Bad destinations: refused, nothing started. */
+    offs[0] += 1;
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res), -EINVAL);
+    offs[0] = (uint64_t)REGION_ROWS * ROW;
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res), -EINVAL);
+    offs[0] = (uint64_t)(REGION_ROWS - 1) * ROW;
+
+    /* B's tier locates every key (no manager lookup: nothing is promoted). */
+    ctx = new_req(&b);
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < K; i++)
+                                 all &= kvt_tier_lookup(b.net, &keys[i], ctx) == KVT_HIT;
+                             all;
+                         })));
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res),
+                     -EINPROGRESS);
+    assert_int_equal(res.calls, 0); /* never inside the call */
+    for (int i = 0; i < 10000; i++) {
+        struct kvt_net_tier_counts ca;
+
+        kvt_manager_on_schedule_end(a.m, NULL);
+        kvt_net_tier_counts(a.net, &ca);
+        if (ca.active_leases >= 2)
+            break;
+        usleep(100);
+    }
+    assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[1], &row), 0);
+    row[100] ^= 0xff;
+    assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[1]), 0);
+    assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[2], &row), 0);
+    row[200] ^= 0xff; /* and still being written while B reads */
+
+    assert_true(WAIT_FOR(10000, res.calls == 1));
+    assert_int_equal(res.n, K);
+    for (size_t i = 0; i < K; i++) {
+        uint8_t want[ROW];
+
+        if (i == 1 || i == 2) {
+            assert_false(res.ok[i]);
+            continue;
+        }
+        assert_true(res.ok[i]);
+        fill(want, &keys[i]);
+        assert_memory_equal(region + offs[i], want, ROW);
+    }
+    /* The rows the test named no key for were not written. */
+    assert_int_equal(region[0], 0xaa);
+    assert_int_equal(region[ROW + ROW - 1], 0xaa);
+    assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[2]), 0);
+
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.into_chunks, K - 2);
+    assert_int_equal(cb.into_bytes, (uint64_t)(K - 2) * ROW);
+    assert_int_equal(cb.pulled_chunks, K - 2);
+    if (mode == KVT_NET_VERIFY_FENCE) {
+        assert_int_equal(cb.fence_failures, 2);
+        assert_int_equal(cb.checksum_failures, 0);
+    } else {
+        assert_int_equal(cb.checksum_failures, 2);
+        assert_int_equal(cb.fence_failures, 0);
+    }
+    /* Nothing went through B's primary. */
+    assert_int_equal(kvt_primary_num_entries(b.pr), 0);
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_manager_get_stats(b.m, &st), 0);
+    snprintf(label, sizeof(label), "1:%s", b.net->type);
+    assert_true(kvt_stats_value(&st, KVT_M_NET_INTO_CHUNKS, label) == (double)(K - 2));
+    kvt_stats_cleanup(&st);
+    /* The failed keys are misses now (vLLM's livelock rule). */
+    assert_int_equal(kvt_tier_lookup(b.net, &keys[1], ctx), KVT_MISS);
+    end_req(&b, ctx);
+
+    /* Removed with nothing in flight: handed back at once. */
+    g_freed = 0;
+    kvt_net_tier_region_remove(b.net, reg, region_freed);
+    assert_int_equal(g_freed, 1);
+    assert_ptr_equal(g_freed_base, region);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    free(region);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+static void test_fetch_into_fence_refuses_rewritten_rows(void **state)
+{
+    (void)state;
+    into_rewrite_during_read(KVT_NET_VERIFY_FENCE);
+}
+
+static void test_fetch_into_checksum_refuses_rewritten_rows(void **state)
+{
+    (void)state;
+    into_rewrite_during_read(KVT_NET_VERIFY_CHECKSUM);
+}
+
+/* A region removed while its job is out: the callback never fires, and the region
+ * is handed back only once no READ of it is in flight. */
+static void test_fetch_into_region_removed_in_flight(void **state)
+{
+    enum { K = 8 };
+    struct kvt_net_region *reg;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[K];
+    struct into_res res = {0};
+    uint64_t offs[K];
+    uint8_t *region;
+    struct tn a, b;
+
+    (void)state;
+    tn_start(&a, 0xA, 0);
+    tn_start(&b, 0xB, kvt_peers_port(a.p));
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 600, K, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    region = aligned_alloc(4096, K * ROW);
+    assert_non_null(region);
+    assert_int_equal(kvt_net_tier_region_add(b.net, region, K * ROW, &reg), 0);
+    ctx = new_req(&b);
+    for (size_t i = 0; i < K; i++) {
+        key_of(600 + (uint32_t)i, &keys[i]);
+        offs[i] = i * ROW;
+    }
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < K; i++)
+                                 all &= kvt_tier_lookup(b.net, &keys[i], ctx) == KVT_HIT;
+                             all;
+                         })));
+    end_req(&b, ctx);
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res),
+                     -EINPROGRESS);
+    g_freed = 0;
+    kvt_net_tier_region_remove(b.net, reg, region_freed);
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res),
+                     -ESHUTDOWN);
+    assert_true(WAIT_FOR(10000, g_freed == 1 && settled(&a) && settled(&b)));
+    assert_int_equal(res.calls, 0);
+    free(region);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -834,6 +1044,9 @@ int main(void)
         cmocka_unit_test(test_checksum_refuses_rows_rewritten_during_read),
         cmocka_unit_test(test_fence_mode_checks_old_holders_by_checksum),
         cmocka_unit_test(test_may_read_fence_words_of_grants_only),
+        cmocka_unit_test(test_fetch_into_fence_refuses_rewritten_rows),
+        cmocka_unit_test(test_fetch_into_checksum_refuses_rewritten_rows),
+        cmocka_unit_test(test_fetch_into_region_removed_in_flight),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

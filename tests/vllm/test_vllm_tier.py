@@ -138,7 +138,14 @@ def test_engine2_on_another_node_loads_engine1s_chunks(cluster):
     # filled engine 2's rows with them (engine 2's tier stats, in vLLM's names).
     assert cluster.wait_metric(0, "kvtier_engine_job_rows_stored", 16) == 16
     assert r["stats"]["vllm:kv_offload_kvtier_job_rows:('load', 'ok')"] == 16
-    assert r["stats"]["vllm:kv_offload_kvtier_lookup_verdicts:('hit_pending',)"] == 16
+    # Node B answered HIT once it located them (never HIT_PENDING: it promotes
+    # nothing into its own primary), and its load jobs READ each row from node A
+    # straight into engine 2's region: no intermediate copy, nothing in B's primary.
+    assert r["stats"]["vllm:kv_offload_kvtier_lookup_verdicts:('hit',)"] >= 16
+    assert r["stats"].get("vllm:kv_offload_kvtier_lookup_verdicts:('hit_pending',)", 0) == 0
+    assert cluster.wait_metric(1, "kvtier_engine_job_rows_read_direct", 16) == 16
+    assert cluster.wait_metric(1, "kvtier_net_pulled_into_chunks", 16) == 16
+    assert cluster.metric(1, "kvtier_primary_chunks") == 0
 
 
 def test_engines_on_one_node_share_its_cache(cluster):

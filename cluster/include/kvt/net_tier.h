@@ -73,6 +73,7 @@
  * the names above is not counted twice. */
 #define KVT_M_NET_PEER_PULLED_BYTES "kvtier_net_peer_pulled_bytes"
 #define KVT_M_NET_PEER_SERVED_BYTES "kvtier_net_peer_served_bytes"
+#define KVT_M_NET_INTO_CHUNKS       "kvtier_net_pulled_into_chunks"
 #define KVT_M_NET_CHECKSUM_FAIL     "kvtier_net_checksum_failures"
 #define KVT_M_NET_FENCE_FAIL        "kvtier_net_fence_failures"
 #define KVT_M_NET_LEASE_EXPIRED     "kvtier_net_lease_expiries"
@@ -135,6 +136,47 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t);
  * Loop thread. */
 bool kvt_net_tier_may_read(struct kvt_tier *t, uint64_t peer_node_id, uint64_t off, uint64_t len);
 
+/* ---- loads into the caller's memory (an engine's attached region) -------------
+ * A load job of the manager READs a peer's rows into the node's primary slots; a
+ * "fetch into" job READs them straight into a region the caller registered here
+ * (an engine's attached region), with no copy through the primary and without
+ * the rows entering it. The same path as a load job otherwise: FETCH, GRANT,
+ * one-sided READs, each row validated (cfg.verify: its fence word READ after it,
+ * or its checksum), RELEASE; keys that fail are marked missing (vLLM's livelock
+ * rule). A row is reported successful only once it validated; a failed key's row
+ * may hold any bytes (the READ may have landed, torn), so the caller must treat
+ * it as not loaded. Loop thread only. */
+struct kvt_net_region;
+
+/* Registers [base, base + len) with the transport (kvt_tp_reg_local) for fetch
+ * into. -EINVAL (NULL, empty), -ENOMEM, or the transport's error. */
+int kvt_net_tier_region_add(struct kvt_tier *t, void *base, size_t len,
+                            struct kvt_net_region **r_p);
+/* Called with the region's base and len once no READ targets it any more. */
+typedef void (*kvt_net_region_free_cb)(void *base, size_t len);
+/* Ends the region: its jobs' callbacks never fire again and their fetches fail;
+ * once no READ of them is in flight (now, or from a later poll) the region is
+ * deregistered and free_cb (if not NULL) called, so the caller unmaps it there
+ * and not before. */
+void kvt_net_tier_region_remove(struct kvt_tier *t, struct kvt_net_region *r,
+                                kvt_net_region_free_cb free_cb);
+
+/* ok[i]: keys[i] was read into its destination and validated. */
+typedef void (*kvt_net_into_cb_t)(void *arg, const bool *ok, size_t n);
+/* Pulls keys[0..n) from the peers the tier's lookups located them on (a key it
+ * has no live holder for fails) into r at offs[i] (one row, row_bytes, each;
+ * rows must not overlap and nothing else may write them until the callback).
+ * -EINPROGRESS: cb fires exactly once, from a later kvt_net_tier_poll (or the
+ * manager's polling of the tier), never inside this call, unless r is removed
+ * first. Otherwise no callback: -EINVAL (n 0 or over 1 << 20, an offset not
+ * inside r or not row aligned), -ESHUTDOWN (r removed, the tier shut down),
+ * -ENOTSUP (the tier cannot register memory), -ENOMEM. */
+int kvt_net_tier_fetch_into(struct kvt_tier *t, struct kvt_net_region *r,
+                            const struct kvt_key *keys, const uint64_t *offs, size_t n,
+                            kvt_net_into_cb_t cb, void *arg);
+/* Whether t is a network tier (the engine API looks for it among the manager's). */
+bool kvt_net_tier_is(const struct kvt_tier *t);
+
 /* Cumulative counts (tests, the CLI, /metrics). */
 struct kvt_net_tier_counts {
     uint64_t locates, locate_timeouts, fetches, grants, denies;
@@ -143,6 +185,8 @@ struct kvt_net_tier_counts {
     /* Rows refused by their fence: the sum, and by reason (enum kvt_net_fence_reason). */
     uint64_t fence_failures, fence_fail[KVT_NET_FENCE_N_REASONS];
     uint64_t send_failures;
+    /* Of pulled_chunks/bytes, those READ straight into a fetch-into region. */
+    uint64_t into_chunks, into_bytes;
     uint64_t active_leases, directory_records, published_keys;
     /* Where the time of a pull goes (sums, ns): LOCATE sent to its reply (locate_rtts
      * of them); load submitted to FETCH sent (fetches); FETCH sent to GRANT (grants);

@@ -148,14 +148,15 @@ struct kvt_engine_server_counters {
      * three counters above); events_dropped counts events. */
     uint64_t refused_by[KVT_EREF_COUNT];
     /* Attached regions and jobs (node/engine_jobs.c). */
-    uint64_t attached;        /* regions attached, ever */
-    uint64_t attach_refused;  /* ATTACH refused: no fd, bad geometry, a second one */
-    uint64_t jobs;            /* store and load jobs accepted */
-    uint64_t jobs_refused;    /* JOBS requests refused whole (bad rows, kinds, counts) */
-    uint64_t job_rows_stored; /* rows of store jobs validated in the node */
-    uint64_t job_rows_loaded; /* rows of load jobs validated in the engine's region */
-    uint64_t job_rows_failed; /* rows of jobs reported failed */
-    uint64_t resets;          /* RESETs done (the node's cache forgotten) */
+    uint64_t attached;             /* regions attached, ever */
+    uint64_t attach_refused;       /* ATTACH refused: no fd, bad geometry, a second one */
+    uint64_t jobs;                 /* store and load jobs accepted */
+    uint64_t jobs_refused;         /* JOBS requests refused whole (bad rows, kinds, counts) */
+    uint64_t job_rows_stored;      /* rows of store jobs validated in the node */
+    uint64_t job_rows_loaded;      /* rows of load jobs validated in the engine's region */
+    uint64_t job_rows_read_direct; /* of those, READ from a peer straight into the region */
+    uint64_t job_rows_failed;      /* rows of jobs reported failed */
+    uint64_t resets;               /* RESETs done (the node's cache forgotten) */
     /* Shared-memory rings. */
     uint64_t ring_clients;   /* engines given a ring, ever */
     uint64_t ring_requests;  /* requests served from rings (also in requests) */
