@@ -17,7 +17,13 @@
  *
  * A lease also keeps the offsets of the rows it granted, so that the transport can
  * ask, for each one-sided READ a peer posts, whether that peer holds an active lease
- * on every row the READ touches (kvt__net_may_read). */
+ * on every row the READ touches (kvt__net_may_read). Transports whose device serves
+ * READs without asking (verbs) are told instead what to expose to the requester's
+ * endpoint (kvt_tp_expose: the granted rows and their fence words, nothing else);
+ * the GRANT carries the handles of those exposures, not of the regions, and the
+ * lease revokes them when it ends (RELEASE, expiry, link down, drain). A grant
+ * whose rows need more windows than one exposure holds grants the first rows that
+ * fit and denies the rest. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,9 +36,14 @@
 #include "kvt/vec.h"
 #include "net_tier_int.h"
 
+struct serve_scratch;
+
 static struct lease *nt_lease_new(uint32_t n_rows);
 static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success);
 static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired);
+static int nt_lease_expose(struct net_tier *nt, struct lease *l, struct serve_scratch *sc,
+                           uint32_t *n_denied, uint8_t *handle, size_t *handle_len,
+                           uint8_t *fhandle, size_t *fhandle_len);
 
 /* ---- inbound FETCHes ----------------------------------------------------------- */
 
@@ -125,6 +136,9 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
     const struct kvt_job *job = NULL;
     struct lease *l = NULL;
     struct kvt_wire_msg g;
+    uint8_t handle[KVT_TP_MAX_HANDLE_SIZE], fhandle[KVT_TP_MAX_HANDLE_SIZE];
+    size_t handle_len = 0, fhandle_len = 0;
+    int rc;
 
     if (in->ep == NULL || nt->shut) { /* requester gone, or we are stopping */
         if (nt->shut)
@@ -210,6 +224,15 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
                                                .offset = l->rows[i],
                                                .checksum = info.checksum};
     }
+    rc = nt_lease_expose(nt, l, &sc, &n_denied, handle, &handle_len, fhandle, &fhandle_len);
+    if (rc != 0) {
+        kvt_warn(NT_MOD, "cannot expose %u rows to %016" PRIx64 ": %s", l->n_rows, in->from,
+                 strerror(-rc));
+        nt_lease_done(nt, l, false);
+        nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
+        goto finish;
+    }
+    n_hit = l->n_rows;
     l->id = nt->next_id++;
     if (kvt_map_put_u64(&nt->leases, l->id, l) != 0) {
         nt_lease_done(nt, l, false);
@@ -220,15 +243,15 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
     g.u.grant.job_id = in->fetch_id;
     g.u.grant.lease_id = l->id;
     g.u.grant.lease_ttl_ms = nt->cfg.lease_ms;
-    g.u.grant.handle_len = (uint32_t)nt->handle_len;
-    g.u.grant.handle = nt->handle;
+    g.u.grant.handle_len = (uint32_t)handle_len;
+    g.u.grant.handle = handle;
     g.u.grant.n_chunks = n_hit;
     g.u.grant.chunks = sc.chunks;
     g.u.grant.n_denied = n_denied;
     g.u.grant.denied = sc.denied;
     if (!nt->omit_fences) {
-        g.u.grant.fence_handle_len = (uint32_t)nt->fence_handle_len;
-        g.u.grant.fence_handle = nt->fence_handle;
+        g.u.grant.fence_handle_len = (uint32_t)fhandle_len;
+        g.u.grant.fence_handle = fhandle;
         g.has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
     }
     if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
@@ -287,10 +310,66 @@ static struct lease *nt_lease_new(uint32_t n_rows)
     return kvt_calloc(1, sizeof(struct lease) + (size_t)n_rows * sizeof(uint64_t));
 }
 
+/* Ends what the requester's device may read of the lease: at once (verbs: its
+ * windows are deallocated). */
+static void nt_lease_revoke(struct net_tier *nt, struct lease *l)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+
+    kvt_tp_revoke(tp, l->grant);
+    kvt_tp_revoke(tp, l->fence_grant);
+    l->grant = l->fence_grant = NULL;
+}
+
+/* Exposes l's rows (and, unless fences are omitted, their fence words) to the
+ * requester's endpoint and packs the two handles. When the rows need more windows
+ * than one exposure holds, the lease keeps the first ones that fit and the others
+ * join the denied list. 0, or the transport's error (nothing exposed). */
+static int nt_lease_expose(struct net_tier *nt, struct lease *l, struct serve_scratch *sc,
+                           uint32_t *n_denied, uint8_t *handle, size_t *handle_len,
+                           uint8_t *fhandle, size_t *fhandle_len)
+{
+    uint64_t row = nt->base.row_bytes;
+    uint32_t n = l->n_rows;
+    struct kvt_tp_range *r = kvt_malloc((size_t)n * sizeof(*r));
+    int rc;
+
+    if (r == NULL)
+        return -ENOMEM;
+    for (;;) {
+        for (uint32_t i = 0; i < n; i++)
+            r[i] = (struct kvt_tp_range){.off = l->rows[i], .len = row};
+        rc = kvt_tp_expose(l->ep, nt->mr_remote, r, n, handle, KVT_TP_MAX_HANDLE_SIZE, handle_len,
+                           &l->grant);
+        if (rc == 0 && !nt->omit_fences) {
+            for (uint32_t i = 0; i < n; i++)
+                r[i] = (struct kvt_tp_range){.off = l->rows[i] / row * sizeof(uint32_t),
+                                             .len = sizeof(uint32_t)};
+            rc = kvt_tp_expose(l->ep, nt->mr_fence, r, n, fhandle, KVT_TP_MAX_HANDLE_SIZE,
+                               fhandle_len, &l->fence_grant);
+        }
+        if (rc != -EMSGSIZE || n == 1)
+            break;
+        nt_lease_revoke(nt, l);
+        /* Scattered rows take a window each; rows across 2 GiB pieces two. */
+        n = n > KVT_TP_MAX_EXPOSE_RANGES ? KVT_TP_MAX_EXPOSE_RANGES : n / 2;
+    }
+    kvt_free(r);
+    if (rc != 0) {
+        nt_lease_revoke(nt, l);
+        return rc;
+    }
+    for (uint32_t i = n; i < l->n_rows; i++)
+        sc->denied[(*n_denied)++] = sc->hit_idx[i];
+    l->n_rows = n;
+    return 0;
+}
+
 /* The lease's store job ended (the manager unpins its rows): reported at the next
  * get_finished_jobs, which frees the lease. Not in nt->leases any more. */
 static void nt_lease_done(struct net_tier *nt, struct lease *l, bool success)
 {
+    nt_lease_revoke(nt, l);
     l->done =
         (struct nt_done){.job_id = l->job->id, .success = success, .seconds = -1, .bytes = -1};
     kvt__nt_job_done(nt, &l->done);
@@ -404,6 +483,11 @@ void kvt__nt_end_leases(struct net_tier *nt)
 
 void kvt__nt_serve_cleanup(struct net_tier *nt)
 {
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    while (kvt_map_next(&nt->leases, &it, &e))
+        nt_lease_revoke(nt, e->value);
     kvt__nt_free_map(&nt->leases);
     for (size_t i = 0; i < nt->n_in; i++) {
         kvt_free(nt->in[i].keys);

@@ -116,7 +116,7 @@ bool kvt__nt_register(struct net_tier *nt)
         rc = nt->fence_in != NULL ? 0 : -ENOMEM;
     }
     if (rc == 0)
-        rc = kvt_tp_reg_remote(tp, nt->base.primary_base, len, &nt->mr_remote);
+        rc = kvt_tp_reg_granted(tp, nt->base.primary_base, len, &nt->mr_remote);
     if (rc == 0)
         rc = kvt_tp_reg_local(tp, nt->base.primary_base, len, &nt->mr_local);
     if (rc == 0)
@@ -124,8 +124,8 @@ bool kvt__nt_register(struct net_tier *nt)
     /* Peers READ the words; the primary writes them (never through a pointer of
      * ours: registration only needs the address). */
     if (rc == 0)
-        rc = kvt_tp_reg_remote(tp, (void *)(uintptr_t)words, n_words * sizeof(*words),
-                               &nt->mr_fence);
+        rc = kvt_tp_reg_granted(tp, (void *)(uintptr_t)words, n_words * sizeof(*words),
+                                &nt->mr_fence);
     if (rc == 0)
         rc = kvt_tp_reg_local(tp, nt->fence_in, n_words * sizeof(*nt->fence_in), &nt->mr_fence_in);
     if (rc == 0)

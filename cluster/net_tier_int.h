@@ -186,6 +186,10 @@ struct lease {
     uint64_t from;
     struct kvt_tp_ep *ep;
     uint64_t deadline_ns;
+    /* What the requester's device may read (kvt_tp_expose: its rows and their fence
+     * words, to its endpoint alone), revoked when the lease ends; NULL over
+     * transports that check each READ in software (may_read). */
+    struct kvt_tp_grant *grant, *fence_grant;
     uint32_t n_rows;
     uint64_t rows[]; /* granted row offsets */
 };

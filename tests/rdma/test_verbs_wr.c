@@ -225,13 +225,115 @@ static void test_handle_checks(void **state)
     free(mr);
 }
 
+/* kvt_tp_expose's windows: sorted, touching and overlapping ranges merged, cut at
+ * 2 GiB pieces; past the cap -EMSGSIZE. */
+static void test_expose_windows(void **state)
+{
+    struct kvt_tp_range r[] = {{.off = 3 * 4096, .len = 4096},
+                               {.off = 0, .len = 4096},
+                               {.off = 4096, .len = 4096},    /* touches the first */
+                               {.off = 4096 + 10, .len = 20}, /* inside */
+                               {.off = 2 * GiB - 100, .len = 300}};
+    struct kvt_tp_range w[8];
+
+    (void)state;
+    assert_int_equal(vb_windows(r, 5, w, 8), 4);
+    assert_int_equal(w[0].off, 0);
+    assert_int_equal(w[0].len, 8192);
+    assert_int_equal(w[1].off, 3 * 4096);
+    assert_int_equal(w[1].len, 4096);
+    assert_int_equal(w[2].off, 2 * GiB - 100); /* cut at the piece boundary */
+    assert_int_equal(w[2].len, 100);
+    assert_int_equal(w[3].off, 2 * GiB);
+    assert_int_equal(w[3].len, 200);
+    assert_int_equal(vb_windows(r, 5, w, 3), -EMSGSIZE);
+}
+
+/* An expose handle as the reader sees it: READs inside its windows (a run of
+ * touching windows too) are cut at window ends, each WR with its window's rkey;
+ * anything outside is refused before posting; malformed handles are refused. */
+static void test_grant_handle(void **state)
+{
+    struct vb_tp tp = {0};
+    struct vb_ep ep = {
+        .tp = &tp, .state = EP_CONNECTED, .peer_guid = 0x77, .max_sge = 4, .max_msg_sz = 1u << 30};
+    struct {
+        struct vb_grant_hdr h;
+        struct vb_win_wire w[3];
+    } hd = {
+        .h = {.magic = htole32(VB_GRANT_MAGIC),
+              .version = htole16(VB_VERSION),
+              .n_win = htole16(3),
+              .guid = htole64(0x77),
+              .len = htole64(1 << 20),
+              .page_off = htole32(0x10)},
+        .w = {{.off = htole64(4096), .len = htole32(4096), .rkey = htole32(0xa1)},
+              {.off = htole64(8192), .len = htole32(4096), .rkey = htole32(0xa2)},
+              {.off = htole64(65536), .len = htole32(4), .rkey = htole32(0xa3)}},
+    };
+    struct kvt_read_op op = {.remote_off = 6144, .local_off = 0, .len = 4096};
+    struct kvt_tp_rkey *rk;
+    struct vb_batch *b;
+    uint64_t end;
+
+    (void)state;
+    kvt_list_init(&tp.rkeys);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), 0);
+    assert_int_equal(rk->n_win, 3);
+    assert_int_equal(vb_rkey_at(rk, 65536 + 3, &end), 0xa3);
+    assert_int_equal(end, 65540);
+    assert_true(vb_rkey_covers(rk, 6144, 4096)); /* two touching windows */
+    assert_true(vb_rkey_covers(rk, 65536, 4));
+    assert_false(vb_rkey_covers(rk, 0, 4096));    /* before the first */
+    assert_false(vb_rkey_covers(rk, 8192, 8192)); /* past the second */
+    assert_false(vb_rkey_covers(rk, 65536, 5));   /* past the third */
+    assert_false(vb_rkey_covers(rk, 12288, 4));   /* between */
+    fake_setup(1 << 20, 1 << 20, 4, 1u << 30);
+    b = batch_of(&op, 1);
+    b->rk = rk;
+    F.ep.max_sge = 4;
+    assert_int_equal(vb_build_wrs(&F.ep, b, 16), 2);
+    assert_int_equal(F.ep.wrs[0].wr.rdma.rkey, 0xa1);
+    assert_int_equal(F.ep.wrs[0].wr.rdma.remote_addr, 0x10 + 6144);
+    assert_int_equal(wr_bytes(&F.ep.wrs[0]), 2048);
+    assert_int_equal(F.ep.wrs[1].wr.rdma.rkey, 0xa2);
+    assert_int_equal(F.ep.wrs[1].wr.rdma.remote_addr, 0x10 + 8192);
+    assert_int_equal(wr_bytes(&F.ep.wrs[1]), 2048);
+    free(b);
+    fake_teardown();
+    vb_rkey_destroy(rk);
+    assert_true(kvt_list_empty(&tp.rkeys));
+
+    /* Overlapping, empty, across a piece, out of the registration, another
+     * device, a count that does not match the length: refused. */
+    hd.w[1].off = htole64(6000);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), -EPROTO);
+    hd.w[1].off = htole64(8192);
+    hd.w[2].len = 0;
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), -EPROTO);
+    hd.w[2].len = htole32(4);
+    hd.w[2].off = htole64((1 << 20) - 2);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), -EPROTO);
+    hd.w[2].off = htole64(65536);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd) - 1, &rk), -EPROTO);
+    hd.h.n_win = htole16(2);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), -EPROTO);
+    hd.h.n_win = htole16(3);
+    hd.h.guid = htole64(0x78);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), -ENODEV);
+    hd.h.guid = htole64(0x77);
+    hd.h.len = htole64(4 * GiB);
+    hd.w[2].off = htole64(2 * GiB - 2);
+    assert_int_equal(vb_unpack(&ep.pub, &hd, sizeof(hd), &rk), -EPROTO);
+    assert_true(kvt_list_empty(&tp.rkeys));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_remote_boundary),
-        cmocka_unit_test(test_local_boundary),
-        cmocka_unit_test(test_merge_and_limits),
-        cmocka_unit_test(test_handle_checks),
+        cmocka_unit_test(test_remote_boundary),  cmocka_unit_test(test_local_boundary),
+        cmocka_unit_test(test_merge_and_limits), cmocka_unit_test(test_handle_checks),
+        cmocka_unit_test(test_expose_windows),   cmocka_unit_test(test_grant_handle),
     };
 
     return cmocka_run_group_tests_name("verbs_wr", tests, NULL, NULL);

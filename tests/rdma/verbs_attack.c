@@ -7,9 +7,14 @@
  *   verbs_attack --addr A --costs [--results DIR]   what each way of gating costs
  *
  * A fork is "the node": a kvt_peers (cluster/peers.c, the HMAC handshake) over the
- * verbs transport, with a 1 MiB region of a known pattern registered for remote READ.
+ * verbs transport, with a 1 MiB region of a known pattern registered as the network
+ * tier registers its primary (kvt_tp_reg_granted: readable through exposures alone).
  * Its packed handle (rkeys and offsets) is written to DIR/leaked-handle.bin: the leak
- * this test assumes (an eavesdropped GRANT, a guessed rxe rkey). The parent is the
+ * this test assumes (an eavesdropped GRANT, a guessed rxe rkey). To a FETCH on an
+ * authenticated link the node answers a GRANT of one 4 KiB row (at 64 KiB) exposed to
+ * that link alone (kvt_tp_expose; its handle names a window), with a lease of 60 s
+ * (FETCH job 1) or 1 s (job 2); it revokes the exposure at RELEASE (and then says so
+ * with a DENY naming the lease) and at expiry. The parent is the
  * attacker: plain librdmacm and libibverbs, none of the kvtier transport. It connects
  * with a well-formed connection hello (the public struct vb_hello) and posts an RDMA
  * READ of 4 KiB with the leaked rkey and address into a buffer filled with a canary:
@@ -17,16 +22,27 @@
  *   S2 halfway: HELLO answered, the node waits for AUTH    -> refused, canary intact;
  *      then a handshake with a wrong secret (REFUSE)       -> fails, canary intact
  *   S3 after the full handshake (HELLO/HELLO_ACK/AUTH/AUTH_OK with the secret: the
- *      node's peers.c authorizes the endpoint at link up) -> the pattern's bytes
- *   S4 a second connection while S3's link is up, no handshake -> refused (the grant
- *      is S3's QP's alone); S3 reads again                  -> the pattern's bytes
+ *      node's peers.c authorizes the endpoint at link up) and a FETCH: the granted
+ *      row with the GRANT's window                          -> the pattern's bytes
+ *   S4 a second connection while S3's link is up, no handshake, S3's window
+ *                                                           -> refused;
+ *      S3 reads again                                       -> the pattern's bytes;
+ *      S3 reads the next row (not granted) with its window  -> refused
  *   S5 S3 closed; a new connection, no handshake            -> refused
+ *   S7 authenticated, no grant, the region's own rkey       -> refused
+ *   S8 granted, read, RELEASE (the node revokes), the same row -> refused
+ *   S9 granted with a 1 s lease, read, 2.5 s later the same row -> refused
+ *   S10 two authenticated peers granted the same row: each reads with its own
+ *      window; the second with the first's window           -> refused
  *   S6 max_preauth (3) connections without a handshake; one more  -> rejected, counted;
  *      accepted again once they closed
  * "Refused" means the READ completed with remote invalid request (what rxe answers
  * for a QP without remote read) or remote access error, not a timeout, and not one
- * byte of the canary changed. The node checks its side: the authenticated link's QP
- * reports remote read (ep_info, from ibv_query_qp), one handshake, one auth refusal.
+ * byte of the canary changed (a refused READ ends the attacker's connection, so it
+ * is the last READ on it). The node checks its side: every link it grants on
+ * reports remote read on its QP (ep_info, from ibv_query_qp), six handshakes, five
+ * grants, one auth refusal; on the first FETCH it also times expose and revoke of
+ * 1, 16 and 120 windows (DIR/verbs_grant_costs.txt).
  * Results in DIR/verbs_attack.txt; exit 0 only when every scenario held.
  *
  * --costs: on one connection to the node, the device work of each way to gate READs
@@ -72,6 +88,15 @@
 #define WR_TX        1000u
 #define WR_READ      1001u
 #define WR_MW        1002u
+/* Grants (S7-S10): the node exposes one 4 KiB row at GRANT_OFF to a FETCH; the row
+ * after it is never granted. FETCH job 1 asks for a long lease, job 2 for a short one. */
+#define GRANT_OFF      (64u * 1024u)
+#define ROW_LEN        4096u
+#define UNGRANTED_OFF  (GRANT_OFF + ROW_LEN)
+#define LEASE_LONG_MS  60000u
+#define LEASE_SHORT_MS 1000u
+#define MAX_LEASES     16
+#define N_AUTH         6 /* handshakes the scenarios make: S3, S7, S8, S9, S10 (two) */
 
 /* The public connection hello of the verbs backend (transport/verbs/verbs.c). */
 struct hello {
@@ -107,6 +132,8 @@ static const char *results_dir(const char *opt)
     return d != NULL ? d : ".";
 }
 
+static int cmp_u64(const void *x, const void *y);
+
 /* ---- the node (a fork) ---- */
 
 /* The node's max_preauth in the attacks (S6). */
@@ -118,6 +145,189 @@ static void node_on_term(int sig)
 {
     (void)sig;
     node_stop = 1;
+}
+
+/* The node's leases: one exposed row each (kvt_tp_expose), revoked at RELEASE, at
+ * expiry and at exit. Messages are queued by on_msg and acted on in the loop. */
+struct node_lease {
+    uint64_t id;
+    struct kvt_tp_grant *g;
+    uint64_t deadline_us;
+};
+
+static char grant_cost_path[4096]; /* DIR/verbs_grant_costs.txt */
+
+static struct {
+    struct kvt_peers *p;
+    struct kvt_transport *tp;
+    struct kvt_tp_mr *mr;
+    struct node_lease leases[MAX_LEASES];
+    uint64_t next_lease;
+    struct kvt_tp_ep *fetch_ep; /* a FETCH to answer, or NULL */
+    uint64_t fetch_job;
+    uint64_t release_id; /* a RELEASE to act on, or 0 */
+    struct kvt_tp_ep *release_ep;
+    bool costs_done;
+    int errors;
+    FILE *cost_out;
+} N;
+
+static void node_on_msg(void *arg, uint64_t from, struct kvt_tp_ep *ep,
+                        const struct kvt_wire_msg *m)
+{
+    (void)arg;
+    (void)from;
+    if (m->type == KVT_WIRE_FETCH) {
+        N.fetch_ep = ep;
+        N.fetch_job = m->u.fetch.job_id;
+    } else if (m->type == KVT_WIRE_RELEASE) {
+        N.release_id = m->u.release.lease_id;
+        N.release_ep = ep;
+    }
+}
+
+static void node_progress_ms(unsigned ms)
+{
+    uint64_t end = now_us() + ms * 1000ull;
+
+    while (now_us() < end)
+        (void)kvt_peers_progress(N.p);
+}
+
+/* What an exposure costs: expose (alloc + bind n windows), then, once the binds
+ * completed, revoke (dealloc), on the FETCH's authenticated endpoint. */
+static void node_costs(struct kvt_tp_ep *ep)
+{
+    enum { N_RUNS = 40 };
+    static const unsigned widths[] = {1, 16, 120};
+    uint64_t te[N_RUNS], tr[N_RUNS];
+
+    for (size_t w = 0; w < sizeof(widths) / sizeof(widths[0]); w++) {
+        struct kvt_tp_range r[120];
+        uint8_t h[KVT_TP_MAX_HANDLE_SIZE];
+        size_t hl;
+        int i, rc = 0;
+
+        for (unsigned k = 0; k < widths[w]; k++) /* scattered: one window each */
+            r[k] = (struct kvt_tp_range){.off = (uint64_t)k * 2 * ROW_LEN, .len = ROW_LEN};
+        for (i = 0; i < N_RUNS; i++) {
+            struct kvt_tp_grant *g;
+            uint64_t t0 = now_us();
+
+            rc = kvt_tp_expose(ep, N.mr, r, widths[w], h, sizeof(h), &hl, &g);
+            te[i] = now_us() - t0;
+            if (rc != 0)
+                break;
+            node_progress_ms(5); /* the bind chain completes */
+            t0 = now_us();
+            kvt_tp_revoke(N.tp, g);
+            tr[i] = now_us() - t0;
+        }
+        if (rc != 0) {
+            fprintf(stderr, "node: FAIL expose of %u windows: %s\n", widths[w], strerror(-rc));
+            N.errors++;
+            return;
+        }
+        qsort(te, N_RUNS, sizeof(te[0]), cmp_u64);
+        qsort(tr, N_RUNS, sizeof(tr[0]), cmp_u64);
+        fprintf(stderr,
+                "node: cost of an exposure of %u windows: expose median %llu us (max %llu), "
+                "revoke median %llu us (max %llu), %d runs\n",
+                widths[w], (unsigned long long)te[N_RUNS / 2], (unsigned long long)te[N_RUNS - 1],
+                (unsigned long long)tr[N_RUNS / 2], (unsigned long long)tr[N_RUNS - 1], N_RUNS);
+        if (N.cost_out != NULL)
+            fprintf(N.cost_out,
+                    "expose %u windows: median %llu us, max %llu us; revoke: median %llu us, "
+                    "max %llu us (%d runs)\n",
+                    widths[w], (unsigned long long)te[N_RUNS / 2],
+                    (unsigned long long)te[N_RUNS - 1], (unsigned long long)tr[N_RUNS / 2],
+                    (unsigned long long)tr[N_RUNS - 1], N_RUNS);
+    }
+}
+
+/* A FETCH: GRANT of the row at GRANT_OFF, exposed to the asking endpoint alone. */
+static void node_grant(void)
+{
+    struct kvt_tp_ep *ep = N.fetch_ep;
+    struct kvt_tp_range r = {.off = GRANT_OFF, .len = ROW_LEN};
+    struct kvt_wire_chunk ch = {.key_index = 0, .offset = GRANT_OFF, .length = ROW_LEN};
+    uint8_t h[KVT_TP_MAX_HANDLE_SIZE];
+    struct node_lease *l = NULL;
+    struct kvt_wire_msg m;
+    char info[128];
+    size_t hl;
+    int rc;
+
+    N.fetch_ep = NULL;
+    if (kvt_tp_ep_info(ep, info, sizeof(info)) != 0 ||
+        strstr(info, "peer reads ours: yes") == NULL) {
+        fprintf(stderr, "node: FAIL the authenticated link's QP does not allow reads\n");
+        N.errors++;
+    }
+    if (!N.costs_done) {
+        N.costs_done = true;
+        node_costs(ep);
+    }
+    for (int i = 0; i < MAX_LEASES && l == NULL; i++)
+        if (N.leases[i].id == 0)
+            l = &N.leases[i];
+    if (l == NULL) {
+        fprintf(stderr, "node: FAIL out of leases\n");
+        N.errors++;
+        return;
+    }
+    rc = kvt_tp_expose(ep, N.mr, &r, 1, h, sizeof(h), &hl, &l->g);
+    if (rc != 0) {
+        fprintf(stderr, "node: FAIL expose: %s\n", strerror(-rc));
+        N.errors++;
+        return;
+    }
+    l->id = ++N.next_lease;
+    l->deadline_us = now_us() + 1000ull * (N.fetch_job == 2 ? LEASE_SHORT_MS : LEASE_LONG_MS);
+    kvt_wire_msg_init(&m, KVT_WIRE_GRANT);
+    m.u.grant.job_id = N.fetch_job;
+    m.u.grant.lease_id = l->id;
+    m.u.grant.lease_ttl_ms = N.fetch_job == 2 ? LEASE_SHORT_MS : LEASE_LONG_MS;
+    m.u.grant.handle = h;
+    m.u.grant.handle_len = (uint32_t)hl;
+    m.u.grant.n_chunks = 1;
+    m.u.grant.chunks = &ch;
+    rc = kvt_peers_reply(N.p, ep, &m);
+    fprintf(stderr, "node: lease %llu: row at %u exposed (%zu-byte handle), GRANT %s\n",
+            (unsigned long long)l->id, GRANT_OFF, hl, rc == 0 ? "sent" : strerror(-rc));
+}
+
+static void node_lease_end(struct node_lease *l, const char *why)
+{
+    kvt_tp_revoke(N.tp, l->g);
+    fprintf(stderr, "node: lease %llu revoked (%s)\n", (unsigned long long)l->id, why);
+    memset(l, 0, sizeof(*l));
+}
+
+/* A RELEASE: revoke, then say so (a DENY naming the lease). */
+static void node_release(void)
+{
+    struct kvt_wire_msg m;
+    struct kvt_tp_ep *ep = N.release_ep;
+    uint64_t id = N.release_id;
+
+    N.release_id = 0;
+    for (int i = 0; i < MAX_LEASES; i++)
+        if (N.leases[i].id == id)
+            node_lease_end(&N.leases[i], "RELEASE");
+    kvt_wire_msg_init(&m, KVT_WIRE_DENY);
+    m.u.deny.job_id = id;
+    m.u.deny.reason = KVT_WIRE_R_NOT_FOUND;
+    (void)kvt_peers_reply(N.p, ep, &m);
+}
+
+static void node_expire(void)
+{
+    uint64_t now = now_us();
+
+    for (int i = 0; i < MAX_LEASES; i++)
+        if (N.leases[i].id != 0 && now >= N.leases[i].deadline_us)
+            node_lease_end(&N.leases[i], "expired");
 }
 
 /* costs: the attacker's connection stays unauthenticated for minutes (no handshake
@@ -133,6 +343,7 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
         .heartbeat_ms = 10000, /* the attacker sends none: nobody is declared down */
         .handshake_timeout_ms = costs ? 3600u * 1000u : 0,
         .transport = {.backend = "verbs", .max_preauth = costs ? 0 : PREAUTH_MAX},
+        .h = {.on_msg = node_on_msg},
     };
     struct kvt_tp_counters tc = {0};
     struct sigaction sa = {.sa_handler = node_on_term};
@@ -161,7 +372,8 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
         return 1;
     }
     tp = kvt_peers_transport(p);
-    rc = kvt_tp_reg_remote(tp, region, REGION_BYTES, &mr);
+    /* Readable through exposures alone: the leaked handle is the registration's. */
+    rc = kvt_tp_reg_granted(tp, region, REGION_BYTES, &mr);
     if (rc == 0)
         rc = kvt_tp_pack(tp, mr, handle, sizeof(handle), &hl);
     if (rc != 0) {
@@ -173,6 +385,11 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
         fprintf(stderr, "node: writing %s: %s\n", leak_path, strerror(errno));
         return 1;
     }
+    N.p = p;
+    N.tp = tp;
+    N.mr = mr;
+    if (!costs)
+        N.cost_out = fopen(grant_cost_path, "w");
     dprintf(ready_fd, "%u\n", kvt_peers_port(p));
     close(ready_fd);
     fprintf(stderr, "node: listening on %s:%u, handle leaked to %s\n", addr, kvt_peers_port(p),
@@ -200,6 +417,11 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
                 errors++;
             }
         }
+        if (N.fetch_ep != NULL)
+            node_grant();
+        if (N.release_id != 0)
+            node_release();
+        node_expire();
         if (n == 0 && kvt_peers_arm(p) == 0) {
             struct pollfd pfd = {.fd = kvt_peers_event_fd(p), .events = POLLIN};
             int ms = kvt_peers_next_timeout_ms(p);
@@ -220,10 +442,22 @@ static int node_main(const char *addr, const uint8_t *secret, size_t slen, const
             (unsigned long long)c.refused_by_reason[KVT_WIRE_R_AUTH],
             (unsigned long long)c.refused_by_reason[KVT_PEERS_R_TIMEOUT], links_up);
     if (!costs &&
-        (c.handshakes != 1 || links_up != 1 || c.refused_by_reason[KVT_WIRE_R_AUTH] < 1)) {
-        fprintf(stderr, "node: FAIL expected one handshake (S3) and an auth refusal (S2)\n");
+        (c.handshakes != N_AUTH || links_up < 1 || c.refused_by_reason[KVT_WIRE_R_AUTH] < 1)) {
+        fprintf(stderr, "node: FAIL expected %d handshakes (S3, S7-S10) and an auth refusal (S2)\n",
+                N_AUTH);
         errors++;
     }
+    if (!costs && N.next_lease != 5) {
+        fprintf(stderr, "node: FAIL expected 5 grants (S3, S8, S9, S10 twice), made %llu\n",
+                (unsigned long long)N.next_lease);
+        errors++;
+    }
+    for (int i = 0; i < MAX_LEASES; i++)
+        if (N.leases[i].id != 0)
+            node_lease_end(&N.leases[i], "exit");
+    errors += N.errors;
+    if (N.cost_out != NULL)
+        fclose(N.cost_out);
     kvt_tp_dereg(mr, tp);
     kvt_peers_destroy(p);
     free(region);
@@ -576,8 +810,8 @@ static int atk_recv(struct atk *a, struct kvt_wire_msg *m)
 
 /* The peers handshake as a client (cluster/peers.c). 0 on AUTH_OK; -EACCES on REFUSE.
  * half: stop after HELLO_ACK (0), the node waiting for AUTH. */
-static int atk_handshake(struct atk *a, const uint8_t *secret, size_t slen, bool must_verify,
-                         bool half)
+static int atk_handshake_as(struct atk *a, uint64_t my_id, const uint8_t *secret, size_t slen,
+                            bool must_verify, bool half)
 {
     struct kvt_wire_msg m, r;
     struct kvt_auth_params ap;
@@ -591,7 +825,7 @@ static int atk_handshake(struct atk *a, const uint8_t *secret, size_t slen, bool
     if (rc != 0)
         return rc;
     kvt_wire_msg_init(&m, KVT_WIRE_HELLO);
-    m.u.hello.node_id = ATTACKER_ID;
+    m.u.hello.node_id = my_id;
     m.u.hello.incarnation = inc;
     memcpy(m.u.hello.ns, ns, sizeof(ns));
     memcpy(m.u.hello.nonce, nonce_c, sizeof(nonce_c));
@@ -612,7 +846,7 @@ static int atk_handshake(struct atk *a, const uint8_t *secret, size_t slen, bool
     memcpy(nonce_s, r.u.hello.nonce, sizeof(nonce_s));
     ap = (struct kvt_auth_params){.nonce_client = nonce_c,
                                   .nonce_server = nonce_s,
-                                  .id_client = ATTACKER_ID,
+                                  .id_client = my_id,
                                   .id_server = server,
                                   .ns = ns};
     if (must_verify && !kvt_auth_verify(secret, slen, KVT_AUTH_SERVER, &ap, r.u.hello.proof,
@@ -625,7 +859,7 @@ static int atk_handshake(struct atk *a, const uint8_t *secret, size_t slen, bool
     if (half)
         return 0;
     kvt_wire_msg_init(&m, KVT_WIRE_AUTH);
-    m.u.hello.node_id = ATTACKER_ID;
+    m.u.hello.node_id = my_id;
     m.u.hello.incarnation = inc;
     rc = kvt_auth_proof(secret, slen, KVT_AUTH_CLIENT, &ap, m.u.hello.proof);
     if (rc == 0)
@@ -636,6 +870,94 @@ static int atk_handshake(struct atk *a, const uint8_t *secret, size_t slen, bool
         return rc;
     rc = r.type == KVT_WIRE_AUTH_OK ? 0 : r.type == KVT_WIRE_REFUSE ? -EACCES : -EPROTO;
     kvt_wire_msg_free(&r);
+    return rc;
+}
+
+static int atk_handshake(struct atk *a, const uint8_t *secret, size_t slen, bool must_verify,
+                         bool half)
+{
+    return atk_handshake_as(a, ATTACKER_ID, secret, slen, must_verify, half);
+}
+
+/* The next DATA message of type want (heartbeats and the like are skipped). */
+static int atk_recv_type(struct atk *a, enum kvt_wire_type want, struct kvt_wire_msg *m)
+{
+    for (int i = 0; i < 64; i++) {
+        int rc = atk_recv(a, m);
+
+        if (rc != 0)
+            return rc;
+        if (m->type == want)
+            return 0;
+        kvt_wire_msg_free(m);
+    }
+    return -EPROTO;
+}
+
+/* A granted window, from a GRANT's handle (the backend's expose handle,
+ * transport/verbs/verbs.c): {magic, version, windows, GUID, length, page offset,
+ * reserved}, then {offset, length, rkey} per window. */
+struct win {
+    uint64_t lease_id;
+    uint64_t off;
+    uint32_t len, rkey, page_off;
+};
+
+/* FETCH job (1: long lease, 2: short), GRANT, its one window. */
+static int atk_fetch(struct atk *a, uint64_t job, struct win *w)
+{
+    struct kvt_wire_msg m, r;
+    uint32_t magic, page_off, len, rkey;
+    uint16_t nw;
+    uint64_t off;
+    int rc;
+
+    kvt_wire_msg_init(&m, KVT_WIRE_FETCH);
+    m.u.fetch.job_id = job;
+    rc = atk_send(a, &m);
+    if (rc == 0)
+        rc = atk_recv_type(a, KVT_WIRE_GRANT, &r);
+    if (rc != 0)
+        return rc;
+    rc = -EPROTO;
+    if (r.u.grant.handle_len == 32 + 16 && r.u.grant.n_chunks == 1) {
+        const uint8_t *h = r.u.grant.handle;
+
+        memcpy(&magic, h, 4);
+        memcpy(&nw, h + 6, 2);
+        memcpy(&page_off, h + 24, 4);
+        memcpy(&off, h + 32, 8);
+        memcpy(&len, h + 40, 4);
+        memcpy(&rkey, h + 44, 4);
+        if (le32toh(magic) == 0x6b764772u && le16toh(nw) == 1) {
+            *w = (struct win){.lease_id = r.u.grant.lease_id,
+                              .off = le64toh(off),
+                              .len = le32toh(len),
+                              .rkey = le32toh(rkey),
+                              .page_off = le32toh(page_off)};
+            rc = 0;
+        }
+    }
+    kvt_wire_msg_free(&r);
+    return rc;
+}
+
+/* RELEASE the lease and wait for the node's word that it revoked it. */
+static int atk_release(struct atk *a, const struct win *w)
+{
+    struct kvt_wire_msg m, r;
+    int rc;
+
+    kvt_wire_msg_init(&m, KVT_WIRE_RELEASE);
+    m.u.release.job_id = 1;
+    m.u.release.lease_id = w->lease_id;
+    rc = atk_send(a, &m);
+    if (rc == 0)
+        rc = atk_recv_type(a, KVT_WIRE_DENY, &r);
+    if (rc == 0) {
+        rc = r.u.deny.job_id == w->lease_id ? 0 : -EPROTO;
+        kvt_wire_msg_free(&r);
+    }
     return rc;
 }
 
@@ -723,25 +1045,30 @@ static size_t canary_changed(struct atk *a)
     return n;
 }
 
-static bool pattern_ok(struct atk *a)
+static bool pattern_ok(struct atk *a, uint64_t off)
 {
     for (size_t i = 0; i < READ_LEN; i++)
-        if (atk_dst(a)[i] != pattern_byte(READ_OFF + i))
+        if (atk_dst(a)[i] != pattern_byte(off + i))
             return false;
     return true;
 }
 
-/* A READ that must be refused by the node's device. */
-static void expect_refused(struct atk *a, const char *what)
+/* A READ with rkey at raddr that must be refused by the node's device. */
+static void expect_refused_at(struct atk *a, uint32_t rkey, uint64_t raddr, const char *what)
 {
     enum ibv_wc_status st = IBV_WC_SUCCESS;
-    int rc = atk_read(a, R.lk.rkey, R.raddr, &st);
+    int rc = atk_read(a, rkey, raddr, &st);
     size_t changed = canary_changed(a);
     bool ok =
         rc == 0 && (st == IBV_WC_REM_INV_REQ_ERR || st == IBV_WC_REM_ACCESS_ERR) && changed == 0;
 
     report(ok, "%s: READ %s, %zu of %u bytes changed", what,
            rc != 0 ? strerror(-rc) : ibv_wc_status_str(st), changed, READ_LEN);
+}
+
+static void expect_refused(struct atk *a, const char *what)
+{
+    expect_refused_at(a, R.lk.rkey, R.raddr, what);
 }
 
 /* A READ that must fail in any way, not one byte arriving. */
@@ -756,11 +1083,13 @@ static void expect_failed(struct atk *a, const char *what)
            rc != 0 ? strerror(-rc) : ibv_wc_status_str(st), changed, READ_LEN);
 }
 
-static void expect_read(struct atk *a, const char *what)
+/* A READ of the region's bytes at off, with rkey at raddr. */
+static void expect_read_at(struct atk *a, uint32_t rkey, uint64_t raddr, uint64_t off,
+                           const char *what)
 {
     enum ibv_wc_status st = IBV_WC_GENERAL_ERR;
-    int rc = atk_read(a, R.lk.rkey, R.raddr, &st);
-    bool ok = rc == 0 && st == IBV_WC_SUCCESS && pattern_ok(a);
+    int rc = atk_read(a, rkey, raddr, &st);
+    bool ok = rc == 0 && st == IBV_WC_SUCCESS && pattern_ok(a, off);
 
     report(ok, "%s: READ %s, %s", what, rc != 0 ? strerror(-rc) : ibv_wc_status_str(st),
            ok ? "the region's bytes" : "wrong bytes or none");
@@ -770,6 +1099,7 @@ static void run_attacks(const char *addr, uint16_t port, const uint8_t *secret, 
                         const char *leak_path)
 {
     struct atk a, b;
+    struct win w = {0};
     uint8_t wrong[32];
     int rc;
 
@@ -814,23 +1144,33 @@ static void run_attacks(const char *addr, uint16_t port, const uint8_t *secret, 
     expect_failed(&a, "S2 wrong secret");
     atk_close(&a);
 
-    /* S3: the full handshake: the node authorizes the endpoint at link up. */
+    /* S3: the full handshake (the node authorizes the endpoint at link up), then a
+     * FETCH: the GRANT's handle names a window over the granted row alone. */
     if (atk_connect(&a, addr, port) != 0) {
         report(false, "S3: cannot connect");
         return;
     }
     rc = atk_handshake(&a, secret, slen, true, false);
     report(rc == 0, "S3 authenticated: handshake %s", rc == 0 ? "AUTH_OK" : strerror(-rc));
-    expect_read(&a, "S3 authenticated");
+    rc = atk_fetch(&a, 1, &w);
+    report(rc == 0 && w.off == GRANT_OFF && w.len == ROW_LEN && w.rkey != R.lk.rkey,
+           "S3 GRANT: %s, window [%llu, +%u) rkey 0x%x (the region's 0x%x)",
+           rc == 0 ? "one window" : strerror(-rc), (unsigned long long)w.off, w.len, w.rkey,
+           R.lk.rkey);
+    expect_read_at(&a, w.rkey, w.page_off + GRANT_OFF, GRANT_OFF, "S3 authenticated, granted row");
 
     /* S4: S3's grant belongs to S3's QP alone. */
     if (atk_connect(&b, addr, port) != 0) {
         report(false, "S4: cannot connect");
     } else {
-        expect_refused(&b, "S4 no handshake while S3 is up");
+        expect_refused_at(&b, w.rkey, w.page_off + GRANT_OFF,
+                          "S4 no handshake while S3 is up, S3's window");
         atk_close(&b);
     }
-    expect_read(&a, "S4 S3 again");
+    expect_read_at(&a, w.rkey, w.page_off + GRANT_OFF, GRANT_OFF, "S4 S3 again");
+    /* The row after the granted one, with the window's rkey: outside the window.
+     * (A refused READ ends the attacker's connection: the last one on it.) */
+    expect_refused_at(&a, w.rkey, w.page_off + UNGRANTED_OFF, "S3 the row after the granted one");
 
     /* S5: after S3 closed, a new connection has nothing. */
     atk_close(&a);
@@ -841,6 +1181,76 @@ static void run_attacks(const char *addr, uint16_t port, const uint8_t *secret, 
     }
     expect_refused(&a, "S5 no handshake after S3 closed");
     atk_close(&a);
+    usleep(500 * 1000);
+
+    /* S7: authenticated, the region's own rkey (leaked or forged): the registration
+     * grants no remote access, windows alone do. */
+    if (atk_connect(&a, addr, port) == 0) {
+        rc = atk_handshake(&a, secret, slen, true, false);
+        report(rc == 0, "S7 authenticated: handshake %s", rc == 0 ? "AUTH_OK" : strerror(-rc));
+        expect_refused_at(&a, R.lk.rkey, R.lk.page_off + GRANT_OFF,
+                          "S7 authenticated, the region's rkey at the granted row");
+        atk_close(&a);
+    } else {
+        report(false, "S7: cannot connect");
+    }
+
+    /* S8: granted, read, RELEASE (the node revokes, then says so): refused. */
+    if (atk_connect(&a, addr, port) == 0) {
+        rc = atk_handshake(&a, secret, slen, true, false);
+        if (rc == 0)
+            rc = atk_fetch(&a, 1, &w);
+        report(rc == 0, "S8 authenticated and granted: %s", rc == 0 ? "yes" : strerror(-rc));
+        expect_read_at(&a, w.rkey, w.page_off + GRANT_OFF, GRANT_OFF, "S8 granted row");
+        rc = atk_release(&a, &w);
+        report(rc == 0, "S8 RELEASE: %s", rc == 0 ? "revoked" : strerror(-rc));
+        expect_refused_at(&a, w.rkey, w.page_off + GRANT_OFF, "S8 the same row after RELEASE");
+        atk_close(&a);
+    } else {
+        report(false, "S8: cannot connect");
+    }
+
+    /* S9: granted with a short lease; read; after its expiry: refused. */
+    if (atk_connect(&a, addr, port) == 0) {
+        rc = atk_handshake(&a, secret, slen, true, false);
+        if (rc == 0)
+            rc = atk_fetch(&a, 2, &w);
+        report(rc == 0, "S9 authenticated and granted (%u ms lease): %s", LEASE_SHORT_MS,
+               rc == 0 ? "yes" : strerror(-rc));
+        expect_read_at(&a, w.rkey, w.page_off + GRANT_OFF, GRANT_OFF, "S9 granted row");
+        usleep((LEASE_SHORT_MS + 1500) * 1000);
+        expect_refused_at(&a, w.rkey, w.page_off + GRANT_OFF, "S9 the same row after expiry");
+        atk_close(&a);
+    } else {
+        report(false, "S9: cannot connect");
+    }
+
+    /* S10: two authenticated peers granted the same row: a window answers only on
+     * the QP it is bound to. */
+    if (atk_connect(&a, addr, port) == 0 && atk_connect(&b, addr, port) == 0) {
+        struct win wb = {0};
+
+        rc = atk_handshake(&a, secret, slen, true, false);
+        if (rc == 0)
+            rc = atk_fetch(&a, 1, &w);
+        if (rc == 0)
+            rc = atk_handshake_as(&b, ATTACKER_ID + 1, secret, slen, true, false);
+        if (rc == 0)
+            rc = atk_fetch(&b, 1, &wb);
+        report(rc == 0 && wb.rkey != w.rkey, "S10 two peers granted the same row: %s",
+               rc == 0 ? "two windows" : strerror(-rc));
+        expect_read_at(&b, wb.rkey, wb.page_off + GRANT_OFF, GRANT_OFF,
+                       "S10 the second peer, its own window");
+        expect_refused_at(&b, w.rkey, w.page_off + GRANT_OFF,
+                          "S10 the second peer, the first peer's window");
+        expect_read_at(&a, w.rkey, w.page_off + GRANT_OFF, GRANT_OFF,
+                       "S10 the first peer, its window, after that");
+        atk_close(&b);
+        atk_close(&a);
+    } else {
+        report(false, "S10: cannot connect");
+        atk_close(&a);
+    }
     usleep(500 * 1000);
 
     /* S6: connections that never authenticate hold registered buffers: the node takes
@@ -1059,6 +1469,7 @@ int main(int argc, char **argv)
     }
     rdir = results_dir(rdir);
     snprintf(leak_path, sizeof(leak_path), "%s/leaked-handle.bin", rdir);
+    snprintf(grant_cost_path, sizeof(grant_cost_path), "%s/verbs_grant_costs.txt", rdir);
     snprintf(out_path, sizeof(out_path), "%s/%s", rdir,
              costs ? "verbs_costs.txt" : "verbs_attack.txt");
     if (kvt_auth_nonce(secret) != 0 || pipe(pfd) != 0)

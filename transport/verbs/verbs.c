@@ -34,8 +34,28 @@
  * window. So we create the QP ourselves and make each transition (vb_qp_modify) with
  * rdma_init_qp_attr's attributes but our access flags: rdma_accept and rdma_connect
  * get the QP number, the active side takes CONNECT_RESPONSE, moves its QP to RTR
- * and RTS and completes with rdma_establish. Why not per-peer PDs or memory windows:
- * docs/rdma.md ("Who may read").
+ * and RTS and completes with rdma_establish.
+ *
+ * Grants (what an authorized peer may READ). A reg_remote registration is readable
+ * whole through the QP gate. A reg_granted one (the network tier's primary and fence
+ * words) is registered with no access flag (rxe gives it rkey 0; no rkey of it reads
+ * anything), and expose makes byte ranges of it readable by one endpoint: each
+ * window (ranges sorted, merged, cut at pieces) is its own registration of exactly
+ * that range (MW_BIND only) and a type-2 memory window bound over all of it on the
+ * endpoint's QP, by one chain of BIND_MW work requests posted before the owner's
+ * next message (RC runs a send queue in order, so the windows are valid before
+ * the GRANT that names them arrives). The window's own registration is there for
+ * rxe: its responder checks a READ through a window against the bounds of the
+ * registration the window is bound to, not the window's own (measured: a window
+ * over one row of the region's registration read the next row), so bounds come from
+ * the registration and the QP binding from the window; rxe checks both (a window
+ * answers only on its QP, S10 of verbs_attack). revoke deallocates the windows and
+ * then their registrations (synchronous: nothing is served with their rkeys once
+ * it returns); an endpoint that goes deallocates its windows before its QP (a bound
+ * window holds the QP: rxe's destroy waited 50 s for it). Bind chains have their
+ * own room on the send queue (VB_BIND_WR_MAX WRs, VB_BIND_SEGS chains) and segment
+ * slots after the reads'; expose says -EAGAIN when it is used up. Costs and the
+ * alternatives measured: docs/rdma.md ("Who may read").
  *
  * Endpoint states:
  *   RESOLVING  active side: address and route resolution (rdma_cm events).
@@ -88,10 +108,15 @@
  * completion.
  *
  * Handle layout (pack/unpack), little-endian: struct vb_handle_hdr {magic, version,
- * devices, length, page offset, pieces}, then per device {GUID, rkey[pieces]}.
+ * devices, length, page offset, pieces}, then per device {GUID, rkey[pieces]}. An
+ * expose handle: struct vb_grant_hdr {magic "kvGr", version, windows, GUID of the
+ * device, length, page offset}, then per window {offset, length, rkey}; unpack
+ * checks the windows are sorted, disjoint and inside one piece, and read() refuses
+ * (-EINVAL) an op not inside a run of them.
  * Remote pieces are registered with ibv_reg_mr_iova at iova = page offset + piece
  * start, so a remote address is page offset + region offset: no pointer leaves the
- * node. Remote registrations carry IBV_ACCESS_REMOTE_READ only.
+ * node (windows' registrations use the same iova). Remote registrations carry
+ * IBV_ACCESS_REMOTE_READ only, granted ones no access flag.
  *
  * Errors: ibverbs (positive errno or -1/errno), librdmacm (-1/errno), work
  * completion statuses and rdma_cm event statuses become negative errno in the
@@ -105,6 +130,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -137,6 +163,9 @@
 #define VB_REAP_ROUNDS   8
 #define VB_CLOSE_WAIT_NS (2ull * 1000000000ull)
 #define VB_PIECE         KVT_TP_MAX_REG_BYTES
+#define VB_GRANT_MAGIC   0x6b764772u /* a kvt_tp_expose handle: windows, not pieces */
+#define VB_BIND_WR_MAX   (2u * KVT_TP_MAX_EXPOSE_RANGES + 32u) /* bind WRs in flight */
+#define VB_BIND_SEGS     16u /* exposures whose bind chain is in flight, per endpoint */
 
 /* wr_id: (index << 2) | kind */
 enum vb_wr_kind { WR_SEG = 0, WR_SEG_LAST = 1, WR_RX = 2, WR_TX = 3 };
@@ -172,6 +201,23 @@ struct vb_handle_hdr {
     uint32_t n_pieces;
 };
 
+/* The handle of an exposure: this header, then n_win struct vb_win_wire. */
+struct vb_grant_hdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t n_win;
+    uint64_t guid; /* the device the windows live on (the peer's QP's) */
+    uint64_t len;  /* of the registration */
+    uint32_t page_off;
+    uint32_t reserved;
+};
+
+struct vb_win_wire {
+    uint64_t off; /* from the start of the registration */
+    uint32_t len; /* inside one piece, so below 2^32 */
+    uint32_t rkey;
+};
+
 /* One device: opened by rdma_get_devices, PD and completion channel ours. */
 struct vb_dev {
     struct ibv_context *ctx;
@@ -190,12 +236,13 @@ struct vb_tp {
     struct vb_dev *devs;
     struct rdma_cm_id *listen_id;
     int epfd, tfd;
-    unsigned fd_skip;      /* progress calls since the fds were last looked at */
-    struct kvt_list eps;   /* endpoints not yet DEAD */
-    struct kvt_list dead;  /* DEAD, CLOSED callback due */
-    struct kvt_list done;  /* batches whose callback is due */
-    struct kvt_list mrs;   /* live registrations */
-    struct kvt_list rkeys; /* live unpacked rkeys */
+    unsigned fd_skip;       /* progress calls since the fds were last looked at */
+    struct kvt_list eps;    /* endpoints not yet DEAD */
+    struct kvt_list dead;   /* DEAD, CLOSED callback due */
+    struct kvt_list done;   /* batches whose callback is due */
+    struct kvt_list mrs;    /* live registrations */
+    struct kvt_list rkeys;  /* live unpacked rkeys */
+    struct kvt_list grants; /* exposures whose endpoint is gone, not yet revoked */
     bool closing;
     struct kvt_tp_counters ctr; /* refusals (the NIC's, as far as we see them) */
 };
@@ -206,6 +253,7 @@ struct kvt_tp_mr {
     struct vb_tp *tp;
     struct kvt_list node;
     bool remote;
+    bool granted; /* reg_granted: MW_BIND only, readable through windows alone */
     uint8_t *base;
     size_t len;
     uint32_t page_off;
@@ -214,7 +262,15 @@ struct kvt_tp_mr {
     struct ibv_mr *mr[];
 };
 
-/* A peer's registration as seen through one endpoint's device. */
+/* A window of an exposure as its reader sees it. */
+struct vb_win {
+    uint64_t off, len;
+    uint32_t rkey;
+};
+
+/* A peer's registration as seen through one endpoint's device: per-piece rkeys (a
+ * pack handle), or n_win windows (an expose handle: sorted, disjoint, each inside
+ * one piece; READs outside them are refused by read()). */
 struct kvt_tp_rkey {
     struct vb_tp *tp;
     struct kvt_list node;
@@ -223,7 +279,33 @@ struct kvt_tp_rkey {
     uint32_t page_off;
     uint32_t n_pieces;
     unsigned refs;
+    uint32_t n_win;
+    struct vb_win *win; /* n_win entries, or NULL */
     uint32_t rkey[];
+};
+
+/* An exposure (kvt_tp_expose): n_mw type-2 windows on ep's device, bound by one
+ * chain of BIND_MW work requests on ep's QP (only its last signaled), each over one
+ * range of mr (a reference held). On ep->grants while ep lives; the reap deallocates
+ * the windows of an ep that goes and moves the unrevoked ones to tp->grants (ep
+ * NULL). revoke deallocates them (ibv_dealloc_mw: the device serves no READ with
+ * their rkeys once it returns), unless the bind chain is still in flight: then they
+ * go when its completion is polled (a window deallocated under a pending bind would
+ * fail the QP). */
+struct vb_gwin {
+    struct ibv_mr *mr; /* the window's range alone, MW_BIND only (rkey unusable) */
+    struct ibv_mw *mw; /* type 2, bound over all of mr on the ep's QP */
+};
+
+struct kvt_tp_grant {
+    struct vb_tp *tp;
+    struct vb_ep *ep;
+    struct kvt_list node;
+    struct kvt_tp_mr *mr;
+    bool binding; /* the bind chain has not completed */
+    bool revoked; /* revoke came while binding */
+    unsigned n_mw;
+    struct vb_gwin w[];
 };
 
 struct vb_ep;
@@ -251,6 +333,7 @@ struct vb_batch {
 /* A posted chain of read WRs; retired by the completion of its last WR. */
 struct vb_seg {
     struct vb_batch *batch;
+    struct kvt_tp_grant *grant; /* a bind chain (segs[read_wr_max..]) */
     unsigned n_wr;
 };
 
@@ -292,9 +375,13 @@ struct vb_ep {
     uint32_t max_msg_sz; /* port's largest message */
     unsigned max_sge;
     unsigned read_wr_max, read_wr_free;
-    struct vb_seg *segs;
+    struct vb_seg *segs; /* read_wr_max read chains, then VB_BIND_SEGS bind chains */
     unsigned *seg_free;
     unsigned n_seg_free;
+    unsigned bind_wr_free;
+    unsigned bind_seg_free[VB_BIND_SEGS];
+    unsigned n_bind_seg_free;
+    struct kvt_list grants;  /* exposures bound on this QP */
     struct kvt_list batches; /* all of this ep's batches, oldest first */
     struct kvt_list pending; /* batches with ops not yet posted */
     unsigned n_batches;
@@ -440,7 +527,30 @@ static void vb_rkey_unref(struct kvt_tp_rkey *rk)
     if (rk->refs == 0 || --rk->refs > 0)
         return;
     kvt_list_del(&rk->node);
+    kvt_free(rk->win);
     kvt_free(rk);
+}
+
+/* Deallocates g's windows, then their registrations (the device serves none of
+ * them once this returns; a registration with a window bound cannot go first). */
+static void vb_grant_unbind(struct kvt_tp_grant *g)
+{
+    for (unsigned i = 0; i < g->n_mw; i++) {
+        if (g->w[i].mw != NULL && ibv_dealloc_mw(g->w[i].mw) != 0)
+            kvt_warn(VB_MOD, "ibv_dealloc_mw: %s", strerror(errno));
+        g->w[i].mw = NULL;
+        if (g->w[i].mr != NULL && ibv_dereg_mr(g->w[i].mr) != 0)
+            kvt_warn(VB_MOD, "ibv_dereg_mr of a window's range: %s", strerror(errno));
+        g->w[i].mr = NULL;
+    }
+}
+
+static void vb_grant_free(struct kvt_tp_grant *g)
+{
+    vb_grant_unbind(g);
+    kvt_list_del(&g->node);
+    vb_mr_unref(g->mr);
+    kvt_free(g);
 }
 
 /* ---- endpoints: failure, teardown, callbacks ---- */
@@ -490,6 +600,24 @@ static void vb_ep_teardown(struct vb_ep *ep)
     struct kvt_list *pos, *tmp;
     int berr = ep->err != 0 ? ep->err : -ECANCELED;
 
+    /* Its exposures end with it, before the QP: a window bound to a QP holds the
+     * QP (rxe's ibv_destroy_qp waits 50 s for it). The QP is in the error state
+     * already, so no bind still queued runs. The unrevoked ones wait for their
+     * revoke. */
+    kvt_list_for_each_safe(pos, tmp, &ep->grants)
+    {
+        struct kvt_tp_grant *g = kvt_list_entry(pos, struct kvt_tp_grant, node);
+
+        g->binding = false;
+        if (g->revoked) {
+            vb_grant_free(g);
+            continue;
+        }
+        vb_grant_unbind(g);
+        g->ep = NULL;
+        kvt_list_del(&g->node);
+        kvt_list_add_tail(&tp->grants, &g->node);
+    }
     if (ep->qp != NULL && ibv_destroy_qp(ep->qp) != 0)
         kvt_warn(VB_MOD, "ibv_destroy_qp: %s", strerror(errno));
     ep->qp = NULL;
@@ -590,6 +718,7 @@ static struct vb_ep *vb_ep_alloc(struct vb_tp *tp)
     kvt_list_init(&ep->node);
     kvt_list_init(&ep->batches);
     kvt_list_init(&ep->pending);
+    kvt_list_init(&ep->grants);
     ep->deadline_ns = vb_now_ns() + (uint64_t)tp->pub.cfg.connect_timeout_ms * 1000000ull;
     return ep;
 }
@@ -698,10 +827,14 @@ static int vb_ep_setup(struct vb_ep *ep)
         return -EINVAL;
     }
     ep->read_wr_max = VB_READ_WR_MAX;
+    ep->bind_wr_free = VB_BIND_WR_MAX;
+    if (da->max_qp_wr > 0 && (unsigned)da->max_qp_wr < ep->n_tx + 8 + 2 * VB_BIND_WR_MAX)
+        ep->bind_wr_free = ((unsigned)da->max_qp_wr - ep->n_tx) / 2;
     if (da->max_qp_wr > 0)
-        ep->read_wr_max = KVT_MIN(ep->read_wr_max, (unsigned)da->max_qp_wr - ep->n_tx);
+        ep->read_wr_max =
+            KVT_MIN(ep->read_wr_max, (unsigned)da->max_qp_wr - ep->n_tx - ep->bind_wr_free);
     ep->max_sge = KVT_MIN(VB_MAX_SGE, da->max_sge > 0 ? (unsigned)da->max_sge : 1u);
-    sq = ep->n_tx + ep->read_wr_max;
+    sq = ep->n_tx + ep->read_wr_max + ep->bind_wr_free;
     cqe = sq + ep->n_rx + 16;
     if (da->max_cqe > 0 && cqe > (unsigned)da->max_cqe)
         return vb_setup_err(ep, "the device's max_cqe", -EINVAL);
@@ -709,7 +842,7 @@ static int vb_ep_setup(struct vb_ep *ep)
     ep->buf_sz = VB_HDR + cfg->max_msg_bytes;
     ep->bufs = kvt_calloc(ep->n_rx + ep->n_tx, ep->buf_sz);
     ep->tx_free = kvt_calloc(ep->n_tx, sizeof(unsigned));
-    ep->segs = kvt_calloc(ep->read_wr_max, sizeof(struct vb_seg));
+    ep->segs = kvt_calloc(ep->read_wr_max + VB_BIND_SEGS, sizeof(struct vb_seg));
     ep->seg_free = kvt_calloc(ep->read_wr_max, sizeof(unsigned));
     if (ep->bufs == NULL || ep->tx_free == NULL || ep->segs == NULL || ep->seg_free == NULL)
         return -ENOMEM;
@@ -720,6 +853,9 @@ static int vb_ep_setup(struct vb_ep *ep)
         ep->seg_free[i] = ep->read_wr_max - 1 - i;
     ep->n_seg_free = ep->read_wr_max;
     ep->read_wr_free = ep->read_wr_max;
+    for (unsigned i = 0; i < VB_BIND_SEGS; i++)
+        ep->bind_seg_free[i] = ep->read_wr_max + VB_BIND_SEGS - 1 - i;
+    ep->n_bind_seg_free = VB_BIND_SEGS;
 
     ep->buf_mr = ibv_reg_mr(ep->dev->pd, ep->bufs, (ep->n_rx + ep->n_tx) * ep->buf_sz,
                             IBV_ACCESS_LOCAL_WRITE);
@@ -910,6 +1046,63 @@ static void vb_on_recv(struct vb_ep *ep, unsigned idx, uint32_t byte_len)
 
 /* ---- READ batches ---- */
 
+/* Index of rk's window holding remote offset r, or -1 (binary search). */
+static long vb_win_find(const struct kvt_tp_rkey *rk, uint64_t r)
+{
+    size_t lo = 0, hi = rk->n_win;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const struct vb_win *w = &rk->win[mid];
+
+        if (r < w->off)
+            hi = mid;
+        else if (r - w->off >= w->len)
+            lo = mid + 1;
+        else
+            return (long)mid;
+    }
+    return -1;
+}
+
+/* The rkey for remote offset r (inside rk: checked by read()) and the end of the
+ * piece or window it is valid in. */
+static uint32_t vb_rkey_at(const struct kvt_tp_rkey *rk, uint64_t r, uint64_t *end_p)
+{
+    long w;
+
+    if (rk->n_win == 0) {
+        *end_p = (r / VB_PIECE + 1) * VB_PIECE;
+        return rk->rkey[r / VB_PIECE];
+    }
+    w = vb_win_find(rk, r);
+    assert(w >= 0);
+    *end_p = rk->win[w].off + rk->win[w].len;
+    return rk->win[w].rkey;
+}
+
+/* Is [off, off + len) inside rk: its length, and for windows, a run of them? */
+static bool vb_rkey_covers(const struct kvt_tp_rkey *rk, uint64_t off, uint64_t len)
+{
+    long w;
+
+    if (!vb_in_range(off, len, rk->len))
+        return false;
+    if (rk->n_win == 0)
+        return true;
+    w = vb_win_find(rk, off);
+    if (w < 0)
+        return false;
+    for (uint64_t end = off + len;;) {
+        uint64_t wend = rk->win[w].off + rk->win[w].len;
+
+        if (end <= wend)
+            return true;
+        if ((uint32_t)++w >= rk->n_win || rk->win[w].off != wend)
+            return false;
+    }
+}
+
 /* Builds up to max_wr WRs of b from its cursor into ep->wrs; returns their count. */
 static unsigned vb_build_wrs(struct vb_ep *ep, struct vb_batch *b, unsigned max_wr)
 {
@@ -921,7 +1114,7 @@ static unsigned vb_build_wrs(struct vb_ep *ep, struct vb_batch *b, unsigned max_
         struct ibv_send_wr *wr = &ep->wrs[nw];
         struct ibv_sge *sg = &ep->sges[nw * ep->max_sge];
         unsigned nsge = 0;
-        uint64_t total = 0, next_r = 0, rpiece = 0;
+        uint64_t total = 0, next_r = 0, rend = 0;
 
         memset(wr, 0, sizeof(*wr));
 
@@ -931,16 +1124,16 @@ static unsigned vb_build_wrs(struct vb_ep *ep, struct vb_batch *b, unsigned max_
             uint64_t l = op->local_off + b->cur_off;
             uint64_t take = op->len - b->cur_off;
 
-            take = KVT_MIN(take, VB_PIECE - r % VB_PIECE);
-            take = KVT_MIN(take, VB_PIECE - l % VB_PIECE);
-            take = KVT_MIN(take, (uint64_t)ep->max_msg_sz - total);
+            /* One WR reads inside one remote piece (or window): one rkey. */
             if (nsge == 0) {
-                rpiece = r / VB_PIECE;
                 wr->wr.rdma.remote_addr = rk->page_off + r;
-                wr->wr.rdma.rkey = rk->rkey[rpiece];
-            } else if (r != next_r || r / VB_PIECE != rpiece) {
+                wr->wr.rdma.rkey = vb_rkey_at(rk, r, &rend);
+            } else if (r != next_r || r >= rend) {
                 break;
             }
+            take = KVT_MIN(take, rend - r);
+            take = KVT_MIN(take, VB_PIECE - l % VB_PIECE);
+            take = KVT_MIN(take, (uint64_t)ep->max_msg_sz - total);
             sg[nsge].addr = (uintptr_t)(lm->base + l);
             sg[nsge].length = (uint32_t)take;
             sg[nsge].lkey = lm->mr[ep->dev_idx * lm->n_pieces + l / VB_PIECE]->lkey;
@@ -999,11 +1192,36 @@ static void vb_pump(struct vb_ep *ep)
     }
 }
 
+/* A bind chain's WR completed (only the last one does, unless the QP failed). */
+static void vb_on_bind(struct vb_ep *ep, unsigned si, bool last, int err)
+{
+    struct vb_seg *seg = &ep->segs[si];
+    struct kvt_tp_grant *g = seg->grant;
+
+    if (err != 0) {
+        if (err != -ECANCELED)
+            kvt_error(VB_MOD, "binding a memory window: %s", strerror(-err));
+        vb_ep_fail(ep, err); /* its windows go with the endpoint */
+    }
+    if (!last || g == NULL)
+        return;
+    seg->grant = NULL;
+    ep->bind_wr_free += seg->n_wr;
+    ep->bind_seg_free[ep->n_bind_seg_free++] = si;
+    g->binding = false;
+    if (g->revoked)
+        vb_grant_free(g);
+}
+
 static void vb_on_seg(struct vb_ep *ep, unsigned si, bool last, int err)
 {
     struct vb_seg *seg = &ep->segs[si];
     struct vb_batch *b = seg->batch;
 
+    if (seg->grant != NULL) { /* a bind chain (segs[read_wr_max..]) */
+        vb_on_bind(ep, si, last, err);
+        return;
+    }
     if (err != 0) {
         if (b != NULL && b->status == 0 && err != -ECANCELED)
             b->status = err;
@@ -1368,6 +1586,7 @@ static int vb_open(const struct kvt_transport_config *cfg, struct kvt_transport 
     kvt_list_init(&tp->done);
     kvt_list_init(&tp->mrs);
     kvt_list_init(&tp->rkeys);
+    kvt_list_init(&tp->grants);
     if (tp->pub.cfg.max_msg_bytes > VB_MAX_MSG_CAP || tp->pub.cfg.recv_credits > VB_MAX_CREDITS) {
         kvt_free(tp);
         return -EINVAL;
@@ -1462,6 +1681,11 @@ static void vb_close(struct kvt_transport *t)
         n += vb_dispatch(tp);
         if (n == 0 && kvt_list_empty(&tp->eps))
             break;
+    }
+    kvt_list_for_each_safe(pos, tmp, &tp->grants)
+    {
+        kvt_warn(VB_MOD, "close: an exposure was never revoked");
+        vb_grant_free(kvt_list_entry(pos, struct kvt_tp_grant, node));
     }
     kvt_list_for_each_safe(pos, tmp, &tp->rkeys)
     {
@@ -1602,7 +1826,10 @@ static int vb_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
     return vb_send_raw(ep, MSG_DATA, buf, len);
 }
 
-static int vb_reg(struct vb_tp *tp, void *base, size_t len, bool remote, struct kvt_tp_mr **mr_p)
+/* remote: peers READ it through the QP's gate (reg_remote); granted: through
+ * windows alone (reg_granted: MW_BIND, no remote access of its own). */
+static int vb_reg(struct vb_tp *tp, void *base, size_t len, bool remote, bool granted,
+                  struct kvt_tp_mr **mr_p)
 {
     struct kvt_tp_mr *mr;
     uint32_t np;
@@ -1618,6 +1845,7 @@ static int vb_reg(struct vb_tp *tp, void *base, size_t len, bool remote, struct 
         return -ENOMEM;
     mr->tp = tp;
     mr->remote = remote;
+    mr->granted = granted;
     mr->base = base;
     mr->len = len;
     mr->n_pieces = np;
@@ -1633,13 +1861,16 @@ static int vb_reg(struct vb_tp *tp, void *base, size_t len, bool remote, struct 
             if (remote)
                 *slot =
                     ibv_reg_mr_iova(tp->devs[d].pd, p, plen, mr->page_off + (uint64_t)k * VB_PIECE,
-                                    IBV_ACCESS_REMOTE_READ);
+                                    granted ? 0 : IBV_ACCESS_REMOTE_READ);
             else
                 *slot = ibv_reg_mr(tp->devs[d].pd, p, plen, IBV_ACCESS_LOCAL_WRITE);
             if (*slot == NULL) {
                 err = vb_errno();
                 kvt_error(VB_MOD, "registering %zu bytes (%s): %s", plen,
-                          remote ? "remote read" : "local write", strerror(-err));
+                          granted  ? "no remote access"
+                          : remote ? "remote read"
+                                   : "local write",
+                          strerror(-err));
                 vb_mr_unref(mr);
                 return err;
             }
@@ -1651,12 +1882,17 @@ static int vb_reg(struct vb_tp *tp, void *base, size_t len, bool remote, struct 
 
 static int vb_reg_remote(struct kvt_transport *t, void *base, size_t len, struct kvt_tp_mr **mr_p)
 {
-    return vb_reg(tp_of(t), base, len, true, mr_p);
+    return vb_reg(tp_of(t), base, len, true, false, mr_p);
+}
+
+static int vb_reg_granted(struct kvt_transport *t, void *base, size_t len, struct kvt_tp_mr **mr_p)
+{
+    return vb_reg(tp_of(t), base, len, true, true, mr_p);
 }
 
 static int vb_reg_local(struct kvt_transport *t, void *base, size_t len, struct kvt_tp_mr **mr_p)
 {
-    return vb_reg(tp_of(t), base, len, false, mr_p);
+    return vb_reg(tp_of(t), base, len, false, false, mr_p);
 }
 
 static void vb_dereg(struct kvt_tp_mr *mr)
@@ -1704,6 +1940,63 @@ static int vb_pack(struct kvt_tp_mr *mr, void *buf, size_t cap, size_t *len_p)
     return 0;
 }
 
+/* An expose handle: windows sorted, disjoint, each non-empty and inside one piece
+ * of a registration of len bytes, on the device ep reaches. */
+static int vb_unpack_grant(struct vb_ep *ep, const void *buf, size_t len, struct kvt_tp_rkey **rk_p)
+{
+    struct vb_grant_hdr h;
+    struct kvt_tp_rkey *rk;
+    const uint8_t *p = buf;
+    uint64_t rlen, prev_end = 0;
+    uint32_t nw;
+
+    if (len < sizeof(h))
+        return -EPROTO;
+    memcpy(&h, p, sizeof(h));
+    nw = le16toh(h.n_win);
+    rlen = le64toh(h.len);
+    if (le16toh(h.version) != VB_VERSION || nw == 0 || nw > KVT_TP_MAX_EXPOSE_RANGES ||
+        len != sizeof(h) + (size_t)nw * sizeof(struct vb_win_wire) || rlen == 0 ||
+        le32toh(h.page_off) > 4095)
+        return -EPROTO;
+    if (le64toh(h.guid) != ep->peer_guid)
+        return -ENODEV;
+    rk = kvt_calloc(1, sizeof(*rk));
+    if (rk == NULL)
+        return -ENOMEM;
+    rk->win = kvt_calloc(nw, sizeof(*rk->win));
+    if (rk->win == NULL) {
+        kvt_free(rk);
+        return -ENOMEM;
+    }
+    p += sizeof(h);
+    for (uint32_t i = 0; i < nw; i++, p += sizeof(struct vb_win_wire)) {
+        struct vb_win_wire w;
+        struct vb_win *v = &rk->win[i];
+
+        memcpy(&w, p, sizeof(w));
+        v->off = le64toh(w.off);
+        v->len = le32toh(w.len);
+        v->rkey = le32toh(w.rkey);
+        if (v->len == 0 || !vb_in_range(v->off, v->len, rlen) || (i > 0 && v->off < prev_end) ||
+            v->off / VB_PIECE != (v->off + v->len - 1) / VB_PIECE) {
+            kvt_free(rk->win);
+            kvt_free(rk);
+            return -EPROTO;
+        }
+        prev_end = v->off + v->len;
+    }
+    rk->tp = ep->tp;
+    rk->guid = ep->peer_guid;
+    rk->len = rlen;
+    rk->page_off = le32toh(h.page_off);
+    rk->n_win = nw;
+    rk->refs = 1;
+    kvt_list_add_tail(&ep->tp->rkeys, &rk->node);
+    *rk_p = rk;
+    return 0;
+}
+
 static int vb_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct kvt_tp_rkey **rk_p)
 {
     struct vb_ep *ep = ep_of(pep);
@@ -1721,6 +2014,8 @@ static int vb_unpack(struct kvt_tp_ep *pep, const void *buf, size_t len, struct 
     if (len < sizeof(h) || len > KVT_TP_MAX_HANDLE_SIZE)
         return -EPROTO;
     memcpy(&h, p, sizeof(h));
+    if (le32toh(h.magic) == VB_GRANT_MAGIC)
+        return vb_unpack_grant(ep, buf, len, rk_p);
     rlen = le64toh(h.len);
     np = le32toh(h.n_pieces);
     nd = le16toh(h.n_dev);
@@ -1780,7 +2075,7 @@ static int vb_read(struct kvt_tp_ep *pep, struct kvt_tp_rkey *rk, struct kvt_tp_
     if (n > (SIZE_MAX - sizeof(*b)) / sizeof(*ops))
         return -EINVAL;
     for (size_t i = 0; i < n; i++)
-        if (!vb_in_range(ops[i].remote_off, ops[i].len, rk->len) ||
+        if (!vb_rkey_covers(rk, ops[i].remote_off, ops[i].len) ||
             !vb_in_range(ops[i].local_off, ops[i].len, local->len))
             return -EINVAL;
     if (ep->n_batches >= ep->tp->pub.cfg.max_batches)
@@ -1994,6 +2289,185 @@ static int vb_get_counters(struct kvt_transport *t, struct kvt_tp_counters *out)
     return 0;
 }
 
+/* ---- exposures: type-2 memory windows ---- */
+
+static int vb_range_cmp(const void *x, const void *y)
+{
+    const struct kvt_tp_range *a = x, *b = y;
+
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+/* Sorts r, merges ranges that touch or overlap and cuts them at piece boundaries:
+ * the windows, in w (cap entries). Their count, or -EMSGSIZE past cap. */
+static long vb_windows(struct kvt_tp_range *r, size_t n, struct kvt_tp_range *w, size_t cap)
+{
+    size_t nw = 0;
+
+    qsort(r, n, sizeof(*r), vb_range_cmp);
+    for (size_t i = 0; i < n;) {
+        uint64_t off = r[i].off, end = r[i].off + r[i].len;
+
+        for (i++; i < n && r[i].off <= end; i++)
+            end = KVT_MAX(end, r[i].off + r[i].len);
+        while (off < end) {
+            uint64_t cut = KVT_MIN(end, (off / VB_PIECE + 1) * VB_PIECE);
+
+            if (nw == cap)
+                return -EMSGSIZE;
+            w[nw++] = (struct kvt_tp_range){.off = off, .len = cut - off};
+            off = cut;
+        }
+    }
+    return (long)nw;
+}
+
+static int vb_expose(struct kvt_tp_ep *pep, struct kvt_tp_mr *mr, const struct kvt_tp_range *r,
+                     size_t n, void *buf, size_t cap, size_t *len_p, struct kvt_tp_grant **g_p)
+{
+    struct vb_ep *ep = ep_of(pep);
+    struct kvt_tp_range *sorted = NULL, w[KVT_TP_MAX_EXPOSE_RANGES];
+    struct ibv_send_wr *wrs = NULL, *bad;
+    struct kvt_tp_grant *g = NULL;
+    struct vb_grant_hdr h;
+    uint8_t *p = buf;
+    size_t need;
+    unsigned si;
+    long nw;
+    int err;
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    if (!ep->authorized)
+        return -EPERM;
+    if (mr == NULL || mr->tp != ep->tp || !mr->granted || r == NULL || n == 0 || buf == NULL ||
+        len_p == NULL || g_p == NULL || n > SIZE_MAX / sizeof(*r))
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        if (r[i].len == 0 || !vb_in_range(r[i].off, r[i].len, mr->len))
+            return -EINVAL;
+    sorted = kvt_malloc(n * sizeof(*r));
+    if (sorted == NULL)
+        return -ENOMEM;
+    memcpy(sorted, r, n * sizeof(*r));
+    nw = vb_windows(sorted, n, w, KVT_ARRAY_SIZE(w));
+    kvt_free(sorted);
+    if (nw < 0)
+        return (int)nw;
+    need = sizeof(h) + (size_t)nw * sizeof(struct vb_win_wire);
+    if (cap < need)
+        return -ENOSPC;
+    if ((unsigned)nw > ep->bind_wr_free || ep->n_bind_seg_free == 0)
+        return -EAGAIN;
+    g = kvt_calloc(1, sizeof(*g) + (size_t)nw * sizeof(struct vb_gwin));
+    wrs = kvt_calloc((size_t)nw, sizeof(*wrs));
+    if (g == NULL || wrs == NULL) {
+        err = -ENOMEM;
+        goto fail_free;
+    }
+    g->tp = ep->tp;
+    g->ep = ep;
+    g->mr = mr;
+    g->n_mw = (unsigned)nw;
+    kvt_list_init(&g->node);
+    mr->refs++;
+    memset(&h, 0, sizeof(h));
+    h.magic = htole32(VB_GRANT_MAGIC);
+    h.version = htole16(VB_VERSION);
+    h.n_win = htole16((uint16_t)nw);
+    h.guid = htole64(ep->dev->guid);
+    h.len = htole64(mr->len);
+    h.page_off = htole32(mr->page_off);
+    memcpy(p, &h, sizeof(h));
+    p += sizeof(h);
+    for (long i = 0; i < nw; i++) {
+        struct ibv_mr *wmr;
+        struct ibv_mw *mw;
+        struct vb_win_wire ww;
+        uint32_t rkey;
+
+        /* The window's own registration, same iova as in the region: rxe checks a
+         * READ through a window against the registration it is bound to, not the
+         * window's bounds (see Access). */
+        wmr = ibv_reg_mr_iova(ep->dev->pd, mr->base + w[i].off, w[i].len, mr->page_off + w[i].off,
+                              IBV_ACCESS_MW_BIND);
+        if (wmr == NULL) {
+            err = vb_errno();
+            kvt_error(VB_MOD, "registering a window's %llu bytes: %s", (unsigned long long)w[i].len,
+                      strerror(-err));
+            goto fail_unbind;
+        }
+        g->w[i].mr = wmr;
+        mw = ibv_alloc_mw(ep->dev->pd, IBV_MW_TYPE_2);
+        if (mw == NULL) {
+            err = vb_errno();
+            kvt_error(VB_MOD, "ibv_alloc_mw (type 2): %s", strerror(-err));
+            goto fail_unbind;
+        }
+        g->w[i].mw = mw;
+        rkey = ibv_inc_rkey(mw->rkey);
+        wrs[i].wr_id = ((uint64_t)0 << 2) | WR_SEG; /* set below */
+        wrs[i].opcode = IBV_WR_BIND_MW;
+        wrs[i].bind_mw.mw = mw;
+        wrs[i].bind_mw.rkey = rkey;
+        wrs[i].bind_mw.bind_info = (struct ibv_mw_bind_info){
+            .mr = wmr,
+            .addr = mr->page_off + w[i].off,
+            .length = w[i].len,
+            .mw_access_flags = IBV_ACCESS_REMOTE_READ,
+        };
+        if (i > 0)
+            wrs[i - 1].next = &wrs[i];
+        ww = (struct vb_win_wire){
+            .off = htole64(w[i].off), .len = htole32((uint32_t)w[i].len), .rkey = htole32(rkey)};
+        memcpy(p, &ww, sizeof(ww));
+        p += sizeof(ww);
+    }
+    si = ep->bind_seg_free[--ep->n_bind_seg_free];
+    for (long i = 0; i < nw; i++)
+        wrs[i].wr_id = ((uint64_t)si << 2) | WR_SEG;
+    wrs[nw - 1].wr_id |= WR_SEG_LAST;
+    wrs[nw - 1].send_flags = IBV_SEND_SIGNALED;
+    err = vb_ret(ibv_post_send(ep->qp, wrs, &bad));
+    kvt_free(wrs);
+    if (err != 0) {
+        /* Some binds may be queued: the windows go with the QP (the reap). */
+        kvt_error(VB_MOD, "ibv_post_send of %ld memory window binds: %s", nw, strerror(-err));
+        ep->bind_seg_free[ep->n_bind_seg_free++] = si;
+        g->revoked = true;
+        g->binding = true;
+        kvt_list_add_tail(&ep->grants, &g->node);
+        vb_ep_fail(ep, err);
+        return err;
+    }
+    ep->segs[si].grant = g;
+    ep->segs[si].n_wr = (unsigned)nw;
+    ep->bind_wr_free -= (unsigned)nw;
+    g->binding = true;
+    kvt_list_add_tail(&ep->grants, &g->node);
+    *len_p = need;
+    *g_p = g;
+    return 0;
+fail_unbind:
+    vb_grant_unbind(g);
+    vb_mr_unref(mr);
+fail_free:
+    kvt_free(wrs);
+    kvt_free(g);
+    return err;
+}
+
+static void vb_revoke(struct kvt_tp_grant *g)
+{
+    if (g == NULL)
+        return;
+    if (g->ep != NULL && g->binding) {
+        g->revoked = true; /* freed when its bind chain completes, or with the ep */
+        return;
+    }
+    vb_grant_free(g);
+}
+
 const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .name = "verbs",
     .open = vb_open,
@@ -2015,4 +2489,7 @@ const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .ep_info = vb_ep_info,
     .ep_authorize = vb_ep_authorize,
     .get_counters = vb_get_counters,
+    .reg_granted = vb_reg_granted,
+    .expose = vb_expose,
+    .revoke = vb_revoke,
 };

@@ -38,6 +38,19 @@
  * reader learns nothing of our layout. Refusals of every kind are counted
  * (kvt_tp_get_counters).
  *
+ * Grants: kvt_tp_reg_granted registers memory that peers may READ only where the
+ * owner has exposed it to them: kvt_tp_expose(ep, mr, ranges) makes exactly those
+ * byte ranges of mr readable by the peer of ep alone and packs the handle that peer
+ * unpacks (kvt_tp_unpack) to READ them; kvt_tp_revoke ends it. The verbs backend
+ * enforces it in the device: the registration itself grants no remote access, each
+ * range is a type-2 memory window bound to ep's QP (its own rkey, valid on that QP
+ * only), and revoke deallocates the windows (no READ is served with them once it
+ * returns). Backends that serve READs in software (UCX) expose nothing: the handle
+ * is the registration's, kvt_tp_revoke does nothing, and may_read decides each READ.
+ * An exposure ends with its endpoint too (the owner still calls kvt_tp_revoke, which
+ * then only frees it). Revoke every exposure of mr before deregistering it and before
+ * closing the transport.
+ *
  * Memory: kvt_tp_reg_remote registers memory that peers may READ (read only to
  * them; any length a node's primary may have: verbs splits it into registrations of
  * at most KVT_TP_MAX_REG_BYTES, UCX maps it whole); its handle is
@@ -67,11 +80,15 @@
 /* Before an endpoint is authorized: messages each way, and bytes per message. */
 #define KVT_TP_PREAUTH_MSGS      8
 #define KVT_TP_PREAUTH_MSG_BYTES 4096
+/* Ranges of one kvt_tp_expose, at most, after adjacent ones are merged (its handle
+ * fits KVT_TP_MAX_HANDLE_SIZE); more fail with -EMSGSIZE. */
+#define KVT_TP_MAX_EXPOSE_RANGES 240
 
 struct kvt_transport;
 struct kvt_tp_ep;
 struct kvt_tp_mr;
 struct kvt_tp_rkey;
+struct kvt_tp_grant;
 
 enum kvt_ep_state { KVT_EP_CONNECTED, KVT_EP_CLOSED };
 
@@ -140,6 +157,12 @@ struct kvt_read_op {
     uint64_t len;
 };
 
+/* One byte range of a registration, for kvt_tp_expose. */
+struct kvt_tp_range {
+    uint64_t off;
+    uint64_t len;
+};
+
 /* status 0, or negative errno (the whole batch failed). */
 typedef void (*kvt_read_cb)(void *arg, int status);
 
@@ -181,6 +204,20 @@ struct kvt_transport_ops {
     int (*ep_authorize)(struct kvt_tp_ep *ep);
     /* Fills *out with the refusal counters. */
     int (*get_counters)(struct kvt_transport *tp, struct kvt_tp_counters *out);
+    /* Optional (NULL: reg_remote). Memory peers may READ only through exposures. */
+    int (*reg_granted)(struct kvt_transport *tp, void *base, size_t len, struct kvt_tp_mr **mr_p);
+    /* Optional (NULL: the handle of pack, no grant object; may_read decides). Makes
+     * ranges r[0..n) of the reg_granted registration mr readable by ep's peer alone
+     * and packs into buf the handle it unpacks; *g_p for revoke. 0, or: -EINVAL (a
+     * range outside mr, empty, or mr not reg_granted), -EPERM (ep not authorized),
+     * -ENOTCONN, -EMSGSIZE (more than KVT_TP_MAX_EXPOSE_RANGES ranges), -ENOSPC (cap),
+     * -EAGAIN (the endpoint's room for exposures in flight is used: try after
+     * progress), or the device's error (nothing exposed). The ranges are readable by
+     * the time a message sent after this call reaches the peer. */
+    int (*expose)(struct kvt_tp_ep *ep, struct kvt_tp_mr *mr, const struct kvt_tp_range *r,
+                  size_t n, void *buf, size_t cap, size_t *len_p, struct kvt_tp_grant **g_p);
+    /* Ends an exposure at once and frees it; also after its endpoint closed. */
+    void (*revoke)(struct kvt_tp_grant *g);
 };
 
 /* Fields every backend's endpoint and transport start with. */
@@ -280,6 +317,27 @@ static inline int kvt_tp_arm(struct kvt_transport *tp)
 static inline int kvt_tp_ep_authorize(struct kvt_tp_ep *ep)
 {
     return ep->tp->ops->ep_authorize == NULL ? -EOPNOTSUPP : ep->tp->ops->ep_authorize(ep);
+}
+static inline int kvt_tp_reg_granted(struct kvt_transport *tp, void *base, size_t len,
+                                     struct kvt_tp_mr **mr_p)
+{
+    return tp->ops->reg_granted != NULL ? tp->ops->reg_granted(tp, base, len, mr_p)
+                                        : tp->ops->reg_remote(tp, base, len, mr_p);
+}
+/* *g_p is NULL when the backend needs no grant object (kvt_tp_revoke accepts it). */
+static inline int kvt_tp_expose(struct kvt_tp_ep *ep, struct kvt_tp_mr *mr,
+                                const struct kvt_tp_range *r, size_t n, void *buf, size_t cap,
+                                size_t *len_p, struct kvt_tp_grant **g_p)
+{
+    if (ep->tp->ops->expose != NULL)
+        return ep->tp->ops->expose(ep, mr, r, n, buf, cap, len_p, g_p);
+    *g_p = NULL;
+    return ep->tp->ops->pack(mr, buf, cap, len_p);
+}
+static inline void kvt_tp_revoke(struct kvt_transport *tp, struct kvt_tp_grant *g)
+{
+    if (g != NULL && tp->ops->revoke != NULL)
+        tp->ops->revoke(g);
 }
 static inline int kvt_tp_get_counters(struct kvt_transport *tp, struct kvt_tp_counters *out)
 {
