@@ -824,8 +824,14 @@ static void kill_cb(void *arg, int status)
     if (status == 0 && C.ep != NULL && C.closed == 0) {
         int ret = kill_post(i);
 
-        if (ret != -EINPROGRESS)
+        /* Refused at once (the endpoint already failing, its CLOSED not yet delivered):
+         * no callback will come, so the slot is settled here. */
+        if (ret != -EINPROGRESS) {
             K.resubmit_refused++;
+            K.b[i].done = 1;
+            K.b[i].status = ret;
+            K.b[i].done_ms = conf_now_ms();
+        }
     }
 }
 

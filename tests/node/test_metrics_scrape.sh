@@ -43,6 +43,9 @@ primary:
 storage:
   root: $work/storage$i
   capacity: 64MiB
+  # No back-pressure drops on a loaded test host: every round must store.
+  high_water_us: 60000000
+  low_water_us: 30000000
 network:
   listen: 127.0.0.1
   port: ${nport[$i]}
