@@ -1429,7 +1429,7 @@ bool kvt_engine_server_spin(struct kvt_engine_server *s, uint64_t max_ns)
     /* Going to sleep: engines must wake the loop from now on. A request published
      * before they could see the flag is found by the look after the fence. */
     rings_set_sleeping(s, true);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    kvt_full_fence();
     if (rings_pending(s)) {
         s->ring_active_ns = kvt_now_ns();
         return true;

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvt/log.h"
 #include "kvtier/engine_ring.h"
 #include "engine_ring_int.h"
@@ -285,7 +286,7 @@ static void futex_wake(const uint8_t *slot)
 /* After a record was published at slot: wakes the engine if it sleeps on it. */
 static void notify(struct kvt_ering *r, const uint8_t *slot)
 {
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    kvt_full_fence();
     if (__atomic_load_n(&r->ctl->client_waiting, __ATOMIC_RELAXED) != 0)
         futex_wake(slot);
 }
@@ -352,7 +353,7 @@ void kvt__ering_close(struct kvt_ering *r)
      * unless it broke the protocol): it stops waiting at once. */
     if (rep_free(r, KVT_ERING_REC_BYTES, &free) == 0 && free >= KVT_ERING_REC_BYTES)
         store_head(slot, KVT_ERING_CLOSED, r->req_seq + (r->taken ? 0 : 1), r->req_tail);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    kvt_full_fence();
     futex_wake(slot);
 }
 

@@ -482,7 +482,7 @@ static void pr_fence_begin(struct kvt_primary *p, uint32_t s)
     uint32_t w = atomic_load_explicit(&p->fence[s], memory_order_relaxed);
 
     atomic_store_explicit(&p->fence[s], (w + 1) | 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_seq_cst); /* before any store of the new bytes */
+    kvt_full_fence(); /* before any store of the new bytes */
 }
 
 /* The slot's bytes are in place: its word turns even; returns it. */

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvtier/engine_ring.h"
 #include "ring_int.h"
 
@@ -211,7 +212,7 @@ int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32
         *seq_p = seq;
     r->st.posted++;
     /* Dekker with the node's "set node_sleeping, fence, look at the rings". */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    kvt_full_fence();
     if (__atomic_load_n(&r->ctl->node_sleeping, __ATOMIC_RELAXED) != 0) {
         uint64_t one = 1;
 
@@ -329,7 +330,7 @@ int kvt__cring_next(struct kvt_cring *r, int sockfd, bool wait, uint64_t deadlin
         uint32_t *word = (uint32_t *)(void *)(slot(r) + 4);
 
         __atomic_store_n(&r->ctl->client_waiting, 1u, __ATOMIC_RELAXED);
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        kvt_full_fence();
         uint32_t seen = __atomic_load_n(word, __ATOMIC_ACQUIRE);
         uint32_t len_now, seq_now;
 
