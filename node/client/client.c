@@ -253,6 +253,10 @@ static void mark_broken(struct kvtier_client *c, int err)
 {
     if (c->broken == 0) {
         c->broken = err;
+        /* Which of the ring's checks failed, unless the node said why already. */
+        if (err == -EPROTO && c->ring != NULL && kvt__cring_why(c->ring) != NULL &&
+            c->error[0] == '\0')
+            snprintf(c->error, sizeof(c->error), "ring: %s", kvt__cring_why(c->ring));
         shutdown(c->fd, SHUT_RDWR);
     }
 }

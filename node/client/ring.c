@@ -50,7 +50,20 @@ struct kvt_cring {
     uint32_t seq;       /* of the last request posted */
     uint32_t rep_next;  /* of the next reply due */
     struct kvt_cring_stats st;
+    const char *why; /* the check that broke the ring (-EPROTO), or NULL */
 };
+
+/* -EPROTO, saying which check failed (kvt__cring_why; the client's error text). */
+static int broken(struct kvt_cring *r, const char *why)
+{
+    r->why = why;
+    return -EPROTO;
+}
+
+const char *kvt__cring_why(const struct kvt_cring *r)
+{
+    return r->why;
+}
 
 static uint64_t now_ns(void)
 {
@@ -165,7 +178,8 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
 static int see_ack(struct kvt_cring *r, uint64_t ack, uint64_t *last)
 {
     if ((ack & 15) != 0 || ack - *last > r->req_head - *last)
-        return -EPROTO;
+        return broken(r, last == &r->hdr_ack ? "a reply's ack outside its window"
+                                             : "req_tail outside its window");
     *last = ack;
     if (r->req_head - ack < r->req_head - r->req_acked)
         r->req_acked = ack;
@@ -248,12 +262,13 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
         return 2;
     if (len == KVT_ERING_PAD) {
         if (off == 0)
-            return -EPROTO;
+            return broken(r, "a reply PAD at the ring's start");
         skip = r->rep_cap - off;
         off = 0;
         load_head(r->rep, &len, &seq);
         if (seq != r->rep_next || len == KVT_ERING_PAD)
-            return -EPROTO;
+            return broken(r, seq != r->rep_next ? "a reply PAD before its record"
+                                                : "a reply PAD after a PAD");
     }
     *seq_p = seq;
     rc = see_ack(
@@ -273,7 +288,7 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
     need = kvt_ering_rec_bytes(len);
     avail = r->rep_cap - off;
     if (len > KVT_ERING_LEN_MAX || need > avail || need > r->rep_cap / 2)
-        return -EPROTO;
+        return broken(r, "a reply longer than the ring allows");
     if (len > *cap_p) {
         uint8_t *p = kvt_realloc(*buf_p, len);
 

@@ -44,5 +44,7 @@ struct kvt_cring_stats {
     uint64_t redirects; /* replies that came on the socket */
 };
 void kvt__cring_stats(const struct kvt_cring *ring, struct kvt_cring_stats *out);
+/* The check that broke the ring (a call returned -EPROTO), or NULL. */
+const char *kvt__cring_why(const struct kvt_cring *ring);
 
 #endif

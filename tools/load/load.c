@@ -155,6 +155,9 @@ static void engine_error(struct engine *e, const char *fmt, ...)
         va_start(ap, fmt);
         vfprintf(stderr, fmt, ap);
         va_end(ap);
+        /* The node's or the ring's own words, when there are some. */
+        if (e->c != NULL && kvtier_client_error(e->c)[0] != '\0')
+            fprintf(stderr, " [%s]", kvtier_client_error(e->c));
         fputc('\n', stderr);
     }
     pthread_mutex_unlock(&e->L->err_lock);
