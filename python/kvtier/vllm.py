@@ -1173,6 +1173,17 @@ class KvtierOffloadingManager(OffloadingManager):
             self._ids[i] = v
         return 0
 
+    def _from_this_node(self, prepared, packed) -> bool:
+        """Takes the oldest prepare of these keys from prepared (the node generation it
+        was made against); False when that node is gone (a restart since)."""
+        gens = prepared.get(packed)
+        if not gens:
+            return True
+        gen = gens.pop(0)
+        if not gens:
+            del prepared[packed]
+        return gen == self._gen
+
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._pf_ctx = None
         self._epoch += 1
@@ -1180,17 +1191,8 @@ class KvtierOffloadingManager(OffloadingManager):
         if not keys:
             return
         packed, klen = self._pack(keys)
-        gens = self._loads.get(packed)
-        if gens:
-            gen = gens.pop(0)
-            if not gens:
-                del self._loads[packed]
-            if gen != self._gen:
-                return  # pinned on a node that is gone
-        elif self._down:
-            return
-        if self._down:
-            return
+        if not self._from_this_node(self._loads, packed) or self._down:
+            return  # pinned on a node that is gone
         # (no request id: the node scopes pins by client, and the request may be
         # finished already)
         if klen:
@@ -1266,15 +1268,8 @@ class KvtierOffloadingManager(OffloadingManager):
         if not keys:
             return
         packed, klen = self._pack(keys)
-        gens = self._stores.get(packed)
-        if gens:
-            gen = gens.pop(0)
-            if not gens:
-                del self._stores[packed]
-            if gen != self._gen:
-                return  # prepared on a node that is gone
-        if self._down:
-            return
+        if not self._from_this_node(self._stores, packed) or self._down:
+            return  # prepared on a node that is gone
         rid = self._rid(req_context)
         if klen and len(keys) <= self._max_keys:
             rc = self._complete_store(self._h, rid, packed, klen, len(keys), bool(success))
