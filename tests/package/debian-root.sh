@@ -14,11 +14,31 @@
 # debootstrap's --include, "" for a bare minbase root such as the debian:12 image),
 # chroot_setup ROOT CACHE (mounts for a chroot; call it in a private mount namespace:
 # `unshare --mount --pid --fork --propagation private`), in_root CMD... (runs CMD in
-# $root with a clean environment).
+# $root with a clean environment), need_tools TOOL... (exits 77, which ctest counts
+# as a failure, when one is missing), build_deb SRC BUILD (sets $deb to the package
+# tools/build-deb makes, or fails the test).
 
 mirror=${KVT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # What the cached root is made of: a change here makes a new root.
 root_recipe="bookworm minbase systemd,python3 $mirror v1"
+
+need_tools() {
+  local tool
+  for tool in "$@"; do
+    if ! command -v "$tool" >/dev/null; then
+      echo "FAIL - $tool is missing (tools/install-deps installs it)"
+      exit 77
+    fi
+  done
+}
+
+build_deb() {
+  deb=$(KVT_JOBS=$(nproc) "$1/tools/build-deb" "$2/package-deb" | tail -n 1)
+  if [ ! -f "$deb" ]; then
+    echo "FAIL - tools/build-deb made no package"
+    exit 1
+  fi
+}
 
 in_root() {
   chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \

@@ -57,19 +57,10 @@ if [ "$(id -u)" != 0 ]; then
   echo "SKIP: needs root (chroot, mount namespaces)"
   exit 77
 fi
-for tool in debootstrap zstd unshare qemu-system-x86_64 mkfs.ext4 debugfs; do
-  if ! command -v $tool >/dev/null; then
-    echo "SKIP: $tool is missing (tools/install-deps installs it)"
-    exit 77
-  fi
-done
+need_tools debootstrap zstd unshare qemu-system-x86_64 mkfs.ext4 debugfs
 mkdir -p "$cache" "$build/test-tmp"
 
-deb=$(KVT_JOBS=$(nproc) "$src/tools/build-deb" "$build/package-deb" | tail -n 1)
-if [ ! -f "$deb" ]; then
-  echo "FAIL - tools/build-deb made no package"
-  exit 1
-fi
+build_deb "$src" "$build"
 phase "tools/build-deb"
 
 work=$(realpath "$(mktemp -d "$build/test-tmp/boot.XXXXXX")")

@@ -208,19 +208,10 @@ if [ "$(id -u)" != 0 ]; then
   echo "SKIP: needs root (chroot, mount and network namespaces)"
   exit 77
 fi
-for tool in debootstrap zstd unshare; do
-  if ! command -v $tool >/dev/null; then
-    echo "SKIP: $tool is missing (tools/install-deps installs it)"
-    exit 77
-  fi
-done
+need_tools debootstrap zstd unshare
 mkdir -p "$cache" "$build/test-tmp"
 
-deb=$(KVT_JOBS=$(nproc) "$src/tools/build-deb" "$build/package-deb" | tail -n 1)
-if [ ! -f "$deb" ]; then
-  echo "FAIL - tools/build-deb made no package"
-  exit 1
-fi
+build_deb "$src" "$build"
 phase "tools/build-deb"
 echo "package: $deb ($(stat -c %s "$deb") bytes)"
 dpkg-deb -c "$deb" | awk '{ $2 = $3 = $4 = $5 = ""; print "    " $0 }' | tr -s ' '
