@@ -1308,6 +1308,17 @@ static void run_frames(struct kvt_engine_server *s, struct eclient *c)
 
 /* ---- rings (engine_ring.c) ------------------------------------------------------ */
 
+/* c broke its ring: counted, refused, and the log says which check it failed. */
+static void ring_broken(struct kvt_engine_server *s, struct eclient *c, int rc)
+{
+    char why[96];
+
+    count(s, KVT_EREF_RING);
+    snprintf(why, sizeof(why), "broke its ring's protocol: %s",
+             rc == -EPROTO ? kvt__ering_why(c->ring) : strerror(-rc));
+    refuse(c, rc, why);
+}
+
 /* Serves up to RING_PER_TURN requests from c's ring through exec_frame, as the
  * socket's frames are served. A ring that breaks its protocol is refused like a
  * malformed frame (counted: ring); a reply too large for the ring goes on the
@@ -1328,8 +1339,7 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         if (rc == 0 || rc == -EAGAIN)
             break;
         if (rc < 0) {
-            count(s, KVT_EREF_RING);
-            refuse(c, rc, "broke its ring's protocol");
+            ring_broken(s, c, rc);
             break;
         }
         s->ring_out.len = 0;
@@ -1339,8 +1349,7 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
                               s->ring_out.len - KVT_EPROTO_HDR);
         if (rc < 0) {
-            count(s, KVT_EREF_RING);
-            refuse(c, rc, "broke its ring's protocol");
+            ring_broken(s, c, rc);
             break;
         }
         if (rc == 1) {

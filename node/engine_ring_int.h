@@ -37,7 +37,9 @@ int kvt__ering_take(struct kvt_ering *ring, uint32_t max_body, const uint8_t **b
  * caller sends the reply on the socket. -EPROTO the engine broke the ring. */
 int kvt__ering_reply(struct kvt_ering *ring, const uint8_t *body, size_t len);
 /* A request record is waiting (not validated: take decides). */
-bool kvt__ering_pending(const struct kvt_ering *ring);
+bool kvt__ering_pending(struct kvt_ering *ring);
+/* Which check the engine failed when a call said -EPROTO (for the log). */
+const char *kvt__ering_why(const struct kvt_ering *ring);
 /* Tells the engine whether it must write the eventfd after publishing. */
 void kvt__ering_set_sleeping(struct kvt_ering *ring, bool sleeping);
 /* Empties the eventfd (after it woke the loop). */
