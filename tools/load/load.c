@@ -60,6 +60,7 @@ struct opts {
     unsigned engines_per_node;
     double duration_s;
     unsigned prompts, conversations, blocks_per_prompt, system_blocks, new_blocks, batch;
+    unsigned step_us; /* an engine step lasts at least this long (its forward pass) */
     double zipf, rate;
     uint64_t seed;
     bool json, quiet;
@@ -596,7 +597,12 @@ static void *engine_main(void *arg)
         e->ct.steps++;
         if (ending && n_active == 0)
             break;
-        if (n_new == 0 && n_active == 0)
+        if (L->o.step_us > 0) {
+            double left = now + L->o.step_us / 1e6 - kvt_tool_now_s();
+
+            if (left > 0)
+                usleep((useconds_t)(left * 1e6)); /* the rest of the forward pass */
+        } else if (n_new == 0 && n_active == 0)
             usleep(1000); /* rate-limited: nothing to do this step */
     }
     free(new_ids);
@@ -993,9 +999,10 @@ static void report(const struct load *L, const struct counters *t, double elapse
                t->verify_failures, t->api_errors, t->stuck, total_errors(t));
         return;
     }
-    printf("\nkvtier-load: %zu node%s x %u engine%s, %.1f s, %zu-byte chunks, seed %" PRIu64 "\n\n",
+    printf("\nkvtier-load: %zu node%s x %u engine%s, %.1f s, %zu-byte chunks, seed %" PRIu64
+           ", engine steps of at least %u us\n\n",
            L->o.n_nodes, L->o.n_nodes == 1 ? "" : "s", L->o.engines_per_node,
-           L->o.engines_per_node == 1 ? "" : "s", elapsed, L->row_bytes, L->o.seed);
+           L->o.engines_per_node == 1 ? "" : "s", elapsed, L->row_bytes, L->o.seed, L->o.step_us);
     printf("  %-34s %s\n", "requests", "");
     printf("    %-32s %" PRIu64 " (%.0f/s), %" PRIu64 " keys, %" PRIu64 " engine steps\n", "done",
            t->requests, elapsed > 0 ? (double)t->requests / elapsed : 0, t->keys, t->steps);
@@ -1055,6 +1062,9 @@ static void usage(FILE *f)
         "  --batch R              requests in flight per engine (default 4)\n"
         "  --rate R               requests started per second per engine (default 0:\n"
         "                         as fast as the node answers)\n"
+        "  --step-us US           an engine step lasts at least US microseconds, as a\n"
+        "                         model's forward pass would (default 0: steps follow\n"
+        "                         each other as fast as the node answers)\n"
         "  --seed N               workload seed; same seed = same keys (default 1)\n"
         "  --json                 the final report as JSON on stdout\n"
         "  --quiet                no progress output\n"
@@ -1090,6 +1100,7 @@ enum {
     O_ZIPF,
     O_BATCH,
     O_RATE,
+    O_STEP,
     O_SEED,
     O_JSON,
     O_QUIET
@@ -1109,6 +1120,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"zipf", required_argument, NULL, O_ZIPF},
         {"batch", required_argument, NULL, O_BATCH},
         {"rate", required_argument, NULL, O_RATE},
+        {"step-us", required_argument, NULL, O_STEP},
         {"seed", required_argument, NULL, O_SEED},
         {"json", no_argument, NULL, O_JSON},
         {"quiet", no_argument, NULL, O_QUIET},
@@ -1163,6 +1175,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             U32_OPT(O_SYS, system_blocks, 0, 65536, "--system-blocks")
             U32_OPT(O_NEW, new_blocks, 1, 65536, "--new-blocks")
             U32_OPT(O_BATCH, batch, 1, 1024, "--batch")
+            U32_OPT(O_STEP, step_us, 0, 10000000, "--step-us")
 #undef U32_OPT
         case O_DURATION:
             if (kvt_tool_parse_double(optarg, 0.1, 86400, &o->duration_s) < 0)
