@@ -271,8 +271,14 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     if (rc <= 0)
         return rc;
     need = kvt_ering_rec_bytes(len);
-    if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap)
+    if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap) {
+        kvt_warn(MOD,
+                 "request %u: %u bytes at %llu (+%llu skipped) of a %llu-byte ring, at most %u: "
+                 "too long",
+                 r->req_seq + 1, len, (unsigned long long)off, (unsigned long long)skip,
+                 (unsigned long long)r->cap, max_body);
         return broken(r, "a request longer than the ring allows");
+    }
     rc = see_ack(r, load_ack(r->req + off), &r->hdr_ack);
     if (rc < 0)
         return rc;
