@@ -33,6 +33,13 @@
  * needed any more), and mark_miss() on an IN_FLIGHT state makes the eventual result
  * be dropped (probe_out), so the miss sticks.
  *
+ * Spans (kvt_async_lookup_create_spans): the worker takes every item queued (up to
+ * KVT_AL_MAX_SPANS) and hands them to the tier in one call, one span per item, for
+ * a tier whose lookup is a round trip (the network tier's LOCATE): run one by one,
+ * items that queue behind a slow round trip would wait for one more each, and
+ * their verdicts minutes of steps later under load. vLLM's worker runs one item,
+ * one request at a time; its verdicts are the same, they only come later.
+ *
  * Threads: vLLM uses two queues and no lock because Python's queues lock for
  * it. Here one mutex guards both lists (requests: scheduler -> worker; results:
  * worker -> scheduler) and the counters; the worker waits on work_cv, wait_idle()
@@ -106,6 +113,7 @@ struct kvt_async_lookup {
     /* Immutable after create (both threads read). */
     char tier_type[32];
     kvt_batch_lookup_fn fn;
+    kvt_batch_lookup_spans_fn spans_fn; /* instead of fn: every queued item at once */
     void *arg;
     pthread_t thread;
 
@@ -181,29 +189,73 @@ static void run_item(struct kvt_async_lookup *al, struct al_item *it)
     }
 }
 
+/* Spans: items[0..n) in one call of the tier. */
+static void run_items_spans(struct kvt_async_lookup *al, struct al_item **items, size_t n)
+{
+    struct kvt_al_span spans[KVT_AL_MAX_SPANS];
+    size_t keys = 0;
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        spans[i] = (struct kvt_al_span){items[i]->keys, items[i]->n, items[i]->found};
+        keys += items[i]->n;
+    }
+    rc = al->spans_fn(al->arg, spans, n);
+    if (rc < 0) {
+        char buf[64];
+        kvt_warn(MOD, "batch_lookup failed on tier %s for %zu keys: %s", al->tier_type, keys,
+                 strerror_r(-rc, buf, sizeof(buf)));
+        for (size_t i = 0; i < n; i++)
+            memset(items[i]->found, 0, items[i]->n * sizeof(bool));
+    }
+}
+
+/* Under the lock, the queue not empty: unlinks its first item (with spans: up to
+ * KVT_AL_MAX_SPANS of them, in order) into items; returns how many. */
+static size_t take_items(struct kvt_async_lookup *al, struct al_item **items)
+{
+    size_t max = al->spans_fn != NULL ? KVT_AL_MAX_SPANS : 1, n = 0;
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &al->requests)
+    {
+        if (n == max)
+            break;
+        kvt_list_del(pos);
+        items[n++] = kvt_list_entry(pos, struct al_item, node);
+    }
+    al->n_requests -= n;
+    return n;
+}
+
 static void *worker_main(void *p)
 {
     struct kvt_async_lookup *al = p;
 
     pthread_mutex_lock(&al->lock);
     for (;;) {
-        struct al_item *it;
+        struct al_item *items[KVT_AL_MAX_SPANS];
+        size_t n = 0;
 
         while (kvt_list_empty(&al->requests) && !al->stop)
             pthread_cond_wait(&al->work_cv, &al->lock);
         if (kvt_list_empty(&al->requests))
             break; /* the sentinel: stop, and everything before it is done */
-        it = kvt_list_entry(al->requests.next, struct al_item, node);
-        kvt_list_del(&it->node);
-        al->n_requests--;
+        /* One item, or with spans every item queued (in order), at most the array. */
+        n = take_items(al, items);
         pthread_mutex_unlock(&al->lock);
 
-        run_item(al, it);
+        if (al->spans_fn != NULL)
+            run_items_spans(al, items, n);
+        else
+            run_item(al, items[0]);
 
         pthread_mutex_lock(&al->lock);
-        kvt_list_add_tail(&al->results, &it->node);
-        al->n_results++;
-        al->done++;
+        for (size_t i = 0; i < n; i++) {
+            kvt_list_add_tail(&al->results, &items[i]->node);
+            al->n_results++;
+            al->done++;
+        }
         pthread_cond_broadcast(&al->idle_cv);
     }
     al->alive = false;
@@ -214,20 +266,21 @@ static void *worker_main(void *p)
 
 /* ---------------------------------------------------------------- lifetime */
 
-int kvt_async_lookup_create(const char *tier_type, kvt_batch_lookup_fn fn, void *arg,
-                            struct kvt_async_lookup **al_p)
+static int al_create(const char *tier_type, kvt_batch_lookup_fn fn,
+                     kvt_batch_lookup_spans_fn spans_fn, void *arg, struct kvt_async_lookup **al_p)
 {
     struct kvt_async_lookup *al;
     char name[16];
     int rc;
 
-    if (fn == NULL || tier_type == NULL)
+    if ((fn == NULL) == (spans_fn == NULL) || tier_type == NULL)
         return -EINVAL;
     al = kvt_calloc(1, sizeof(*al));
     if (al == NULL)
         return -ENOMEM;
     snprintf(al->tier_type, sizeof(al->tier_type), "%s", tier_type);
     al->fn = fn;
+    al->spans_fn = spans_fn;
     al->arg = arg;
     kvt_map_init(&al->states);
     kvt_map_init(&al->reqs);
@@ -260,6 +313,18 @@ err_sync:
     pthread_mutex_destroy(&al->lock);
     kvt_free(al);
     return -rc;
+}
+
+int kvt_async_lookup_create(const char *tier_type, kvt_batch_lookup_fn fn, void *arg,
+                            struct kvt_async_lookup **al_p)
+{
+    return fn == NULL ? -EINVAL : al_create(tier_type, fn, NULL, arg, al_p);
+}
+
+int kvt_async_lookup_create_spans(const char *tier_type, kvt_batch_lookup_spans_fn fn, void *arg,
+                                  struct kvt_async_lookup **al_p)
+{
+    return fn == NULL ? -EINVAL : al_create(tier_type, NULL, fn, arg, al_p);
 }
 
 void kvt_async_lookup_shutdown(struct kvt_async_lookup *al)

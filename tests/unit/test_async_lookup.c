@@ -84,6 +84,28 @@ static int fake_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
     return 0;
 }
 
+/* Spans mode: the same answers, one call for every queued item (call_n: its spans). */
+static int fake_batch_lookup_spans(void *arg, const struct kvt_al_span *spans, size_t n_spans)
+{
+    struct fake *f = arg;
+    size_t c;
+
+    pthread_mutex_lock(&f->mu);
+    f->in_call = true;
+    pthread_cond_broadcast(&f->cv);
+    while (f->gated)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+
+    c = f->calls++;
+    if (c < FAKE_MAX)
+        f->call_n[c] = n_spans;
+    for (size_t s = 0; s < n_spans; s++)
+        for (size_t i = 0; i < spans[s].n; i++)
+            spans[s].found[i] = f->fail_rc < 0 || fake_has(f, &spans[s].keys[i]);
+    return f->fail_rc < 0 ? f->fail_rc : 0;
+}
+
 static void fake_gate(struct fake *f)
 {
     pthread_mutex_lock(&f->mu);
@@ -215,6 +237,68 @@ static void mark_miss(struct fx *fx, int i)
     struct kvt_key k = kt_key(i);
 
     kvt_async_lookup_mark_miss(fx->al, &k, 1);
+}
+
+/* ---- spans mode (kvtier's: a tier whose lookup is a round trip) --------------- */
+
+/* Items queued behind a call in flight go out together in the next call, in order,
+ * and every verdict lands as one at a time would have it. */
+static void test_spans_take_every_queued_item_at_once(void **state)
+{
+    struct fx *fx = FX(2, 5);
+    struct kvt_req_ctx *a = fx_ctx(fx, "req_a"), *b = fx_ctx(fx, "req_b");
+
+    (void)state;
+    kvt_async_lookup_destroy(fx->al);
+    assert_int_equal(
+        kvt_async_lookup_create_spans("test", fake_batch_lookup_spans, &fx->f, &fx->al), 0);
+    fake_gate(&fx->f);
+    lk(fx, 1, a);
+    lk(fx, 2, b);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0); /* item 1: in the gated call */
+    fake_wait_in_call(&fx->f);
+    for (int i = 3; i <= 5; i++) { /* items 2..4 queue behind it */
+        lk(fx, i, i % 2 ? a : b);
+        assert_int_equal(kvt_async_lookup_flush(fx->al), 0);
+    }
+    assert_int_equal(kvt_async_lookup_queue_len(fx->al), 3);
+    fake_release(&fx->f);
+    kvt_async_lookup_wait_idle(fx->al);
+    assert_int_equal(fx->f.calls, 2);
+    assert_int_equal(fx->f.call_n[0], 1); /* one item: two requests' keys, one span */
+    assert_int_equal(fx->f.call_n[1], 3);
+    assert_int_equal(kvt_async_lookup_results_len(fx->al), 4);
+    for (int i = 1; i <= 5; i++)
+        assert_int_equal(lk(fx, i, a), i == 2 || i == 5 ? KVT_AL_FOUND : KVT_AL_ABSENT);
+    assert_int_equal(kvt_async_lookup_results_len(fx->al), 0);
+    /* the lists survived: another round goes through */
+    lk(fx, 7, b);
+    flush_wait(fx);
+    assert_int_equal(fx->f.calls, 3);
+    assert_int_equal(lk(fx, 7, b), KVT_AL_ABSENT);
+    fx_done(fx);
+}
+
+/* A failing spans call: every key of every span is not found. */
+static void test_spans_failure_is_all_not_found(void **state)
+{
+    struct fx *fx = FX(1);
+    struct kvt_req_ctx *a = fx_ctx(fx, "req_a");
+
+    (void)state;
+    kvt_async_lookup_destroy(fx->al);
+    assert_int_equal(
+        kvt_async_lookup_create_spans("test", fake_batch_lookup_spans, &fx->f, &fx->al), 0);
+    fx->f.fail_rc = -EIO;
+    lk(fx, 1, a);
+    lk(fx, 2, a);
+    flush_wait(fx);
+    assert_int_equal(lk(fx, 1, a), KVT_AL_ABSENT);
+    assert_int_equal(lk(fx, 2, a), KVT_AL_ABSENT);
+    assert_int_equal(
+        kvt_async_lookup_create_spans("test", NULL, NULL, &(struct kvt_async_lookup *){NULL}),
+        -EINVAL);
+    fx_done(fx);
 }
 
 /* ---- vLLM's tests ------------------------------------------------------------ */
@@ -789,6 +873,8 @@ int main(void)
         cmocka_unit_test(test_mark_miss_pending_skips_probe),
         cmocka_unit_test(test_shutdown_finishes_posted_items),
         cmocka_unit_test(test_allocation_failures_unwind),
+        cmocka_unit_test(test_spans_take_every_queued_item_at_once),
+        cmocka_unit_test(test_spans_failure_is_all_not_found),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

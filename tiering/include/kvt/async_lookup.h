@@ -28,6 +28,21 @@
 typedef int (*kvt_batch_lookup_fn)(void *arg, const struct kvt_key *keys, size_t n,
                                    const struct kvt_req_ctx *ctx, bool *found);
 
+/* A tier whose lookups are round trips (the network tier) would pay one per request
+ * of every queued item if the worker ran them one after the other. With a spans
+ * function it gets every request of every item queued at once (up to
+ * KVT_AL_MAX_SPANS items, one span each: the item's keys and found[]) in one call,
+ * and answers them in one round trip. The verdicts are the same; only when they
+ * arrive changes. A negative return takes every key of every span as not found. */
+struct kvt_al_span {
+    const struct kvt_key *keys;
+    size_t n;
+    bool *found;
+};
+#define KVT_AL_MAX_SPANS 64
+typedef int (*kvt_batch_lookup_spans_fn)(void *arg, const struct kvt_al_span *spans,
+                                         size_t n_spans);
+
 /* lookup() answers (vLLM: None / True / False) */
 #define KVT_AL_ABSENT  0
 #define KVT_AL_FOUND   1
@@ -41,6 +56,9 @@ struct kvt_async_lookup;
  * negated pthread_create error. */
 int kvt_async_lookup_create(const char *tier_type, kvt_batch_lookup_fn fn, void *arg,
                             struct kvt_async_lookup **al_p);
+/* The same with a spans function: the worker hands it all queued items at once. */
+int kvt_async_lookup_create_spans(const char *tier_type, kvt_batch_lookup_spans_fn fn, void *arg,
+                                  struct kvt_async_lookup **al_p);
 /* Shuts the worker down if still running, then frees everything. */
 void kvt_async_lookup_destroy(struct kvt_async_lookup *al);
 
