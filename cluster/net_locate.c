@@ -106,6 +106,39 @@ int kvt__nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
     return rc;
 }
 
+int kvt__nt_batch_lookup_spans(void *arg, const struct kvt_al_span *spans, size_t n_spans)
+{
+    size_t n = 0, at = 0;
+    struct kvt_key *keys;
+    bool *found;
+    int rc;
+
+    for (size_t i = 0; i < n_spans; i++)
+        n += spans[i].n;
+    if (n == 0)
+        return 0;
+    keys = kvt_malloc(n * sizeof(*keys));
+    found = kvt_calloc(n, sizeof(*found));
+    if (keys == NULL || found == NULL) {
+        kvt_free(keys);
+        kvt_free(found);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < n_spans; i++) {
+        memcpy(keys + at, spans[i].keys, spans[i].n * sizeof(*keys));
+        at += spans[i].n;
+    }
+    rc = kvt__nt_batch_lookup(arg, keys, n, NULL, found);
+    at = 0;
+    for (size_t i = 0; rc == 0 && i < n_spans; i++) {
+        memcpy(spans[i].found, found + at, spans[i].n * sizeof(*found));
+        at += spans[i].n;
+    }
+    kvt_free(keys);
+    kvt_free(found);
+    return rc;
+}
+
 /* Loop: the op is answered (or abandoned); hand the verdicts over, drop the op. */
 static void nt_locate_op_done(struct net_tier *nt, struct locate_op *op)
 {

@@ -622,7 +622,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     rc = kvt_directory_create(ms_ns(nt->cfg.record_ttl_ms), nt->cfg.max_holders, &nt->dir);
     if (rc != 0)
         goto fail;
-    rc = kvt_async_lookup_create("network", kvt__nt_batch_lookup, nt, &nt->al);
+    /* Every lookup queued behind a round trip goes out with the next one. */
+    rc = kvt_async_lookup_create_spans("network", kvt__nt_batch_lookup_spans, nt, &nt->al);
     if (rc != 0)
         goto fail;
     h = (struct kvt_peers_handlers){.on_msg = nt_on_msg,

@@ -340,6 +340,9 @@ bool kvt__nt_register(struct net_tier *nt);
 /* The async lookup helper's batch_lookup (worker thread). */
 int kvt__nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
                          const struct kvt_req_ctx *ctx, bool *found);
+/* Every queued lookup item at once (kvt_async_lookup_create_spans): one LOCATE round
+ * trip per home for all of them. */
+int kvt__nt_batch_lookup_spans(void *arg, const struct kvt_al_span *spans, size_t n_spans);
 /* Loop: sends the LOCATEs of the requests the worker queued. */
 void kvt__nt_take_locates(struct net_tier *nt);
 void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m);
