@@ -77,13 +77,17 @@ struct counters {
      * them: a peer, its storage tier): steps and microseconds from that lookup to HIT. */
     uint64_t later_steps[MAX_STEPS_H];
     uint64_t later_us[US_H];
+    /* Of those that were HIT_PENDING on the way (the node promoting them from a tier
+     * below the primary): first lookup to HIT_PENDING, HIT_PENDING to HIT. */
+    uint64_t to_pending_us[US_H], pending_to_hit_us[US_H];
 };
 
 struct req {
     char id[KVTIER_REQ_ID_MAX + 1];
     size_t n;
     struct kvtier_key *keys;
-    uint8_t *state; /* 0 unresolved, 1 hit, 2 miss */
+    uint8_t *state;    /* 0 unresolved, 1 hit, 2 miss */
+    double *pending_s; /* when the key was first HIT_PENDING (0: not yet) */
     uint64_t first_step;
     double start_s;
     bool active;
@@ -299,13 +303,19 @@ static double us_bin_ms(size_t b)
     return b == 0 ? 0.001 : exp2((double)b / US_H_PER_OCT) / 1000.0;
 }
 
-static void record_hit(struct engine *e, const struct req *r, uint64_t steps)
+static void record_hit(struct engine *e, const struct req *r, size_t k, uint64_t steps)
 {
+    double now = kvt_tool_now_s();
+
     e->ct.to_hit[steps < MAX_STEPS_H ? steps : MAX_STEPS_H - 1]++;
     if (steps == 0)
         return;
     e->ct.later_steps[steps < MAX_STEPS_H ? steps : MAX_STEPS_H - 1]++;
-    e->ct.later_us[us_bin((kvt_tool_now_s() - r->start_s) * 1e6)]++;
+    e->ct.later_us[us_bin((now - r->start_s) * 1e6)]++;
+    if (r->pending_s[k] > 0) {
+        e->ct.to_pending_us[us_bin((r->pending_s[k] - r->start_s) * 1e6)]++;
+        e->ct.pending_to_hit_us[us_bin((now - r->pending_s[k]) * 1e6)]++;
+    }
 }
 
 static bool verify_row(struct engine *e, const struct kvtier_key *key, int64_t chunk)
@@ -472,6 +482,7 @@ static int start_req(struct engine *e, struct req *r)
              e->seq++);
     r->n = build_prompt(L, conv, turn, r->keys);
     memset(r->state, 0, r->n);
+    memset(r->pending_s, 0, r->n * sizeof(*r->pending_s));
     r->first_step = e->ct.steps;
     r->start_s = kvt_tool_now_s();
     rc = kvtier_on_new_request(e->c, r->id, NULL, NULL);
@@ -512,7 +523,7 @@ static void lookup_req(struct engine *e, struct req *r)
         switch (e->res[j]) {
         case KVTIER_HIT:
             r->state[e->map[j]] = 1;
-            record_hit(e, r, steps);
+            record_hit(e, r, e->map[j], steps);
             atomic_fetch_add_explicit(steps == 0 ? &e->ct.hits_first : &e->ct.hits_later, 1,
                                       memory_order_relaxed);
             break;
@@ -521,6 +532,10 @@ static void lookup_req(struct engine *e, struct req *r)
             atomic_fetch_add_explicit(&e->ct.misses, 1, memory_order_relaxed);
             break;
         case KVTIER_HIT_PENDING:
+            if (r->pending_s[e->map[j]] == 0)
+                r->pending_s[e->map[j]] = kvt_tool_now_s();
+            e->ct.pending_answers++;
+            break;
         case KVTIER_RETRY:
             e->ct.pending_answers++;
             break;
@@ -655,7 +670,8 @@ static int engine_init(struct load *L, struct engine *e, unsigned node, unsigned
     for (unsigned i = 0; i < L->o.batch; i++) {
         e->reqs[i].keys = calloc(B, sizeof(struct kvtier_key));
         e->reqs[i].state = calloc(B, 1);
-        if (!e->reqs[i].keys || !e->reqs[i].state)
+        e->reqs[i].pending_s = calloc(B, sizeof(double));
+        if (!e->reqs[i].keys || !e->reqs[i].state || !e->reqs[i].pending_s)
             return -ENOMEM;
     }
     return 0;
@@ -667,6 +683,7 @@ static void engine_cleanup(struct engine *e)
         for (unsigned i = 0; i < e->L->o.batch; i++) {
             free(e->reqs[i].keys);
             free(e->reqs[i].state);
+            free(e->reqs[i].pending_s);
         }
     free(e->reqs);
     free(e->kbuf);
@@ -781,8 +798,11 @@ static void sum_final(const struct load *L, struct counters *t)
             t->to_hit[k] += c->to_hit[k];
             t->later_steps[k] += c->later_steps[k];
         }
-        for (size_t k = 0; k < US_H; k++)
+        for (size_t k = 0; k < US_H; k++) {
             t->later_us[k] += c->later_us[k];
+            t->to_pending_us[k] += c->to_pending_us[k];
+            t->pending_to_hit_us[k] += c->pending_to_hit_us[k];
+        }
     }
 }
 
@@ -918,7 +938,6 @@ static struct hist_sum stat_hist(const struct load *L, const char *name)
 static const struct {
     const char *metric, *name;
 } pull_phases[] = {
-    {"vllm:kv_offload_tiering_lookup_async_delay_seconds", "first lookup to verdict"},
     {"kvtier_net_locate_seconds", "locate"},
     {"kvtier_net_fetch_queue_seconds", "fetch queued"},
     {"kvtier_net_grant_wait_seconds", "fetch to grant"},
@@ -981,6 +1000,12 @@ static void report(const struct load *L, const struct counters *t, double elapse
             ",\n \"later_hits_lookup_to_hit_ms_p50\": %.3f, \"later_hits_lookup_to_hit_ms_p99\": "
             "%.3f,\n",
             lp50, lp99, ms50, ms99);
+        printf(" \"later_hits_to_pending_ms_p50\": %.3f, \"later_hits_to_pending_ms_p99\": %.3f,"
+               " \"later_hits_pending_to_hit_ms_p50\": %.3f, \"later_hits_pending_to_hit_ms_p99\": "
+               "%.3f,\n",
+               percentile_ms(t->to_pending_us, 0.50), percentile_ms(t->to_pending_us, 0.99),
+               percentile_ms(t->pending_to_hit_us, 0.50),
+               percentile_ms(t->pending_to_hit_us, 0.99));
         printf(" \"pull_phases_ms\": {");
         for (size_t i = 0; i < sizeof(pull_phases) / sizeof(pull_phases[0]); i++) {
             struct hist_sum h = stat_hist(L, pull_phases[i].metric);
@@ -1025,6 +1050,10 @@ static void report(const struct load *L, const struct counters *t, double elapse
     printf("  %-34s p50 %" PRIu64 ", p99 %" PRIu64 "\n", "lookup-to-HIT steps", p50, p99);
     printf("  %-34s p50 %.2f ms, p99 %.2f ms (steps p50 %" PRIu64 ", p99 %" PRIu64 ")\n",
            "  of hits found after steps", ms50, ms99, lp50, lp99);
+    printf("    %-32s p50 %.2f ms, p99 %.2f ms; then to HIT p50 %.2f ms, p99 %.2f ms\n",
+           "first lookup to HIT_PENDING", percentile_ms(t->to_pending_us, 0.50),
+           percentile_ms(t->to_pending_us, 0.99), percentile_ms(t->pending_to_hit_us, 0.50),
+           percentile_ms(t->pending_to_hit_us, 0.99));
     printf("  %-34s\n", "pull phases (node timings, ms)");
     for (size_t i = 0; i < sizeof(pull_phases) / sizeof(pull_phases[0]); i++) {
         struct hist_sum h = stat_hist(L, pull_phases[i].metric);
