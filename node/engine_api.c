@@ -1308,6 +1308,19 @@ static void run_frames(struct kvt_engine_server *s, struct eclient *c)
 
 /* ---- rings (engine_ring.c) ------------------------------------------------------ */
 
+/* c broke its ring's protocol: refused (counted: ring), the check it failed in the
+ * ERROR frame's message and the log. */
+static void ring_refuse(struct kvt_engine_server *s, struct eclient *c, int err)
+{
+    const char *why = kvt__ering_why(c->ring);
+    char msg[KVT_EPROTO_MSG_MAX + 1];
+
+    count(s, KVT_EREF_RING);
+    snprintf(msg, sizeof(msg), "broke its ring's protocol%s%s", why != NULL ? ": " : "",
+             why != NULL ? why : "");
+    refuse(c, err, msg);
+}
+
 /* Serves up to RING_PER_TURN requests from c's ring through exec_frame, as the
  * socket's frames are served. A ring that breaks its protocol is refused like a
  * malformed frame (counted: ring); a reply too large for the ring goes on the
@@ -1328,8 +1341,7 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         if (rc == 0 || rc == -EAGAIN)
             break;
         if (rc < 0) {
-            count(s, KVT_EREF_RING);
-            refuse(c, rc, "broke its ring's protocol");
+            ring_refuse(s, c, rc);
             break;
         }
         s->ring_out.len = 0;
@@ -1339,8 +1351,7 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
                               s->ring_out.len - KVT_EPROTO_HDR);
         if (rc < 0) {
-            count(s, KVT_EREF_RING);
-            refuse(c, rc, "broke its ring's protocol");
+            ring_refuse(s, c, rc);
             break;
         }
         if (rc == 1) {

@@ -54,8 +54,21 @@ struct kvt_ering {
     uint32_t req_seq;   /* sequence number of the last request taken */
     bool taken;         /* a request was taken and awaits its reply */
     bool closed;
-    uint8_t *in; /* the request taken, copied out (cap / 2 bytes) */
+    uint8_t *in;     /* the request taken, copied out (cap / 2 bytes) */
+    const char *why; /* the check the engine failed (-EPROTO), or NULL */
 };
+
+/* -EPROTO, saying which check failed (kvt__ering_why: the refusal's message). */
+static int broken(struct kvt_ering *r, const char *why)
+{
+    r->why = why;
+    return -EPROTO;
+}
+
+const char *kvt__ering_why(const struct kvt_ering *r)
+{
+    return r->why;
+}
 
 static uint64_t pow2_at_least(uint64_t v)
 {
@@ -184,7 +197,8 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
 static int see_ack(struct kvt_ering *r, uint64_t ack, uint64_t *last)
 {
     if ((ack & 15) != 0 || ack - *last > r->rep_head - *last)
-        return -EPROTO;
+        return broken(r, last == &r->hdr_ack ? "a request's ack outside its window"
+                                             : "rep_tail outside its window");
     *last = ack;
     if (r->rep_head - ack < r->rep_head - r->rep_acked)
         r->rep_acked = ack;
@@ -211,7 +225,7 @@ static int rep_free(struct kvt_ering *r, uint64_t need, uint64_t *free_p)
 /* Where the next request is due: its slot, after a PAD if there is one. 1 a
  * record with the expected sequence number is there (*off_p, *len_p), 0 not yet,
  * -EPROTO a PAD that leads nowhere. */
-static int peek(const struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, uint32_t *len_p)
+static int peek(struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, uint32_t *len_p)
 {
     uint64_t off = r->req_tail & (r->cap - 1), skip = 0;
     uint32_t len, seq, want = r->req_seq + 1;
@@ -221,12 +235,13 @@ static int peek(const struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, ui
         return 0;
     if (len == KVT_ERING_PAD) {
         if (off == 0)
-            return -EPROTO;
+            return broken(r, "a request PAD at the ring's start");
         skip = r->cap - off;
         off = 0;
         load_head(r->req, &len, &seq);
-        if (seq != want || len == KVT_ERING_PAD)
-            return -EPROTO; /* the record is written before its PAD */
+        if (seq != want || len == KVT_ERING_PAD) /* the record is written before its PAD */
+            return broken(r, seq != want ? "a request PAD before its record"
+                                         : "a request PAD after a PAD");
     }
     *off_p = off;
     *skip_p = skip;
@@ -234,7 +249,7 @@ static int peek(const struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, ui
     return 1;
 }
 
-bool kvt__ering_pending(const struct kvt_ering *r)
+bool kvt__ering_pending(struct kvt_ering *r)
 {
     uint64_t off, skip;
     uint32_t len;
@@ -256,7 +271,7 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
         return rc;
     need = kvt_ering_rec_bytes(len);
     if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap)
-        return -EPROTO;
+        return broken(r, "a request longer than the ring allows");
     rc = see_ack(r, load_ack(r->req + off), &r->hdr_ack);
     if (rc < 0)
         return rc;
@@ -306,8 +321,8 @@ int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
     rc = rep_free(r, fits ? (to_end >= need ? need : to_end + need) : KVT_ERING_REC_BYTES, &free);
     if (rc < 0)
         return rc;
-    if (free < KVT_ERING_REC_BYTES)
-        return -EPROTO; /* take saw room for a marker: the engine took it back */
+    if (free < KVT_ERING_REC_BYTES) /* take saw room for a marker: the engine took it back */
+        return broken(r, "the reply ring's room taken back");
     fits = fits && (to_end >= need ? need <= free : to_end + need <= free);
     if (!fits) {
         store_head(slot, KVT_ERING_REDIRECT, r->req_seq, r->req_tail);
