@@ -949,6 +949,159 @@ static void test_posted_acks_older_than_rep_tail(void **state)
     raw_close(&r);
 }
 
+/* Waits for the reply record of request seq (after a PAD, at the ring's start) and
+ * consumes it without decoding; its body's length. */
+static uint32_t raw_wait_reply(struct raw *r, uint32_t seq)
+{
+    for (int i = 0; i < 20000; i++) {
+        uint64_t off = r->rep_tail & (r->cap - 1), v;
+        struct kvt_ering_rec h;
+
+        v = __atomic_load_n((uint64_t *)(void *)(r->rep + off), __ATOMIC_ACQUIRE);
+        memcpy(&h, &v, 8);
+        if (h.seq == seq) {
+            assert_int_equal(raw_skip_reply(r), seq);
+            __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
+            return h.len;
+        }
+        usleep(200);
+    }
+    fail_msg("no reply to request %u", seq);
+    return 0;
+}
+
+/* Encodes m as raw_post would (the next frame seq) into b, without posting it. */
+static void raw_encode(struct raw *r, struct kvt_emsg *m, struct kvt_ebuf *b)
+{
+    m->seq = r->seqno + 1;
+    m->has |= 1u << KVT_EF_OP | 1u << KVT_EF_SEQ;
+    kvt__ebuf_init(b);
+    assert_int_equal(kvt__emsg_encode(m, b), 0);
+}
+
+/* The flake of a kvtier-load run (one engine closed for "a request longer than the
+ * ring allows" after about a thousand good calls): the node polls the slot where
+ * the next request is due before the engine has written it, and in the ring's
+ * second lap that slot may lie inside an earlier request's body. An honest engine
+ * whose keys hold, at such a slot, bytes that read as a header with the sequence
+ * number the node awaits (a random key does, about once in 65536 slots) must not
+ * be taken for a request: the node scrubs the bodies it took. The test lays such
+ * keys, computed for the slots of the next lap, and plays that lap. */
+static void test_stale_body_is_no_request(void **state)
+{
+    struct raw r;
+    struct kvt_emsg m;
+    struct kvt_ebuf b;
+    struct kvtier_key k[4];
+    uint64_t start, pos, body_at, key_at[4], poison_end, plen;
+    uint32_t want_at[4096 / 16] = {0}, seq;
+    uint64_t before_refused;
+    int n;
+
+    (void)state;
+    stop();
+    start_with(4096, 200);
+    raw_open(&r);
+    assert_int_equal(r.cap, 4096);
+    before_refused = counters().refused_by[KVT_EREF_RING];
+    /* A few calls, so that the poisoned request is not at the ring's start. */
+    for (int i = 0; i < 5; i++) {
+        kvt__emsg_init(&m);
+        m.op = KVT_EOP_SCHEDULE_END;
+        raw_post(&r, &m);
+        raw_wait_reply(&r, r.seq);
+    }
+    /* The poisoned request: a lookup of four 64-byte keys. Where its keys' bytes
+     * land in the ring: found with a marker. */
+    for (int i = 0; i < 4; i++) {
+        memset(&k[i], 0, sizeof(k[i]));
+        k[i].len = KVTIER_KEY_MAX;
+        memset(k[i].bytes, 0xa0 + i, KVTIER_KEY_MAX);
+    }
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_LOOKUP;
+    snprintf(m.req_id, sizeof(m.req_id), "nobody");
+    m.keys = k;
+    m.n_keys = 4;
+    m.has = 1u << KVT_EF_REQ_ID | 1u << KVT_EF_KEYS;
+    raw_encode(&r, &m, &b);
+    start = r.head;
+    plen = b.len - 4;
+    assert_true((start & (r.cap - 1)) + kvt_ering_rec_bytes(plen) <= r.cap);
+    body_at = (start & (r.cap - 1)) + KVT_ERING_REC_BYTES;
+    for (int i = 0; i < 4; i++) {
+        uint8_t *p = memmem(b.data + 4, b.len - 4, k[i].bytes, KVTIER_KEY_MAX);
+
+        assert_non_null(p);
+        key_at[i] = body_at + (uint64_t)(p - (b.data + 4));
+    }
+    poison_end = key_at[3] + KVTIER_KEY_MAX;
+    kvt__ebuf_cleanup(&b);
+    /* The next lap: empty on_schedule_end calls (32-byte records) from the end of
+     * the poisoned record on; the sequence number the node awaits at each slot. */
+    pos = start + kvt_ering_rec_bytes(plen);
+    seq = r.seq + 2;
+    n = 0;
+    {
+        struct kvt_ebuf e;
+
+        kvt__emsg_init(&m);
+        m.op = KVT_EOP_SCHEDULE_END;
+        raw_encode(&r, &m, &e);
+        assert_int_equal(kvt_ering_rec_bytes(e.len - 4), 32);
+        kvt__ebuf_cleanup(&e);
+    }
+    while (pos < start + r.cap + poison_end) {
+        uint64_t off = pos & (r.cap - 1);
+
+        if (pos >= start + r.cap)
+            want_at[off / 16] = seq; /* the slot polled for seq (a PAD's too) */
+        if (off + 32 > r.cap)
+            pos += r.cap - off;
+        else {
+            pos += 32;
+            seq++;
+            n++;
+        }
+    }
+    /* Every slot of the next lap inside a key reads as the header awaited there:
+     * len 8, that seq, an ack of 0. */
+    int planted = 0;
+
+    for (int i = 0; i < 4; i++) {
+        for (uint64_t o = (key_at[i] + 15) & ~15ull; o + 16 <= key_at[i] + KVTIER_KEY_MAX;
+             o += 16) {
+            struct kvt_ering_rec h = {.len = 8, .seq = want_at[o / 16], .ack = 0};
+
+            if (h.seq == 0)
+                continue;
+            memcpy(k[i].bytes + (o - key_at[i]), &h, sizeof(h));
+            planted++;
+        }
+    }
+    assert_true(planted >= 2);
+    kvt__emsg_init(&m);
+    m.op = KVT_EOP_LOOKUP;
+    snprintf(m.req_id, sizeof(m.req_id), "nobody");
+    m.keys = k;
+    m.n_keys = 4;
+    m.has = 1u << KVT_EF_REQ_ID | 1u << KVT_EF_KEYS;
+    raw_post(&r, &m);
+    assert_int_equal(r.head, start + kvt_ering_rec_bytes(plen));
+    raw_wait_reply(&r, r.seq);
+    /* The next lap, call by call (the node polls each slot before it is written). */
+    for (int i = 0; i < n; i++) {
+        kvt__emsg_init(&m);
+        m.op = KVT_EOP_SCHEDULE_END;
+        raw_post(&r, &m);
+        raw_wait_reply(&r, r.seq);
+        assert_int_equal(counters().refused_by[KVT_EREF_RING], before_refused);
+    }
+    assert_true(r.head > start + r.cap + poison_end - KVTIER_KEY_MAX);
+    assert_int_equal(counters().disconnects, 0);
+    raw_close(&r);
+}
+
 /* An engine that writes a sequence number out of order has published nothing:
  * the node does nothing with it (and does not spin on it), the others go on, and
  * when it goes its pins are released. */
@@ -1161,6 +1314,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scribble_second_hello, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_seq_is_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_posted_acks_older_than_rep_tail, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stale_body_is_no_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_stops_mid_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_dies_with_requests_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eventfd_spam_harmless, setup, teardown),
