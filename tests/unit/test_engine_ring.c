@@ -715,7 +715,41 @@ enum scribble {
     SCRIBBLE_PAD_LOOP,  /* a PAD that leads to another PAD */
     SCRIBBLE_GARBAGE,   /* a record whose body is not a message */
     SCRIBBLE_HELLO,     /* a second HELLO over the ring */
+    /* binary messages (kvt__ebin_*) that do not add up: refused as malformed */
+    SCRIBBLE_BIN_SHORT,  /* shorter than its header */
+    SCRIBBLE_BIN_LEN,    /* n * key_len beyond the body (n near 2^32) */
+    SCRIBBLE_BIN_KEYLEN, /* a key length of 0 */
+    SCRIBBLE_BIN_KEYBIG, /* a key length over KVTIER_KEY_MAX */
+    SCRIBBLE_BIN_ID_NUL, /* a request id with a NUL in it */
+    SCRIBBLE_BIN_OP,     /* an op without a binary form (prepare_store) */
+    SCRIBBLE_BIN_FLAGS,  /* flags the op does not take */
+    SCRIBBLE_BIN_RESERVED /* a reserved field not zero */,
+    SCRIBBLE_BIN_MANY, /* more keys than max_keys: oversized */
 };
+
+/* A binary request of op for "raw-1" with n keys of key_len (their bytes from
+ * key(0), key(1), ...), into buf; its length. */
+static size_t bin_req(uint8_t *buf, uint8_t op, uint8_t key_len, uint32_t n, uint32_t flags,
+                      uint64_t seq)
+{
+    struct kvt_ebin_req h = {.magic = KVT_EBIN_MAGIC,
+                             .op = op,
+                             .key_len = key_len,
+                             .id_len = 5,
+                             .n = n,
+                             .flags = flags,
+                             .seq = seq};
+
+    memcpy(buf, &h, sizeof(h));
+    memcpy(buf + KVT_EBIN_HDR, "raw-1", 5);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvtier_key k = key((int)i);
+
+        assert_int_equal(k.len, key_len);
+        memcpy(buf + KVT_EBIN_HDR + 5 + (size_t)i * key_len, k.bytes, key_len);
+    }
+    return KVT_EBIN_HDR + 5 + (size_t)n * key_len;
+}
 
 static void scribble_case(enum scribble how)
 {
@@ -780,12 +814,69 @@ static void scribble_case(enum scribble how)
         raw_post(&r, &m);
         break;
     }
+    default: { /* the binary ones: a valid lookup of two keys, then the flaw */
+        uint8_t buf[512];
+        uint8_t klen = key(0).len;
+        size_t len = bin_req(buf, KVT_EOP_LOOKUP, klen, 2, 0, ++r.seqno);
+        struct kvt_ebin_req h;
+
+        memcpy(&h, buf, sizeof(h));
+        switch (how) {
+        case SCRIBBLE_BIN_SHORT:
+            len = KVT_EBIN_HDR - 1;
+            break;
+        case SCRIBBLE_BIN_LEN:
+            h.n = 3; /* the body holds two */
+            break;
+        case SCRIBBLE_BIN_KEYLEN:
+            h.key_len = 0;
+            break;
+        case SCRIBBLE_BIN_KEYBIG:
+            h.key_len = KVTIER_KEY_MAX + 1;
+            break;
+        case SCRIBBLE_BIN_ID_NUL:
+            buf[KVT_EBIN_HDR + 2] = 0;
+            break;
+        case SCRIBBLE_BIN_OP:
+            h.op = KVT_EOP_PREPARE_STORE;
+            break;
+        case SCRIBBLE_BIN_FLAGS:
+            h.flags = 0x80;
+            break;
+        case SCRIBBLE_BIN_RESERVED:
+            h.zero = 1;
+            break;
+        case SCRIBBLE_BIN_MANY:
+            h.n = 5000; /* over the server's 4096, its body as long as that says */
+            len = KVT_EBIN_HDR + 5 + (size_t)h.n * klen;
+            break;
+        default:
+            fail();
+        }
+        if (how == SCRIBBLE_BIN_MANY) {
+            uint8_t *big = calloc(1, len);
+
+            assert_non_null(big);
+            memcpy(big, &h, sizeof(h));
+            memcpy(big + KVT_EBIN_HDR, "raw-1", 5);
+            raw_post_rec(&r, (uint32_t)len, r.seq + 1, big, len, ~0ull);
+            free(big);
+        } else {
+            if (how != SCRIBBLE_BIN_ID_NUL)
+                memcpy(buf, &h, sizeof(h));
+            raw_post_rec(&r, (uint32_t)len, r.seq + 1, buf, len, ~0ull);
+        }
+        r.seq++;
+        break;
+    }
     }
     /* The neighbour goes on working while the node deals with the scribbler. */
     healthy_round(a, "a-1", 40);
     wait_disconnects(before.disconnects + 1);
     struct kvt_engine_server_counters after = counters();
-    if (how == SCRIBBLE_GARBAGE || how == SCRIBBLE_HELLO)
+    if (how == SCRIBBLE_BIN_MANY)
+        assert_int_equal(after.oversized, before.oversized + 1);
+    else if (how == SCRIBBLE_GARBAGE || how == SCRIBBLE_HELLO || how >= SCRIBBLE_BIN_SHORT)
         assert_int_equal(after.malformed, before.malformed + 1);
     else
         assert_int_equal(after.refused_by[KVT_EREF_RING], before.refused_by[KVT_EREF_RING] + 1);
@@ -871,6 +962,60 @@ static void test_scribble_second_hello(void **state)
     scribble_case(SCRIBBLE_HELLO);
 }
 
+static void test_scribble_bin_short(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_SHORT);
+}
+
+static void test_scribble_bin_len(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_LEN);
+}
+
+static void test_scribble_bin_keylen(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_KEYLEN);
+}
+
+static void test_scribble_bin_keybig(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_KEYBIG);
+}
+
+static void test_scribble_bin_id_nul(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_ID_NUL);
+}
+
+static void test_scribble_bin_op(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_OP);
+}
+
+static void test_scribble_bin_flags(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_FLAGS);
+}
+
+static void test_scribble_bin_reserved(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_RESERVED);
+}
+
+static void test_scribble_bin_many(void **state)
+{
+    (void)state;
+    scribble_case(SCRIBBLE_BIN_MANY);
+}
+
 /* Consumes the next reply record (a PAD leads to the ring's start), without
  * decoding it; its sequence number. */
 static uint32_t raw_skip_reply(struct raw *r)
@@ -947,6 +1092,137 @@ static void test_posted_acks_older_than_rep_tail(void **state)
     assert_int_equal(raw_skip_reply(&r), (uint32_t)posted);
     assert_int_equal(counters().disconnects, 0);
     raw_close(&r);
+}
+
+/* The hot calls go over the ring as binary messages (kvt__ebin_*), give what their
+ * frames give (results, chunk ids, errors, posted failures), and fall back to
+ * frames where they have no binary form (keys of several lengths) or when the
+ * engine says so ($KVTIER_RING_BIN=0, as an older engine does). */
+static void test_binary_calls(void **state)
+{
+    struct kvtier_client *c = conn("binary"), *f;
+    struct kvtier_key k[2], mixed[2], one;
+    uint8_t res[2], packed[2 * 6];
+    int64_t ids[2];
+    uint64_t bin0, failed = 0;
+    size_t done = 0;
+
+    (void)state;
+    assert_true(kvtier_client_has_ring(c));
+    assert_int_equal(kvtier_on_new_request(c, "r1", NULL, NULL), 0);
+    store(c, "r1", 40, 2, 0x20); /* prepare_store a frame, complete_store binary */
+    keys(k, 40, 2);
+    bin0 = counters().ring_binary;
+    assert_int_equal(kvtier_lookup(c, "r1", k, 2, 0, res, &done), 0);
+    assert_int_equal(done, 2);
+    assert_int_equal(res[0], KVTIER_HIT);
+    assert_int_equal(res[1], KVTIER_HIT);
+    memcpy(packed, k[0].bytes, 6);
+    memcpy(packed + 6, k[1].bytes, 6);
+    res[0] = res[1] = 0xff;
+    assert_int_equal(kvtier_lookup_packed(c, "r1", packed, 6, 2, 0, res, &done), 0);
+    assert_int_equal(res[1], KVTIER_HIT);
+    assert_int_equal(kvtier_lookup_one(c, "r1", k[1].bytes, 6), KVTIER_HIT);
+    one = key(77);
+    assert_int_equal(kvtier_lookup_one(c, "r1", one.bytes, one.len), KVTIER_MISS);
+    assert_int_equal(kvtier_prepare_load(c, "r1", k, 2, ids), 0);
+    assert_int_equal(kvtier_client_row(c, ids[0])[3], 0x20);
+    assert_int_equal(kvtier_client_row(c, ids[1])[3], 0x21);
+    assert_int_equal(entry(40).ref_cnt, 1);
+    assert_int_equal(kvtier_complete_load(c, "r1", k, 2), 0);
+    assert_int_equal(entry(40).ref_cnt, 0);
+    assert_int_equal(kvtier_touch(c, "r1", k, 2), 0);
+    assert_int_equal(counters().ring_binary - bin0, 7);
+    /* The node's errors come back as they do in frames; the connection goes on. */
+    assert_int_equal(kvtier_lookup(c, "nobody", k, 1, 0, res, NULL), -EINVAL);
+    assert_int_equal(kvtier_complete_load(c, "r1", k, 1), -EINVAL); /* nothing pinned */
+    assert_int_equal(counters().ring_binary - bin0, 9);
+    /* Keys of two lengths: a frame. */
+    mixed[0] = key(9);
+    mixed[1] = key(10);
+    assert_int_equal(kvtier_lookup(c, "r1", mixed, 2, 0, res, &done), 0);
+    assert_int_equal(counters().ring_binary - bin0, 9);
+    /* Posted binary calls: a failure shows at the drain. */
+    assert_int_equal(kvtier_client_set_posting(c, true), 0);
+    assert_int_equal(kvtier_touch(c, "r1", k, 2), 0);
+    assert_int_equal(kvtier_complete_load(c, "r1", k, 1), 0); /* posted; fails at the node */
+    assert_int_equal(kvtier_lookup(c, "r1", k, 2, 0, res, NULL), 0);
+    assert_int_equal(res[0], KVTIER_HIT);
+    assert_int_equal(kvtier_client_drain(c, &failed), -EINVAL);
+    assert_int_equal(failed, 1);
+    assert_int_equal(counters().ring_binary - bin0, 12);
+    assert_int_equal(kvtier_on_request_finished(c, "r1"), 0);
+    /* An engine that sends frames only (an older one) is served as before. */
+    setenv("KVTIER_RING_BIN", "0", 1);
+    f = conn("frames-only");
+    unsetenv("KVTIER_RING_BIN");
+    assert_true(kvtier_client_has_ring(f));
+    bin0 = counters().ring_binary;
+    assert_int_equal(kvtier_on_new_request(f, "f1", NULL, NULL), 0);
+    assert_int_equal(kvtier_lookup(f, "f1", k, 2, 0, res, NULL), 0);
+    assert_int_equal(res[1], KVTIER_HIT);
+    assert_int_equal(kvtier_prepare_load(f, "f1", k, 2, ids), 0);
+    assert_int_equal(kvtier_complete_load(f, "f1", k, 2), 0);
+    assert_int_equal(counters().ring_binary, bin0);
+    assert_int_equal(kvtier_on_request_finished(f, "f1"), 0);
+    kvtier_close(f);
+    kvtier_close(c);
+    assert_int_equal(counters().malformed, 0);
+    assert_int_equal(counters().refused_by[KVT_EREF_RING], 0);
+}
+
+/* A binary lookup written by hand, its reply read by hand: the layout as
+ * kvtier/engine_proto.h says. */
+static void test_binary_by_hand(void **state)
+{
+    struct kvtier_client *a = conn("neighbour");
+    struct raw r;
+    uint8_t buf[256];
+    size_t len;
+    struct kvt_ebin_req q;
+    struct kvt_ebin_rep h;
+    const uint8_t *payload;
+    uint8_t *slot;
+
+    (void)state;
+    assert_int_equal(kvtier_on_new_request(a, "a-1", NULL, NULL), 0);
+    store(a, "a-1", 0, 2, 0x10);
+    raw_open(&r);
+    raw_new_request(&r, "raw-1");
+    assert_int_equal(raw_reply(&r), 0);
+    len = bin_req(buf, KVT_EOP_LOOKUP, key(0).len, 2, 0, ++r.seqno);
+    memcpy(&q, buf, sizeof(q));
+    raw_post_rec(&r, (uint32_t)len, ++r.seq, buf, len, ~0ull);
+    slot = r.rep + (r.rep_tail & (r.cap - 1));
+    for (int i = 0; i < 20000; i++) {
+        struct kvt_ering_rec rec;
+        uint64_t v = __atomic_load_n((uint64_t *)(void *)slot, __ATOMIC_ACQUIRE);
+
+        memcpy(&rec, &v, 8);
+        if (rec.seq == r.seq) {
+            assert_int_equal(
+                kvt__ebin_rep_parse(slot + KVT_ERING_REC_BYTES, rec.len, &q, &h, &payload), 0);
+            break;
+        }
+        assert_true(i < 19999);
+        usleep(500);
+    }
+    assert_int_equal(h.rc, 0);
+    assert_int_equal(h.n, 2);
+    assert_int_equal(payload[0], KVTIER_HIT);
+    assert_int_equal(payload[1], KVTIER_HIT);
+    /* A reply is checked against its request: another seq or op is not it. */
+    q.seq++;
+    assert_int_equal(
+        kvt__ebin_rep_parse(slot + KVT_ERING_REC_BYTES, KVT_EBIN_HDR + 2, &q, &h, &payload),
+        -EPROTO);
+    q.seq--;
+    q.op = KVT_EOP_TOUCH;
+    assert_int_equal(
+        kvt__ebin_rep_parse(slot + KVT_ERING_REC_BYTES, KVT_EBIN_HDR + 2, &q, &h, &payload),
+        -EPROTO);
+    raw_close(&r);
+    kvtier_close(a);
 }
 
 /* Waits for the reply record of request seq (after a PAD, at the ring's start) and
@@ -1312,9 +1588,20 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_scribble_pad_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scribble_garbage_body, setup, teardown),
         cmocka_unit_test_setup_teardown(test_scribble_second_hello, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_short, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_len, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_keylen, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_keybig, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_id_nul, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_op, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_flags, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_reserved, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scribble_bin_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wrong_seq_is_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_posted_acks_older_than_rep_tail, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_body_is_no_request, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary_calls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary_by_hand, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_stops_mid_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_dies_with_requests_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eventfd_spam_harmless, setup, teardown),
