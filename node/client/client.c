@@ -1101,29 +1101,53 @@ int kvtier_on_request_finished(struct kvtier_client *c, const char *req_id)
     return rc < 0 ? rc : simple_call(c, &req);
 }
 
+/* A lookup as a binary call: 1 not made (a frame then), else as the frame's. */
+static int bin_lookup(struct kvtier_client *c, const char *req_id, const struct bin_keys *k,
+                      unsigned flags, uint8_t *results, size_t *n_done_p)
+{
+    size_t done = 0;
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = bin_call(c, KVT_EOP_LOOKUP, req_id, k, flags, false, results, &done);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == 0 && n_done_p != NULL)
+        *n_done_p = done;
+    return rc;
+}
+
+/* A call whose reply is only an rc, as a binary call (posted when the client
+ * posts): 1 not made (a frame then), else as the frame's. */
+static int bin_simple(struct kvtier_client *c, unsigned op, const char *req_id,
+                      const struct bin_keys *k, uint32_t flags)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = bin_call(c, op, req_id, k, flags, c->posting, NULL, NULL);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 int kvtier_lookup(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
                   size_t n, unsigned flags, uint8_t *results, size_t *n_done_p)
 {
     struct kvt_emsg req, rep;
-    int rc = prep(c, &req, KVT_EOP_LOOKUP, req_id, true, keys, n);
+    int rc;
 
+    if (c->bin && req_id != NULL && keys != NULL && results != NULL &&
+        (flags & ~KVTIER_LOOKUP_PREFIX) == 0) {
+        struct bin_keys k = {.keys = keys, .n = n};
+
+        rc = bin_lookup(c, req_id, &k, flags, results, n_done_p);
+        if (rc != 1)
+            return rc;
+    }
+    rc = prep(c, &req, KVT_EOP_LOOKUP, req_id, true, keys, n);
     if (rc < 0)
         return rc;
     if ((n > 0 && results == NULL) || (flags & ~KVTIER_LOOKUP_PREFIX) != 0)
         return -EINVAL;
-    if (c->bin) {
-        struct bin_keys k = {.keys = keys, .n = n};
-        size_t done = 0;
-
-        pthread_mutex_lock(&c->lock);
-        rc = bin_call(c, KVT_EOP_LOOKUP, req_id, &k, flags, false, results, &done);
-        pthread_mutex_unlock(&c->lock);
-        if (rc != 1) {
-            if (rc == 0 && n_done_p != NULL)
-                *n_done_p = done;
-            return rc;
-        }
-    }
     req.flags = flags;
     req.has |= 1u << KVT_EF_FLAGS | 1u << KVT_EF_KEYS;
     rc = locked_call(c, &req, &rep);
@@ -1686,16 +1710,10 @@ int kvtier_lookup_packed(struct kvtier_client *c, const char *req_id, const void
 
     if (c->bin && req_id != NULL && results != NULL && (flags & ~KVTIER_LOOKUP_PREFIX) == 0) {
         struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
-        size_t done = 0;
 
-        pthread_mutex_lock(&c->lock);
-        rc = bin_call(c, KVT_EOP_LOOKUP, req_id, &bk, flags, false, results, &done);
-        pthread_mutex_unlock(&c->lock);
-        if (rc != 1) {
-            if (rc == 0 && n_done_p != NULL)
-                *n_done_p = done;
+        rc = bin_lookup(c, req_id, &bk, flags, results, n_done_p);
+        if (rc != 1)
             return rc;
-        }
     }
     rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
@@ -1766,8 +1784,16 @@ int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, co
                                  size_t key_len, size_t n, bool success)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && req_id != NULL) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_simple(c, KVT_EOP_COMPLETE_STORE, req_id, &bk, success);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_complete_store(c, req_id, k, n, success);
     kvt_free(heap);
@@ -1778,8 +1804,16 @@ int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, cons
                                size_t key_len, size_t n, int64_t *chunk_ids)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && chunk_ids != NULL) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_prepare_load(c, req_id, &bk, chunk_ids);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_prepare_load(c, req_id, k, n, chunk_ids);
     kvt_free(heap);
@@ -1790,8 +1824,16 @@ int kvtier_complete_load_packed(struct kvtier_client *c, const char *req_id, con
                                 size_t key_len, size_t n)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && true) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_simple(c, KVT_EOP_COMPLETE_LOAD, req_id, &bk, 0);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_complete_load(c, req_id, k, n);
     kvt_free(heap);
@@ -1802,8 +1844,16 @@ int kvtier_touch_packed(struct kvtier_client *c, const char *req_id, const void 
                         size_t key_len, size_t n)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && true) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_simple(c, KVT_EOP_TOUCH, req_id, &bk, 0);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_touch(c, req_id, k, n);
     kvt_free(heap);

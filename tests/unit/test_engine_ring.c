@@ -1133,6 +1133,17 @@ static void test_binary_calls(void **state)
     assert_int_equal(entry(40).ref_cnt, 0);
     assert_int_equal(kvtier_touch(c, "r1", k, 2), 0);
     assert_int_equal(counters().ring_binary - bin0, 7);
+    /* The packed forms (kvtier.vllm's) go as they are. */
+    ids[0] = ids[1] = -1;
+    assert_int_equal(kvtier_prepare_load_packed(c, "r1", packed, 6, 2, ids), 0);
+    assert_int_equal(kvtier_client_row(c, ids[1])[3], 0x21);
+    assert_int_equal(entry(41).ref_cnt, 1);
+    assert_int_equal(kvtier_complete_load_packed(c, "r1", packed, 6, 2), 0);
+    assert_int_equal(entry(41).ref_cnt, 0);
+    assert_int_equal(kvtier_touch_packed(c, "r1", packed, 6, 2), 0);
+    assert_int_equal(kvtier_complete_store_packed(c, "r1", packed, 6, 2, true), -EINVAL);
+    assert_int_equal(counters().ring_binary - bin0, 11);
+    bin0 += 4;
     /* The node's errors come back as they do in frames; the connection goes on. */
     assert_int_equal(kvtier_lookup(c, "nobody", k, 1, 0, res, NULL), -EINVAL);
     assert_int_equal(kvtier_complete_load(c, "r1", k, 1), -EINVAL); /* nothing pinned */
