@@ -23,7 +23,10 @@
  * request fits a ring record goes through shared memory instead of the socket, with
  * the same frame bodies. The socket keeps what passes a descriptor (ATTACH), what
  * is too large for the ring, and the ERROR frame; a call is over before the next
- * starts, so the two paths never reorder anything. */
+ * starts, so the two paths never reorder anything. To a node whose HELLO reply has
+ * KVT_HELLO_BIN the hot calls go over the ring as binary messages (bin_call; the
+ * layout in kvtier/engine_proto.h): no map to encode or walk, no allocation; a call
+ * without a binary form here (keys of several lengths, too large) is a frame. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
