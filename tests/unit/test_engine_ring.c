@@ -1236,6 +1236,123 @@ static void test_binary_by_hand(void **state)
     kvtier_close(a);
 }
 
+/* A binary reply that does not fit the reply ring (the engine has not read the
+ * earlier ones) comes as a REDIRECT record and its frame on the socket, the binary
+ * body unchanged. */
+static void test_binary_reply_redirected(void **state)
+{
+    static uint8_t buf[2048];
+    struct raw r;
+    struct kvt_ebin_req q[4];
+    struct kvt_ebin_rep h;
+    const uint8_t *payload;
+    uint8_t frame[4 + KVT_EBIN_HDR + 1000];
+    size_t got = 0;
+
+    (void)state;
+    stop();
+    start_with(4096, 200);
+    raw_open(&r);
+    raw_new_request(&r, "raw-1");
+    assert_int_equal(raw_reply(&r), 0);
+    /* Four lookups of 1000 one-byte keys (replies of 1024 bytes), none read: the
+     * fourth reply finds 4096 - 16 - 3 * 1040 bytes of room. */
+    for (int i = 0; i < 4; i++) {
+        struct kvt_ebin_req hq = {.magic = KVT_EBIN_MAGIC,
+                                  .op = KVT_EOP_LOOKUP,
+                                  .key_len = 1,
+                                  .id_len = 5,
+                                  .n = 1000,
+                                  .seq = ++r.seqno};
+        size_t len = KVT_EBIN_HDR + 5 + 1000;
+
+        memcpy(buf, &hq, sizeof(hq));
+        memcpy(buf + KVT_EBIN_HDR, "raw-1", 5);
+        memset(buf + KVT_EBIN_HDR + 5, 'k', 1000);
+        q[i] = hq;
+        raw_post_rec(&r, (uint32_t)len, ++r.seq, buf, len, ~0ull);
+        for (int j = 0; j < 2000 && __atomic_load_n(&r.ctl->req_tail, __ATOMIC_ACQUIRE) != r.head;
+             j++)
+            usleep(1000);
+        assert_int_equal(__atomic_load_n(&r.ctl->req_tail, __ATOMIC_ACQUIRE), r.head);
+    }
+    for (int i = 0; i < 4; i++) {
+        uint64_t off = r.rep_tail & (r.cap - 1);
+        struct kvt_ering_rec rec;
+
+        for (int j = 0; j < 2000; j++) {
+            memcpy(&rec, r.rep + off, sizeof(rec));
+            if (rec.seq == (uint32_t)(r.seq - 3 + i))
+                break;
+            usleep(1000);
+        }
+        assert_int_equal(rec.seq, r.seq - 3 + i);
+        if (i < 3) {
+            assert_int_equal(rec.len, KVT_EBIN_HDR + 1000);
+            assert_int_equal(kvt__ebin_rep_parse(r.rep + off + KVT_ERING_REC_BYTES, rec.len, &q[i],
+                                                 &h, &payload),
+                             0);
+            r.rep_tail += kvt_ering_rec_bytes(rec.len);
+        } else {
+            assert_int_equal(rec.len, KVT_ERING_REDIRECT);
+            r.rep_tail += KVT_ERING_REC_BYTES;
+        }
+        assert_int_equal(h.n, 1000);
+        assert_int_equal(payload[999], KVTIER_MISS);
+    }
+    /* The fourth's frame, on the socket. */
+    while (got < sizeof(frame)) {
+        ssize_t n = recv(r.fd, frame + got, sizeof(frame) - got, 0);
+
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    assert_int_equal(kvt__eproto_frame_len(frame), KVT_EBIN_HDR + 1000);
+    assert_int_equal(kvt__ebin_rep_parse(frame + 4, KVT_EBIN_HDR + 1000, &q[3], &h, &payload), 0);
+    assert_int_equal(h.n, 1000);
+    assert_true(counters().ring_redirects >= 1);
+    assert_int_equal(counters().refused_by[KVT_EREF_RING], 0);
+    raw_close(&r);
+}
+
+/* The library's side of a redirected binary reply: a prepare_load of 255 keys
+ * (the same one, pinned 255 times) has a 2064-byte reply, over half a 4096-byte
+ * ring; the call reads it from the socket and gives the ids. */
+static void test_binary_redirect_library(void **state)
+{
+    struct kvtier_client *c;
+    struct kvtier_ring_stats rs;
+    struct kvtier_key k;
+    uint8_t packed[255];
+    int64_t ids[255];
+    uint32_t idx[1];
+    int64_t sid[1];
+    struct kvtier_store_plan plan = {.store_index = idx, .chunk_ids = sid};
+    uint64_t bin0;
+
+    (void)state;
+    stop();
+    start_with(4096, 200);
+    c = conn("redirected");
+    assert_int_equal(kvtier_on_new_request(c, "r", NULL, NULL), 0);
+    assert_int_equal(kvtier_key_set(&k, "x", 1), 0);
+    assert_int_equal(kvtier_prepare_store(c, "r", &k, 1, &plan), 0);
+    assert_int_equal(plan.n_store, 1);
+    memset(kvtier_client_row(c, sid[0]), 0x77, g.row);
+    assert_int_equal(kvtier_complete_store(c, "r", &k, 1, true), 0);
+    memset(packed, 'x', sizeof(packed));
+    bin0 = counters().ring_binary;
+    assert_int_equal(kvtier_prepare_load_packed(c, "r", packed, 1, 255, ids), 0);
+    for (int i = 0; i < 255; i++)
+        assert_int_equal(ids[i], sid[0]);
+    assert_int_equal(kvtier_client_ring_stats(c, &rs), 0);
+    assert_int_equal(rs.redirects, 1);
+    assert_int_equal(kvtier_complete_load_packed(c, "r", packed, 1, 255), 0);
+    assert_int_equal(counters().ring_binary - bin0, 2);
+    assert_int_equal(kvtier_on_request_finished(c, "r"), 0);
+    kvtier_close(c);
+}
+
 /* Waits for the reply record of request seq (after a PAD, at the ring's start) and
  * consumes it without decoding; its body's length. */
 static uint32_t raw_wait_reply(struct raw *r, uint32_t seq)
@@ -1613,6 +1730,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stale_body_is_no_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_binary_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_binary_by_hand, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary_reply_redirected, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_binary_redirect_library, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_stops_mid_request, setup, teardown),
         cmocka_unit_test_setup_teardown(test_engine_dies_with_requests_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eventfd_spam_harmless, setup, teardown),
