@@ -200,6 +200,9 @@ struct kvt_engine_server {
      * them), and the message the ops are given, zeroed once */
     struct kvtier_key *bin_keys;
     struct kvt_emsg bin_q, bin_r;
+    /* op_lookup's results, max_keys of each, lent to its reply */
+    enum kvt_lookup_result *lookup_res;
+    uint8_t *lookup_out;
 };
 
 static const char *const refusal_names[KVT_EREF_COUNT] = {
@@ -764,17 +767,14 @@ static int op_lookup(struct kvt_engine_server *s, struct eclient *c, const struc
     if (er == NULL || er->finished || !kvt__emsg_has(q, KVT_EF_KEYS) ||
         (q->flags & ~(uint64_t)KVTIER_LOOKUP_PREFIX) != 0)
         return -EINVAL;
-    r->results = kvt_malloc(q->n_keys ? q->n_keys : 1);
-    res = kvt_calloc(q->n_keys ? q->n_keys : 1, sizeof(*res));
-    if (r->results == NULL || res == NULL) {
-        kvt_free(res);
-        return -ENOMEM; /* r->results is freed with r */
-    }
+    /* The server's scratch (max_keys each, as q's keys): the reply borrows it, and
+     * exec_frame and exec_bin detach it before they free the reply. */
+    res = s->lookup_res;
+    r->results = s->lookup_out;
     n = kvt_manager_lookup_many(s->m, keys_of(q), q->n_keys, er->ctx,
                                 (q->flags & KVTIER_LOOKUP_PREFIX) != 0, res);
     for (size_t i = 0; i < n; i++)
         r->results[i] = (uint8_t)res[i];
-    kvt_free(res);
     r->n_results = (uint32_t)n;
     r->has |= 1u << KVT_EF_RESULTS;
     return 0;
@@ -1259,6 +1259,7 @@ static void exec_frame(struct kvt_engine_server *s, struct eclient *c, const uin
         refuse(c, -ENOMEM, "no memory for a reply");
     /* Borrowed from the server's scratch, not the reply's to free. */
     r.evicted = NULL;
+    r.results = r.results == s->lookup_out ? NULL : r.results;
     for (uint32_t i = 0; i < r.n_events; i++)
         r.events[i].keys = NULL;
     kvt_events_cleanup(&s->evs);
@@ -1336,8 +1337,10 @@ static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
         kvt__ebuf_append(out, &rh, sizeof(rh)) != 0 ||
         (plen > 0 && kvt__ebuf_append(out, payload, plen) != 0))
         refuse(c, -ENOMEM, "no memory for a reply");
-    /* What the binary ops allocate for their replies. */
-    kvt_free(r->results);
+    /* What the binary ops allocate for their replies (lookup's results are the
+     * server's scratch). */
+    if (r->results != s->lookup_out)
+        kvt_free(r->results);
     kvt_free(r->ids);
     r->results = NULL;
     r->ids = NULL;
@@ -1949,7 +1952,9 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     kvt_events_init(&s->evs);
     kvt_map_init(&s->named);
     s->bin_keys = kvt_calloc(s->lim.max_keys ? s->lim.max_keys : 1, sizeof(*s->bin_keys));
-    if (s->bin_keys == NULL) {
+    s->lookup_res = kvt_calloc(s->lim.max_keys ? s->lim.max_keys : 1, sizeof(*s->lookup_res));
+    s->lookup_out = kvt_calloc(s->lim.max_keys ? s->lim.max_keys : 1, 1);
+    if (s->bin_keys == NULL || s->lookup_res == NULL || s->lookup_out == NULL) {
         rc = -ENOMEM;
         goto err_free;
     }
@@ -1996,6 +2001,8 @@ err_free:
         kvt_req_ctx_unref(s->anon_ctx);
     kvt_store_output_cleanup(&s->store_out);
     kvt_free(s->bin_keys);
+    kvt_free(s->lookup_res);
+    kvt_free(s->lookup_out);
     kvt_free(s);
     return rc;
 }
@@ -2016,6 +2023,8 @@ void kvt_engine_server_destroy(struct kvt_engine_server *s)
     kvt_map_cleanup(&s->named);
     kvt__ebuf_cleanup(&s->ring_out);
     kvt_free(s->bin_keys);
+    kvt_free(s->lookup_res);
+    kvt_free(s->lookup_out);
     kvt_free(s);
 }
 
