@@ -193,6 +193,7 @@ static void nt_pump_peer(struct net_tier *nt, struct nt_peer *p)
         p->active++;
         f->sent_ns = kvt_now_ns();
         nt->c.fetch_queue_ns += f->sent_ns - f->queued_ns;
+        nt_observe(nt, KVT_M_NET_FETCH_QUEUE_SECONDS, f->sent_ns - f->queued_ns);
         f->deadline_ns = f->sent_ns + ms_ns(nt->cfg.fetch_timeout_ms);
         f->lease_deadline_ns = f->deadline_ns;
         for (uint32_t i = 0; i < f->n; i++)
@@ -263,6 +264,7 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     nt->c.grants++;
     f->grant_ns = kvt_now_ns();
     nt->c.grant_wait_ns += f->grant_ns - f->sent_ns;
+    nt_observe(nt, KVT_M_NET_GRANT_WAIT_SECONDS, f->grant_ns - f->sent_ns);
     f->lease_id = g->lease_id;
     /* The lease started after our FETCH left: timing it from then errs early. */
     f->lease_deadline_ns = kvt_now_ns() + ms_ns(g->lease_ttl_ms);
@@ -537,8 +539,10 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
                 nt->c.into_bytes += f->chunks[i].length;
             }
         }
-        if (f->grant_ns != 0)
+        if (f->grant_ns != 0) {
             nt->c.read_ns += now - f->grant_ns;
+            nt_observe(nt, KVT_M_NET_READ_SECONDS, now - f->grant_ns);
+        }
         if (f->ep != NULL) {
             struct kvt_wire_msg m;
 
@@ -572,6 +576,7 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
         kvt_async_lookup_mark_miss(nt->al, &job->keys[i], 1);
         kvt_free(kvt_map_remove(&nt->holders, job->keys[i].bytes, job->keys[i].len));
     }
+    nt_observe(nt, KVT_M_NET_LOAD_JOB_SECONDS, kvt_now_ns() - lj->start_ns);
     lj->done = (struct nt_done){.job_id = job->id,
                                 .success = n_ok == job->n,
                                 .ok_keys = n_ok > 0 && n_ok < job->n ? lj->ok_keys : NULL,

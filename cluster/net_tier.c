@@ -424,6 +424,8 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
                 nt_stat(out, KVT_M_NET_PEER_SERVED_BYTES, pl, p->served_bytes, &p->reported_served);
         }
     }
+    rc |= kvt_stats_aggregate(out, &nt->phases);
+    kvt_stats_clear(&nt->phases);
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_LEASES, label, (double)kvt_map_size(&nt->leases));
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_RECORDS, label,
                               (double)kvt_directory_num_records(nt->dir));
@@ -530,6 +532,7 @@ static void nt_destroy(struct kvt_tier *t)
     kvt__nt_keyvec_free(&nt->unpub);
     nt_dereg(nt);
     kvt_directory_destroy(nt->dir);
+    kvt_stats_cleanup(&nt->phases);
     close(nt->wake_fd);
     pthread_cond_destroy(&nt->cv);
     pthread_mutex_destroy(&nt->mu);
@@ -569,6 +572,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     if (nt == NULL)
         return -ENOMEM;
     kvt_tier_init(&nt->base, &nt_ops, "network", KVT_MEDIUM_CPU, KVT_REMOTE);
+    kvt_stats_init(&nt->phases);
     nt->cfg = *cfg;
 #define DEFAULT(f, v)                                                                              \
     if (nt->cfg.f == 0)                                                                            \

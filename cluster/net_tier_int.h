@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "kvt/async_lookup.h"
 #include "kvt/common.h"
@@ -28,6 +29,7 @@
 #include "kvt/map.h"
 #include "kvt/net_tier.h"
 #include "kvt/placement.h"
+#include "kvt/stats.h"
 
 #define NT_MOD "net"
 /* Keys per PUBLISH/UNPUBLISH/LOCATE/FETCH: keeps every message far below the
@@ -273,6 +275,7 @@ struct net_tier {
     bool reg_failed;
 
     struct kvt_net_tier_counts c, reported;
+    struct kvt_stats phases; /* the phase histograms (KVT_M_NET_*_SECONDS) since get_stats */
     bool shut;
 };
 
@@ -283,6 +286,15 @@ _Static_assert(offsetof(struct lease, done) == 0, "a lease opens with its record
 static inline struct net_tier *nt_of(struct kvt_tier *t)
 {
     return KVT_CONTAINER_OF(t, struct net_tier, base);
+}
+
+/* One observation of a phase histogram; lost when out of memory (a statistic). */
+static inline void nt_observe(struct net_tier *nt, const char *name, uint64_t ns)
+{
+    char label[KVT_STAT_LABEL_MAX];
+
+    snprintf(label, sizeof(label), "%d:%s", nt->base.index + 1, nt->base.type);
+    (void)kvt_stats_observe(&nt->phases, name, label, (double)ns * 1e-9);
 }
 
 static inline uint64_t ms_ns(uint32_t ms)

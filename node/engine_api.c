@@ -1394,17 +1394,15 @@ static void run_frames(struct kvt_engine_server *s, struct eclient *c)
 
 /* ---- rings (engine_ring.c) ------------------------------------------------------ */
 
-/* c broke its ring's protocol: refused (counted: ring), the check it failed in the
- * ERROR frame's message and the log. */
-static void ring_refuse(struct kvt_engine_server *s, struct eclient *c, int err)
+/* c broke its ring: counted, refused, and the log says which check it failed. */
+static void ring_broken(struct kvt_engine_server *s, struct eclient *c, int rc)
 {
-    const char *why = kvt__ering_why(c->ring);
-    char msg[KVT_EPROTO_MSG_MAX + 1];
+    char why[96];
 
     count(s, KVT_EREF_RING);
-    snprintf(msg, sizeof(msg), "broke its ring's protocol%s%s", why != NULL ? ": " : "",
-             why != NULL ? why : "");
-    refuse(c, err, msg);
+    snprintf(why, sizeof(why), "broke its ring's protocol: %s",
+             rc == -EPROTO ? kvt__ering_why(c->ring) : strerror(-rc));
+    refuse(c, rc, why);
 }
 
 /* Serves up to RING_PER_TURN requests from c's ring through exec_frame, as the
@@ -1427,7 +1425,7 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         if (rc == 0 || rc == -EAGAIN)
             break;
         if (rc < 0) {
-            ring_refuse(s, c, rc);
+            ring_broken(s, c, rc);
             break;
         }
         s->ring_out.len = 0;
@@ -1441,7 +1439,7 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
                               s->ring_out.len - KVT_EPROTO_HDR);
         if (rc < 0) {
-            ring_refuse(s, c, rc);
+            ring_broken(s, c, rc);
             break;
         }
         if (rc == 1) {

@@ -58,7 +58,7 @@ struct kvt_ering {
     const char *why; /* the check the engine failed (-EPROTO), or NULL */
 };
 
-/* -EPROTO, saying which check failed (kvt__ering_why: the refusal's message). */
+/* -EPROTO, saying which check failed (kvt__ering_why: the node's log says it). */
 static int broken(struct kvt_ering *r, const char *why)
 {
     r->why = why;
@@ -67,7 +67,7 @@ static int broken(struct kvt_ering *r, const char *why)
 
 const char *kvt__ering_why(const struct kvt_ering *r)
 {
-    return r->why;
+    return r->why != NULL ? r->why : "no check failed";
 }
 
 static uint64_t pow2_at_least(uint64_t v)
@@ -239,7 +239,8 @@ static int peek(struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, uint32_t
         skip = r->cap - off;
         off = 0;
         load_head(r->req, &len, &seq);
-        if (seq != want || len == KVT_ERING_PAD) /* the record is written before its PAD */
+        /* the record is written before its PAD */
+        if (seq != want || len == KVT_ERING_PAD)
             return broken(r, seq != want ? "a request PAD before its record"
                                          : "a request PAD after a PAD");
     }
@@ -270,8 +271,14 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     if (rc <= 0)
         return rc;
     need = kvt_ering_rec_bytes(len);
-    if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap)
+    if (len > max_body || len > KVT_ERING_LEN_MAX || need > r->cap / 2 || off + need > r->cap) {
+        kvt_warn(MOD,
+                 "request %u: %u bytes at %llu (+%llu skipped) of a %llu-byte ring, at most %u: "
+                 "too long",
+                 r->req_seq + 1, len, (unsigned long long)off, (unsigned long long)skip,
+                 (unsigned long long)r->cap, max_body);
         return broken(r, "a request longer than the ring allows");
+    }
     rc = see_ack(r, load_ack(r->req + off), &r->hdr_ack);
     if (rc < 0)
         return rc;
@@ -323,8 +330,9 @@ int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
     rc = rep_free(r, fits ? (to_end >= need ? need : to_end + need) : KVT_ERING_REC_BYTES, &free);
     if (rc < 0)
         return rc;
-    if (free < KVT_ERING_REC_BYTES) /* take saw room for a marker: the engine took it back */
-        return broken(r, "the reply ring's room taken back");
+    if (free < KVT_ERING_REC_BYTES)
+        /* take saw room for a marker: the engine took it back */
+        return broken(r, "reply room taken back");
     fits = fits && (to_end >= need ? need <= free : to_end + need <= free);
     if (!fits) {
         store_head(slot, KVT_ERING_REDIRECT, r->req_seq, r->req_tail);

@@ -38,6 +38,8 @@ int kvt__ering_take(struct kvt_ering *ring, uint32_t max_body, const uint8_t **b
 int kvt__ering_reply(struct kvt_ering *ring, const uint8_t *body, size_t len);
 /* A request record is waiting (not validated: take decides). */
 bool kvt__ering_pending(struct kvt_ering *ring);
+/* Which check the engine failed when a call said -EPROTO (for the log). */
+const char *kvt__ering_why(const struct kvt_ering *ring);
 /* Tells the engine whether it must write the eventfd after publishing. */
 void kvt__ering_set_sleeping(struct kvt_ering *ring, bool sleeping);
 /* Empties the eventfd (after it woke the loop). */
@@ -46,7 +48,5 @@ void kvt__ering_drain_wake(struct kvt_ering *ring);
  * socket (its ERROR frame). No request is taken after this. */
 void kvt__ering_close(struct kvt_ering *ring);
 bool kvt__ering_closed(const struct kvt_ering *ring);
-/* The check the engine failed when take or reply returned -EPROTO, or NULL. */
-const char *kvt__ering_why(const struct kvt_ering *ring);
 
 #endif

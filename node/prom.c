@@ -23,6 +23,7 @@
 #include "kvt/alloc.h"
 #include "kvt/common.h"
 #include "kvt/metrics.h"
+#include "kvt/net_tier.h"
 #include "kvt/prom.h"
 #include "kvt/storage_tier.h"
 #include "kvt/vec.h"
@@ -129,6 +130,15 @@ static const struct {
     {KVT_M_STORAGE_USED_BYTES, "Bytes of the storage tier's chunk files."},
     {KVT_M_STORAGE_CAPACITY_BYTES, "Capacity bound of the storage tier in bytes (0 = none)."},
     {KVT_M_STORAGE_FILES, "Chunk files of the storage tier."},
+    {KVT_M_NET_LOCATE_SECONDS, "Round trip of a LOCATE to a key's home node, in seconds."},
+    {KVT_M_NET_FETCH_QUEUE_SECONDS,
+     "Time a fetch waited behind its peer's fetches in flight, in seconds."},
+    {KVT_M_NET_GRANT_WAIT_SECONDS, "Time from a FETCH sent to its GRANT, in seconds."},
+    {KVT_M_NET_READ_SECONDS, "Time from a GRANT to the fetch's last row verified, in seconds."},
+    {KVT_M_NET_LOAD_JOB_SECONDS,
+     "Time from a network load job submitted to its report, in seconds."},
+    {KVT_M_NET_SERVE_WAIT_SECONDS,
+     "Holder side: time from a peer's FETCH arriving to its GRANT sent, in seconds."},
 };
 
 const char *kvt_prom_help(const char *stat_name)

@@ -49,6 +49,11 @@ check "pull: both validations (fence, checksum), all 256 chunks hit, none corrup
   '(.rows | length) == 2 and ([.rows[].verify] == ["fence", "checksum"])
      and all(.rows[]; .hit == 256 and .corrupt == 0 and .gbps > 0 and .transport_gbps > 0)
      and .redis_gbps > 0' "$out"
+check "pull: CPU per chunk on both sides measured, the copy beside it, NIC shares within 0..1" \
+  '.copy_us_per_chunk > 0 and all(.rows[]; .puller_cpu_us_per_chunk > 0
+     and .holder_cpu_us_per_chunk >= 0 and .puller_cpu_us_per_chunk_less_copy >= 0
+     and (.puller_core_nic_fraction_200g | . > 0 and . <= 1)
+     and (.holder_core_nic_fraction_400g | . > 0 and . <= 1))' "$out"
 
 out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" connect --json --iters 5)
 check "connect: 5 links up and answering, the first reply after UP" \

@@ -124,6 +124,14 @@ check "kvtier peers lists the node itself (engine API, no HTTP)" \
   '[ $? = 0 ] && grep -Eq "^0000000000000007 [0-9a-f]{16} 127\.0\.0\.1:[0-9]+ +self" "$work/peers"'
 "$load" --node "$sock" --engines-per-node 4 --duration 2 --quiet >"$work/load1" 2>&1
 check "4 engines, 2 s of load, 0 errors" '[ $? = 0 ] && grep -q "ERRORS *0" "$work/load1"'
+# Engine steps paced as forward passes of 20 ms: 2 engines x 1 s make at most ~100.
+"$load" --node "$sock" --engines-per-node 2 --duration 1 --step-us 20000 --json --quiet \
+  >"$work/load_paced" 2>&1
+check "--step-us 20000: 0 errors, each engine step lasts >= 20 ms" \
+  '[ $? = 0 ] && jq -e ".errors == 0 and .steps > 0 and .steps <= 2 * (.duration_s / 0.02 + 2)" "$work/load_paced" >/dev/null'
+"$load" --node "$sock" --step-us -5 --duration 1 >"$work/load_bad" 2>&1
+check "--step-us -5: refused, exit 2, the option named" \
+  '[ $? = 2 ] && grep -q -- "--step-us" "$work/load_bad"'
 sleep 1.2 # the next /metrics snapshot
 curl -sf "http://127.0.0.1:$mport/metrics" >"$work/metrics" 2>&1
 check "/metrics serves the tiering core's series" 'grep -q "^vllm:kv_offload_tiering_chunk_queries" "$work/metrics"'

@@ -901,6 +901,21 @@ static void scribble_case(enum scribble how)
                                           &m),
                          0);
         assert_int_equal(m.op, KVT_EOP_ERROR | KVT_EOP_REPLY);
+        /* The refusal names the check the engine failed (the node logs it too). */
+        if (how >= SCRIBBLE_BIN_SHORT) {
+            assert_non_null(strstr(m.message, "bad binary request"));
+        } else if (how != SCRIBBLE_GARBAGE && how != SCRIBBLE_HELLO) {
+            static const char *const why[] = {
+                [SCRIBBLE_ACK_AHEAD] = "a request's ack outside its window",
+                [SCRIBBLE_ACK_BACK] = "a request's ack outside its window",
+                [SCRIBBLE_ACK_ODD] = "a request's ack outside its window",
+                [SCRIBBLE_LEN] = "a request longer than the ring allows",
+                [SCRIBBLE_LEN_END] = "a request longer than the ring allows",
+                [SCRIBBLE_PAD_LOOP] = "a request PAD after a PAD",
+            };
+
+            assert_non_null(strstr(m.message, why[how]));
+        }
         rc_reply = m.rc;
         assert_true(rc_reply < 0);
         kvt__emsg_free(&m);

@@ -160,6 +160,19 @@ static double stat_of(struct kvt_stats *st, const char *name, uint64_t peer)
     return kvt_stats_value(st, name, label);
 }
 
+/* Observations of histogram name in st, over every label. */
+static uint64_t hist_count(const struct kvt_stats *st, const char *name)
+{
+    uint64_t n = 0;
+
+    for (size_t i = 0; i < st->n; i++)
+        if (strcmp(st->s[i].name, name) == 0) {
+            assert_int_equal(st->s[i].kind, KVT_METRIC_HISTOGRAM);
+            n += st->s[i].count;
+        }
+    return n;
+}
+
 static void test_pull_pipelined_and_per_peer_stats(void **state)
 {
     struct tn a, b;
@@ -247,14 +260,24 @@ static void test_pull_pipelined_and_per_peer_stats(void **state)
     assert_int_equal(kvt_manager_get_stats(b.m, &st), 0);
     assert_true(stat_of(&st, KVT_M_NET_PEER_PULLED_BYTES, 0xA) == (double)NKEYS * ROW);
     assert_true(stat_of(&st, KVT_M_NET_PEER_SERVED_BYTES, 0xA) == 0);
+    /* Where the pull's time went, one observation per fetch, LOCATE, job. */
+    assert_true(hist_count(&st, KVT_M_NET_LOCATE_SECONDS) >= 1);
+    assert_int_equal(hist_count(&st, KVT_M_NET_FETCH_QUEUE_SECONDS), NKEYS / 4);
+    assert_int_equal(hist_count(&st, KVT_M_NET_GRANT_WAIT_SECONDS), NKEYS / 4);
+    assert_int_equal(hist_count(&st, KVT_M_NET_READ_SECONDS), NKEYS / 4);
+    assert_int_equal(hist_count(&st, KVT_M_NET_LOAD_JOB_SECONDS), 1);
+    assert_int_equal(hist_count(&st, KVT_M_NET_SERVE_WAIT_SECONDS), 0);
     kvt_stats_clear(&st);
     assert_int_equal(kvt_manager_get_stats(a.m, &st), 0);
     assert_true(stat_of(&st, KVT_M_NET_PEER_SERVED_BYTES, 0xB) == (double)NKEYS * ROW);
     assert_true(stat_of(&st, KVT_M_NET_PEER_PULLED_BYTES, 0xB) == 0);
-    /* Counters are deltas: a second report adds nothing. */
+    assert_int_equal(hist_count(&st, KVT_M_NET_SERVE_WAIT_SECONDS), NKEYS / 4);
+    assert_int_equal(hist_count(&st, KVT_M_NET_READ_SECONDS), 0);
+    /* Counters and histograms are deltas: a second report adds nothing. */
     kvt_stats_clear(&st);
     assert_int_equal(kvt_manager_get_stats(a.m, &st), 0);
     assert_true(stat_of(&st, KVT_M_NET_PEER_SERVED_BYTES, 0xB) == 0);
+    assert_int_equal(hist_count(&st, KVT_M_NET_SERVE_WAIT_SECONDS), 0);
     kvt_stats_cleanup(&st);
 
     tn_stop(&b);

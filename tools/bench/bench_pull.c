@@ -21,7 +21,14 @@
  *   default  UCX_TLS unset for the nodes (UCX picks), UCX_TLS=all (the same thing:
  *            UCX's default value) for the ceiling, which forces tcp when unset.
  * The nodes are kvtier-simnode processes (tools/simnode), found next to this binary's
- * build folder or with --simnode PATH. */
+ * build folder or with --simnode PATH.
+ *
+ * CPU per pulled chunk: each node process's CPU time (every thread, user and system)
+ * over the pull, per chunk, on B (the puller: its engine's calls included) and on A
+ * (the holder); and the same less one memcpy of the chunk's bytes (cold rows, timed in
+ * this run): what is left when a NIC moves the bytes. From that, the fraction of a
+ * 200 and a 400 Gb/s NIC one core of each side keeps busy: the bytes per second one
+ * core's CPU per chunk allows, over the NIC's line rate, at most 1. */
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -199,9 +206,10 @@ struct bp_row {
     const char *verify; /* "fence" or "checksum" (network.verify) */
     int hit, corrupt, requests;
     double secs, gbps, req_p50, req_p99, key_p50, key_p99;
-    double verify_ms;   /* B's validation time over the pull (timing's verify_ms) */
-    double ceiling;     /* the transport moving the same N distinct chunks */
-    double ceiling_hot; /* the same READs over 32 chunks that stay in the caches */
+    double verify_ms;    /* B's validation time over the pull (timing's verify_ms) */
+    double cpu_b, cpu_a; /* CPU seconds of B (puller) and A (holder) over the pull */
+    double ceiling;      /* the transport moving the same N distinct chunks */
+    double ceiling_hot;  /* the same READs over 32 chunks that stay in the caches */
 };
 
 static int bp_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -293,6 +301,9 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     if (!bp_cmd(&a, line, sizeof(line), cmd))
         goto fail;
     snprintf(cmd, sizeof(cmd), "pull 1 0 %zu 120000 %u %u", n, per, inflight);
+    if (!bp_cmd(&a, line, sizeof(line), "cpu"))
+        goto fail;
+    r->cpu_a = bp_field(line, "cpu_seconds");
     t0 = bp_now_s();
     if (!bp_cmd(&b, line, sizeof(line), cmd))
         goto fail;
@@ -305,6 +316,10 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     r->req_p99 = bp_field(line, "req_ms_p99");
     r->key_p50 = bp_field(line, "ms_p50");
     r->key_p99 = bp_field(line, "ms_p99");
+    r->cpu_b = bp_field(line, "cpu_seconds");
+    /* A served every READ before B's last answer, and sleeps since (no lease). */
+    r->cpu_a =
+        bp_cmd(&a, line, sizeof(line), "cpu") ? bp_field(line, "cpu_seconds") - r->cpu_a : -1;
     if (bp_cmd(&b, line, sizeof(line), "timing")) {
         r->verify_ms = bp_field(line, "verify_ms");
         fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s, verify %s) %s", r->tls, r->verify,
@@ -320,6 +335,49 @@ fail:
     bp_stop(&b);
     bp_clean(run, secret);
     return -1;
+}
+
+/* Seconds one memcpy of a size-byte row takes, rows cold: n distinct rows (at most
+ * 1 GiB of them, at least 64) copied once each into distinct rows; < 0 if no memory. */
+static double bp_copy_s(size_t size, size_t n)
+{
+    size_t rows = KVT_MAX((size_t)64, KVT_MIN(n, ((size_t)1 << 30) / size));
+    uint8_t *src = malloc(rows * size), *dst = malloc(rows * size);
+    double t0, t;
+
+    if (src == NULL || dst == NULL) {
+        free(src);
+        free(dst);
+        return -1;
+    }
+    memset(src, 0x5a, rows * size); /* pages present: the pull's rows are */
+    memset(dst, 0xa5, rows * size);
+    t0 = bp_now_s();
+    for (size_t i = 0; i < rows; i++)
+        memcpy(dst + i * size, src + i * size, size);
+    t = bp_now_s() - t0;
+    /* the copies are used, so none is optimised away */
+    if (dst[(rows - 1) * size] != 0x5a)
+        t = -1;
+    free(src);
+    free(dst);
+    return t < 0 ? -1 : t / (double)rows;
+}
+
+/* CPU microseconds per chunk, less the copy (at least 0); the fraction of a NIC of
+ * gbit Gb/s one core keeps busy at that cost (at most 1). */
+static double bp_less_copy_us(double cpu_s, unsigned n, double copy_s)
+{
+    return cpu_s < 0 || n == 0 ? -1 : KVT_MAX(0.0, (cpu_s / n - KVT_MAX(copy_s, 0.0)) * 1e6);
+}
+
+static double bp_nic_fraction(double us_per_chunk, size_t size, double gbit)
+{
+    if (us_per_chunk < 0)
+        return -1;
+    if (us_per_chunk == 0)
+        return 1;
+    return KVT_MIN(1.0, (double)size / (us_per_chunk * 1e-6) / (gbit * 1e9 / 8));
 }
 
 /* The row's transport selection for the nodes and the ceiling. */
@@ -347,7 +405,7 @@ int kvt_bench_pull(int argc, char **argv)
     struct bp_row rows[4];
     char simnode[4096], redis_cmd[256] = "";
     char self[4096];
-    double redis;
+    double redis, copy_s;
     ssize_t sl;
     int rc = 0;
 
@@ -437,11 +495,12 @@ int kvt_bench_pull(int argc, char **argv)
     }
     unsetenv("UCX_TLS");
     redis = bp_redis(n, size, clients, redis_cmd, sizeof(redis_cmd));
+    copy_s = bp_copy_s(size, n);
 
     if (json) {
         printf("{\"bench\":\"pull\",\"chunks\":%u,\"size\":%zu,\"req_keys\":%u,\"inflight\":%u,"
-               "\"redis_gbps\":%.3f,\"rows\":[",
-               n, size, per, inflight, redis);
+               "\"redis_gbps\":%.3f,\"copy_us_per_chunk\":%.2f,\"rows\":[",
+               n, size, per, inflight, redis, copy_s * 1e6);
         for (size_t k = 0; k < n_rows; k++) {
             const struct bp_row *r = &rows[k];
 
@@ -451,12 +510,24 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"req_lookup_to_hit_ms_p99\":%.1f,\"key_lookup_to_hit_ms_p50\":%.1f,"
                    "\"key_lookup_to_hit_ms_p99\":%.1f,\"transport_gbps\":%.3f,"
                    "\"ratio_transport\":%.3f,\"transport_cached_gbps\":%.3f,"
-                   "\"ratio_transport_cached\":%.3f,\"ratio_redis\":%.3f}",
+                   "\"ratio_transport_cached\":%.3f,\"ratio_redis\":%.3f,"
+                   "\"puller_cpu_us_per_chunk\":%.2f,\"holder_cpu_us_per_chunk\":%.2f,"
+                   "\"puller_cpu_us_per_chunk_less_copy\":%.2f,"
+                   "\"holder_cpu_us_per_chunk_less_copy\":%.2f,"
+                   "\"puller_core_nic_fraction_200g\":%.3f,\"puller_core_nic_fraction_400g\":%.3f,"
+                   "\"holder_core_nic_fraction_200g\":%.3f,\"holder_core_nic_fraction_400g\":%.3f}",
                    k ? "," : "", r->tls, r->verify, r->verify_ms, r->hit, r->corrupt, r->requests,
                    r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50, r->key_p99, r->ceiling,
                    r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
                    r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
-                   redis > 0 ? r->gbps / redis : 0);
+                   redis > 0 ? r->gbps / redis : 0, r->hit ? r->cpu_b / r->hit * 1e6 : -1,
+                   r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1,
+                   bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s),
+                   bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s),
+                   bp_nic_fraction(bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s), size, 200),
+                   bp_nic_fraction(bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s), size, 400),
+                   bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 200),
+                   bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 400));
         }
         printf("]}\n");
         return rc;
@@ -476,6 +547,21 @@ int kvt_bench_pull(int argc, char **argv)
                r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
                redis > 0 ? r->gbps / redis : 0, r->req_p50, r->req_p99, r->key_p50, r->key_p99,
                r->verify_ms, r->hit, r->corrupt, r->requests, r->secs);
+    }
+    printf("  CPU per chunk (us; less one memcpy of the chunk, %.1f us) and the share of a 200 / "
+           "400 Gb/s NIC one core keeps busy at that cost:\n",
+           copy_s * 1e6);
+    for (size_t k = 0; k < n_rows; k++) {
+        const struct bp_row *r = &rows[k];
+        double lb = bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s);
+        double la = bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s);
+
+        printf(
+            "  %-8s %-8s puller %7.1f (%7.1f) %4.2f / %4.2f   holder %7.1f (%7.1f) %4.2f / %4.2f\n",
+            r->tls, r->verify, r->hit ? r->cpu_b / r->hit * 1e6 : -1, lb,
+            bp_nic_fraction(lb, size, 200), bp_nic_fraction(lb, size, 400),
+            r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1, la,
+            bp_nic_fraction(la, size, 200), bp_nic_fraction(la, size, 400));
     }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",

@@ -49,6 +49,8 @@
 #define EX_USAGE     KVT_TOOL_EX_USAGE
 #define MAX_NODES    16
 #define MAX_STEPS_H  4096 /* lookup-to-HIT histogram size (the last bin is ">=") */
+#define US_H_PER_OCT 8    /* wall-clock histogram: 8 bins per doubling of microseconds, */
+#define US_H         256  /* up to 2^32 us (the last bin is ">=") */
 #define STUCK_S      20.0 /* a key still pending after this long is an error */
 #define MAX_ERR_MSGS 10
 
@@ -58,6 +60,7 @@ struct opts {
     unsigned engines_per_node;
     double duration_s;
     unsigned prompts, conversations, blocks_per_prompt, system_blocks, new_blocks, batch;
+    unsigned step_us; /* an engine step lasts at least this long (its forward pass) */
     double zipf, rate;
     uint64_t seed;
     bool json, quiet;
@@ -70,6 +73,10 @@ struct counters {
     uint64_t verify_failures, api_errors, stuck, load_races, stores_refused, pending_answers;
     uint64_t steps;
     uint64_t to_hit[MAX_STEPS_H];
+    /* Keys that were not a HIT at their request's first lookup (the node had to find
+     * them: a peer, its storage tier): steps and microseconds from that lookup to HIT. */
+    uint64_t later_steps[MAX_STEPS_H];
+    uint64_t later_us[US_H];
 };
 
 struct req {
@@ -101,12 +108,15 @@ struct engine {
     struct counters ct;
 };
 
-/* Sum of a stat over the run: counters add up, gauges keep the last value. */
+/* Sum of a stat over the run: counters add up, gauges keep the last value, histograms
+ * add their buckets (value is their count). */
 struct stat_acc {
     char name[KVTIER_STAT_NAME_MAX];
     char label[KVTIER_STAT_LABEL_MAX];
     int kind;
-    double value;
+    double value, sum;
+    uint64_t buckets[KVTIER_HIST_BUCKETS];
+    struct kvtier_hist_bounds bounds;
 };
 
 struct node_mon {
@@ -275,9 +285,27 @@ static int load_setup(struct load *L)
 
 /* ---- one engine ---------------------------------------------------------------------- */
 
-static void record_hit_steps(struct engine *e, uint64_t steps)
+/* The bin of a duration in us: bin b holds [2^(b/8), 2^((b+1)/8)) us, bin 0 below 1 us. */
+static size_t us_bin(double us)
+{
+    size_t b = us < 1 ? 0 : (size_t)(log2(us) * US_H_PER_OCT) + 1;
+
+    return b < US_H ? b : US_H - 1;
+}
+
+/* The upper edge of bin b, ms. */
+static double us_bin_ms(size_t b)
+{
+    return b == 0 ? 0.001 : exp2((double)b / US_H_PER_OCT) / 1000.0;
+}
+
+static void record_hit(struct engine *e, const struct req *r, uint64_t steps)
 {
     e->ct.to_hit[steps < MAX_STEPS_H ? steps : MAX_STEPS_H - 1]++;
+    if (steps == 0)
+        return;
+    e->ct.later_steps[steps < MAX_STEPS_H ? steps : MAX_STEPS_H - 1]++;
+    e->ct.later_us[us_bin((kvt_tool_now_s() - r->start_s) * 1e6)]++;
 }
 
 static bool verify_row(struct engine *e, const struct kvtier_key *key, int64_t chunk)
@@ -484,7 +512,7 @@ static void lookup_req(struct engine *e, struct req *r)
         switch (e->res[j]) {
         case KVTIER_HIT:
             r->state[e->map[j]] = 1;
-            record_hit_steps(e, steps);
+            record_hit(e, r, steps);
             atomic_fetch_add_explicit(steps == 0 ? &e->ct.hits_first : &e->ct.hits_later, 1,
                                       memory_order_relaxed);
             break;
@@ -569,7 +597,12 @@ static void *engine_main(void *arg)
         e->ct.steps++;
         if (ending && n_active == 0)
             break;
-        if (n_new == 0 && n_active == 0)
+        if (L->o.step_us > 0) {
+            double left = now + L->o.step_us / 1e6 - kvt_tool_now_s();
+
+            if (left > 0)
+                usleep((useconds_t)(left * 1e6)); /* the rest of the forward pass */
+        } else if (n_new == 0 && n_active == 0)
             usleep(1000); /* rate-limited: nothing to do this step */
     }
     free(new_ids);
@@ -647,7 +680,8 @@ static void engine_cleanup(struct engine *e)
 
 /* ---- the monitor: stats and events of every node ------------------------------------- */
 
-static void acc_add(struct node_mon *m, const struct kvtier_stat *s)
+static void acc_add(struct node_mon *m, const struct kvtier_stat *s,
+                    const struct kvtier_hist_bounds *b)
 {
     struct stat_acc *a = NULL;
 
@@ -676,8 +710,13 @@ static void acc_add(struct node_mon *m, const struct kvtier_stat *s)
         a->value = s->value;
     else if (s->kind == KVTIER_COUNTER)
         a->value += s->value;
-    else
+    else {
         a->value += (double)s->count;
+        a->sum += s->sum;
+        for (size_t k = 0; k < KVTIER_HIST_BUCKETS; k++)
+            a->buckets[k] += s->buckets[k];
+        a->bounds = *b;
+    }
 }
 
 /* Drains one node's stats deltas and events; returns a negative errno on failure. */
@@ -690,7 +729,7 @@ static int mon_poll(struct node_mon *m)
     if (rc < 0)
         return rc;
     for (size_t i = 0; i < st->n; i++)
-        acc_add(m, &st->s[i]);
+        acc_add(m, &st->s[i], &st->stat_bounds[i]);
     kvtier_stats_free(st);
     rc = kvtier_take_events(m->c, &ev);
     if (rc < 0)
@@ -738,28 +777,43 @@ static void sum_final(const struct load *L, struct counters *t)
         t->stores_refused += c->stores_refused;
         t->pending_answers += c->pending_answers;
         t->steps += c->steps;
-        for (size_t k = 0; k < MAX_STEPS_H; k++)
+        for (size_t k = 0; k < MAX_STEPS_H; k++) {
             t->to_hit[k] += c->to_hit[k];
+            t->later_steps[k] += c->later_steps[k];
+        }
+        for (size_t k = 0; k < US_H; k++)
+            t->later_us[k] += c->later_us[k];
     }
 }
 
-static uint64_t percentile(const uint64_t *h, double q)
+/* The bin of histogram h (n bins) holding its q-quantile. */
+static size_t percentile_n(const uint64_t *h, size_t n, double q)
 {
     uint64_t total = 0, seen = 0, want;
 
-    for (size_t k = 0; k < MAX_STEPS_H; k++)
+    for (size_t k = 0; k < n; k++)
         total += h[k];
     if (total == 0)
         return 0;
     want = (uint64_t)ceil(q * (double)total);
     if (want == 0)
         want = 1;
-    for (size_t k = 0; k < MAX_STEPS_H; k++) {
+    for (size_t k = 0; k < n; k++) {
         seen += h[k];
         if (seen >= want)
             return k;
     }
-    return MAX_STEPS_H - 1;
+    return n - 1;
+}
+
+static uint64_t percentile(const uint64_t *h, double q)
+{
+    return percentile_n(h, MAX_STEPS_H, q);
+}
+
+static double percentile_ms(const uint64_t *h, double q)
+{
+    return us_bin_ms(percentile_n(h, US_H, q));
 }
 
 /* ---- the report ------------------------------------------------------------------------- */
@@ -815,6 +869,64 @@ static double stat_prefix_sum(const struct load *L, const char *prefix, const ch
     return v;
 }
 
+/* A histogram of the nodes' stats, summed over every node and label: the q-quantile
+ * as the upper bound of its bucket (+Inf: the last finite bound), and the mean. */
+struct hist_sum {
+    uint64_t count;
+    double sum, p50, p99;
+};
+
+static double hist_quantile(const uint64_t *b, const struct kvtier_hist_bounds *l, uint64_t count,
+                            double q)
+{
+    uint64_t want = (uint64_t)ceil(q * (double)count), seen = 0;
+
+    for (uint32_t k = 0; k < l->n; k++) {
+        seen += b[k];
+        if (seen >= want)
+            return l->bound[k];
+    }
+    return l->n ? l->bound[l->n - 1] : 0;
+}
+
+static struct hist_sum stat_hist(const struct load *L, const char *name)
+{
+    uint64_t b[KVTIER_HIST_BUCKETS] = {0};
+    const struct kvtier_hist_bounds *l = NULL;
+    struct hist_sum h = {0};
+
+    for (size_t k = 0; k < L->o.n_nodes; k++)
+        for (size_t i = 0; i < L->mon[k].n_acc; i++) {
+            const struct stat_acc *a = &L->mon[k].acc[i];
+
+            if (a->kind != KVTIER_HISTOGRAM || strcmp(a->name, name) != 0)
+                continue;
+            h.count += (uint64_t)a->value;
+            h.sum += a->sum;
+            for (size_t j = 0; j < KVTIER_HIST_BUCKETS; j++)
+                b[j] += a->buckets[j];
+            l = &a->bounds;
+        }
+    if (h.count > 0 && l != NULL) {
+        h.p50 = hist_quantile(b, l, h.count, 0.50);
+        h.p99 = hist_quantile(b, l, h.count, 0.99);
+    }
+    return h;
+}
+
+/* The network tier's pull phases, as the nodes time them (KVT_M_NET_*_SECONDS). */
+static const struct {
+    const char *metric, *name;
+} pull_phases[] = {
+    {"vllm:kv_offload_tiering_lookup_async_delay_seconds", "first lookup to verdict"},
+    {"kvtier_net_locate_seconds", "locate"},
+    {"kvtier_net_fetch_queue_seconds", "fetch queued"},
+    {"kvtier_net_grant_wait_seconds", "fetch to grant"},
+    {"kvtier_net_read_seconds", "grant to rows verified"},
+    {"kvtier_net_load_job_seconds", "load job"},
+    {"kvtier_net_serve_wait_seconds", "holder: fetch to grant"},
+};
+
 static uint64_t total_errors(const struct counters *t)
 {
     return t->verify_failures + t->api_errors + t->stuck;
@@ -831,6 +943,8 @@ static void report(const struct load *L, const struct counters *t, double elapse
     double gbs = elapsed > 0 ? (double)t->loaded_bytes / elapsed / 1e9 : 0;
     double sgbs = elapsed > 0 ? (double)t->stored_bytes / elapsed / 1e9 : 0;
     uint64_t p50 = percentile(t->to_hit, 0.50), p99 = percentile(t->to_hit, 0.99);
+    uint64_t lp50 = percentile(t->later_steps, 0.50), lp99 = percentile(t->later_steps, 0.99);
+    double ms50 = percentile_ms(t->later_us, 0.50), ms99 = percentile_ms(t->later_us, 0.99);
     uint64_t ev_st = 0, ev_rm = 0;
 
     for (size_t k = 0; k < L->o.n_nodes; k++) {
@@ -861,6 +975,22 @@ static void report(const struct load *L, const struct counters *t, double elapse
         printf(" \"lookup_to_hit_steps_p50\": %" PRIu64 ", \"lookup_to_hit_steps_p99\": %" PRIu64
                ",\n",
                p50, p99);
+        printf(
+            " \"later_hits_lookup_to_hit_steps_p50\": %" PRIu64
+            ", \"later_hits_lookup_to_hit_steps_p99\": %" PRIu64
+            ",\n \"later_hits_lookup_to_hit_ms_p50\": %.3f, \"later_hits_lookup_to_hit_ms_p99\": "
+            "%.3f,\n",
+            lp50, lp99, ms50, ms99);
+        printf(" \"pull_phases_ms\": {");
+        for (size_t i = 0; i < sizeof(pull_phases) / sizeof(pull_phases[0]); i++) {
+            struct hist_sum h = stat_hist(L, pull_phases[i].metric);
+
+            printf("%s\"%s\": {\"count\": %" PRIu64
+                   ", \"mean\": %.3f, \"p50_le\": %.3f, \"p99_le\": %.3f}",
+                   i ? ", " : "", pull_phases[i].metric, h.count,
+                   h.count ? 1e3 * h.sum / (double)h.count : 0, 1e3 * h.p50, 1e3 * h.p99);
+        }
+        printf("},\n");
         printf(" \"stores_refused\": %" PRIu64 ", \"load_races\": %" PRIu64
                ", \"events_stored\": %" PRIu64 ", \"events_removed\": %" PRIu64 ",\n",
                t->stores_refused, t->load_races, ev_st, ev_rm);
@@ -869,9 +999,10 @@ static void report(const struct load *L, const struct counters *t, double elapse
                t->verify_failures, t->api_errors, t->stuck, total_errors(t));
         return;
     }
-    printf("\nkvtier-load: %zu node%s x %u engine%s, %.1f s, %zu-byte chunks, seed %" PRIu64 "\n\n",
+    printf("\nkvtier-load: %zu node%s x %u engine%s, %.1f s, %zu-byte chunks, seed %" PRIu64
+           ", engine steps of at least %u us\n\n",
            L->o.n_nodes, L->o.n_nodes == 1 ? "" : "s", L->o.engines_per_node,
-           L->o.engines_per_node == 1 ? "" : "s", elapsed, L->row_bytes, L->o.seed);
+           L->o.engines_per_node == 1 ? "" : "s", elapsed, L->row_bytes, L->o.seed, L->o.step_us);
     printf("  %-34s %s\n", "requests", "");
     printf("    %-32s %" PRIu64 " (%.0f/s), %" PRIu64 " keys, %" PRIu64 " engine steps\n", "done",
            t->requests, elapsed > 0 ? (double)t->requests / elapsed : 0, t->keys, t->steps);
@@ -892,6 +1023,17 @@ static void report(const struct load *L, const struct counters *t, double elapse
     printf("  %-34s %.3f GB/s (%" PRIu64 " chunks; %" PRIu64 " stores refused)\n", "stored", sgbs,
            t->stored_chunks, t->stores_refused);
     printf("  %-34s p50 %" PRIu64 ", p99 %" PRIu64 "\n", "lookup-to-HIT steps", p50, p99);
+    printf("  %-34s p50 %.2f ms, p99 %.2f ms (steps p50 %" PRIu64 ", p99 %" PRIu64 ")\n",
+           "  of hits found after steps", ms50, ms99, lp50, lp99);
+    printf("  %-34s\n", "pull phases (node timings, ms)");
+    for (size_t i = 0; i < sizeof(pull_phases) / sizeof(pull_phases[0]); i++) {
+        struct hist_sum h = stat_hist(L, pull_phases[i].metric);
+
+        if (h.count == 0)
+            continue;
+        printf("    %-32s mean %.2f, p50 <= %.2f, p99 <= %.2f (%" PRIu64 ")\n", pull_phases[i].name,
+               1e3 * h.sum / (double)h.count, 1e3 * h.p50, 1e3 * h.p99, h.count);
+    }
     printf("  %-34s %" PRIu64 " stored, %" PRIu64 " removed; %" PRIu64
            " loads lost to eviction races\n",
            "events", ev_st, ev_rm, t->load_races);
@@ -920,6 +1062,9 @@ static void usage(FILE *f)
         "  --batch R              requests in flight per engine (default 4)\n"
         "  --rate R               requests started per second per engine (default 0:\n"
         "                         as fast as the node answers)\n"
+        "  --step-us US           an engine step lasts at least US microseconds, as a\n"
+        "                         model's forward pass would (default 0: steps follow\n"
+        "                         each other as fast as the node answers)\n"
         "  --seed N               workload seed; same seed = same keys (default 1)\n"
         "  --json                 the final report as JSON on stdout\n"
         "  --quiet                no progress output\n"
@@ -955,6 +1100,7 @@ enum {
     O_ZIPF,
     O_BATCH,
     O_RATE,
+    O_STEP,
     O_SEED,
     O_JSON,
     O_QUIET
@@ -974,6 +1120,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
         {"zipf", required_argument, NULL, O_ZIPF},
         {"batch", required_argument, NULL, O_BATCH},
         {"rate", required_argument, NULL, O_RATE},
+        {"step-us", required_argument, NULL, O_STEP},
         {"seed", required_argument, NULL, O_SEED},
         {"json", no_argument, NULL, O_JSON},
         {"quiet", no_argument, NULL, O_QUIET},
@@ -1028,6 +1175,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
             U32_OPT(O_SYS, system_blocks, 0, 65536, "--system-blocks")
             U32_OPT(O_NEW, new_blocks, 1, 65536, "--new-blocks")
             U32_OPT(O_BATCH, batch, 1, 1024, "--batch")
+            U32_OPT(O_STEP, step_us, 0, 10000000, "--step-us")
 #undef U32_OPT
         case O_DURATION:
             if (kvt_tool_parse_double(optarg, 0.1, 86400, &o->duration_s) < 0)

@@ -38,8 +38,10 @@
  *                                 corrupt timeout requests req_ms_p50 req_ms_p99
  *                                 (request start to its last key HIT) ms_p50 ms_p99
  *                                 (per key) steps seconds (to the last answer)
- *                                 check_seconds
+ *                                 check_seconds cpu_seconds (this process's CPU
+ *                                 time until the last answer, every thread)
  *   timing                        where the network tier's time went (sums, ms)
+ *   cpu                           this process's CPU time so far (cpu_seconds)
  *   rewrite SEED FIRST N MS       rewrites those chunks' rows in place for MS ms,
  *                                 each row between kvt_primary_rewrite_begin and
  *                                 _end (its fence word odd, then moved on): torn and
@@ -61,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "kvt/alloc.h"
@@ -462,6 +465,17 @@ static void check_held(struct node *n, struct held_load *h, uint32_t *hit, uint3
     }
 }
 
+/* CPU time of this process (every thread, user and system), in seconds. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t count,
                      unsigned timeout_ms, uint32_t per, uint32_t inflight, unsigned step_us)
 {
@@ -475,6 +489,7 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
     uint32_t next = 0, done = 0, hit = 0, miss = 0, corrupt = 0, timeout = 0, k = 0;
     uint64_t steps = 0, next_step = 0, t_pull = 0;
     struct held_load *held = NULL;
+    double cpu0 = cpu_s(), cpu_pull = 0;
 
     if (per == 0 || inflight == 0 || keys == NULL || res == NULL || ns == NULL || req_ns == NULL ||
         act == NULL) {
@@ -529,6 +544,7 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
         wait_events(n);
     }
     t_pull = kvt_now_ns() - t0;
+    cpu_pull = cpu_s() - cpu0; /* the byte check below is the bench's, not the pull's */
     check_held(n, held, &hit, &corrupt);
     for (uint32_t a = 0; a < inflight; a++) {
         if (act[a].ctx != NULL)
@@ -545,11 +561,12 @@ static void cmd_pull(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
     qsort(ns, k, sizeof(*ns), cmp_u64);
     qsort(req_ns, done, sizeof(*req_ns), cmp_u64);
     printf("ok hit=%u miss=%u corrupt=%u timeout=%u requests=%u req_ms_p50=%.1f req_ms_p99=%.1f "
-           "ms_p50=%.1f ms_p99=%.1f steps=%" PRIu64 " seconds=%.3f check_seconds=%.3f\n",
+           "ms_p50=%.1f ms_p99=%.1f steps=%" PRIu64 " seconds=%.3f check_seconds=%.3f "
+           "cpu_seconds=%.4f\n",
            hit, miss, corrupt, timeout, done, done ? (double)req_ns[done / 2] / 1e6 : 0,
            done ? (double)req_ns[(done * 99) / 100] / 1e6 : 0, k ? (double)ns[k / 2] / 1e6 : 0,
            k ? (double)ns[(k * 99) / 100] / 1e6 : 0, steps, (double)t_pull / 1e9,
-           (double)(kvt_now_ns() - t0 - t_pull) / 1e9);
+           (double)(kvt_now_ns() - t0 - t_pull) / 1e9, cpu_pull);
 out:
     kvt_free(keys);
     kvt_free(res);
@@ -737,6 +754,8 @@ static int run(struct node *n)
                 cmd_pull(n, a, b, c, d, e, f, got == 7 ? g : 500);
             else if (strncmp(line, "timing", 6) == 0)
                 cmd_timing(n);
+            else if (strncmp(line, "cpu", 3) == 0)
+                printf("ok cpu_seconds=%.4f\n", cpu_s());
             else if (sscanf(line, "store %u %u %u", &a, &b, &c) == 3)
                 cmd_store(n, a, b, c);
             else if (sscanf(line, "load %u %u %u %u", &a, &b, &c, &d) == 4)

@@ -1,0 +1,29 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The vLLM benchmark script (tools/bench/vllm_tier_bench.py, docs/bench-vllm.md) runs
+against this package and a real kvtierd, briefly, and prints every figure it
+promises. Not a speed test: no figure is compared with a target here."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_vllm_tier_bench_prints_every_row():
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "bench", "vllm_tier_bench.py"),
+         "--kvtierd", os.environ["KVTIERD"], "--row", "65536", "--requests", "2",
+         "--blocks", "4", "--steps", "3", "--rows", "8", "--rounds", "1", "--json"],
+        check=True, capture_output=True, text=True, timeout=600).stdout
+    res = json.loads(out)
+    assert [r["tier"] for r in res["sched"]] == ["none", "fs", "kvtier"]
+    for r in res["sched"]:
+        assert r["steps"] == 3
+        for f in ("mean_us", "p50_us", "p99_us", "cpu_mean_us", "cpu_p50_us",
+                  "cpu_with_settle_per_step_us"):
+            assert r[f] > 0, (r["tier"], f)
+        assert "added_cpu_with_settle_us" in r
+    node = res["node"]
+    assert node["store_GBps"] > 0 and node["load_GBps"] > 0 and node["memcpy_GBps"] > 0
