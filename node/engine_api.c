@@ -196,6 +196,13 @@ struct kvt_engine_server {
     bool ring_polled;
     unsigned n_rings;
     struct kvt_ebuf ring_out;
+    /* binary requests (exec_bin): their keys, unpacked for the manager (max_keys of
+     * them), and the message the ops are given, zeroed once */
+    struct kvtier_key *bin_keys;
+    struct kvt_emsg bin_q, bin_r;
+    /* op_lookup's results, max_keys of each, lent to its reply */
+    enum kvt_lookup_result *lookup_res;
+    uint8_t *lookup_out;
 };
 
 static const char *const refusal_names[KVT_EREF_COUNT] = {
@@ -615,7 +622,7 @@ static void ring_attach(struct kvt_engine_server *s, struct eclient *c, struct k
     kvt__ering_set_sleeping(c->ring, s->rings_sleeping || !s->ring_polled);
     s->n_rings++;
     s->ctr.ring_clients++;
-    r->flags = KVT_HELLO_RING;
+    r->flags = KVT_HELLO_RING | KVT_HELLO_BIN;
     r->has |= 1u << KVT_EF_FLAGS;
 }
 
@@ -760,17 +767,14 @@ static int op_lookup(struct kvt_engine_server *s, struct eclient *c, const struc
     if (er == NULL || er->finished || !kvt__emsg_has(q, KVT_EF_KEYS) ||
         (q->flags & ~(uint64_t)KVTIER_LOOKUP_PREFIX) != 0)
         return -EINVAL;
-    r->results = kvt_malloc(q->n_keys ? q->n_keys : 1);
-    res = kvt_calloc(q->n_keys ? q->n_keys : 1, sizeof(*res));
-    if (r->results == NULL || res == NULL) {
-        kvt_free(res);
-        return -ENOMEM; /* r->results is freed with r */
-    }
+    /* The server's scratch (max_keys each, as q's keys): the reply borrows it, and
+     * exec_frame and exec_bin detach it before they free the reply. */
+    res = s->lookup_res;
+    r->results = s->lookup_out;
     n = kvt_manager_lookup_many(s->m, keys_of(q), q->n_keys, er->ctx,
                                 (q->flags & KVTIER_LOOKUP_PREFIX) != 0, res);
     for (size_t i = 0; i < n; i++)
         r->results[i] = (uint8_t)res[i];
-    kvt_free(res);
     r->n_results = (uint32_t)n;
     r->has |= 1u << KVT_EF_RESULTS;
     return 0;
@@ -1255,12 +1259,94 @@ static void exec_frame(struct kvt_engine_server *s, struct eclient *c, const uin
         refuse(c, -ENOMEM, "no memory for a reply");
     /* Borrowed from the server's scratch, not the reply's to free. */
     r.evicted = NULL;
+    r.results = r.results == s->lookup_out ? NULL : r.results;
     for (uint32_t i = 0; i < r.n_events; i++)
         r.events[i].keys = NULL;
     kvt_events_cleanup(&s->evs);
     kvt_events_init(&s->evs);
     kvt__emsg_free(&r);
     kvt__emsg_free(&q);
+}
+
+/* Executes one binary request from the ring (kvt__ebin_req_parse checks it whole
+ * first) through the same op as its frame, and encodes its binary reply into out
+ * (a whole frame, header included). A request that does not parse is refused and
+ * counted like a malformed frame. The op sees a message with only the fields the
+ * frame would have had; its reply fields are freed here. */
+static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
+                     size_t len, struct kvt_ebuf *out)
+{
+    struct kvt_emsg *q = &s->bin_q, *r = &s->bin_r;
+    struct kvt_ebin_req h;
+    struct kvt_ebin_rep rh = {.magic = KVT_EBIN_MAGIC};
+    const uint8_t *kp, *payload = NULL;
+    const char *id;
+    uint8_t fhdr[KVT_EPROTO_HDR];
+    size_t plen = 0;
+    int rc = kvt__ebin_req_parse(body, len, &s->lim, &h, &id, &kp);
+
+    if (rc < 0) {
+        if (rc == -EMSGSIZE)
+            s->ctr.oversized++;
+        else
+            s->ctr.malformed++;
+        refuse(c, rc, "bad binary request (malformed or over a limit)");
+        return;
+    }
+    s->ctr.requests++;
+    q->op = h.op;
+    q->seq = h.seq;
+    q->flags = h.flags;
+    q->has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_KEYS | 1u << KVT_EF_FLAGS;
+    if (h.id_len > 0) {
+        memcpy(q->req_id, id, h.id_len);
+        q->req_id[h.id_len] = '\0';
+        q->has |= 1u << KVT_EF_REQ_ID;
+    }
+    for (uint32_t i = 0; i < h.n; i++) {
+        struct kvtier_key *k = &s->bin_keys[i];
+
+        k->len = h.key_len;
+        memcpy(k->bytes, kp + (size_t)i * h.key_len, h.key_len);
+        if (k->len < KVTIER_KEY_MAX) /* (keys are compared and hashed by len; zeroed as decoded) */
+            memset(k->bytes + h.key_len, 0, KVTIER_KEY_MAX - h.key_len);
+    }
+    q->keys = s->bin_keys;
+    q->n_keys = h.n;
+    s->why[0] = '\0';
+    s->why_counted = false;
+    rc = ops[h.op](s, c, q, r);
+    rh.op = (uint8_t)(h.op | KVT_EOP_REPLY);
+    rh.rc = rc < 0 ? rc : 0;
+    rh.seq = h.seq;
+    if (rc >= 0 && h.op == KVT_EOP_LOOKUP) {
+        rh.n = r->n_results;
+        payload = r->results;
+        plen = r->n_results;
+    } else if (rc >= 0 && h.op == KVT_EOP_PREPARE_LOAD) {
+        rh.n = r->n_ids;
+        payload = (const uint8_t *)r->ids;
+        plen = (size_t)r->n_ids * sizeof(*r->ids);
+    }
+    len = KVT_EBIN_HDR + plen;
+    fhdr[0] = (uint8_t)(len >> 24);
+    fhdr[1] = (uint8_t)(len >> 16);
+    fhdr[2] = (uint8_t)(len >> 8);
+    fhdr[3] = (uint8_t)len;
+    if (kvt__ebuf_append(out, fhdr, sizeof(fhdr)) != 0 ||
+        kvt__ebuf_append(out, &rh, sizeof(rh)) != 0 ||
+        (plen > 0 && kvt__ebuf_append(out, payload, plen) != 0))
+        refuse(c, -ENOMEM, "no memory for a reply");
+    /* What the binary ops allocate for their replies (lookup's results are the
+     * server's scratch). */
+    if (r->results != s->lookup_out)
+        kvt_free(r->results);
+    kvt_free(r->ids);
+    r->results = NULL;
+    r->ids = NULL;
+    r->n_results = r->n_ids = 0;
+    r->has = 0;
+    q->has = 0;
 }
 
 static void handle_frame(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
@@ -1343,7 +1429,11 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
             break;
         }
         s->ring_out.len = 0;
-        exec_frame(s, c, body, len, &s->ring_out);
+        if (len > 0 && body[0] == KVT_EBIN_MAGIC) {
+            s->ctr.ring_binary++;
+            exec_bin(s, c, body, len, &s->ring_out);
+        } else
+            exec_frame(s, c, body, len, &s->ring_out);
         if (c->closing)
             break; /* refused: its ERROR frame is on the socket, the ring closed */
         rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
@@ -1847,6 +1937,8 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->ring_spin_ns = (uint64_t)cfg->ring_spin_us * 1000;
     s->rings_sleeping = true;
     kvt__ebuf_init(&s->ring_out);
+    kvt__emsg_init(&s->bin_q);
+    kvt__emsg_init(&s->bin_r);
     s->geom[KVT_EG_NUM_CHUNKS] = region->num_chunks;
     s->geom[KVT_EG_ROW_BYTES] = region->row_bytes;
     s->geom[KVT_EG_PAGE_BYTES] = region->page_bytes;
@@ -1857,6 +1949,13 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     kvt_events_init(&s->evq);
     kvt_events_init(&s->evs);
     kvt_map_init(&s->named);
+    s->bin_keys = kvt_calloc(s->lim.max_keys ? s->lim.max_keys : 1, sizeof(*s->bin_keys));
+    s->lookup_res = kvt_calloc(s->lim.max_keys ? s->lim.max_keys : 1, sizeof(*s->lookup_res));
+    s->lookup_out = kvt_calloc(s->lim.max_keys ? s->lim.max_keys : 1, 1);
+    if (s->bin_keys == NULL || s->lookup_res == NULL || s->lookup_out == NULL) {
+        rc = -ENOMEM;
+        goto err_free;
+    }
     rc = kvt_req_ctx_create("kvtierd-engine-api", NULL, &s->anon_ctx);
     if (rc < 0)
         goto err_free;
@@ -1899,6 +1998,9 @@ err_free:
     if (s->anon_ctx != NULL)
         kvt_req_ctx_unref(s->anon_ctx);
     kvt_store_output_cleanup(&s->store_out);
+    kvt_free(s->bin_keys);
+    kvt_free(s->lookup_res);
+    kvt_free(s->lookup_out);
     kvt_free(s);
     return rc;
 }
@@ -1918,6 +2020,9 @@ void kvt_engine_server_destroy(struct kvt_engine_server *s)
     kvt_events_cleanup(&s->evs);
     kvt_map_cleanup(&s->named);
     kvt__ebuf_cleanup(&s->ring_out);
+    kvt_free(s->bin_keys);
+    kvt_free(s->lookup_res);
+    kvt_free(s->lookup_out);
     kvt_free(s);
 }
 

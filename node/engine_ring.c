@@ -292,7 +292,9 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     r->req_tail += skip + need;
     r->req_seq++;
     r->taken = true;
-    __atomic_store_n(&r->ctl->req_tail, r->req_tail, __ATOMIC_RELAXED);
+    kvt_ering_scrub(r->req + off, len, r->req_seq);
+    /* release: the copy and the scrub are done before the engine may reuse them */
+    __atomic_store_n(&r->ctl->req_tail, r->req_tail, __ATOMIC_RELEASE);
     *body_p = r->in;
     *len_p = len;
     return 1;

@@ -693,6 +693,9 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            KVT_METRIC_COUNTER, ec.job_rows_failed);
     SAMPLE("kvtier_engine_ring_requests", "Engine API requests served from shared-memory rings",
            KVT_METRIC_COUNTER, ec.ring_requests);
+    SAMPLE("kvtier_engine_ring_binary_requests",
+           "Engine API requests served from rings as binary messages (lookups and per-block calls)",
+           KVT_METRIC_COUNTER, ec.ring_binary);
     SAMPLE("kvtier_engine_ring_redirects",
            "Ring replies too large for the ring, sent on the socket", KVT_METRIC_COUNTER,
            ec.ring_redirects);

@@ -23,7 +23,10 @@
  * request fits a ring record goes through shared memory instead of the socket, with
  * the same frame bodies. The socket keeps what passes a descriptor (ATTACH), what
  * is too large for the ring, and the ERROR frame; a call is over before the next
- * starts, so the two paths never reorder anything. */
+ * starts, so the two paths never reorder anything. To a node whose HELLO reply has
+ * KVT_HELLO_BIN the hot calls go over the ring as binary messages (bin_call; the
+ * layout in kvtier/engine_proto.h): no map to encode or walk, no allocation; a call
+ * without a binary form here (keys of several lengths, too large) is a frame. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -49,6 +52,7 @@
 #define CLIENT_MAX_BODY    (256u << 20) /* replies: events and stats can be long */
 #define HELLO_FDS          3            /* the region's, the ring's memfd and eventfd */
 #define POSTED_MAX         128          /* posted calls out at once */
+#define PACKED_STACK_KEYS  32           /* keys a call unpacks (or takes ids of) on the stack */
 
 /* Everything below is guarded by lock, except region (immutable after connect). */
 struct kvtier_client {
@@ -70,11 +74,14 @@ struct kvtier_client {
     struct kvt_cring *ring; /* the node's ring, or NULL */
     bool use_ring;          /* calls go through it (kvtier_client_set_ring) */
     bool posting;           /* post the calls whose reply is only an rc */
+    bool bin;               /* the node takes binary requests on the ring (KVT_HELLO_BIN) */
     /* The posted calls whose replies are not consumed, by ring sequence number
-     * (mod POSTED_MAX): their op and frame seq, to check their replies. */
+     * (mod POSTED_MAX): their op and frame seq, and whether they were binary, to
+     * check their replies. */
     struct {
         uint32_t op;
         uint64_t seq;
+        bool bin;
     } posted[POSTED_MAX];
     uint64_t posted_calls, posted_failed;
     int posted_err; /* the first failure since the last drain */
@@ -329,6 +336,21 @@ static int posted_reply(struct kvtier_client *c, uint32_t rseq, uint32_t len, bo
 
     if (on_socket)
         rc = read_frame(c, deadline, NULL, &len);
+    if (rc == 0 && c->posted[rseq % POSTED_MAX].bin) {
+        struct kvt_ebin_req q = {.op = (uint8_t)c->posted[rseq % POSTED_MAX].op,
+                                 .seq = c->posted[rseq % POSTED_MAX].seq};
+        struct kvt_ebin_rep h;
+        const uint8_t *payload;
+
+        if (kvt__ebin_rep_parse(c->in, len, &q, &h, &payload) < 0)
+            return -EPROTO;
+        if (h.rc < 0) {
+            c->posted_failed++;
+            if (c->posted_err == 0)
+                c->posted_err = h.rc;
+        }
+        return 0;
+    }
     if (rc == 0)
         rc = decode_reply(c, len, c->posted[rseq % POSTED_MAX].op, c->posted[rseq % POSTED_MAX].seq,
                           &rep);
@@ -498,6 +520,7 @@ static int post_call(struct kvtier_client *c, struct kvt_emsg *req)
     c->seq++;
     c->posted[rseq % POSTED_MAX].op = req->op;
     c->posted[rseq % POSTED_MAX].seq = req->seq;
+    c->posted[rseq % POSTED_MAX].bin = false;
     c->posted_calls++;
     return 0;
 broken:
@@ -510,12 +533,157 @@ static int call(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *
     return call_fd(c, req, rep, fds, -1);
 }
 
+/* ---- binary calls ------------------------------------------------------------------ */
+
+/* The keys of a binary call: n * key_len packed bytes, or n keys of one length. */
+struct bin_keys {
+    const uint8_t *packed;
+    const struct kvtier_key *keys;
+    size_t key_len, n;
+};
+
+/* Writes the binary request of op into c->out: 0, or 1 when it has no binary form
+ * here (no binary ring, no keys, keys of several lengths, an argument the frame
+ * path refuses: it says why). */
+static int bin_encode(struct kvtier_client *c, unsigned op, const char *req_id,
+                      const struct bin_keys *k, uint32_t flags)
+{
+    struct kvt_ebin_req h = {.magic = KVT_EBIN_MAGIC, .op = (uint8_t)op, .flags = flags};
+    size_t id_len = req_id != NULL ? strlen(req_id) : 0, key_len = k->key_len;
+
+    if (!c->bin || c->ring == NULL || !c->use_ring || c->broken || k->n == 0 ||
+        k->n > c->lim.max_keys || id_len > KVT_EPROTO_ID_MAX || (req_id != NULL && id_len == 0))
+        return 1;
+    if (k->keys != NULL) {
+        key_len = k->keys[0].len;
+        for (size_t i = 1; i < k->n; i++)
+            if (k->keys[i].len != key_len)
+                return 1;
+    } else if (k->packed == NULL) {
+        return 1;
+    }
+    if (key_len < 1 || key_len > KVTIER_KEY_MAX ||
+        KVT_EBIN_HDR + id_len + k->n * key_len > c->lim.max_body)
+        return 1;
+    h.key_len = (uint8_t)key_len;
+    h.id_len = (uint8_t)id_len;
+    h.n = (uint32_t)k->n;
+    h.seq = c->seq + 1;
+    c->out.len = 0;
+    if (kvt__ebuf_append(&c->out, &h, sizeof(h)) != 0 ||
+        (id_len > 0 && kvt__ebuf_append(&c->out, req_id, id_len) != 0))
+        return 1;
+    if (k->packed != NULL)
+        return kvt__ebuf_append(&c->out, k->packed, k->n * key_len) != 0;
+    for (size_t i = 0; i < k->n; i++)
+        if (kvt__ebuf_append(&c->out, k->keys[i].bytes, key_len) != 0)
+            return 1;
+    return 0;
+}
+
+/* One call of op as a binary message over the ring. 1: not made (no binary form
+ * here, or it does not fit the ring): make it as a frame. Else what the frame
+ * path gives: the node's rc, or the error that broke the connection. The reply's
+ * payload (lookup's result bytes, prepare_load's chunk ids) goes to out, its
+ * entries to *n_out_p. post: only posted (the client posts, and the reply is only
+ * an rc: checked by a later call or a drain). Under the client's lock. */
+static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
+                    const struct bin_keys *k, uint32_t flags, bool post, void *out, size_t *n_out_p)
+{
+    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
+    struct kvt_ebin_req q;
+    uint32_t rseq = 0, len;
+    int rc;
+
+    if (post && kvt__cring_outstanding(c->ring) >= POSTED_MAX - 1) {
+        rc = drain_posted(c, true, deadline);
+        if (rc < 0)
+            goto broken;
+    }
+    if (bin_encode(c, op, req_id, k, flags) != 0)
+        return 1;
+    memcpy(&q, c->out.data, sizeof(q));
+    rc = kvt__cring_post(c->ring, c->out.data, c->out.len, &rseq);
+    if (rc == -EBUSY) { /* replies of posted calls make room */
+        rc = drain_posted(c, true, deadline);
+        if (rc < 0)
+            goto broken;
+        rc = kvt__cring_post(c->ring, c->out.data, c->out.len, &rseq);
+    }
+    if (rc == -EMSGSIZE || rc == -EBUSY)
+        return 1;
+    if (rc < 0)
+        goto broken;
+    c->seq++;
+    if (post) {
+        c->posted[rseq % POSTED_MAX].op = op;
+        c->posted[rseq % POSTED_MAX].seq = q.seq;
+        c->posted[rseq % POSTED_MAX].bin = true;
+        c->posted_calls++;
+        return 0;
+    }
+    for (;;) {
+        struct kvt_ebin_rep h;
+        const uint8_t *payload;
+        uint32_t got = 0;
+        size_t n = 0;
+
+        rc = kvt__cring_next(c->ring, c->fd, true, dl_ns, &c->in, &c->in_cap, &n, &got);
+        if (rc < 0)
+            goto broken;
+        if ((rc == 0 || rc == 1) && got != rseq) {
+            rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
+            if (rc < 0)
+                goto broken;
+            continue;
+        }
+        len = (uint32_t)n;
+        if (rc == 1 || rc == 3) { /* ours is on the socket, or why the node closed */
+            rc = read_frame(c, deadline, NULL, &len);
+            if (rc < 0)
+                goto broken;
+        }
+        if (len == 0 || c->in[0] != KVT_EBIN_MAGIC) {
+            struct kvt_emsg rep; /* an ERROR frame (anything else breaks the call) */
+
+            rc = decode_reply(c, len, op, q.seq, &rep);
+            if (rc == 0) {
+                kvt__emsg_free(&rep);
+                rc = -EPROTO;
+            }
+            goto broken;
+        }
+        if (kvt__ebin_rep_parse(c->in, len, &q, &h, &payload) < 0) {
+            rc = -EPROTO;
+            goto broken;
+        }
+        if (h.rc == 0 && out != NULL)
+            memcpy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
+        if (n_out_p != NULL)
+            *n_out_p = h.n;
+        return h.rc;
+    }
+broken:
+    mark_broken(c, rc);
+    return rc;
+}
+
 /* ---- connect / close ----------------------------------------------------------- */
 
 /* Whether to ask the node for a ring: yes unless $KVTIER_RING is "0". */
 static bool want_ring(void)
 {
     const char *v = getenv("KVTIER_RING");
+
+    return v == NULL || strcmp(v, "0") != 0;
+}
+
+/* Whether to send the hot calls as binary messages when the node takes them: yes
+ * unless $KVTIER_RING_BIN is "0" (then every call is a frame, as to an older node). */
+static bool want_bin(void)
+{
+    const char *v = getenv("KVTIER_RING_BIN");
 
     return v == NULL || strcmp(v, "0") != 0;
 }
@@ -587,6 +755,7 @@ static int hello(struct kvtier_client *c, const char *name, const char *fingerpr
         fds[2] >= 0 && kvt__cring_open(fds[1], fds[2], &c->ring) == 0) {
         fds[2] = -1; /* the ring's now */
         c->use_ring = true;
+        c->bin = (rep.flags & KVT_HELLO_BIN) != 0 && want_bin();
     }
 out:
     for (int i = 0; i < HELLO_FDS; i++) {
@@ -865,6 +1034,16 @@ static int simple_call(struct kvtier_client *c, struct kvt_emsg *req)
     int rc;
 
     pthread_mutex_lock(&c->lock);
+    if (kvt__ebin_op(req->op) && kvt__emsg_has(req, KVT_EF_KEYS)) {
+        struct bin_keys k = {.keys = req->keys, .n = req->n_keys};
+
+        rc = bin_call(c, req->op, kvt__emsg_has(req, KVT_EF_REQ_ID) ? req->req_id : NULL, &k,
+                      (uint32_t)req->flags, c->posting, NULL, NULL);
+        if (rc != 1) {
+            pthread_mutex_unlock(&c->lock);
+            return rc;
+        }
+    }
     if (c->posting && c->ring != NULL && c->use_ring) {
         rc = post_call(c, req);
         if (rc != 1) {
@@ -925,12 +1104,49 @@ int kvtier_on_request_finished(struct kvtier_client *c, const char *req_id)
     return rc < 0 ? rc : simple_call(c, &req);
 }
 
+/* A lookup as a binary call: 1 not made (a frame then), else as the frame's. */
+static int bin_lookup(struct kvtier_client *c, const char *req_id, const struct bin_keys *k,
+                      unsigned flags, uint8_t *results, size_t *n_done_p)
+{
+    size_t done = 0;
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = bin_call(c, KVT_EOP_LOOKUP, req_id, k, flags, false, results, &done);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == 0 && n_done_p != NULL)
+        *n_done_p = done;
+    return rc;
+}
+
+/* A call whose reply is only an rc, as a binary call (posted when the client
+ * posts): 1 not made (a frame then), else as the frame's. */
+static int bin_simple(struct kvtier_client *c, unsigned op, const char *req_id,
+                      const struct bin_keys *k, uint32_t flags)
+{
+    int rc;
+
+    pthread_mutex_lock(&c->lock);
+    rc = bin_call(c, op, req_id, k, flags, c->posting, NULL, NULL);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
 int kvtier_lookup(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
                   size_t n, unsigned flags, uint8_t *results, size_t *n_done_p)
 {
     struct kvt_emsg req, rep;
-    int rc = prep(c, &req, KVT_EOP_LOOKUP, req_id, true, keys, n);
+    int rc;
 
+    if (c->bin && req_id != NULL && keys != NULL && results != NULL &&
+        (flags & ~KVTIER_LOOKUP_PREFIX) == 0) {
+        struct bin_keys k = {.keys = keys, .n = n};
+
+        rc = bin_lookup(c, req_id, &k, flags, results, n_done_p);
+        if (rc != 1)
+            return rc;
+    }
+    rc = prep(c, &req, KVT_EOP_LOOKUP, req_id, true, keys, n);
     if (rc < 0)
         return rc;
     if ((n > 0 && results == NULL) || (flags & ~KVTIER_LOOKUP_PREFIX) != 0)
@@ -1000,6 +1216,36 @@ int kvtier_complete_store(struct kvtier_client *c, const char *req_id,
     return simple_call(c, &req);
 }
 
+/* prepare_load as a binary call: 1 not made (a frame then), else as the frame's.
+ * The ids are checked as the frame's are, and written only when they all are. */
+static int bin_prepare_load(struct kvtier_client *c, const char *req_id, const struct bin_keys *k,
+                            int64_t *chunk_ids)
+{
+    int64_t stack[PACKED_STACK_KEYS], *ids = stack;
+    size_t done = 0;
+    int rc;
+
+    if (k->n > PACKED_STACK_KEYS) {
+        ids = kvt_malloc(k->n * sizeof(*ids));
+        if (ids == NULL)
+            return -ENOMEM;
+    }
+    pthread_mutex_lock(&c->lock);
+    rc = bin_call(c, KVT_EOP_PREPARE_LOAD, req_id, k, 0, false, ids, &done);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == 0 && done != k->n)
+        rc = -EPROTO;
+    for (size_t i = 0; rc == 0 && i < done; i++) {
+        if (ids[i] < 0 || (uint64_t)ids[i] >= c->region.num_chunks)
+            rc = -EPROTO;
+    }
+    if (rc == 0)
+        memcpy(chunk_ids, ids, k->n * sizeof(*ids));
+    if (ids != stack)
+        kvt_free(ids);
+    return rc;
+}
+
 int kvtier_prepare_load(struct kvtier_client *c, const char *req_id, const struct kvtier_key *keys,
                         size_t n, int64_t *chunk_ids)
 {
@@ -1010,6 +1256,13 @@ int kvtier_prepare_load(struct kvtier_client *c, const char *req_id, const struc
         return rc;
     if (n > 0 && chunk_ids == NULL)
         return -EINVAL;
+    if (c->bin) {
+        struct bin_keys k = {.keys = keys, .n = n};
+
+        rc = bin_prepare_load(c, req_id, &k, chunk_ids);
+        if (rc != 1)
+            return rc;
+    }
     req.has |= 1u << KVT_EF_KEYS;
     rc = locked_call(c, &req, &rep);
     if (rc == 0 && rep.n_ids != n)
@@ -1424,7 +1677,6 @@ void kvtier_jobs_done_free(struct kvtier_jobs_done *done)
 
 /* Keys of one length back to back, unpacked into struct kvtier_key: on the stack for
  * the common short call, else on the heap (*heap_p, freed by the caller). */
-#define PACKED_STACK_KEYS 32
 
 static int unpack(const void *keys, size_t key_len, size_t n, struct kvtier_key *stack,
                   struct kvtier_key **out_p, struct kvtier_key **heap_p)
@@ -1457,8 +1709,16 @@ int kvtier_lookup_packed(struct kvtier_client *c, const char *req_id, const void
                          size_t *n_done_p)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && req_id != NULL && results != NULL && (flags & ~KVTIER_LOOKUP_PREFIX) == 0) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_lookup(c, req_id, &bk, flags, results, n_done_p);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_lookup(c, req_id, k, n, flags, results, n_done_p);
     kvt_free(heap);
@@ -1527,8 +1787,16 @@ int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, co
                                  size_t key_len, size_t n, bool success)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && req_id != NULL) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_simple(c, KVT_EOP_COMPLETE_STORE, req_id, &bk, success);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_complete_store(c, req_id, k, n, success);
     kvt_free(heap);
@@ -1539,8 +1807,16 @@ int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, cons
                                size_t key_len, size_t n, int64_t *chunk_ids)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && chunk_ids != NULL) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_prepare_load(c, req_id, &bk, chunk_ids);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_prepare_load(c, req_id, k, n, chunk_ids);
     kvt_free(heap);
@@ -1551,8 +1827,16 @@ int kvtier_complete_load_packed(struct kvtier_client *c, const char *req_id, con
                                 size_t key_len, size_t n)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && true) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_simple(c, KVT_EOP_COMPLETE_LOAD, req_id, &bk, 0);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_complete_load(c, req_id, k, n);
     kvt_free(heap);
@@ -1563,8 +1847,16 @@ int kvtier_touch_packed(struct kvtier_client *c, const char *req_id, const void 
                         size_t key_len, size_t n)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc = unpack(keys, key_len, n, stack, &k, &heap);
+    int rc;
 
+    if (c->bin && true) {
+        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
+
+        rc = bin_simple(c, KVT_EOP_TOUCH, req_id, &bk, 0);
+        if (rc != 1)
+            return rc;
+    }
+    rc = unpack(keys, key_len, n, stack, &k, &heap);
     if (rc == 0)
         rc = kvtier_touch(c, req_id, k, n);
     kvt_free(heap);

@@ -803,3 +803,52 @@ int kvt__emsg_encode(const struct kvt_emsg *m, struct kvt_ebuf *b)
     b->data[start + 3] = (uint8_t)body;
     return 0;
 }
+
+/* ---- binary messages ------------------------------------------------------------- */
+
+int kvt__ebin_req_parse(const uint8_t *body, size_t len, const struct kvt_eproto_limits *lim,
+                        struct kvt_ebin_req *hdr_p, const char **id_p, const uint8_t **keys_p)
+{
+    struct kvt_ebin_req h;
+    uint64_t want;
+
+    if (len < KVT_EBIN_HDR)
+        return -EBADMSG;
+    memcpy(&h, body, sizeof(h));
+    if (h.magic != KVT_EBIN_MAGIC || !kvt__ebin_op(h.op) || h.key_len < 1 ||
+        h.key_len > KVTIER_KEY_MAX || h.id_len > KVT_EPROTO_ID_MAX || h.zero != 0)
+        return -EBADMSG;
+    if ((h.op == KVT_EOP_LOOKUP && (h.flags & ~(uint32_t)KVTIER_LOOKUP_PREFIX) != 0) ||
+        (h.op == KVT_EOP_COMPLETE_STORE && h.flags > 1) ||
+        (h.op != KVT_EOP_LOOKUP && h.op != KVT_EOP_COMPLETE_STORE && h.flags != 0))
+        return -EBADMSG;
+    if (h.n > lim->max_keys)
+        return -EMSGSIZE;
+    want = (uint64_t)KVT_EBIN_HDR + h.id_len + (uint64_t)h.n * h.key_len;
+    if (want != len)
+        return -EBADMSG;
+    if (memchr(body + KVT_EBIN_HDR, 0, h.id_len) != NULL)
+        return -EBADMSG;
+    *hdr_p = h;
+    *id_p = (const char *)body + KVT_EBIN_HDR;
+    *keys_p = body + KVT_EBIN_HDR + h.id_len;
+    return 0;
+}
+
+int kvt__ebin_rep_parse(const uint8_t *body, size_t len, const struct kvt_ebin_req *req,
+                        struct kvt_ebin_rep *hdr_p, const uint8_t **payload_p)
+{
+    struct kvt_ebin_rep h;
+    size_t elem = kvt__ebin_rep_elem(req->op);
+
+    if (len < KVT_EBIN_HDR)
+        return -EPROTO;
+    memcpy(&h, body, sizeof(h));
+    if (h.magic != KVT_EBIN_MAGIC || h.op != (req->op | KVT_EOP_REPLY) || h.seq != req->seq ||
+        h.zero != 0 || h.zero2 != 0 || h.rc > 0 || h.n > req->n || (h.rc < 0 && h.n != 0) ||
+        (elem == 0 && h.n != 0) || len != KVT_EBIN_HDR + (size_t)h.n * elem)
+        return -EPROTO;
+    *hdr_p = h;
+    *payload_p = body + KVT_EBIN_HDR;
+    return 0;
+}

@@ -298,6 +298,7 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
         *cap_p = len;
     }
     memcpy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, len);
+    kvt_ering_scrub(r->rep + off, len, seq);
     *len_p = len;
     r->rep_tail += skip + need;
     r->rep_next++;

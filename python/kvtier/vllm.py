@@ -923,7 +923,14 @@ class KvtierOffloadingManager(OffloadingManager):
         self._p_n_store = ctypes.pointer(self._n_store)
         self._p_n_ev = ctypes.pointer(self._n_ev)
         self._p_ev_bytes = ctypes.pointer(self._ev_bytes)
-        self._lookup_one = lib.kvtier_lookup_one
+        # The 1-key lookup is called without argtypes: ctypes converts declared
+        # argument types on every call (about 0.1 us each), so this one is given
+        # its arguments already in C form: the handle as a c_void_p, bytes for the
+        # char pointers, c_size_t objects for the key's length (one per length).
+        self._lookup_one = lib._FuncPtr(("kvtier_lookup_one", lib))
+        self._lookup_one.restype = ctypes.c_int
+        self._hp = ctypes.c_void_p(self._h)
+        self._klens: dict = {}
         self._lookup_packed = lib.kvtier_lookup_packed
         self._res = (ctypes.c_uint8 * _SCAN_MAX)()
         self._done = ctypes.c_size_t(0)
@@ -1060,7 +1067,10 @@ class KvtierOffloadingManager(OffloadingManager):
             r = self._scan(key, req_context, rid, positions)
             if r is not None:
                 return r
-        rc = self._lookup_one(self._h, rid, key, len(key))
+        klen = self._klens.get(len(key))
+        if klen is None:
+            klen = self._klens.setdefault(len(key), ctypes.c_size_t(len(key)))
+        rc = self._lookup_one(self._hp, rid, key, klen)
         if rc >= 0:
             return _LOOKUP_RESULTS[rc]
         self._lost(rc, "lookup")

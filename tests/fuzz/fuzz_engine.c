@@ -9,6 +9,11 @@
  * minor-1 fields - fingerprint, ERROR message, peers with a newer minor's extra
  * field - and hostile headers.)
  *
+ * The same body goes to the binary messages' parsers too (kvt__ebin_req_parse,
+ * and kvt__ebin_rep_parse against a lookup or prepare_load request of 16 keys as
+ * byte 0's bit 1 says; seeds bin-*): what they accept adds up to the body's length
+ * exactly, within the limits.
+ *
  * Checked on every input, beyond the sanitizers' own checks:
  * - decode fails only with -EBADMSG, -EPROTO or -EMSGSIZE (never -ENOMEM: no
  *   allocation is sized beyond what the body justifies);
@@ -52,6 +57,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     data++;
     size--;
+    {
+        struct kvt_ebin_req h,
+            q = {.op = (data[-1] & 2) ? KVT_EOP_PREPARE_LOAD : KVT_EOP_LOOKUP, .n = 16, .seq = 7};
+        struct kvt_ebin_rep rh;
+        const uint8_t *keys, *payload;
+        const char *id;
+
+        if (kvt__ebin_req_parse(data, size, &lim, &h, &id, &keys) == 0) {
+            CHECK(h.magic == KVT_EBIN_MAGIC && kvt__ebin_op(h.op));
+            CHECK(h.key_len >= 1 && h.key_len <= KVTIER_KEY_MAX && h.n <= lim.max_keys);
+            CHECK(h.id_len <= KVT_EPROTO_ID_MAX && memchr(id, 0, h.id_len) == NULL);
+            CHECK((const uint8_t *)id == data + KVT_EBIN_HDR &&
+                  keys == data + KVT_EBIN_HDR + h.id_len);
+            CHECK(KVT_EBIN_HDR + h.id_len + (size_t)h.n * h.key_len == size);
+        }
+        if (kvt__ebin_rep_parse(data, size, &q, &rh, &payload) == 0) {
+            CHECK(rh.op == (q.op | KVT_EOP_REPLY) && rh.seq == q.seq && rh.n <= q.n);
+            CHECK(rh.rc <= 0 && (rh.rc == 0 || rh.n == 0) && payload == data + KVT_EBIN_HDR);
+            CHECK(KVT_EBIN_HDR + (size_t)rh.n * kvt__ebin_rep_elem(q.op) == size);
+        }
+    }
     rc = kvt__emsg_decode(data, size, &lim, &m);
     if (rc != 0) {
         CHECK(rc == -EBADMSG || rc == -EPROTO || rc == -EMSGSIZE);

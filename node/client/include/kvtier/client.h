@@ -210,7 +210,10 @@ bool kvtier_client_alive(struct kvtier_client *c);
  * environment has KVTIER_RING=0); a node that gives none (rings off, an older node)
  * leaves every call on the socket. With a ring, a call writes its request into
  * memory the node polls and spins up to spin_us (default 20) on the reply before it
- * sleeps on a futex; the node wakes it. */
+ * sleeps on a futex; the node wakes it. To a node that takes them, lookups, touch,
+ * prepare_load, complete_load and complete_store whose keys are all of one length go
+ * as compact binary messages rather than frames (unless KVTIER_RING_BIN=0); their
+ * results are the same. */
 bool kvtier_client_has_ring(const struct kvtier_client *c);
 /* Sends calls through the ring (enabled) or the socket; spin_us < 0 keeps the spin.
  * -EOPNOTSUPP enabling without a ring. */

@@ -226,6 +226,77 @@ int kvt__ebuf_append(struct kvt_ebuf *b, const void *p, size_t len);
 /* Appends one frame (header + body) of every field in m->has. -ENOMEM. */
 int kvt__emsg_encode(const struct kvt_emsg *m, struct kvt_ebuf *b);
 
+/* ---- binary messages (the ring's hot calls) ---------------------------------------
+ *
+ * A fixed-layout body for the calls an engine makes per block (lookup, touch,
+ * prepare_load, complete_load, complete_store): no map to walk, no allocation, a
+ * header and two packed arrays. It starts with KVT_EBIN_MAGIC, a byte msgpack never
+ * uses, so a receiver tells the two kinds apart by the first byte. Only over the
+ * ring (both ends share the host, so integers are in its byte order), and only to
+ * a node whose HELLO reply has KVT_HELLO_BIN: an older node never sees one, and an
+ * older engine never sends one. The node checks every length against the body's
+ * (kvt__ebin_req_parse) before it reads anything; one that does not add up is
+ * refused like a malformed frame. The reply of a binary request is binary; it
+ * comes over the ring, or on the socket behind a REDIRECT like any reply. */
+#define KVT_EBIN_MAGIC 0xc1u /* "never used" in msgpack */
+#define KVT_EBIN_HDR   24u
+#define KVT_HELLO_BIN  2u /* HELLO reply flag: the node takes binary requests on the ring */
+
+/* Request: the header, id_len bytes of request id (no NUL; 0 bytes: no request
+ * named, as a frame without REQ_ID), n * key_len bytes of keys. flags: lookup's
+ * KVTIER_LOOKUP_*, complete_store's success (0 or 1), else 0. */
+struct kvt_ebin_req {
+    uint8_t magic;
+    uint8_t op;      /* KVT_EOP_LOOKUP, _TOUCH, _PREPARE_LOAD, _COMPLETE_LOAD, _COMPLETE_STORE */
+    uint8_t key_len; /* 1..KVTIER_KEY_MAX */
+    uint8_t id_len;  /* 0..KVT_EPROTO_ID_MAX */
+    uint32_t n;      /* keys, at most the limit's max_keys */
+    uint32_t flags;
+    uint32_t zero; /* 0 (room for a newer minor) */
+    uint64_t seq;
+};
+
+/* Reply: the header, then lookup's n result bytes or prepare_load's n int64 chunk
+ * ids (n = 0 when rc < 0). */
+struct kvt_ebin_rep {
+    uint8_t magic;
+    uint8_t op; /* the request's | KVT_EOP_REPLY */
+    uint16_t zero;
+    int32_t rc;
+    uint32_t n;
+    uint32_t zero2;
+    uint64_t seq;
+};
+
+_Static_assert(sizeof(struct kvt_ebin_req) == KVT_EBIN_HDR, "binary request header");
+_Static_assert(sizeof(struct kvt_ebin_rep) == KVT_EBIN_HDR, "binary reply header");
+
+/* Whether op has a binary form. */
+static inline bool kvt__ebin_op(unsigned op)
+{
+    return op == KVT_EOP_LOOKUP || op == KVT_EOP_TOUCH || op == KVT_EOP_PREPARE_LOAD ||
+           op == KVT_EOP_COMPLETE_LOAD || op == KVT_EOP_COMPLETE_STORE;
+}
+
+/* Bytes of a reply's payload entry for op (lookup: a result byte, prepare_load: a
+ * chunk id), 0 for the ops whose reply is only an rc. */
+static inline size_t kvt__ebin_rep_elem(unsigned op)
+{
+    return op == KVT_EOP_LOOKUP ? 1 : op == KVT_EOP_PREPARE_LOAD ? 8 : 0;
+}
+
+/* A binary request checked against its body and lim: 0 with *hdr_p (a copy) and
+ * the id and keys pointing into body, or -EBADMSG (a length that does not add
+ * up, an unknown op, a bad key length, an id with a NUL, flags an op does not
+ * take, a reserved field not zero) or -EMSGSIZE (more keys than lim allows). */
+int kvt__ebin_req_parse(const uint8_t *body, size_t len, const struct kvt_eproto_limits *lim,
+                        struct kvt_ebin_req *hdr_p, const char **id_p, const uint8_t **keys_p);
+/* A binary reply to request req checked against its body: 0 with *hdr_p and the
+ * payload pointing into body, or -EPROTO (not the reply to req, more entries than
+ * req had keys, a length that does not add up). */
+int kvt__ebin_rep_parse(const uint8_t *body, size_t len, const struct kvt_ebin_req *req,
+                        struct kvt_ebin_rep *hdr_p, const uint8_t **payload_p);
+
 /* The body length a frame header announces. */
 static inline uint32_t kvt__eproto_frame_len(const uint8_t *hdr)
 {

@@ -45,8 +45,13 @@
  * older ack than rep_tail may already hold): each only ever goes forward, and the
  * further of the two counts.
  *
- * Who writes what: the engine writes requests, client_waiting and rep_tail; the
- * node writes replies, node_sleeping, closed and req_tail. The node keeps its own
+ * A consumer scrubs the body of every record it consumed before it acks it
+ * (kvt_ering_scrub below), so that the slot where the next record is due never
+ * holds an old body's bytes that read as the sequence number awaited.
+ *
+ * Who writes what: the engine writes requests, client_waiting and rep_tail (and
+ * scrubs the replies it consumed); the node writes replies, node_sleeping, closed
+ * and req_tail (and scrubs the requests it took). The node keeps its own
  * copies of every counter and size and never trusts one it reads: an ack that goes
  * backwards on its channel or beyond what was published, a record out of bounds or
  * over the limits closes that engine's connection (counted), and a request body is
@@ -119,6 +124,26 @@ _Static_assert(sizeof(struct kvt_ering_rec) == KVT_ERING_REC_BYTES, "ring record
 static inline uint64_t kvt_ering_rec_bytes(uint64_t len)
 {
     return KVT_ERING_REC_BYTES + ((len + 15) & ~(uint64_t)15);
+}
+
+/* What a consumer does to a record it has copied out, before it acks its bytes:
+ * the first 8 bytes of every 16-byte granule of the body become a header {len 0,
+ * seq: the record's own}. A consumer polls the slot where the next record is due
+ * before the producer has written there, and in the ring's second lap that slot
+ * may lie inside an old record's body: body bytes that happened to read as the
+ * awaited sequence number (a key ending in two random bytes and its group's zeros
+ * does, about once in 65536 with seq below 65536) would be taken for a record.
+ * After the scrub every byte a slot can hold is a header the producer wrote or a
+ * scrubbed one, and their sequence numbers are all behind the one awaited. The
+ * stores are ordered before the ack by its release. */
+static inline void kvt_ering_scrub(uint8_t *rec, uint32_t len, uint32_t seq)
+{
+    struct kvt_ering_rec h = {.len = 0, .seq = seq};
+    uint64_t v, end = kvt_ering_rec_bytes(len);
+
+    __builtin_memcpy(&v, &h, sizeof(v));
+    for (uint64_t o = KVT_ERING_REC_BYTES; o < end; o += KVT_ERING_REC_BYTES)
+        __atomic_store_n((uint64_t *)(void *)(rec + o), v, __ATOMIC_RELAXED);
 }
 
 #endif
