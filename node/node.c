@@ -547,6 +547,8 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
     nc.max_ops_per_batch = nd->cfg.network_reads_per_batch;
     nc.verify = nd->cfg.network_verify == KVT_VERIFY_CHECKSUM ? KVT_NET_VERIFY_CHECKSUM
                                                               : KVT_NET_VERIFY_FENCE;
+    nc.fetch =
+        nd->cfg.network_fetch == KVT_FETCH_DIRECT ? KVT_NET_FETCH_DIRECT : KVT_NET_FETCH_LEASE;
     rc = kvt_net_tier_create(&nc, t_p);
     if (rc != 0)
         kvt_error(MOD, "network tier: %s", strerror(-rc));
