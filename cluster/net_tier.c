@@ -356,7 +356,10 @@ static int nt_arm(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
 
-    if (nt_busy(nt))
+    /* With leases held, the loop stays awake for the holders' READs; in direct mode
+     * there is no lease, so for a while after a direct READ was served (over
+     * transports that serve READs in software, our progress serves them). */
+    if (nt_busy(nt) || kvt_now_ns() < nt->direct_awake_until_ns)
         return -EAGAIN;
     return kvt_peers_arm(nt->peers);
 }
@@ -442,8 +445,12 @@ static bool nt_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struc
 {
     struct net_tier *nt = arg;
 
-    if (mr != NULL && (mr == nt->mr_remote || mr == nt->mr_fence) && kvt__nt_direct_exposed(nt, ep))
+    if (mr != NULL && (mr == nt->mr_remote || mr == nt->mr_fence) &&
+        kvt__nt_direct_exposed(nt, ep)) {
+        /* Keeps the loop awake a little (nt_arm): the peer's next READs follow. */
+        nt->direct_awake_until_ns = kvt_now_ns() + NT_DIRECT_AWAKE_NS;
         return true;
+    }
     if (mr != NULL && mr == nt->mr_fence)
         return kvt__nt_may_read_fence(nt, node_id, off, len);
     return mr != NULL && mr == nt->mr_remote && kvt__net_may_read(nt, node_id, off, len);

@@ -717,6 +717,10 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
+        /* network.fetch direct, holder side: links our primary was exposed on. */
+        SAMPLE("kvtier_net_direct_exposures",
+               "Peer links our primary and fence words were exposed to for direct reads",
+               KVT_METRIC_COUNTER, c.direct_exposures);
         /* network.verify: fence. Rows whose fence word had moved on (rewritten or
          * reused), was odd (being written), or could not be read: misses. */
         for (unsigned r = 0; r < KVT_NET_FENCE_N_REASONS; r++)
