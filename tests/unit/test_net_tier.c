@@ -1262,6 +1262,69 @@ static void test_direct_rewritten_or_mid_write_refused(void **state)
     direct_stale(false);
 }
 
+/* Fetch into in direct mode: rows whose place B's LOCATE gave go straight from A's
+ * primary into B's region, fenced, no FETCH; a row rewritten since is refused; B's
+ * primary holds none of them. */
+static void test_direct_fetch_into(void **state)
+{
+    enum { K = 8 };
+    struct kvt_net_tier_counts cb0, cb;
+    struct kvt_net_region *reg;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[K];
+    struct into_res res = {0};
+    uint64_t offs[K];
+    uint8_t *region, *row;
+    struct tn a, b;
+
+    (void)state;
+    direct_setup(&a, &b, KVT_NET_FETCH_DIRECT, KVT_NET_FETCH_DIRECT, 950, K, &ctx);
+    region = aligned_alloc(4096, K * ROW);
+    assert_non_null(region);
+    memset(region, 0xaa, K * ROW);
+    assert_int_equal(kvt_net_tier_region_add(b.net, region, K * ROW, &reg), 0);
+    for (size_t i = 0; i < K; i++) {
+        key_of(951 + (uint32_t)i, &keys[i]);
+        offs[i] = (uint64_t)(K - 1 - i) * ROW;
+    }
+    assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[3], &row), 0);
+    row[300] ^= 0xff;
+    assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[3]), 0);
+    kvt_net_tier_counts(b.net, &cb0);
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res),
+                     -EINPROGRESS);
+    assert_true(WAIT_FOR(10000, res.calls == 1));
+    assert_int_equal(res.n, K);
+    for (size_t i = 0; i < K; i++) {
+        uint8_t want[ROW];
+
+        if (i == 3) {
+            assert_false(res.ok[i]);
+            continue;
+        }
+        assert_true(res.ok[i]);
+        fill(want, &keys[i]);
+        assert_memory_equal(region + offs[i], want, ROW);
+    }
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.fetches, cb0.fetches);
+    assert_int_equal(cb.direct_chunks - cb0.direct_chunks, K - 1);
+    assert_int_equal(cb.direct_misses - cb0.direct_misses, 1);
+    assert_int_equal(cb.into_chunks - cb0.into_chunks, K - 1);
+    for (size_t i = 0; i < K; i++) {
+        struct kvt_primary_entry_info info;
+
+        assert_int_equal(kvt_primary_entry_info(b.pr, &keys[i], &info), -ENOENT);
+    }
+    end_req(&b, ctx);
+    g_freed = 0;
+    kvt_net_tier_region_remove(b.net, reg, region_freed);
+    assert_true(WAIT_FOR(10000, g_freed == 1 && settled(&a) && settled(&b)));
+    free(region);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 static void raw_on_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state st, int err)
 {
     int *s = arg;
@@ -1405,6 +1468,7 @@ int main(void)
         cmocka_unit_test(test_direct_evicted_and_reused_is_a_miss),
         cmocka_unit_test(test_direct_rewritten_or_mid_write_refused),
         cmocka_unit_test(test_direct_exposed_to_authenticated_askers_only),
+        cmocka_unit_test(test_direct_fetch_into),
         cmocka_unit_test(test_may_read_answers_from_active_leases),
         cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),
