@@ -69,10 +69,24 @@ static void rec_gc(struct kvt_directory *d, const uint8_t *key, size_t len, stru
 int kvt_directory_publish(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
                           const struct kvt_key *keys, size_t n, uint64_t now_ns)
 {
+    return kvt_directory_publish_rows(d, node_id, incarnation, keys, NULL, n, now_ns);
+}
+
+int kvt_directory_publish_rows(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
+                               const struct kvt_key *keys, const struct kvt_dir_row *rows, size_t n,
+                               uint64_t now_ns)
+{
     for (size_t k = 0; k < n; k++) {
         struct dir_rec *r = kvt_map_get(&d->keys, keys[k].bytes, keys[k].len);
-        struct kvt_dir_holder h = {node_id, incarnation, now_ns + d->ttl_ns};
+        struct kvt_dir_holder h = {
+            .node_id = node_id, .incarnation = incarnation, .expires_ns = now_ns + d->ttl_ns};
         unsigned i;
+
+        if (rows != NULL && rows[k].known) {
+            h.row = rows[k].row;
+            h.gen = rows[k].gen;
+            h.has_row = true;
+        }
 
         if (r == NULL) {
             r = kvt_malloc(sizeof(*r) + d->max_holders * sizeof(r->h[0]));

@@ -27,7 +27,17 @@
  * is in flight. A job is reported only once no READ of it is in flight, so a failed
  * job's slots are never written after it ends. Keys that fail are marked missing in
  * the lookup cache and their holder forgotten (vLLM's livelock rule). Timeouts, dead
- * peers and closed links fail fetches (kvt__nt_fail_fetches, expire_fetches). */
+ * peers and closed links fail fetches (kvt__nt_fail_fetches, expire_fetches).
+ *
+ * Direct reads (network.fetch direct, fence verification): a key whose LOCATE answer
+ * gave its place in the holder's primary (slot, generation), on a holder whose
+ * handles of direct reads we hold (its GRANT gave them in answer to a FETCH that
+ * asked: the first FETCH on each link asks), joins a direct fetch instead: READING at
+ * once, its chunks made from those places, READ and fenced exactly as granted ones
+ * (the fence word READ after the row must equal the published generation), with no
+ * FETCH, GRANT, pin or RELEASE, outside the peer's FETCH window. A place gone stale
+ * fails its fence: a miss (counted in direct_misses), the holder forgotten as for
+ * any failed key. Other keys take the lease path unchanged. */
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
@@ -46,6 +56,9 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f);
 static void nt_load_part_done(struct net_tier *nt, struct load_job *lj);
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f);
 static void nt_load_start(struct net_tier *nt, struct load_job *lj);
+static bool nt_key_direct(struct net_tier *nt, const struct holder *h);
+static void nt_direct_start(struct net_tier *nt, struct nt_peer *p, struct fetch *f);
+static void nt_direct_drop(struct net_tier *nt, struct kvt_tp_ep *ep);
 
 /* ---- submit: the job becomes fetches ------------------------------------------- */
 
@@ -119,6 +132,86 @@ int kvt__nt_submit_load(struct kvt_tier *t, const struct kvt_job *job)
     return 0;
 }
 
+/* ---- direct reads: no FETCH, the places the home gave --------------------------- */
+
+bool kvt__nt_reads_direct(const struct net_tier *nt)
+{
+    /* Direct reads are validated by fence only: the home gives no checksum. */
+    return nt->cfg.fetch == KVT_NET_FETCH_DIRECT && nt->cfg.verify == KVT_NET_VERIFY_FENCE;
+}
+
+/* Whether the key h holds is read direct: we read so, the home gave its place, and
+ * the holder gave us the handles of direct reads on a link still open. */
+static bool nt_key_direct(struct net_tier *nt, const struct holder *h)
+{
+    const struct nt_peer *p;
+
+    if (!kvt__nt_reads_direct(nt) || !h->has_row || h->row >= UINT64_MAX / nt->base.row_bytes)
+        return false;
+    p = kvt_map_get_u64(&nt->nodes, h->node_id);
+    return p != NULL && p->direct_rk != NULL && p->direct_fk != NULL;
+}
+
+/* f's keys (one holder, each key's place known) read straight from the holder's
+ * primary: a chunk per key from its place, READ and fenced as a granted one, with
+ * the peer's handles, no pin, no RELEASE. The fetch's deadline bounds its READs. */
+static void nt_direct_start(struct net_tier *nt, struct nt_peer *p, struct fetch *f)
+{
+    const struct kvt_job *job = f->lj->job;
+    uint64_t row = nt->base.row_bytes;
+
+    f->direct = true;
+    f->state = F_READING;
+    f->ep = p->direct_ep;
+    f->rk = p->direct_rk;
+    f->fk = p->direct_fk;
+    f->sent_ns = f->grant_ns = f->queued_ns;
+    f->deadline_ns = f->queued_ns + ms_ns(nt->cfg.fetch_timeout_ms);
+    f->lease_deadline_ns = f->deadline_ns;
+    for (uint32_t i = 0; i < f->n; i++) {
+        const struct holder *h =
+            kvt_map_get(&nt->holders, job->keys[f->idx[i]].bytes, job->keys[f->idx[i]].len);
+
+        f->chunks[i] = (struct kvt_wire_chunk){
+            .key_index = i, .length = (uint32_t)row, .generation = h->gen, .offset = h->row * row};
+    }
+    f->n_chunks = f->n;
+    if (!kvt__nt_register(nt)) {
+        f->failed = true;
+        nt_fetch_end(nt, f);
+        return;
+    }
+    nt_post_reads(nt, f);
+}
+
+/* The holder's GRANT on ep carried the handles of direct reads: kept, unpacked on
+ * ep, for the reads that follow, until ep closes. */
+static void nt_direct_handles(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
+                              const struct kvt_wire_grant *g)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+    struct nt_peer *p = kvt__nt_peer_get(nt, from);
+    struct kvt_tp_rkey *rk = NULL, *fk = NULL;
+    int rc;
+
+    if (p == NULL || p->direct_rk != NULL)
+        return; /* we have them (the first GRANT that gave them wins) */
+    rc = kvt_tp_unpack(ep, g->direct_handle, g->direct_handle_len, &rk);
+    if (rc == 0)
+        rc = kvt_tp_unpack(ep, g->direct_fence_handle, g->direct_fence_handle_len, &fk);
+    if (rc != 0) {
+        kvt_warn(NT_MOD, "GRANT from %016" PRIx64 ": direct handles refused: %s", from,
+                 strerror(-rc));
+        nt->c.refused++;
+        if (rk != NULL)
+            kvt_tp_rkey_destroy(tp, rk);
+        return;
+    }
+    p->direct_ep = ep;
+    p->direct_rk = rk;
+    p->direct_fk = fk;
+}
+
 /* The job's keys, grouped by holder, become fetches queued on their peers; keys
  * with no live holder, or no memory for their fetch, fail. */
 static void nt_load_start(struct net_tier *nt, struct load_job *lj)
@@ -137,18 +230,22 @@ static void nt_load_start(struct net_tier *nt, struct load_job *lj)
 
         if (lj->used[i])
             continue;
+        bool direct;
+
         if (h == NULL || !kvt__nt_holder_live(nt, h)) {
             lj->used[i] = true; /* no live holder: this key fails */
             continue;
         }
         hh = *h;
+        direct = nt_key_direct(nt, &hh);
         for (size_t j = i; j < job->n && n < per; j++) {
             const struct holder *hj;
 
             if (lj->used[j])
                 continue;
             hj = kvt_map_get(&nt->holders, job->keys[j].bytes, job->keys[j].len);
-            if (hj == NULL || hj->node_id != hh.node_id || hj->incarnation != hh.incarnation)
+            if (hj == NULL || hj->node_id != hh.node_id || hj->incarnation != hh.incarnation ||
+                nt_key_direct(nt, hj) != direct)
                 continue;
             lj->used[j] = true;
             lj->idx[n++] = (uint32_t)j;
@@ -168,8 +265,12 @@ static void nt_load_start(struct net_tier *nt, struct load_job *lj)
             kvt_free(f);
             continue;
         }
-        kvt_list_add_tail(&p->queue, &f->qnode);
         lj->parts_pending++;
+        if (direct) {
+            nt_direct_start(nt, p, f);
+            continue;
+        }
+        kvt_list_add_tail(&p->queue, &f->qnode);
     }
     kvt__nt_pump(nt);
     nt_load_part_done(nt, lj);
@@ -202,6 +303,10 @@ static void nt_pump_peer(struct net_tier *nt, struct nt_peer *p)
         m.u.fetch.job_id = f->id;
         m.u.fetch.n_keys = f->n;
         m.u.fetch.keys = ks;
+        if (kvt__nt_reads_direct(nt) && p->direct_rk == NULL) {
+            m.u.fetch.direct = 1; /* the holder's handles of direct reads, please */
+            m.has |= KVT_WIRE_HAS(KVT_WIRE_F_DIRECT);
+        }
         nt->c.fetches++;
         if (kvt__nt_send(nt, f->node, NULL, &m) != 0) {
             f->failed = true;
@@ -262,6 +367,8 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
         seen[ch->key_index] = true;
     }
     nt->c.grants++;
+    if (kvt__nt_reads_direct(nt) && (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE)))
+        nt_direct_handles(nt, from, ep, g);
     f->grant_ns = kvt_now_ns();
     nt->c.grant_wait_ns += f->grant_ns - f->sent_ns;
     nt_observe(nt, KVT_M_NET_GRANT_WAIT_SECONDS, f->grant_ns - f->sent_ns);
@@ -484,7 +591,7 @@ static void nt_read_done(void *arg, int status)
                  * completes (checksum_on_complete): the bytes are the holder's, of
                  * that checksum. A row read into a caller's region is not the
                  * primary's. */
-                if (f->lj->region == NULL)
+                if (f->lj->region == NULL && !f->direct)
                     (void)kvt_primary_set_checksum(nt->primary, &job->keys[ki], ch->checksum);
             }
         }
@@ -511,7 +618,7 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
         return;
     if (f->state == F_QUEUED) {
         kvt_list_del(&f->qnode);
-    } else {
+    } else if (!f->direct) {
         struct nt_peer *p = kvt_map_get_u64(&nt->nodes, f->node);
 
         /* The window opens; kvt__nt_pump sends the next one from the loop's top level. */
@@ -526,8 +633,13 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
         struct nt_peer *p = kvt_map_get_u64(&nt->nodes, f->node);
 
         for (uint32_t i = 0; i < f->n_chunks; i++) {
-            if (f->failed || !f->chunk_ok[i])
+            if (f->failed || !f->chunk_ok[i]) {
+                if (f->direct)
+                    nt->c.direct_misses++; /* a stale place, a READ lost: a miss */
                 continue;
+            }
+            if (f->direct)
+                nt->c.direct_chunks++;
             lj->ok[f->idx[f->chunks[i].key_index]] = true;
             lj->bytes += f->chunks[i].length;
             nt->c.pulled_chunks++;
@@ -543,7 +655,7 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
             nt->c.read_ns += now - f->grant_ns;
             nt_observe(nt, KVT_M_NET_READ_SECONDS, now - f->grant_ns);
         }
-        if (f->ep != NULL) {
+        if (f->ep != NULL && !f->direct) {
             struct kvt_wire_msg m;
 
             kvt_wire_msg_init(&m, KVT_WIRE_RELEASE);
@@ -592,6 +704,8 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f)
 {
     kvt_map_remove_u64(&nt->fetches, f->id);
+    if (f->direct)
+        f->rk = f->fk = NULL; /* the peer's, not ours */
     if (f->rk != NULL)
         kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
     if (f->fk != NULL)
@@ -669,6 +783,8 @@ void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
             f->ep = NULL;
             f->failed = true;
         }
+        if (f->direct && f->ep == NULL && f->batches_in_flight == 0)
+            f->rk = f->fk = NULL; /* the peer's: they go below */
         if (f->ep == NULL && f->batches_in_flight == 0) {
             if (f->rk != NULL)
                 kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->rk);
@@ -676,6 +792,27 @@ void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
                 kvt_tp_rkey_destroy(kvt_peers_transport(nt->peers), f->fk);
             f->rk = f->fk = NULL;
         }
+    }
+    nt_direct_drop(nt, ep);
+}
+
+/* The handles of direct reads the peers gave on ep go with it (no READ of them is in
+ * flight: the transport completed ep's batches first). */
+static void nt_direct_drop(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+    struct kvt_map_entry *e;
+    size_t it = 0;
+
+    while (kvt_map_next(&nt->nodes, &it, &e)) {
+        struct nt_peer *p = e->value;
+
+        if (p->direct_rk == NULL || (ep != NULL && p->direct_ep != ep))
+            continue;
+        kvt_tp_rkey_destroy(tp, p->direct_rk);
+        kvt_tp_rkey_destroy(tp, p->direct_fk);
+        p->direct_rk = p->direct_fk = NULL;
+        p->direct_ep = NULL;
     }
 }
 
@@ -688,12 +825,16 @@ void kvt__nt_fetch_cleanup(struct net_tier *nt)
     while (kvt_map_next(&nt->fetches, &it, &e)) {
         struct fetch *f = e->value;
 
+        if (f->direct)
+            continue; /* its handles are the peer's */
+
         if (f->rk != NULL)
             kvt_tp_rkey_destroy(tp, f->rk);
         if (f->fk != NULL)
             kvt_tp_rkey_destroy(tp, f->fk);
     }
     kvt__nt_free_map(&nt->fetches);
+    nt_direct_drop(nt, NULL);
 }
 
 /* ---- fetch into: the caller's regions ------------------------------------------ */

@@ -12,7 +12,8 @@
  *
  * Home: PUBLISH/UNPUBLISH from a node about itself, in its current incarnation, keep
  * the directory of the keys homed here; LOCATE is answered from it with the holders
- * that are live. */
+ * that are live, each with the key's place in its primary when the holder published
+ * one (direct reads, network.fetch), which the requester keeps with the holder. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -186,7 +187,11 @@ static void nt_locate_local(struct net_tier *nt, const struct kvt_key *key, bool
                                     KVT_MIN(KVT_ARRAY_SIZE(d), nt->cfg.max_holders));
 
     for (size_t i = 0; i < n; i++)
-        c[i] = (struct holder){d[i].node_id, d[i].incarnation};
+        c[i] = (struct holder){.node_id = d[i].node_id,
+                               .incarnation = d[i].incarnation,
+                               .row = d[i].row,
+                               .gen = d[i].gen,
+                               .has_row = d[i].has_row};
     *found = nt_pick_holder(nt, key, c, n);
 }
 
@@ -325,7 +330,11 @@ void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kv
         size_t n = KVT_MIN((size_t)hl->n, KVT_ARRAY_SIZE(c));
 
         for (size_t j = 0; j < n; j++)
-            c[j] = (struct holder){hl->v[j].node_id, hl->v[j].incarnation};
+            c[j] = (struct holder){.node_id = hl->v[j].node_id,
+                                   .incarnation = hl->v[j].incarnation,
+                                   .row = hl->v[j].row,
+                                   .gen = hl->v[j].gen,
+                                   .has_row = hl->v[j].has_row};
         op->found[pt->idx[i]] = nt_pick_holder(nt, &op->req->keys[pt->idx[i]], c, n);
     }
     nt_part_free(nt, pt);
@@ -424,9 +433,19 @@ void kvt__nt_on_publish(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep
         nt->c.refused++; /* a node speaks only for itself, in its current life */
         return;
     }
-    if (m->type == KVT_WIRE_PUBLISH)
-        kvt_directory_publish(nt->dir, from, inc, p->keys, p->n_keys, kvt_now_ns());
-    else
+    if (m->type == KVT_WIRE_PUBLISH) {
+        struct kvt_dir_row *rows = NULL;
+
+        /* Where the keys sit (direct reads; the codec checked one per key). Out of
+         * memory: published without them (those keys go the lease way). */
+        if ((m->has & KVT_WIRE_HAS(KVT_WIRE_F_ROWS)) && p->n_rows == p->n_keys && p->n_keys > 0)
+            rows = kvt_malloc(p->n_keys * sizeof(*rows));
+        for (uint32_t i = 0; rows != NULL && i < p->n_keys; i++)
+            rows[i] = (struct kvt_dir_row){
+                .row = p->rows[i].row, .gen = p->rows[i].gen, .known = p->rows[i].known};
+        kvt_directory_publish_rows(nt->dir, from, inc, p->keys, rows, p->n_keys, kvt_now_ns());
+        kvt_free(rows);
+    } else
         kvt_directory_unpublish(nt->dir, from, inc, p->keys, p->n_keys);
 }
 
@@ -452,7 +471,11 @@ void kvt__nt_on_locate(struct net_tier *nt, struct kvt_tp_ep *ep, const struct k
                                      d[j].incarnation) &&
                 d[j].node_id != nt->self)
                 continue;
-            hl[i].v[hl[i].n++] = (struct kvt_wire_holder){d[j].node_id, d[j].incarnation};
+            hl[i].v[hl[i].n++] = (struct kvt_wire_holder){.node_id = d[j].node_id,
+                                                          .incarnation = d[j].incarnation,
+                                                          .row = d[j].row,
+                                                          .gen = d[j].gen,
+                                                          .has_row = d[j].has_row};
         }
     }
     kvt_wire_msg_init(&r, KVT_WIRE_LOCATE_REPLY);

@@ -13,7 +13,14 @@
  * membership change (homes moved). A publication lost to a failed send or to memory
  * is repaired by that re-publication; a lost unpublication ages out with its record.
  * The node's reset (the primary cleared) unpublishes everything at once
- * (kvt__nt_reset), so no peer is sent here for a chunk the reset dropped. */
+ * (kvt__nt_reset), so no peer is sent here for a chunk the reset dropped.
+ *
+ * In direct mode (network.fetch direct) a PUBLISH also says where each key sits in
+ * the primary - its slot and the fence word its bytes were completed under - read
+ * at the flush, so the home's LOCATE answers let peers READ the row without asking
+ * us. A place that goes stale (the slot reused or rewritten) costs the peer a
+ * refused fence and a miss, never wrong bytes; a key stored again is published
+ * again with its new place. */
 #include <errno.h>
 #include <string.h>
 
@@ -71,15 +78,42 @@ void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n)
     }
 }
 
+/* Where each key sits in our primary now (direct reads): its slot and the fence word
+ * its bytes were completed under; not known for a key absent or not yet complete. */
+static void nt_rows_of(struct net_tier *nt, const struct kvt_key *ks, size_t n,
+                       struct kvt_wire_row *rows)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct kvt_primary_entry_info info;
+
+        rows[i] = (struct kvt_wire_row){.known = false};
+        if (kvt_primary_entry_info(nt->primary, &ks[i], &info) == 0 && info.slot >= 0 &&
+            info.fence != 0 && !(info.fence & 1))
+            rows[i] =
+                (struct kvt_wire_row){.row = (uint64_t)info.slot, .gen = info.fence, .known = true};
+    }
+}
+
 static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
                          const struct kvt_key *ks, size_t n)
 {
     uint64_t inc = kvt_peers_incarnation(nt->peers);
+    struct kvt_wire_row rows[NT_KEYS_PER_MSG];
+    bool with_rows =
+        type == KVT_WIRE_PUBLISH && nt->cfg.fetch == KVT_NET_FETCH_DIRECT && !nt->omit_fences;
     struct kvt_wire_msg m;
 
+    if (with_rows)
+        nt_rows_of(nt, ks, n, rows);
     if (home == nt->self) {
+        struct kvt_dir_row dr[NT_KEYS_PER_MSG];
+
+        for (size_t i = 0; with_rows && i < n; i++)
+            dr[i] = (struct kvt_dir_row){
+                .row = rows[i].row, .gen = rows[i].gen, .known = rows[i].known};
         if (type == KVT_WIRE_PUBLISH)
-            kvt_directory_publish(nt->dir, nt->self, inc, ks, n, kvt_now_ns());
+            kvt_directory_publish_rows(nt->dir, nt->self, inc, ks, with_rows ? dr : NULL, n,
+                                       kvt_now_ns());
         else
             kvt_directory_unpublish(nt->dir, nt->self, inc, ks, n);
         return;
@@ -91,6 +125,11 @@ static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type 
     m.u.publish.incarnation = inc;
     m.u.publish.n_keys = (uint32_t)n;
     m.u.publish.keys = (struct kvt_key *)ks;
+    if (with_rows) {
+        m.u.publish.n_rows = (uint32_t)n;
+        m.u.publish.rows = rows;
+        m.has |= KVT_WIRE_HAS(KVT_WIRE_F_ROWS);
+    }
     /* A home we cannot reach now gets the keys at the next membership change. */
     (void)kvt__nt_send(nt, home, NULL, &m);
 }

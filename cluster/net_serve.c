@@ -23,7 +23,17 @@
  * the GRANT carries the handles of those exposures, not of the regions, and the
  * lease revokes them when it ends (RELEASE, expiry, link down, drain). A grant
  * whose rows need more windows than one exposure holds grants the first rows that
- * fit and denies the rest. */
+ * fit and denies the rest.
+ *
+ * Direct reads (network.fetch direct): a FETCH may ask for the handles of direct
+ * reads; a holder in direct mode then exposes its whole primary and fence words to
+ * the requester's endpoint - an authenticated link, as every FETCH's - once, until
+ * that link closes, and puts the handles in its GRANTs on that link. The peer then
+ * READs rows whose place the home told it without asking us (no pin: the fence
+ * word it READs after the row says whether the slot changed). Software-checked
+ * transports let such an endpoint READ anywhere in the two registrations (nt_may_read
+ * asks kvt__nt_direct_exposed); verbs binds a window per registration piece to its
+ * QP. Lease mode exposes exactly what it granted, as above. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -69,6 +79,7 @@ void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     if (in->keys == NULL)
         goto busy;
     memcpy(in->keys, m->u.fetch.keys, in->n * sizeof(*in->keys));
+    in->direct = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIRECT)) && m->u.fetch.direct == 1;
     nt->n_in++;
     return;
 busy : {
@@ -79,6 +90,84 @@ busy : {
     d.u.deny.reason = KVT_WIRE_R_BUSY;
     (void)kvt__nt_send(nt, 0, ep, &d);
 }
+}
+
+/* ---- direct reads: our primary exposed to a peer that asked --------------------- */
+
+static struct direct_exp *nt_direct_find(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &nt->exposures)
+    {
+        struct direct_exp *x = kvt_list_entry(pos, struct direct_exp, link);
+
+        if (x->ep == ep)
+            return x;
+    }
+    return NULL;
+}
+
+static void nt_direct_free(struct net_tier *nt, struct direct_exp *x)
+{
+    struct kvt_transport *tp = kvt_peers_transport(nt->peers);
+
+    kvt_list_del(&x->link);
+    kvt_tp_revoke(tp, x->grant);
+    kvt_tp_revoke(tp, x->fence_grant);
+    kvt_free(x);
+}
+
+/* The exposure of our whole primary and fence words to ep (an authenticated link:
+ * a FETCH came on it), made on first need and kept until the link closes; NULL when
+ * we are not in direct mode or it cannot be made now (the GRANT then carries no
+ * direct handles, and the peer asks again with its next FETCH). */
+static const struct direct_exp *nt_direct_expose(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    struct direct_exp *x;
+    struct kvt_tp_range r;
+    int rc;
+
+    if (nt->cfg.fetch != KVT_NET_FETCH_DIRECT || nt->omit_fences || ep == NULL ||
+        nt->mr_remote == NULL)
+        return NULL;
+    x = nt_direct_find(nt, ep);
+    if (x != NULL)
+        return x;
+    x = kvt_calloc(1, sizeof(*x));
+    if (x == NULL)
+        return NULL;
+    x->ep = ep;
+    r = (struct kvt_tp_range){.off = 0, .len = (uint64_t)nt->base.num_chunks * nt->base.row_bytes};
+    rc = kvt_tp_expose(ep, nt->mr_remote, &r, 1, x->handle, sizeof(x->handle), &x->handle_len,
+                       &x->grant);
+    if (rc == 0) {
+        r = (struct kvt_tp_range){.off = 0,
+                                  .len = (uint64_t)nt->base.num_chunks * sizeof(uint32_t)};
+        rc = kvt_tp_expose(ep, nt->mr_fence, &r, 1, x->fence_handle, sizeof(x->fence_handle),
+                           &x->fence_handle_len, &x->fence_grant);
+    }
+    kvt_list_add_tail(&nt->exposures, &x->link);
+    if (rc != 0) {
+        kvt_info(NT_MOD, "cannot expose the primary for direct reads: %s", strerror(-rc));
+        nt_direct_free(nt, x);
+        return NULL;
+    }
+    nt->c.direct_exposures++;
+    return x;
+}
+
+bool kvt__nt_direct_exposed(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    return nt->cfg.fetch == KVT_NET_FETCH_DIRECT && ep != NULL && nt_direct_find(nt, ep) != NULL;
+}
+
+void kvt__nt_direct_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep)
+{
+    struct direct_exp *x = nt_direct_find(nt, ep);
+
+    if (x != NULL)
+        nt_direct_free(nt, x);
 }
 
 /* ---- the serving loop ---------------------------------------------------------- */
@@ -253,6 +342,18 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         g.u.grant.fence_handle_len = (uint32_t)fhandle_len;
         g.u.grant.fence_handle = fhandle;
         g.has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
+    }
+    if (in->direct) {
+        const struct direct_exp *x = nt_direct_expose(nt, in->ep);
+
+        if (x != NULL) {
+            g.u.grant.direct_handle_len = (uint32_t)x->handle_len;
+            g.u.grant.direct_handle = (uint8_t *)x->handle;
+            g.u.grant.direct_fence_handle_len = (uint32_t)x->fence_handle_len;
+            g.u.grant.direct_fence_handle = (uint8_t *)x->fence_handle;
+            g.has |= KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE) |
+                     KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_FENCE_HANDLE);
+        }
     }
     if (kvt__nt_send(nt, in->from, in->ep, &g) != 0) {
         nt_lease_end(nt, l, false); /* the requester times out */
@@ -489,6 +590,8 @@ void kvt__nt_serve_cleanup(struct net_tier *nt)
 
     while (kvt_map_next(&nt->leases, &it, &e))
         nt_lease_revoke(nt, e->value);
+    while (!kvt_list_empty(&nt->exposures))
+        nt_direct_free(nt, kvt_list_entry(nt->exposures.next, struct direct_exp, link));
     kvt__nt_free_map(&nt->leases);
     for (size_t i = 0; i < nt->n_in; i++) {
         kvt_free(nt->in[i].keys);

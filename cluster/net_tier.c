@@ -260,6 +260,7 @@ static void nt_on_link_closed(void *arg, uint64_t node_id, struct kvt_tp_ep *ep)
 
     (void)node_id;
     kvt__nt_fetch_link_closed(nt, ep);
+    kvt__nt_direct_link_closed(nt, ep);
     kvt__nt_reap_leases(nt, 0, ep);
     kvt__nt_serve_link_closed(nt, ep);
 }
@@ -355,7 +356,10 @@ static int nt_arm(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
 
-    if (nt_busy(nt))
+    /* With leases held, the loop stays awake for the holders' READs; in direct mode
+     * there is no lease, so for a while after a direct READ was served (over
+     * transports that serve READs in software, our progress serves them). */
+    if (nt_busy(nt) || kvt_now_ns() < nt->direct_awake_until_ns)
         return -EAGAIN;
     return kvt_peers_arm(nt->peers);
 }
@@ -409,6 +413,8 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= nt_stat(out, KVT_M_NET_LEASE_EXPIRED, label, c->lease_expiries, &r->lease_expiries);
     rc |= nt_stat(out, KVT_M_NET_FETCH_FAILED, label, c->failed_fetches, &r->failed_fetches);
     rc |= nt_stat(out, KVT_M_NET_REFUSED, label, c->refused, &r->refused);
+    rc |= nt_stat(out, KVT_M_NET_DIRECT_CHUNKS, label, c->direct_chunks, &r->direct_chunks);
+    rc |= nt_stat(out, KVT_M_NET_DIRECT_MISSES, label, c->direct_misses, &r->direct_misses);
     {
         struct kvt_map_entry *e;
         size_t it = 0;
@@ -433,13 +439,20 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
 }
 
 /* The transport's question for every READ a peer asks of us (UCX serves them in
- * software): only rows of the primary granted to that peer by a lease still held. */
+ * software): only rows of the primary granted to that peer by a lease still held;
+ * in direct mode also anything of the primary and its fence words on a link we
+ * exposed them to (an authenticated peer that asked: kvt__nt_direct_exposed). */
 static bool nt_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struct kvt_tp_mr *mr,
                         uint64_t off, uint64_t len)
 {
     struct net_tier *nt = arg;
 
-    (void)ep;
+    if (mr != NULL && (mr == nt->mr_remote || mr == nt->mr_fence) &&
+        kvt__nt_direct_exposed(nt, ep)) {
+        /* Keeps the loop awake a little (nt_arm): the peer's next READs follow. */
+        nt->direct_awake_until_ns = kvt_now_ns() + NT_DIRECT_AWAKE_NS;
+        return true;
+    }
     if (mr != NULL && mr == nt->mr_fence)
         return kvt__nt_may_read_fence(nt, node_id, off, len);
     return mr != NULL && mr == nt->mr_remote && kvt__net_may_read(nt, node_id, off, len);
@@ -566,7 +579,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     int rc;
 
     if (cfg == NULL || cfg->peers == NULL || cfg->primary == NULL || t_p == NULL ||
-        (cfg->verify != KVT_NET_VERIFY_FENCE && cfg->verify != KVT_NET_VERIFY_CHECKSUM))
+        (cfg->verify != KVT_NET_VERIFY_FENCE && cfg->verify != KVT_NET_VERIFY_CHECKSUM) ||
+        (cfg->fetch != KVT_NET_FETCH_LEASE && cfg->fetch != KVT_NET_FETCH_DIRECT))
         return -EINVAL;
     nt = kvt_calloc(1, sizeof(*nt));
     if (nt == NULL)
@@ -601,6 +615,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     kvt_list_init(&nt->done);
     kvt_list_init(&nt->regions);
     kvt_list_init(&nt->into_done);
+    kvt_list_init(&nt->exposures);
     nt->next_republish_ns = kvt_now_ns() + ms_ns(nt->cfg.record_ttl_ms) / 2;
     pthread_mutex_init(&nt->mu, NULL);
     pthread_condattr_init(&ca);

@@ -37,6 +37,9 @@
 #define NT_KEYS_PER_MSG 256
 #define NT_MAX_NODES    KVT_MEMBERS_MAX
 #define MS              1000000ull
+/* After serving a peer's direct READ (software transports), the loop does not sleep
+ * for this long: a lease keeps it awake the same way while granted rows are read. */
+#define NT_DIRECT_AWAKE_NS (20 * MS)
 
 /* ---- shared with the lookup worker (under nt->mu) ------------------------------ */
 
@@ -73,6 +76,10 @@ struct locate_part { /* one LOCATE on the wire */
 struct holder {
     uint64_t node_id;
     uint64_t incarnation;
+    /* Where the key sits in the holder's primary, when the home knew (direct). */
+    uint64_t row;
+    uint32_t gen;
+    bool has_row;
 };
 
 /* A job's finished record. It is part of what the tier keeps for the job from the
@@ -136,6 +143,8 @@ struct fetch {
     uint32_t n_chunks, next_chunk;
     unsigned batches_in_flight;
     bool failed; /* timed out, link lost or peer down: no more batches, no RELEASE */
+    bool direct; /* no FETCH/GRANT/RELEASE: chunks from the holders' places; rk and
+                    fk are the peer's (nt_peer.direct_*), not the fetch's */
 };
 
 /* A batch of a fetch's READs: its rows, then (fence mode) the same batch again for
@@ -175,6 +184,18 @@ struct inbound { /* a peer's FETCH waiting for the serving loop */
     uint32_t n;
     uint64_t arrival_ns;
     struct kvt_req_ctx *ctx; /* after on_new_request */
+    bool direct;             /* the FETCH asked for the handles of direct reads */
+};
+
+/* Holder side of direct reads: our whole primary and fence words exposed to one
+ * authenticated peer's endpoint (it asked in a FETCH), until that link closes; the
+ * handles go in the GRANTs on it. In nt->exposures. */
+struct direct_exp {
+    struct kvt_list link;
+    struct kvt_tp_ep *ep;
+    struct kvt_tp_grant *grant, *fence_grant; /* NULL over software-checked transports */
+    size_t handle_len, fence_handle_len;
+    uint8_t handle[KVT_TP_MAX_HANDLE_SIZE], fence_handle[KVT_TP_MAX_HANDLE_SIZE];
 };
 
 /* A GRANT's lease: the store job that pins the granted rows, and the rows (their
@@ -210,6 +231,10 @@ struct nt_peer {
     unsigned active;       /* fetches SENT or READING */
     uint64_t pulled_bytes, served_bytes;
     uint64_t reported_pulled, reported_served;
+    /* Direct reads of this peer's primary: the handles its GRANT gave, unpacked on
+     * the link it came on (direct_ep), until that link closes. */
+    struct kvt_tp_ep *direct_ep;
+    struct kvt_tp_rkey *direct_rk, *direct_fk;
 };
 
 /* The tier. Owns every map's values, the directory, the async lookup helper, the
@@ -271,7 +296,9 @@ struct net_tier {
     uint32_t *into_fence, *into_free;
     uint32_t n_into_free;
     struct kvt_tp_mr *mr_into_fence;
-    bool omit_fences; /* tests: GRANTs as a holder before wire 1.1 sends them */
+    struct kvt_list exposures;      /* struct direct_exp (net_serve.c) */
+    uint64_t direct_awake_until_ns; /* a direct READ was served: no sleep until then */
+    bool omit_fences;               /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
 
     struct kvt_net_tier_counts c, reported;
@@ -389,6 +416,8 @@ void kvt__nt_expire_fetches(struct net_tier *nt, uint64_t now);
 void kvt__nt_fetch_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
 /* Destroy: frees the fetches. */
 void kvt__nt_fetch_cleanup(struct net_tier *nt);
+/* Whether this tier reads direct (network.fetch direct with fence verification). */
+bool kvt__nt_reads_direct(const struct net_tier *nt);
 /* Fires the callbacks of the fetch-into jobs that ended (loop top level). */
 void kvt__nt_into_deliver(struct net_tier *nt);
 /* Destroy: frees the into jobs not delivered, the regions, the word pool. */
@@ -417,6 +446,10 @@ bool kvt__net_may_read(struct net_tier *nt, uint64_t peer_node_id, uint64_t off,
 /* The same for [off, off + len) of the fence words (4 bytes per row): true when the
  * row of every word it touches may be read. */
 bool kvt__nt_may_read_fence(struct net_tier *nt, uint64_t peer_node_id, uint64_t off, uint64_t len);
+/* Direct reads: is ep (authenticated) a link we exposed our primary to? */
+bool kvt__nt_direct_exposed(struct net_tier *nt, struct kvt_tp_ep *ep);
+/* ep's link closed: the exposures to it end. */
+void kvt__nt_direct_link_closed(struct net_tier *nt, struct kvt_tp_ep *ep);
 /* Destroy: frees the leases and the parked FETCHes. */
 void kvt__nt_serve_cleanup(struct net_tier *nt);
 

@@ -56,6 +56,7 @@ enum kind {
     K_CHUNKS,  /* struct kvt_wire_chunk *, n at n_off */
     K_MEMBERS, /* struct kvt_wire_member *, n at n_off */
     K_HOLDERS, /* struct kvt_wire_holder_list *, n at n_off */
+    K_ROWS,    /* struct kvt_wire_row *, n at n_off */
 };
 
 struct field {
@@ -117,6 +118,7 @@ static const struct field publish_fields[] = {
     REQ(NODE_ID, K_U64, publish.node_id),
     REQ(INCARNATION, K_U64, publish.incarnation),
     LIST(KEYS, K_KEYS, publish.keys, publish.n_keys),
+    OPTLIST(ROWS, K_ROWS, publish.rows, publish.n_rows),
 };
 static const struct field locate_fields[] = {
     REQ(REQ_ID, K_U64, locate.req_id),
@@ -129,6 +131,7 @@ static const struct field locate_reply_fields[] = {
 static const struct field fetch_fields[] = {
     REQ(JOB_ID, K_U64, fetch.job_id),
     LIST(KEYS, K_KEYS, fetch.keys, fetch.n_keys),
+    OPT(DIRECT, K_U32, fetch.direct),
 };
 static const struct field grant_fields[] = {
     REQ(JOB_ID, K_U64, grant.job_id),
@@ -138,6 +141,9 @@ static const struct field grant_fields[] = {
     LIST(CHUNKS, K_CHUNKS, grant.chunks, grant.n_chunks),
     LIST(DENIED, K_INDEXES, grant.denied, grant.n_denied),
     OPTLIST(FENCE_HANDLE, K_HANDLE, grant.fence_handle, grant.fence_handle_len),
+    OPTLIST(DIRECT_HANDLE, K_HANDLE, grant.direct_handle, grant.direct_handle_len),
+    OPTLIST(DIRECT_FENCE_HANDLE, K_HANDLE, grant.direct_fence_handle,
+            grant.direct_fence_handle_len),
 };
 static const struct field deny_fields[] = {
     REQ(JOB_ID, K_U64, deny.job_id),
@@ -323,7 +329,7 @@ static int own_alloc(struct kvt_wire_msg *m, size_t n, size_t each, void **p_p)
 
     while (i < KVT_ARRAY_SIZE(m->own_) && m->own_[i] != NULL)
         i++;
-    assert(i < KVT_ARRAY_SIZE(m->own_)); /* the tables own at most 4 blocks */
+    assert(i < KVT_ARRAY_SIZE(m->own_)); /* the tables own at most 6 blocks */
     void *p = kvt_calloc(n, each);
 
     if (p == NULL)
@@ -448,7 +454,56 @@ static int dec_holder(struct kvt_mp_cur *c, struct kvt_wire_holder *h)
         rc = kvt_mp_u64(c, &h->node_id);
     if (rc == 0)
         rc = kvt_mp_u64(c, &h->incarnation);
+    h->has_row = false;
+    /* Since 1.2: [row, gen] may follow; an even gen only. */
+    if (rc == 0 && extra >= 2) {
+        rc = kvt_mp_u64(c, &h->row);
+        if (rc == 0)
+            rc = rd_u32(c, &h->gen);
+        if (rc == 0 && (h->gen & 1))
+            rc = -EBADMSG;
+        h->has_row = rc == 0;
+        extra -= 2;
+    }
     return rc < 0 ? rc : end_record(c, extra);
+}
+
+/* [] (not known) or [row, gen, ...]; one element, or an odd gen, is malformed. */
+static int dec_row(struct kvt_mp_cur *c, struct kvt_wire_row *r)
+{
+    uint32_t extra;
+    int rc = rd_record(c, 0, &extra);
+
+    r->known = false;
+    if (rc < 0 || extra == 0)
+        return rc;
+    if (extra == 1)
+        return -EBADMSG;
+    rc = kvt_mp_u64(c, &r->row);
+    if (rc == 0)
+        rc = rd_u32(c, &r->gen);
+    if (rc == 0 && (r->gen & 1))
+        rc = -EBADMSG;
+    r->known = rc == 0;
+    return rc < 0 ? rc : end_record(c, extra - 2);
+}
+
+static int dec_rows(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim, struct kvt_wire_msg *m,
+                    const struct field *f)
+{
+    uint32_t n;
+    struct kvt_wire_row *v;
+    int rc = kvt_mp_array(c, lim->max_keys, &n);
+
+    if (rc == 0)
+        rc = own_alloc(m, n, sizeof(*v), (void **)&v);
+    for (uint32_t i = 0; rc == 0 && i < n; i++)
+        rc = dec_row(c, &v[i]);
+    if (rc < 0)
+        return rc;
+    *AT(m, f->off, struct kvt_wire_row *) = v;
+    *AT(m, f->n_off, uint32_t) = n;
+    return 0;
 }
 
 /* A list per key of holder records: one pass to count (and bound) the holders, one
@@ -540,6 +595,8 @@ static int dec_field(struct kvt_mp_cur *c, const struct kvt_wire_limits *lim,
         return dec_members(c, lim, m, f);
     case K_HOLDERS:
         return dec_holders(c, lim, m, f);
+    case K_ROWS:
+        return dec_rows(c, lim, m, f);
     }
     assert(!"unknown field kind");
     return -EINVAL;
@@ -587,6 +644,27 @@ static int dec_header(struct kvt_mp_cur c, uint64_t pairs, struct kvt_wire_msg *
     return 0;
 }
 
+/* What no single field says: counts and pairs that must agree (since 1.2). */
+static int check_fields(const struct kvt_wire_msg *m)
+{
+    uint64_t dh = KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE),
+             dfh = KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_FENCE_HANDLE);
+
+    switch (m->type) {
+    case KVT_WIRE_PUBLISH:
+    case KVT_WIRE_UNPUBLISH:
+        if ((m->has & KVT_WIRE_HAS(KVT_WIRE_F_ROWS)) && m->u.publish.n_rows != m->u.publish.n_keys)
+            return -EBADMSG;
+        return 0;
+    case KVT_WIRE_FETCH:
+        return m->u.fetch.direct > 1 ? -EBADMSG : 0;
+    case KVT_WIRE_GRANT:
+        return ((m->has & dh) != 0) != ((m->has & dfh) != 0) ? -EBADMSG : 0;
+    default:
+        return 0;
+    }
+}
+
 /* Step 3: the type's fields; everything else is skipped. */
 static int dec_fields(struct kvt_mp_cur c, uint64_t pairs, const struct kvt_wire_limits *lim,
                       struct kvt_wire_msg *m)
@@ -616,7 +694,7 @@ static int dec_fields(struct kvt_mp_cur c, uint64_t pairs, const struct kvt_wire
         if (td->f[i].required && !(seen & KVT_WIRE_HAS(td->f[i].id)))
             return -EBADMSG;
     m->has = seen;
-    return 0;
+    return check_fields(m);
 }
 
 int kvt_wire_decode(const uint8_t *body, size_t len, const struct kvt_wire_limits *lim_in,
@@ -695,8 +773,19 @@ static int check_field(const struct kvt_wire_msg *m, const struct field *f)
 
             if (l->n > 0 && l->v == NULL)
                 return -EINVAL;
+            for (uint32_t j = 0; j < l->n; j++)
+                if (l->v[j].has_row && (l->v[j].gen & 1))
+                    return -EINVAL;
         }
         return 0;
+    case K_ROWS:
+        for (uint32_t i = 0; i < n; i++) {
+            const struct kvt_wire_row *r = (const struct kvt_wire_row *)ptr + i;
+
+            if (r->known && (r->gen & 1))
+                return -EINVAL;
+        }
+        return m->u.publish.n_rows == m->u.publish.n_keys ? 0 : -EINVAL;
     default:
         return 0;
     }
@@ -736,7 +825,8 @@ static int sink_write(void *data, const char *buf, size_t len)
 static void pack_bin(msgpack_packer *pk, const void *p, size_t len)
 {
     msgpack_pack_bin(pk, len);
-    msgpack_pack_bin_body(pk, p, len);
+    if (len > 0) /* an empty one may have no bytes at all (NULL) */
+        msgpack_pack_bin_body(pk, p, len);
 }
 
 static void pack_addr(msgpack_packer *pk, const char *addr)
@@ -817,9 +907,25 @@ static void enc_field(msgpack_packer *pk, const struct kvt_wire_msg *m, const st
 
             msgpack_pack_array(pk, l->n);
             for (uint32_t j = 0; j < l->n; j++) {
-                msgpack_pack_array(pk, 2);
+                msgpack_pack_array(pk, l->v[j].has_row ? 4 : 2);
                 msgpack_pack_uint64(pk, l->v[j].node_id);
                 msgpack_pack_uint64(pk, l->v[j].incarnation);
+                if (l->v[j].has_row) {
+                    msgpack_pack_uint64(pk, l->v[j].row);
+                    msgpack_pack_uint64(pk, l->v[j].gen);
+                }
+            }
+        }
+        break;
+    case K_ROWS:
+        msgpack_pack_array(pk, n);
+        for (uint32_t i = 0; i < n; i++) {
+            const struct kvt_wire_row *r = (const struct kvt_wire_row *)ptr + i;
+
+            msgpack_pack_array(pk, r->known ? 2 : 0);
+            if (r->known) {
+                msgpack_pack_uint64(pk, r->row);
+                msgpack_pack_uint64(pk, r->gen);
             }
         }
         break;

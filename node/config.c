@@ -72,10 +72,12 @@ struct key_def {
 _Static_assert(sizeof(enum kvt_policy_kind) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(enum kvt_log_level) == sizeof(int), "enums are stored as int");
 _Static_assert(sizeof(enum kvt_verify_kind) == sizeof(int), "enums are stored as int");
+_Static_assert(sizeof(enum kvt_fetch_kind) == sizeof(int), "enums are stored as int");
 
 static const char *const policy_names[] = {"lru", "arc", NULL};
 static const char *const transport_names[] = {"ucx", "verbs", NULL};
 static const char *const verify_names[] = {"fence", "checksum", NULL};
+static const char *const fetch_names[] = {"lease", "direct", NULL};
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 static const char *const tier_names[] = {"storage", "network", NULL};
 
@@ -156,6 +158,10 @@ static const struct key_def keys[] = {
     {"network.verify", T_ENUM, F(network_verify), 0, "fence", 0, 0, verify_names, 0,
      "how a pulled chunk is checked: fence (the holder's generation word of the row, READ "
      "after it, must equal the granted one) or checksum (XXH3-64 of every byte)"},
+    {"network.fetch", T_ENUM, F(network_fetch), 0, "lease", 0, 0, fetch_names, 0,
+     "how rows are pulled: lease (FETCH, GRANT with pins, READ, RELEASE) or direct (rows "
+     "whose place the home knows READ straight from the holder's primary and fenced, no "
+     "round trip to the holder; others by lease)"},
     {"network.max_unauthenticated", T_U32, F(network_max_unauthenticated), 0, "64", 1, 4096, NULL,
      0,
      "peer connections accepted and not yet authenticated, at most (more are refused and "
@@ -1638,6 +1644,11 @@ const char *kvt_transport_kind_name(enum kvt_transport_kind k)
 const char *kvt_verify_kind_name(enum kvt_verify_kind k)
 {
     return (unsigned)k < KVT_ARRAY_SIZE(verify_names) - 1 ? verify_names[k] : "?";
+}
+
+const char *kvt_fetch_kind_name(enum kvt_fetch_kind k)
+{
+    return (unsigned)k < KVT_ARRAY_SIZE(fetch_names) - 1 ? fetch_names[k] : "?";
 }
 
 const char *kvt_policy_kind_name(enum kvt_policy_kind k)

@@ -547,6 +547,8 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
     nc.max_ops_per_batch = nd->cfg.network_reads_per_batch;
     nc.verify = nd->cfg.network_verify == KVT_VERIFY_CHECKSUM ? KVT_NET_VERIFY_CHECKSUM
                                                               : KVT_NET_VERIFY_FENCE;
+    nc.fetch =
+        nd->cfg.network_fetch == KVT_FETCH_DIRECT ? KVT_NET_FETCH_DIRECT : KVT_NET_FETCH_LEASE;
     rc = kvt_net_tier_create(&nc, t_p);
     if (rc != 0)
         kvt_error(MOD, "network tier: %s", strerror(-rc));
@@ -718,6 +720,10 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",
                KVT_METRIC_COUNTER, c.checksum_failures);
+        /* network.fetch direct, holder side: links our primary was exposed on. */
+        SAMPLE("kvtier_net_direct_exposures",
+               "Peer links our primary and fence words were exposed to for direct reads",
+               KVT_METRIC_COUNTER, c.direct_exposures);
         /* network.verify: fence. Rows whose fence word had moved on (rewritten or
          * reused), was odd (being written), or could not be read: misses. */
         for (unsigned r = 0; r < KVT_NET_FENCE_N_REASONS; r++)

@@ -45,9 +45,11 @@ check "transport: READs moved, latencies measured, ucx_perftest beside them" \
   "$out"
 
 out=$("$BENCH" pull --json --chunks 256 --tls tcp --simnode "$SIMNODE" 2>/dev/null)
-check "pull: both validations (fence, checksum), all 256 chunks hit, none corrupt, ceiling and redis beside them" \
-  '(.rows | length) == 2 and ([.rows[].verify] == ["fence", "checksum"])
+check "pull: both validations (fence, checksum), fence by lease and direct, all 256 chunks hit, none corrupt, ceiling and redis beside them" \
+  '(.rows | length) == 3 and ([.rows[].verify] == ["fence", "fence", "checksum"])
+     and ([.rows[].fetch] == ["lease", "direct", "lease"])
      and all(.rows[]; .hit == 256 and .corrupt == 0 and .gbps > 0 and .transport_gbps > 0)
+     and .rows[0].direct_chunks == 0 and .rows[1].direct_chunks >= 128
      and .redis_gbps > 0' "$out"
 check "pull: CPU per chunk on both sides measured, the copy beside it, NIC shares within 0..1" \
   '.copy_us_per_chunk > 0 and all(.rows[]; .puller_cpu_us_per_chunk > 0

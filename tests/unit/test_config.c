@@ -975,6 +975,33 @@ static void test_network_verify(void **state)
     expect_bad("network:\n  verify: [fence]\n", NULL, 0, 0, WANT(at_line(2), "network.verify"));
 }
 
+/* network.fetch: lease by default, direct on request, anything else refused with the
+ * key, its line and the names it takes. */
+static void test_network_fetch(void **state)
+{
+    struct kvt_config cfg;
+    char err[512], *sets[] = {fx.set_region, fx.set_storage, fx.set_sock};
+    char *sets4[] = {fx.set_region, fx.set_storage, fx.set_sock, "network.fetch=lease"};
+
+    (void)state;
+    assert_int_equal(kvt_config_defaults(&cfg), 0);
+    assert_int_equal(cfg.network_fetch, KVT_FETCH_LEASE);
+    kvt_config_free(&cfg);
+    write_file(fx.conf, "network:\n  fetch: direct\n", 0644);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets, 3, err, sizeof(err)), 0);
+    assert_int_equal(cfg.network_fetch, KVT_FETCH_DIRECT);
+    assert_string_equal(kvt_fetch_kind_name(cfg.network_fetch), "direct");
+    kvt_config_free(&cfg);
+    assert_int_equal(kvt_config_load(&cfg, fx.conf, sets4, 4, err, sizeof(err)), 0);
+    assert_int_equal(cfg.network_fetch, KVT_FETCH_LEASE);
+    assert_string_equal(kvt_fetch_kind_name(cfg.network_fetch), "lease");
+    kvt_config_free(&cfg);
+    assert_string_equal(kvt_fetch_kind_name((enum kvt_fetch_kind)7), "?");
+    expect_bad("network:\n  fetch: rdma\n", NULL, 0, 0,
+               WANT(at_line(2), "network.fetch", "lease|direct"));
+    expect_bad("network:\n  fetch: [direct]\n", NULL, 0, 0, WANT(at_line(2), "network.fetch"));
+}
+
 /* network.advertise: what peers are told; a wildcard listen address needs one, and an
  * advertised wildcard is refused, each naming the key and its line. */
 static void test_network_advertise(void **state)
@@ -1083,6 +1110,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_network_advertise, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_fetch_keys, setup, teardown),
         cmocka_unit_test_setup_teardown(test_network_verify, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_network_fetch, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy, setup, teardown),
     };
 

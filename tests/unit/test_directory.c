@@ -82,6 +82,36 @@ static void test_directory_publish_locate_unpublish(void **state)
     kvt_directory_destroy(d);
 }
 
+/* Places (direct reads): a publish with rows keeps each key's, a later publish
+ * without one forgets it; another holder's place is its own. */
+static void test_directory_rows(void **state)
+{
+    struct kvt_directory *d;
+    struct kvt_key k[2];
+    struct kvt_dir_holder h[4];
+    struct kvt_dir_row rows[2] = {{.row = 17, .gen = 4, .known = true}, {.known = false}};
+
+    (void)state;
+    kt_keys(k, 0, 2);
+    assert_int_equal(kvt_directory_create(1000 * MS, 4, &d), 0);
+    assert_int_equal(kvt_directory_publish_rows(d, 7, 1, k, rows, 2, 0), 0);
+    assert_int_equal(kvt_directory_publish(d, 8, 1, k, 1, 0), 0);
+    assert_int_equal(kvt_directory_locate(d, &k[0], 0, h, 4), 2);
+    assert_int_equal(h[0].node_id, 8);
+    assert_false(h[0].has_row);
+    assert_int_equal(h[1].node_id, 7);
+    assert_true(h[1].has_row);
+    assert_int_equal(h[1].row, 17);
+    assert_int_equal(h[1].gen, 4);
+    assert_int_equal(kvt_directory_locate(d, &k[1], 0, h, 4), 1);
+    assert_false(h[0].has_row);
+    assert_int_equal(kvt_directory_publish(d, 7, 1, k, 1, 0), 0); /* no place now */
+    assert_int_equal(kvt_directory_locate(d, &k[0], 0, h, 4), 2);
+    assert_int_equal(h[0].node_id, 7);
+    assert_false(h[0].has_row);
+    kvt_directory_destroy(d);
+}
+
 static void test_directory_incarnations(void **state)
 {
     struct kvt_directory *d;
@@ -184,6 +214,7 @@ int main(void)
         cmocka_unit_test(test_directory_max_holders_keeps_most_recent),
         cmocka_unit_test(test_directory_retain_drops_rehomed_keys),
         cmocka_unit_test(test_directory_refuses_bad_config),
+        cmocka_unit_test(test_directory_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

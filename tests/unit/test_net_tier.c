@@ -1055,10 +1055,443 @@ static void test_fetch_into_region_removed_in_flight(void **state)
     tn_stop(&a);
 }
 
+/* ---- direct reads (network.fetch direct) --------------------------------------- */
+
+/* Looks keys [first, first + n) up on b's manager until each is HIT or MISS (res[i]);
+ * the HITs' bytes (loaded through a prepare/complete_load) must be A's, byte for
+ * byte. Returns how many were HIT. */
+static size_t pull_and_check(struct tn *b, struct kvt_req_ctx *ctx, uint32_t first, size_t n,
+                             int *res)
+{
+    struct kvt_key keys[64];
+    size_t hits = 0;
+
+    assert_true(n <= KVT_ARRAY_SIZE(keys));
+    for (size_t i = 0; i < n; i++) {
+        key_of(first + (uint32_t)i, &keys[i]);
+        res[i] = -1;
+    }
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < n; i++) {
+                                 if (res[i] != KVT_HIT && res[i] != KVT_MISS)
+                                     res[i] = (int)kvt_manager_lookup(b->m, &keys[i], ctx);
+                                 all &= res[i] == KVT_HIT || res[i] == KVT_MISS;
+                             }
+                             all;
+                         })));
+    for (size_t i = 0; i < n; i++) {
+        uint8_t want[ROW];
+        int64_t s;
+
+        if (res[i] != KVT_HIT)
+            continue;
+        hits++;
+        assert_int_equal(kvt_manager_prepare_load(b->m, &keys[i], 1, ctx, &s), 0);
+        fill(want, &keys[i]);
+        assert_memory_equal(b->net->primary_base + (size_t)s * ROW, want, ROW);
+        assert_int_equal(kvt_manager_complete_load(b->m, &keys[i], 1, ctx), 0);
+    }
+    return hits;
+}
+
+/* Two nodes in direct mode, A holding keys [first, first + 1 + n): B pulls the first
+ * by lease (its FETCH asks for A's direct handles), then looks the n others up in
+ * its network tier, in a request *ctx_p left open (its lookups are cached for it),
+ * until each is found with its place. */
+static void direct_setup(struct tn *a, struct tn *b, enum kvt_net_fetch fa, enum kvt_net_fetch fb,
+                         uint32_t first, size_t n, struct kvt_req_ctx **ctx_p)
+{
+    struct kvt_net_tier_config nca = {.fetch = fa}, ncb = {.fetch = fb};
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[64];
+    int res[1];
+
+    tn_start_cfg(a, 0xA, 0, &nca);
+    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), &ncb);
+    g_a = a;
+    g_b = b;
+    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+    a_store(a, first, 1 + n, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    ctx = new_req(b);
+    assert_int_equal(pull_and_check(b, ctx, first, 1, res), 1);
+    end_req(b, ctx);
+    assert_true(WAIT_FOR(10000, settled(a) && settled(b)));
+    ctx = new_req(b);
+    for (size_t i = 0; i < n; i++)
+        key_of(first + 1 + (uint32_t)i, &keys[i]);
+    assert_true(WAIT_FOR(10000, ({
+                             bool all = true;
+
+                             for (size_t i = 0; i < n; i++)
+                                 all &= kvt_tier_lookup(b->net, &keys[i], ctx) == KVT_HIT;
+                             all;
+                         })));
+    *ctx_p = ctx;
+}
+
+/* Direct pull: after the one lease that brought A's handles, B reads every row
+ * straight from A's primary - no FETCH, no GRANT, no lease on A - byte for byte. */
+static void test_direct_pull_byte_exact(void **state)
+{
+    enum { K = 24 };
+    struct kvt_net_tier_counts ca, cb, ca0, cb0;
+    struct kvt_req_ctx *ctx;
+    struct kvt_stats st;
+    struct tn a, b;
+    int res[K];
+
+    (void)state;
+    direct_setup(&a, &b, KVT_NET_FETCH_DIRECT, KVT_NET_FETCH_DIRECT, 700, K, &ctx);
+    kvt_net_tier_counts(a.net, &ca0);
+    kvt_net_tier_counts(b.net, &cb0);
+    assert_int_equal(ca0.direct_exposures, 1);
+    assert_int_equal(cb0.grants, 1);
+    assert_int_equal(pull_and_check(&b, ctx, 701, K, res), K);
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    kvt_net_tier_counts(a.net, &ca);
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.direct_chunks, K);
+    assert_int_equal(cb.direct_misses, 0);
+    assert_int_equal(cb.pulled_chunks, 1 + K);
+    assert_int_equal(cb.fetches, cb0.fetches); /* no FETCH for them */
+    assert_int_equal(cb.grants, cb0.grants);
+    assert_int_equal(ca.served_fetches, ca0.served_fetches);
+    assert_int_equal(cb.fence_failures, 0);
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_tier_get_stats(b.net, &st), 0);
+    assert_true(kvt_stats_value(&st, KVT_M_NET_DIRECT_CHUNKS, "1:network") == K);
+    kvt_stats_cleanup(&st);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* A holder in lease mode publishes no places and exposes nothing: a puller in
+ * direct mode pulls everything by lease (as from a holder before wire 1.2). */
+static void test_direct_puller_lease_holder(void **state)
+{
+    enum { K = 8 };
+    struct kvt_net_tier_counts ca, cb;
+    struct kvt_req_ctx *ctx;
+    struct tn a, b;
+    int res[K];
+    struct kvt_key k;
+
+    (void)state;
+    tn_start_cfg(&a, 0xA, 0, &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_LEASE});
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p),
+                 &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_DIRECT});
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 760, K, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    ctx = new_req(&b);
+    assert_int_equal(pull_and_check(&b, ctx, 760, 1, res), 1);
+    assert_int_equal(pull_and_check(&b, ctx, 761, K - 1, res), K - 1);
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    kvt_net_tier_counts(a.net, &ca);
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(ca.direct_exposures, 0);
+    assert_int_equal(cb.direct_chunks, 0);
+    assert_int_equal(cb.pulled_chunks, K);
+    assert_true(cb.grants >= 2);
+    key_of(760, &k);
+    (void)k;
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* Between B's LOCATE (which gave each key's place) and its READs, A's primary
+ * moves on: every row evicted and its slot reused by another key (case evict), or
+ * key 1 rewritten whole and key 2 left mid-write (case rewrite). B refuses exactly
+ * those rows by their fence words - changed, or odd - and answers MISS for them:
+ * never wrong bytes; the others load byte for byte. */
+static void direct_stale(bool evict)
+{
+    enum { K = 8 };
+    struct kvt_net_tier_counts cb0, cb;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[K];
+    struct tn a, b;
+    int res[K];
+    uint8_t *row;
+    size_t hits;
+
+    direct_setup(&a, &b, KVT_NET_FETCH_DIRECT, KVT_NET_FETCH_DIRECT, 800, K, &ctx);
+    for (size_t i = 0; i < K; i++)
+        key_of(801 + (uint32_t)i, &keys[i]);
+    if (evict) {
+        /* CHUNKS new keys: every old row evicted (LRU), every slot reused. */
+        a_store(&a, 2000, 64, NULL);
+        a_store(&a, 2064, 64, NULL);
+        for (size_t i = 0; i < K; i++) {
+            struct kvt_primary_entry_info info;
+
+            assert_int_equal(kvt_primary_entry_info(a.pr, &keys[i], &info), -ENOENT);
+        }
+    } else {
+        assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[1], &row), 0);
+        row[100] ^= 0xff;
+        assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[1]), 0);
+        assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[2], &row), 0);
+        row[200] ^= 0xff; /* and still being written while B reads */
+    }
+    kvt_net_tier_counts(b.net, &cb0);
+    hits = pull_and_check(&b, ctx, 801, K, res);
+    end_req(&b, ctx);
+    if (!evict)
+        assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[2]), 0);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.fetches, cb0.fetches); /* all of them direct */
+    if (evict) {
+        assert_int_equal(hits, 0);
+        assert_int_equal(cb.direct_misses - cb0.direct_misses, K);
+        assert_int_equal(
+            cb.fence_fail[KVT_NET_FENCE_CHANGED] - cb0.fence_fail[KVT_NET_FENCE_CHANGED], K);
+        assert_int_equal(cb.direct_chunks, 0);
+    } else {
+        assert_int_equal(hits, K - 2);
+        assert_int_equal(res[1], KVT_MISS);
+        assert_int_equal(res[2], KVT_MISS);
+        assert_int_equal(cb.direct_misses - cb0.direct_misses, 2);
+        assert_int_equal(
+            cb.fence_fail[KVT_NET_FENCE_CHANGED] - cb0.fence_fail[KVT_NET_FENCE_CHANGED], 1);
+        assert_int_equal(
+            cb.fence_fail[KVT_NET_FENCE_WRITING] - cb0.fence_fail[KVT_NET_FENCE_WRITING], 1);
+        assert_int_equal(cb.direct_chunks, K - 2);
+    }
+    assert_int_equal(cb.checksum_failures, 0);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+static void test_direct_evicted_and_reused_is_a_miss(void **state)
+{
+    (void)state;
+    direct_stale(true);
+}
+
+static void test_direct_rewritten_or_mid_write_refused(void **state)
+{
+    (void)state;
+    direct_stale(false);
+}
+
+/* Fetch into in direct mode: rows whose place B's LOCATE gave go straight from A's
+ * primary into B's region, fenced, no FETCH; a row rewritten since is refused; B's
+ * primary holds none of them. */
+static void test_direct_fetch_into(void **state)
+{
+    enum { K = 8 };
+    struct kvt_net_tier_counts cb0, cb;
+    struct kvt_net_region *reg;
+    struct kvt_req_ctx *ctx;
+    struct kvt_key keys[K];
+    struct into_res res = {0};
+    uint64_t offs[K];
+    uint8_t *region, *row;
+    struct tn a, b;
+
+    (void)state;
+    direct_setup(&a, &b, KVT_NET_FETCH_DIRECT, KVT_NET_FETCH_DIRECT, 950, K, &ctx);
+    region = aligned_alloc(4096, K * ROW);
+    assert_non_null(region);
+    memset(region, 0xaa, K * ROW);
+    assert_int_equal(kvt_net_tier_region_add(b.net, region, K * ROW, &reg), 0);
+    for (size_t i = 0; i < K; i++) {
+        key_of(951 + (uint32_t)i, &keys[i]);
+        offs[i] = (uint64_t)(K - 1 - i) * ROW;
+    }
+    assert_int_equal(kvt_primary_rewrite_begin(a.pr, &keys[3], &row), 0);
+    row[300] ^= 0xff;
+    assert_int_equal(kvt_primary_rewrite_end(a.pr, &keys[3]), 0);
+    kvt_net_tier_counts(b.net, &cb0);
+    assert_int_equal(kvt_net_tier_fetch_into(b.net, reg, keys, offs, K, into_done, &res),
+                     -EINPROGRESS);
+    assert_true(WAIT_FOR(10000, res.calls == 1));
+    assert_int_equal(res.n, K);
+    for (size_t i = 0; i < K; i++) {
+        uint8_t want[ROW];
+
+        if (i == 3) {
+            assert_false(res.ok[i]);
+            continue;
+        }
+        assert_true(res.ok[i]);
+        fill(want, &keys[i]);
+        assert_memory_equal(region + offs[i], want, ROW);
+    }
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.fetches, cb0.fetches);
+    assert_int_equal(cb.direct_chunks - cb0.direct_chunks, K - 1);
+    assert_int_equal(cb.direct_misses - cb0.direct_misses, 1);
+    assert_int_equal(cb.into_chunks - cb0.into_chunks, K - 1);
+    for (size_t i = 0; i < K; i++) {
+        struct kvt_primary_entry_info info;
+
+        assert_int_equal(kvt_primary_entry_info(b.pr, &keys[i], &info), -ENOENT);
+    }
+    end_req(&b, ctx);
+    g_freed = 0;
+    kvt_net_tier_region_remove(b.net, reg, region_freed);
+    assert_true(WAIT_FOR(10000, g_freed == 1 && settled(&a) && settled(&b)));
+    free(region);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+static void raw_on_state(void *arg, struct kvt_tp_ep *ep, enum kvt_ep_state st, int err)
+{
+    int *s = arg;
+
+    (void)ep;
+    (void)err;
+    *s = st == KVT_EP_CONNECTED ? 1 : 2;
+}
+
+static void raw_on_msg(void *arg, struct kvt_tp_ep *ep, const void *buf, size_t len)
+{
+    (void)arg, (void)ep, (void)buf, (void)len;
+}
+
+/* What direct mode opens, and to whom: while A exposes its primary to B (B asked),
+ * a peer that did not ask (C, authenticated, lease mode, holding A's handle) and an
+ * endpoint that never authenticated (a bare transport connection) READ nothing of
+ * it: refused, no byte lands, counted on A by reason. */
+static void test_direct_exposed_to_authenticated_askers_only(void **state)
+{
+    enum { K = 4 };
+    struct kvt_peers_counts pa;
+    struct kvt_req_ctx *ctx0;
+    struct tn a, b, c;
+    const void *handle;
+    size_t handle_len;
+    struct kvt_primary_entry_info info;
+    struct kvt_key k;
+    uint8_t *buf = aligned_alloc(4096, ROW);
+    struct kvt_read_op op;
+
+    (void)state;
+    assert_non_null(buf);
+    direct_setup(&a, &b, KVT_NET_FETCH_DIRECT, KVT_NET_FETCH_DIRECT, 900, K, &ctx0);
+    end_req(&b, ctx0);
+    key_of(902, &k);
+    assert_int_equal(kvt_primary_entry_info(a.pr, &k, &info), 0);
+    op = (struct kvt_read_op){.remote_off = (uint64_t)info.slot * ROW, .local_off = 0, .len = ROW};
+    assert_int_equal(kvt__net_tier_test_handle(a.net, &handle, &handle_len), 0);
+
+    /* C: authenticated, never asked. */
+    tn_start_cfg(&c, 0xC, kvt_peers_port(a.p),
+                 &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_LEASE});
+    {
+        struct kvt_transport *tpc = kvt_peers_transport(c.p);
+        struct kvt_tp_ep *ep;
+        struct kvt_tp_rkey *rk = NULL;
+        struct kvt_tp_mr *local = NULL;
+        struct read_done d = {0};
+
+        assert_true(WAIT_FOR(10000, ({
+                                 kvt_manager_on_schedule_end(c.m, NULL);
+                                 kvt_peers_link(c.p, 0xA) != NULL &&live(&a) == 3;
+                             })));
+        ep = kvt_peers_link(c.p, 0xA);
+        assert_int_equal(kvt_tp_unpack(ep, handle, handle_len, &rk), 0);
+        assert_int_equal(kvt_tp_reg_local(tpc, buf, ROW, &local), 0);
+        memset(buf, 0x5a, ROW);
+        assert_int_equal(kvt_tp_read(ep, rk, local, &op, 1, on_read, &d), -EINPROGRESS);
+        assert_true(WAIT_FOR(10000, ({
+                                 kvt_manager_on_schedule_end(c.m, NULL);
+                                 d.done;
+                             })));
+        assert_int_equal(d.status, -EACCES);
+        for (size_t i = 0; i < ROW; i++)
+            assert_int_equal(buf[i], 0x5a);
+        kvt_peers_counts(a.p, &pa);
+        assert_int_equal(pa.tp.refused[KVT_TP_READ_GRANT], 1);
+        kvt_tp_rkey_destroy(tpc, rk);
+        kvt_tp_dereg(local, tpc);
+    }
+    tn_stop(&c);
+
+    /* A bare connection to A's port: no handshake, so not authorized. */
+    {
+        struct kvt_transport_config tc = {.backend = "ucx"};
+        struct kvt_transport *tp;
+        struct kvt_tp_ep *ep;
+        struct kvt_tp_rkey *rk = NULL;
+        struct kvt_tp_mr *local = NULL;
+        struct read_done d = {0};
+        int st = 0, rc;
+
+        tc.cb = (struct kvt_tp_callbacks){
+            .on_ep_state = raw_on_state, .on_msg = raw_on_msg, .arg = &st};
+        assert_int_equal(kvt_tp_open(&tc, &tp), 0);
+        assert_int_equal(kvt_tp_connect(tp, "127.0.0.1", kvt_peers_port(a.p), NULL, &ep), 0);
+        assert_true(WAIT_FOR(10000, ({
+                                 kvt_tp_progress(tp);
+                                 st != 0;
+                             })));
+        assert_int_equal(st, 1);
+        assert_int_equal(kvt_tp_unpack(ep, handle, handle_len, &rk), 0);
+        assert_int_equal(kvt_tp_reg_local(tp, buf, ROW, &local), 0);
+        memset(buf, 0x5a, ROW);
+        rc = kvt_tp_read(ep, rk, local, &op, 1, on_read, &d);
+        if (rc == -EINPROGRESS)
+            assert_true(WAIT_FOR(10000, ({
+                                     kvt_tp_progress(tp);
+                                     d.done;
+                                 })));
+        assert_true(rc != 0 && (rc != -EINPROGRESS || d.status != 0));
+        for (size_t i = 0; i < ROW; i++)
+            assert_int_equal(buf[i], 0x5a);
+        assert_true(WAIT_FOR(10000, ({
+                                 kvt_tp_progress(tp);
+                                 kvt_peers_counts(a.p, &pa);
+                                 pa.tp.refused[KVT_TP_READ_UNAUTH] >= 1;
+                             })));
+        kvt_tp_rkey_destroy(tp, rk);
+        kvt_tp_dereg(local, tp);
+        kvt_tp_close(tp);
+    }
+
+    /* B, which asked, reads the same row directly. */
+    {
+        struct kvt_req_ctx *ctx = new_req(&b);
+        int res[1];
+
+        assert_int_equal(pull_and_check(&b, ctx, 902, 1, res), 1);
+        end_req(&b, ctx);
+    }
+    {
+        struct kvt_net_tier_counts cb;
+
+        kvt_net_tier_counts(b.net, &cb);
+        assert_int_equal(cb.direct_chunks, 1);
+    }
+    free(buf);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pull_pipelined_and_per_peer_stats),
+        cmocka_unit_test(test_direct_pull_byte_exact),
+        cmocka_unit_test(test_direct_puller_lease_holder),
+        cmocka_unit_test(test_direct_evicted_and_reused_is_a_miss),
+        cmocka_unit_test(test_direct_rewritten_or_mid_write_refused),
+        cmocka_unit_test(test_direct_exposed_to_authenticated_askers_only),
+        cmocka_unit_test(test_direct_fetch_into),
         cmocka_unit_test(test_may_read_answers_from_active_leases),
         cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),

@@ -25,6 +25,7 @@ struct sample {
     struct kvt_wire_chunk chunks[3];
     uint32_t denied[2];
     uint8_t handle[300];
+    struct kvt_wire_row rows[4];
 };
 
 static void fill_bytes(uint8_t *p, size_t n, uint8_t seed)
@@ -97,6 +98,15 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
         m->u.publish.incarnation = 99999;
         m->u.publish.n_keys = 4;
         m->u.publish.keys = s->keys;
+        if (t == KVT_WIRE_PUBLISH) { /* since 1.2: where each key sits, one unknown */
+            s->rows[0] = (struct kvt_wire_row){.row = 0, .gen = 2, .known = true};
+            s->rows[2] =
+                (struct kvt_wire_row){.row = 1ull << 40, .gen = 0xfffffffeu, .known = true};
+            s->rows[3] = (struct kvt_wire_row){.row = 127, .gen = 0, .known = true};
+            m->u.publish.n_rows = 4;
+            m->u.publish.rows = s->rows;
+            m->has |= KVT_WIRE_HAS(KVT_WIRE_F_ROWS);
+        }
         break;
     case KVT_WIRE_LOCATE:
         m->u.locate.req_id = 0x0102030405ull;
@@ -108,6 +118,12 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
             s->holders[i].node_id = 1000 + i;
             s->holders[i].incarnation = 1ull << (60 - i);
         }
+        /* since 1.2: two of them with their row and generation */
+        s->holders[0].has_row = s->holders[3].has_row = true;
+        s->holders[0].row = 5;
+        s->holders[0].gen = 0x10;
+        s->holders[3].row = UINT64_MAX;
+        s->holders[3].gen = 0xfffffffeu;
         /* holders per key: 2, 0, 1, 2 */
         s->lists[0] = (struct kvt_wire_holder_list){.n = 2, .v = &s->holders[0]};
         s->lists[1] = (struct kvt_wire_holder_list){.n = 0, .v = NULL};
@@ -121,6 +137,8 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
         m->u.fetch.job_id = 0xdeadbeefcafeull;
         m->u.fetch.n_keys = 4;
         m->u.fetch.keys = s->keys;
+        m->u.fetch.direct = 1;
+        m->has |= KVT_WIRE_HAS(KVT_WIRE_F_DIRECT);
         break;
     case KVT_WIRE_GRANT:
         fill_bytes(s->handle, sizeof(s->handle), 5);
@@ -145,6 +163,12 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
         m->u.grant.fence_handle_len = sizeof(s->handle) - 3; /* other bytes than handle */
         m->u.grant.fence_handle = s->handle + 3;
         m->has |= KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE);
+        m->u.grant.direct_handle_len = 40;
+        m->u.grant.direct_handle = s->handle + 7;
+        m->u.grant.direct_fence_handle_len = 0; /* empty: still present */
+        m->u.grant.direct_fence_handle = NULL;
+        m->has |=
+            KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE) | KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_FENCE_HANDLE);
         break;
     case KVT_WIRE_DENY:
         m->u.deny.job_id = 8;
@@ -216,6 +240,16 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
         assert_int_equal(got->u.publish.incarnation, want->u.publish.incarnation);
         assert_int_equal(got->u.publish.n_keys, want->u.publish.n_keys);
         assert_keys_equal(want->u.publish.keys, got->u.publish.keys, want->u.publish.n_keys);
+        assert_int_equal(got->u.publish.n_rows, want->u.publish.n_rows);
+        for (uint32_t i = 0; i < want->u.publish.n_rows; i++) {
+            const struct kvt_wire_row *a = &want->u.publish.rows[i], *b = &got->u.publish.rows[i];
+
+            assert_int_equal(b->known, a->known);
+            if (a->known) {
+                assert_int_equal(b->row, a->row);
+                assert_int_equal(b->gen, a->gen);
+            }
+        }
         break;
     case KVT_WIRE_LOCATE:
         assert_int_equal(got->u.locate.req_id, want->u.locate.req_id);
@@ -233,6 +267,11 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
             for (uint32_t j = 0; j < a->n; j++) {
                 assert_int_equal(b->v[j].node_id, a->v[j].node_id);
                 assert_int_equal(b->v[j].incarnation, a->v[j].incarnation);
+                assert_int_equal(b->v[j].has_row, a->v[j].has_row);
+                if (a->v[j].has_row) {
+                    assert_int_equal(b->v[j].row, a->v[j].row);
+                    assert_int_equal(b->v[j].gen, a->v[j].gen);
+                }
             }
         }
         break;
@@ -240,6 +279,7 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
         assert_int_equal(got->u.fetch.job_id, want->u.fetch.job_id);
         assert_int_equal(got->u.fetch.n_keys, want->u.fetch.n_keys);
         assert_keys_equal(want->u.fetch.keys, got->u.fetch.keys, want->u.fetch.n_keys);
+        assert_int_equal(got->u.fetch.direct, want->u.fetch.direct);
         break;
     case KVT_WIRE_GRANT: {
         const struct kvt_wire_grant *a = &want->u.grant, *b = &got->u.grant;
@@ -264,6 +304,9 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
                          want->has & KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE));
         assert_int_equal(b->fence_handle_len, a->fence_handle_len);
         assert_memory_equal(b->fence_handle, a->fence_handle, a->fence_handle_len);
+        assert_int_equal(b->direct_handle_len, a->direct_handle_len);
+        assert_memory_equal(b->direct_handle, a->direct_handle, a->direct_handle_len);
+        assert_int_equal(b->direct_fence_handle_len, a->direct_fence_handle_len);
         break;
     }
     case KVT_WIRE_DENY:
@@ -315,8 +358,12 @@ static uint64_t expected_has(const struct kvt_wire_msg *m)
                    : m->type == KVT_WIRE_HELLO_ACK
                        ? KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT)
                    : m->type == KVT_WIRE_HEARTBEAT ? KVT_WIRE_HAS(KVT_WIRE_F_DIGEST)
-                   : m->type == KVT_WIRE_GRANT     ? KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE)
-                                                   : 0;
+                   : m->type == KVT_WIRE_GRANT     ? KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE) |
+                                                     KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE) |
+                                                     KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_FENCE_HANDLE)
+                   : m->type == KVT_WIRE_PUBLISH ? KVT_WIRE_HAS(KVT_WIRE_F_ROWS)
+                   : m->type == KVT_WIRE_FETCH   ? KVT_WIRE_HAS(KVT_WIRE_F_DIRECT)
+                                                 : 0;
 
     return req[m->type] | (m->has & opt);
 }
@@ -1257,7 +1304,7 @@ static void test_wire_allocation_failures_unwind(void **state)
             }
             assert_int_equal(rc, -ENOMEM);
             assert_int_equal(got.type, 0x5a5a5a5a); /* untouched */
-            assert_true(n < 4);
+            assert_true(n < 6); /* the tables own at most 6 blocks (GRANT since 1.2) */
         }
         for (long n = 0;; n++) {
             kvt_wire_buf_init(&b2);
@@ -1436,6 +1483,123 @@ static void test_wire_seed_corpus(void **state)
     free(s);
 }
 
+/* The fields of direct reads (since 1.2): a holder record of 1.0 decodes without a
+ * row; an odd generation, a row record of one element, rows that do not match the
+ * keys, a direct flag other than 0/1 and one direct handle without the other are
+ * refused; the encoder refuses what the decoder would. */
+static void test_wire_direct_fields(void **state)
+{
+    struct tb *t = calloc(1, sizeof(*t));
+    struct kvt_wire_msg got;
+    struct kvt_wire_buf b;
+    struct sample *s = malloc(sizeof(*s));
+    uint8_t k = 1;
+
+    (void)state;
+    /* LOCATE_REPLY, one key, one holder record built by rec_stmt. */
+#define REPLY_WITH(rec_stmt)                                                                       \
+    do {                                                                                           \
+        t->n = 0;                                                                                  \
+        tb_map(t, 5);                                                                              \
+        tb_hdr(t, 1, 2, KVT_WIRE_LOCATE_REPLY);                                                    \
+        tb_u(t, KVT_WIRE_F_REQ_ID);                                                                \
+        tb_u(t, 1);                                                                                \
+        tb_u(t, KVT_WIRE_F_HOLDERS);                                                               \
+        tb_arr(t, 1);                                                                              \
+        tb_arr(t, 1);                                                                              \
+        rec_stmt;                                                                                  \
+    } while (0)
+    REPLY_WITH((tb_arr(t, 2), tb_u(t, 7), tb_u(t, 8)));
+    assert_int_equal(tb_decode(t, NULL, &got), 0);
+    assert_false(got.u.locate_reply.holders[0].v[0].has_row);
+    kvt_wire_msg_free(&got);
+    REPLY_WITH((tb_arr(t, 5), tb_u(t, 7), tb_u(t, 8), tb_u(t, 9), tb_u(t, 4), tb_u(t, 0)));
+    assert_int_equal(tb_decode(t, NULL, &got), 0); /* a newer element after them: skipped */
+    assert_true(got.u.locate_reply.holders[0].v[0].has_row);
+    assert_int_equal(got.u.locate_reply.holders[0].v[0].row, 9);
+    assert_int_equal(got.u.locate_reply.holders[0].v[0].gen, 4);
+    kvt_wire_msg_free(&got);
+    REPLY_WITH((tb_arr(t, 4), tb_u(t, 7), tb_u(t, 8), tb_u(t, 9), tb_u(t, 5))); /* odd gen */
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    REPLY_WITH((tb_arr(t, 4), tb_u(t, 7), tb_u(t, 8), tb_str(t, "r", 1), tb_u(t, 4)));
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    REPLY_WITH((tb_arr(t, 4), tb_u(t, 7), tb_u(t, 8), tb_u(t, 9), tb_u(t, 1ull << 32)));
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+
+    /* PUBLISH of one key with rows built by rows_stmt. */
+#define PUBLISH_ROWS(rows_stmt)                                                                    \
+    do {                                                                                           \
+        t->n = 0;                                                                                  \
+        tb_map(t, 7);                                                                              \
+        tb_hdr(t, 1, 2, KVT_WIRE_PUBLISH);                                                         \
+        tb_u(t, KVT_WIRE_F_NODE_ID);                                                               \
+        tb_u(t, 1);                                                                                \
+        tb_u(t, KVT_WIRE_F_INCARNATION);                                                           \
+        tb_u(t, 1);                                                                                \
+        tb_u(t, KVT_WIRE_F_KEYS);                                                                  \
+        tb_arr(t, 1);                                                                              \
+        tb_bin(t, &k, 1);                                                                          \
+        tb_u(t, KVT_WIRE_F_ROWS);                                                                  \
+        rows_stmt;                                                                                 \
+    } while (0)
+    PUBLISH_ROWS((tb_arr(t, 1), tb_arr(t, 2), tb_u(t, 3), tb_u(t, 6)));
+    assert_int_equal(tb_decode(t, NULL, &got), 0);
+    assert_true(got.u.publish.rows[0].known);
+    assert_int_equal(got.u.publish.rows[0].row, 3);
+    kvt_wire_msg_free(&got);
+    PUBLISH_ROWS((tb_arr(t, 1), tb_arr(t, 0)));
+    assert_int_equal(tb_decode(t, NULL, &got), 0);
+    assert_false(got.u.publish.rows[0].known);
+    kvt_wire_msg_free(&got);
+    PUBLISH_ROWS((tb_arr(t, 1), tb_arr(t, 1), tb_u(t, 3))); /* one element */
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    PUBLISH_ROWS((tb_arr(t, 1), tb_arr(t, 2), tb_u(t, 3), tb_u(t, 7))); /* odd gen */
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    PUBLISH_ROWS((tb_arr(t, 0))); /* fewer rows than keys */
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    PUBLISH_ROWS((tb_arr(t, 2), tb_arr(t, 0), tb_arr(t, 0))); /* more */
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    PUBLISH_ROWS((tb_u(t, 3))); /* not a list */
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+
+    /* FETCH direct 2; GRANT with one direct handle only. */
+    t->n = 0;
+    tb_map(t, 6);
+    tb_hdr(t, 1, 2, KVT_WIRE_FETCH);
+    tb_u(t, KVT_WIRE_F_JOB_ID);
+    tb_u(t, 1);
+    tb_u(t, KVT_WIRE_F_KEYS);
+    tb_arr(t, 1);
+    tb_bin(t, &k, 1);
+    tb_u(t, KVT_WIRE_F_DIRECT);
+    tb_u(t, 2);
+    assert_int_equal(tb_decode(t, NULL, &got), -EBADMSG);
+    kvt_wire_buf_init(&b);
+    sample_msg(s, KVT_WIRE_GRANT);
+    s->m.has &= ~KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_FENCE_HANDLE);
+    assert_int_equal(kvt_wire_encode(&s->m, &b), 0); /* the encoder does not pair them */
+    assert_int_equal(
+        kvt_wire_decode(b.data + KVT_WIRE_FRAME_HDR, b.len - KVT_WIRE_FRAME_HDR, NULL, &got),
+        -EBADMSG);
+    /* The encoder refuses odd generations and rows that do not match the keys. */
+    kvt_wire_buf_reset(&b);
+    sample_msg(s, KVT_WIRE_LOCATE_REPLY);
+    s->holders[0].gen = 3;
+    assert_int_equal(kvt_wire_encode(&s->m, &b), -EINVAL);
+    sample_msg(s, KVT_WIRE_PUBLISH);
+    s->rows[0].gen = 3;
+    assert_int_equal(kvt_wire_encode(&s->m, &b), -EINVAL);
+    sample_msg(s, KVT_WIRE_PUBLISH);
+    s->m.u.publish.n_rows = 3;
+    assert_int_equal(kvt_wire_encode(&s->m, &b), -EINVAL);
+    assert_int_equal(b.len, 0);
+#undef REPLY_WITH
+#undef PUBLISH_ROWS
+    kvt_wire_buf_cleanup(&b);
+    free(s);
+    free(t);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1452,6 +1616,7 @@ int main(void)
         cmocka_unit_test(test_wire_reader_random_split_points),
         cmocka_unit_test(test_wire_allocation_failures_unwind),
         cmocka_unit_test(test_wire_encode_refuses_invalid),
+        cmocka_unit_test(test_wire_direct_fields),
         cmocka_unit_test(test_wire_seed_corpus),
     };
 

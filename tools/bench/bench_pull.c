@@ -20,6 +20,11 @@
  *   tcp      UCX_TLS=tcp for the nodes and the ceiling;
  *   default  UCX_TLS unset for the nodes (UCX picks), UCX_TLS=all (the same thing:
  *            UCX's default value) for the ceiling, which forces tcp when unset.
+ * and one way of pulling (--fetch, both by default: network.fetch lease, every row
+ * through FETCH, GRANT, READ, RELEASE; and direct, rows whose place the home's LOCATE
+ * answer gave READ straight from A's primary and fenced, with no FETCH: fence
+ * validation only, so a checksum row is always a lease row), the lease and direct
+ * pulls of a validation one after the other.
  * The nodes are kvtier-simnode processes (tools/simnode), found next to this binary's
  * build folder or with --simnode PATH.
  *
@@ -204,6 +209,8 @@ static void bp_default_simnode(const char *self, char *buf, size_t cap)
 struct bp_row {
     const char *tls;    /* "tcp" or "default" */
     const char *verify; /* "fence" or "checksum" (network.verify) */
+    const char *fetch;  /* "lease" or "direct" (network.fetch) */
+    double direct;      /* B's rows read direct (timing's direct_chunks) */
     int hit, corrupt, requests;
     double secs, gbps, req_p50, req_p99, key_p50, key_p99;
     double verify_ms;    /* B's validation time over the pull (timing's verify_ms) */
@@ -239,12 +246,12 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     /* The nodes are kvtierd's with its defaults, but their runtime folders in run, no
      * storage tier (the pull is the network tier's) and no /metrics. */
     char k_path[128], k_sock[128], k_secret[128], k_row[64], k_size[64], k_peer[64];
-    char k_verify[64];
+    char k_verify[64], k_fetch[64];
     char *common[] = {"--set", k_path,           "--set", k_sock,
                       "--set", k_secret,         "--set", k_row,
                       "--set", k_size,           "--set", "storage.enabled=false",
                       "--set", "metrics.port=0", "--set", "network.port=0",
-                      "--set", k_verify};
+                      "--set", k_verify,         "--set", k_fetch};
     char *av[32];
     size_t ac = 0;
     struct proc a = {0}, b = {0};
@@ -269,6 +276,7 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     snprintf(k_row, sizeof(k_row), "primary.row_bytes=%zu", size);
     snprintf(k_size, sizeof(k_size), "primary.size=%zu", (n + 16) * size);
     snprintf(k_verify, sizeof(k_verify), "network.verify=%s", r->verify);
+    snprintf(k_fetch, sizeof(k_fetch), "network.fetch=%s", r->fetch);
     av[ac++] = (char *)simnode;
     for (size_t i = 0; i < KVT_ARRAY_SIZE(common); i++)
         av[ac++] = common[i];
@@ -322,8 +330,9 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
         bp_cmd(&a, line, sizeof(line), "cpu") ? bp_field(line, "cpu_seconds") - r->cpu_a : -1;
     if (bp_cmd(&b, line, sizeof(line), "timing")) {
         r->verify_ms = bp_field(line, "verify_ms");
-        fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s, verify %s) %s", r->tls, r->verify,
-                line + 3);
+        r->direct = bp_field(line, "direct_chunks");
+        fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s, verify %s, fetch %s) %s", r->tls,
+                r->verify, r->fetch, line + 3);
     }
     bp_stop(&a);
     bp_stop(&b);
@@ -399,10 +408,10 @@ int kvt_bench_pull(int argc, char **argv)
     unsigned n = 6400, clients = 4, per = 32, inflight = 4, reps = 1;
     size_t size = 262144;
     bool json = false;
-    const char *tls_opt = "both", *verify_opt = "both";
-    const char *rows_tls[2], *verifies[2];
-    size_t n_rows = 0, n_tls = 0, n_verify = 0;
-    struct bp_row rows[4];
+    const char *tls_opt = "both", *verify_opt = "both", *fetch_opt = "both";
+    const char *rows_tls[2], *verifies[2], *fetches[2];
+    size_t n_rows = 0, n_tls = 0, n_verify = 0, n_fetch = 0;
+    struct bp_row rows[8];
     char simnode[4096], redis_cmd[256] = "";
     char self[4096];
     double redis, copy_s;
@@ -432,12 +441,15 @@ int kvt_bench_pull(int argc, char **argv)
             tls_opt = argv[++i];
         else if (strcmp(argv[i], "--verify") == 0 && i + 1 < argc)
             verify_opt = argv[++i];
+        else if (strcmp(argv[i], "--fetch") == 0 && i + 1 < argc)
+            fetch_opt = argv[++i];
         else if (strcmp(argv[i], "--simnode") == 0 && i + 1 < argc)
             snprintf(simnode, sizeof(simnode), "%s", argv[++i]);
         else {
             fprintf(stderr, "usage: kvtier-bench pull [--json] [--chunks 6400] [--size 262144] "
                             "[--req-keys 32] [--inflight 4] [--tls tcp|default|both] "
-                            "[--verify fence|checksum|both] [--reps 1 (of the ceiling)] "
+                            "[--verify fence|checksum|both] [--fetch lease|direct|both] "
+                            "[--reps 1 (of the ceiling)] "
                             "[--simnode PATH]\n");
             return 2;
         }
@@ -467,6 +479,14 @@ int kvt_bench_pull(int argc, char **argv)
         fprintf(stderr, "kvtier-bench pull: --verify fence, checksum or both\n");
         return 2;
     }
+    if (strcmp(fetch_opt, "lease") == 0 || strcmp(fetch_opt, "both") == 0)
+        fetches[n_fetch++] = "lease";
+    if (strcmp(fetch_opt, "direct") == 0 || strcmp(fetch_opt, "both") == 0)
+        fetches[n_fetch++] = "direct";
+    if (n_fetch == 0) {
+        fprintf(stderr, "kvtier-bench pull: --fetch lease, direct or both\n");
+        return 2;
+    }
     /* Per transport selection: its pulls, one per validation, then its ceiling, so
      * the rows of a selection run under the same load. */
     for (size_t k = 0; k < n_tls; k++) {
@@ -474,16 +494,23 @@ int kvt_bench_pull(int argc, char **argv)
         double ceiling, ceiling_hot;
 
         for (size_t v = 0; v < n_verify; v++) {
-            struct bp_row *r = &rows[n_rows++];
+            for (size_t f = 0; f < n_fetch; f++) {
+                struct bp_row *r;
 
-            memset(r, 0, sizeof(*r));
-            r->tls = rows_tls[k];
-            r->verify = verifies[v];
-            bp_set_tls(r->tls, false);
-            if (bp_pull(simnode, n, size, per, inflight, r) != 0)
-                return 1;
-            if (r->corrupt != 0 || r->hit != (int)n)
-                rc = 1;
+                /* Direct reads are fenced only: under checksums they are lease rows. */
+                if (strcmp(fetches[f], "direct") == 0 && strcmp(verifies[v], "checksum") == 0)
+                    continue;
+                r = &rows[n_rows++];
+                memset(r, 0, sizeof(*r));
+                r->tls = rows_tls[k];
+                r->verify = verifies[v];
+                r->fetch = fetches[f];
+                bp_set_tls(r->tls, false);
+                if (bp_pull(simnode, n, size, per, inflight, r) != 0)
+                    return 1;
+                if (r->corrupt != 0 || r->hit != (int)n)
+                    rc = 1;
+            }
         }
         bp_set_tls(rows_tls[k], true);
         ceiling = bp_transport(self, size, reps, n);
@@ -504,7 +531,8 @@ int kvt_bench_pull(int argc, char **argv)
         for (size_t k = 0; k < n_rows; k++) {
             const struct bp_row *r = &rows[k];
 
-            printf("%s{\"ucx_tls\":\"%s\",\"verify\":\"%s\",\"verify_ms\":%.1f,"
+            printf("%s{\"ucx_tls\":\"%s\",\"verify\":\"%s\",\"fetch\":\"%s\","
+                   "\"direct_chunks\":%.0f,\"verify_ms\":%.1f,"
                    "\"hit\":%d,\"corrupt\":%d,\"requests\":%d,"
                    "\"seconds\":%.3f,\"gbps\":%.3f,\"req_lookup_to_hit_ms_p50\":%.1f,"
                    "\"req_lookup_to_hit_ms_p99\":%.1f,\"key_lookup_to_hit_ms_p50\":%.1f,"
@@ -516,10 +544,10 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"holder_cpu_us_per_chunk_less_copy\":%.2f,"
                    "\"puller_core_nic_fraction_200g\":%.3f,\"puller_core_nic_fraction_400g\":%.3f,"
                    "\"holder_core_nic_fraction_200g\":%.3f,\"holder_core_nic_fraction_400g\":%.3f}",
-                   k ? "," : "", r->tls, r->verify, r->verify_ms, r->hit, r->corrupt, r->requests,
-                   r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50, r->key_p99, r->ceiling,
-                   r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
-                   r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
+                   k ? "," : "", r->tls, r->verify, r->fetch, r->direct, r->verify_ms, r->hit,
+                   r->corrupt, r->requests, r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50,
+                   r->key_p99, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
+                   r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
                    redis > 0 ? r->gbps / redis : 0, r->hit ? r->cpu_b / r->hit * 1e6 : -1,
                    r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1,
                    bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s),
@@ -535,18 +563,19 @@ int kvt_bench_pull(int argc, char **argv)
     printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
            "%u in flight\n",
            n, size, per, inflight);
-    printf("  %-8s %-8s %9s %9s %6s %9s %6s %9s %6s %21s %17s %10s\n", "UCX_TLS", "verify",
-           "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
+    printf("  %-8s %-8s %-6s %9s %9s %6s %9s %6s %9s %6s %21s %17s %10s\n", "UCX_TLS", "verify",
+           "fetch", "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
            "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
     for (size_t k = 0; k < n_rows; k++) {
         const struct bp_row *r = &rows[k];
 
-        printf("  %-8s %-8s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / %6.1f "
-               "%10.1f  (%d hit, %d corrupt, %d requests, %.3f s)\n",
-               r->tls, r->verify, r->gbps, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
-               r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
+        printf("  %-8s %-8s %-6s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / "
+               "%6.1f %10.1f  (%d hit, %.0f direct, %d corrupt, %d requests, %.3f s)\n",
+               r->tls, r->verify, r->fetch, r->gbps, r->ceiling,
+               r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
+               r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
                redis > 0 ? r->gbps / redis : 0, r->req_p50, r->req_p99, r->key_p50, r->key_p99,
-               r->verify_ms, r->hit, r->corrupt, r->requests, r->secs);
+               r->verify_ms, r->hit, r->direct, r->corrupt, r->requests, r->secs);
     }
     printf("  CPU per chunk (us; less one memcpy of the chunk, %.1f us) and the share of a 200 / "
            "400 Gb/s NIC one core keeps busy at that cost:\n",
@@ -556,12 +585,12 @@ int kvt_bench_pull(int argc, char **argv)
         double lb = bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s);
         double la = bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s);
 
-        printf(
-            "  %-8s %-8s puller %7.1f (%7.1f) %4.2f / %4.2f   holder %7.1f (%7.1f) %4.2f / %4.2f\n",
-            r->tls, r->verify, r->hit ? r->cpu_b / r->hit * 1e6 : -1, lb,
-            bp_nic_fraction(lb, size, 200), bp_nic_fraction(lb, size, 400),
-            r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1, la,
-            bp_nic_fraction(la, size, 200), bp_nic_fraction(la, size, 400));
+        printf("  %-8s %-8s %-6s puller %7.1f (%7.1f) %4.2f / %4.2f   holder %7.1f (%7.1f) %4.2f / "
+               "%4.2f\n",
+               r->tls, r->verify, r->fetch, r->hit ? r->cpu_b / r->hit * 1e6 : -1, lb,
+               bp_nic_fraction(lb, size, 200), bp_nic_fraction(lb, size, 400),
+               r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1, la,
+               bp_nic_fraction(la, size, 200), bp_nic_fraction(la, size, 400));
     }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",

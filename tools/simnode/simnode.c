@@ -582,10 +582,12 @@ static void cmd_timing(struct node *n)
     kvt_net_tier_counts(n->net, &c);
     printf("ok locate_rtts=%" PRIu64 " locate_rtt_ms=%.1f fetches=%" PRIu64
            " fetch_queue_ms=%.1f grants=%" PRIu64 " grant_wait_ms=%.1f read_ms=%.1f"
-           " verify_ms=%.1f served_fetches=%" PRIu64 " serve_wait_ms=%.1f\n",
+           " verify_ms=%.1f served_fetches=%" PRIu64 " serve_wait_ms=%.1f direct_chunks=%" PRIu64
+           " direct_misses=%" PRIu64 "\n",
            c.locate_rtts, (double)c.locate_rtt_ns / 1e6, c.fetches, (double)c.fetch_queue_ns / 1e6,
            c.grants, (double)c.grant_wait_ns / 1e6, (double)c.read_ns / 1e6,
-           (double)c.verify_ns / 1e6, c.served_fetches, (double)c.serve_wait_ns / 1e6);
+           (double)c.verify_ns / 1e6, c.served_fetches, (double)c.serve_wait_ns / 1e6,
+           c.direct_chunks, c.direct_misses);
 }
 
 static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t count, unsigned ms)
@@ -682,14 +684,15 @@ static void cmd_counts(struct node *n)
            " leases=%" PRIu64 " lease_exp=%" PRIu64 " reaped=%" PRIu64 " refused=%" PRIu64
            " send_failures=%" PRIu64 " failed_fetches=%" PRIu64 " records=%" PRIu64
            " published=%" PRIu64 " malformed=%" PRIu64 " peer_refused=%" PRIu64
-           " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " live=%zu\n",
+           " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " direct=%" PRIu64
+           " direct_miss=%" PRIu64 " live=%zu\n",
            c.fetches, c.grants, c.denies, c.pulled_chunks, c.served_chunks, c.checksum_failures,
            c.fence_failures, c.fence_fail[KVT_NET_FENCE_CHANGED],
            c.fence_fail[KVT_NET_FENCE_WRITING], c.fence_fail[KVT_NET_FENCE_UNREAD], c.active_leases,
            c.lease_expiries, c.leases_reaped, c.refused, c.send_failures, c.failed_fetches,
            c.directory_records, c.published_keys, p.malformed, p.refused,
            p.refused_by_reason[KVT_WIRE_R_AUTH], p.refused_by_reason[KVT_WIRE_R_NAMESPACE],
-           kvt_peers_live(n->peers, live, 64));
+           c.direct_chunks, c.direct_misses, kvt_peers_live(n->peers, live, 64));
 }
 
 static void cmd_wait_live(struct node *n, size_t want, unsigned ms)

@@ -19,6 +19,18 @@ struct kvt_dir_holder {
     uint64_t node_id;
     uint64_t incarnation;
     uint64_t expires_ns;
+    /* Where the key sits in the holder's primary, as the holder last published it
+     * (network.fetch direct): its slot and the slot's even fence word. */
+    uint64_t row;
+    uint32_t gen;
+    bool has_row;
+};
+
+/* A published key's place in its holder's primary (known false: not sent). */
+struct kvt_dir_row {
+    uint64_t row;
+    uint32_t gen;
+    bool known;
 };
 
 struct kvt_directory;
@@ -32,6 +44,11 @@ void kvt_directory_destroy(struct kvt_directory *d);
  * it. 0 or -ENOMEM (keys before the failure stay published). */
 int kvt_directory_publish(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
                           const struct kvt_key *keys, size_t n, uint64_t now_ns);
+/* The same, with rows[i] (NULL: none known) the place of keys[i]: a publish
+ * without one forgets the place an earlier one gave. */
+int kvt_directory_publish_rows(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
+                               const struct kvt_key *keys, const struct kvt_dir_row *rows, size_t n,
+                               uint64_t now_ns);
 /* Removes node_id (of that incarnation or older) from each key's holders. */
 void kvt_directory_unpublish(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
                              const struct kvt_key *keys, size_t n);

@@ -91,6 +91,8 @@
 #define KVT_M_NET_REFUSED             "kvtier_net_refused_messages"
 #define KVT_M_NET_LEASES              "kvtier_net_active_leases"
 #define KVT_M_NET_RECORDS             "kvtier_net_directory_records"
+#define KVT_M_NET_DIRECT_CHUNKS       "kvtier_net_direct_chunks"
+#define KVT_M_NET_DIRECT_MISSES       "kvtier_net_direct_misses"
 
 /* How a pulled row is validated (network.verify). */
 enum kvt_net_verify {
@@ -102,6 +104,24 @@ enum kvt_net_verify {
     KVT_NET_VERIFY_FENCE = 0,
     /* XXH3-64 of every byte read against the GRANT's checksum. */
     KVT_NET_VERIFY_CHECKSUM,
+};
+
+/* How a puller reads rows whose place the home knows (network.fetch).
+ * Lease: every row through FETCH, GRANT (the holder pins it and exposes it to us
+ * alone), READ, fence, RELEASE: a holder round trip and a pin per fetch.
+ * Direct: a holder in direct mode publishes with each key resident in its primary
+ * the key's slot and even fence word, which the home's LOCATE answer carries; the
+ * puller READs such a row straight into its destination, then the fence word on the
+ * same endpoint, and accepts the row only when the word is that generation. Nothing
+ * is pinned: a slot reused or rewritten since the publication fails the fence and
+ * the key is a miss (a wasted READ). The holder exposes its whole primary and fence
+ * words to each authenticated peer that asks (the first FETCH on a link asks, and
+ * goes the lease way); keys without a known place, a holder in lease mode or before
+ * wire 1.2, and checksum verification (network.verify checksum: direct reads have
+ * no checksum to compare) take the lease path. */
+enum kvt_net_fetch {
+    KVT_NET_FETCH_LEASE = 0,
+    KVT_NET_FETCH_DIRECT,
 };
 
 /* Why a row failed its fence (kvt_net_tier_counts.fence_fail[]). */
@@ -127,6 +147,7 @@ struct kvt_net_tier_config {
     unsigned keys_per_fetch;     /* keys per FETCH (at most 256); 0 = 64 */
     unsigned fetches_per_peer;   /* FETCHes out (sent, not ended) per peer; 0 = 4 */
     enum kvt_net_verify verify;  /* how pulled rows are checked; 0 = fences */
+    enum kvt_net_fetch fetch;    /* lease or direct reads; 0 = lease */
 };
 
 int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
@@ -204,6 +225,11 @@ struct kvt_net_tier_counts {
      * pulled chunks; holder side, FETCH arrival to GRANT sent (served_fetches). */
     uint64_t locate_rtts, locate_rtt_ns, fetch_queue_ns, grant_wait_ns, read_ns, verify_ns;
     uint64_t served_fetches, serve_wait_ns;
+    /* Direct reads (network.fetch direct): rows read and accepted without a FETCH
+     * (also in pulled_chunks), rows that failed on that path (a fence that moved on
+     * or was odd, a READ that failed, a link gone: each a miss), and the exposures
+     * of our whole primary we made to peers that asked (holder side). */
+    uint64_t direct_chunks, direct_misses, direct_exposures;
 };
 void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out);
 

@@ -42,7 +42,7 @@
 #include "kvt/types.h"
 
 #define KVT_WIRE_VERSION_MAJOR 1
-#define KVT_WIRE_VERSION_MINOR 1
+#define KVT_WIRE_VERSION_MINOR 2
 
 #define KVT_WIRE_FRAME_HDR 4  /* u32 big-endian body length */
 #define KVT_WIRE_BIN32     32 /* namespace fingerprint, nonce, HMAC-SHA256 proof */
@@ -118,7 +118,11 @@ enum kvt_wire_field {
     KVT_WIRE_F_HANDLE,
     KVT_WIRE_F_CHUNKS,
     KVT_WIRE_F_DENIED,
-    KVT_WIRE_F_FENCE_HANDLE, /* since 1.1 */
+    KVT_WIRE_F_FENCE_HANDLE,        /* since 1.1 */
+    KVT_WIRE_F_ROWS,                /* since 1.2 */
+    KVT_WIRE_F_DIRECT,              /* since 1.2 */
+    KVT_WIRE_F_DIRECT_HANDLE,       /* since 1.2 */
+    KVT_WIRE_F_DIRECT_FENCE_HANDLE, /* since 1.2 */
 };
 /* Bit of a field in kvt_wire_msg.has. */
 #define KVT_WIRE_HAS(field) (UINT64_C(1) << (field))
@@ -179,12 +183,28 @@ struct kvt_wire_members {
     struct kvt_wire_member *v;
 };
 
-/* PUBLISH, UNPUBLISH: node_id (the holder), incarnation, keys required. */
+/* Where a published key's bytes sit in its holder's primary; on the wire [row, gen]
+ * when known, [] when not (a record of one element is refused). row: the slot (the
+ * row's bytes at row * row_bytes of the primary registration, its fence word at
+ * row * 4 of the fence words); gen: the slot's fence word once the row's bytes were
+ * complete, even (an odd one is refused). */
+struct kvt_wire_row {
+    uint64_t row;
+    uint32_t gen;
+    bool known;
+};
+
+/* PUBLISH, UNPUBLISH: node_id (the holder), incarnation, keys required.
+ * rows (optional, since 1.2, PUBLISH): rows[i] is where keys[i] sits in the
+ * holder's primary; exactly n_keys of them (another count is refused). A holder
+ * sends it only in network.fetch direct mode. */
 struct kvt_wire_publish {
     uint64_t node_id;
     uint64_t incarnation;
     uint32_t n_keys;
     struct kvt_key *keys;
+    uint32_t n_rows;
+    struct kvt_wire_row *rows;
 };
 
 /* LOCATE: req_id, keys required. */
@@ -194,10 +214,16 @@ struct kvt_wire_locate {
     struct kvt_key *keys;
 };
 
-/* A holder of a key; on the wire [node_id, incarnation]. */
+/* A holder of a key; on the wire [node_id, incarnation], or since 1.2 [node_id,
+ * incarnation, row, gen] when the home knows where the key sits in the holder's
+ * primary (has_row; gen even, an odd one is refused). A decoder before 1.2 skips the
+ * two appended elements. */
 struct kvt_wire_holder {
     uint64_t node_id;
     uint64_t incarnation;
+    uint64_t row;
+    uint32_t gen;
+    bool has_row;
 };
 struct kvt_wire_holder_list {
     uint32_t n;
@@ -212,11 +238,13 @@ struct kvt_wire_locate_reply {
     struct kvt_wire_holder_list *holders;
 };
 
-/* FETCH: job_id, keys required. */
+/* FETCH: job_id, keys required. direct (optional, since 1.2; 0 or 1, anything else
+ * is refused): 1 asks the holder for the handles of direct reads in its GRANT. */
 struct kvt_wire_fetch {
     uint64_t job_id;
     uint32_t n_keys;
     struct kvt_key *keys;
+    uint32_t direct;
 };
 
 /* One granted chunk; on the wire [key_index, offset, length, generation, checksum].
@@ -235,7 +263,11 @@ struct kvt_wire_chunk {
 /* GRANT: job_id, lease_id, lease_ttl_ms, handle, chunks, denied all required
  * (lists may be empty). handle: the packed region handle (kvt_tp_pack).
  * fence_handle (optional, since 1.1; KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE)): the
- * packed handle of the holder's fence words, one u32 per row, little-endian. */
+ * packed handle of the holder's fence words, one u32 per row, little-endian.
+ * direct_handle, direct_fence_handle (optional, since 1.2, both or neither): the
+ * handles of the holder's whole primary and fence words, exposed to the requester's
+ * endpoint for direct reads (network.fetch direct) until that link closes; sent
+ * only in answer to a FETCH with direct 1. */
 struct kvt_wire_grant {
     uint64_t job_id;
     uint64_t lease_id;
@@ -248,6 +280,10 @@ struct kvt_wire_grant {
     uint32_t *denied; /* key indexes not granted */
     uint32_t fence_handle_len;
     uint8_t *fence_handle;
+    uint32_t direct_handle_len;
+    uint8_t *direct_handle;
+    uint32_t direct_fence_handle_len;
+    uint8_t *direct_fence_handle;
 };
 
 /* DENY: job_id, reason required. */
@@ -285,7 +321,7 @@ struct kvt_wire_msg {
         struct kvt_wire_deny deny;
         struct kvt_wire_release release;
     } u;
-    void *own_[4];
+    void *own_[6];
     size_t heap_bytes;
 };
 

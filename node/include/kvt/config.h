@@ -37,6 +37,8 @@ enum kvt_policy_kind { KVT_POLICY_LRU, KVT_POLICY_ARC };
 enum kvt_transport_kind { KVT_TRANSPORT_UCX, KVT_TRANSPORT_VERBS };
 /* network.verify: how pulled rows are checked (kvt/net_tier.h's enum kvt_net_verify). */
 enum kvt_verify_kind { KVT_VERIFY_FENCE, KVT_VERIFY_CHECKSUM };
+/* network.fetch: how rows are pulled (kvt/net_tier.h's enum kvt_net_fetch). */
+enum kvt_fetch_kind { KVT_FETCH_LEASE, KVT_FETCH_DIRECT };
 enum kvt_tier_kind { KVT_TIER_STORAGE, KVT_TIER_NETWORK };
 
 #define KVT_CONFIG_TIERS_MAX 2
@@ -82,6 +84,7 @@ struct kvt_config {
     uint16_t network_port;           /* 0: any */
     enum kvt_transport_kind network_transport;
     enum kvt_verify_kind network_verify; /* fence (default) or checksum */
+    enum kvt_fetch_kind network_fetch;   /* lease or direct */
     char **network_peers;                /* "host:port" or "[v6]:port" seeds */
     size_t n_network_peers;
     uint32_t network_lease_ms;            /* >= network_fetch_timeout_ms */
@@ -172,6 +175,7 @@ int kvt_config_parse_size(const char *s, uint64_t *bytes_p);
 const char *kvt_tier_kind_name(enum kvt_tier_kind k);
 const char *kvt_transport_kind_name(enum kvt_transport_kind k);
 const char *kvt_verify_kind_name(enum kvt_verify_kind k);
+const char *kvt_fetch_kind_name(enum kvt_fetch_kind k);
 const char *kvt_policy_kind_name(enum kvt_policy_kind k);
 
 #endif
