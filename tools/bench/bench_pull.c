@@ -12,7 +12,14 @@
  *     READs of 32 chunks read again and again, which stay in the caches (the figure
  *     ucx_perftest's single buffer gives), for comparison;
  *   - redis-benchmark GET of 256 KiB values against a local redis-server (what users
- *     pick instead today), with the same number of values.
+ *     pick instead today), with the same number of values;
+ *   - Mooncake Store (the distributed KV pool users pick) moving the same chunk bytes
+ *     over its tcp transport on 127.0.0.1: tools/bench/bench_mooncake.py under the
+ *     venv tools/mooncake-env makes (--mooncake-python PY, default
+ *     build/mooncake-venv/bin/python in the source tree), one client putting, another
+ *     getting them as requests of --req-keys keys, --inflight at a time, every byte
+ *     checked after its timed phase. Without the venv its column says "absent", and
+ *     "failed" when the run did not get every chunk back intact: never a figure.
  * Each row runs with one UCX transport selection (--tls, both by default) and one
  * validation of pulled chunks (--verify, both by default: network.verify fence, the
  * holder's generation word READ after each row, and checksum, XXH3-64 of every
@@ -158,6 +165,61 @@ static double bp_redis(unsigned n, size_t size, unsigned clients, char *cmd, siz
     kill(srv, SIGTERM);
     waitpid(srv, NULL, 0);
     return rps < 0 ? -1 : rps * (double)size / 1e9;
+}
+
+/* Mooncake Store's side by side (tools/bench/bench_mooncake.py). */
+struct bp_mooncake {
+    const char *status; /* "measured", "absent" (no venv) or "failed" */
+    double gbps, req_p50, req_p99;
+    char cmd[256];
+};
+
+static double bp_json_num(const char *buf, const char *name)
+{
+    char pat[64];
+    const char *s;
+
+    snprintf(pat, sizeof(pat), "\"%s\": ", name);
+    s = strstr(buf, pat);
+    return s == NULL ? -1 : strtod(s + strlen(pat), NULL);
+}
+
+/* Runs the Mooncake script under python for the pull's shape; a figure only when it
+ * got every one of the n chunks back and each matched, byte for byte. */
+static void bp_mooncake(const char *python, const char *script, unsigned n, size_t size,
+                        unsigned per, unsigned inflight, struct bp_mooncake *mc)
+{
+    char buf[4096], out[4096];
+    size_t len;
+    FILE *f;
+
+    mc->status = "absent";
+    mc->gbps = mc->req_p50 = mc->req_p99 = -1;
+    snprintf(mc->cmd, sizeof(mc->cmd),
+             "bench_mooncake.py --chunks %u --size %zu --req-keys %u "
+             "--inflight %u",
+             n, size, per, inflight);
+    if (python == NULL || access(python, X_OK) != 0 || access(script, R_OK) != 0)
+        return;
+    mc->status = "failed";
+    /* Its own error line, if any, goes to our stderr; its daemons' logs to files. */
+    if (snprintf(buf, sizeof(buf),
+                 "'%s' '%s' --json --chunks %u --size %zu --req-keys %u "
+                 "--inflight %u",
+                 python, script, n, size, per, inflight) >= (int)sizeof(buf))
+        return;
+    f = popen(buf, "r");
+    if (f == NULL)
+        return;
+    len = fread(out, 1, sizeof(out) - 1, f);
+    out[len] = '\0';
+    if (pclose(f) != 0 || bp_json_num(out, "got") != (double)n || bp_json_num(out, "corrupt") != 0)
+        return;
+    mc->gbps = bp_json_num(out, "gbps");
+    mc->req_p50 = bp_json_num(out, "req_ms_p50");
+    mc->req_p99 = bp_json_num(out, "req_ms_p99");
+    if (mc->gbps > 0)
+        mc->status = "measured";
 }
 
 /* Transport ceiling in GB/s from `<self> transport --json` (its median read_mbps:
@@ -342,6 +404,8 @@ int kvt_bench_pull(int argc, char **argv)
     size_t size = 262144;
     bool json = false;
     const char *tls_opt = "both", *verify_opt = "both";
+    const char *mc_python = getenv("KVT_MOONCAKE_PYTHON");
+    struct bp_mooncake mc;
     const char *rows_tls[2], *verifies[2];
     size_t n_rows = 0, n_tls = 0, n_verify = 0;
     struct bp_row rows[4];
@@ -351,6 +415,8 @@ int kvt_bench_pull(int argc, char **argv)
     ssize_t sl;
     int rc = 0;
 
+    if (mc_python == NULL)
+        mc_python = KVT_BENCH_MOONCAKE_PYTHON;
     sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[sl > 0 ? sl : 0] = '\0';
     bp_default_simnode(self, simnode, sizeof(simnode));
@@ -376,11 +442,15 @@ int kvt_bench_pull(int argc, char **argv)
             verify_opt = argv[++i];
         else if (strcmp(argv[i], "--simnode") == 0 && i + 1 < argc)
             snprintf(simnode, sizeof(simnode), "%s", argv[++i]);
+        else if (strcmp(argv[i], "--mooncake-python") == 0 && i + 1 < argc)
+            mc_python = argv[++i];
+        else if (strcmp(argv[i], "--no-mooncake") == 0)
+            mc_python = NULL;
         else {
             fprintf(stderr, "usage: kvtier-bench pull [--json] [--chunks 6400] [--size 262144] "
                             "[--req-keys 32] [--inflight 4] [--tls tcp|default|both] "
                             "[--verify fence|checksum|both] [--reps 1 (of the ceiling)] "
-                            "[--simnode PATH]\n");
+                            "[--simnode PATH] [--mooncake-python PY | --no-mooncake]\n");
             return 2;
         }
     }
@@ -437,11 +507,13 @@ int kvt_bench_pull(int argc, char **argv)
     }
     unsetenv("UCX_TLS");
     redis = bp_redis(n, size, clients, redis_cmd, sizeof(redis_cmd));
+    bp_mooncake(mc_python, KVT_BENCH_MOONCAKE_SCRIPT, n, size, per, inflight, &mc);
 
     if (json) {
         printf("{\"bench\":\"pull\",\"chunks\":%u,\"size\":%zu,\"req_keys\":%u,\"inflight\":%u,"
-               "\"redis_gbps\":%.3f,\"rows\":[",
-               n, size, per, inflight, redis);
+               "\"redis_gbps\":%.3f,\"mooncake\":{\"status\":\"%s\",\"protocol\":\"tcp\","
+               "\"gbps\":%.3f,\"req_ms_p50\":%.1f,\"req_ms_p99\":%.1f},\"rows\":[",
+               n, size, per, inflight, redis, mc.status, mc.gbps, mc.req_p50, mc.req_p99);
         for (size_t k = 0; k < n_rows; k++) {
             const struct bp_row *r = &rows[k];
 
@@ -451,12 +523,13 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"req_lookup_to_hit_ms_p99\":%.1f,\"key_lookup_to_hit_ms_p50\":%.1f,"
                    "\"key_lookup_to_hit_ms_p99\":%.1f,\"transport_gbps\":%.3f,"
                    "\"ratio_transport\":%.3f,\"transport_cached_gbps\":%.3f,"
-                   "\"ratio_transport_cached\":%.3f,\"ratio_redis\":%.3f}",
+                   "\"ratio_transport_cached\":%.3f,\"ratio_redis\":%.3f,"
+                   "\"ratio_mooncake\":%.3f}",
                    k ? "," : "", r->tls, r->verify, r->verify_ms, r->hit, r->corrupt, r->requests,
                    r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50, r->key_p99, r->ceiling,
                    r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
                    r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
-                   redis > 0 ? r->gbps / redis : 0);
+                   redis > 0 ? r->gbps / redis : 0, mc.gbps > 0 ? r->gbps / mc.gbps : 0);
         }
         printf("]}\n");
         return rc;
@@ -464,23 +537,43 @@ int kvt_bench_pull(int argc, char **argv)
     printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
            "%u in flight\n",
            n, size, per, inflight);
-    printf("  %-8s %-8s %9s %9s %6s %9s %6s %9s %6s %21s %17s %10s\n", "UCX_TLS", "verify",
-           "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
-           "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
+    printf("  %-8s %-8s %9s %9s %6s %9s %6s %9s %6s %13s %6s %21s %17s %10s\n", "UCX_TLS", "verify",
+           "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio", "mooncake GB/s",
+           "ratio", "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
     for (size_t k = 0; k < n_rows; k++) {
         const struct bp_row *r = &rows[k];
+        char mcb[16], mcr[16];
 
-        printf("  %-8s %-8s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / %6.1f "
-               "%10.1f  (%d hit, %d corrupt, %d requests, %.3f s)\n",
+        /* No figure when Mooncake was not measured: the column says why. */
+        if (mc.gbps > 0) {
+            snprintf(mcb, sizeof(mcb), "%.3f", mc.gbps);
+            snprintf(mcr, sizeof(mcr), "%.3f", r->gbps / mc.gbps);
+        } else {
+            snprintf(mcb, sizeof(mcb), "%s", mc.status);
+            snprintf(mcr, sizeof(mcr), "-");
+        }
+        printf("  %-8s %-8s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %13s %6s %10.1f / %8.1f "
+               "%8.1f / %6.1f %10.1f  (%d hit, %d corrupt, %d requests, %.3f s)\n",
                r->tls, r->verify, r->gbps, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
                r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
-               redis > 0 ? r->gbps / redis : 0, r->req_p50, r->req_p99, r->key_p50, r->key_p99,
-               r->verify_ms, r->hit, r->corrupt, r->requests, r->secs);
+               redis > 0 ? r->gbps / redis : 0, mcb, mcr, r->req_p50, r->req_p99, r->key_p50,
+               r->key_p99, r->verify_ms, r->hit, r->corrupt, r->requests, r->secs);
     }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",
            n);
     printf("  targets: >= 0.8 x the ceiling, >= 1.5 x redis (%s)\n",
            redis > 0 ? redis_cmd : "redis not measured: redis-server / redis-benchmark missing");
+    if (mc.gbps > 0)
+        printf("  mooncake: Mooncake Store over tcp on 127.0.0.1 (%s): request p50 / p99 %.1f / "
+               "%.1f ms\n",
+               mc.cmd, mc.req_p50, mc.req_p99);
+    else if (strcmp(mc.status, "absent") == 0)
+        printf("  mooncake not measured: %s\n",
+               mc_python == NULL ? "--no-mooncake"
+                                 : "no Mooncake venv (tools/mooncake-env, or --mooncake-python)");
+    else
+        printf("  mooncake failed: %s did not get every chunk back intact (its error above)\n",
+               mc.cmd);
     return rc;
 }
