@@ -56,6 +56,11 @@ check "pull: CPU per chunk on both sides measured, the copy beside it, NIC share
      and .holder_cpu_us_per_chunk >= 0 and .puller_cpu_us_per_chunk_less_copy >= 0
      and (.puller_core_nic_fraction_200g | . > 0 and . <= 1)
      and (.holder_core_nic_fraction_400g | . > 0 and . <= 1))' "$out"
+# Mooncake runs only where its venv is (tools/mooncake-env; the test command does not
+# make it): there it must have got every chunk back intact, elsewhere say "absent".
+check "pull: Mooncake measured where its venv is, else absent (never failed)" \
+  '(.mooncake.status == "measured" and .mooncake.gbps > 0 and .mooncake.req_ms_p50 > 0)
+     or (.mooncake.status == "absent" and .mooncake.gbps < 0)' "$out"
 
 out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" connect --json --iters 5)
 check "connect: 5 links up and answering, the first reply after UP" \

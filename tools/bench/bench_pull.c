@@ -12,8 +12,15 @@
  *     READs of 32 chunks read again and again, which stay in the caches (the figure
  *     ucx_perftest's single buffer gives), for comparison;
  *   - redis-benchmark GET of 256 KiB values against a local redis-server (what users
- *     pick instead today), with the same number of values.
- * Each row runs with one UCX transport selection (--tls, both by default) and one
+ *     pick instead today), with the same number of values;
+ *   - Mooncake Store (the distributed KV pool users pick) moving the same chunk bytes
+ *     over its tcp transport on 127.0.0.1: tools/bench/bench_mooncake.py under the
+ *     venv tools/mooncake-env makes (--mooncake-python PY, default
+ *     build/mooncake-venv/bin/python in the source tree), one client putting, another
+ *     getting them as requests of --req-keys keys, --inflight at a time and one at a
+ *     time (the better pass is its figure), every byte checked after each pass. Without the venv
+ * its column says "absent", and "failed" when the run did not get every chunk back intact: never a
+ * figure. Each row runs with one UCX transport selection (--tls, both by default) and one
  * validation of pulled chunks (--verify, both by default: network.verify fence, the
  * holder's generation word READ after each row, and checksum, XXH3-64 of every
  * byte), the two validations of a selection one after the other, then its ceiling:
@@ -170,6 +177,64 @@ static double bp_redis(unsigned n, size_t size, unsigned clients, char *cmd, siz
     kill(srv, SIGTERM);
     waitpid(srv, NULL, 0);
     return rps < 0 ? -1 : rps * (double)size / 1e9;
+}
+
+/* Mooncake Store's side by side (tools/bench/bench_mooncake.py). */
+struct bp_mooncake {
+    const char *status; /* "measured", "absent" (no venv) or "failed" */
+    double gbps, req_p50, req_p99;
+    int inflight;     /* requests at a time in its best pass */
+    double cold_gbps; /* its untimed first pass (connections, first touches) */
+    char cmd[256];
+};
+
+static double bp_json_num(const char *buf, const char *name)
+{
+    char pat[64];
+    const char *s;
+
+    snprintf(pat, sizeof(pat), "\"%s\": ", name);
+    s = strstr(buf, pat);
+    return s == NULL ? -1 : strtod(s + strlen(pat), NULL);
+}
+
+/* Runs the Mooncake script under python for the pull's shape, inflight requests at a
+ * time and one at a time (Mooncake moves more that way here); its figure is the
+ * better pass's (the top-level names of the script's answer), and only when every
+ * pass got every one of the n chunks back and each matched, byte for byte. */
+static void bp_mooncake(const char *python, const char *script, unsigned n, size_t size,
+                        unsigned per, unsigned inflight, struct bp_mooncake *mc)
+{
+    char buf[4096], out[8192], args[128];
+    size_t len;
+    FILE *f;
+
+    mc->status = "absent";
+    mc->gbps = mc->req_p50 = mc->req_p99 = mc->cold_gbps = -1;
+    mc->inflight = 0;
+    snprintf(args, sizeof(args), "--chunks %u --size %zu --req-keys %u --inflight %u%s", n, size,
+             per, inflight, inflight == 1 ? "" : ",1");
+    snprintf(mc->cmd, sizeof(mc->cmd), "bench_mooncake.py %s", args);
+    if (python == NULL || access(python, X_OK) != 0 || access(script, R_OK) != 0)
+        return;
+    mc->status = "failed";
+    /* Its own error line, if any, goes to our stderr; its daemons' logs to files. */
+    if (snprintf(buf, sizeof(buf), "'%s' '%s' --json %s", python, script, args) >= (int)sizeof(buf))
+        return;
+    f = popen(buf, "r");
+    if (f == NULL)
+        return;
+    len = fread(out, 1, sizeof(out) - 1, f);
+    out[len] = '\0';
+    if (pclose(f) != 0 || bp_json_num(out, "got") != (double)n || bp_json_num(out, "corrupt") != 0)
+        return;
+    mc->gbps = bp_json_num(out, "gbps");
+    mc->req_p50 = bp_json_num(out, "req_ms_p50");
+    mc->req_p99 = bp_json_num(out, "req_ms_p99");
+    mc->cold_gbps = bp_json_num(out, "cold_gbps");
+    mc->inflight = (int)bp_json_num(out, "inflight");
+    if (mc->gbps > 0)
+        mc->status = "measured";
 }
 
 /* Transport ceiling in GB/s from `<self> transport --json` (its median read_mbps:
@@ -409,6 +474,8 @@ int kvt_bench_pull(int argc, char **argv)
     size_t size = 262144;
     bool json = false;
     const char *tls_opt = "both", *verify_opt = "both", *fetch_opt = "both";
+    const char *mc_python = getenv("KVT_MOONCAKE_PYTHON");
+    struct bp_mooncake mc;
     const char *rows_tls[2], *verifies[2], *fetches[2];
     size_t n_rows = 0, n_tls = 0, n_verify = 0, n_fetch = 0;
     struct bp_row rows[8];
@@ -418,6 +485,8 @@ int kvt_bench_pull(int argc, char **argv)
     ssize_t sl;
     int rc = 0;
 
+    if (mc_python == NULL)
+        mc_python = KVT_BENCH_MOONCAKE_PYTHON;
     sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[sl > 0 ? sl : 0] = '\0';
     bp_default_simnode(self, simnode, sizeof(simnode));
@@ -445,12 +514,16 @@ int kvt_bench_pull(int argc, char **argv)
             fetch_opt = argv[++i];
         else if (strcmp(argv[i], "--simnode") == 0 && i + 1 < argc)
             snprintf(simnode, sizeof(simnode), "%s", argv[++i]);
+        else if (strcmp(argv[i], "--mooncake-python") == 0 && i + 1 < argc)
+            mc_python = argv[++i];
+        else if (strcmp(argv[i], "--no-mooncake") == 0)
+            mc_python = NULL;
         else {
             fprintf(stderr, "usage: kvtier-bench pull [--json] [--chunks 6400] [--size 262144] "
                             "[--req-keys 32] [--inflight 4] [--tls tcp|default|both] "
                             "[--verify fence|checksum|both] [--fetch lease|direct|both] "
                             "[--reps 1 (of the ceiling)] "
-                            "[--simnode PATH]\n");
+                            "[--simnode PATH] [--mooncake-python PY | --no-mooncake]\n");
             return 2;
         }
     }
@@ -523,11 +596,17 @@ int kvt_bench_pull(int argc, char **argv)
     unsetenv("UCX_TLS");
     redis = bp_redis(n, size, clients, redis_cmd, sizeof(redis_cmd));
     copy_s = bp_copy_s(size, n);
+    bp_mooncake(mc_python, KVT_BENCH_MOONCAKE_SCRIPT, n, size, per, inflight, &mc);
 
     if (json) {
         printf("{\"bench\":\"pull\",\"chunks\":%u,\"size\":%zu,\"req_keys\":%u,\"inflight\":%u,"
-               "\"redis_gbps\":%.3f,\"copy_us_per_chunk\":%.2f,\"rows\":[",
-               n, size, per, inflight, redis, copy_s * 1e6);
+               "\"redis_gbps\":%.3f,\"copy_us_per_chunk\":%.2f,"
+               "\"mooncake\":{\"status\":\"%s\",\"protocol\":\"tcp\","
+               "\"gbps\":%.3f,\"req_ms_p50\":%.1f,\"req_ms_p99\":%.1f,\"inflight\":%d,"
+               "\"cold_gbps\":%.3f},"
+               "\"rows\":[",
+               n, size, per, inflight, redis, copy_s * 1e6, mc.status, mc.gbps, mc.req_p50,
+               mc.req_p99, mc.inflight, mc.cold_gbps);
         for (size_t k = 0; k < n_rows; k++) {
             const struct bp_row *r = &rows[k];
 
@@ -543,7 +622,8 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"puller_cpu_us_per_chunk_less_copy\":%.2f,"
                    "\"holder_cpu_us_per_chunk_less_copy\":%.2f,"
                    "\"puller_core_nic_fraction_200g\":%.3f,\"puller_core_nic_fraction_400g\":%.3f,"
-                   "\"holder_core_nic_fraction_200g\":%.3f,\"holder_core_nic_fraction_400g\":%.3f}",
+                   "\"holder_core_nic_fraction_200g\":%.3f,\"holder_core_nic_fraction_400g\":%.3f,"
+                   "\"ratio_mooncake\":%.3f}",
                    k ? "," : "", r->tls, r->verify, r->fetch, r->direct, r->verify_ms, r->hit,
                    r->corrupt, r->requests, r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50,
                    r->key_p99, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
@@ -555,7 +635,8 @@ int kvt_bench_pull(int argc, char **argv)
                    bp_nic_fraction(bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s), size, 200),
                    bp_nic_fraction(bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s), size, 400),
                    bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 200),
-                   bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 400));
+                   bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 400),
+                   mc.gbps > 0 ? r->gbps / mc.gbps : 0);
         }
         printf("]}\n");
         return rc;
@@ -563,19 +644,28 @@ int kvt_bench_pull(int argc, char **argv)
     printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
            "%u in flight\n",
            n, size, per, inflight);
-    printf("  %-8s %-8s %-6s %9s %9s %6s %9s %6s %9s %6s %21s %17s %10s\n", "UCX_TLS", "verify",
-           "fetch", "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
-           "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
+    printf("  %-8s %-8s %-6s %9s %9s %6s %9s %6s %9s %6s %13s %6s %21s %17s %10s\n", "UCX_TLS",
+           "verify", "fetch", "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
+           "mooncake GB/s", "ratio", "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
     for (size_t k = 0; k < n_rows; k++) {
         const struct bp_row *r = &rows[k];
+        char mcb[16], mcr[16];
 
-        printf("  %-8s %-8s %-6s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %10.1f / %8.1f %8.1f / "
-               "%6.1f %10.1f  (%d hit, %.0f direct, %d corrupt, %d requests, %.3f s)\n",
+        /* No figure when Mooncake was not measured: the column says why. */
+        if (mc.gbps > 0) {
+            snprintf(mcb, sizeof(mcb), "%.3f", mc.gbps);
+            snprintf(mcr, sizeof(mcr), "%.3f", r->gbps / mc.gbps);
+        } else {
+            snprintf(mcb, sizeof(mcb), "%s", mc.status);
+            snprintf(mcr, sizeof(mcr), "-");
+        }
+        printf("  %-8s %-8s %-6s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %13s %6s %10.1f / %8.1f "
+               "%8.1f / %6.1f %10.1f  (%d hit, %.0f direct, %d corrupt, %d requests, %.3f s)\n",
                r->tls, r->verify, r->fetch, r->gbps, r->ceiling,
                r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
                r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
-               redis > 0 ? r->gbps / redis : 0, r->req_p50, r->req_p99, r->key_p50, r->key_p99,
-               r->verify_ms, r->hit, r->direct, r->corrupt, r->requests, r->secs);
+               redis > 0 ? r->gbps / redis : 0, mcb, mcr, r->req_p50, r->req_p99, r->key_p50,
+               r->key_p99, r->verify_ms, r->hit, r->direct, r->corrupt, r->requests, r->secs);
     }
     printf("  CPU per chunk (us; less one memcpy of the chunk, %.1f us) and the share of a 200 / "
            "400 Gb/s NIC one core keeps busy at that cost:\n",
@@ -597,5 +687,16 @@ int kvt_bench_pull(int argc, char **argv)
            n);
     printf("  targets: >= 0.8 x the ceiling, >= 1.5 x redis (%s)\n",
            redis > 0 ? redis_cmd : "redis not measured: redis-server / redis-benchmark missing");
+    if (mc.gbps > 0)
+        printf("  mooncake: Mooncake Store over tcp on 127.0.0.1 (%s): its best pass %d in "
+               "flight, request p50 / p99 %.1f / %.1f ms; its untimed first pass %.3f GB/s\n",
+               mc.cmd, mc.inflight, mc.req_p50, mc.req_p99, mc.cold_gbps);
+    else if (strcmp(mc.status, "absent") == 0)
+        printf("  mooncake not measured: %s\n",
+               mc_python == NULL ? "--no-mooncake"
+                                 : "no Mooncake venv (tools/mooncake-env, or --mooncake-python)");
+    else
+        printf("  mooncake failed: %s did not get every chunk back intact (its stderr says why)\n",
+               mc.cmd);
     return rc;
 }
