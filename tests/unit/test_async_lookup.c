@@ -54,18 +54,24 @@ static bool fake_has(const struct fake *f, const struct kvt_key *k)
     return false;
 }
 
-static int fake_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
-                             const struct kvt_req_ctx *ctx, bool *found)
+/* The worker entered batch_lookup: says so, and waits there while the test holds it. */
+static void fake_enter(struct fake *f)
 {
-    struct fake *f = arg;
-    size_t c;
-
     pthread_mutex_lock(&f->mu);
     f->in_call = true;
     pthread_cond_broadcast(&f->cv);
     while (f->gated)
         pthread_cond_wait(&f->cv, &f->mu);
     pthread_mutex_unlock(&f->mu);
+}
+
+static int fake_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
+                             const struct kvt_req_ctx *ctx, bool *found)
+{
+    struct fake *f = arg;
+    size_t c;
+
+    fake_enter(f);
 
     c = f->calls++;
     if (c < FAKE_MAX) {
@@ -90,12 +96,7 @@ static int fake_batch_lookup_spans(void *arg, const struct kvt_al_span *spans, s
     struct fake *f = arg;
     size_t c;
 
-    pthread_mutex_lock(&f->mu);
-    f->in_call = true;
-    pthread_cond_broadcast(&f->cv);
-    while (f->gated)
-        pthread_cond_wait(&f->cv, &f->mu);
-    pthread_mutex_unlock(&f->mu);
+    fake_enter(f);
 
     c = f->calls++;
     if (c < FAKE_MAX)
