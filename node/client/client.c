@@ -403,6 +403,58 @@ static int drain_posted(struct kvtier_client *c, bool all, int64_t deadline)
     return 0;
 }
 
+/* Posts body on the ring; when posted calls fill it, their replies are drained (they
+ * make room) and the post is tried once more. 0 (*rseq_p its ring sequence number),
+ * 1 it does not go on the ring (too large, or still no room: the caller takes
+ * another way), or the error that broke the connection. */
+static int ring_post(struct kvtier_client *c, const uint8_t *body, size_t len, int64_t deadline,
+                     uint32_t *rseq_p)
+{
+    int rc = kvt__cring_post(c->ring, body, len, rseq_p);
+
+    if (rc == -EBUSY) {
+        rc = drain_posted(c, true, deadline);
+        if (rc < 0)
+            return rc;
+        rc = kvt__cring_post(c->ring, body, len, rseq_p);
+    }
+    return rc == -EMSGSIZE || rc == -EBUSY ? 1 : rc;
+}
+
+/* A posted call's ring sequence number rseq, and what its reply is checked against. */
+static void note_posted(struct kvtier_client *c, uint32_t rseq, unsigned op, uint64_t seq, bool bin)
+{
+    c->posted[rseq % POSTED_MAX].op = op;
+    c->posted[rseq % POSTED_MAX].seq = seq;
+    c->posted[rseq % POSTED_MAX].bin = bin;
+    c->posted_calls++;
+}
+
+/* Waits on the ring for the reply of rseq, consuming the replies of posted calls
+ * that come first. What kvt__cring_next says of ours (0: on the ring, *n_p bytes
+ * in c->in; 1: on the socket; 3: the node closed), or the error that broke the
+ * connection. */
+static int ring_wait(struct kvtier_client *c, uint32_t rseq, uint64_t dl_ns, int64_t deadline,
+                     size_t *n_p)
+{
+    for (;;) {
+        uint32_t got = 0;
+        size_t n = 0;
+        int rc = kvt__cring_next(c->ring, c->fd, true, dl_ns, &c->in, &c->in_cap, &n, &got);
+
+        if (rc < 0)
+            return rc;
+        if ((rc == 0 || rc == 1) && got != rseq) {
+            rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
+            if (rc < 0)
+                return rc;
+            continue;
+        }
+        *n_p = n;
+        return rc;
+    }
+}
+
 /* One round trip: sends req (op and seq filled in here), waits for its reply into
  * rep. rep's rc is returned (after the transport's own errors). Over the ring when
  * there is one, nothing rides along (fds, send_fd) and the request fits a record;
@@ -432,17 +484,10 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
         const uint8_t *body = c->out.data + KVT_EPROTO_HDR;
         size_t blen = c->out.len - KVT_EPROTO_HDR;
 
-        rc = kvt__cring_post(c->ring, body, blen, &rseq);
-        if (rc == -EBUSY) {
-            rc = drain_posted(c, true, deadline);
-            if (rc < 0)
-                goto broken;
-            rc = kvt__cring_post(c->ring, body, blen, &rseq);
-        }
-        if (rc == 0)
-            via_ring = true;
-        else if (rc != -EMSGSIZE && rc != -EBUSY)
+        rc = ring_post(c, body, blen, deadline, &rseq);
+        if (rc < 0)
             goto broken;
+        via_ring = rc == 0;
     }
     if (!via_ring) {
         rc = drain_posted(c, true, deadline);
@@ -451,35 +496,24 @@ static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_ems
         if (rc < 0)
             goto broken;
     }
-    for (;;) {
-        if (via_ring) {
-            uint32_t got = 0;
-            size_t n = 0;
+    if (via_ring) {
+        size_t n = 0;
 
-            rc = kvt__cring_next(c->ring, c->fd, true, dl_ns, &c->in, &c->in_cap, &n, &got);
-            if (rc < 0)
-                goto broken;
-            if ((rc == 0 || rc == 1) && got != rseq) {
-                rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
-                if (rc < 0)
-                    goto broken;
-                continue;
-            }
-            if (rc == 0) {
-                len = (uint32_t)n;
-                goto decode;
-            }
-            via_ring = false; /* 1: ours is on the socket; 3: read why the node closed */
-        }
+        rc = ring_wait(c, rseq, dl_ns, deadline, &n);
+        if (rc < 0)
+            goto broken;
+        len = (uint32_t)n;
+        via_ring = rc == 0; /* 1: ours is on the socket; 3: read why the node closed */
+    }
+    if (!via_ring) {
         rc = read_frame(c, deadline, fds, &len);
         if (rc < 0)
             goto broken;
-    decode:
-        rc = decode_reply(c, len, req->op, req->seq, rep);
-        if (rc < 0)
-            goto broken;
-        return (int)rep->rc;
     }
+    rc = decode_reply(c, len, req->op, req->seq, rep);
+    if (rc < 0)
+        goto broken;
+    return (int)rep->rc;
 broken:
     mark_broken(c, rc);
     return rc;
@@ -505,23 +539,13 @@ static int post_call(struct kvtier_client *c, struct kvt_emsg *req)
     rc = kvt__emsg_encode(req, &c->out);
     if (rc < 0 || c->out.len - KVT_EPROTO_HDR > c->lim.max_body)
         return 1;
-    rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR, &rseq);
-    if (rc == -EBUSY) { /* the ring is full of posted calls: their replies make room */
-        rc = drain_posted(c, true, deadline);
-        if (rc < 0)
-            goto broken;
-        rc = kvt__cring_post(c->ring, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR,
-                             &rseq);
-    }
-    if (rc == -EMSGSIZE || rc == -EBUSY)
+    rc = ring_post(c, c->out.data + KVT_EPROTO_HDR, c->out.len - KVT_EPROTO_HDR, deadline, &rseq);
+    if (rc == 1)
         return 1;
     if (rc < 0)
         goto broken;
     c->seq++;
-    c->posted[rseq % POSTED_MAX].op = req->op;
-    c->posted[rseq % POSTED_MAX].seq = req->seq;
-    c->posted[rseq % POSTED_MAX].bin = false;
-    c->posted_calls++;
+    note_posted(c, rseq, req->op, req->seq, false);
     return 0;
 broken:
     mark_broken(c, rc);
@@ -593,7 +617,10 @@ static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
     int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
     uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
     struct kvt_ebin_req q;
+    struct kvt_ebin_rep h;
+    const uint8_t *payload;
     uint32_t rseq = 0, len;
+    size_t n = 0;
     int rc;
 
     if (post && kvt__cring_outstanding(c->ring) >= POSTED_MAX - 1) {
@@ -604,66 +631,44 @@ static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
     if (bin_encode(c, op, req_id, k, flags) != 0)
         return 1;
     memcpy(&q, c->out.data, sizeof(q));
-    rc = kvt__cring_post(c->ring, c->out.data, c->out.len, &rseq);
-    if (rc == -EBUSY) { /* replies of posted calls make room */
-        rc = drain_posted(c, true, deadline);
-        if (rc < 0)
-            goto broken;
-        rc = kvt__cring_post(c->ring, c->out.data, c->out.len, &rseq);
-    }
-    if (rc == -EMSGSIZE || rc == -EBUSY)
+    rc = ring_post(c, c->out.data, c->out.len, deadline, &rseq);
+    if (rc == 1)
         return 1;
     if (rc < 0)
         goto broken;
     c->seq++;
     if (post) {
-        c->posted[rseq % POSTED_MAX].op = op;
-        c->posted[rseq % POSTED_MAX].seq = q.seq;
-        c->posted[rseq % POSTED_MAX].bin = true;
-        c->posted_calls++;
+        note_posted(c, rseq, op, q.seq, true);
         return 0;
     }
-    for (;;) {
-        struct kvt_ebin_rep h;
-        const uint8_t *payload;
-        uint32_t got = 0;
-        size_t n = 0;
-
-        rc = kvt__cring_next(c->ring, c->fd, true, dl_ns, &c->in, &c->in_cap, &n, &got);
+    rc = ring_wait(c, rseq, dl_ns, deadline, &n);
+    if (rc < 0)
+        goto broken;
+    len = (uint32_t)n;
+    if (rc == 1 || rc == 3) { /* ours is on the socket, or why the node closed */
+        rc = read_frame(c, deadline, NULL, &len);
         if (rc < 0)
             goto broken;
-        if ((rc == 0 || rc == 1) && got != rseq) {
-            rc = posted_reply(c, got, (uint32_t)n, rc == 1, deadline);
-            if (rc < 0)
-                goto broken;
-            continue;
-        }
-        len = (uint32_t)n;
-        if (rc == 1 || rc == 3) { /* ours is on the socket, or why the node closed */
-            rc = read_frame(c, deadline, NULL, &len);
-            if (rc < 0)
-                goto broken;
-        }
-        if (len == 0 || c->in[0] != KVT_EBIN_MAGIC) {
-            struct kvt_emsg rep; /* an ERROR frame (anything else breaks the call) */
-
-            rc = decode_reply(c, len, op, q.seq, &rep);
-            if (rc == 0) {
-                kvt__emsg_free(&rep);
-                rc = -EPROTO;
-            }
-            goto broken;
-        }
-        if (kvt__ebin_rep_parse(c->in, len, &q, &h, &payload) < 0) {
-            rc = -EPROTO;
-            goto broken;
-        }
-        if (h.rc == 0 && out != NULL)
-            memcpy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
-        if (n_out_p != NULL)
-            *n_out_p = h.n;
-        return h.rc;
     }
+    if (len == 0 || c->in[0] != KVT_EBIN_MAGIC) {
+        struct kvt_emsg rep; /* an ERROR frame (anything else breaks the call) */
+
+        rc = decode_reply(c, len, op, q.seq, &rep);
+        if (rc == 0) {
+            kvt__emsg_free(&rep);
+            rc = -EPROTO;
+        }
+        goto broken;
+    }
+    if (kvt__ebin_rep_parse(c->in, len, &q, &h, &payload) < 0) {
+        rc = -EPROTO;
+        goto broken;
+    }
+    if (h.rc == 0 && out != NULL)
+        memcpy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
+    if (n_out_p != NULL)
+        *n_out_p = h.n;
+    return h.rc;
 broken:
     mark_broken(c, rc);
     return rc;
