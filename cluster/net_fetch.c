@@ -971,11 +971,7 @@ void kvt__nt_into_deliver(struct net_tier *nt)
     if (kvt_list_empty(&nt->into_done))
         return;
     /* A callback may start jobs that end at once: they wait for the next call. */
-    done.next = nt->into_done.next;
-    done.prev = nt->into_done.prev;
-    done.next->prev = &done;
-    done.prev->next = &done;
-    kvt_list_init(&nt->into_done);
+    kvt_list_move_all(&nt->into_done, &done);
     kvt_list_for_each_safe(pos, tmp, &done)
     {
         struct load_job *lj = kvt_list_entry(pos, struct load_job, done.link);

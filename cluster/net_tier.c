@@ -177,14 +177,7 @@ static void nt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, voi
 
     /* The callbacks may hand us new jobs that end at once: they wait for the next
      * call, on a list of their own. */
-    kvt_list_init(&done);
-    if (!kvt_list_empty(&nt->done)) {
-        done.next = nt->done.next;
-        done.prev = nt->done.prev;
-        done.next->prev = &done;
-        done.prev->next = &done;
-        kvt_list_init(&nt->done);
-    }
+    kvt_list_move_all(&nt->done, &done);
     kvt_list_for_each_safe(pos, tmp, &done)
     {
         struct nt_done *d = kvt_list_entry(pos, struct nt_done, link);

@@ -412,13 +412,8 @@ void kvt_async_lookup_drain_results(struct kvt_async_lookup *al)
 {
     struct kvt_list local, *pos, *tmp;
 
-    kvt_list_init(&local);
     pthread_mutex_lock(&al->lock);
-    while (!kvt_list_empty(&al->results)) {
-        pos = al->results.next;
-        kvt_list_del(pos);
-        kvt_list_add_tail(&local, pos);
-    }
+    kvt_list_move_all(&al->results, &local);
     al->n_results = 0;
     pthread_mutex_unlock(&al->lock);
 

@@ -41,6 +41,19 @@ static inline void kvt_list_del(struct kvt_list *n)
     n->prev = n->next = n;
 }
 
+/* Moves every entry of from, in order, onto to (made empty first); from is left empty. */
+static inline void kvt_list_move_all(struct kvt_list *from, struct kvt_list *to)
+{
+    kvt_list_init(to);
+    if (kvt_list_empty(from))
+        return;
+    to->next = from->next;
+    to->prev = from->prev;
+    to->next->prev = to;
+    to->prev->next = to;
+    kvt_list_init(from);
+}
+
 #define kvt_list_entry(ptr, type, member) KVT_CONTAINER_OF(ptr, type, member)
 #define kvt_list_for_each_safe(pos, tmp, head)                                                     \
     for ((pos) = (head)->next, (tmp) = (pos)->next; (pos) != (head);                               \
