@@ -293,8 +293,8 @@ static void nt_pump_peer(struct net_tier *nt, struct nt_peer *p)
         f->state = F_SENT;
         p->active++;
         f->sent_ns = kvt_now_ns();
-        nt->c.fetch_queue_ns += f->sent_ns - f->queued_ns;
-        nt_observe(nt, KVT_M_NET_FETCH_QUEUE_SECONDS, f->sent_ns - f->queued_ns);
+        nt_time(nt, &nt->c.fetch_queue_ns, KVT_M_NET_FETCH_QUEUE_SECONDS,
+                f->sent_ns - f->queued_ns);
         f->deadline_ns = f->sent_ns + ms_ns(nt->cfg.fetch_timeout_ms);
         f->lease_deadline_ns = f->deadline_ns;
         for (uint32_t i = 0; i < f->n; i++)
@@ -370,8 +370,7 @@ void kvt__nt_on_grant(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     if (kvt__nt_reads_direct(nt) && (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE)))
         nt_direct_handles(nt, from, ep, g);
     f->grant_ns = kvt_now_ns();
-    nt->c.grant_wait_ns += f->grant_ns - f->sent_ns;
-    nt_observe(nt, KVT_M_NET_GRANT_WAIT_SECONDS, f->grant_ns - f->sent_ns);
+    nt_time(nt, &nt->c.grant_wait_ns, KVT_M_NET_GRANT_WAIT_SECONDS, f->grant_ns - f->sent_ns);
     f->lease_id = g->lease_id;
     /* The lease started after our FETCH left: timing it from then errs early. */
     f->lease_deadline_ns = kvt_now_ns() + ms_ns(g->lease_ttl_ms);
@@ -651,10 +650,8 @@ static void nt_fetch_end(struct net_tier *nt, struct fetch *f)
                 nt->c.into_bytes += f->chunks[i].length;
             }
         }
-        if (f->grant_ns != 0) {
-            nt->c.read_ns += now - f->grant_ns;
-            nt_observe(nt, KVT_M_NET_READ_SECONDS, now - f->grant_ns);
-        }
+        if (f->grant_ns != 0)
+            nt_time(nt, &nt->c.read_ns, KVT_M_NET_READ_SECONDS, now - f->grant_ns);
         if (f->ep != NULL && !f->direct) {
             struct kvt_wire_msg m;
 
@@ -675,6 +672,7 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
 {
     const struct kvt_job *job = lj->job;
     size_t n_ok = 0;
+    uint64_t took;
 
     if (--lj->parts_pending > 0)
         return;
@@ -688,12 +686,13 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
         kvt_async_lookup_mark_miss(nt->al, &job->keys[i], 1);
         kvt_free(kvt_map_remove(&nt->holders, job->keys[i].bytes, job->keys[i].len));
     }
-    nt_observe(nt, KVT_M_NET_LOAD_JOB_SECONDS, kvt_now_ns() - lj->start_ns);
+    took = kvt_now_ns() - lj->start_ns;
+    nt_observe(nt, KVT_M_NET_LOAD_JOB_SECONDS, took);
     lj->done = (struct nt_done){.job_id = job->id,
                                 .success = n_ok == job->n,
                                 .ok_keys = n_ok > 0 && n_ok < job->n ? lj->ok_keys : NULL,
                                 .n_ok = n_ok < job->n ? n_ok : 0,
-                                .seconds = (double)(kvt_now_ns() - lj->start_ns) * 1e-9,
+                                .seconds = (double)took * 1e-9,
                                 .bytes = (int64_t)lj->bytes};
     if (lj->region != NULL)
         kvt_list_add_tail(&nt->into_done, &lj->done.link); /* its callback, next poll */

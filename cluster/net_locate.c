@@ -322,8 +322,7 @@ void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kv
     }
     op = pt->op;
     nt->c.locate_rtts++;
-    nt->c.locate_rtt_ns += kvt_now_ns() - pt->sent_ns;
-    nt_observe(nt, KVT_M_NET_LOCATE_SECONDS, kvt_now_ns() - pt->sent_ns);
+    nt_time(nt, &nt->c.locate_rtt_ns, KVT_M_NET_LOCATE_SECONDS, kvt_now_ns() - pt->sent_ns);
     for (uint32_t i = 0; i < pt->n; i++) {
         const struct kvt_wire_holder_list *hl = &lr->holders[i];
         struct holder c[16];

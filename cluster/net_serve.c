@@ -364,8 +364,8 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         nt->c.served_chunks += n_hit;
         nt->c.served_bytes += bytes;
         nt->c.served_fetches++;
-        nt->c.serve_wait_ns += kvt_now_ns() - in->arrival_ns;
-        nt_observe(nt, KVT_M_NET_SERVE_WAIT_SECONDS, kvt_now_ns() - in->arrival_ns);
+        nt_time(nt, &nt->c.serve_wait_ns, KVT_M_NET_SERVE_WAIT_SECONDS,
+                kvt_now_ns() - in->arrival_ns);
         if (p != NULL)
             p->served_bytes += bytes;
     }

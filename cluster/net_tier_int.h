@@ -303,6 +303,7 @@ struct net_tier {
 
     struct kvt_net_tier_counts c, reported;
     struct kvt_stats phases; /* the phase histograms (KVT_M_NET_*_SECONDS) since get_stats */
+    char phase_label[KVT_STAT_LABEL_MAX]; /* their label (nt_observe) */
     bool shut;
 };
 
@@ -315,13 +316,21 @@ static inline struct net_tier *nt_of(struct kvt_tier *t)
     return KVT_CONTAINER_OF(t, struct net_tier, base);
 }
 
-/* One observation of a phase histogram; lost when out of memory (a statistic). */
+/* One observation of a phase histogram; lost when out of memory (a statistic). The
+ * tier's label is made at the first: its index is set once the manager has it. */
 static inline void nt_observe(struct net_tier *nt, const char *name, uint64_t ns)
 {
-    char label[KVT_STAT_LABEL_MAX];
+    if (nt->phase_label[0] == '\0')
+        snprintf(nt->phase_label, sizeof(nt->phase_label), "%d:%s", nt->base.index + 1,
+                 nt->base.type);
+    (void)kvt_stats_observe(&nt->phases, name, nt->phase_label, (double)ns * 1e-9);
+}
 
-    snprintf(label, sizeof(label), "%d:%s", nt->base.index + 1, nt->base.type);
-    (void)kvt_stats_observe(&nt->phases, name, label, (double)ns * 1e-9);
+/* A phase that has a sum in the counts too: adds ns to *sum and observes it. */
+static inline void nt_time(struct net_tier *nt, uint64_t *sum, const char *name, uint64_t ns)
+{
+    *sum += ns;
+    nt_observe(nt, name, ns);
 }
 
 static inline uint64_t ms_ns(uint32_t ms)
