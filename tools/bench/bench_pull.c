@@ -280,8 +280,10 @@ struct bp_row {
     double secs, gbps, req_p50, req_p99, key_p50, key_p99;
     double verify_ms;    /* B's validation time over the pull (timing's verify_ms) */
     double cpu_b, cpu_a; /* CPU seconds of B (puller) and A (holder) over the pull */
-    double ceiling;      /* the transport moving the same N distinct chunks */
-    double ceiling_hot;  /* the same READs over 32 chunks that stay in the caches */
+    /* From those, per chunk (us), and the same less one memcpy of the chunk. */
+    double puller_us, holder_us, puller_less_us, holder_less_us;
+    double ceiling;     /* the transport moving the same N distinct chunks */
+    double ceiling_hot; /* the same READs over 32 chunks that stay in the caches */
 };
 
 static int bp_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -596,6 +598,14 @@ int kvt_bench_pull(int argc, char **argv)
     unsetenv("UCX_TLS");
     redis = bp_redis(n, size, clients, redis_cmd, sizeof(redis_cmd));
     copy_s = bp_copy_s(size, n);
+    for (size_t k = 0; k < n_rows; k++) {
+        struct bp_row *r = &rows[k];
+
+        r->puller_us = r->hit ? r->cpu_b / r->hit * 1e6 : -1;
+        r->holder_us = r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1;
+        r->puller_less_us = bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s);
+        r->holder_less_us = bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s);
+    }
     bp_mooncake(mc_python, KVT_BENCH_MOONCAKE_SCRIPT, n, size, per, inflight, &mc);
 
     if (json) {
@@ -628,14 +638,11 @@ int kvt_bench_pull(int argc, char **argv)
                    r->corrupt, r->requests, r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50,
                    r->key_p99, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
                    r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
-                   redis > 0 ? r->gbps / redis : 0, r->hit ? r->cpu_b / r->hit * 1e6 : -1,
-                   r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1,
-                   bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s),
-                   bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s),
-                   bp_nic_fraction(bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s), size, 200),
-                   bp_nic_fraction(bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s), size, 400),
-                   bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 200),
-                   bp_nic_fraction(bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s), size, 400),
+                   redis > 0 ? r->gbps / redis : 0, r->puller_us, r->holder_us, r->puller_less_us,
+                   r->holder_less_us, bp_nic_fraction(r->puller_less_us, size, 200),
+                   bp_nic_fraction(r->puller_less_us, size, 400),
+                   bp_nic_fraction(r->holder_less_us, size, 200),
+                   bp_nic_fraction(r->holder_less_us, size, 400),
                    mc.gbps > 0 ? r->gbps / mc.gbps : 0);
         }
         printf("]}\n");
@@ -672,15 +679,14 @@ int kvt_bench_pull(int argc, char **argv)
            copy_s * 1e6);
     for (size_t k = 0; k < n_rows; k++) {
         const struct bp_row *r = &rows[k];
-        double lb = bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s);
-        double la = bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s);
 
         printf("  %-8s %-8s %-6s puller %7.1f (%7.1f) %4.2f / %4.2f   holder %7.1f (%7.1f) %4.2f / "
                "%4.2f\n",
-               r->tls, r->verify, r->fetch, r->hit ? r->cpu_b / r->hit * 1e6 : -1, lb,
-               bp_nic_fraction(lb, size, 200), bp_nic_fraction(lb, size, 400),
-               r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1, la,
-               bp_nic_fraction(la, size, 200), bp_nic_fraction(la, size, 400));
+               r->tls, r->verify, r->fetch, r->puller_us, r->puller_less_us,
+               bp_nic_fraction(r->puller_less_us, size, 200),
+               bp_nic_fraction(r->puller_less_us, size, 400), r->holder_us, r->holder_less_us,
+               bp_nic_fraction(r->holder_less_us, size, 200),
+               bp_nic_fraction(r->holder_less_us, size, 400));
     }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",

@@ -305,11 +305,12 @@ static double us_bin_ms(size_t b)
 
 static void record_hit(struct engine *e, const struct req *r, size_t k, uint64_t steps)
 {
-    double now = kvt_tool_now_s();
+    double now;
 
     e->ct.to_hit[steps < MAX_STEPS_H ? steps : MAX_STEPS_H - 1]++;
     if (steps == 0)
         return;
+    now = kvt_tool_now_s();
     e->ct.later_steps[steps < MAX_STEPS_H ? steps : MAX_STEPS_H - 1]++;
     e->ct.later_us[us_bin((now - r->start_s) * 1e6)]++;
     if (r->pending_s[k] > 0) {
