@@ -162,6 +162,7 @@ static void nt_direct_start(struct net_tier *nt, struct nt_peer *p, struct fetch
 
     f->direct = true;
     f->state = F_READING;
+    nt->c.direct_fetches++;
     f->ep = p->direct_ep;
     f->rk = p->direct_rk;
     f->fk = p->direct_fk;

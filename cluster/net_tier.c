@@ -482,6 +482,9 @@ void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out)
     out->active_leases = kvt_map_size(&nt->leases);
     out->directory_records = kvt_directory_num_records(nt->dir);
     out->published_keys = kvt_map_size(&nt->published);
+    out->direct_exposed_links = 0;
+    for (struct kvt_list *pos = nt->exposures.next; pos != &nt->exposures; pos = pos->next)
+        out->direct_exposed_links++;
 }
 
 static int nt_shutdown(struct kvt_tier *t)

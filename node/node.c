@@ -724,6 +724,9 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
         SAMPLE("kvtier_net_direct_exposures",
                "Peer links our primary and fence words were exposed to for direct reads",
                KVT_METRIC_COUNTER, c.direct_exposures);
+        SAMPLE("kvtier_net_direct_exposed_links",
+               "Peer links our primary and fence words are exposed to now", KVT_METRIC_GAUGE,
+               c.direct_exposed_links);
         /* network.verify: fence. Rows whose fence word had moved on (rewritten or
          * reused), was odd (being written), or could not be read: misses. */
         for (unsigned r = 0; r < KVT_NET_FENCE_N_REASONS; r++)

@@ -1149,6 +1149,7 @@ static void test_direct_pull_byte_exact(void **state)
     kvt_net_tier_counts(a.net, &ca0);
     kvt_net_tier_counts(b.net, &cb0);
     assert_int_equal(ca0.direct_exposures, 1);
+    assert_int_equal(ca0.direct_exposed_links, 1);
     assert_int_equal(cb0.grants, 1);
     assert_int_equal(pull_and_check(&b, ctx, 701, K, res), K);
     end_req(&b, ctx);
@@ -1156,6 +1157,7 @@ static void test_direct_pull_byte_exact(void **state)
     kvt_net_tier_counts(a.net, &ca);
     kvt_net_tier_counts(b.net, &cb);
     assert_int_equal(cb.direct_chunks, K);
+    assert_true(cb.direct_fetches > cb0.direct_fetches);
     assert_int_equal(cb.direct_misses, 0);
     assert_int_equal(cb.pulled_chunks, 1 + K);
     assert_int_equal(cb.fetches, cb0.fetches); /* no FETCH for them */
@@ -1166,7 +1168,16 @@ static void test_direct_pull_byte_exact(void **state)
     assert_int_equal(kvt_tier_get_stats(b.net, &st), 0);
     assert_true(kvt_stats_value(&st, KVT_M_NET_DIRECT_CHUNKS, "1:network") == K);
     kvt_stats_cleanup(&st);
+    /* B goes away: A's exposure to its link ends with the link. */
     tn_stop(&b);
+    for (uint64_t end = kvt_now_ns() + 10000000000ull; kvt_now_ns() < end; usleep(100)) {
+        kvt_manager_on_schedule_end(a.m, NULL);
+        kvt_net_tier_counts(a.net, &ca);
+        if (ca.direct_exposed_links == 0)
+            break;
+    }
+    assert_int_equal(ca.direct_exposed_links, 0);
+    assert_int_equal(ca.direct_exposures, 1);
     tn_stop(&a);
 }
 
@@ -1199,6 +1210,7 @@ static void test_direct_puller_lease_holder(void **state)
     kvt_net_tier_counts(a.net, &ca);
     kvt_net_tier_counts(b.net, &cb);
     assert_int_equal(ca.direct_exposures, 0);
+    assert_int_equal(cb.direct_fetches, 0);
     assert_int_equal(cb.direct_chunks, 0);
     assert_int_equal(cb.pulled_chunks, K);
     assert_true(cb.grants >= 2);

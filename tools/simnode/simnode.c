@@ -21,7 +21,9 @@
  *                                 looks them up until HIT or MISS, loads the hits and
  *                                 checks their bytes: hit miss corrupt retry pending
  *                                 steps_p50 steps_p99 ms_p50 ms_p99 seconds. With
- *                                 "pause", once the load's first GRANT is in, the node
+ *                                 "pause", once the load's first GRANT is in (or, in
+ *                                 network.fetch direct, its first READs posted
+ *                                 direct), the node
  *                                 prints "progress paused ..." and neither steps nor
  *                                 reads more until the line "continue": a fixed point
  *                                 mid-pull (leases held, at most fetches_per_peer
@@ -237,8 +239,9 @@ static void pause_until_continue(struct node *n)
     char line[64];
 
     kvt_net_tier_counts(n->net, &c);
-    printf("progress paused fetches=%" PRIu64 " grants=%" PRIu64 " pulled=%" PRIu64 "\n", c.fetches,
-           c.grants, c.pulled_chunks);
+    printf("progress paused fetches=%" PRIu64 " grants=%" PRIu64 " pulled=%" PRIu64
+           " direct_fetches=%" PRIu64 " direct=%" PRIu64 "\n",
+           c.fetches, c.grants, c.pulled_chunks, c.direct_fetches, c.direct_chunks);
     fflush(stdout);
     while (fgets(line, sizeof(line), stdin) != NULL) {
         if (strncmp(line, "continue", 8) == 0)
@@ -298,7 +301,7 @@ static void cmd_load(struct node *n, uint32_t seed, uint32_t first, uint32_t cou
             struct kvt_net_tier_counts c;
 
             kvt_net_tier_counts(n->net, &c);
-            if (c.grants > c0.grants) {
+            if (c.grants > c0.grants || c.direct_fetches > c0.direct_fetches) {
                 pause_until_continue(n);
                 pause = false;
             }
@@ -685,14 +688,15 @@ static void cmd_counts(struct node *n)
            " send_failures=%" PRIu64 " failed_fetches=%" PRIu64 " records=%" PRIu64
            " published=%" PRIu64 " malformed=%" PRIu64 " peer_refused=%" PRIu64
            " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " direct=%" PRIu64
-           " direct_miss=%" PRIu64 " live=%zu\n",
+           " direct_miss=%" PRIu64 " exposed=%" PRIu64 " live=%zu\n",
            c.fetches, c.grants, c.denies, c.pulled_chunks, c.served_chunks, c.checksum_failures,
            c.fence_failures, c.fence_fail[KVT_NET_FENCE_CHANGED],
            c.fence_fail[KVT_NET_FENCE_WRITING], c.fence_fail[KVT_NET_FENCE_UNREAD], c.active_leases,
            c.lease_expiries, c.leases_reaped, c.refused, c.send_failures, c.failed_fetches,
            c.directory_records, c.published_keys, p.malformed, p.refused,
            p.refused_by_reason[KVT_WIRE_R_AUTH], p.refused_by_reason[KVT_WIRE_R_NAMESPACE],
-           c.direct_chunks, c.direct_misses, kvt_peers_live(n->peers, live, 64));
+           c.direct_chunks, c.direct_misses, c.direct_exposed_links,
+           kvt_peers_live(n->peers, live, 64));
 }
 
 static void cmd_wait_live(struct node *n, size_t want, unsigned ms)

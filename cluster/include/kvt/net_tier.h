@@ -225,11 +225,13 @@ struct kvt_net_tier_counts {
      * pulled chunks; holder side, FETCH arrival to GRANT sent (served_fetches). */
     uint64_t locate_rtts, locate_rtt_ns, fetch_queue_ns, grant_wait_ns, read_ns, verify_ns;
     uint64_t served_fetches, serve_wait_ns;
-    /* Direct reads (network.fetch direct): rows read and accepted without a FETCH
-     * (also in pulled_chunks), rows that failed on that path (a fence that moved on
+    /* Direct reads (network.fetch direct): fetches whose READs went out without a
+     * FETCH, rows read and accepted that way (also in pulled_chunks), rows that
+     * failed on that path (a fence that moved on
      * or was odd, a READ that failed, a link gone: each a miss), and the exposures
-     * of our whole primary we made to peers that asked (holder side). */
-    uint64_t direct_chunks, direct_misses, direct_exposures;
+     * of our whole primary we made to peers that asked (holder side), and how many
+     * links hold one now (each ends when its link closes). */
+    uint64_t direct_fetches, direct_chunks, direct_misses, direct_exposures, direct_exposed_links;
 };
 void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out);
 
