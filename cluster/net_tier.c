@@ -268,6 +268,8 @@ int kvt__nt_progress(struct net_tier *nt)
     rc = kvt_peers_progress(nt->peers);
     kvt__nt_take_locates(nt);
     now = kvt_now_ns();
+    if (rc > 0)
+        nt->last_event_ns = now;
     /* Deadlines are in ms: the scans of the maps run once a ms, not on
      * every poll of a busy loop. */
     if (now >= nt->next_expire_ns) {
@@ -295,10 +297,17 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t)
     return nt_of(t)->wake_fd;
 }
 
-static bool nt_busy(struct net_tier *nt)
+/* Work of ours the loop must do: peers' requests parked for the serving loop, loads
+ * ended and not yet reported. */
+static bool nt_has_local_work(struct net_tier *nt)
 {
-    return kvt_map_size(&nt->fetches) > 0 || kvt_map_size(&nt->leases) > 0 || nt->n_in > 0 ||
-           !kvt_list_empty(&nt->done) || !kvt_list_empty(&nt->into_done);
+    return nt->n_in > 0 || !kvt_list_empty(&nt->done) || !kvt_list_empty(&nt->into_done);
+}
+
+/* Transfers in flight: our fetches, peers' leases on our rows. */
+static bool nt_in_flight(struct net_tier *nt)
+{
+    return kvt_map_size(&nt->fetches) > 0 || kvt_map_size(&nt->leases) > 0;
 }
 
 static int nt_drain_jobs(struct kvt_tier *t)
@@ -326,12 +335,14 @@ static int nt_reset(struct kvt_tier *t)
 
 static bool nt_has_pending_work(struct kvt_tier *t)
 {
-    return nt_busy(nt_of(t));
+    struct net_tier *nt = nt_of(t);
+
+    return nt_has_local_work(nt) || nt_in_flight(nt);
 }
 
 /* The loop's hooks: the lookup worker's eventfd and the peer links' transport fd;
- * the loop may sleep only with nothing in flight and the transport armed (over tcp
- * a peer's READ is served by our progress). */
+ * the loop may sleep only with the transport armed, and with transfers in flight
+ * only after busy_poll_us without an event (nt_arm). */
 static size_t nt_event_fds(struct kvt_tier *t, int *fds, size_t cap)
 {
     struct net_tier *nt = nt_of(t);
@@ -349,10 +360,20 @@ static int nt_arm(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
 
-    /* With leases held, the loop stays awake for the holders' READs; in direct mode
-     * there is no lease, so for a while after a direct READ was served (over
-     * transports that serve READs in software, our progress serves them). */
-    if (nt_busy(nt) || kvt_now_ns() < nt->direct_awake_until_ns)
+    uint64_t now = kvt_now_ns();
+
+    if (nt_has_local_work(nt))
+        return -EAGAIN;
+    /* With transfers in flight the loop polls: over transports that serve READs in
+     * software our progress moves their bytes (in direct mode there is no lease, so
+     * for a while after a direct READ was served). Not longer than busy_poll_us
+     * after the transport's last event: then it sleeps on the transport's events,
+     * which wake it for the next message, READ or completion, instead of taking a
+     * core from the other processes of a loaded host (the tick bounds the sleep;
+     * deadlines are counted in ms). */
+    if ((nt_in_flight(nt) || now < nt->direct_awake_until_ns) &&
+        (nt->cfg.busy_poll_us == 0 ||
+         now - nt->last_event_ns < (uint64_t)nt->cfg.busy_poll_us * 1000))
         return -EAGAIN;
     return kvt_peers_arm(nt->peers);
 }

@@ -298,6 +298,7 @@ struct net_tier {
     struct kvt_tp_mr *mr_into_fence;
     struct kvt_list exposures;      /* struct direct_exp (net_serve.c) */
     uint64_t direct_awake_until_ns; /* a direct READ was served: no sleep until then */
+    uint64_t last_event_ns;         /* the transport's last event (nt_arm's busy poll) */
     bool omit_fences;               /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
 

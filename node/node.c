@@ -549,6 +549,7 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
                                                               : KVT_NET_VERIFY_FENCE;
     nc.fetch =
         nd->cfg.network_fetch == KVT_FETCH_DIRECT ? KVT_NET_FETCH_DIRECT : KVT_NET_FETCH_LEASE;
+    nc.busy_poll_us = nd->cfg.network_busy_poll_us;
     rc = kvt_net_tier_create(&nc, t_p);
     if (rc != 0)
         kvt_error(MOD, "network tier: %s", strerror(-rc));

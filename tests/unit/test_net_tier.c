@@ -432,6 +432,52 @@ static void test_may_read_answers_from_active_leases(void **state)
     tn_stop(&a);
 }
 
+/* network.busy_poll_us: with transfers in flight a loop polls, for at most that
+ * long after the transport's last event. A (busy_poll_us 2000) holds two leases
+ * and B has two fetches out, neither stepped: A's network tier soon lets its loop
+ * sleep on the transport's events (kvt_tier_arm 0) with its leases still held, while
+ * B's (busy_poll_us 0: as long as anything is in flight) never does. */
+static void test_busy_poll_then_sleep_in_flight(void **state)
+{
+    struct kvt_net_tier_config nca = {.lease_ms = 10000, .busy_poll_us = 2000};
+    struct kvt_net_tier_config ncb = {.lease_ms = 10000};
+    struct kvt_net_tier_counts ca, cb;
+    struct kvt_req_ctx *ctx;
+    struct tn a, b;
+    bool a_armed = false, b_armed = false;
+    uint64_t end;
+
+    (void)state;
+    tn_start_cfg(&a, 0xA, 0, &nca);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &ncb);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    a_store(&a, 400, 8, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    ctx = new_req(&b);
+    hold_grants(&a, &b, ctx, 400, 8, 2);
+    end = kvt_now_ns() + 500000000ull;
+    while (kvt_now_ns() < end && !a_armed) {
+        kvt_net_tier_poll(a.net); /* not B's: its fetches stay out */
+        a_armed = kvt_tier_arm(a.net) == 0;
+        b_armed |= kvt_tier_arm(b.net) == 0;
+        usleep(200);
+    }
+    kvt_net_tier_counts(a.net, &ca);
+    kvt_net_tier_counts(b.net, &cb);
+    assert_true(a_armed);
+    assert_int_equal(ca.active_leases, 2);
+    assert_false(b_armed);
+    assert_true(cb.fetches >= 2);
+    assert_int_equal(cb.pulled_chunks, 0);
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 /* A holder changes rows it granted before the puller's READs of them end: key 1
  * rewritten whole (its fence word moved on), key 2 left mid-write (odd) while B
  * reads. B refuses exactly those two - under fences by their words, counted by
@@ -1504,6 +1550,7 @@ int main(void)
         cmocka_unit_test(test_direct_rewritten_or_mid_write_refused),
         cmocka_unit_test(test_direct_exposed_to_authenticated_askers_only),
         cmocka_unit_test(test_direct_fetch_into),
+        cmocka_unit_test(test_busy_poll_then_sleep_in_flight),
         cmocka_unit_test(test_may_read_answers_from_active_leases),
         cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),

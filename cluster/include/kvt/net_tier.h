@@ -148,6 +148,10 @@ struct kvt_net_tier_config {
     unsigned fetches_per_peer;   /* FETCHes out (sent, not ended) per peer; 0 = 4 */
     enum kvt_net_verify verify;  /* how pulled rows are checked; 0 = fences */
     enum kvt_net_fetch fetch;    /* lease or direct reads; 0 = lease */
+    /* With transfers in flight (our fetches, peers' leases), the loop polls for at
+     * most this long after the transport's last event, then sleeps on its events
+     * (kvt_tier_arm succeeds); 0 = it polls as long as anything is in flight. */
+    uint32_t busy_poll_us;
 };
 
 int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
