@@ -33,7 +33,7 @@
  * validation only, so a checksum row is always a lease row), the lease and direct
  * pulls of a validation one after the other.
  * The nodes are kvtier-simnode processes (tools/simnode), found next to this binary's
- * build folder or with --simnode PATH.
+ * build folder or with --simnode PATH; --set KEY=VALUE gives both more settings.
  *
  * CPU per pulled chunk: each node process's CPU time (every thread, user and system)
  * over the pull, per chunk, on B (the puller: its engine's calls included) and on A
@@ -302,6 +302,11 @@ static void bp_clean(const char *run, const char *secret)
     unlink(secret);
 }
 
+/* --set KEY=VALUE options, given to both nodes after the bench's own settings. */
+#define BP_MAX_SETS 8
+static const char *bp_sets[BP_MAX_SETS];
+static size_t bp_n_sets;
+
 /* One pull: A and B started under the row's UCX_TLS, A stores n chunks, B pulls them
  * as requests of per keys, inflight at a time. 0, or -1 with a message. */
 static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, unsigned inflight,
@@ -319,7 +324,7 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
                       "--set", k_size,           "--set", "storage.enabled=false",
                       "--set", "metrics.port=0", "--set", "network.port=0",
                       "--set", k_verify,         "--set", k_fetch};
-    char *av[32];
+    char *av[32 + 2 * BP_MAX_SETS];
     size_t ac = 0;
     struct proc a = {0}, b = {0};
     double t0;
@@ -347,6 +352,10 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     av[ac++] = (char *)simnode;
     for (size_t i = 0; i < KVT_ARRAY_SIZE(common); i++)
         av[ac++] = common[i];
+    for (size_t i = 0; i < bp_n_sets; i++) {
+        av[ac++] = "--set";
+        av[ac++] = (char *)bp_sets[i];
+    }
     av[ac++] = "--set";
     av[ac++] = "node.id=1";
     av[ac] = NULL;
@@ -520,12 +529,15 @@ int kvt_bench_pull(int argc, char **argv)
             mc_python = argv[++i];
         else if (strcmp(argv[i], "--no-mooncake") == 0)
             mc_python = NULL;
+        else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && bp_n_sets < BP_MAX_SETS)
+            bp_sets[bp_n_sets++] = argv[++i];
         else {
             fprintf(stderr, "usage: kvtier-bench pull [--json] [--chunks 6400] [--size 262144] "
                             "[--req-keys 32] [--inflight 4] [--tls tcp|default|both] "
                             "[--verify fence|checksum|both] [--fetch lease|direct|both] "
                             "[--reps 1 (of the ceiling)] "
-                            "[--simnode PATH] [--mooncake-python PY | --no-mooncake]\n");
+                            "[--simnode PATH] [--mooncake-python PY | --no-mooncake] "
+                            "[--set KEY=VALUE (both nodes; up to 8)]\n");
             return 2;
         }
     }
