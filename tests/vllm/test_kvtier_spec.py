@@ -659,6 +659,7 @@ def test_manager_calls_and_stats_through_the_ring():
     with running(8) as c:
         spec = make_spec(c.socks[0], events=True)
         m = spec.get_manager()
+        assert isinstance(m._f, kvtier._fast.Conn)  # the package's extension, not ctypes
         before = m._client.ring_stats()["posted"]
         ctx = ReqContext(req_id="st")
         m.on_new_request(ctx)

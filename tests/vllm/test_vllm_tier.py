@@ -98,6 +98,11 @@ def test_version_is_the_projects():
     # The library is the one inside the installed package: no variable needed.
     assert "KVTIER_CLIENT_LIB" not in os.environ
     assert os.path.dirname(kvtier._load()._name) == os.path.dirname(kvtier.__file__)
+    # and so is its extension of the hot calls (pip builds it; abi3, one wheel for all)
+    assert "KVTIER_FAST_MODULE" not in os.environ
+    assert kvtier._fast is not None
+    assert os.path.dirname(kvtier._fast.__file__) == os.path.dirname(kvtier.__file__)
+    assert kvtier._fast.__file__.endswith(".abi3.so")
 
 
 def test_tier_by_module_path_and_by_entry_point(cluster):
