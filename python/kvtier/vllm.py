@@ -208,16 +208,22 @@ def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
     return "vllm:%s:%s:%s" % (str(model.name)[:160], str(model.dtype)[:32], digest)
 
 
-class _Key:
-    """Lookup state of one key (scheduler thread)."""
+_RETRY, _HIT, _MISS = LookupResult.RETRY, LookupResult.HIT, LookupResult.MISS
 
-    __slots__ = ("gen", "result", "in_flight", "reqs")
+
+class _Key:
+    """Lookup state of one key (scheduler thread): verdict is what lookup() answers,
+    RETRY until the node's verdict is here, then HIT or MISS; nreq, how many live
+    requests looked it up (their sets in _req_keys say which: a count here, not a
+    set per key, as a step looks up thousands of keys)."""
+
+    __slots__ = ("gen", "verdict", "in_flight", "nreq")
 
     def __init__(self, gen: int):
         self.gen = gen
-        self.result: bool | None = None
+        self.verdict = _RETRY
         self.in_flight = False
-        self.reqs: set[str] = set()
+        self.nreq = 0
 
 
 class _Job:
@@ -284,6 +290,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # ---- scheduler thread -----------------------------------------------------
         self._keys: dict[OffloadKey, _Key] = {}
         self._req_keys: dict[str, set[OffloadKey]] = {}
+        self._last_rid: str | None = None  # lookup()'s last request and its key set
+        self._last_keys: set[OffloadKey] | None = None
         self._next_gen = 0
         self._step_keys: list[tuple[OffloadKey, int]] = []
         self._step_jobs: list[_kvt.Job] = []
@@ -345,13 +353,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         rid = req_context.req_id
+        keys = self._keys
+        if self._last_rid == rid:
+            self._last_rid = None
         for key in self._req_keys.pop(rid, ()):
-            st = self._keys.get(key)
+            st = keys.get(key)
             if st is None:
                 continue
-            st.reqs.discard(rid)
-            if not st.reqs and not st.in_flight:
-                del self._keys[key]
+            st.nreq -= 1
+            if st.nreq <= 0 and not st.in_flight:
+                del keys[key]
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -360,17 +371,25 @@ class KvtierSecondaryTier(SecondaryTierManager):
         st = self._keys.get(key)
         if st is None:
             if not self._node_up:
-                return LookupResult.MISS
+                return _MISS
             st = _Key(self._next_gen)
             self._next_gen += 1
             self._keys[key] = st
             self._step_keys.append((key, st.gen))
+        # The request's key set: vLLM looks a request's keys up one after another,
+        # so the last one is kept at hand.
         rid = req_context.req_id
-        st.reqs.add(rid)
-        self._req_keys.setdefault(rid, set()).add(key)
-        if st.result is None:
-            return LookupResult.RETRY
-        return LookupResult.HIT if st.result else LookupResult.MISS
+        if rid == self._last_rid:
+            rk = self._last_keys
+        else:
+            rk = self._req_keys.get(rid)
+            if rk is None:
+                rk = self._req_keys[rid] = set()
+            self._last_rid, self._last_keys = rid, rk
+        if key not in rk:
+            rk.add(key)
+            st.nreq += 1
+        return st.verdict
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Records an access in the node's cache policy (sent with the step)."""
@@ -382,15 +401,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
             if st is None:
                 continue
             if present:
-                if not st.reqs:
+                if st.nreq <= 0:
                     del self._keys[key]
                     continue
                 # Newer than any probe out: its late verdict must not land.
                 st.gen = self._next_gen
                 self._next_gen += 1
-                st.result, st.in_flight = True, False
-            elif st.result is not None:
-                st.result = False  # #49176: a failed load is not offered again
+                st.verdict, st.in_flight = _HIT, False
+            elif st.verdict is not _RETRY:
+                st.verdict = _MISS  # #49176: a failed load is not offered again
 
     # ------------------------------------------------------------------ jobs
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -460,7 +479,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         keys = []
         for key, gen in self._step_keys:
             st = self._keys.get(key)
-            if st is None or st.gen != gen or st.result is not None:
+            if st is None or st.gen != gen or st.verdict is not _RETRY:
                 continue
             st.in_flight = True
             keys.append((key, gen))
@@ -522,10 +541,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     if st is None or st.gen != gen:
                         continue
                     st.in_flight = False
-                    if not st.reqs:
-                        del self._keys[key]
+                    if st.nreq <= 0:
+                        del keys[key]
                         continue
-                    st.result = v in (_kvt.HIT, _kvt.HIT_PENDING)
+                    st.verdict = _HIT if v == _kvt.HIT or v == _kvt.HIT_PENDING else _MISS
                 for v, c in enumerate(counts):
                     if c:
                         self._stats.increase_counter(KvtierMetrics.VERDICTS, c,
@@ -551,10 +570,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._fail(job.id)
         self._step_jobs = []
         for key, st in list(self._keys.items()):
-            if st.result is None:
+            if st.verdict is _RETRY:
                 st.in_flight = False
-                st.result = False
-                if not st.reqs:
+                st.verdict = _MISS
+                if st.nreq <= 0:
                     del self._keys[key]
 
     # ------------------------------------------------------------------ the I/O thread
