@@ -39,7 +39,7 @@ set, names another (a development build), and the system's library path is the l
 resort. kvtier.__version__ is the loaded library's version, the project's.
 
 The hot calls (lookup, lookup_one, prepare_store, complete_store, prepare_load,
-complete_load, touch, on_schedule_end) go through kvtier._fast, a CPython extension
+complete_load, touch, on_schedule_end, jobs_step) go through kvtier._fast, a CPython extension
 pip builds with the package (limited API: one build for every CPython >= 3.9), on
 the library ctypes loaded: the same results and errors for a fraction of ctypes'
 cost per call. Client.fast is that extension's object of the client (None only when
@@ -727,6 +727,9 @@ class Client:
         """One step: verdicts (MISS/HIT/HIT_PENDING/RETRY) for lookup_keys, submits jobs
         ([Job(id, kind, keys, rows)]) and returns (verdicts, [JobDone]) with the jobs
         finished since the last call."""
+        if self.fast is not None:
+            verdicts, done = self.fast.jobs_step(lookup_keys, jobs)
+            return verdicts, [JobDone(*d) for d in done]
         larr, nl = _keys(lookup_keys)
         verdicts = (ctypes.c_uint8 * max(nl, 1))()
         jobs = list(jobs)

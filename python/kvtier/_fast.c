@@ -34,6 +34,7 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -41,6 +42,14 @@
 #include <kvtier/client.h>
 
 #define KVT_FAST_STACK_KEYS 64 /* keys packed without an allocation */
+
+/* o = its replacement (a new reference, may be NULL), the old one released. */
+#define Py_SETREF_(o, v)                                                                           \
+    do {                                                                                           \
+        PyObject *_old = (o);                                                                      \
+        (o) = (v);                                                                                 \
+        Py_DECREF(_old);                                                                           \
+    } while (0)
 
 /* The library's functions this module calls, resolved once per Conn. */
 struct kvt_fast_fns {
@@ -69,6 +78,9 @@ struct kvt_fast_fns {
     int (*touch)(struct kvtier_client *, const char *, const struct kvtier_key *, size_t);
     int (*on_schedule_end)(struct kvtier_client *, const char *const *, size_t, const char *const *,
                            size_t);
+    int (*jobs_step)(struct kvtier_client *, const struct kvtier_key *, size_t, uint8_t *,
+                     const struct kvtier_job *, size_t, struct kvtier_jobs_done **);
+    void (*jobs_done_free)(struct kvtier_jobs_done *);
 };
 
 /* One client's fast calls. The Python Client owns c; close() forgets it. Touched
@@ -695,6 +707,181 @@ out:
     return out;
 }
 
+/* Writes the keys of seq (a list or tuple of bytes, 1..64 bytes each, checked by
+ * the caller's keys_init or here) to out as struct kvtier_key. */
+static int keys_to_structs(PyObject *seq, Py_ssize_t n, struct kvtier_key *out, Py_ssize_t job)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = seq_item(seq, i);
+        Py_ssize_t len = PyBytes_Size(o);
+
+        if (len < 1 || len > KVTIER_KEY_MAX) {
+            if (job < 0)
+                PyErr_Format(PyExc_ValueError, "key %zd: a key is 1..64 bytes", i);
+            else
+                PyErr_Format(PyExc_ValueError, "job %zd, key %zd: a key is 1..64 bytes", job, i);
+            return -1;
+        }
+        out[i].len = (uint8_t)len;
+        memcpy(out[i].bytes, PyBytes_AsString(o), (size_t)len);
+        memset(out[i].bytes + len, 0, KVTIER_KEY_MAX - (size_t)len);
+    }
+    return 0;
+}
+
+/* jobs_step(lookup_keys, jobs) -> (verdicts, done): one engine step (kvtier_jobs_step).
+ * jobs: (id, kind, keys, rows) tuples (kvtier.Job); done: (id, ok, key_ok) tuples of
+ * the jobs finished since the last call, key_ok a list of bools. */
+static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
+{
+    PyObject *a[2] = {NULL, NULL}, *lseq = NULL, *jseq = NULL, *keep = NULL, *out = NULL;
+    PyObject *vl = NULL, *dl = NULL;
+    struct kvtier_client *c;
+    struct kvtier_key *lk = NULL, *kk = NULL;
+    struct kvtier_job *jobs = NULL;
+    struct kvtier_jobs_done *done = NULL;
+    int64_t *rows = NULL;
+    uint8_t *verdicts = NULL;
+    Py_ssize_t nl, nj, total = 0;
+    int rc;
+
+    if (unpack(args, "jobs_step", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+        return NULL;
+    if ((lseq = as_seq(a[0], "jobs_step")) == NULL)
+        goto out;
+    Py_SETREF_(lseq, as_bytes_seq(lseq));
+    if (lseq == NULL || (jseq = as_seq(a[1], "jobs_step")) == NULL)
+        goto out;
+    nl = PyList_Check(lseq) ? PyList_Size(lseq) : PyTuple_Size(lseq);
+    nj = PyList_Check(jseq) ? PyList_Size(jseq) : PyTuple_Size(jseq);
+    /* each job's keys (as bytes) and rows, kept alive in keep: [keys, rows] per job */
+    if ((keep = PyList_New(0)) == NULL)
+        goto out;
+    for (Py_ssize_t j = 0; j < nj; j++) {
+        PyObject *job = seq_item(jseq, j), *ks, *rs;
+        Py_ssize_t nk, nr;
+        int r;
+
+        if (!PyTuple_Check(job) || PyTuple_Size(job) != 4) {
+            PyErr_Format(PyExc_TypeError, "job %zd: a Job (id, kind, keys, rows)", j);
+            goto out;
+        }
+        if ((ks = as_seq(PyTuple_GetItem(job, 2), "jobs_step")) == NULL)
+            goto out;
+        Py_SETREF_(ks, as_bytes_seq(ks));
+        if (ks == NULL)
+            goto out;
+        if ((rs = as_seq(PyTuple_GetItem(job, 3), "jobs_step")) == NULL) {
+            Py_DECREF(ks);
+            goto out;
+        }
+        nk = PyList_Check(ks) ? PyList_Size(ks) : PyTuple_Size(ks);
+        nr = PyList_Check(rs) ? PyList_Size(rs) : PyTuple_Size(rs);
+        r = PyList_Append(keep, ks) < 0 || PyList_Append(keep, rs) < 0 ? -1 : 0;
+        Py_DECREF(ks);
+        Py_DECREF(rs);
+        if (r < 0)
+            goto out;
+        if (nk != nr) {
+            PyObject *id = PyTuple_GetItem(job, 0);
+
+            PyErr_Format(PyExc_ValueError, "job %S: %zd keys but %zd rows", id, nk, nr);
+            goto out;
+        }
+        total += nk;
+    }
+    lk = PyMem_Malloc((size_t)(nl ? nl : 1) * sizeof(*lk));
+    verdicts = PyMem_Malloc((size_t)(nl ? nl : 1));
+    kk = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(*kk));
+    rows = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(*rows));
+    jobs = PyMem_Malloc((size_t)(nj ? nj : 1) * sizeof(*jobs));
+    if (lk == NULL || verdicts == NULL || kk == NULL || rows == NULL || jobs == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    if (keys_to_structs(lseq, nl, lk, -1) < 0)
+        goto out;
+    for (Py_ssize_t j = 0, at = 0; j < nj; j++) {
+        PyObject *job = seq_item(jseq, j);
+        PyObject *ks = PyList_GetItem(keep, 2 * j), *rs = PyList_GetItem(keep, 2 * j + 1);
+        Py_ssize_t nk = PyList_Check(ks) ? PyList_Size(ks) : PyTuple_Size(ks);
+        unsigned long long id = PyLong_AsUnsignedLongLong(PyTuple_GetItem(job, 0));
+        long kind;
+
+        if (id == (unsigned long long)-1 && PyErr_Occurred())
+            goto out;
+        kind = PyLong_AsLong(PyTuple_GetItem(job, 1));
+        if (kind == -1 && PyErr_Occurred())
+            goto out;
+        if (kind < INT_MIN || kind > INT_MAX) {
+            PyErr_Format(PyExc_ValueError, "job %zd: kind %ld", j, kind);
+            goto out;
+        }
+        if (keys_to_structs(ks, nk, kk + at, j) < 0)
+            goto out;
+        for (Py_ssize_t i = 0; i < nk; i++) {
+            long long r = PyLong_AsLongLong(seq_item(rs, i));
+
+            if (r == -1 && PyErr_Occurred())
+                goto out;
+            rows[at + i] = r;
+        }
+        jobs[j] = (struct kvtier_job){
+            .id = id, .kind = (int)kind, .keys = kk + at, .rows = rows + at, .n = (size_t)nk};
+        at += nk;
+    }
+    Py_BEGIN_ALLOW_THREADS rc =
+        self->f.jobs_step(c, lk, (size_t)nl, verdicts, jobs, (size_t)nj, &done);
+    Py_END_ALLOW_THREADS if (rc < 0)
+    {
+        conn_raise(self, rc, "jobs_step");
+        goto out;
+    }
+    if ((vl = PyList_New(nl)) == NULL || (dl = PyList_New(0)) == NULL)
+        goto out;
+    for (Py_ssize_t i = 0; i < nl; i++) {
+        PyObject *x = PyLong_FromLong(verdicts[i]);
+
+        if (x == NULL)
+            goto out;
+        PyList_SetItem(vl, i, x);
+    }
+    for (size_t j = 0; done != NULL && j < done->n; j++) {
+        const struct kvtier_job_done *d = &done->job[j];
+        PyObject *ok = PyList_New((Py_ssize_t)d->n), *t;
+
+        if (ok == NULL)
+            goto out;
+        for (size_t i = 0; i < d->n; i++) {
+            PyObject *b = d->key_ok[i] ? Py_True : Py_False;
+
+            Py_INCREF(b);
+            PyList_SetItem(ok, (Py_ssize_t)i, b);
+        }
+        t = Py_BuildValue("(KON)", (unsigned long long)d->id, d->ok ? Py_True : Py_False, ok);
+        if (t == NULL || PyList_Append(dl, t) < 0) {
+            Py_XDECREF(t);
+            goto out;
+        }
+        Py_DECREF(t);
+    }
+    out = PyTuple_Pack(2, vl, dl);
+out:
+    if (done != NULL)
+        self->f.jobs_done_free(done);
+    Py_XDECREF(vl);
+    Py_XDECREF(dl);
+    PyMem_Free(lk);
+    PyMem_Free(verdicts);
+    PyMem_Free(kk);
+    PyMem_Free(rows);
+    PyMem_Free(jobs);
+    Py_XDECREF(keep);
+    Py_XDECREF(jseq);
+    Py_XDECREF(lseq);
+    return out;
+}
+
 /* close(): forgets the client (its owner closes it); every later call raises. */
 static PyObject *conn_close(struct kvt_fast_conn *self, PyObject *unused)
 {
@@ -735,6 +922,8 @@ static PyObject *conn_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         SYM(touch_packed, "kvtier_touch_packed"),
         SYM(touch, "kvtier_touch"),
         SYM(on_schedule_end, "kvtier_on_schedule_end"),
+        SYM(jobs_step, "kvtier_jobs_step"),
+        SYM(jobs_done_free, "kvtier_jobs_done_free"),
 #undef SYM
     };
     PyObject *a[4] = {NULL, NULL, NULL, NULL};
@@ -820,6 +1009,8 @@ static PyMethodDef conn_methods[] = {
     {"touch", (PyCFunction)conn_touch, METH_VARARGS, "touch(req_id or None, keys)"},
     {"on_schedule_end", (PyCFunction)conn_on_schedule_end, METH_VARARGS,
      "on_schedule_end(new=None, preempted=None)"},
+    {"jobs_step", (PyCFunction)conn_jobs_step, METH_VARARGS,
+     "jobs_step(lookup_keys, jobs) -> (verdicts, [(id, ok, key_ok)])"},
     {"close", (PyCFunction)conn_close, METH_NOARGS, "forget the client (its owner closes it)"},
     {NULL, NULL, 0, NULL},
 };

@@ -9,9 +9,11 @@ test compares the extension's answer with the ctypes layer's (a client whose
 `fast` is None) for the same call on the same node state."""
 
 import errno
+import mmap
 import os
 import random
 import sys
+import time
 import unittest
 
 import kvtier
@@ -189,6 +191,91 @@ class FastVsCtypes(unittest.TestCase):
             with self.assertRaises(kvtier.KvtierError) as e:
                 call()
             self.assertEqual(e.exception.errno, errno.EBADF)
+        self.finish(srv)
+
+    def jobs_run(self, srv, fast):
+        """Stores and loads through an attached region of this client's own, with a
+        row out of the region, a bad kind, a job of keys the node lacks and mismatched
+        rows on the way; what every call did, jobs in the order they finished."""
+        row = base.PAGE * base.WORKERS
+        path = os.path.join(srv.dir, "own-%d" % fast)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, 8 * row)
+        reg = mmap.mmap(fd, 8 * row)
+        log = []
+        try:
+            c = self.connect(srv, fast)
+            log.append(outcome(c.jobs_step, [key(1)], []))  # no region: ENOTCONN
+            c.attach_region(fd, 0, 8, row)
+            for i in range(4):
+                reg[i * row:(i + 1) * row] = bytes([i + 1]) * row
+            keys = [key(i) for i in range(4)]
+            log.append(outcome(c.jobs_step, [], [kvtier.Job(1, kvtier.JOB_STORE, keys[:2], [0, 1]),
+                                                 kvtier.Job(2, kvtier.JOB_LOAD, keys[:1], [8])]))
+            log.append(outcome(c.jobs_step, [], [kvtier.Job(3, 9, keys[:1], [0])]))
+            with self.assertRaises(ValueError) as e:
+                c.jobs_step([], [kvtier.Job(4, kvtier.JOB_STORE, keys, [0])])
+            log.append(str(e.exception))
+            log.append(outcome(c.jobs_step, keys, [
+                kvtier.Job(5, kvtier.JOB_STORE, keys, [0, 1, 2, 3])]))
+            finished = [d for d in log[-1][1][1]] if log[-1][0] == "ok" else []
+            for _ in range(500):
+                if any(d.id == 5 for d in finished):
+                    break
+                time.sleep(0.005)
+                got = c.jobs_step([], [])
+                finished += got[1]
+            log.append(finished)
+            # a load of two stored keys and one the node never saw: a partial failure
+            got = c.jobs_step(keys + [key(99)], [
+                kvtier.Job(6, kvtier.JOB_LOAD, [keys[0], key(99), keys[3]], [4, 5, 6])])
+            log.append(got[0])
+            finished = list(got[1])
+            for _ in range(500):
+                if any(d.id == 6 for d in finished):
+                    break
+                time.sleep(0.005)
+                finished += c.jobs_step([], [])[1]
+            log.append(finished)
+            log.append(bytes(reg[4 * row:5 * row]) == bytes([1]) * row)
+            log.append(bytes(reg[6 * row:7 * row]) == bytes([4]) * row)
+            c.close()
+        finally:
+            reg.close()
+            os.close(fd)
+        return log
+
+    def test_jobs_step_gives_the_ctypes_results(self):
+        a, b = self.server(), self.server()
+        fast, slow = self.jobs_run(a, True), self.jobs_run(b, False)
+        self.assertEqual(fast[0][:2], ("err", errno.ENOTCONN))
+        self.assertEqual(fast[1][:2], ("err", errno.EINVAL))  # row 8 is out of the region
+        self.assertEqual(fast[2][:2], ("err", errno.EINVAL))  # kind 9
+        self.assertEqual(fast[3], "job 4: 4 keys but 1 rows")
+        self.assertEqual([(d.id, d.ok) for d in fast[5]], [(5, True)])
+        self.assertEqual([(d.id, d.ok, d.key_ok) for d in fast[7]], [(6, False, [True, False, True])])
+        self.assertEqual(fast[8:], [True, True])
+        self.assertEqual(fast, slow)
+        self.finish(a)
+        self.finish(b)
+
+    def test_jobs_step_bad_arguments(self):
+        srv = self.server()
+        with self.connect(srv) as c:
+            fc = c.fast
+            for call in (lambda: fc.jobs_step([], [(1, 0, [key(1)])]),  # 3 fields
+                         lambda: fc.jobs_step([], [[1, 0, [key(1)], [0]]]),  # not a tuple
+                         lambda: fc.jobs_step([], [(1, 0, ["k"], [0])]),
+                         lambda: fc.jobs_step(["k"], []),
+                         lambda: fc.jobs_step([], [(1, 0, [key(1)], ["row"])]),
+                         lambda: fc.jobs_step([], [("id", 0, [key(1)], [0])])):
+                with self.assertRaises(TypeError):
+                    call()
+            for call in (lambda: fc.jobs_step([b""], []),
+                         lambda: fc.jobs_step([], [(1, 0, [b"x" * 65], [0])]),
+                         lambda: fc.jobs_step([], [(-1, 0, [key(1)], [0])])):
+                with self.assertRaises((ValueError, OverflowError)):
+                    call()
         self.finish(srv)
 
     def random_run(self, srv, fast, seed, ops=400):
