@@ -420,7 +420,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _submit(self, job: TransferJob, kind: int) -> None:
         keys = list(job.keys)
-        rows = [int(c) for c in job.chunk_ids]
+        ids = job.chunk_ids
+        rows = ids.tolist() if hasattr(ids, "tolist") else [int(c) for c in ids]
         self._jobs[job.job_id] = _Job(job, kind)
         if not self._node_up:
             self._fail(job.job_id)
