@@ -43,8 +43,10 @@ complete_load, touch, on_schedule_end, jobs_step) go through kvtier._fast, a CPy
 pip builds with the package (limited API: one build for every CPython >= 3.9), on
 the library ctypes loaded: the same results and errors for a fraction of ctypes'
 cost per call. Client.fast is that extension's object of the client (None only when
-kvtier is imported from a source tree without it; $KVTIER_FAST_MODULE, when set,
-names a built one, as for the library). The other calls stay on ctypes.
+the package has none: imported from a source tree, or the Debian package's copy;
+$KVTIER_FAST_MODULE, when set, names a built one, as $KVTIER_CLIENT_LIB does the
+library; setting Client.fast to None sends the calls through ctypes again). The
+other calls stay on ctypes.
 
 An engine declares its model with fingerprint= (any text up to 255 bytes that
 changes when the model, dtype, KV layout, block size, parallelism or hash seed do;
