@@ -965,9 +965,12 @@ class KvtierOffloadingManager(OffloadingManager):
             self._next_try = 0.0
 
     def _revive(self) -> bool:
-        """When down: tries to reconnect (at most every reconnect_s). True if up."""
+        """When down: tries to reconnect (at most every reconnect_s). True if up.
+        Never after shutdown()."""
         if not self._down:
             return True
+        if self._client is None:
+            return False  # shut down: calls answer as for a node gone, for good
         now = time.monotonic()
         if now < self._next_try:
             return False

@@ -677,3 +677,9 @@ def test_manager_calls_and_stats_through_the_ring():
         m.on_request_finished(ctx)
         assert m._client.ring_stats()["posted"] - before >= 6
         m.shutdown()
+        # after shutdown: calls answer as for a node gone (no reconnect, no crash)
+        late = ReqContext(req_id="late")
+        m.on_new_request(late)
+        assert m.lookup(keys[0], late) is LookupResult.MISS
+        assert m.prepare_store([key_of(9, b"st")], late) is None
+        assert m._client is None
