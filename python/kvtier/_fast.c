@@ -6,14 +6,18 @@
  * more than the C round trip over the shared-memory ring (about 1 us). Through
  * ctypes each call also pays the foreign-function machinery (argument conversion,
  * array objects for keys and results: 0.3-1 us); here a call takes Python's bytes
- * and lists as they are and packs the keys straight into a buffer of this object.
+ * and lists as they are and packs the keys straight into a buffer on its stack (the
+ * heap past 64 keys). The calls: lookup_one, lookup, prepare_store, complete_store,
+ * prepare_load, complete_load, touch, on_schedule_end (kvtier.vllm's spec manager)
+ * and jobs_step (its secondary tier); the rest stay on ctypes.
  *
- * One object, Conn, per kvtier.Client: it borrows the client's C handle (the Python
- * Client owns it, opens and closes it) and resolves the functions it calls with
- * dlsym from the very library ctypes loaded (ctypes' dlopen handle), so both layers
- * always run one library's code on one client - the packaged library, or the one
- * $KVTIER_CLIENT_LIB names (a sanitized development build). That is also why this
- * module links no libkvtier-client of its own.
+ * The Conn objects of a kvtier.Client (Client.fast, Client.fast_view()) borrow its C
+ * handle (the Python Client owns it, opens and closes it, and closes them with it)
+ * and resolve the functions they call with dlsym from the very library ctypes
+ * loaded (ctypes' dlopen handle), so both layers always run one library's code on
+ * one client - the packaged library, or the one $KVTIER_CLIENT_LIB names (a
+ * sanitized development build). That is also why this module links no
+ * libkvtier-client of its own.
  *
  * Errors are the ctypes layer's: a negative errno raises the KvtierError class the
  * package hands to Conn (errno positive, the node's reason when it closed the
