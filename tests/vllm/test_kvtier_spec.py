@@ -371,6 +371,30 @@ def test_same_answers_in_vllms_prefix_scans(policy):
     assert posted < calls * 0.8, (posted, calls)  # scans took fewer node calls
 
 
+def test_same_answers_through_ctypes_without_the_extension(monkeypatch):
+    """A package without kvtier._fast (the Debian package's copy) makes the same
+    calls through ctypes: the same answers as vLLM's manager, call for call."""
+    monkeypatch.setattr(kvtier, "_fast", None)
+    real = KvtierOffloadingSpec.get_manager
+    made = []
+
+    def get_manager(self):
+        m = real(self)
+        made.append(m)
+        return m
+
+    monkeypatch.setattr(KvtierOffloadingSpec, "get_manager", get_manager)
+    calls = 0
+    for seed in range(1, 5):
+        chunks = random.Random(seed).choice([2, 4, 8, 16])
+        with running(chunks) as c:
+            calls += run_sequence(seed, chunks, "lru", c.socks[0])[0]
+        with running(16) as c:
+            calls += run_scans(seed, 16, "lru", c.socks[0])[0]
+    assert calls > 800
+    assert made and all(type(m._f).__name__ == "_CtypesConn" for m in made)
+
+
 def test_spec_is_made_by_vllms_factory_and_checks_geometry():
     with running(8, row=8192, workers=2) as c:
         # 2 workers x 2 KiB per block x 2 blocks per chunk = 8 KiB rows: fits.
