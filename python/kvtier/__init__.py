@@ -38,6 +38,16 @@ one installed inside this package (pip install builds it); $KVTIER_CLIENT_LIB, w
 set, names another (a development build), and the system's library path is the last
 resort. kvtier.__version__ is the loaded library's version, the project's.
 
+The hot calls (lookup, lookup_one, prepare_store, complete_store, prepare_load,
+complete_load, touch, on_schedule_end, jobs_step) go through kvtier._fast, a CPython extension
+pip builds with the package (limited API: one build for every CPython >= 3.9), on
+the library ctypes loaded: the same results and errors for a fraction of ctypes'
+cost per call. Client.fast is that extension's object of the client (None only when
+the package has none: imported from a source tree, or the Debian package's copy;
+$KVTIER_FAST_MODULE, when set, names a built one, as $KVTIER_CLIENT_LIB does the
+library; setting Client.fast to None sends the calls through ctypes again). The
+other calls stay on ctypes.
+
 An engine declares its model with fingerprint= (any text up to 255 bytes that
 changes when the model, dtype, KV layout, block size, parallelism or hash seed do;
 kvtier.vllm computes one): a node that serves another model refuses it
@@ -56,6 +66,7 @@ import ctypes
 import ctypes.util
 import errno as _errno
 import os
+import sys
 from collections import namedtuple
 
 __all__ = [
@@ -300,6 +311,30 @@ def _load(path=None):
     return lib
 
 
+def _load_fast():
+    """kvtier._fast: $KVTIER_FAST_MODULE's when set (a development build's, as
+    $KVTIER_CLIENT_LIB), else the package's own; None when neither is there."""
+    path = os.environ.get("KVTIER_FAST_MODULE")
+    if path:
+        import importlib.machinery
+        import importlib.util
+
+        loader = importlib.machinery.ExtensionFileLoader(__name__ + "._fast", path)
+        spec = importlib.util.spec_from_file_location(__name__ + "._fast", path, loader=loader)
+        mod = importlib.util.module_from_spec(spec)
+        loader.exec_module(mod)
+        sys.modules[__name__ + "._fast"] = mod
+        return mod
+    try:
+        from kvtier import _fast
+    except ImportError:
+        return None
+    return _fast
+
+
+_fast = _load_fast()
+
+
 def __getattr__(name):
     if name == "__version__":
         return _load().kvtier_version().decode()
@@ -350,6 +385,8 @@ class Client:
         None to declare none (see the module's text)."""
         self._lib = _load(lib)
         self._c = None
+        self.fast = None
+        self._views = []
         fp = fingerprint.encode() if isinstance(fingerprint, str) else fingerprint
         if fp is not None and not 1 <= len(fp) <= FINGERPRINT_MAX:
             raise ValueError("a fingerprint is 1..%d bytes" % FINGERPRINT_MAX)
@@ -382,10 +419,18 @@ class Client:
         self.node_fingerprint = self._lib.kvtier_client_node_fingerprint(self._c).decode(
             "utf-8", "replace")
         self.node_minor = self._lib.kvtier_client_node_minor(self._c)
+        # The hot calls without ctypes (see the module's text), on this library.
+        # (Setting it to None sends them through ctypes again.)
+        self.fast = _fast.Conn(self._lib._handle, self._c.value, KvtierError) if _fast else None
 
     # -- life cycle
     def close(self):
         """Closes the connection; the daemon releases whatever is left open."""
+        if self.fast is not None:
+            self.fast.close()  # (every later fast call raises, as the ctypes ones)
+        for v in self._views:
+            v.close()
+        self._views = []
         if self._c is not None:
             try:
                 self._region.release()
@@ -412,6 +457,25 @@ class Client:
             if self._c is not None:
                 reason = self._lib.kvtier_client_error(self._c).decode("utf-8", "replace")
             raise KvtierError(rc, what, reason)
+
+    def fast_view(self, results=None):
+        """An object with the hot calls as kvtier._fast.Conn has them (every one takes
+        the request id first, bytes or str or None; errors raise KvtierError):
+        lookup_one(rid, key), lookup(rid, keys, prefix), prepare_store(rid, keys) ->
+        (store_index, chunk_ids, evicted), complete_store(rid, keys, success),
+        prepare_load(rid, keys) -> [chunk id], complete_load(rid, keys),
+        touch(rid, keys), on_schedule_end(new, preempted). A lookup's results are
+        results[MISS..RETRY] (a tuple of 4; default the ints). A new Conn of the
+        extension on this client, closed with it; through ctypes when the extension
+        is not there or fast is None (kvtier.vllm's managers call through this)."""
+        if self._c is None:
+            raise KvtierError(-_errno.EBADF, "client closed")
+        if self.fast is None:
+            return _CtypesConn(self, results)
+        conn = _fast.Conn(self._lib._handle, self._c.value, KvtierError,
+                          *(() if results is None else (tuple(results),)))
+        self._views.append(conn)
+        return conn
 
     def _handle(self):
         if self._c is None:
@@ -511,6 +575,8 @@ class Client:
     def lookup(self, req_id, keys, prefix=False):
         """Results per key (MISS/HIT/HIT_PENDING/RETRY); with prefix=True it stops after
         the first MISS or RETRY and the list is that long."""
+        if self.fast is not None:
+            return self.fast.lookup(req_id, keys, bool(prefix))
         arr, n = _keys(keys)
         res = (ctypes.c_uint8 * max(n, 1))()
         done = ctypes.c_size_t(0)
@@ -519,9 +585,24 @@ class Client:
         self._check(rc, "lookup")
         return list(res[:done.value])
 
+    def lookup_one(self, req_id, key):
+        """One key's result (MISS/HIT/HIT_PENDING/RETRY)."""
+        if self.fast is not None:
+            return self.fast.lookup_one(req_id, key)
+        key = bytes(key)
+        if not 1 <= len(key) <= KEY_MAX:
+            raise ValueError("a key is 1..64 bytes")
+        rc = self._lib.kvtier_lookup_one(self._handle(), _req(req_id), key, len(key))
+        if rc < 0:
+            self._check(rc, "lookup")
+        return rc
+
     def prepare_store(self, req_id, keys):
         """A StorePlan: stores = [(index into keys, chunk id)] to write, evicted keys.
         Raises KvtierError with errno ENOSPC when it cannot store."""
+        if self.fast is not None:
+            idx, ids, evicted = self.fast.prepare_store(req_id, keys)
+            return StorePlan(list(zip(idx, ids)), evicted)
         arr, n = _keys(keys)
         idx = (ctypes.c_uint32 * max(n, 1))()
         ids = (ctypes.c_int64 * max(n, 1))()
@@ -535,12 +616,16 @@ class Client:
         return StorePlan(stores, evicted)
 
     def complete_store(self, req_id, keys, success=True):
+        if self.fast is not None:
+            return self.fast.complete_store(req_id, keys, bool(success))
         arr, n = _keys(keys)
         self._check(self._lib.kvtier_complete_store(self._handle(), _req(req_id), arr, n,
                                                     bool(success)), "complete_store")
 
     def prepare_load(self, req_id, keys):
         """Pins keys; returns their chunk ids (co-indexed)."""
+        if self.fast is not None:
+            return self.fast.prepare_load(req_id, keys)
         arr, n = _keys(keys)
         ids = (ctypes.c_int64 * max(n, 1))()
         self._check(self._lib.kvtier_prepare_load(self._handle(), _req(req_id), arr, n, ids),
@@ -548,15 +633,21 @@ class Client:
         return list(ids[:n])
 
     def complete_load(self, req_id, keys):
+        if self.fast is not None:
+            return self.fast.complete_load(req_id, keys)
         arr, n = _keys(keys)
         self._check(self._lib.kvtier_complete_load(self._handle(), _req(req_id), arr, n),
                     "complete_load")
 
     def touch(self, keys, req_id=None):
+        if self.fast is not None:
+            return self.fast.touch(req_id, keys)
         arr, n = _keys(keys)
         self._check(self._lib.kvtier_touch(self._handle(), _req(req_id), arr, n), "touch")
 
     def on_schedule_end(self, new=(), preempted=()):
+        if self.fast is not None:
+            return self.fast.on_schedule_end(new, preempted)
         a, na = _ids(new)
         b, nb = _ids(preempted)
         self._check(self._lib.kvtier_on_schedule_end(self._handle(), a, na, b, nb),
@@ -638,6 +729,9 @@ class Client:
         """One step: verdicts (MISS/HIT/HIT_PENDING/RETRY) for lookup_keys, submits jobs
         ([Job(id, kind, keys, rows)]) and returns (verdicts, [JobDone]) with the jobs
         finished since the last call."""
+        if self.fast is not None:
+            verdicts, done = self.fast.jobs_step(lookup_keys, jobs)
+            return verdicts, [JobDone(*d) for d in done]
         larr, nl = _keys(lookup_keys)
         verdicts = (ctypes.c_uint8 * max(nl, 1))()
         jobs = list(jobs)
@@ -662,3 +756,41 @@ class Client:
         finally:
             self._lib.kvtier_jobs_done_free(p)
         return list(verdicts[:nl]), done
+
+
+
+class _CtypesConn:
+    """Client.fast_view() without the extension: the same calls through ctypes."""
+
+    def __init__(self, client, results):
+        self._c = client
+        self._res = tuple(results) if results is not None else (MISS, HIT, HIT_PENDING, RETRY)
+
+    def close(self):
+        pass
+
+    def lookup_one(self, rid, key):
+        return self._res[self._c.lookup_one(rid, key)]
+
+    def lookup(self, rid, keys, prefix=False):
+        res = self._res
+        return [res[r] for r in self._c.lookup(rid, keys, prefix)]
+
+    def prepare_store(self, rid, keys):
+        plan = self._c.prepare_store(rid, keys)
+        return [i for i, _ in plan.stores], [c for _, c in plan.stores], plan.evicted
+
+    def complete_store(self, rid, keys, success=True):
+        self._c.complete_store(rid, keys, success)
+
+    def prepare_load(self, rid, keys):
+        return self._c.prepare_load(rid, keys)
+
+    def complete_load(self, rid, keys):
+        self._c.complete_load(rid, keys)
+
+    def touch(self, rid, keys):
+        self._c.touch(keys, rid)
+
+    def on_schedule_end(self, new=None, preempted=None):
+        self._c.on_schedule_end(new or (), preempted or ())

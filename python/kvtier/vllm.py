@@ -208,16 +208,22 @@ def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
     return "vllm:%s:%s:%s" % (str(model.name)[:160], str(model.dtype)[:32], digest)
 
 
-class _Key:
-    """Lookup state of one key (scheduler thread)."""
+_RETRY, _HIT, _MISS = LookupResult.RETRY, LookupResult.HIT, LookupResult.MISS
 
-    __slots__ = ("gen", "result", "in_flight", "reqs")
+
+class _Key:
+    """Lookup state of one key (scheduler thread): verdict is what lookup() answers,
+    RETRY until the node's verdict is here, then HIT or MISS; nreq, how many live
+    requests looked it up (their sets in _req_keys say which: a count here, not a
+    set per key, as a step looks up thousands of keys)."""
+
+    __slots__ = ("gen", "verdict", "in_flight", "nreq")
 
     def __init__(self, gen: int):
         self.gen = gen
-        self.result: bool | None = None
+        self.verdict = _RETRY
         self.in_flight = False
-        self.reqs: set[str] = set()
+        self.nreq = 0
 
 
 class _Job:
@@ -284,6 +290,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # ---- scheduler thread -----------------------------------------------------
         self._keys: dict[OffloadKey, _Key] = {}
         self._req_keys: dict[str, set[OffloadKey]] = {}
+        self._last_rid: str | None = None  # lookup()'s last request and its key set
+        self._last_keys: set[OffloadKey] | None = None
         self._next_gen = 0
         self._step_keys: list[tuple[OffloadKey, int]] = []
         self._step_jobs: list[_kvt.Job] = []
@@ -345,13 +353,16 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         rid = req_context.req_id
+        keys = self._keys
+        if self._last_rid == rid:
+            self._last_rid = None
         for key in self._req_keys.pop(rid, ()):
-            st = self._keys.get(key)
+            st = keys.get(key)
             if st is None:
                 continue
-            st.reqs.discard(rid)
-            if not st.reqs and not st.in_flight:
-                del self._keys[key]
+            st.nreq -= 1
+            if st.nreq <= 0 and not st.in_flight:
+                del keys[key]
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -360,17 +371,25 @@ class KvtierSecondaryTier(SecondaryTierManager):
         st = self._keys.get(key)
         if st is None:
             if not self._node_up:
-                return LookupResult.MISS
+                return _MISS
             st = _Key(self._next_gen)
             self._next_gen += 1
             self._keys[key] = st
             self._step_keys.append((key, st.gen))
+        # The request's key set: vLLM looks a request's keys up one after another,
+        # so the last one is kept at hand.
         rid = req_context.req_id
-        st.reqs.add(rid)
-        self._req_keys.setdefault(rid, set()).add(key)
-        if st.result is None:
-            return LookupResult.RETRY
-        return LookupResult.HIT if st.result else LookupResult.MISS
+        if rid == self._last_rid:
+            rk = self._last_keys
+        else:
+            rk = self._req_keys.get(rid)
+            if rk is None:
+                rk = self._req_keys[rid] = set()
+            self._last_rid, self._last_keys = rid, rk
+        if key not in rk:
+            rk.add(key)
+            st.nreq += 1
+        return st.verdict
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Records an access in the node's cache policy (sent with the step)."""
@@ -382,15 +401,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
             if st is None:
                 continue
             if present:
-                if not st.reqs:
+                if st.nreq <= 0:
                     del self._keys[key]
                     continue
                 # Newer than any probe out: its late verdict must not land.
                 st.gen = self._next_gen
                 self._next_gen += 1
-                st.result, st.in_flight = True, False
-            elif st.result is not None:
-                st.result = False  # #49176: a failed load is not offered again
+                st.verdict, st.in_flight = _HIT, False
+            elif st.verdict is not _RETRY:
+                st.verdict = _MISS  # #49176: a failed load is not offered again
 
     # ------------------------------------------------------------------ jobs
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -401,7 +420,8 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _submit(self, job: TransferJob, kind: int) -> None:
         keys = list(job.keys)
-        rows = [int(c) for c in job.chunk_ids]
+        ids = job.chunk_ids
+        rows = ids.tolist() if hasattr(ids, "tolist") else [int(c) for c in ids]
         self._jobs[job.job_id] = _Job(job, kind)
         if not self._node_up:
             self._fail(job.job_id)
@@ -460,7 +480,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         keys = []
         for key, gen in self._step_keys:
             st = self._keys.get(key)
-            if st is None or st.gen != gen or st.result is not None:
+            if st is None or st.gen != gen or st.verdict is not _RETRY:
                 continue
             st.in_flight = True
             keys.append((key, gen))
@@ -522,10 +542,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     if st is None or st.gen != gen:
                         continue
                     st.in_flight = False
-                    if not st.reqs:
-                        del self._keys[key]
+                    if st.nreq <= 0:
+                        del keys[key]
                         continue
-                    st.result = v in (_kvt.HIT, _kvt.HIT_PENDING)
+                    st.verdict = _HIT if v == _kvt.HIT or v == _kvt.HIT_PENDING else _MISS
                 for v, c in enumerate(counts):
                     if c:
                         self._stats.increase_counter(KvtierMetrics.VERDICTS, c,
@@ -551,10 +571,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
             self._fail(job.id)
         self._step_jobs = []
         for key, st in list(self._keys.items()):
-            if st.result is None:
+            if st.verdict is _RETRY:
                 st.in_flight = False
-                st.result = False
-                if not st.reqs:
+                st.verdict = _MISS
+                if st.nreq <= 0:
                     del self._keys[key]
 
     # ------------------------------------------------------------------ the I/O thread
@@ -906,40 +926,24 @@ class KvtierOffloadingManager(OffloadingManager):
 
     # ---------------------------------------------------------------- connection
     def _attach(self, client) -> None:
-        lib = client.lib
         self._client = client
         self._h = client.handle
         self._region = client.region_ident
         self._gen += 1
-        n = max(int(client.max_keys), 1)
-        self._max_keys = n
-        self._idx = (ctypes.c_uint32 * n)()
-        self._ids = (ctypes.c_int64 * n)()
-        self._ev_cap = n * (_kvt.KEY_MAX + 1)
-        self._ev = ctypes.create_string_buffer(self._ev_cap)
-        self._n_store = ctypes.c_size_t(0)
-        self._n_ev = ctypes.c_size_t(0)
-        self._ev_bytes = ctypes.c_size_t(0)
-        self._p_n_store = ctypes.pointer(self._n_store)
-        self._p_n_ev = ctypes.pointer(self._n_ev)
-        self._p_ev_bytes = ctypes.pointer(self._ev_bytes)
-        # The 1-key lookup is called without argtypes: ctypes converts declared
-        # argument types on every call (about 0.1 us each), so this one is given
-        # its arguments already in C form: the handle as a c_void_p, bytes for the
-        # char pointers, c_size_t objects for the key's length (one per length).
-        self._lookup_one = lib._FuncPtr(("kvtier_lookup_one", lib))
-        self._lookup_one.restype = ctypes.c_int
-        self._hp = ctypes.c_void_p(self._h)
-        self._klens: dict = {}
-        self._lookup_packed = lib.kvtier_lookup_packed
-        self._res = (ctypes.c_uint8 * _SCAN_MAX)()
-        self._done = ctypes.c_size_t(0)
-        self._p_done = ctypes.pointer(self._done)
-        self._prepare_store = lib.kvtier_prepare_store_packed
-        self._complete_store = lib.kvtier_complete_store_packed
-        self._prepare_load = lib.kvtier_prepare_load_packed
-        self._complete_load = lib.kvtier_complete_load_packed
-        self._touch = lib.kvtier_touch_packed
+        self._max_keys = max(int(client.max_keys), 1)
+        # The hot calls through kvtier._fast (the package's CPython extension): bytes
+        # and lists as they are, no ctypes arrays; a lookup answers vLLM's
+        # LookupResult itself. Failures raise KvtierError.
+        f = client.fast_view(_LOOKUP_RESULTS)
+        self._f = f
+        self._lookup_one = f.lookup_one
+        self._lookup_many = f.lookup
+        self._prepare_store = f.prepare_store
+        self._complete_store = f.complete_store
+        self._prepare_load = f.prepare_load
+        self._complete_load = f.complete_load
+        self._touch = f.touch
+        self._schedule_end = f.on_schedule_end
         # The calls vLLM expects nothing back from are posted: the node runs them
         # in order before the next call, which does not wait for them.
         if client.has_ring:
@@ -961,9 +965,12 @@ class KvtierOffloadingManager(OffloadingManager):
             self._next_try = 0.0
 
     def _revive(self) -> bool:
-        """When down: tries to reconnect (at most every reconnect_s). True if up."""
+        """When down: tries to reconnect (at most every reconnect_s). True if up.
+        Never after shutdown()."""
         if not self._down:
             return True
+        if self._client is None:
+            return False  # shut down: calls answer as for a node gone, for good
         now = time.monotonic()
         if now < self._next_try:
             return False
@@ -1067,13 +1074,10 @@ class KvtierOffloadingManager(OffloadingManager):
             r = self._scan(key, req_context, rid, positions)
             if r is not None:
                 return r
-        klen = self._klens.get(len(key))
-        if klen is None:
-            klen = self._klens.setdefault(len(key), ctypes.c_size_t(len(key)))
-        rc = self._lookup_one(self._hp, rid, key, klen)
-        if rc >= 0:
-            return _LOOKUP_RESULTS[rc]
-        self._lost(rc, "lookup")
+        try:
+            return self._lookup_one(rid, key)
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "lookup")
         if self._down and self._revive():
             return self.lookup(key, req_context)
         return LookupResult.MISS
@@ -1111,15 +1115,11 @@ class KvtierOffloadingManager(OffloadingManager):
             pos = positions[k]
         if len(batch) == 1:
             return None
-        packed, klen = self._pack(batch)
-        if not klen:
-            return None
-        rc = self._lookup_packed(self._h, rid, packed, klen, len(batch), 1, self._res,
-                                 self._p_done)
-        if rc < 0:
+        try:
+            res = self._lookup_many(rid, batch, True)
+        except _kvt.KvtierError:
             return None  # (one key at a time tells the rest)
-        res = _LOOKUP_RESULTS
-        self._pf = {k: res[v] for k, v in zip(batch, self._res[:self._done.value])}
+        self._pf = dict(zip(batch, res))
         self._pf_ctx = req_context
         return self._pf.get(key)
 
@@ -1134,26 +1134,13 @@ class KvtierOffloadingManager(OffloadingManager):
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys or self._down:
             return
-        packed, klen = self._pack(keys)
         rid = self._rid(req_context) if req_context is not None else None
-        if klen:
-            rc = self._touch(self._h, rid, packed, klen, len(keys))
-            if rc < 0:
-                self._lost(rc, "touch")
-        else:
-            try:
-                self._client.touch(keys, None if rid is None else rid.decode())
-            except _kvt.KvtierError as e:
-                self._lost(-e.errno, "touch")
+        try:
+            self._touch(rid, keys)
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "touch")
 
     # ---------------------------------------------------------------- loads
-    @staticmethod
-    def _pack(keys) -> tuple[bytes, int]:
-        """Keys back to back and their one length (0 when lengths differ)."""
-        packed = b"".join(keys)
-        klen = len(keys[0])
-        return packed, (klen if len(packed) == klen * len(keys) and klen else 0)
-
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext):
         self._pf_ctx = None
         self._epoch += 1
@@ -1163,25 +1150,21 @@ class KvtierOffloadingManager(OffloadingManager):
             return KvtierCPULoadStoreSpec([], self._region)
         if n > self._max_keys or (self._down and not self._revive()):
             return KvtierCPULoadStoreSpec([0] * n, None)  # fails in the workers
-        packed, klen = self._pack(keys)
-        rc = (self._prepare_load(self._h, self._rid(req_context), packed, klen, n, self._ids)
-              if klen else self._prepare_load_slow(keys, req_context))
-        if rc < 0:
-            self._lost(rc, "prepare_load")
+        rid = self._rids.get(req_context.req_id) or self._rid(req_context)
+        try:
+            ids = self._prepare_load(rid, keys)
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "prepare_load")
             # (vLLM asserts the keys were HIT: a node that refuses them now has
             # lost them; the workers fail this load and vLLM recomputes)
             return KvtierCPULoadStoreSpec([0] * n, None)
-        self._loads.setdefault(packed, []).append(self._gen)
-        return KvtierCPULoadStoreSpec(self._ids[:n], self._region)
-
-    def _prepare_load_slow(self, keys, req_context) -> int:
-        try:
-            ids = self._client.prepare_load(self._rid(req_context).decode(), keys)
-        except _kvt.KvtierError as e:
-            return -e.errno
-        for i, v in enumerate(ids):
-            self._ids[i] = v
-        return 0
+        packed = b"".join(keys)
+        gens = self._loads.get(packed)
+        if gens is None:
+            self._loads[packed] = [self._gen]
+        else:
+            gens.append(self._gen)
+        return KvtierCPULoadStoreSpec(ids, self._region)
 
     def _from_this_node(self, prepared, packed) -> bool:
         """Takes the oldest prepare of these keys from prepared (the node generation it
@@ -1200,21 +1183,14 @@ class KvtierOffloadingManager(OffloadingManager):
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys:
             return
-        packed, klen = self._pack(keys)
-        if not self._from_this_node(self._loads, packed) or self._down:
+        if not self._from_this_node(self._loads, b"".join(keys)) or self._down:
             return  # pinned on a node that is gone
         # (no request id: the node scopes pins by client, and the request may be
         # finished already)
-        if klen:
-            rc = self._complete_load(self._h, None, packed, klen, len(keys))
-        else:
-            try:
-                self._client.complete_load(None, keys)
-                rc = 0
-            except _kvt.KvtierError as e:
-                rc = -e.errno
-        if rc < 0:
-            self._lost(rc, "complete_load")
+        try:
+            self._complete_load(None, keys)
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "complete_load")
 
     # ---------------------------------------------------------------- stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext):
@@ -1228,47 +1204,24 @@ class KvtierOffloadingManager(OffloadingManager):
             return PrepareStoreOutput(keys_to_store=[],
                                       store_spec=KvtierCPULoadStoreSpec([], self._region),
                                       evicted_keys=[])
-        packed, klen = self._pack(keys)
-        if not klen or n > self._max_keys:
-            return self._prepare_store_slow(keys, req_context)
-        rc = self._prepare_store(self._h, self._rid(req_context), packed, klen, n, self._idx,
-                                 self._ids, self._p_n_store, self._ev, self._ev_cap, self._p_n_ev,
-                                 self._p_ev_bytes)
-        if rc < 0:
-            if rc != -errno.ENOSPC:
-                self._lost(rc, "prepare_store")
-            return None
-        ns = self._n_store.value
-        to_store = [keys[i] for i in self._idx[:ns]]
-        if ns:
-            self._stores.setdefault(b"".join(to_store), []).append(self._gen)
-        evicted = []
-        ne = self._n_ev.value
-        if ne:
-            raw = ctypes.string_at(self._ev, self._ev_bytes.value)  # (not .raw: all of it)
-            off = 0
-            for _ in range(ne):
-                ln = raw[off]
-                evicted.append(OffloadKey(raw[off + 1:off + 1 + ln]))
-                off += 1 + ln
-        return PrepareStoreOutput(keys_to_store=to_store,
-                                  store_spec=KvtierCPULoadStoreSpec(self._ids[:ns], self._region),
-                                  evicted_keys=evicted)
-
-    def _prepare_store_slow(self, keys, req_context):
+        rid = self._rids.get(req_context.req_id) or self._rid(req_context)
         try:
-            plan = self._client.prepare_store(self._rid(req_context).decode(), keys)
+            idx, ids, evicted = self._prepare_store(rid, keys)
         except _kvt.KvtierError as e:
             if e.errno != errno.ENOSPC:
                 self._lost(-e.errno, "prepare_store")
             return None
-        to_store = [keys[i] for i, _ in plan.stores]
+        to_store = [keys[i] for i in idx]
         if to_store:
-            self._stores.setdefault(b"".join(to_store), []).append(self._gen)
-        return PrepareStoreOutput(
-            keys_to_store=to_store,
-            store_spec=KvtierCPULoadStoreSpec([c for _, c in plan.stores], self._region),
-            evicted_keys=[OffloadKey(k) for k in plan.evicted])
+            packed = b"".join(to_store)
+            gens = self._stores.get(packed)
+            if gens is None:
+                self._stores[packed] = [self._gen]
+            else:
+                gens.append(self._gen)
+        return PrepareStoreOutput(keys_to_store=to_store,
+                                  store_spec=KvtierCPULoadStoreSpec(ids, self._region),
+                                  evicted_keys=evicted)
 
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
@@ -1277,20 +1230,13 @@ class KvtierOffloadingManager(OffloadingManager):
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys:
             return
-        packed, klen = self._pack(keys)
-        if not self._from_this_node(self._stores, packed) or self._down:
+        if not self._from_this_node(self._stores, b"".join(keys)) or self._down:
             return  # prepared on a node that is gone
-        rid = self._rid(req_context)
-        if klen and len(keys) <= self._max_keys:
-            rc = self._complete_store(self._h, rid, packed, klen, len(keys), bool(success))
-        else:
-            try:
-                self._client.complete_store(rid.decode(), keys, success)
-                rc = 0
-            except _kvt.KvtierError as e:
-                rc = -e.errno
-        if rc < 0:
-            self._lost(rc, "complete_store")
+        rid = self._rids.get(req_context.req_id) or self._rid(req_context)
+        try:
+            self._complete_store(rid, keys, success)
+        except _kvt.KvtierError as e:
+            self._lost(-e.errno, "complete_store")
 
     # ---------------------------------------------------------------- steps
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
@@ -1298,16 +1244,16 @@ class KvtierOffloadingManager(OffloadingManager):
         self._epoch += 1
         if self._down and not self._revive():
             return
-        new = [self._rid_str(r) for r in context.new_req_ids]
-        pre = [self._rid_str(r) for r in context.preempted_req_ids]
+        new, pre = context.new_req_ids, context.preempted_req_ids
         try:
-            self._client.on_schedule_end(new, pre)
+            self._schedule_end([self._rid_of(r) for r in new] if new else None,
+                               [self._rid_of(r) for r in pre] if pre else None)
         except _kvt.KvtierError as e:
             self._lost(-e.errno, "on_schedule_end")
 
-    def _rid_str(self, req_id: str) -> str:
+    def _rid_of(self, req_id: str) -> bytes:
         rid = self._rids.get(req_id)
-        return rid.decode() if rid is not None else (self._prefix + req_id)[-_kvt.REQ_ID_MAX:]
+        return rid if rid is not None else (self._prefix + req_id)[-_kvt.REQ_ID_MAX:].encode()
 
     def has_pending_work(self) -> bool:
         return False

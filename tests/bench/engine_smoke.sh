@@ -42,11 +42,14 @@ if [ -n "$PY" ]; then
   check "engine: every Python row, best and median, each positive" \
     '([("in_process.py.vllm_cpu", "in_process.py.vllm_tiering", "ring.py.spec", "socket.py.spec")
         as $p | ("lookup1_us", "schedule_end_us", "store1_us", "scan16_per_key_us") as $c
-        | "\($p).\($c)"] + ["ring.py.ctypes.lookup1_us"]) as $names
+        | "\($p).\($c)"] + ["ring.py.ctypes.lookup1_us"]
+        + (if .python.fast then ["ring.py.fast.lookup1_us"] else [] end)) as $names
      | .python | '"$has_rows" "$out"
   check "engine: the Python headline figures, and vLLM's version" \
-    '.python.vllm == "0.34.0" and all(.python.lookup1_us[]; type == "number" and . > 0)
-     and (.python.lookup1_us | length) == 5' "$out"
+    '.python as $p | $p.vllm == "0.34.0" and ($p.fast | type == "boolean")
+     and all($p.lookup1_us | to_entries[] | select(.key != "ring_fast" or $p.fast)
+             | .value; type == "number" and . > 0)
+     and ($p.lookup1_us | length) == 6' "$out"
   check "engine: the step, vLLM's managers and the spec, and the ratios" \
     '.python.step as $s | $s.requests == 2 and $s.blocks == 4 and $s.steps == 3
      and all($s.vllm_tiering_us, $s.vllm_cpu_us, $s.kvtier_spec_ring_us,

@@ -371,6 +371,30 @@ def test_same_answers_in_vllms_prefix_scans(policy):
     assert posted < calls * 0.8, (posted, calls)  # scans took fewer node calls
 
 
+def test_same_answers_through_ctypes_without_the_extension(monkeypatch):
+    """A package without kvtier._fast (the Debian package's copy) makes the same
+    calls through ctypes: the same answers as vLLM's manager, call for call."""
+    monkeypatch.setattr(kvtier, "_fast", None)
+    real = KvtierOffloadingSpec.get_manager
+    made = []
+
+    def get_manager(self):
+        m = real(self)
+        made.append(m)
+        return m
+
+    monkeypatch.setattr(KvtierOffloadingSpec, "get_manager", get_manager)
+    calls = 0
+    for seed in range(1, 5):
+        chunks = random.Random(seed).choice([2, 4, 8, 16])
+        with running(chunks) as c:
+            calls += run_sequence(seed, chunks, "lru", c.socks[0])[0]
+        with running(16) as c:
+            calls += run_scans(seed, 16, "lru", c.socks[0])[0]
+    assert calls > 800
+    assert made and all(type(m._f).__name__ == "_CtypesConn" for m in made)
+
+
 def test_spec_is_made_by_vllms_factory_and_checks_geometry():
     with running(8, row=8192, workers=2) as c:
         # 2 workers x 2 KiB per block x 2 blocks per chunk = 8 KiB rows: fits.
@@ -659,6 +683,7 @@ def test_manager_calls_and_stats_through_the_ring():
     with running(8) as c:
         spec = make_spec(c.socks[0], events=True)
         m = spec.get_manager()
+        assert isinstance(m._f, kvtier._fast.Conn)  # the package's extension, not ctypes
         before = m._client.ring_stats()["posted"]
         ctx = ReqContext(req_id="st")
         m.on_new_request(ctx)
@@ -676,3 +701,9 @@ def test_manager_calls_and_stats_through_the_ring():
         m.on_request_finished(ctx)
         assert m._client.ring_stats()["posted"] - before >= 6
         m.shutdown()
+        # after shutdown: calls answer as for a node gone (no reconnect, no crash)
+        late = ReqContext(req_id="late")
+        m.on_new_request(late)
+        assert m.lookup(keys[0], late) is LookupResult.MISS
+        assert m.prepare_store([key_of(9, b"st")], late) is None
+        assert m._client is None

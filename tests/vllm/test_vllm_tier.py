@@ -98,6 +98,11 @@ def test_version_is_the_projects():
     # The library is the one inside the installed package: no variable needed.
     assert "KVTIER_CLIENT_LIB" not in os.environ
     assert os.path.dirname(kvtier._load()._name) == os.path.dirname(kvtier.__file__)
+    # and so is its extension of the hot calls (pip builds it; abi3, one wheel for all)
+    assert "KVTIER_FAST_MODULE" not in os.environ
+    assert kvtier._fast is not None
+    assert os.path.dirname(kvtier._fast.__file__) == os.path.dirname(kvtier.__file__)
+    assert kvtier._fast.__file__.endswith(".abi3.so")
 
 
 def test_tier_by_module_path_and_by_entry_point(cluster):
@@ -280,8 +285,9 @@ def test_contract_points(cluster):
         # a key the node said it had, whose load failed, is a MISS from now on (#49176)
         ghost = eng_mod.key(7, b"ghost")
         tier._keys[ghost] = type(tier._keys[keys[0]])(10**9)  # a HIT verdict for it
-        tier._keys[ghost].result = True
-        tier._keys[ghost].reqs.add("contract")
+        tier._keys[ghost].verdict = LookupResult.HIT
+        tier._keys[ghost].nreq += 1  # looked up by "contract"
+        tier._req_keys["contract"].add(ghost)
         tier.submit_load(_job(3, [ghost], [7], req="contract"))
         got = _finished(tier, [3])
         assert not got[3].success and not got[3].successful_keys
@@ -306,7 +312,9 @@ def test_contract_points(cluster):
         assert values[KvtierMetrics.NODE_CONNECTED][()] == 1
         # on_request_finished drops the request's lookup state
         tier.on_request_finished(ctx)
-        assert not any("contract" in s.reqs for s in tier._keys.values())
+        # ("contract" is the only request here: no key is looked up by any now)
+        assert "contract" not in tier._req_keys
+        assert not any(s.nreq for s in tier._keys.values())
     finally:
         e.shutdown()
 

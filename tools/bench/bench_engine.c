@@ -45,6 +45,9 @@
 #include "kvt/primary.h"
 #include "kvtier/client.h"
 
+#ifndef KVT_BENCH_FAST_MODULE
+#define KVT_BENCH_FAST_MODULE "" /* (built without Python's headers: ctypes only) */
+#endif
 #ifndef KVT_BENCH_PRELOAD
 #define KVT_BENCH_PRELOAD "" /* (a sanitized build preloads its runtime into Python) */
 #endif
@@ -442,11 +445,12 @@ static int run_python(const char *python, const char *script, const char *sock, 
     FILE *f;
 
     if (snprintf(cmd, sizeof(cmd),
-                 "LD_PRELOAD='%s' KVTIER_CLIENT_LIB='%s' PYTHONPATH='%s' '%s' '%s' --socket '%s' "
+                 "LD_PRELOAD='%s' KVTIER_CLIENT_LIB='%s' KVTIER_FAST_MODULE='%s' PYTHONPATH='%s' "
+                 "'%s' '%s' --socket '%s' "
                  "--iters %ld "
                  "--requests %ld --blocks %ld --steps %ld --cpu %d --json",
-                 KVT_BENCH_PRELOAD, lib, KVT_BENCH_PYTHONPATH, python, script, sock, iters, step[0],
-                 step[1], step[2], cpu) >= (int)sizeof(cmd))
+                 KVT_BENCH_PRELOAD, lib, KVT_BENCH_FAST_MODULE, KVT_BENCH_PYTHONPATH, python,
+                 script, sock, iters, step[0], step[1], step[2], cpu) >= (int)sizeof(cmd))
         return -ENAMETOOLONG;
     f = popen(cmd, "r");
     if (f == NULL)

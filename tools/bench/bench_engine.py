@@ -8,10 +8,14 @@ under a Python with vLLM, against the kvtierd it started):
     in_process.py.vllm_tiering.*  vLLM's TieringOffloadingManager over its CPU
                                   primary tier (no secondary tier), in this process
     ring.py.ctypes.lookup1_us     libkvtier-client's kvtier_lookup_one straight
-                                  from ctypes: the least a Python call to the node
-                                  costs
+                                  from ctypes
+    ring.py.fast.lookup1_us       the same through kvtier._fast, the package's CPython
+                                  extension (Conn.lookup_one): the least a Python
+                                  call to the node costs (absent when the extension
+                                  is not there; "fast" in the JSON says which)
     ring.py.spec.*                kvtier.vllm.KvtierOffloadingSpec's manager over
-                                  the ring, the calls vLLM makes
+                                  the ring, the calls vLLM makes (through
+                                  kvtier._fast when it is there)
     socket.py.spec.*              the same with the ring switched off
   for lookup1 (a HIT), schedule_end (empty) and store1 (prepare_store +
   complete_store of one new key, an eviction each: the caches are full), and
@@ -258,6 +262,10 @@ def main():
     probe = [key_of(i, b"raw") for i in range(64)]
     fill(m, ctx, probe)
     rows.timed("ring.py.ctypes.lookup1_us", iters, lambda i: f(h, rid, probe[i % 64], 36))
+    out["fast"] = c.fast is not None
+    if c.fast is not None:
+        one = c.fast.lookup_one
+        rows.timed("ring.py.fast.lookup1_us", iters, lambda i: one(rid, probe[i % 64]))
     m.on_request_finished(ctx)
     per_call(rows, "ring.py.spec", m, chunks, iters, b"sr")
     c.set_ring(False)
@@ -292,6 +300,7 @@ def main():
         "in_process_vllm_cpu": best["in_process.py.vllm_cpu.lookup1_us"],
         "ring_kvtier_spec": best["ring.py.spec.lookup1_us"],
         "ring_ctypes": best["ring.py.ctypes.lookup1_us"],
+        "ring_fast": best.get("ring.py.fast.lookup1_us"),
         "socket_kvtier_spec": best["socket.py.spec.lookup1_us"],
     }
     out["step"] = step
