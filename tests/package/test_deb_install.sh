@@ -84,6 +84,7 @@ except Exception as e:
 import kvtier
 
 c = kvtier.Client("/run/kvtier/engine.sock", name="pkg-engine", timeout_ms=10000)
+assert c.fast is not None, "the package's kvtier._fast did not load"
 keys = [kvtier.make_key(b"pkg-%d" % i, 0) for i in range(3)]
 c.on_new_request("store")
 plan = c.prepare_store("store", keys)
@@ -106,7 +107,7 @@ c.on_request_finished("load")
 c.close()
 print("stored and loaded 3 chunks of", c.row_bytes, "bytes")
 EOF
-  check "the Python module (ctypes, the installed library) stores and loads as an engine user" \
+  check "the Python module (its _fast extension over the installed library) stores and loads as an engine user" \
     'in_root setpriv --reuid=engine --regid=engine --init-groups -- python3 /tmp/engine.py \
        >"$root/tmp/engine.out" 2>&1'
   sed 's/^/    /' "$root/tmp/engine.out"
