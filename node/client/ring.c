@@ -177,7 +177,7 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
  * later one counts. */
 static int see_ack(struct kvt_cring *r, uint64_t ack, uint64_t *last)
 {
-    if ((ack & 15) != 0 || ack - *last > r->req_head - *last)
+    if ((ack & (KVT_ERING_ALIGN - 1)) != 0 || ack - *last > r->req_head - *last)
         return broken(r, last == &r->hdr_ack ? "a reply's ack outside its window"
                                              : "req_tail outside its window");
     *last = ack;
@@ -279,7 +279,7 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
     if (len == KVT_ERING_CLOSED)
         return 3;
     if (len == KVT_ERING_REDIRECT) {
-        r->rep_tail += skip + KVT_ERING_REC_BYTES;
+        r->rep_tail += skip + kvt_ering_rec_bytes(0);
         r->rep_next++;
         __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
         r->st.redirects++;
