@@ -320,8 +320,22 @@ static void notify(struct kvt_ering *r, const uint8_t *slot)
         futex_wake(slot);
 }
 
+/* The body's two pieces to p. */
+static void put_body(uint8_t *p, const void *a, size_t a_len, const void *b, size_t b_len)
+{
+    memcpy(p, a, a_len);
+    if (b_len > 0)
+        memcpy(p + a_len, b, b_len);
+}
+
 int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
 {
+    return kvt__ering_reply2(r, body, len, NULL, 0);
+}
+
+int kvt__ering_reply2(struct kvt_ering *r, const void *a, size_t a_len, const void *b, size_t b_len)
+{
+    size_t len = a_len + b_len;
     uint64_t free, need = kvt_ering_rec_bytes(len), off = r->rep_head & (r->cap - 1);
     uint64_t to_end = r->cap - off;
     uint8_t *slot = r->rep + off; /* where the engine waits */
@@ -344,12 +358,12 @@ int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
         r->rep_head += MARK_BYTES;
     } else if (to_end < need) {
         /* The record at the start, then the PAD that leads there. */
-        memcpy(r->rep + KVT_ERING_REC_BYTES, body, len);
+        put_body(r->rep + KVT_ERING_REC_BYTES, a, a_len, b, b_len);
         store_head(r->rep, (uint32_t)len, r->req_seq, r->req_tail);
         store_head(slot, KVT_ERING_PAD, r->req_seq, r->req_tail);
         r->rep_head += to_end + need;
     } else {
-        memcpy(slot + KVT_ERING_REC_BYTES, body, len);
+        put_body(slot + KVT_ERING_REC_BYTES, a, a_len, b, b_len);
         store_head(slot, (uint32_t)len, r->req_seq, r->req_tail);
         r->rep_head += need;
     }
