@@ -258,6 +258,62 @@ static void test_many_laps_line_aligned(void **state)
     close(n.memfd);
 }
 
+/* The engine never writes over a request the node has not taken: posts (in one
+ * step and in two, reserve then commit) fill the ring until it says -EBUSY with
+ * nothing published, and every request then taken is the one posted, bytes
+ * exact; once the node acks them (req_tail) there is room again. */
+static void test_full_ring_overwrites_nothing(void **state)
+{
+    struct kvt_cring *r;
+    uint8_t req[100], got[100], *p;
+    int evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), posted = 0;
+    uint32_t seq = 0;
+
+    (void)state;
+    node_create();
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), 0);
+    for (;; posted++) {
+        int rc;
+
+        memset(req, posted + 1, sizeof(req));
+        if (posted % 2 == 0) {
+            rc = kvt__cring_post(r, req, sizeof(req), &seq);
+        } else {
+            rc = kvt__cring_reserve(r, sizeof(req), &p);
+            if (rc == 0) {
+                memcpy(p, req, sizeof(req));
+                kvt__cring_commit(r, &seq);
+            }
+        }
+        if (rc == -EBUSY)
+            break;
+        assert_int_equal(rc, 0);
+        assert_int_equal(seq, (uint32_t)posted + 1);
+    }
+    /* 4096 bytes of 128-byte records */
+    assert_int_equal(posted, CAP / kvt_ering_rec_bytes(sizeof(req)));
+    assert_int_equal(kvt__cring_reserve(r, sizeof(req), &p), -EBUSY);
+    for (int i = 0; i < posted; i++) {
+        assert_int_equal(node_take_any(got, sizeof(got)), sizeof(req));
+        memset(req, i + 1, sizeof(req));
+        assert_memory_equal(got, req, sizeof(req));
+    }
+    /* nothing more was published */
+    {
+        struct kvt_ering_rec h;
+
+        memcpy(&h, n.req + (n.req_tail & (CAP - 1)), sizeof(h));
+        assert_int_not_equal(h.seq, n.req_seq + 1);
+    }
+    __atomic_store_n(&n.ctl->req_tail, n.req_tail, __ATOMIC_RELEASE);
+    assert_int_equal(kvt__cring_post(r, req, sizeof(req), &seq), 0);
+    assert_int_equal(seq, (uint32_t)posted + 1);
+    assert_null(kvt__cring_why(r));
+    kvt__cring_close(r);
+    munmap(n.map, KVT_ERING_CTL_BYTES + 2 * CAP);
+    close(n.memfd);
+}
+
 /* The scrub writes the first word of each line after the record's first, as a
  * header {0, the record's seq}, and nothing else: a one-line record is left alone. */
 static void test_scrub_line_starts_only(void **state)
@@ -304,6 +360,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stale_reply_body_is_no_reply),
         cmocka_unit_test(test_many_laps_line_aligned),
+        cmocka_unit_test(test_full_ring_overwrites_nothing),
         cmocka_unit_test(test_scrub_line_starts_only),
         cmocka_unit_test(test_other_version_refused),
     };
