@@ -293,7 +293,7 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
         return rc;
     if (free < MARK_BYTES)
         return -EAGAIN;
-    memcpy(r->in, r->req + off + KVT_ERING_REC_BYTES, len);
+    kvt_ering_copy(r->in, r->req + off + KVT_ERING_REC_BYTES, len);
     r->req_tail += skip + need;
     r->req_seq++;
     r->taken = true;
@@ -323,9 +323,8 @@ static void notify(struct kvt_ering *r, const uint8_t *slot)
 /* The body's two pieces to p. */
 static void put_body(uint8_t *p, const void *a, size_t a_len, const void *b, size_t b_len)
 {
-    memcpy(p, a, a_len);
-    if (b_len > 0)
-        memcpy(p + a_len, b, b_len);
+    kvt_ering_copy(p, a, a_len);
+    kvt_ering_copy(p + a_len, b, b_len);
 }
 
 int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)

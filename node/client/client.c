@@ -637,14 +637,14 @@ static void bin_write(uint8_t *p, const struct kvt_ebin_req *h, const char *req_
     memcpy(p, h, sizeof(*h));
     p += sizeof(*h);
     if (h->id_len > 0)
-        memcpy(p, req_id, h->id_len);
+        kvt_ering_copy(p, req_id, h->id_len);
     p += h->id_len;
     if (k->packed != NULL) {
-        memcpy(p, k->packed, (size_t)h->n * h->key_len);
+        kvt_ering_copy(p, k->packed, (size_t)h->n * h->key_len);
         return;
     }
     for (size_t i = 0; i < h->n; i++, p += h->key_len)
-        memcpy(p, k->keys[i].bytes, h->key_len);
+        kvt_ering_copy(p, k->keys[i].bytes, h->key_len);
 }
 
 /* One call of op as a binary message over the ring. 1: not made (no binary form
@@ -710,7 +710,7 @@ static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
         goto broken;
     }
     if (h.rc == 0 && out != NULL)
-        memcpy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
+        kvt_ering_copy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
     if (n_out_p != NULL)
         *n_out_p = h.n;
     return h.rc;

@@ -224,7 +224,7 @@ int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32
 
     if (rc < 0)
         return rc;
-    memcpy(p, body, len);
+    kvt_ering_copy(p, body, len);
     kvt__cring_commit(r, seq_p);
     return 0;
 }
@@ -320,7 +320,7 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
         *buf_p = p;
         *cap_p = len;
     }
-    memcpy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, len);
+    kvt_ering_copy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, len);
     kvt_ering_scrub(r->rep + off, len, seq);
     *len_p = len;
     r->rep_tail += skip + need;

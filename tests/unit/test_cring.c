@@ -314,6 +314,28 @@ static void test_full_ring_overwrites_nothing(void **state)
     close(n.memfd);
 }
 
+/* kvt_ering_copy copies exactly n bytes, at any alignment, for every size up to
+ * and past its inline limit, and writes nothing beyond them. */
+static void test_copy_exact(void **state)
+{
+    uint8_t src[600], dst[640], want[640];
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 131 + 7);
+    for (size_t len = 0; len <= 520; len++) {
+        for (size_t so = 0; so < 3; so++) {
+            size_t dof = (len * 7 + so) % 17;
+
+            memset(dst, 0xee, sizeof(dst));
+            memset(want, 0xee, sizeof(want));
+            memcpy(want + dof, src + so, len);
+            kvt_ering_copy(dst + dof, src + so, len);
+            assert_memory_equal(dst, want, sizeof(dst));
+        }
+    }
+}
+
 /* The scrub writes the first word of each line after the record's first, as a
  * header {0, the record's seq}, and nothing else: a one-line record is left alone. */
 static void test_scrub_line_starts_only(void **state)
@@ -362,6 +384,7 @@ int main(void)
         cmocka_unit_test(test_many_laps_line_aligned),
         cmocka_unit_test(test_full_ring_overwrites_nothing),
         cmocka_unit_test(test_scrub_line_starts_only),
+        cmocka_unit_test(test_copy_exact),
         cmocka_unit_test(test_other_version_refused),
     };
 

@@ -76,6 +76,7 @@
 #ifndef KVTIER_ENGINE_RING_H
 #define KVTIER_ENGINE_RING_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVT_ERING_MAGIC 0x33304752544b564bull /* "KVKTRG03" little-endian */
@@ -136,6 +137,38 @@ _Static_assert(sizeof(struct kvt_ering_rec) == KVT_ERING_REC_BYTES, "ring record
 static inline uint64_t kvt_ering_rec_bytes(uint64_t len)
 {
     return (KVT_ERING_REC_BYTES + len + KVT_ERING_ALIGN - 1) & ~(uint64_t)(KVT_ERING_ALIGN - 1);
+}
+
+/* memcpy for the small copies of a call's path (a record's body into or out of the
+ * ring, a reply's pieces): inline 16-byte moves up to 256 bytes, libc beyond. Why:
+ * on this project's test machine (a KVM guest on a Xeon with AVX-512) a call of
+ * glibc's memcpy for 24 bytes on the node's reply path cost about 0.1 us of the
+ * ring's 1-key round trip, measured by swapping it for this copy. */
+static inline void kvt_ering_copy(void *dst, const void *src, size_t n)
+{
+    uint8_t *d = (uint8_t *)dst;
+    const uint8_t *s = (const uint8_t *)src;
+
+    if (n > 256) {
+        __builtin_memcpy(d, s, n);
+        return;
+    }
+    for (; n >= 16; n -= 16, d += 16, s += 16)
+        __builtin_memcpy(d, s, 16);
+    if (n >= 8) {
+        __builtin_memcpy(d, s, 8);
+        d += 8, s += 8, n -= 8;
+    }
+    if (n >= 4) {
+        __builtin_memcpy(d, s, 4);
+        d += 4, s += 4, n -= 4;
+    }
+    if (n >= 2) {
+        __builtin_memcpy(d, s, 2);
+        d += 2, s += 2, n -= 2;
+    }
+    if (n > 0)
+        *d = *s;
 }
 
 /* What a consumer does to a record it has copied out, before it acks its bytes:
