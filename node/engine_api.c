@@ -1301,7 +1301,7 @@ static bool exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
     q->flags = h.flags;
     q->has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_KEYS | 1u << KVT_EF_FLAGS;
     if (h.id_len > 0) {
-        memcpy(q->req_id, id, h.id_len);
+        kvt_ering_copy(q->req_id, id, h.id_len);
         q->req_id[h.id_len] = '\0';
         q->has |= 1u << KVT_EF_REQ_ID;
     }
@@ -1309,9 +1309,10 @@ static bool exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
         struct kvtier_key *k = &s->bin_keys[i];
 
         k->len = h.key_len;
-        memcpy(k->bytes, kp + (size_t)i * h.key_len, h.key_len);
-        if (k->len < KVTIER_KEY_MAX) /* (keys are compared and hashed by len; zeroed as decoded) */
-            memset(k->bytes + h.key_len, 0, KVTIER_KEY_MAX - h.key_len);
+        /* (keys are compared and hashed by len; zeroed as decoded. Whole, then the
+         * key over it: both copies inline, see kvt_ering_copy) */
+        __builtin_memset(k->bytes, 0, KVTIER_KEY_MAX);
+        kvt_ering_copy(k->bytes, kp + (size_t)i * h.key_len, h.key_len);
     }
     q->keys = s->bin_keys;
     q->n_keys = h.n;

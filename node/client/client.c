@@ -605,8 +605,12 @@ static int bin_plan(struct kvtier_client *c, unsigned op, const char *req_id,
                     size_t *len_p)
 {
     struct kvt_ebin_req h = {.magic = KVT_EBIN_MAGIC, .op = (uint8_t)op, .flags = flags};
-    size_t id_len = req_id != NULL ? strlen(req_id) : 0, key_len = k->key_len;
+    size_t id_len = 0, key_len = k->key_len;
 
+    /* the id's length, at most one past the longest allowed (refused below); a
+     * loop, not strlen: see kvt_ering_copy on library calls in a ring call */
+    while (req_id != NULL && id_len <= KVT_EPROTO_ID_MAX && req_id[id_len] != '\0')
+        id_len++;
     if (!c->bin || c->ring == NULL || !c->use_ring || c->broken || k->n == 0 ||
         k->n > c->lim.max_keys || id_len > KVT_EPROTO_ID_MAX || (req_id != NULL && id_len == 0))
         return 1;
