@@ -1269,19 +1269,21 @@ static void exec_frame(struct kvt_engine_server *s, struct eclient *c, const uin
 }
 
 /* Executes one binary request from the ring (kvt__ebin_req_parse checks it whole
- * first) through the same op as its frame, and encodes its binary reply into out
- * (a whole frame, header included). A request that does not parse is refused and
- * counted like a malformed frame. The op sees a message with only the fields the
- * frame would have had; its reply fields are freed here. */
-static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
-                     size_t len, struct kvt_ebuf *out)
+ * first) through the same op as its frame. Its binary reply is *rh_p and the
+ * payload (plen bytes at *payload_p: lookup's results, prepare_load's ids), valid
+ * until bin_done: the caller writes them straight into the ring's reply record (no
+ * frame is encoded unless the reply goes on the socket). false: the request did
+ * not parse, it was refused and counted like a malformed frame. The op sees a
+ * message with only the fields the frame would have had. */
+static bool exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body,
+                     size_t len, struct kvt_ebin_rep *rh_p, const uint8_t **payload_p,
+                     size_t *plen_p)
 {
     struct kvt_emsg *q = &s->bin_q, *r = &s->bin_r;
     struct kvt_ebin_req h;
     struct kvt_ebin_rep rh = {.magic = KVT_EBIN_MAGIC};
     const uint8_t *kp, *payload = NULL;
     const char *id;
-    uint8_t fhdr[KVT_EPROTO_HDR];
     size_t plen = 0;
     int rc = kvt__ebin_req_parse(body, len, &s->lim, &h, &id, &kp);
 
@@ -1291,7 +1293,7 @@ static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
         else
             s->ctr.malformed++;
         refuse(c, rc, "bad binary request (malformed or over a limit)");
-        return;
+        return false;
     }
     s->ctr.requests++;
     q->op = h.op;
@@ -1299,7 +1301,7 @@ static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
     q->flags = h.flags;
     q->has = 1u << KVT_EF_OP | 1u << KVT_EF_SEQ | 1u << KVT_EF_KEYS | 1u << KVT_EF_FLAGS;
     if (h.id_len > 0) {
-        memcpy(q->req_id, id, h.id_len);
+        kvt_ering_copy(q->req_id, id, h.id_len);
         q->req_id[h.id_len] = '\0';
         q->has |= 1u << KVT_EF_REQ_ID;
     }
@@ -1307,9 +1309,10 @@ static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
         struct kvtier_key *k = &s->bin_keys[i];
 
         k->len = h.key_len;
-        memcpy(k->bytes, kp + (size_t)i * h.key_len, h.key_len);
-        if (k->len < KVTIER_KEY_MAX) /* (keys are compared and hashed by len; zeroed as decoded) */
-            memset(k->bytes + h.key_len, 0, KVTIER_KEY_MAX - h.key_len);
+        /* (keys are compared and hashed by len; zeroed as decoded. Whole, then the
+         * key over it: both copies inline, see kvt_ering_copy) */
+        __builtin_memset(k->bytes, 0, KVTIER_KEY_MAX);
+        kvt_ering_copy(k->bytes, kp + (size_t)i * h.key_len, h.key_len);
     }
     q->keys = s->bin_keys;
     q->n_keys = h.n;
@@ -1328,17 +1331,18 @@ static void exec_bin(struct kvt_engine_server *s, struct eclient *c, const uint8
         payload = (const uint8_t *)r->ids;
         plen = (size_t)r->n_ids * sizeof(*r->ids);
     }
-    len = KVT_EBIN_HDR + plen;
-    fhdr[0] = (uint8_t)(len >> 24);
-    fhdr[1] = (uint8_t)(len >> 16);
-    fhdr[2] = (uint8_t)(len >> 8);
-    fhdr[3] = (uint8_t)len;
-    if (kvt__ebuf_append(out, fhdr, sizeof(fhdr)) != 0 ||
-        kvt__ebuf_append(out, &rh, sizeof(rh)) != 0 ||
-        (plen > 0 && kvt__ebuf_append(out, payload, plen) != 0))
-        refuse(c, -ENOMEM, "no memory for a reply");
-    /* What the binary ops allocate for their replies (lookup's results are the
-     * server's scratch). */
+    *rh_p = rh;
+    *payload_p = payload;
+    *plen_p = plen;
+    return true;
+}
+
+/* After exec_bin's reply went out: frees what the binary ops allocate for their
+ * replies (lookup's results are the server's scratch). */
+static void bin_done(struct kvt_engine_server *s)
+{
+    struct kvt_emsg *q = &s->bin_q, *r = &s->bin_r;
+
     if (r->results != s->lookup_out)
         kvt_free(r->results);
     kvt_free(r->ids);
@@ -1405,6 +1409,36 @@ static void ring_broken(struct kvt_engine_server *s, struct eclient *c, int rc)
     refuse(c, rc, why);
 }
 
+/* One binary request from c's ring: executed, its reply header and payload
+ * written straight into the reply record (kvt__ering_reply2), or, when they do
+ * not fit, behind a REDIRECT as a frame on the socket (1). 0, 1, or -EPROTO (the
+ * engine broke its ring); c->closing when the request was refused. */
+static int ring_bin(struct kvt_engine_server *s, struct eclient *c, const uint8_t *body, size_t len)
+{
+    struct kvt_ebin_rep rh;
+    const uint8_t *payload;
+    size_t plen;
+    int rc;
+
+    if (!exec_bin(s, c, body, len, &rh, &payload, &plen) || c->closing) {
+        bin_done(s);
+        return 0; /* refused: its ERROR frame is on the socket, the ring closed */
+    }
+    rc = kvt__ering_reply2(c->ring, &rh, sizeof(rh), payload, plen);
+    if (rc == 1) {
+        uint32_t flen = (uint32_t)(sizeof(rh) + plen);
+        uint8_t fhdr[KVT_EPROTO_HDR] = {(uint8_t)(flen >> 24), (uint8_t)(flen >> 16),
+                                        (uint8_t)(flen >> 8), (uint8_t)flen};
+
+        if (kvt__ebuf_append(&c->out, fhdr, sizeof(fhdr)) != 0 ||
+            kvt__ebuf_append(&c->out, &rh, sizeof(rh)) != 0 ||
+            (plen > 0 && kvt__ebuf_append(&c->out, payload, plen) != 0))
+            refuse(c, -ENOMEM, "no memory for a reply");
+    }
+    bin_done(s);
+    return rc;
+}
+
 /* Serves up to RING_PER_TURN requests from c's ring through exec_frame, as the
  * socket's frames are served. A ring that breaks its protocol is refused like a
  * malformed frame (counted: ring); a reply too large for the ring goes on the
@@ -1431,24 +1465,26 @@ static int ring_service(struct kvt_engine_server *s, struct eclient *c)
         s->ring_out.len = 0;
         if (len > 0 && body[0] == KVT_EBIN_MAGIC) {
             s->ctr.ring_binary++;
-            exec_bin(s, c, body, len, &s->ring_out);
-        } else
+            rc = ring_bin(s, c, body, len);
+        } else {
             exec_frame(s, c, body, len, &s->ring_out);
-        if (c->closing)
-            break; /* refused: its ERROR frame is on the socket, the ring closed */
-        rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
-                              s->ring_out.len - KVT_EPROTO_HDR);
-        if (rc < 0) {
-            ring_broken(s, c, rc);
-            break;
-        }
-        if (rc == 1) {
-            s->ctr.ring_redirects++;
-            if (kvt__ebuf_append(&c->out, s->ring_out.data, s->ring_out.len) != 0) {
+            if (c->closing)
+                break; /* refused: its ERROR frame is on the socket, the ring closed */
+            rc = kvt__ering_reply(c->ring, s->ring_out.data + KVT_EPROTO_HDR,
+                                  s->ring_out.len - KVT_EPROTO_HDR);
+            if (rc == 1 && kvt__ebuf_append(&c->out, s->ring_out.data, s->ring_out.len) != 0) {
                 refuse(c, -ENOMEM, "no memory for a reply");
                 break;
             }
         }
+        if (c->closing)
+            break;
+        if (rc < 0) {
+            ring_broken(s, c, rc);
+            break;
+        }
+        if (rc == 1)
+            s->ctr.ring_redirects++;
         s->ctr.ring_requests++;
         served++;
     }
@@ -1512,16 +1548,19 @@ bool kvt_engine_server_spin(struct kvt_engine_server *s, uint64_t max_ns)
     if (s->n_rings == 0)
         return false;
     while (s->ring_spin_ns > 0 && now - s->ring_active_ns < s->ring_spin_ns) {
+        bool served = false;
+
         rings_set_sleeping(s, false);
-        /* A pass over the rings is a few loads; the clock costs more on a VM. */
-        for (int i = 0; i < 16; i++) {
-            if (rings_poll(s) > 0) {
-                s->ring_active_ns = kvt_now_ns();
-                break;
-            }
-            cpu_relax();
+        /* A pass over the rings is a few loads; the clock costs more on a VM: it is
+         * read once per 16 empty passes or per pass that served (one read). */
+        for (int i = 0; i < 16 && !served; i++) {
+            served = rings_poll(s) > 0;
+            if (!served)
+                cpu_relax();
         }
         now = kvt_now_ns();
+        if (served)
+            s->ring_active_ns = now;
         if (now >= end)
             return true;
     }

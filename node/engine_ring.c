@@ -33,6 +33,8 @@
 #include "engine_ring_int.h"
 
 #define MOD "engine_ring"
+/* A marker record (REDIRECT, CLOSED) takes one line. */
+#define MARK_BYTES KVT_ERING_ALIGN
 
 /* Loop thread only. ctl and the data areas are shared with the engine: only the
  * node-written fields and the reply area are stored to, and what the engine writes
@@ -196,7 +198,7 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
  * may already say, so each goes forward on its own and the later one counts. */
 static int see_ack(struct kvt_ering *r, uint64_t ack, uint64_t *last)
 {
-    if ((ack & 15) != 0 || ack - *last > r->rep_head - *last)
+    if ((ack & (KVT_ERING_ALIGN - 1)) != 0 || ack - *last > r->rep_head - *last)
         return broken(r, last == &r->hdr_ack ? "a request's ack outside its window"
                                              : "rep_tail outside its window");
     *last = ack;
@@ -230,6 +232,9 @@ static int peek(struct kvt_ering *r, uint64_t *off_p, uint64_t *skip_p, uint32_t
     uint64_t off = r->req_tail & (r->cap - 1), skip = 0;
     uint32_t len, seq, want = r->req_seq + 1;
 
+    /* A request of more than a line (a 1-key lookup's is two): its second line is
+     * fetched while the first is polled, not after the header was seen. */
+    __builtin_prefetch(r->req + ((off + KVT_ERING_ALIGN) & (r->cap - 1)));
     load_head(r->req + off, &len, &seq);
     if (seq != want)
         return 0;
@@ -283,12 +288,12 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     if (rc < 0)
         return rc;
     /* Every request taken gets its reply record: room for a REDIRECT at least. */
-    rc = rep_free(r, KVT_ERING_REC_BYTES, &free);
+    rc = rep_free(r, MARK_BYTES, &free);
     if (rc < 0)
         return rc;
-    if (free < KVT_ERING_REC_BYTES)
+    if (free < MARK_BYTES)
         return -EAGAIN;
-    memcpy(r->in, r->req + off + KVT_ERING_REC_BYTES, len);
+    kvt_ering_copy(r->in, r->req + off + KVT_ERING_REC_BYTES, len);
     r->req_tail += skip + need;
     r->req_seq++;
     r->taken = true;
@@ -315,8 +320,21 @@ static void notify(struct kvt_ering *r, const uint8_t *slot)
         futex_wake(slot);
 }
 
+/* The body's two pieces to p. */
+static void put_body(uint8_t *p, const void *a, size_t a_len, const void *b, size_t b_len)
+{
+    kvt_ering_copy(p, a, a_len);
+    kvt_ering_copy(p + a_len, b, b_len);
+}
+
 int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
 {
+    return kvt__ering_reply2(r, body, len, NULL, 0);
+}
+
+int kvt__ering_reply2(struct kvt_ering *r, const void *a, size_t a_len, const void *b, size_t b_len)
+{
+    size_t len = a_len + b_len;
     uint64_t free, need = kvt_ering_rec_bytes(len), off = r->rep_head & (r->cap - 1);
     uint64_t to_end = r->cap - off;
     uint8_t *slot = r->rep + off; /* where the engine waits */
@@ -327,24 +345,24 @@ int kvt__ering_reply(struct kvt_ering *r, const uint8_t *body, size_t len)
         return -EINVAL;
     r->taken = false;
     fits = len <= KVT_ERING_LEN_MAX && need <= r->cap / 2;
-    rc = rep_free(r, fits ? (to_end >= need ? need : to_end + need) : KVT_ERING_REC_BYTES, &free);
+    rc = rep_free(r, fits ? (to_end >= need ? need : to_end + need) : MARK_BYTES, &free);
     if (rc < 0)
         return rc;
-    if (free < KVT_ERING_REC_BYTES)
+    if (free < MARK_BYTES)
         /* take saw room for a marker: the engine took it back */
         return broken(r, "reply room taken back");
     fits = fits && (to_end >= need ? need <= free : to_end + need <= free);
     if (!fits) {
         store_head(slot, KVT_ERING_REDIRECT, r->req_seq, r->req_tail);
-        r->rep_head += KVT_ERING_REC_BYTES;
+        r->rep_head += MARK_BYTES;
     } else if (to_end < need) {
         /* The record at the start, then the PAD that leads there. */
-        memcpy(r->rep + KVT_ERING_REC_BYTES, body, len);
+        put_body(r->rep + KVT_ERING_REC_BYTES, a, a_len, b, b_len);
         store_head(r->rep, (uint32_t)len, r->req_seq, r->req_tail);
         store_head(slot, KVT_ERING_PAD, r->req_seq, r->req_tail);
         r->rep_head += to_end + need;
     } else {
-        memcpy(slot + KVT_ERING_REC_BYTES, body, len);
+        put_body(slot + KVT_ERING_REC_BYTES, a, a_len, b, b_len);
         store_head(slot, (uint32_t)len, r->req_seq, r->req_tail);
         r->rep_head += need;
     }
@@ -376,7 +394,7 @@ void kvt__ering_close(struct kvt_ering *r)
     __atomic_store_n(&r->ctl->closed, 1u, __ATOMIC_RELEASE);
     /* Into the slot the engine waits on, when the engine left room there (it has,
      * unless it broke the protocol): it stops waiting at once. */
-    if (rep_free(r, KVT_ERING_REC_BYTES, &free) == 0 && free >= KVT_ERING_REC_BYTES)
+    if (rep_free(r, MARK_BYTES, &free) == 0 && free >= MARK_BYTES)
         store_head(slot, KVT_ERING_CLOSED, r->req_seq + (r->taken ? 0 : 1), r->req_tail);
     kvt_full_fence();
     futex_wake(slot);

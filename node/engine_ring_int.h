@@ -36,6 +36,10 @@ int kvt__ering_take(struct kvt_ering *ring, uint32_t max_body, const uint8_t **b
  * 0, or 1 when the reply does not fit: a REDIRECT was published instead and the
  * caller sends the reply on the socket. -EPROTO the engine broke the ring. */
 int kvt__ering_reply(struct kvt_ering *ring, const uint8_t *body, size_t len);
+/* The same with the body in two pieces (a binary reply's header and payload),
+ * copied straight into the record. */
+int kvt__ering_reply2(struct kvt_ering *ring, const void *a, size_t a_len, const void *b,
+                      size_t b_len);
 /* A request record is waiting (not validated: take decides). */
 bool kvt__ering_pending(struct kvt_ering *ring);
 /* Which check the engine failed when a call said -EPROTO (for the log). */

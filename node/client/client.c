@@ -53,6 +53,7 @@
 #define HELLO_FDS          3            /* the region's, the ring's memfd and eventfd */
 #define POSTED_MAX         128          /* posted calls out at once */
 #define PACKED_STACK_KEYS  32           /* keys a call unpacks (or takes ids of) on the stack */
+#define COARSE_TICK_MS     10 /* CLOCK_MONOTONIC_COARSE's resolution, at most (HZ >= 100) */
 
 /* Everything below is guarded by lock, except region (immutable after connect). */
 struct kvtier_client {
@@ -134,6 +135,20 @@ static int64_t now_ms(void)
 
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A call's deadline (-1: none), from the coarse clock: a few ns against 30 for the
+ * precise one on a VM, and a call over the ring takes about a microsecond. One
+ * tick later than the coarse reading says, so that it is never early. */
+static int64_t call_deadline(const struct kvtier_client *c)
+{
+    struct timespec ts;
+
+    if (c->timeout_ms < 0)
+        return -1;
+    if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+        return now_ms() + c->timeout_ms;
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + COARSE_TICK_MS + c->timeout_ms;
 }
 
 static int wait_fd(int fd, short events, int64_t deadline)
@@ -421,6 +436,22 @@ static int ring_post(struct kvtier_client *c, const uint8_t *body, size_t len, i
     return rc == -EMSGSIZE || rc == -EBUSY ? 1 : rc;
 }
 
+/* ring_post in place: where len body bytes go on the ring (*dst_p), published by
+ * kvt__cring_commit once written. 0, 1 no room or too large (the caller takes
+ * another way), or the error that broke the connection. */
+static int ring_reserve(struct kvtier_client *c, size_t len, int64_t deadline, uint8_t **dst_p)
+{
+    int rc = kvt__cring_reserve(c->ring, len, dst_p);
+
+    if (rc == -EBUSY) {
+        rc = drain_posted(c, true, deadline);
+        if (rc < 0)
+            return rc;
+        rc = kvt__cring_reserve(c->ring, len, dst_p);
+    }
+    return rc == -EMSGSIZE || rc == -EBUSY ? 1 : rc;
+}
+
 /* A posted call's ring sequence number rseq, and what its reply is checked against. */
 static void note_posted(struct kvtier_client *c, uint32_t rseq, unsigned op, uint64_t seq, bool bin)
 {
@@ -463,7 +494,7 @@ static int ring_wait(struct kvtier_client *c, uint32_t rseq, uint64_t dl_ns, int
 static int call_fd(struct kvtier_client *c, struct kvt_emsg *req, struct kvt_emsg *rep, int *fds,
                    int send_fd)
 {
-    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    int64_t deadline = call_deadline(c);
     uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
     bool via_ring = false;
     uint32_t rseq = 0, len = 0;
@@ -524,7 +555,7 @@ broken:
  * that broke the connection. */
 static int post_call(struct kvtier_client *c, struct kvt_emsg *req)
 {
-    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    int64_t deadline = call_deadline(c);
     uint32_t rseq;
     int rc;
 
@@ -566,15 +597,20 @@ struct bin_keys {
     size_t key_len, n;
 };
 
-/* Writes the binary request of op into c->out: 0, or 1 when it has no binary form
- * here (no binary ring, no keys, keys of several lengths, an argument the frame
- * path refuses: it says why). */
-static int bin_encode(struct kvtier_client *c, unsigned op, const char *req_id,
-                      const struct bin_keys *k, uint32_t flags)
+/* The header of op's binary request (*h_p) and its body's bytes (*len_p): 0, or 1
+ * when it has no binary form here (no binary ring, no keys, keys of several
+ * lengths, an argument the frame path refuses: it says why). */
+static int bin_plan(struct kvtier_client *c, unsigned op, const char *req_id,
+                    const struct bin_keys *k, uint32_t flags, struct kvt_ebin_req *h_p,
+                    size_t *len_p)
 {
     struct kvt_ebin_req h = {.magic = KVT_EBIN_MAGIC, .op = (uint8_t)op, .flags = flags};
-    size_t id_len = req_id != NULL ? strlen(req_id) : 0, key_len = k->key_len;
+    size_t id_len = 0, key_len = k->key_len;
 
+    /* the id's length, at most one past the longest allowed (refused below); a
+     * loop, not strlen: see kvt_ering_copy on library calls in a ring call */
+    while (req_id != NULL && id_len <= KVT_EPROTO_ID_MAX && req_id[id_len] != '\0')
+        id_len++;
     if (!c->bin || c->ring == NULL || !c->use_ring || c->broken || k->n == 0 ||
         k->n > c->lim.max_keys || id_len > KVT_EPROTO_ID_MAX || (req_id != NULL && id_len == 0))
         return 1;
@@ -593,16 +629,26 @@ static int bin_encode(struct kvtier_client *c, unsigned op, const char *req_id,
     h.id_len = (uint8_t)id_len;
     h.n = (uint32_t)k->n;
     h.seq = c->seq + 1;
-    c->out.len = 0;
-    if (kvt__ebuf_append(&c->out, &h, sizeof(h)) != 0 ||
-        (id_len > 0 && kvt__ebuf_append(&c->out, req_id, id_len) != 0))
-        return 1;
-    if (k->packed != NULL)
-        return kvt__ebuf_append(&c->out, k->packed, k->n * key_len) != 0;
-    for (size_t i = 0; i < k->n; i++)
-        if (kvt__ebuf_append(&c->out, k->keys[i].bytes, key_len) != 0)
-            return 1;
+    *h_p = h;
+    *len_p = KVT_EBIN_HDR + id_len + k->n * key_len;
     return 0;
+}
+
+/* Writes the binary request bin_plan made the header of to p (in the ring). */
+static void bin_write(uint8_t *p, const struct kvt_ebin_req *h, const char *req_id,
+                      const struct bin_keys *k)
+{
+    memcpy(p, h, sizeof(*h));
+    p += sizeof(*h);
+    if (h->id_len > 0)
+        kvt_ering_copy(p, req_id, h->id_len);
+    p += h->id_len;
+    if (k->packed != NULL) {
+        kvt_ering_copy(p, k->packed, (size_t)h->n * h->key_len);
+        return;
+    }
+    for (size_t i = 0; i < h->n; i++, p += h->key_len)
+        kvt_ering_copy(p, k->keys[i].bytes, h->key_len);
 }
 
 /* One call of op as a binary message over the ring. 1: not made (no binary form
@@ -614,13 +660,14 @@ static int bin_encode(struct kvtier_client *c, unsigned op, const char *req_id,
 static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
                     const struct bin_keys *k, uint32_t flags, bool post, void *out, size_t *n_out_p)
 {
-    int64_t deadline = c->timeout_ms < 0 ? -1 : now_ms() + c->timeout_ms;
+    int64_t deadline = call_deadline(c);
     uint64_t dl_ns = deadline < 0 ? 0 : (uint64_t)deadline * 1000000ull;
     struct kvt_ebin_req q;
     struct kvt_ebin_rep h;
     const uint8_t *payload;
+    uint8_t *dst;
     uint32_t rseq = 0, len;
-    size_t n = 0;
+    size_t n = 0, blen;
     int rc;
 
     if (post && kvt__cring_outstanding(c->ring) >= POSTED_MAX - 1) {
@@ -628,14 +675,16 @@ static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
         if (rc < 0)
             goto broken;
     }
-    if (bin_encode(c, op, req_id, k, flags) != 0)
+    if (bin_plan(c, op, req_id, k, flags, &q, &blen) != 0)
         return 1;
-    memcpy(&q, c->out.data, sizeof(q));
-    rc = ring_post(c, c->out.data, c->out.len, deadline, &rseq);
+    /* written in place: no copy of the request but the one into the ring */
+    rc = ring_reserve(c, blen, deadline, &dst);
     if (rc == 1)
         return 1;
     if (rc < 0)
         goto broken;
+    bin_write(dst, &q, req_id, k);
+    kvt__cring_commit(c->ring, &rseq);
     c->seq++;
     if (post) {
         note_posted(c, rseq, op, q.seq, true);
@@ -665,7 +714,7 @@ static int bin_call(struct kvtier_client *c, unsigned op, const char *req_id,
         goto broken;
     }
     if (h.rc == 0 && out != NULL)
-        memcpy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
+        kvt_ering_copy(out, payload, (size_t)h.n * kvt__ebin_rep_elem(op));
     if (n_out_p != NULL)
         *n_out_p = h.n;
     return h.rc;

@@ -827,8 +827,10 @@ int kvt__ebin_req_parse(const uint8_t *body, size_t len, const struct kvt_eproto
     want = (uint64_t)KVT_EBIN_HDR + h.id_len + (uint64_t)h.n * h.key_len;
     if (want != len)
         return -EBADMSG;
-    if (memchr(body + KVT_EBIN_HDR, 0, h.id_len) != NULL)
-        return -EBADMSG;
+    /* (a loop, not memchr: see kvt_ering_copy on library calls in a ring call) */
+    for (size_t i = 0; i < h.id_len; i++)
+        if (body[KVT_EBIN_HDR + i] == 0)
+            return -EBADMSG;
     *hdr_p = h;
     *id_p = (const char *)body + KVT_EBIN_HDR;
     *keys_p = body + KVT_EBIN_HDR + h.id_len;

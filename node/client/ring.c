@@ -49,6 +49,7 @@ struct kvt_cring {
     uint64_t rep_tail;  /* reply bytes consumed */
     uint32_t seq;       /* of the last request posted */
     uint32_t rep_next;  /* of the next reply due */
+    uint32_t res_len;   /* body bytes of the record reserved (kvt__cring_reserve) */
     struct kvt_cring_stats st;
     const char *why; /* the check that broke the ring (-EPROTO), or NULL */
 };
@@ -177,7 +178,7 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
  * later one counts. */
 static int see_ack(struct kvt_cring *r, uint64_t ack, uint64_t *last)
 {
-    if ((ack & 15) != 0 || ack - *last > r->req_head - *last)
+    if ((ack & (KVT_ERING_ALIGN - 1)) != 0 || ack - *last > r->req_head - *last)
         return broken(r, last == &r->hdr_ack ? "a reply's ack outside its window"
                                              : "req_tail outside its window");
     *last = ack;
@@ -191,10 +192,9 @@ uint32_t kvt__cring_outstanding(const struct kvt_cring *r)
     return r->seq + 1 - r->rep_next;
 }
 
-int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32_t *seq_p)
+int kvt__cring_reserve(struct kvt_cring *r, size_t len, uint8_t **body_p)
 {
     uint64_t need = kvt_ering_rec_bytes(len), off, to_end, want, free;
-    uint32_t seq = r->seq + 1;
 
     if (len > KVT_ERING_LEN_MAX || need > r->req_cap / 2)
         return -EMSGSIZE;
@@ -211,14 +211,38 @@ int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32
         if (free < want)
             return -EBUSY;
     }
+    r->res_len = (uint32_t)len;
+    /* (a record that does not fit before the end goes at the start, behind a PAD) */
+    *body_p = (to_end < need ? r->req : r->req + off) + KVT_ERING_REC_BYTES;
+    return 0;
+}
+
+int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32_t *seq_p)
+{
+    uint8_t *p;
+    int rc = kvt__cring_reserve(r, len, &p);
+
+    if (rc < 0)
+        return rc;
+    kvt_ering_copy(p, body, len);
+    kvt__cring_commit(r, seq_p);
+    return 0;
+}
+
+void kvt__cring_commit(struct kvt_cring *r, uint32_t *seq_p)
+{
+    uint64_t len = r->res_len, need = kvt_ering_rec_bytes(len), want;
+    uint64_t off = r->req_head & (r->req_cap - 1), to_end = r->req_cap - off;
+    uint32_t seq = r->seq + 1;
+
     if (to_end < need) {
         /* The record at the start, then the PAD that leads there. */
-        memcpy(r->req + KVT_ERING_REC_BYTES, body, len);
         store_head(r->req, (uint32_t)len, seq, r->rep_tail);
         store_head(r->req + off, KVT_ERING_PAD, seq, r->rep_tail);
+        want = to_end + need;
     } else {
-        memcpy(r->req + off + KVT_ERING_REC_BYTES, body, len);
         store_head(r->req + off, (uint32_t)len, seq, r->rep_tail);
+        want = need;
     }
     r->req_head += want;
     r->seq = seq;
@@ -235,7 +259,6 @@ int kvt__cring_post(struct kvt_cring *r, const uint8_t *body, size_t len, uint32
             /* EAGAIN: the counter is full, the node has a wake-up pending anyway */
         }
     }
-    return 0;
 }
 
 /* The reply slot: where the next reply is due. */
@@ -279,7 +302,7 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
     if (len == KVT_ERING_CLOSED)
         return 3;
     if (len == KVT_ERING_REDIRECT) {
-        r->rep_tail += skip + KVT_ERING_REC_BYTES;
+        r->rep_tail += skip + kvt_ering_rec_bytes(0);
         r->rep_next++;
         __atomic_store_n(&r->ctl->rep_tail, r->rep_tail, __ATOMIC_RELEASE);
         r->st.redirects++;
@@ -297,7 +320,7 @@ static int take_reply(struct kvt_cring *r, uint8_t **buf_p, size_t *cap_p, size_
         *buf_p = p;
         *cap_p = len;
     }
-    memcpy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, len);
+    kvt_ering_copy(*buf_p, r->rep + off + KVT_ERING_REC_BYTES, len);
     kvt_ering_scrub(r->rep + off, len, seq);
     *len_p = len;
     r->rep_tail += skip + need;

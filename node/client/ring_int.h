@@ -26,6 +26,12 @@ void kvt__cring_set_spin(struct kvt_cring *ring, uint32_t spin_us);
  * send it on the socket; -EBUSY: no room until replies are consumed; -EPROTO: the
  * node's acks do not add up. */
 int kvt__cring_post(struct kvt_cring *ring, const uint8_t *body, size_t len, uint32_t *seq_p);
+/* kvt__cring_post in two steps, for a caller that writes the body in place:
+ * reserve says where len body bytes go (same errors as post, nothing published),
+ * commit publishes them (after the caller wrote them all) as post does. Nothing
+ * else is done with the ring in between. */
+int kvt__cring_reserve(struct kvt_cring *ring, size_t len, uint8_t **body_p);
+void kvt__cring_commit(struct kvt_cring *ring, uint32_t *seq_p);
 /* Requests posted whose replies are not consumed yet. */
 uint32_t kvt__cring_outstanding(const struct kvt_cring *ring);
 /* The next reply, in request order, until deadline_ns (CLOCK_MONOTONIC; 0 = none;

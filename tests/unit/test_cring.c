@@ -6,7 +6,10 @@
  * What is checked: the reply slot the engine polls before the node has answered
  * may lie, in the ring's second lap, inside an earlier reply's body; bytes there
  * that read as the awaited header are not taken for a reply (the engine scrubs
- * the bodies it consumed), and a reply published there afterwards is. */
+ * the bodies it consumed), and a reply published there afterwards is. Records
+ * start on cache lines, through many laps of the ring with PADs, bodies exact; a
+ * scrub touches only the line starts after a record's first line; a control
+ * page of another version is refused (the engine then stays on the socket). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,7 +67,7 @@ static void store_head(uint8_t *p, uint32_t len, uint32_t seq, uint64_t ack)
 }
 
 /* Takes the next request (no PADs in this test's request ring: its records are
- * 32 bytes and the ring's size is a multiple of that). */
+ * one line and the ring's size is a multiple of that). */
 static void node_take(void)
 {
     struct kvt_ering_rec h;
@@ -108,7 +111,8 @@ static void test_stale_reply_body_is_no_reply(void **state)
     size_t cap = 0, len = 0;
     uint32_t seq = 0;
     uint64_t poison_at, pos;
-    uint32_t want_at[CAP / 16] = {0}, s;
+    uint32_t want_at[CAP / KVT_ERING_ALIGN] = {0}, s;
+    uint64_t small_rec = kvt_ering_rec_bytes(sizeof(small));
     int evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), planted = 0, calls = 0;
 
     (void)state;
@@ -122,27 +126,30 @@ static void test_stale_reply_body_is_no_reply(void **state)
         assert_int_equal(kvt__cring_next(r, -1, false, 0, &buf, &cap, &len, &seq), 0);
     }
     poison_at = node_reply_at(sizeof(body));
-    /* The next lap: small replies (32-byte records) from the poisoned one's end on;
+    /* The next lap: small replies (one-line records) from the poisoned one's end on;
      * the sequence number the engine awaits at each slot it polls. */
+    assert_int_equal(small_rec, KVT_ERING_ALIGN);
     pos = poison_at + kvt_ering_rec_bytes(sizeof(body));
     s = n.req_seq + 2;
     while (pos < poison_at + CAP + kvt_ering_rec_bytes(sizeof(body))) {
         uint64_t off = pos & (CAP - 1);
 
         if (pos >= poison_at + CAP)
-            want_at[off / 16] = s;
-        if (off + 32 > CAP) {
+            want_at[off / KVT_ERING_ALIGN] = s;
+        if (off + small_rec > CAP) {
             pos += CAP - off;
         } else {
-            pos += 32;
+            pos += small_rec;
             s++;
             calls++;
         }
     }
     memset(body, 0x5a, sizeof(body));
-    for (uint64_t o = 0; o + 16 <= sizeof(body); o += 16) {
+    /* (the body's bytes at every line start of the record after its first) */
+    for (uint64_t o = KVT_ERING_ALIGN - KVT_ERING_REC_BYTES; o + 16 <= sizeof(body);
+         o += KVT_ERING_ALIGN) {
         uint64_t at = ((poison_at & (CAP - 1)) + KVT_ERING_REC_BYTES + o) & (CAP - 1);
-        struct kvt_ering_rec h = {.len = 8, .seq = want_at[at / 16], .ack = 0};
+        struct kvt_ering_rec h = {.len = 8, .seq = want_at[at / KVT_ERING_ALIGN], .ack = 0};
 
         if (h.seq != 0) {
             memcpy(body + o, &h, sizeof(h));
@@ -179,10 +186,206 @@ static void test_stale_reply_body_is_no_reply(void **state)
     close(n.memfd);
 }
 
+/* Takes the next request wherever it is (after a PAD too) into body: its length. */
+static size_t node_take_any(uint8_t *body, size_t cap)
+{
+    uint64_t off = n.req_tail & (CAP - 1);
+    struct kvt_ering_rec h;
+
+    memcpy(&h, n.req + off, sizeof(h));
+    assert_int_equal(h.seq, n.req_seq + 1);
+    if (h.len == KVT_ERING_PAD) {
+        n.req_tail += CAP - off;
+        off = 0;
+        memcpy(&h, n.req, sizeof(h));
+        assert_int_equal(h.seq, n.req_seq + 1);
+    }
+    assert_int_equal(off % KVT_ERING_ALIGN, 0);
+    assert_true(h.len <= cap);
+    memcpy(body, n.req + off + KVT_ERING_REC_BYTES, h.len);
+    n.req_seq++;
+    n.req_tail += kvt_ering_rec_bytes(h.len);
+    return h.len;
+}
+
+/* Many laps of both rings with records of every size up to a few lines (PADs at
+ * the ends): every record starts on a line, every body arrives exact, and both
+ * sides' counters stay in step. */
+static void test_many_laps_line_aligned(void **state)
+{
+    struct kvt_cring *r;
+    uint8_t req[300], rep[300], got[300];
+    uint8_t *buf = NULL;
+    size_t cap = 0, len = 0;
+    uint32_t seq = 0, posted = 0;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    int evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+
+    (void)state;
+    node_create();
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), 0);
+    for (int i = 0; i < 3000; i++) {
+        size_t qlen, plen;
+
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        qlen = 1 + (size_t)(x % sizeof(req));
+        plen = 1 + (size_t)((x >> 20) % sizeof(rep));
+        for (size_t j = 0; j < qlen; j++)
+            req[j] = (uint8_t)(i + j * 7);
+        for (size_t j = 0; j < plen; j++)
+            rep[j] = (uint8_t)(i * 3 + j);
+        assert_int_equal(kvt__cring_post(r, req, qlen, &posted), 0);
+        assert_int_equal(posted, (uint32_t)i + 1);
+        assert_int_equal(node_take_any(got, sizeof(got)), qlen);
+        assert_memory_equal(got, req, qlen);
+        /* the engine's next record will start on a line */
+        assert_int_equal(n.req_tail % KVT_ERING_ALIGN, 0);
+        assert_int_equal(kvt__cring_next(r, -1, false, 0, &buf, &cap, &len, &seq), 2);
+        node_reply(rep, plen);
+        assert_int_equal(n.rep_head % KVT_ERING_ALIGN, 0);
+        assert_int_equal(kvt__cring_next(r, -1, false, 0, &buf, &cap, &len, &seq), 0);
+        assert_int_equal(seq, posted);
+        assert_int_equal(len, plen);
+        assert_memory_equal(buf, rep, plen);
+        /* the node learns how far the engine read: everything */
+        assert_int_equal(__atomic_load_n(&n.ctl->rep_tail, __ATOMIC_ACQUIRE), n.rep_head);
+    }
+    assert_true(n.req_tail > 20 * CAP && n.rep_head > 20 * CAP);
+    assert_null(kvt__cring_why(r));
+    kvt_free(buf);
+    kvt__cring_close(r);
+    munmap(n.map, KVT_ERING_CTL_BYTES + 2 * CAP);
+    close(n.memfd);
+}
+
+/* The engine never writes over a request the node has not taken: posts (in one
+ * step and in two, reserve then commit) fill the ring until it says -EBUSY with
+ * nothing published, and every request then taken is the one posted, bytes
+ * exact; once the node acks them (req_tail) there is room again. */
+static void test_full_ring_overwrites_nothing(void **state)
+{
+    struct kvt_cring *r;
+    uint8_t req[100], got[100], *p;
+    int evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC), posted = 0;
+    uint32_t seq = 0;
+
+    (void)state;
+    node_create();
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), 0);
+    for (;; posted++) {
+        int rc;
+
+        memset(req, posted + 1, sizeof(req));
+        if (posted % 2 == 0) {
+            rc = kvt__cring_post(r, req, sizeof(req), &seq);
+        } else {
+            rc = kvt__cring_reserve(r, sizeof(req), &p);
+            if (rc == 0) {
+                memcpy(p, req, sizeof(req));
+                kvt__cring_commit(r, &seq);
+            }
+        }
+        if (rc == -EBUSY)
+            break;
+        assert_int_equal(rc, 0);
+        assert_int_equal(seq, (uint32_t)posted + 1);
+    }
+    /* 4096 bytes of 128-byte records */
+    assert_int_equal(posted, CAP / kvt_ering_rec_bytes(sizeof(req)));
+    assert_int_equal(kvt__cring_reserve(r, sizeof(req), &p), -EBUSY);
+    for (int i = 0; i < posted; i++) {
+        assert_int_equal(node_take_any(got, sizeof(got)), sizeof(req));
+        memset(req, i + 1, sizeof(req));
+        assert_memory_equal(got, req, sizeof(req));
+    }
+    /* nothing more was published */
+    {
+        struct kvt_ering_rec h;
+
+        memcpy(&h, n.req + (n.req_tail & (CAP - 1)), sizeof(h));
+        assert_int_not_equal(h.seq, n.req_seq + 1);
+    }
+    __atomic_store_n(&n.ctl->req_tail, n.req_tail, __ATOMIC_RELEASE);
+    assert_int_equal(kvt__cring_post(r, req, sizeof(req), &seq), 0);
+    assert_int_equal(seq, (uint32_t)posted + 1);
+    assert_null(kvt__cring_why(r));
+    kvt__cring_close(r);
+    munmap(n.map, KVT_ERING_CTL_BYTES + 2 * CAP);
+    close(n.memfd);
+}
+
+/* kvt_ering_copy copies exactly n bytes, at any alignment, for every size up to
+ * and past its inline limit, and writes nothing beyond them. */
+static void test_copy_exact(void **state)
+{
+    uint8_t src[600], dst[640], want[640];
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(src); i++)
+        src[i] = (uint8_t)(i * 131 + 7);
+    for (size_t len = 0; len <= 520; len++) {
+        for (size_t so = 0; so < 3; so++) {
+            size_t dof = (len * 7 + so) % 17;
+
+            memset(dst, 0xee, sizeof(dst));
+            memset(want, 0xee, sizeof(want));
+            memcpy(want + dof, src + so, len);
+            kvt_ering_copy(dst + dof, src + so, len);
+            assert_memory_equal(dst, want, sizeof(dst));
+        }
+    }
+}
+
+/* The scrub writes the first word of each line after the record's first, as a
+ * header {0, the record's seq}, and nothing else: a one-line record is left alone. */
+static void test_scrub_line_starts_only(void **state)
+{
+    uint8_t rec[4 * KVT_ERING_ALIGN], want[sizeof(rec)];
+    struct kvt_ering_rec h = {.len = 0, .seq = 77};
+
+    (void)state;
+    memset(rec, 0x5a, sizeof(rec));
+    memcpy(want, rec, sizeof(rec));
+    kvt_ering_scrub(rec, KVT_ERING_ALIGN - KVT_ERING_REC_BYTES, 77); /* one line */
+    assert_memory_equal(rec, want, sizeof(rec));
+    /* 2 * 64 + 1 bytes of record: three lines */
+    kvt_ering_scrub(rec, 2 * KVT_ERING_ALIGN + 1 - KVT_ERING_REC_BYTES, 77);
+    memcpy(want + KVT_ERING_ALIGN, &h, 8);
+    memcpy(want + 2 * KVT_ERING_ALIGN, &h, 8);
+    assert_memory_equal(rec, want, sizeof(rec));
+}
+
+/* A control page of the 16-byte-record layout (version 2) is not opened: the two
+ * sides would disagree on where every record starts. */
+static void test_other_version_refused(void **state)
+{
+    struct kvt_cring *r = NULL;
+    int evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+
+    (void)state;
+    node_create();
+    n.ctl->version = 2;
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), -EPROTO);
+    assert_null(r);
+    n.ctl->version = KVT_ERING_VERSION;
+    n.ctl->magic = 0x32304752544b564bull; /* version 2's magic */
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), -EPROTO);
+    n.ctl->magic = KVT_ERING_MAGIC;
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), 0);
+    kvt__cring_close(r); /* (closes evfd) */
+    munmap(n.map, KVT_ERING_CTL_BYTES + 2 * CAP);
+    close(n.memfd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stale_reply_body_is_no_reply),
+        cmocka_unit_test(test_many_laps_line_aligned),
+        cmocka_unit_test(test_full_ring_overwrites_nothing),
+        cmocka_unit_test(test_scrub_line_starts_only),
+        cmocka_unit_test(test_copy_exact),
+        cmocka_unit_test(test_other_version_refused),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1275,7 +1275,8 @@ static void test_binary_reply_redirected(void **state)
     raw_new_request(&r, "raw-1");
     assert_int_equal(raw_reply(&r), 0);
     /* Four lookups of 1000 one-byte keys (replies of 1024 bytes), none read: the
-     * fourth reply finds 4096 - 16 - 3 * 1040 bytes of room. */
+     * fourth reply finds 4096 - 64 - 3 * 1088 bytes of room (records in whole
+     * 64-byte lines). */
     for (int i = 0; i < 4; i++) {
         struct kvt_ebin_req hq = {.magic = KVT_EBIN_MAGIC,
                                   .op = KVT_EOP_LOOKUP,
@@ -1314,7 +1315,7 @@ static void test_binary_reply_redirected(void **state)
             r.rep_tail += kvt_ering_rec_bytes(rec.len);
         } else {
             assert_int_equal(rec.len, KVT_ERING_REDIRECT);
-            r.rep_tail += KVT_ERING_REC_BYTES;
+            r.rep_tail += kvt_ering_rec_bytes(0);
         }
         assert_int_equal(h.n, 1000);
         assert_int_equal(payload[999], KVTIER_MISS);
@@ -1417,7 +1418,7 @@ static void test_stale_body_is_no_request(void **state)
     struct kvt_ebuf b;
     struct kvtier_key k[4];
     uint64_t start, pos, body_at, key_at[4], poison_end, plen;
-    uint32_t want_at[4096 / 16] = {0}, seq;
+    uint32_t want_at[4096 / KVT_ERING_ALIGN] = {0}, seq;
     uint64_t before_refused;
     int n;
 
@@ -1460,7 +1461,7 @@ static void test_stale_body_is_no_request(void **state)
     }
     poison_end = key_at[3] + KVTIER_KEY_MAX;
     kvt__ebuf_cleanup(&b);
-    /* The next lap: empty on_schedule_end calls (32-byte records) from the end of
+    /* The next lap: empty on_schedule_end calls (one-line records) from the end of
      * the poisoned record on; the sequence number the node awaits at each slot. */
     pos = start + kvt_ering_rec_bytes(plen);
     seq = r.seq + 2;
@@ -1471,18 +1472,18 @@ static void test_stale_body_is_no_request(void **state)
         kvt__emsg_init(&m);
         m.op = KVT_EOP_SCHEDULE_END;
         raw_encode(&r, &m, &e);
-        assert_int_equal(kvt_ering_rec_bytes(e.len - 4), 32);
+        assert_int_equal(kvt_ering_rec_bytes(e.len - 4), KVT_ERING_ALIGN);
         kvt__ebuf_cleanup(&e);
     }
     while (pos < start + r.cap + poison_end) {
         uint64_t off = pos & (r.cap - 1);
 
         if (pos >= start + r.cap)
-            want_at[off / 16] = seq; /* the slot polled for seq (a PAD's too) */
-        if (off + 32 > r.cap)
+            want_at[off / KVT_ERING_ALIGN] = seq; /* the slot polled for seq (a PAD's too) */
+        if (off + KVT_ERING_ALIGN > r.cap)
             pos += r.cap - off;
         else {
-            pos += 32;
+            pos += KVT_ERING_ALIGN;
             seq++;
             n++;
         }
@@ -1492,9 +1493,9 @@ static void test_stale_body_is_no_request(void **state)
     int planted = 0;
 
     for (int i = 0; i < 4; i++) {
-        for (uint64_t o = (key_at[i] + 15) & ~15ull; o + 16 <= key_at[i] + KVTIER_KEY_MAX;
-             o += 16) {
-            struct kvt_ering_rec h = {.len = 8, .seq = want_at[o / 16], .ack = 0};
+        for (uint64_t o = (key_at[i] + KVT_ERING_ALIGN - 1) & ~(uint64_t)(KVT_ERING_ALIGN - 1);
+             o + 16 <= key_at[i] + KVTIER_KEY_MAX; o += KVT_ERING_ALIGN) {
+            struct kvt_ering_rec h = {.len = 8, .seq = want_at[o / KVT_ERING_ALIGN], .ack = 0};
 
             if (h.seq == 0)
                 continue;
