@@ -158,7 +158,7 @@ static const struct key_def keys[] = {
     {"network.verify", T_ENUM, F(network_verify), 0, "fence", 0, 0, verify_names, 0,
      "how a pulled chunk is checked: fence (the holder's generation word of the row, READ "
      "after it, must equal the granted one) or checksum (XXH3-64 of every byte)"},
-    {"network.busy_poll_us", T_U32, F(network_busy_poll_us), 0, "0", 0, 60000000, NULL, 0,
+    {"network.busy_poll_us", T_U32, F(network_busy_poll_us), 0, "100", 0, 60000000, NULL, 0,
      "with transfers in flight, how long the loop polls after the last network event "
      "before it sleeps until the next (0 = it polls as long as anything is in flight)"},
     {"network.fetch", T_ENUM, F(network_fetch), 0, "lease", 0, 0, fetch_names, 0,

@@ -85,7 +85,7 @@ struct kvt_config {
     enum kvt_transport_kind network_transport;
     enum kvt_verify_kind network_verify; /* fence (default) or checksum */
     enum kvt_fetch_kind network_fetch;   /* lease or direct */
-    uint32_t network_busy_poll_us;       /* 0 = poll while anything is in flight */
+    uint32_t network_busy_poll_us;       /* 100; 0 = poll while anything is in flight */
     char **network_peers;                /* "host:port" or "[v6]:port" seeds */
     size_t n_network_peers;
     uint32_t network_lease_ms;            /* >= network_fetch_timeout_ms */
