@@ -26,9 +26,10 @@
  * entry records the even value its key's bytes were completed under. A peer granted
  * a row with that value READs the row, then the word: equal means no write began
  * between the grant and the word's READ, so the bytes it read are the key's. The
- * odd store is followed by a full fence, so it is visible (to other processes and
- * to a NIC, which reads coherent memory) before any store of the new bytes; the
- * even store is a release, after them. Writers of the bytes in other processes (the
+ * odd stores are followed by a full fence (one per prepare_store, after all of its
+ * words: nothing in the call writes a row), so they are visible (to other
+ * processes and to a NIC, which reads coherent memory) before any store of the new
+ * bytes; the even store is a release, after them. Writers of the bytes in other processes (the
  * engines) are told of the slot after prepare_store returned and report back before
  * complete_store: the system calls between order them. */
 #include <errno.h>
@@ -161,6 +162,7 @@ struct pr_acc_key {
     uint64_t hash;
     uint32_t group;
     uint32_t slot, gen; /* where it was last seen (PR_NIL: absent), that slot's generation */
+    uint32_t stamp;     /* == the access's stamp: to be stored by the running prepare_store */
     uint8_t flags;      /* PR_AF_* */
     struct kvt_key key;
 };
@@ -175,6 +177,11 @@ struct kvt_primary_access {
     size_t n, cap;
     uint32_t *tab; /* open addressing by hash: index into k + 1, 0 empty */
     size_t tab_mask;
+    uint32_t stamp; /* bumped by each prepare_store (its dedup of the keys to store) */
+    /* The keys the last prepare_store allocated, when they are k[last_lo ..
+     * last_lo + last_n) in store order (new keys, the usual case); else last_n 0.
+     * complete_store tries key i there first: no hash, no probe. */
+    uint32_t last_lo, last_n;
 };
 
 /* vLLM's get_offload_group_idx: the last 4 bytes, big-endian. */
@@ -204,6 +211,7 @@ static void acc_release(struct kvt_primary_access *acc)
     acc->k = NULL;
     acc->tab = NULL;
     acc->n = acc->cap = acc->tab_mask = 0;
+    acc->last_n = 0;
     acc->many_groups = false;
 }
 
@@ -225,6 +233,7 @@ static void acc_bind(const struct kvt_primary *p, struct kvt_primary_access *acc
     acc->finished = false;
     acc->many_groups = false;
     acc->n = 0;
+    acc->last_n = 0;
     if (acc->tab != NULL)
         memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
 }
@@ -267,6 +276,17 @@ static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
     return 0;
 }
 
+/* A new stamp for a prepare_store; on wrap-around every record's is reset, so an
+ * old stamp never looks current. */
+static void acc_next_stamp(struct kvt_primary_access *acc)
+{
+    if (++acc->stamp != 0)
+        return;
+    for (size_t i = 0; i < acc->n; i++)
+        acc->k[i].stamp = 0;
+    acc->stamp = 1;
+}
+
 /* The index of key in acc, recorded as seen if it was not (room reserved). */
 static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
 {
@@ -283,6 +303,7 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
     acc->k[idx].hash = h;
     acc->k[idx].group = pr_key_group(key);
     acc->k[idx].slot = PR_NIL;
+    acc->k[idx].stamp = 0; /* stamps start at 1 */
     acc->k[idx].flags = 0;
     acc->k[idx].key = *key;
     acc->tab[i] = idx + 1;
@@ -476,12 +497,20 @@ static uint32_t pr_alloc_slot(struct kvt_primary *p)
     return p->free_list[--p->n_free_list];
 }
 
-/* The slot's bytes may change from now on: its word turns odd (a new value). */
-static void pr_fence_begin(struct kvt_primary *p, uint32_t s)
+/* The slot's bytes may change from now on: its word turns odd (a new value).
+ * The caller issues the full fence (kvt_full_fence) before any store of the new
+ * bytes: once per prepare_store, after all its words (nothing there writes a
+ * row; the engine writes them after the call returns). */
+static void pr_fence_begin_nofence(struct kvt_primary *p, uint32_t s)
 {
     uint32_t w = atomic_load_explicit(&p->fence[s], memory_order_relaxed);
 
     atomic_store_explicit(&p->fence[s], (w + 1) | 1, memory_order_relaxed);
+}
+
+static void pr_fence_begin(struct kvt_primary *p, uint32_t s)
+{
+    pr_fence_begin_nofence(p, s);
     kvt_full_fence(); /* before any store of the new bytes */
 }
 
@@ -496,6 +525,7 @@ static uint32_t pr_fence_end(struct kvt_primary *p, uint32_t s)
     return w;
 }
 
+/* The slot's fence word turns odd here; the caller fences once after its inserts. */
 static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
 {
     uint32_t s = pr_alloc_slot(p);
@@ -506,7 +536,7 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->ref_cnt = -1;
     x->generation++;
     x->fence = 0;
-    pr_fence_begin(p, s);
+    pr_fence_begin_nofence(p, s);
     x->mark = 0;
     x->checksum = 0;
     x->has_checksum = false;
@@ -843,17 +873,21 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         return 0;
     if (n > UINT32_MAX - 1)
         return -EINVAL;
-    /* Every allocation first: past this point only -ENOSPC can fail. */
-    rc = pr_dedup_reserve(p, n);
+    /* Every allocation first: past this point only -ENOSPC can fail. A request's
+     * access dedups the offered keys itself (by its stamp); without one, a table
+     * of this call's keys does. */
+    acc = acc_live(p, acc);
+    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(acc, n);
     if (rc == 0)
         rc = out_reserve(out, n, n);
     if (rc == 0)
         rc = pr_store_reserve(p, n);
-    acc = acc_live(p, acc);
-    if (rc == 0 && acc != NULL)
-        rc = acc_reserve(acc, n);
     if (rc != 0)
         return rc;
+    if (acc != NULL) {
+        acc->last_n = 0;
+        acc_next_stamp(acc);
+    }
     new_hash = p->miss_hash + n;
     miss_hash = p->miss_hash;
 
@@ -873,9 +907,16 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                 p->e[s[i]].mark = p->mark;
                 if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
                     acc_reuse(acc, &keys[b + i], h[i], p, s[i]);
+            } else if (acc != NULL) {
+                uint32_t idx = acc_see(acc, &keys[b + i], h[i]);
+
+                if (acc->k[idx].stamp == acc->stamp)
+                    continue; /* offered earlier in this call */
+                acc->k[idx].stamp = acc->stamp;
+                p->acc_idx[n_new] = idx;
+                new_hash[n_new] = h[i];
+                out->keys_to_store[n_new++] = keys[b + i];
             } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
-                if (acc != NULL)
-                    p->acc_idx[n_new] = acc_see(acc, &keys[b + i], h[i]);
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
             }
@@ -929,7 +970,7 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         const struct kvt_key *k = &out->keys_to_store[i];
 
         if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
-            p->pol->will_insert(p, k, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
+            p->pol->will_insert(p, new_hash + i, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
 
         out->chunk_ids[i] = pr_insert(p, k, new_hash[i]);
         if (acc != NULL) {
@@ -940,7 +981,18 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             x->gen = p->e[x->slot].generation;
         }
     }
+    kvt_full_fence(); /* the words turned odd before any store of the new bytes */
     out->n_store = n_new;
+    if (acc != NULL && p->acc_idx[n_new - 1] - p->acc_idx[0] == n_new - 1) {
+        size_t i = 1; /* new keys were recorded in a row: complete_store's hint */
+
+        while (i < n_new && p->acc_idx[i] == p->acc_idx[0] + i)
+            i++;
+        if (i == n_new) {
+            acc->last_lo = p->acc_idx[0];
+            acc->last_n = (uint32_t)n_new;
+        }
+    }
     return 0;
 }
 
@@ -960,7 +1012,19 @@ static void pr_complete_find(struct kvt_primary *p, const struct kvt_key *keys, 
 
     if (acc != NULL && acc->n > 0 && acc->generation == p->generation) {
         for (size_t i = 0; i < n; i++) {
-            uint64_t hk = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
+            uint64_t hk;
+
+            /* The slot the last prepare_store gave key i, if a live entry there holds
+             * this key: the index holds each key once, so that is its slot. */
+            if (i < acc->last_n) {
+                uint32_t s = acc->k[acc->last_lo + i].slot;
+
+                if (s != PR_NIL && p->e[s].list != PR_NONE && pr_key_eq(&p->e[s].key, &keys[i])) {
+                    slot[i] = s;
+                    continue;
+                }
+            }
+            hk = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
 
             slot[i] = pr_key_ok(&keys[i]) ? acc_slot_of(p, acc, &keys[i], hk) : PR_NIL;
             if (slot[i] == PR_NIL && pr_key_ok(&keys[i]))

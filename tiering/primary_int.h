@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "kvt/primary.h"
 #include "kvt/stats.h"
@@ -57,8 +58,9 @@ struct pr_policy_ops {
     const char *name;
     int (*init)(struct kvt_primary *p);
     void (*fini)(struct kvt_primary *p);
-    /* Optional: keys[0..n) are about to be inserted; start their cache misses. */
-    void (*will_insert)(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
+    /* Optional: keys of hashes[0..n) are about to be inserted; start their cache
+     * misses. */
+    void (*will_insert)(struct kvt_primary *p, const uint64_t *hashes, size_t n);
     void (*insert)(struct kvt_primary *p, uint32_t slot); /* a new entry, ref -1 */
     void (*remove)(struct kvt_primary *p, uint32_t slot); /* a failed store leaves */
     /* Optional (ARC): store misses of one request, in offer order, each seen for
@@ -137,6 +139,11 @@ struct kvt_primary {
 static inline bool pr_key_ok(const struct kvt_key *k)
 {
     return k->len >= 1 && k->len <= KVT_KEY_MAX;
+}
+
+static inline bool pr_key_eq(const struct kvt_key *a, const struct kvt_key *b)
+{
+    return a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0;
 }
 
 /* Open-addressing tables of 64-bit cells, tag << 32 | id + 1 (0 = empty), with
