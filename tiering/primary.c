@@ -16,7 +16,10 @@
  * order, each with its KV cache group and what the request did with it
  * (inserted, reused, missed on store). At finish the keys are ordered by group
  * (stable), given their kinds and handed to the policy once; the table is then
- * freed.
+ * freed. Each record keeps the slot where the key was last seen and that slot's
+ * generation, so a key still there is found without the index; one that left is
+ * looked up again, unless only this request has inserted anything since it was
+ * seen (then it is known absent: the request's own inserts update its records).
  *
  * Fence words (seqlock order). Each slot has a 32-bit word, in an array of its own
  * that the network tier registers for peers' one-sided READs. The word turns odd
@@ -66,18 +69,22 @@ void kvt_oa_del(uint64_t *cells, size_t size, uint64_t cell)
 
     while (cells[i] != cell)
         i = kvt_oa_next(i, size);
+    /* Without a branch on the move (whether a cell moves is a coin toss the
+     * predictor loses): the hole is written either way, with v or its own value. */
     for (size_t j = kvt_oa_next(i, size);; j = kvt_oa_next(j, size)) {
         uint64_t v = cells[j];
-        size_t home;
+        size_t home, d_home, d_hole;
+        bool move;
 
         if (v == 0)
             break;
         home = kvt_oa_home(v >> 32, size);
+        d_home = j >= home ? j - home : j + size - home;
+        d_hole = j >= i ? j - i : j + size - i;
         /* v may move into the hole i unless its home lies cyclically in (i, j]. */
-        if ((j >= home ? j - home : j + size - home) >= (j >= i ? j - i : j + size - i)) {
-            cells[i] = v;
-            i = j;
-        }
+        move = d_home >= d_hole;
+        cells[i] = move ? v : cells[i];
+        i = move ? j : i;
     }
     cells[i] = 0;
 }
@@ -99,7 +106,7 @@ static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key
             continue;
         x = &p->e[kvt_oa_id(v)];
         if (x->hash == h && x->key.len == key->len &&
-            memcmp(x->key.bytes, key->bytes, key->len) == 0)
+            pr_bytes_eq(x->key.bytes, key->bytes, key->len))
             return kvt_oa_id(v);
     }
 }
@@ -160,6 +167,7 @@ enum { PR_AF_INSERTED = 1, PR_AF_REUSED = 2, PR_AF_STORE_MISS = 4 };
 
 struct pr_acc_key {
     uint64_t hash;
+    uint64_t seen_at; /* the primary's insert count when slot was recorded */
     uint32_t group;
     uint32_t slot, gen; /* where it was last seen (PR_NIL: absent), that slot's generation */
     uint32_t stamp;     /* == the access's stamp: to be stored by the running prepare_store */
@@ -178,6 +186,13 @@ struct kvt_primary_access {
     uint32_t *tab; /* open addressing by hash: index into k + 1, 0 empty */
     size_t tab_mask;
     uint32_t stamp; /* bumped by each prepare_store (its dedup of the keys to store) */
+    /* [own_from, own_to): the last run of the primary's inserts that were all this
+     * access's own (none by anyone else in between). While the primary's count is
+     * still own_to, a record seen at or after own_from whose allocation left is
+     * absent: only this access inserted since, and its inserts update their
+     * records. The finish of a request whose stores evicted its own keys needs no
+     * index lookup for them. */
+    uint64_t own_from, own_to;
     /* The keys the last prepare_store allocated, when they are k[last_lo ..
      * last_lo + last_n) in store order (new keys, the usual case); else last_n 0.
      * complete_store tries key i there first: no hash, no probe. */
@@ -234,6 +249,7 @@ static void acc_bind(const struct kvt_primary *p, struct kvt_primary_access *acc
     acc->many_groups = false;
     acc->n = 0;
     acc->last_n = 0;
+    acc->own_from = acc->own_to = p->inserts;
     if (acc->tab != NULL)
         memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
 }
@@ -296,14 +312,15 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
     for (uint32_t v; (v = acc->tab[i]) != 0; i = (i + 1) & acc->tab_mask) {
         const struct pr_acc_key *x = &acc->k[v - 1];
 
-        if (x->hash == h && kvt_key_eq(&x->key, key))
+        if (x->hash == h && pr_key_eq(&x->key, key))
             return v - 1;
     }
     idx = (uint32_t)acc->n++;
     acc->k[idx].hash = h;
     acc->k[idx].group = pr_key_group(key);
     acc->k[idx].slot = PR_NIL;
-    acc->k[idx].stamp = 0; /* stamps start at 1 */
+    acc->k[idx].seen_at = 0; /* set where slot is */
+    acc->k[idx].stamp = 0;   /* stamps start at 1 */
     acc->k[idx].flags = 0;
     acc->k[idx].key = *key;
     acc->tab[i] = idx + 1;
@@ -326,7 +343,7 @@ static uint32_t acc_slot_of(const struct kvt_primary *p, const struct kvt_primar
         if (v == 0)
             return PR_NIL;
         x = &acc->k[v - 1];
-        if (x->hash != h || !kvt_key_eq(&x->key, key))
+        if (x->hash != h || !pr_key_eq(&x->key, key))
             continue;
         if (x->slot == PR_NIL || p->e[x->slot].generation != x->gen ||
             p->e[x->slot].list == PR_NONE || p->e[x->slot].hash != h)
@@ -343,6 +360,7 @@ static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key,
 
     x->slot = s;
     x->gen = p->e[s].generation;
+    x->seen_at = p->inserts;
 
     if (!(x->flags & PR_AF_INSERTED))
         x->flags |= PR_AF_REUSED;
@@ -417,9 +435,12 @@ static uint32_t acc_group(const void *arg, size_t i)
     return ((const struct kvt_primary_access *)arg)->k[i].group;
 }
 
+#define PR_GONE (PR_NIL - 1) /* acc_apply: known absent without a find */
+
 static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
 {
     size_t n = acc->n, m = 0;
+    bool own_since = p->inserts == acc->own_to; /* no one else inserted since own_to */
 
     if (n == 0)
         return;
@@ -447,8 +468,11 @@ static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
             uint32_t s = x->slot;
 
             if (s != PR_NIL && (p->e[s].generation != x->gen || p->e[s].list == PR_NONE ||
-                                p->e[s].hash != x->hash))
-                s = PR_NIL;
+                                p->e[s].hash != x->hash)) {
+                /* It left that slot; absent for sure when only this request
+                 * inserted since it was seen there. */
+                s = own_since && acc->own_from <= x->seen_at ? PR_GONE : PR_NIL;
+            }
             if (s == PR_NIL)
                 __builtin_prefetch(&p->index[kvt_oa_home(x->hash, p->index_size)]);
             slot[i - b] = s;
@@ -459,7 +483,7 @@ static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
 
             if (s == PR_NIL)
                 s = pr_find_h(p, &x->key, x->hash);
-            if (s == PR_NIL)
+            if (s == PR_NIL || s == PR_GONE)
                 continue;
             p->fin_slots[m] = s;
             p->fin_kinds[m++] = (x->flags & PR_AF_REUSED)     ? PR_ACC_REUSED
@@ -542,6 +566,7 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->has_checksum = false;
     pr_index_put(p, s);
     p->pol->insert(p, s);
+    p->inserts++;
     p->num_entries++;
     p->num_write_pending++;
     return s;
@@ -787,7 +812,7 @@ static bool pr_dedup_seen(struct kvt_primary *p, const struct kvt_key *keys, uin
             p->dedup[i] = idx + 1;
             return false;
         }
-        if (kvt_key_eq(&keys[v - 1], &keys[idx]))
+        if (pr_key_eq(&keys[v - 1], &keys[idx]))
             return true;
     }
 }
@@ -966,6 +991,8 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             kvt_events_push(&p->events, out->evicted, need, KVT_MEDIUM_CPU, KVT_ANY, true) != 0)
             kvt_warn("primary", "out of memory: a removed event was lost");
     }
+    if (acc != NULL && acc->own_to != p->inserts)
+        acc->own_from = p->inserts; /* someone else inserted since: a new run */
     for (size_t i = 0; i < n_new; i++) {
         const struct kvt_key *k = &out->keys_to_store[i];
 
@@ -979,8 +1006,11 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             x->flags |= PR_AF_INSERTED;
             x->slot = (uint32_t)out->chunk_ids[i];
             x->gen = p->e[x->slot].generation;
+            x->seen_at = p->inserts;
         }
     }
+    if (acc != NULL)
+        acc->own_to = p->inserts;
     kvt_full_fence(); /* the words turned odd before any store of the new bytes */
     out->n_store = n_new;
     if (acc != NULL && p->acc_idx[n_new - 1] - p->acc_idx[0] == n_new - 1) {

@@ -1444,6 +1444,36 @@ static void test_request_complete_checks_the_slot_it_remembers(void **state)
     fx_free(f);
 }
 
+/* LRU, 2 chunks: r1 stores 1 and 2, then 3 (evicting its own 1); 1 comes back
+ * by a store of another request (or none) before r1 finishes. r1's finish must
+ * find 1 where it is now and make it the most recent; with 1 re-stored by r1
+ * itself, the same. */
+static void test_request_finish_finds_its_key_stored_again_by_another(void **state)
+{
+    for (int who = 0; who < 3; who++) { /* 1 stored again by: no request, r2, r1 */
+        struct fx *f = fx_make(2, "lru", false, 0);
+        struct kvt_primary_access *r1, *r2;
+        struct kvt_key order[2], k1 = kt_key(1), k3 = kt_key(3);
+
+        assert_int_equal(kvt_primary_access_create(&r1), 0);
+        assert_int_equal(kvt_primary_access_create(&r2), 0);
+        assert_int_equal(rprep(f, r1, L(1, 2), 0), 0);
+        complete_all(f);
+        assert_int_equal(rprep(f, r1, L(3), 0), 0); /* evicts 1 */
+        complete_all(f);
+        assert_int_equal(look(f, 1), KVT_MISS);
+        assert_int_equal(rprep(f, who == 0 ? NULL : who == 1 ? r2 : r1, L(1), 0), 0); /* evicts 2 */
+        complete_all(f);
+        kvt_primary_request_finished(f->p, r1);
+        assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 2), 2);
+        assert_true(kvt_key_eq(&order[0], &k3));
+        assert_true(kvt_key_eq(&order[1], &k1)); /* most recent */
+        kvt_primary_access_destroy(r1);
+        kvt_primary_access_destroy(r2);
+        fx_free(f);
+    }
+}
+
 /* A touch moves only present ready keys; pending keys and ghosts stay. */
 static void test_touch_moves_ready_keys_only(void **state)
 {
@@ -1500,6 +1530,7 @@ int main(void)
         cmocka_unit_test(test_touch_moves_ready_keys_only),
         cmocka_unit_test(test_request_store_dedups_within_one_call_only),
         cmocka_unit_test(test_request_complete_checks_the_slot_it_remembers),
+        cmocka_unit_test(test_request_finish_finds_its_key_stored_again_by_another),
         cmocka_unit_test(test_fence_words_follow_every_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
