@@ -202,7 +202,9 @@ static void hist_add(struct hist_acc *h, const struct kvt_hist_layout *l, double
 {
     h->count++;
     h->sum += v;
-    h->buckets[kvt_hist_bucket(l, v)]++;
+    /* A lookup's delay is below the first bound (10 us) almost always: that bucket
+     * without the call (kvt_hist_bucket answers 0 for it too, NaN included). */
+    h->buckets[l->n == 0 || !(v > l->bounds[0]) ? 0 : kvt_hist_bucket(l, v)]++;
 }
 
 static void observe_resolved(struct kvt_metrics *mt, size_t label_idx,
