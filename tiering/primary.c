@@ -270,8 +270,12 @@ static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
 
     if (want <= acc->cap)
         return 0;
-    if (want < 2 * acc->cap)
-        want = 2 * acc->cap;
+    /* x4 from 64 records: a request of hundreds of keys regrows (and rehashes) two
+     * or three times, not five or six. */
+    if (want < 4 * acc->cap)
+        want = 4 * acc->cap;
+    if (want < 64)
+        want = 64;
     struct pr_acc_key *k = kvt_reallocarray(acc->k, want, sizeof(*k));
 
     if (k == NULL)
