@@ -248,7 +248,9 @@ static struct observed *ob_cell(struct req_metrics *rm, uint64_t fp)
 /* Room for one more observation at load factor <= 1/2. */
 static int ob_reserve(struct req_metrics *rm)
 {
-    size_t cap = rm->ob == NULL ? 256 : 4 * (rm->mask + 1); /* few regrowths per request */
+    /* 512 cells hold 256 keys (a 4096-token prompt at 16 tokens a block) before the
+     * first regrowth (a rehash in the middle of a request's lookups); then x4. */
+    size_t cap = rm->ob == NULL ? 512 : 4 * (rm->mask + 1);
     struct observed *old = rm->ob;
     size_t old_cap = old == NULL ? 0 : rm->mask + 1;
 
