@@ -50,9 +50,7 @@ struct arc {
     size_t g_used;   /* nodes ever handed out since the last clear */
     uint32_t g_free; /* freed nodes chained through next, or PR_NIL */
     uint64_t *idx;   /* kvt_oa cells of the ghosts, by hash */
-    size_t idx_size; /* 8 x capacity: load factor <= 1/4 (a store when full adds a
-                        ghost and drops one, and at 1/2 the probe runs of those two
-                        cost about as much as the rest of the store) */
+    size_t idx_size; /* 4 x capacity: load factor <= 1/2 */
     size_t n_ghosts;
     struct glist b1, b2;
 };
@@ -203,7 +201,7 @@ static int arc_init(struct kvt_primary *p)
         return -ENOMEM;
     p->pol_state = a;
     a->capacity = p->cfg.num_chunks;
-    a->idx_size = 8 * a->capacity;
+    a->idx_size = 4 * a->capacity;
     if (2 * a->capacity > UINT32_MAX - 1) { /* ghost ids are 32-bit */
         arc_fini(p);
         return -EINVAL;
