@@ -6,6 +6,9 @@
  * (tests/unit/test_hash.c). */
 #include <xxhash.h>
 #ifdef KVT_XXH3_DISPATCH
+/* The header would rename XXH3_64bits and friends to their dispatched versions;
+ * this file names each one it means. */
+#define XXH_DISPATCH_DISABLE_REPLACE
 #include <xxh_x86dispatch.h>
 #endif
 
@@ -14,6 +17,10 @@
 uint64_t kvt_hash64(const void *data, size_t len)
 {
 #ifdef KVT_XXH3_DISPATCH
+    /* Up to 240 bytes every variant runs the same scalar code: a key's hash (36
+     * bytes, on every lookup) skips the dispatch's indirect call. */
+    if (len <= 240)
+        return XXH3_64bits(data, len);
     return XXH3_64bits_dispatch(data, len);
 #else
     return XXH3_64bits(data, len);

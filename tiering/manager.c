@@ -84,10 +84,13 @@ struct kvt_manager {
     bool shutdown_failed;
     uint64_t primary_lookups; /* one-key lookups, for the sampled sync delay */
     double primary_lookup_s;  /* the last one timed */
+    /* The request state found last (an engine's calls come in runs per request):
+     * valid while it lives (its reference keeps its context's address), cleared
+     * when it is freed. */
+    struct req_state *last_st;
 };
 
-static struct kvt_primary_access *req_acc(const struct kvt_manager *m,
-                                          const struct kvt_req_ctx *ctx);
+static struct kvt_primary_access *req_acc(struct kvt_manager *m, const struct kvt_req_ctx *ctx);
 
 /* ---- jobs ---------------------------------------------------------------- */
 
@@ -408,23 +411,34 @@ static void clear_pending_promotions(struct kvt_manager *m)
 
 /* ---- requests -------------------------------------------------------------- */
 
-static struct req_state *req_get(const struct kvt_manager *m, const struct kvt_req_ctx *ctx)
+static struct req_state *req_get(struct kvt_manager *m, const struct kvt_req_ctx *ctx)
 {
-    return kvt_map_get(&m->req_state, ctx->req_id, ctx->req_id_len);
+    struct req_state *st;
+
+    /* The state of ctx's request is the one registered under its id: the same
+     * context (a state holds a reference to it, so no other context has its
+     * address) names the same request. */
+    if (m->last_st != NULL && m->last_st->ctx == ctx)
+        return m->last_st;
+    st = kvt_map_get(&m->req_state, ctx->req_id, ctx->req_id_len);
+    if (st != NULL)
+        m->last_st = st;
+    return st;
 }
 
 /* The cache access of the request of ctx, or NULL when the manager does not know
  * it. */
-static struct kvt_primary_access *req_acc(const struct kvt_manager *m,
-                                          const struct kvt_req_ctx *ctx)
+static struct kvt_primary_access *req_acc(struct kvt_manager *m, const struct kvt_req_ctx *ctx)
 {
     struct req_state *st = req_get(m, ctx);
 
     return st != NULL ? st->acc : NULL;
 }
 
-static void req_free(struct req_state *st)
+static void req_free(struct kvt_manager *m, struct req_state *st)
 {
+    if (m->last_st == st)
+        m->last_st = NULL;
     kvt_primary_access_destroy(st->acc);
     kvt_req_ctx_unref(st->ctx);
     kvt_free(st->parked);
@@ -449,7 +463,7 @@ static void maybe_finalize_request(struct kvt_manager *m, struct req_state *st, 
     }
     kvt_metrics_on_request_finished(m->metrics, st->ctx);
     kvt_map_remove(&m->req_state, st->ctx->req_id, st->ctx->req_id_len);
-    req_free(st);
+    req_free(m, st);
 }
 
 /* _cascade_existing_chunks_to_request_level_tiers: chunks a request-level tier
@@ -551,8 +565,9 @@ static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_
     enum kvt_lookup_result r;
     uint64_t t0;
 
-    /* An invalid key (length 0 or over 64) misses; it is hashed by no one. */
-    uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
+    /* An invalid key (length 0 or over 64) misses; it is hashed by no one. (The
+     * hash is kvt_key_hash's, one call shorter.) */
+    uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_hash64(key->bytes, key->len) : 0;
 
     double dt;
 
@@ -723,7 +738,7 @@ static int on_new_request_ex(struct kvt_manager *m, struct kvt_req_ctx *ctx, int
     st->ctx = kvt_req_ctx_ref(ctx);
     if (kvt_primary_access_create(&st->acc) != 0 ||
         kvt_map_put(&m->req_state, ctx->req_id, ctx->req_id_len, st) != 0) {
-        req_free(st);
+        req_free(m, st);
         return -ENOMEM;
     }
     kvt_metrics_on_new_request(m->metrics, ctx);
@@ -853,7 +868,7 @@ int kvt_manager_reset_cache(struct kvt_manager *m)
             kvt_tier_on_request_finished(m->tiers[i], st->ctx);
         kvt_metrics_on_request_finished(m->metrics, st->ctx);
         kvt_map_remove(&m->req_state, st->ctx->req_id, st->ctx->req_id_len);
-        req_free(st);
+        req_free(m, st);
     }
     kvt_primary_reset_cache(m->primary);
     m->processed_jobs_this_step = false;
@@ -958,7 +973,7 @@ void kvt_manager_destroy(struct kvt_manager *m)
     kvt_map_cleanup(&m->jobs);
     it = 0;
     while (kvt_map_next(&m->req_state, &it, &e))
-        req_free(e->value);
+        req_free(m, e->value);
     kvt_map_cleanup(&m->req_state);
     for (size_t i = 0; i < m->n_tiers; i++) {
         kvt_tier_destroy(m->tiers[i]);

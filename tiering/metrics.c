@@ -202,7 +202,9 @@ static void hist_add(struct hist_acc *h, const struct kvt_hist_layout *l, double
 {
     h->count++;
     h->sum += v;
-    h->buckets[kvt_hist_bucket(l, v)]++;
+    /* A lookup's delay is below the first bound (10 us) almost always: that bucket
+     * without the call (kvt_hist_bucket answers 0 for it too, NaN included). */
+    h->buckets[l->n == 0 || !(v > l->bounds[0]) ? 0 : kvt_hist_bucket(l, v)]++;
 }
 
 static void observe_resolved(struct kvt_metrics *mt, size_t label_idx,
@@ -246,7 +248,9 @@ static struct observed *ob_cell(struct req_metrics *rm, uint64_t fp)
 /* Room for one more observation at load factor <= 1/2. */
 static int ob_reserve(struct req_metrics *rm)
 {
-    size_t cap = rm->ob == NULL ? 256 : 4 * (rm->mask + 1); /* few regrowths per request */
+    /* 512 cells hold 256 keys (a 4096-token prompt at 16 tokens a block) before the
+     * first regrowth (a rehash in the middle of a request's lookups); then x4. */
+    size_t cap = rm->ob == NULL ? 512 : 4 * (rm->mask + 1);
     struct observed *old = rm->ob;
     size_t old_cap = old == NULL ? 0 : rm->mask + 1;
 
@@ -279,15 +283,17 @@ void kvt_metrics_on_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx
     kvt_metrics_on_lookup_h(mt, ctx, key, kvt_key_hash(key), label_idx, result, dt_s);
 }
 
-void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
-                             const struct kvt_key *key, uint64_t hash, size_t label_idx,
-                             enum kvt_lookup_result result, double dt_s)
+/* Every case of a lookup's observation (kvt_metrics_on_lookup_h). Kept out of
+ * line, so that the common case's path saves no registers. */
+__attribute__((noinline)) static void on_lookup_slow(struct kvt_metrics *mt,
+                                                     const struct kvt_req_ctx *ctx, uint64_t hash,
+                                                     size_t label_idx,
+                                                     enum kvt_lookup_result result, double dt_s)
 {
     struct req_metrics *rm = req_of(mt, ctx);
     struct observed *ob;
     uint64_t fp = lookup_fp(hash, label_idx);
 
-    (void)key;
     assert(label_idx <= mt->n_tiers);
     if (rm == NULL || !rm->observing ||
         (result != KVT_HIT && result != KVT_MISS && result != KVT_RETRY))
@@ -315,6 +321,40 @@ void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *c
         return;
     observe_resolved(mt, label_idx, result, dt_s, ob->start_s);
     ob->start_s = -1;
+}
+
+/* The common case first, with no frame of its own: the request asked last, still
+ * observing, a table with room, a HIT or MISS of a (label, key) it has not
+ * observed. Anything else goes the whole way (on_lookup_slow), which starts over:
+ * this path changes nothing unless it completes. */
+void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
+                             const struct kvt_key *key, uint64_t hash, size_t label_idx,
+                             enum kvt_lookup_result result, double dt_s)
+{
+    struct req_metrics *rm = mt->last_rm;
+
+    (void)key;
+    if (mt->last_ctx == ctx && rm != NULL && rm->observing && rm->ob != NULL &&
+        2 * (rm->n_ob + 1) <= rm->mask + 1 && (result == KVT_HIT || result == KVT_MISS) &&
+        label_idx <= mt->n_tiers) {
+        uint64_t fp = lookup_fp(hash, label_idx);
+        struct observed *ob = ob_cell(rm, fp);
+
+        if (ob->fp == 0) {
+            struct label_acc *a = &mt->acc[label_idx];
+
+            ob->fp = fp;
+            ob->start_s = -1;
+            rm->n_ob++;
+            a->queries++;
+            a->hits += result == KVT_HIT;
+            hist_add(&a->sync_delay, mt->sync_layout, dt_s);
+            return;
+        }
+        if (ob->start_s < 0)
+            return; /* counted already */
+    }
+    on_lookup_slow(mt, ctx, hash, label_idx, result, dt_s);
 }
 
 void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx)

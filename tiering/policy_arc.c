@@ -217,14 +217,14 @@ static int arc_init(struct kvt_primary *p)
     return 0;
 }
 
-static void arc_will_insert(struct kvt_primary *p, const struct kvt_key *keys, size_t n)
+static void arc_will_insert(struct kvt_primary *p, const uint64_t *hashes, size_t n)
 {
     struct arc *a = arc_of(p);
 
     if (a->n_ghosts == 0)
         return;
     for (size_t i = 0; i < n; i++)
-        g_prefetch(a, kvt_key_hash(&keys[i]));
+        g_prefetch(a, hashes[i]);
 }
 
 static void arc_insert(struct kvt_primary *p, uint32_t s)

@@ -16,7 +16,10 @@
  * order, each with its KV cache group and what the request did with it
  * (inserted, reused, missed on store). At finish the keys are ordered by group
  * (stable), given their kinds and handed to the policy once; the table is then
- * freed.
+ * freed. Each record keeps the slot where the key was last seen and that slot's
+ * generation, so a key still there is found without the index; one that left is
+ * looked up again, unless only this request has inserted anything since it was
+ * seen (then it is known absent: the request's own inserts update its records).
  *
  * Fence words (seqlock order). Each slot has a 32-bit word, in an array of its own
  * that the network tier registers for peers' one-sided READs. The word turns odd
@@ -26,9 +29,10 @@
  * entry records the even value its key's bytes were completed under. A peer granted
  * a row with that value READs the row, then the word: equal means no write began
  * between the grant and the word's READ, so the bytes it read are the key's. The
- * odd store is followed by a full fence, so it is visible (to other processes and
- * to a NIC, which reads coherent memory) before any store of the new bytes; the
- * even store is a release, after them. Writers of the bytes in other processes (the
+ * odd stores are followed by a full fence (one per prepare_store, after all of its
+ * words: nothing in the call writes a row), so they are visible (to other
+ * processes and to a NIC, which reads coherent memory) before any store of the new
+ * bytes; the even store is a release, after them. Writers of the bytes in other processes (the
  * engines) are told of the slot after prepare_store returned and report back before
  * complete_store: the system calls between order them. */
 #include <errno.h>
@@ -65,18 +69,22 @@ void kvt_oa_del(uint64_t *cells, size_t size, uint64_t cell)
 
     while (cells[i] != cell)
         i = kvt_oa_next(i, size);
+    /* Without a branch on the move (whether a cell moves is a coin toss the
+     * predictor loses): the hole is written either way, with v or its own value. */
     for (size_t j = kvt_oa_next(i, size);; j = kvt_oa_next(j, size)) {
         uint64_t v = cells[j];
-        size_t home;
+        size_t home, d_home, d_hole;
+        bool move;
 
         if (v == 0)
             break;
         home = kvt_oa_home(v >> 32, size);
+        d_home = j >= home ? j - home : j + size - home;
+        d_hole = j >= i ? j - i : j + size - i;
         /* v may move into the hole i unless its home lies cyclically in (i, j]. */
-        if ((j >= home ? j - home : j + size - home) >= (j >= i ? j - i : j + size - i)) {
-            cells[i] = v;
-            i = j;
-        }
+        move = d_home >= d_hole;
+        cells[i] = move ? v : cells[i];
+        i = move ? j : i;
     }
     cells[i] = 0;
 }
@@ -98,7 +106,7 @@ static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key
             continue;
         x = &p->e[kvt_oa_id(v)];
         if (x->hash == h && x->key.len == key->len &&
-            memcmp(x->key.bytes, key->bytes, key->len) == 0)
+            pr_bytes_eq(x->key.bytes, key->bytes, key->len))
             return kvt_oa_id(v);
     }
 }
@@ -159,8 +167,10 @@ enum { PR_AF_INSERTED = 1, PR_AF_REUSED = 2, PR_AF_STORE_MISS = 4 };
 
 struct pr_acc_key {
     uint64_t hash;
+    uint64_t seen_at; /* the primary's insert count when slot was recorded */
     uint32_t group;
     uint32_t slot, gen; /* where it was last seen (PR_NIL: absent), that slot's generation */
+    uint32_t stamp;     /* == the access's stamp: to be stored by the running prepare_store */
     uint8_t flags;      /* PR_AF_* */
     struct kvt_key key;
 };
@@ -175,6 +185,18 @@ struct kvt_primary_access {
     size_t n, cap;
     uint32_t *tab; /* open addressing by hash: index into k + 1, 0 empty */
     size_t tab_mask;
+    uint32_t stamp; /* bumped by each prepare_store (its dedup of the keys to store) */
+    /* [own_from, own_to): the last run of the primary's inserts that were all this
+     * access's own (none by anyone else in between). While the primary's count is
+     * still own_to, a record seen at or after own_from whose allocation left is
+     * absent: only this access inserted since, and its inserts update their
+     * records. The finish of a request whose stores evicted its own keys needs no
+     * index lookup for them. */
+    uint64_t own_from, own_to;
+    /* The keys the last prepare_store allocated, when they are k[last_lo ..
+     * last_lo + last_n) in store order (new keys, the usual case); else last_n 0.
+     * complete_store tries key i there first: no hash, no probe. */
+    uint32_t last_lo, last_n;
 };
 
 /* vLLM's get_offload_group_idx: the last 4 bytes, big-endian. */
@@ -204,6 +226,7 @@ static void acc_release(struct kvt_primary_access *acc)
     acc->k = NULL;
     acc->tab = NULL;
     acc->n = acc->cap = acc->tab_mask = 0;
+    acc->last_n = 0;
     acc->many_groups = false;
 }
 
@@ -225,6 +248,8 @@ static void acc_bind(const struct kvt_primary *p, struct kvt_primary_access *acc
     acc->finished = false;
     acc->many_groups = false;
     acc->n = 0;
+    acc->last_n = 0;
+    acc->own_from = acc->own_to = p->inserts;
     if (acc->tab != NULL)
         memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
 }
@@ -245,8 +270,12 @@ static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
 
     if (want <= acc->cap)
         return 0;
-    if (want < 2 * acc->cap)
-        want = 2 * acc->cap;
+    /* x4 from 64 records: a request of hundreds of keys regrows (and rehashes) two
+     * or three times, not five or six. */
+    if (want < 4 * acc->cap)
+        want = 4 * acc->cap;
+    if (want < 64)
+        want = 64;
     struct pr_acc_key *k = kvt_reallocarray(acc->k, want, sizeof(*k));
 
     if (k == NULL)
@@ -267,6 +296,17 @@ static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
     return 0;
 }
 
+/* A new stamp for a prepare_store; on wrap-around every record's is reset, so an
+ * old stamp never looks current. */
+static void acc_next_stamp(struct kvt_primary_access *acc)
+{
+    if (++acc->stamp != 0)
+        return;
+    for (size_t i = 0; i < acc->n; i++)
+        acc->k[i].stamp = 0;
+    acc->stamp = 1;
+}
+
 /* The index of key in acc, recorded as seen if it was not (room reserved). */
 static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
 {
@@ -276,13 +316,15 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
     for (uint32_t v; (v = acc->tab[i]) != 0; i = (i + 1) & acc->tab_mask) {
         const struct pr_acc_key *x = &acc->k[v - 1];
 
-        if (x->hash == h && kvt_key_eq(&x->key, key))
+        if (x->hash == h && pr_key_eq(&x->key, key))
             return v - 1;
     }
     idx = (uint32_t)acc->n++;
     acc->k[idx].hash = h;
     acc->k[idx].group = pr_key_group(key);
     acc->k[idx].slot = PR_NIL;
+    acc->k[idx].seen_at = 0; /* set where slot is */
+    acc->k[idx].stamp = 0;   /* stamps start at 1 */
     acc->k[idx].flags = 0;
     acc->k[idx].key = *key;
     acc->tab[i] = idx + 1;
@@ -305,7 +347,7 @@ static uint32_t acc_slot_of(const struct kvt_primary *p, const struct kvt_primar
         if (v == 0)
             return PR_NIL;
         x = &acc->k[v - 1];
-        if (x->hash != h || !kvt_key_eq(&x->key, key))
+        if (x->hash != h || !pr_key_eq(&x->key, key))
             continue;
         if (x->slot == PR_NIL || p->e[x->slot].generation != x->gen ||
             p->e[x->slot].list == PR_NONE || p->e[x->slot].hash != h)
@@ -322,6 +364,7 @@ static void acc_reuse(struct kvt_primary_access *acc, const struct kvt_key *key,
 
     x->slot = s;
     x->gen = p->e[s].generation;
+    x->seen_at = p->inserts;
 
     if (!(x->flags & PR_AF_INSERTED))
         x->flags |= PR_AF_REUSED;
@@ -396,9 +439,12 @@ static uint32_t acc_group(const void *arg, size_t i)
     return ((const struct kvt_primary_access *)arg)->k[i].group;
 }
 
+#define PR_GONE (PR_NIL - 1) /* acc_apply: known absent without a find */
+
 static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
 {
     size_t n = acc->n, m = 0;
+    bool own_since = p->inserts == acc->own_to; /* no one else inserted since own_to */
 
     if (n == 0)
         return;
@@ -426,8 +472,11 @@ static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
             uint32_t s = x->slot;
 
             if (s != PR_NIL && (p->e[s].generation != x->gen || p->e[s].list == PR_NONE ||
-                                p->e[s].hash != x->hash))
-                s = PR_NIL;
+                                p->e[s].hash != x->hash)) {
+                /* It left that slot; absent for sure when only this request
+                 * inserted since it was seen there. */
+                s = own_since && acc->own_from <= x->seen_at ? PR_GONE : PR_NIL;
+            }
             if (s == PR_NIL)
                 __builtin_prefetch(&p->index[kvt_oa_home(x->hash, p->index_size)]);
             slot[i - b] = s;
@@ -438,7 +487,7 @@ static void acc_apply(struct kvt_primary *p, struct kvt_primary_access *acc)
 
             if (s == PR_NIL)
                 s = pr_find_h(p, &x->key, x->hash);
-            if (s == PR_NIL)
+            if (s == PR_NIL || s == PR_GONE)
                 continue;
             p->fin_slots[m] = s;
             p->fin_kinds[m++] = (x->flags & PR_AF_REUSED)     ? PR_ACC_REUSED
@@ -476,12 +525,20 @@ static uint32_t pr_alloc_slot(struct kvt_primary *p)
     return p->free_list[--p->n_free_list];
 }
 
-/* The slot's bytes may change from now on: its word turns odd (a new value). */
-static void pr_fence_begin(struct kvt_primary *p, uint32_t s)
+/* The slot's bytes may change from now on: its word turns odd (a new value).
+ * The caller issues the full fence (kvt_full_fence) before any store of the new
+ * bytes: once per prepare_store, after all its words (nothing there writes a
+ * row; the engine writes them after the call returns). */
+static void pr_fence_begin_nofence(struct kvt_primary *p, uint32_t s)
 {
     uint32_t w = atomic_load_explicit(&p->fence[s], memory_order_relaxed);
 
     atomic_store_explicit(&p->fence[s], (w + 1) | 1, memory_order_relaxed);
+}
+
+static void pr_fence_begin(struct kvt_primary *p, uint32_t s)
+{
+    pr_fence_begin_nofence(p, s);
     kvt_full_fence(); /* before any store of the new bytes */
 }
 
@@ -496,6 +553,7 @@ static uint32_t pr_fence_end(struct kvt_primary *p, uint32_t s)
     return w;
 }
 
+/* The slot's fence word turns odd here; the caller fences once after its inserts. */
 static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
 {
     uint32_t s = pr_alloc_slot(p);
@@ -506,12 +564,13 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->ref_cnt = -1;
     x->generation++;
     x->fence = 0;
-    pr_fence_begin(p, s);
+    pr_fence_begin_nofence(p, s);
     x->mark = 0;
     x->checksum = 0;
     x->has_checksum = false;
     pr_index_put(p, s);
     p->pol->insert(p, s);
+    p->inserts++;
     p->num_entries++;
     p->num_write_pending++;
     return s;
@@ -757,7 +816,7 @@ static bool pr_dedup_seen(struct kvt_primary *p, const struct kvt_key *keys, uin
             p->dedup[i] = idx + 1;
             return false;
         }
-        if (kvt_key_eq(&keys[v - 1], &keys[idx]))
+        if (pr_key_eq(&keys[v - 1], &keys[idx]))
             return true;
     }
 }
@@ -843,17 +902,21 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         return 0;
     if (n > UINT32_MAX - 1)
         return -EINVAL;
-    /* Every allocation first: past this point only -ENOSPC can fail. */
-    rc = pr_dedup_reserve(p, n);
+    /* Every allocation first: past this point only -ENOSPC can fail. A request's
+     * access dedups the offered keys itself (by its stamp); without one, a table
+     * of this call's keys does. */
+    acc = acc_live(p, acc);
+    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(acc, n);
     if (rc == 0)
         rc = out_reserve(out, n, n);
     if (rc == 0)
         rc = pr_store_reserve(p, n);
-    acc = acc_live(p, acc);
-    if (rc == 0 && acc != NULL)
-        rc = acc_reserve(acc, n);
     if (rc != 0)
         return rc;
+    if (acc != NULL) {
+        acc->last_n = 0;
+        acc_next_stamp(acc);
+    }
     new_hash = p->miss_hash + n;
     miss_hash = p->miss_hash;
 
@@ -873,9 +936,16 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                 p->e[s[i]].mark = p->mark;
                 if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
                     acc_reuse(acc, &keys[b + i], h[i], p, s[i]);
+            } else if (acc != NULL) {
+                uint32_t idx = acc_see(acc, &keys[b + i], h[i]);
+
+                if (acc->k[idx].stamp == acc->stamp)
+                    continue; /* offered earlier in this call */
+                acc->k[idx].stamp = acc->stamp;
+                p->acc_idx[n_new] = idx;
+                new_hash[n_new] = h[i];
+                out->keys_to_store[n_new++] = keys[b + i];
             } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
-                if (acc != NULL)
-                    p->acc_idx[n_new] = acc_see(acc, &keys[b + i], h[i]);
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
             }
@@ -925,11 +995,13 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             kvt_events_push(&p->events, out->evicted, need, KVT_MEDIUM_CPU, KVT_ANY, true) != 0)
             kvt_warn("primary", "out of memory: a removed event was lost");
     }
+    if (acc != NULL && acc->own_to != p->inserts)
+        acc->own_from = p->inserts; /* someone else inserted since: a new run */
     for (size_t i = 0; i < n_new; i++) {
         const struct kvt_key *k = &out->keys_to_store[i];
 
         if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
-            p->pol->will_insert(p, k, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
+            p->pol->will_insert(p, new_hash + i, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
 
         out->chunk_ids[i] = pr_insert(p, k, new_hash[i]);
         if (acc != NULL) {
@@ -938,9 +1010,23 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
             x->flags |= PR_AF_INSERTED;
             x->slot = (uint32_t)out->chunk_ids[i];
             x->gen = p->e[x->slot].generation;
+            x->seen_at = p->inserts;
         }
     }
+    if (acc != NULL)
+        acc->own_to = p->inserts;
+    kvt_full_fence(); /* the words turned odd before any store of the new bytes */
     out->n_store = n_new;
+    if (acc != NULL && p->acc_idx[n_new - 1] - p->acc_idx[0] == n_new - 1) {
+        size_t i = 1; /* new keys were recorded in a row: complete_store's hint */
+
+        while (i < n_new && p->acc_idx[i] == p->acc_idx[0] + i)
+            i++;
+        if (i == n_new) {
+            acc->last_lo = p->acc_idx[0];
+            acc->last_n = (uint32_t)n_new;
+        }
+    }
     return 0;
 }
 
@@ -960,7 +1046,19 @@ static void pr_complete_find(struct kvt_primary *p, const struct kvt_key *keys, 
 
     if (acc != NULL && acc->n > 0 && acc->generation == p->generation) {
         for (size_t i = 0; i < n; i++) {
-            uint64_t hk = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
+            uint64_t hk;
+
+            /* The slot the last prepare_store gave key i, if a live entry there holds
+             * this key: the index holds each key once, so that is its slot. */
+            if (i < acc->last_n) {
+                uint32_t s = acc->k[acc->last_lo + i].slot;
+
+                if (s != PR_NIL && p->e[s].list != PR_NONE && pr_key_eq(&p->e[s].key, &keys[i])) {
+                    slot[i] = s;
+                    continue;
+                }
+            }
+            hk = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
 
             slot[i] = pr_key_ok(&keys[i]) ? acc_slot_of(p, acc, &keys[i], hk) : PR_NIL;
             if (slot[i] == PR_NIL && pr_key_ok(&keys[i]))

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <string.h>
 
 #include "kvt/primary.h"
 #include "kvt/stats.h"
@@ -57,8 +58,9 @@ struct pr_policy_ops {
     const char *name;
     int (*init)(struct kvt_primary *p);
     void (*fini)(struct kvt_primary *p);
-    /* Optional: keys[0..n) are about to be inserted; start their cache misses. */
-    void (*will_insert)(struct kvt_primary *p, const struct kvt_key *keys, size_t n);
+    /* Optional: keys of hashes[0..n) are about to be inserted; start their cache
+     * misses. */
+    void (*will_insert)(struct kvt_primary *p, const uint64_t *hashes, size_t n);
     void (*insert)(struct kvt_primary *p, uint32_t slot); /* a new entry, ref -1 */
     void (*remove)(struct kvt_primary *p, uint32_t slot); /* a failed store leaves */
     /* Optional (ARC): store misses of one request, in offer order, each seen for
@@ -93,6 +95,7 @@ struct kvt_primary {
     size_t n_free_list;
     size_t num_entries, num_evictable, num_write_pending;
     uint64_t num_evicted; /* chunks evicted since the primary was created (/metrics) */
+    uint64_t inserts;     /* entries ever inserted: a request's access dates its records by it */
     uint32_t mark;        /* current prepare_store's protection mark (never 0) */
 
     struct pr_list l1, l2;
@@ -137,6 +140,30 @@ struct kvt_primary {
 static inline bool pr_key_ok(const struct kvt_key *k)
 {
     return k->len >= 1 && k->len <= KVT_KEY_MAX;
+}
+
+/* Whether len bytes at a and b are equal, inline: 8 bytes at a time, the last word
+ * overlapping the one before (keys are 36 bytes in vLLM; a call to memcmp and its
+ * length dispatch cost more than the compare on every hit). */
+static inline bool pr_bytes_eq(const uint8_t *a, const uint8_t *b, size_t len)
+{
+    uint64_t x, y, diff = 0;
+
+    if (len < 8)
+        return memcmp(a, b, len) == 0;
+    for (size_t i = 0; i + 8 < len; i += 8) {
+        memcpy(&x, a + i, 8);
+        memcpy(&y, b + i, 8);
+        diff |= x ^ y;
+    }
+    memcpy(&x, a + len - 8, 8);
+    memcpy(&y, b + len - 8, 8);
+    return (diff | (x ^ y)) == 0;
+}
+
+static inline bool pr_key_eq(const struct kvt_key *a, const struct kvt_key *b)
+{
+    return a->len == b->len && pr_bytes_eq(a->bytes, b->bytes, a->len);
 }
 
 /* Open-addressing tables of 64-bit cells, tag << 32 | id + 1 (0 = empty), with

@@ -1317,6 +1317,35 @@ static void test_misuse_returns_einval_and_changes_nothing(void **state)
     fx_free(f);
 }
 
+/* A request's state is found again for the next call of the same context; once
+ * the request is finished and its state freed, its context (and a new one,
+ * whichever address it gets) names no request (under ASan, a stale state would be
+ * a use after free). */
+static void test_finished_request_state_is_forgotten(void **state)
+{
+    struct fx *f = fx_new();
+    struct kvt_key k[4];
+    struct kvt_req_ctx *a = kt_ctx("a"), *b;
+
+    kt_keys(k, 0, 4);
+    start(f, a);
+    store(f, a, k, 2);
+    store(f, a, k + 2, 2);
+    assert_int_equal(kvt_manager_on_request_finished(f->m, a), 0);
+    assert_false(kvt_manager_has_request(f->m, "a"));
+    assert_int_equal(kvt_manager_prepare_store(f->m, k, 1, a, &f->out), -EINVAL);
+    kvt_req_ctx_unref(a);
+    b = kt_ctx("b");
+    assert_int_equal(kvt_manager_prepare_store(f->m, k, 1, b, &f->out), -EINVAL);
+    assert_int_equal(kvt_manager_complete_store(f->m, k, 1, b, true), -EINVAL);
+    start(f, b);
+    assert_int_equal(kvt_manager_prepare_store(f->m, k, 1, b, &f->out), 0);
+    assert_int_equal(f->out.n_store, 0); /* present */
+    assert_int_equal(kvt_manager_on_request_finished(f->m, b), 0);
+    kvt_req_ctx_unref(b);
+    fx_free(f);
+}
+
 struct abort_arg {
     int which;
 };
@@ -2035,6 +2064,7 @@ int main(void)
         cmocka_unit_test(test_promotion_allocation_failure_is_miss),
         cmocka_unit_test(test_later_tier_hit_wins_over_earlier_retry),
         cmocka_unit_test(test_misuse_returns_einval_and_changes_nothing),
+        cmocka_unit_test(test_finished_request_state_is_forgotten),
         cmocka_unit_test(test_unknown_or_foreign_job_report_asserts),
         cmocka_unit_test(test_shutdown_keeps_primary_when_tier_fails),
         cmocka_unit_test(test_serve_external_requests_through_parent),

@@ -398,12 +398,17 @@ static void test_tracker_delays_use_vllm_buckets(void **state)
     kvt_metrics_on_new_request(mt, ctx);
     lookup(mt, ctx, 1, 1, KVT_HIT, 20.0);
     lookup(mt, ctx, 2, 1, KVT_HIT, 0.003);
+    lookup(mt, ctx, 3, 1, KVT_HIT, 1e-5);   /* the first bound: bucket 0 */
+    lookup(mt, ctx, 4, 1, KVT_HIT, 1.1e-5); /* just above it: bucket 1 */
+    lookup(mt, ctx, 5, 1, KVT_HIT, 2e-7);
     assert_int_equal(kvt_metrics_take_stats(mt, &st), 0);
     h = kvt_stats_find(&st, KVT_M_LOOKUP_SYNC_DELAY, "1:fs");
     assert_non_null(h);
-    assert_int_equal(h->count, 2);
+    assert_int_equal(h->count, 5);
     assert_int_equal(h->buckets[11], 1);
     assert_int_equal(h->buckets[5], 1); /* 0.003 <= 5e-3 */
+    assert_int_equal(h->buckets[0], 2);
+    assert_int_equal(h->buckets[1], 1);
     kvt_stats_cleanup(&st);
     kvt_metrics_on_request_finished(mt, ctx);
     kvt_metrics_destroy(mt);

@@ -1384,6 +1384,96 @@ static void test_access_before_reset_is_forgotten(void **state)
     fx_free(f);
 }
 
+/* With a request's access, a key offered twice in one prepare_store is stored
+ * once, and a key offered by an earlier call of the same request that stored
+ * nothing is no repeat. */
+static void test_request_store_dedups_within_one_call_only(void **state)
+{
+    struct fx *f = fx_make(2, "lru", false, 0);
+    struct kvt_primary_access *acc;
+    struct kvt_key k1 = gkey(1, 0), k3 = gkey(3, 0), k4 = gkey(4, 0), k5 = gkey(5, 0);
+    int64_t c[2];
+
+    assert_int_equal(kvt_primary_access_create(&acc), 0);
+    assert_int_equal(rprep(f, acc, L(3, 3, 1, 3), 0), 0);
+    assert_int_equal(f->out.n_store, 2);
+    assert_true(kvt_key_eq(&f->out.keys_to_store[0], &k3));
+    assert_true(kvt_key_eq(&f->out.keys_to_store[1], &k1));
+    complete_all(f);
+    assert_int_equal(LOAD(f, c, 3, 1), 0);
+    assert_int_equal(rprep(f, acc, L(4, 4), 0), -ENOSPC); /* both pinned */
+    assert_int_equal(UNLOAD(f, 3, 1), 0);
+    assert_int_equal(rprep(f, acc, L(4, 5, 4), 0), 0); /* 4 again: stored, once */
+    assert_int_equal(f->out.n_store, 2);
+    assert_true(kvt_key_eq(&f->out.keys_to_store[0], &k4));
+    assert_true(kvt_key_eq(&f->out.keys_to_store[1], &k5));
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 2);
+    kvt_primary_access_destroy(acc);
+    fx_free(f);
+}
+
+/* complete_store with the request's access finds each key's slot whatever the
+ * order, and never takes the slot its last prepare_store gave a key for the key
+ * once another key holds it. */
+static void test_request_complete_checks_the_slot_it_remembers(void **state)
+{
+    struct fx *f = fx_make(3, "lru", false, 0);
+    struct kvt_primary_access *acc;
+    struct kvt_key k[2] = {gkey(2, 0), gkey(1, 0)}, k5 = gkey(5, 0), k6 = gkey(6, 0);
+    struct kvt_primary_entry_info a, b;
+
+    assert_int_equal(kvt_primary_access_create(&acc), 0);
+    assert_int_equal(rprep(f, acc, L(1, 2), 0), 0);
+    assert_int_equal(kvt_primary_complete_store_strict(f->p, k, 2, true, acc), 0);
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 0);
+    assert_int_equal(kvt_primary_num_evictable(f->p), 2);
+    /* 5's slot freed by a failed store and taken by 6 */
+    assert_int_equal(rprep(f, acc, L(5), 0), 0);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k5, &a), 0);
+    assert_int_equal(kvt_primary_complete_store(f->p, &k5, 1, false), 0);
+    assert_int_equal(kvt_primary_prepare_store(f->p, &k6, 1, &f->out), 0);
+    assert_int_equal(kvt_primary_entry_info(f->p, &k6, &b), 0);
+    assert_int_equal(a.slot, b.slot);
+    assert_int_equal(kvt_primary_complete_store_strict(f->p, &k5, 1, true, acc), -EINVAL);
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 1); /* 6 untouched */
+    assert_int_equal(rprep(f, acc, L(6), 0), 0);              /* pending: nothing to store */
+    assert_int_equal(kvt_primary_complete_store_strict(f->p, &k6, 1, true, acc), 0);
+    assert_int_equal(kvt_primary_num_write_pending(f->p), 0);
+    assert_int_equal(kvt_primary_lookup(f->p, &k6), KVT_HIT);
+    kvt_primary_access_destroy(acc);
+    fx_free(f);
+}
+
+/* LRU, 2 chunks: r1 stores 1 and 2, then 3 (evicting its own 1); 1 comes back
+ * by a store of another request (or none) before r1 finishes. r1's finish must
+ * find 1 where it is now and make it the most recent; with 1 re-stored by r1
+ * itself, the same. */
+static void test_request_finish_finds_its_key_stored_again_by_another(void **state)
+{
+    for (int who = 0; who < 3; who++) { /* 1 stored again by: no request, r2, r1 */
+        struct fx *f = fx_make(2, "lru", false, 0);
+        struct kvt_primary_access *r1, *r2;
+        struct kvt_key order[2], k1 = kt_key(1), k3 = kt_key(3);
+
+        assert_int_equal(kvt_primary_access_create(&r1), 0);
+        assert_int_equal(kvt_primary_access_create(&r2), 0);
+        assert_int_equal(rprep(f, r1, L(1, 2), 0), 0);
+        complete_all(f);
+        assert_int_equal(rprep(f, r1, L(3), 0), 0); /* evicts 1 */
+        complete_all(f);
+        assert_int_equal(look(f, 1), KVT_MISS);
+        assert_int_equal(rprep(f, who == 0 ? NULL : who == 1 ? r2 : r1, L(1), 0), 0); /* evicts 2 */
+        complete_all(f);
+        kvt_primary_request_finished(f->p, r1);
+        assert_int_equal(kvt_primary_policy_list(f->p, 0, order, 2), 2);
+        assert_true(kvt_key_eq(&order[0], &k3));
+        assert_true(kvt_key_eq(&order[1], &k1)); /* most recent */
+        kvt_primary_access_destroy(r1);
+        kvt_primary_access_destroy(r2);
+        fx_free(f);
+    }
+}
+
 /* A touch moves only present ready keys; pending keys and ghosts stay. */
 static void test_touch_moves_ready_keys_only(void **state)
 {
@@ -1438,6 +1528,9 @@ int main(void)
         cmocka_unit_test(test_store_miss_adapts_once_per_request),
         cmocka_unit_test(test_access_before_reset_is_forgotten),
         cmocka_unit_test(test_touch_moves_ready_keys_only),
+        cmocka_unit_test(test_request_store_dedups_within_one_call_only),
+        cmocka_unit_test(test_request_complete_checks_the_slot_it_remembers),
+        cmocka_unit_test(test_request_finish_finds_its_key_stored_again_by_another),
         cmocka_unit_test(test_fence_words_follow_every_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
