@@ -463,7 +463,7 @@ static bool nt_may_read(void *arg, uint64_t node_id, struct kvt_tp_ep *ep, struc
 
     if (mr != NULL && (mr == nt->mr_remote || mr == nt->mr_fence) &&
         kvt__nt_direct_exposed(nt, ep)) {
-        /* Keeps the loop awake a little (nt_arm): the peer's next READs follow. */
+        /* Counts as busy a little (nt_arm): the peer's next READs follow. */
         nt->direct_awake_until_ns = kvt_now_ns() + NT_DIRECT_AWAKE_NS;
         return true;
     }

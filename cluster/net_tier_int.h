@@ -37,8 +37,9 @@
 #define NT_KEYS_PER_MSG 256
 #define NT_MAX_NODES    KVT_MEMBERS_MAX
 #define MS              1000000ull
-/* After serving a peer's direct READ (software transports), the loop does not sleep
- * for this long: a lease keeps it awake the same way while granted rows are read. */
+/* After serving a peer's direct READ (software transports), the loop counts as busy
+ * for this long, as a lease keeps it while granted rows are read (both within
+ * busy_poll_us of the transport's last event: nt_arm). */
 #define NT_DIRECT_AWAKE_NS (20 * MS)
 
 /* ---- shared with the lookup worker (under nt->mu) ------------------------------ */
@@ -297,7 +298,7 @@ struct net_tier {
     uint32_t n_into_free;
     struct kvt_tp_mr *mr_into_fence;
     struct kvt_list exposures;      /* struct direct_exp (net_serve.c) */
-    uint64_t direct_awake_until_ns; /* a direct READ was served: no sleep until then */
+    uint64_t direct_awake_until_ns; /* a direct READ was served: busy until then */
     uint64_t last_event_ns;         /* the transport's last event (nt_arm's busy poll) */
     bool omit_fences;               /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
