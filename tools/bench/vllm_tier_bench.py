@@ -174,12 +174,15 @@ def main():
     ap.add_argument("--rows", type=int, default=256, help="rows of one throughput job")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ring-spin-us", type=int, default=None,
+                    help="the node's engine.ring_spin_us (its default when not given)")
     a = ap.parse_args()
     register()
     tmp = tempfile.mkdtemp(prefix="kvt-vllm-bench.")
     cluster = kvt_nodes.Cluster(a.kvtierd, n=1, row_bytes=a.row, primary="%dMiB" % max(
         256, 4 * a.requests * a.blocks * a.row >> 20, 2 * a.rows * a.row >> 20), tmp=tmp,
-        storage=False).start()
+        storage=False, engine_extra="" if a.ring_spin_us is None else
+        "  ring_spin_us: %d\n" % a.ring_spin_us).start()
     out = {"requests": a.requests, "blocks": a.blocks, "row": a.row, "sched": []}
     try:
         for name, tiers in (("none", []),
