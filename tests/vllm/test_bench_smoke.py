@@ -25,5 +25,8 @@ def test_vllm_tier_bench_prints_every_row():
                   "cpu_with_settle_per_step_us"):
             assert r[f] > 0, (r["tier"], f)
         assert "added_cpu_with_settle_us" in r
+        assert 0 <= r["blocks_stored"] <= r["blocks_offered"] and r["blocks_offered"] > 0
+    # With no secondary tier nothing holds the primary's chunks: every block is stored.
+    assert res["sched"][0]["blocks_stored"] == res["sched"][0]["blocks_offered"]
     node = res["node"]
     assert node["store_GBps"] > 0 and node["load_GBps"] > 0 and node["memcpy_GBps"] > 0

@@ -66,6 +66,7 @@ def sched_bench(name, tiers, n_req, k, steps, row, warmup=5):
     salt = b"b-%s" % name.encode()
     prev = []
     seq = 0
+    offered = stored = 0  # blocks offered to prepare_store / taken by it (timed steps)
     try:
         for s in range(warmup + steps):
             ctxs, new = [], []
@@ -82,7 +83,11 @@ def sched_bench(name, tiers, n_req, k, steps, row, warmup=5):
                     for key in keys:
                         e.mgr.lookup(key, ctx)
                     out = e.mgr.prepare_store(keys, ctx)
+                    if s >= warmup:
+                        offered += len(keys)
                     if out is not None:
+                        if s >= warmup:
+                            stored += len(out.keys_to_store)
                         e.mgr.complete_store(out.keys_to_store, ctx)
                     ctxs.append(ctx)
                     new.append(ctx.req_id)
@@ -106,7 +111,8 @@ def sched_bench(name, tiers, n_req, k, steps, row, warmup=5):
         e.shutdown()
     times.sort()
     cpu.sort()
-    return {"tier": name, "steps": len(times),
+    return {"tier": name, "steps": len(times), "blocks_offered": offered,
+            "blocks_stored": stored,
             "cpu_with_settle_per_step_us": (sum(cpu) + settle_cpu) / len(cpu) * 1e6,
             "settle_s": settle_s,
             "cpu_mean_us": statistics.fmean(cpu) * 1e6,
@@ -211,14 +217,18 @@ def main():
     print("  cpu+settle: the same thread's CPU over the steps and over finishing the jobs "
           "still out after them\n  (vLLM's completions of a tier's jobs land wherever the "
           "jobs end), per step")
-    print("  %-8s %9s %9s %9s %10s | %9s %9s %10s | %10s %10s" % (
+    print("  stored: the blocks prepare_store took of those offered (a tier whose jobs are slow "
+          "keeps\n  the primary's chunks pinned, and vLLM refuses the stores it has no room for)")
+    print("  %-8s %9s %9s %9s %10s | %9s %9s %10s | %10s %10s | %s" % (
         "tier", "wall mean", "wall p50", "wall p99", "wall added", "cpu mean", "cpu p50",
-        "cpu added", "cpu+settle", "its added"))
+        "cpu added", "cpu+settle", "its added", "stored"))
     for r in out["sched"]:
-        print("  %-8s %9.0f %9.0f %9.0f %10.0f | %9.0f %9.0f %10.0f | %10.0f %10.0f  (us)" % (
-            r["tier"], r["mean_us"], r["p50_us"], r["p99_us"], r["added_mean_us"],
-            r["cpu_mean_us"], r["cpu_p50_us"], r["added_cpu_us"],
-            r["cpu_with_settle_per_step_us"], r["added_cpu_with_settle_us"]))
+        print("  %-8s %9.0f %9.0f %9.0f %10.0f | %9.0f %9.0f %10.0f | %10.0f %10.0f | %d of %d"
+              "  (us)" % (
+                  r["tier"], r["mean_us"], r["p50_us"], r["p99_us"], r["added_mean_us"],
+                  r["cpu_mean_us"], r["cpu_p50_us"], r["added_cpu_us"],
+                  r["cpu_with_settle_per_step_us"], r["added_cpu_with_settle_us"],
+                  r["blocks_stored"], r["blocks_offered"]))
     n = out["node"]
     print("rows through the node, %d rows of %d KiB (best of %d)" % (n["rows"], a.row >> 10,
                                                                      a.rounds))
