@@ -359,11 +359,11 @@ static size_t nt_event_fds(struct kvt_tier *t, int *fds, size_t cap)
 static int nt_arm(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
-
-    uint64_t now = kvt_now_ns();
+    uint64_t now;
 
     if (nt_has_local_work(nt))
         return -EAGAIN;
+    now = kvt_now_ns();
     /* With transfers in flight the loop polls: over transports that serve READs in
      * software our progress moves their bytes (in direct mode there is no lease, so
      * for a while after a direct READ was served). Not longer than busy_poll_us

@@ -1837,24 +1837,40 @@ int kvtier_prepare_store_packed(struct kvtier_client *c, const char *req_id, con
     return rc;
 }
 
-int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
-                                 size_t key_len, size_t n, bool success)
+/* A call of packed keys whose reply is only an rc (complete_store, complete_load,
+ * touch): binary when bin allows (bin_simple answers 1 when it is not made), else
+ * the keys unpacked into the frame call's. */
+static int packed_simple(struct kvtier_client *c, unsigned op, const char *req_id, const void *keys,
+                         size_t key_len, size_t n, bool bin, bool success)
 {
     struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
     int rc;
 
-    if (c->bin && req_id != NULL) {
+    if (bin && c->bin) {
         struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
 
-        rc = bin_simple(c, KVT_EOP_COMPLETE_STORE, req_id, &bk, success);
+        rc = bin_simple(c, op, req_id, &bk, success);
         if (rc != 1)
             return rc;
     }
     rc = unpack(keys, key_len, n, stack, &k, &heap);
-    if (rc == 0)
-        rc = kvtier_complete_store(c, req_id, k, n, success);
+    if (rc == 0) {
+        if (op == KVT_EOP_COMPLETE_STORE)
+            rc = kvtier_complete_store(c, req_id, k, n, success);
+        else if (op == KVT_EOP_COMPLETE_LOAD)
+            rc = kvtier_complete_load(c, req_id, k, n);
+        else
+            rc = kvtier_touch(c, req_id, k, n);
+    }
     kvt_free(heap);
     return rc;
+}
+
+int kvtier_complete_store_packed(struct kvtier_client *c, const char *req_id, const void *keys,
+                                 size_t key_len, size_t n, bool success)
+{
+    return packed_simple(c, KVT_EOP_COMPLETE_STORE, req_id, keys, key_len, n, req_id != NULL,
+                         success);
 }
 
 int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
@@ -1880,39 +1896,11 @@ int kvtier_prepare_load_packed(struct kvtier_client *c, const char *req_id, cons
 int kvtier_complete_load_packed(struct kvtier_client *c, const char *req_id, const void *keys,
                                 size_t key_len, size_t n)
 {
-    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc;
-
-    if (c->bin && true) {
-        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
-
-        rc = bin_simple(c, KVT_EOP_COMPLETE_LOAD, req_id, &bk, 0);
-        if (rc != 1)
-            return rc;
-    }
-    rc = unpack(keys, key_len, n, stack, &k, &heap);
-    if (rc == 0)
-        rc = kvtier_complete_load(c, req_id, k, n);
-    kvt_free(heap);
-    return rc;
+    return packed_simple(c, KVT_EOP_COMPLETE_LOAD, req_id, keys, key_len, n, true, false);
 }
 
 int kvtier_touch_packed(struct kvtier_client *c, const char *req_id, const void *keys,
                         size_t key_len, size_t n)
 {
-    struct kvtier_key stack[PACKED_STACK_KEYS], *k, *heap;
-    int rc;
-
-    if (c->bin && true) {
-        struct bin_keys bk = {.packed = keys, .key_len = key_len, .n = n};
-
-        rc = bin_simple(c, KVT_EOP_TOUCH, req_id, &bk, 0);
-        if (rc != 1)
-            return rc;
-    }
-    rc = unpack(keys, key_len, n, stack, &k, &heap);
-    if (rc == 0)
-        rc = kvtier_touch(c, req_id, k, n);
-    kvt_free(heap);
-    return rc;
+    return packed_simple(c, KVT_EOP_TOUCH, req_id, keys, key_len, n, true, false);
 }

@@ -1158,13 +1158,17 @@ class KvtierOffloadingManager(OffloadingManager):
             # (vLLM asserts the keys were HIT: a node that refuses them now has
             # lost them; the workers fail this load and vLLM recomputes)
             return KvtierCPULoadStoreSpec([0] * n, None)
-        packed = b"".join(keys)
-        gens = self._loads.get(packed)
+        self._note_prepared(self._loads, b"".join(keys))
+        return KvtierCPULoadStoreSpec(ids, self._region)
+
+    def _note_prepared(self, prepared, packed) -> None:
+        """Records a prepare of these keys against this node generation (taken back,
+        oldest first, by _from_this_node)."""
+        gens = prepared.get(packed)
         if gens is None:
-            self._loads[packed] = [self._gen]
+            prepared[packed] = [self._gen]
         else:
             gens.append(self._gen)
-        return KvtierCPULoadStoreSpec(ids, self._region)
 
     def _from_this_node(self, prepared, packed) -> bool:
         """Takes the oldest prepare of these keys from prepared (the node generation it
@@ -1213,12 +1217,7 @@ class KvtierOffloadingManager(OffloadingManager):
             return None
         to_store = [keys[i] for i in idx]
         if to_store:
-            packed = b"".join(to_store)
-            gens = self._stores.get(packed)
-            if gens is None:
-                self._stores[packed] = [self._gen]
-            else:
-                gens.append(self._gen)
+            self._note_prepared(self._stores, b"".join(to_store))
         return PrepareStoreOutput(keys_to_store=to_store,
                                   store_spec=KvtierCPULoadStoreSpec(ids, self._region),
                                   evicted_keys=evicted)

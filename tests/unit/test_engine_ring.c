@@ -1403,6 +1403,17 @@ static void raw_encode(struct raw *r, struct kvt_emsg *m, struct kvt_ebuf *b)
     assert_int_equal(kvt__emsg_encode(m, b), 0);
 }
 
+/* m: a lookup of the four keys k for the request "nobody". */
+static void lookup_of_four(struct kvt_emsg *m, struct kvtier_key *k)
+{
+    kvt__emsg_init(m);
+    m->op = KVT_EOP_LOOKUP;
+    snprintf(m->req_id, sizeof(m->req_id), "nobody");
+    m->keys = k;
+    m->n_keys = 4;
+    m->has = 1u << KVT_EF_REQ_ID | 1u << KVT_EF_KEYS;
+}
+
 /* The flake of a kvtier-load run (one engine closed for "a request longer than the
  * ring allows" after about a thousand good calls): the node polls the slot where
  * the next request is due before the engine has written it, and in the ring's
@@ -1442,12 +1453,7 @@ static void test_stale_body_is_no_request(void **state)
         k[i].len = KVTIER_KEY_MAX;
         memset(k[i].bytes, 0xa0 + i, KVTIER_KEY_MAX);
     }
-    kvt__emsg_init(&m);
-    m.op = KVT_EOP_LOOKUP;
-    snprintf(m.req_id, sizeof(m.req_id), "nobody");
-    m.keys = k;
-    m.n_keys = 4;
-    m.has = 1u << KVT_EF_REQ_ID | 1u << KVT_EF_KEYS;
+    lookup_of_four(&m, k);
     raw_encode(&r, &m, &b);
     start = r.head;
     plen = b.len - 4;
@@ -1504,12 +1510,7 @@ static void test_stale_body_is_no_request(void **state)
         }
     }
     assert_true(planted >= 2);
-    kvt__emsg_init(&m);
-    m.op = KVT_EOP_LOOKUP;
-    snprintf(m.req_id, sizeof(m.req_id), "nobody");
-    m.keys = k;
-    m.n_keys = 4;
-    m.has = 1u << KVT_EF_REQ_ID | 1u << KVT_EF_KEYS;
+    lookup_of_four(&m, k);
     raw_post(&r, &m);
     assert_int_equal(r.head, start + kvt_ering_rec_bytes(plen));
     raw_wait_reply(&r, r.seq);

@@ -85,9 +85,8 @@ def sched_bench(name, tiers, n_req, k, steps, row, warmup=5):
                     out = e.mgr.prepare_store(keys, ctx)
                     if s >= warmup:
                         offered += len(keys)
+                        stored += len(out.keys_to_store) if out is not None else 0
                     if out is not None:
-                        if s >= warmup:
-                            stored += len(out.keys_to_store)
                         e.mgr.complete_store(out.keys_to_store, ctx)
                     ctxs.append(ctx)
                     new.append(ctx.req_id)
