@@ -15,18 +15,23 @@ def test_vllm_tier_bench_prints_every_row():
     out = subprocess.run(
         [sys.executable, os.path.join(ROOT, "tools", "bench", "vllm_tier_bench.py"),
          "--kvtierd", os.environ["KVTIERD"], "--row", "65536", "--requests", "2",
-         "--blocks", "4", "--steps", "3", "--rows", "8", "--rounds", "1", "--json"],
+         "--blocks", "4", "--steps", "3", "--rows", "8", "--rounds", "1", "--pause-ms", "1,5",
+         "--json"],
         check=True, capture_output=True, text=True, timeout=600).stdout
     res = json.loads(out)
-    assert [r["tier"] for r in res["sched"]] == ["none", "fs", "kvtier"]
+    # The three tiers side by side at each pause asked for, in order.
+    assert [(r["pause_ms"], r["tier"]) for r in res["sched"]] == [
+        (p, t) for p in (1.0, 5.0) for t in ("none", "fs", "kvtier")]
     for r in res["sched"]:
         assert r["steps"] == 3
         for f in ("mean_us", "p50_us", "p99_us", "cpu_mean_us", "cpu_p50_us",
                   "cpu_with_settle_per_step_us"):
             assert r[f] > 0, (r["tier"], f)
-        assert "added_cpu_with_settle_us" in r
+        assert "added_cpu_with_settle_us" in r and "added_p50_us" in r
         assert 0 <= r["blocks_stored"] <= r["blocks_offered"] and r["blocks_offered"] > 0
     # With no secondary tier nothing holds the primary's chunks: every block is stored.
-    assert res["sched"][0]["blocks_stored"] == res["sched"][0]["blocks_offered"]
+    for r in res["sched"]:
+        if r["tier"] == "none":
+            assert r["blocks_stored"] == r["blocks_offered"]
     node = res["node"]
     assert node["store_GBps"] > 0 and node["load_GBps"] > 0 and node["memcpy_GBps"] > 0
