@@ -297,6 +297,11 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t)
     return nt_of(t)->wake_fd;
 }
 
+uint64_t kvt_net_tier_news(const struct kvt_tier *t)
+{
+    return nt_of((struct kvt_tier *)t)->news;
+}
+
 /* Work of ours the loop must do: peers' requests parked for the serving loop, loads
  * ended and not yet reported. */
 static bool nt_has_local_work(struct net_tier *nt)

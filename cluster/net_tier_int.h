@@ -277,6 +277,7 @@ struct net_tier {
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
     struct kvt_list done;     /* nt_done of ended jobs, reported by get_finished_jobs */
+    uint64_t news;            /* FETCHes parked, loads ended (kvt_net_tier_news) */
     struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
     bool republish_all;
     uint64_t next_republish_ns;

@@ -161,6 +161,11 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
 int kvt_net_tier_poll(struct kvt_tier *t);
 /* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
+/* A count that moves whenever work waits for the next schedule end: a peer's FETCH
+ * parked for the serving loop, a load of ours ended and not yet reported. A loop
+ * that steps the manager when it moved serves and reports them at once, not at its
+ * next tick. */
+uint64_t kvt_net_tier_news(const struct kvt_tier *t);
 
 /* The grant check for one-sided READs of this node's primary region (and of its
  * fence words, kvt__nt_may_read_fence in the tier): true when
