@@ -6,9 +6,9 @@
  * (net_publish.c), loads (net_fetch.c) and serving peers (net_serve.c). Their shared
  * state, and which thread touches what, is net_tier_int.h.
  *
- * Everything but the lookup worker's batch_lookup runs on the loop thread. The
- * worker hands its keys to the loop through nt->mu and waits on nt->cv; the loop
- * answers from LOCATE_REPLYs and its own directory. */
+ * Everything runs on the loop thread: the async lookup helper has no worker here
+ * (submit mode); its flush queues the keys through nt->mu, the loop answers from
+ * LOCATE_REPLYs and its own directory and completes the helper's item. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -660,7 +660,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     if (rc != 0)
         goto fail;
     /* Every lookup queued behind a round trip goes out with the next one. */
-    rc = kvt_async_lookup_create_spans("network", kvt__nt_batch_lookup_spans, nt, &nt->al);
+    rc = kvt_async_lookup_create_submit("network", kvt__nt_lookup_submit, nt, &nt->al);
     if (rc != 0)
         goto fail;
     h = (struct kvt_peers_handlers){.on_msg = nt_on_msg,

@@ -3,10 +3,11 @@
  * tiers this node's slowest secondary tier.
  *
  * Requester side (this node's engines miss locally):
- *   lookup        async lookup helper; its batch_lookup (worker thread) hands the
- *                 keys to the loop, which sends LOCATE to each key's home (rendezvous
- *                 over live members) and waits for LOCATE_REPLY: RETRY until the
- *                 answer, then HIT (a live holder is known) or MISS.
+ *   lookup        async lookup helper in submit mode (no worker thread): at the
+ *                 schedule end the loop sends LOCATE to each new key's home
+ *                 (rendezvous over live members) and completes the helper's item on
+ *                 LOCATE_REPLY: RETRY until the answer, then HIT (a live holder is
+ *                 known) or MISS.
  *   submit_load   FETCHes of at most keys_per_fetch keys to each holder, at most
  *                 fetches_per_peer of them out per peer (the rest wait queued, their
  *                 deadline not yet started), so one fetch's READs overlap the next
@@ -159,7 +160,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
 /* Progress between schedule ends (the daemon's idle tick; tests): peer messages,
  * locate requests from the lookup worker, READ completions, publishes, leases. */
 int kvt_net_tier_poll(struct kvt_tier *t);
-/* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
+/* An eventfd that wakes the loop when a LOCATE waits to be sent (in the loop's event
+ * set; the lookups queue theirs on the loop thread, just before its progress). */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
 /* A count that moves whenever work waits for the next schedule end: a peer's FETCH
  * parked for the serving loop, a load of ours ended and not yet reported. A loop
