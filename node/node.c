@@ -705,6 +705,10 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            ec.ring_redirects);
     SAMPLE("kvtier_engine_ring_wakeups", "Times an engine woke the sleeping loop through its ring",
            KVT_METRIC_COUNTER, ec.ring_wakeups);
+    SAMPLE("kvtier_engine_ring_spin_rests",
+           "Times the loop's spin on the rings lost its core (no core to spare), then polled "
+           "them only on wake-ups for 100 ms",
+           KVT_METRIC_COUNTER, ec.ring_spin_rests);
     if (nd->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
