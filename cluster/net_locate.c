@@ -326,7 +326,11 @@ enum kvt_lookup_result kvt__nt_lookup(struct kvt_tier *t, const struct kvt_key *
 {
     struct net_tier *nt = nt_of(t);
     const struct holder *h;
+    size_t queued = kvt_async_lookup_batch_len(nt->al);
     int r = kvt_async_lookup_lookup(nt->al, key, ctx);
+
+    if (queued == 0 && kvt_async_lookup_batch_len(nt->al) > 0)
+        nt->lookup_first_ns = kvt_now_ns(); /* KVT_M_NET_LOOKUP_QUEUE_SECONDS */
 
     if (r == KVT_AL_PENDING)
         return KVT_RETRY;

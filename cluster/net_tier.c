@@ -395,6 +395,10 @@ static void nt_on_schedule_end(struct kvt_tier *t, const struct kvt_schedule_end
     (void)ctx;
     if (kvt_async_lookup_flush(nt->al) != 0)
         kvt_warn(NT_MOD, "out of memory: lookups wait for the next step");
+    else if (nt->lookup_first_ns != 0) { /* their LOCATEs leave in the progress below */
+        nt_observe(nt, KVT_M_NET_LOOKUP_QUEUE_SECONDS, kvt_now_ns() - nt->lookup_first_ns);
+        nt->lookup_first_ns = 0;
+    }
     kvt__nt_progress(nt);
     kvt__nt_flush_publishes(nt);
 }

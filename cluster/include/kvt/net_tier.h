@@ -73,27 +73,28 @@
 /* The same bytes per peer (label "peer:<16 hex digits>"); own names, so a sum over
  * the names above is not counted twice. */
 #define KVT_M_NET_PEER_PULLED_BYTES "kvtier_net_peer_pulled_bytes"
-/* Where a pull's time goes, per observation (histograms, seconds): a LOCATE's round
- * trip; a fetch queued behind its peer's fetches_per_peer; FETCH sent to GRANT; GRANT
- * to the fetch's last row verified; a load job submitted to reported; the holder's
- * FETCH arrival to GRANT sent. */
-#define KVT_M_NET_LOCATE_SECONDS      "kvtier_net_locate_seconds"
-#define KVT_M_NET_FETCH_QUEUE_SECONDS "kvtier_net_fetch_queue_seconds"
-#define KVT_M_NET_GRANT_WAIT_SECONDS  "kvtier_net_grant_wait_seconds"
-#define KVT_M_NET_READ_SECONDS        "kvtier_net_read_seconds"
-#define KVT_M_NET_LOAD_JOB_SECONDS    "kvtier_net_load_job_seconds"
-#define KVT_M_NET_SERVE_WAIT_SECONDS  "kvtier_net_serve_wait_seconds"
-#define KVT_M_NET_PEER_SERVED_BYTES   "kvtier_net_peer_served_bytes"
-#define KVT_M_NET_INTO_CHUNKS         "kvtier_net_pulled_into_chunks"
-#define KVT_M_NET_CHECKSUM_FAIL       "kvtier_net_checksum_failures"
-#define KVT_M_NET_FENCE_FAIL          "kvtier_net_fence_failures"
-#define KVT_M_NET_LEASE_EXPIRED       "kvtier_net_lease_expiries"
-#define KVT_M_NET_FETCH_FAILED        "kvtier_net_failed_fetches"
-#define KVT_M_NET_REFUSED             "kvtier_net_refused_messages"
-#define KVT_M_NET_LEASES              "kvtier_net_active_leases"
-#define KVT_M_NET_RECORDS             "kvtier_net_directory_records"
-#define KVT_M_NET_DIRECT_CHUNKS       "kvtier_net_direct_chunks"
-#define KVT_M_NET_DIRECT_MISSES       "kvtier_net_direct_misses"
+/* Where a pull's time goes, per observation (histograms, seconds): a step's first
+ * new key asked to its LOCATEs sent (the step's end); a LOCATE's round trip; a fetch queued behind
+ * its peer's fetches_per_peer; FETCH sent to GRANT; GRANT to the fetch's last row verified; a load
+ * job submitted to reported; the holder's FETCH arrival to GRANT sent. */
+#define KVT_M_NET_LOOKUP_QUEUE_SECONDS "kvtier_net_lookup_queue_seconds"
+#define KVT_M_NET_LOCATE_SECONDS       "kvtier_net_locate_seconds"
+#define KVT_M_NET_FETCH_QUEUE_SECONDS  "kvtier_net_fetch_queue_seconds"
+#define KVT_M_NET_GRANT_WAIT_SECONDS   "kvtier_net_grant_wait_seconds"
+#define KVT_M_NET_READ_SECONDS         "kvtier_net_read_seconds"
+#define KVT_M_NET_LOAD_JOB_SECONDS     "kvtier_net_load_job_seconds"
+#define KVT_M_NET_SERVE_WAIT_SECONDS   "kvtier_net_serve_wait_seconds"
+#define KVT_M_NET_PEER_SERVED_BYTES    "kvtier_net_peer_served_bytes"
+#define KVT_M_NET_INTO_CHUNKS          "kvtier_net_pulled_into_chunks"
+#define KVT_M_NET_CHECKSUM_FAIL        "kvtier_net_checksum_failures"
+#define KVT_M_NET_FENCE_FAIL           "kvtier_net_fence_failures"
+#define KVT_M_NET_LEASE_EXPIRED        "kvtier_net_lease_expiries"
+#define KVT_M_NET_FETCH_FAILED         "kvtier_net_failed_fetches"
+#define KVT_M_NET_REFUSED              "kvtier_net_refused_messages"
+#define KVT_M_NET_LEASES               "kvtier_net_active_leases"
+#define KVT_M_NET_RECORDS              "kvtier_net_directory_records"
+#define KVT_M_NET_DIRECT_CHUNKS        "kvtier_net_direct_chunks"
+#define KVT_M_NET_DIRECT_MISSES        "kvtier_net_direct_misses"
 
 /* How a pulled row is validated (network.verify). */
 enum kvt_net_verify {
