@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The network tier's lookups and the location directory (net_tier_int.h).
  *
- * Requester: the manager's lookup goes through the async lookup helper, whose worker
- * thread runs kvt__nt_batch_lookup: it queues a locate_req under nt->mu, wakes the
- * loop (eventfd) and waits on nt->cv. The loop takes the queue, sends one LOCATE per
- * key's home (rendezvous hashing over the live members; keys homed here are answered
- * from our own directory) and answers the request when every LOCATE_REPLY is in or
- * its deadline passed. A locate_req is shared by the worker and the loop and freed by
- * whichever lets go last, so a worker that timed out never waits for the loop. A
- * found key remembers its holder (nt->holders) for the load that follows.
+ * Requester: the manager's lookup goes through the async lookup helper, in submit
+ * mode (no worker thread): at a schedule end its flush hands the step's new keys to
+ * kvt__nt_lookup_submit, which queues a locate_req, and the loop's progress right
+ * after takes the queue, sends one LOCATE per key's home (rendezvous hashing over
+ * the live members; keys homed here are answered from our own directory) and
+ * completes the helper's item when every LOCATE_REPLY is in or its deadline passed.
+ * So a LOCATE leaves in the step that asked, whatever is still in flight, and its
+ * answer reaches the next lookup without a thread in between. (A worker that ran the
+ * round trips one after the other made each step's keys wait for the LOCATEs of the
+ * steps before.) A found key remembers its holder (nt->holders) for the load that
+ * follows.
  *
  * Home: PUBLISH/UNPUBLISH from a node about itself, in its current incarnation, keep
  * the directory of the keys homed here; LOCATE is answered from it with the holders
@@ -42,102 +45,44 @@ static void lr_unref_locked(struct locate_req *r)
     }
 }
 
-int kvt__nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
-                         const struct kvt_req_ctx *ctx, bool *found)
+int kvt__nt_lookup_submit(void *arg, const struct kvt_key *keys, size_t n, bool *found, void *token)
 {
     struct net_tier *nt = arg;
     struct locate_req *r = kvt_calloc(1, sizeof(*r));
-    struct timespec ts;
-    uint64_t one = 1, deadline;
-    int rc = 0;
 
-    (void)ctx;
     if (r == NULL)
         return -ENOMEM;
-    r->keys = kvt_malloc(n * sizeof(*keys));
-    r->found = found;
+    r->keys = kvt_malloc((n ? n : 1) * sizeof(*keys));
     if (r->keys == NULL) {
         kvt_free(r);
         return -ENOMEM;
     }
     memcpy(r->keys, keys, n * sizeof(*keys));
     r->n = n;
-    r->refs = 2;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    deadline = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec +
-               ms_ns(nt->cfg.locate_timeout_ms);
-    ts.tv_sec = (time_t)(deadline / 1000000000ull);
-    ts.tv_nsec = (long)(deadline % 1000000000ull);
-
+    r->found = found;
+    r->token = token;
+    r->refs = 1;
+    /* No wake-up: the flush that called us runs on the loop, whose progress right
+     * after (nt_on_schedule_end) takes the queue and sends the LOCATEs. */
     pthread_mutex_lock(&nt->mu);
-    if (nt->stopping) {
-        pthread_mutex_unlock(&nt->mu);
-        kvt_free(r->keys);
-        kvt_free(r);
-        return -ECANCELED;
-    }
     *nt->lq_tail = r;
     nt->lq_tail = &r->next;
-    /* Under mu, so woken says exactly whether the loop has a read to do. */
-    if (!nt->woken && write(nt->wake_fd, &one, sizeof(one)) == sizeof(one))
-        nt->woken = true; /* a failed write: the loop also polls every step */
     pthread_mutex_unlock(&nt->mu);
-
-    pthread_mutex_lock(&nt->mu);
-    while (r->state != LR_DONE && !nt->stopping) {
-        if (pthread_cond_timedwait(&nt->cv, &nt->mu, &ts) == ETIMEDOUT)
-            break;
-    }
-    if (r->state != LR_DONE) {
-        rc = nt->stopping ? -ECANCELED : -ETIMEDOUT;
-        if (r->state == LR_QUEUED) { /* the loop never saw it: unlink, drop its ref */
-            struct locate_req **pp = &nt->lq_head;
-
-            while (*pp != r)
-                pp = &(*pp)->next;
-            *pp = r->next;
-            if (nt->lq_tail == &r->next)
-                nt->lq_tail = pp;
-            r->refs--;
-        }
-        r->found = NULL; /* the loop must not write into our caller's array now */
-    }
-    lr_unref_locked(r);
-    pthread_mutex_unlock(&nt->mu);
-    return rc;
+    return 0;
 }
 
-int kvt__nt_batch_lookup_spans(void *arg, const struct kvt_al_span *spans, size_t n_spans)
+/* Lets go of r; its token, if it was the last holder, completes with what r->found
+ * holds (the keys not written stay not found). */
+static void lr_unref(struct net_tier *nt, struct locate_req *r)
 {
-    size_t n = 0, at = 0;
-    struct kvt_key *keys;
-    bool *found;
-    int rc;
+    void *token;
 
-    for (size_t i = 0; i < n_spans; i++)
-        n += spans[i].n;
-    if (n == 0)
-        return 0;
-    keys = kvt_malloc(n * sizeof(*keys));
-    found = kvt_calloc(n, sizeof(*found));
-    if (keys == NULL || found == NULL) {
-        kvt_free(keys);
-        kvt_free(found);
-        return -ENOMEM;
-    }
-    for (size_t i = 0; i < n_spans; i++) {
-        memcpy(keys + at, spans[i].keys, spans[i].n * sizeof(*keys));
-        at += spans[i].n;
-    }
-    rc = kvt__nt_batch_lookup(arg, keys, n, NULL, found);
-    at = 0;
-    for (size_t i = 0; rc == 0 && i < n_spans; i++) {
-        memcpy(spans[i].found, found + at, spans[i].n * sizeof(*found));
-        at += spans[i].n;
-    }
-    kvt_free(keys);
-    kvt_free(found);
-    return rc;
+    pthread_mutex_lock(&nt->mu);
+    token = r->refs == 1 ? r->token : NULL;
+    lr_unref_locked(r);
+    pthread_mutex_unlock(&nt->mu);
+    if (token != NULL)
+        kvt_async_lookup_complete(nt->al, token);
 }
 
 /* Loop: the op is answered (or abandoned); hand the verdicts over, drop the op. */
@@ -147,10 +92,9 @@ static void nt_locate_op_done(struct net_tier *nt, struct locate_op *op)
     if (op->req->found != NULL) {
         memcpy(op->req->found, op->found, op->req->n * sizeof(bool));
         op->req->state = LR_DONE;
-        pthread_cond_broadcast(&nt->cv);
     }
-    lr_unref_locked(op->req);
     pthread_mutex_unlock(&nt->mu);
+    lr_unref(nt, op->req);
     kvt_map_remove_u64(&nt->locate_ops, op->id);
     kvt_free(op->found);
     kvt_free(op);
@@ -233,9 +177,7 @@ void kvt__nt_take_locates(struct net_tier *nt)
             if (op != NULL)
                 kvt_free(op->found);
             kvt_free(op);
-            pthread_mutex_lock(&nt->mu);
-            lr_unref_locked(r); /* the worker times out: every key not found */
-            pthread_mutex_unlock(&nt->mu);
+            lr_unref(nt, r); /* every key not found */
             continue;
         }
         op->id = nt->next_id++;
@@ -384,7 +326,11 @@ enum kvt_lookup_result kvt__nt_lookup(struct kvt_tier *t, const struct kvt_key *
 {
     struct net_tier *nt = nt_of(t);
     const struct holder *h;
+    size_t queued = kvt_async_lookup_batch_len(nt->al);
     int r = kvt_async_lookup_lookup(nt->al, key, ctx);
+
+    if (queued == 0 && kvt_async_lookup_batch_len(nt->al) > 0)
+        nt->lookup_first_ns = kvt_now_ns(); /* KVT_M_NET_LOOKUP_QUEUE_SECONDS */
 
     if (r == KVT_AL_PENDING)
         return KVT_RETRY;
@@ -398,13 +344,21 @@ enum kvt_lookup_result kvt__nt_lookup(struct kvt_tier *t, const struct kvt_key *
     return KVT_HIT;
 }
 
-/* Destroy: locate ops hold a reference on their worker request (the worker is gone
- * by now: the async lookup helper was destroyed first). */
+/* Destroy: locate ops hold the reference on their request, whose token is not
+ * completed any more (the async lookup helper was destroyed first and freed it);
+ * requests never taken are still queued. */
 void kvt__nt_locate_cleanup(struct net_tier *nt)
 {
     struct kvt_map_entry *e;
     size_t it = 0;
 
+    while (nt->lq_head != NULL) {
+        struct locate_req *r = nt->lq_head;
+
+        nt->lq_head = r->next;
+        lr_unref_locked(r);
+    }
+    nt->lq_tail = &nt->lq_head;
     while (kvt_map_next(&nt->locate_ops, &it, &e)) {
         struct locate_op *op = e->value;
 

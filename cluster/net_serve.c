@@ -81,6 +81,7 @@ void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     memcpy(in->keys, m->u.fetch.keys, in->n * sizeof(*in->keys));
     in->direct = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIRECT)) && m->u.fetch.direct == 1;
     nt->n_in++;
+    nt->news++;
     return;
 busy : {
     struct kvt_wire_msg d;

@@ -6,9 +6,9 @@
  * (net_publish.c), loads (net_fetch.c) and serving peers (net_serve.c). Their shared
  * state, and which thread touches what, is net_tier_int.h.
  *
- * Everything but the lookup worker's batch_lookup runs on the loop thread. The
- * worker hands its keys to the loop through nt->mu and waits on nt->cv; the loop
- * answers from LOCATE_REPLYs and its own directory. */
+ * Everything runs on the loop thread: the async lookup helper has no worker here
+ * (submit mode); its flush queues the keys through nt->mu, the loop answers from
+ * LOCATE_REPLYs and its own directory and completes the helper's item. */
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -297,6 +297,11 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t)
     return nt_of(t)->wake_fd;
 }
 
+uint64_t kvt_net_tier_news(const struct kvt_tier *t)
+{
+    return nt_of((struct kvt_tier *)t)->news;
+}
+
 /* Work of ours the loop must do: peers' requests parked for the serving loop, loads
  * ended and not yet reported. */
 static bool nt_has_local_work(struct net_tier *nt)
@@ -390,6 +395,10 @@ static void nt_on_schedule_end(struct kvt_tier *t, const struct kvt_schedule_end
     (void)ctx;
     if (kvt_async_lookup_flush(nt->al) != 0)
         kvt_warn(NT_MOD, "out of memory: lookups wait for the next step");
+    else if (nt->lookup_first_ns != 0) { /* their LOCATEs leave in the progress below */
+        nt_observe(nt, KVT_M_NET_LOOKUP_QUEUE_SECONDS, kvt_now_ns() - nt->lookup_first_ns);
+        nt->lookup_first_ns = 0;
+    }
     kvt__nt_progress(nt);
     kvt__nt_flush_publishes(nt);
 }
@@ -655,7 +664,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     if (rc != 0)
         goto fail;
     /* Every lookup queued behind a round trip goes out with the next one. */
-    rc = kvt_async_lookup_create_spans("network", kvt__nt_batch_lookup_spans, nt, &nt->al);
+    rc = kvt_async_lookup_create_submit("network", kvt__nt_lookup_submit, nt, &nt->al);
     if (rc != 0)
         goto fail;
     h = (struct kvt_peers_handlers){.on_msg = nt_on_msg,

@@ -10,9 +10,10 @@
  *   net_serve.c    holder: inbound FETCHes, the serving loop, leases
  *
  * Threads: everything runs on the loop thread (the manager's scheduler thread; the
- * transport's callbacks run inside its progress, on the same thread) except the
- * async lookup worker, which runs kvt__nt_batch_lookup and touches only the fields
- * marked "under mu" and the locate_req it queued. */
+ * transport's callbacks run inside its progress, on the same thread). The async
+ * lookup helper has no worker here (kvt_async_lookup_create_submit): its flush hands
+ * a step's keys to kvt__nt_lookup_submit on the loop thread; the fields marked
+ * "under mu" keep their lock for the helper's completions. */
 #ifndef KVT_NET_TIER_INT_H
 #define KVT_NET_TIER_INT_H
 
@@ -48,11 +49,12 @@ enum { LR_QUEUED, LR_TAKEN, LR_DONE };
 
 struct locate_req {
     struct locate_req *next;
-    struct kvt_key *keys; /* the worker's copy; the loop reads it while TAKEN */
+    struct kvt_key *keys; /* a copy; the loop reads it while TAKEN */
     size_t n;
-    bool *found; /* written by the loop under mu, then state DONE */
+    bool *found; /* the helper's item's, written by the loop under mu, then DONE */
+    void *token; /* the helper's item (kvt_async_lookup_complete) */
     int state;
-    int refs; /* worker + loop */
+    int refs; /* the loop's */
 };
 
 /* ---- loop-side state ----------------------------------------------------------- */
@@ -242,9 +244,8 @@ struct nt_peer {
  * wake eventfd and the primary region's registrations; not the peers or the
  * primary. Who touches what:
  *   fixed after create   base (the manager fills its primary fields at adoption),
- *                        cfg, peers, primary, al, self, wake_fd; read by both threads
- *                        (the worker reads only cfg.locate_timeout_ms and wake_fd)
- *   under mu             lq_head, lq_tail, stopping, woken: worker and loop
+ *                        cfg, peers, primary, al, self, wake_fd
+ *   under mu             lq_head, lq_tail, stopping, woken
  *   loop thread only     everything else, without a lock */
 struct net_tier {
     struct kvt_tier base;
@@ -257,7 +258,7 @@ struct net_tier {
 
     pthread_mutex_t mu;
     pthread_cond_t cv;                     /* the loop answered a locate_req, or stopping */
-    struct locate_req *lq_head, **lq_tail; /* under mu: queued by the worker */
+    struct locate_req *lq_head, **lq_tail; /* under mu: queued by kvt__nt_lookup_submit */
     bool stopping;                         /* under mu */
     int wake_fd;
     bool woken; /* under mu: wake_fd was written and not yet read (one read a wake,
@@ -277,6 +278,8 @@ struct net_tier {
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
     struct kvt_list done;     /* nt_done of ended jobs, reported by get_finished_jobs */
+    uint64_t news;            /* FETCHes parked, loads ended (kvt_net_tier_news) */
+    uint64_t lookup_first_ns; /* the first new key of this step's lookups (0: none) */
     struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
     bool republish_all;
     uint64_t next_republish_ns;
@@ -375,13 +378,12 @@ bool kvt__nt_register(struct net_tier *nt);
 
 /* ---- net_locate.c -------------------------------------------------------------- */
 
-/* The async lookup helper's batch_lookup (worker thread). */
-int kvt__nt_batch_lookup(void *arg, const struct kvt_key *keys, size_t n,
-                         const struct kvt_req_ctx *ctx, bool *found);
-/* Every queued lookup item at once (kvt_async_lookup_create_spans): one LOCATE round
- * trip per home for all of them. */
-int kvt__nt_batch_lookup_spans(void *arg, const struct kvt_al_span *spans, size_t n_spans);
-/* Loop: sends the LOCATEs of the requests the worker queued. */
+/* The async lookup helper's submit (kvt_async_lookup_create_submit), on the loop
+ * thread at a schedule end: queues the keys for the LOCATEs the loop sends next;
+ * the answer completes the token. */
+int kvt__nt_lookup_submit(void *arg, const struct kvt_key *keys, size_t n, bool *found,
+                          void *token);
+/* Loop: sends the LOCATEs of the requests queued. */
 void kvt__nt_take_locates(struct net_tier *nt);
 void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m);
 void kvt__nt_expire_locates(struct net_tier *nt, uint64_t now);

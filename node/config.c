@@ -194,7 +194,7 @@ static const struct key_def keys[] = {
      "messages over half of it use the socket"},
     {"engine.ring_spin_us", T_U32, F(engine_ring_spin_us), 0, "100", 0, 1000000, NULL, 0,
      "how long the loop keeps polling the engines' rings after a request, in us (0 = never: "
-     "each ring request wakes the loop)"},
+     "each ring request wakes the loop); a spin that loses its core rests for 100 ms"},
     {"metrics.listen", T_STR, F(metrics_listen), 0, "127.0.0.1", 1, 255, NULL, K_ADDR,
      "address of the /metrics and /healthz HTTP server"},
     {"metrics.port", T_PORT, F(metrics_port), 0, "9464", 0, 65535, NULL, 0,

@@ -39,7 +39,11 @@
  * closing the client closes its ring first, so an engine waiting there wakes. The
  * eventfds are in the epoll set with their client pointer tagged (RING_TAG).
  * kvt_engine_server_spin polls the rings while they are busy and tells them when
- * the loop is about to sleep.
+ * the loop is about to sleep. A spin pays only while the loop has a core of its
+ * own: one whose clock reads, a few empty passes apart, are SPIN_LOST_NS apart lost
+ * its core meanwhile (more runnable threads than cores: the engines it waits for
+ * wait for that core too), and the loop then rests from spinning for SPIN_REST_NS,
+ * woken by the engines' eventfds (counted: ring_spin_rests).
  *
  * Events: the manager's events are moved into one queue here at every progress()
  * and handed to whichever client calls take_events. The queue holds at most
@@ -192,6 +196,7 @@ struct kvt_engine_server {
     size_t ring_bytes;
     uint64_t ring_spin_ns;
     uint64_t ring_active_ns;
+    uint64_t ring_rest_until; /* no spinning before (a spin lost its core) */
     bool rings_sleeping;
     bool ring_polled;
     unsigned n_rings;
@@ -1531,6 +1536,11 @@ static bool rings_pending(struct kvt_engine_server *s)
     return false;
 }
 
+/* Clock reads of an empty spin this far apart: it lost its core meanwhile. */
+#define SPIN_LOST_NS 200000ull
+/* Then no spinning for this long. */
+#define SPIN_REST_NS 100000000ull
+
 static inline void cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
@@ -1547,7 +1557,9 @@ bool kvt_engine_server_spin(struct kvt_engine_server *s, uint64_t max_ns)
     s->ring_polled = true;
     if (s->n_rings == 0)
         return false;
-    while (s->ring_spin_ns > 0 && now - s->ring_active_ns < s->ring_spin_ns) {
+    while (s->ring_spin_ns > 0 && now - s->ring_active_ns < s->ring_spin_ns &&
+           now >= s->ring_rest_until) {
+        uint64_t before = now;
         bool served = false;
 
         rings_set_sleeping(s, false);
@@ -1561,6 +1573,11 @@ bool kvt_engine_server_spin(struct kvt_engine_server *s, uint64_t max_ns)
         now = kvt_now_ns();
         if (served)
             s->ring_active_ns = now;
+        else if (now - before > SPIN_LOST_NS) {
+            s->ring_rest_until = now + SPIN_REST_NS; /* the spin lost its core */
+            s->ctr.ring_spin_rests++;
+            break;
+        }
         if (now >= end)
             return true;
     }
@@ -1772,7 +1789,7 @@ int kvt_engine_server_progress(struct kvt_engine_server *s)
     }
     if (s->n_rings > 0 && rings_poll(s) > 0) {
         s->ring_active_ns = kvt_now_ns();
-        if (s->ring_polled && s->ring_spin_ns > 0)
+        if (s->ring_polled && s->ring_spin_ns > 0 && s->ring_active_ns >= s->ring_rest_until)
             rings_set_sleeping(s, false); /* the loop spins now (kvt_engine_server_spin) */
     }
     if (s->clients != NULL)

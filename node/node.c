@@ -113,7 +113,8 @@ struct kvt_node {
 
     int ep; /* kvt_node_fd */
     uint64_t last_step_ns, last_metrics_ns;
-    bool rings_busy; /* the engines' rings had work: the loop must not sleep */
+    uint64_t net_news; /* kvt_net_tier_news at the last step */
+    bool rings_busy;   /* the engines' rings had work: the loop must not sleep */
     bool stopped;
     /* Members ever seen live (PEERS lists them whatever their state now). */
     uint64_t seen[KVT_MEMBERS_MAX];
@@ -704,6 +705,10 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            ec.ring_redirects);
     SAMPLE("kvtier_engine_ring_wakeups", "Times an engine woke the sleeping loop through its ring",
            KVT_METRIC_COUNTER, ec.ring_wakeups);
+    SAMPLE("kvtier_engine_ring_spin_rests",
+           "Times the loop's spin on the rings lost its core (no core to spare), then polled "
+           "them only on wake-ups for 100 ms",
+           KVT_METRIC_COUNTER, ec.ring_spin_rests);
     if (nd->net != NULL) {
         struct kvt_net_tier_counts c;
         struct kvt_peers_counts pc;
@@ -1070,6 +1075,8 @@ int kvt_node_timeout_ms(struct kvt_node *nd)
 
 void kvt_node_step(struct kvt_node *nd)
 {
+    if (nd->net != NULL)
+        nd->net_news = kvt_net_tier_news(nd->net);
     kvt_manager_on_schedule_end(nd->m, NULL);
     nd->last_step_ns = kvt_now_ns();
 }
@@ -1086,6 +1093,14 @@ int kvt_node_progress(struct kvt_node *nd)
         kvt_node_step(nd);
     for (size_t i = 0; i < nd->n_tiers; i++)
         kvt_tier_poll(nd->tiers[i]);
+    /* A peer's FETCH parked, or a load of ours ended: step now rather than at the
+     * tick, so the FETCH is served (a GRANT goes out) and the load reported while
+     * the requester waits; meanwhile the loop would only poll (the tier does not
+     * arm with work parked). */
+    if (nd->net != NULL && kvt_net_tier_news(nd->net) != nd->net_news) {
+        kvt_node_step(nd);
+        kvt_tier_poll(nd->net); /* what the step sent leaves now */
+    }
     if (kvt_now_ns() - nd->last_metrics_ns >= 1000000000ull) {
         if (nd->peers != NULL)
             note_live(nd);

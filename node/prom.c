@@ -130,6 +130,9 @@ static const struct {
     {KVT_M_STORAGE_USED_BYTES, "Bytes of the storage tier's chunk files."},
     {KVT_M_STORAGE_CAPACITY_BYTES, "Capacity bound of the storage tier in bytes (0 = none)."},
     {KVT_M_STORAGE_FILES, "Chunk files of the storage tier."},
+    {KVT_M_NET_LOOKUP_QUEUE_SECONDS,
+     "Time from a step's first new key asked of the network tier to its LOCATEs sent, in "
+     "seconds."},
     {KVT_M_NET_LOCATE_SECONDS, "Round trip of a LOCATE to a key's home node, in seconds."},
     {KVT_M_NET_FETCH_QUEUE_SECONDS,
      "Time a fetch waited behind its peer's fetches in flight, in seconds."},

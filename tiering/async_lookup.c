@@ -40,6 +40,13 @@
  * their verdicts minutes of steps later under load. vLLM's worker runs one item,
  * one request at a time; its verdicts are the same, they only come later.
  *
+ * Submit (kvt_async_lookup_create_submit): no worker. flush() hands the item to the
+ * tier on the scheduler thread and keeps it on an in-flight list until the tier
+ * completes it (kvt_async_lookup_complete, onto the results); for a tier whose loop
+ * sends the request and takes the answer (the network tier's LOCATE), which then
+ * needs no thread woken on the way out or back, and whose round trips overlap
+ * instead of queueing behind each other.
+ *
  * Threads: vLLM uses two queues and no lock because Python's queues lock for
  * it. Here one mutex guards both lists (requests: scheduler -> worker; results:
  * worker -> scheduler) and the counters; the worker waits on work_cv, wait_idle()
@@ -114,6 +121,7 @@ struct kvt_async_lookup {
     char tier_type[32];
     kvt_batch_lookup_fn fn;
     kvt_batch_lookup_spans_fn spans_fn; /* instead of fn: every queued item at once */
+    kvt_lookup_submit_fn submit_fn;     /* instead of both: no worker (Submit above) */
     void *arg;
     pthread_t thread;
 
@@ -133,6 +141,7 @@ struct kvt_async_lookup {
     pthread_cond_t idle_cv;
     struct kvt_list requests; /* struct al_item, FIFO */
     struct kvt_list results;  /* struct al_item, FIFO */
+    struct kvt_list inflight; /* struct al_item submitted, not yet completed */
     size_t n_requests, n_results;
     unsigned long posted, done; /* items handed to / finished by the worker */
     bool stop;
@@ -267,13 +276,14 @@ static void *worker_main(void *p)
 /* ---------------------------------------------------------------- lifetime */
 
 static int al_create(const char *tier_type, kvt_batch_lookup_fn fn,
-                     kvt_batch_lookup_spans_fn spans_fn, void *arg, struct kvt_async_lookup **al_p)
+                     kvt_batch_lookup_spans_fn spans_fn, kvt_lookup_submit_fn submit_fn, void *arg,
+                     struct kvt_async_lookup **al_p)
 {
     struct kvt_async_lookup *al;
     char name[16];
     int rc;
 
-    if ((fn == NULL) == (spans_fn == NULL) || tier_type == NULL)
+    if ((fn != NULL) + (spans_fn != NULL) + (submit_fn != NULL) != 1 || tier_type == NULL)
         return -EINVAL;
     al = kvt_calloc(1, sizeof(*al));
     if (al == NULL)
@@ -281,12 +291,14 @@ static int al_create(const char *tier_type, kvt_batch_lookup_fn fn,
     snprintf(al->tier_type, sizeof(al->tier_type), "%s", tier_type);
     al->fn = fn;
     al->spans_fn = spans_fn;
+    al->submit_fn = submit_fn;
     al->arg = arg;
     kvt_map_init(&al->states);
     kvt_map_init(&al->reqs);
     kvt_map_init(&al->group_ids);
     kvt_list_init(&al->requests);
     kvt_list_init(&al->results);
+    kvt_list_init(&al->inflight);
     pthread_mutex_init(&al->lock, NULL);
     pthread_cond_init(&al->work_cv, NULL);
     pthread_cond_init(&al->idle_cv, NULL);
@@ -294,6 +306,11 @@ static int al_create(const char *tier_type, kvt_batch_lookup_fn fn,
     /* The log level is read lazily on first use; do it here, before the worker
      * exists, so the worker's first warning does not race with the scheduler. */
     (void)kvt_log_get_level();
+    if (submit_fn != NULL) {
+        al->joined = true; /* no worker to join */
+        *al_p = al;
+        return 0;
+    }
 
     rc = pthread_create(&al->thread, NULL, worker_main, al);
     if (rc != 0) {
@@ -318,13 +335,19 @@ err_sync:
 int kvt_async_lookup_create(const char *tier_type, kvt_batch_lookup_fn fn, void *arg,
                             struct kvt_async_lookup **al_p)
 {
-    return fn == NULL ? -EINVAL : al_create(tier_type, fn, NULL, arg, al_p);
+    return fn == NULL ? -EINVAL : al_create(tier_type, fn, NULL, NULL, arg, al_p);
 }
 
 int kvt_async_lookup_create_spans(const char *tier_type, kvt_batch_lookup_spans_fn fn, void *arg,
                                   struct kvt_async_lookup **al_p)
 {
-    return fn == NULL ? -EINVAL : al_create(tier_type, NULL, fn, arg, al_p);
+    return fn == NULL ? -EINVAL : al_create(tier_type, NULL, fn, NULL, arg, al_p);
+}
+
+int kvt_async_lookup_create_submit(const char *tier_type, kvt_lookup_submit_fn fn, void *arg,
+                                   struct kvt_async_lookup **al_p)
+{
+    return fn == NULL ? -EINVAL : al_create(tier_type, NULL, NULL, fn, arg, al_p);
 }
 
 void kvt_async_lookup_shutdown(struct kvt_async_lookup *al)
@@ -362,6 +385,7 @@ void kvt_async_lookup_destroy(struct kvt_async_lookup *al)
     /* Items flushed after shutdown never reached a worker. */
     free_list(&al->requests);
     free_list(&al->results);
+    free_list(&al->inflight); /* never completed: the tier let go of them */
     for (i = 0; i < al->n_batch; i++)
         kvt_req_ctx_unref(al->batch[i].ctx);
     kvt_free(al->batch);
@@ -502,8 +526,45 @@ err_req:
     return -ENOMEM;
 }
 
+void kvt_async_lookup_complete(struct kvt_async_lookup *al, void *token)
+{
+    struct al_item *it = token;
+
+    pthread_mutex_lock(&al->lock);
+    kvt_list_del(&it->node);
+    kvt_list_add_tail(&al->results, &it->node);
+    al->n_results++;
+    al->done++;
+    pthread_cond_broadcast(&al->idle_cv);
+    pthread_mutex_unlock(&al->lock);
+}
+
+/* Submit: the tier has the item until it completes it. */
+static void submit_item(struct kvt_async_lookup *al, struct al_item *it)
+{
+    int rc;
+
+    pthread_mutex_lock(&al->lock);
+    kvt_list_add_tail(&al->inflight, &it->node);
+    al->posted++;
+    pthread_mutex_unlock(&al->lock);
+    rc = al->submit_fn(al->arg, it->keys, it->n, it->found, it);
+    if (rc < 0) {
+        char buf[64];
+
+        kvt_warn(MOD, "batch_lookup failed on tier %s for %zu keys: %s", al->tier_type, it->n,
+                 strerror_r(-rc, buf, sizeof(buf)));
+        memset(it->found, 0, it->n * sizeof(bool));
+        kvt_async_lookup_complete(al, it);
+    }
+}
+
 static void post_item(struct kvt_async_lookup *al, struct al_item *it)
 {
+    if (al->submit_fn != NULL) {
+        submit_item(al, it);
+        return;
+    }
     pthread_mutex_lock(&al->lock);
     kvt_list_add_tail(&al->requests, &it->node);
     al->n_requests++;

@@ -10,6 +10,12 @@
  * leaves an EOF or an ERROR frame there, and a node that closes the connection on
  * purpose also writes a CLOSED record into the slot and wakes it.
  *
+ * A spin pays only while the node has a core of its own. A spin that lost its core
+ * (two of its clock reads, a few microseconds of spinning apart, SPIN_LOST_NS
+ * apart) says the host has none to spare: the node we wait for is then likely
+ * waiting for ours, and the spin only delays it. Such a ring rests from spinning
+ * for SPIN_REST_NS (futex-waits at once; counted: spin_rests), then tries again.
+ *
  * The node is trusted to follow the protocol but checked anyway: acks that do not
  * add up or a record out of bounds give -EPROTO (the connection is then broken by
  * the caller), never a read outside the mapping. */
@@ -33,6 +39,10 @@
 #define DEFAULT_SPIN_US 20
 /* A futex wait lasts at most this long before the socket is looked at. */
 #define SLICE_NS 20000000ull
+/* Clock reads of a spin this far apart: it lost its core meanwhile. */
+#define SPIN_LOST_NS 200000ull
+/* Then no spinning for this long. */
+#define SPIN_REST_NS 100000000ull
 
 struct kvt_cring {
     uint8_t *map;
@@ -42,14 +52,15 @@ struct kvt_cring {
     uint64_t req_cap, rep_cap;
     int evfd;
     uint64_t spin_ns;
-    uint64_t req_head;  /* request bytes published */
-    uint64_t req_acked; /* of those, taken by the node (the later of:) */
-    uint64_t hdr_ack;   /* the last ack in a reply's header */
-    uint64_t ctl_ack;   /* the last req_tail read from the control page */
-    uint64_t rep_tail;  /* reply bytes consumed */
-    uint32_t seq;       /* of the last request posted */
-    uint32_t rep_next;  /* of the next reply due */
-    uint32_t res_len;   /* body bytes of the record reserved (kvt__cring_reserve) */
+    uint64_t rest_until; /* no spinning before (a spin lost its core) */
+    uint64_t req_head;   /* request bytes published */
+    uint64_t req_acked;  /* of those, taken by the node (the later of:) */
+    uint64_t hdr_ack;    /* the last ack in a reply's header */
+    uint64_t ctl_ack;    /* the last req_tail read from the control page */
+    uint64_t rep_tail;   /* reply bytes consumed */
+    uint32_t seq;        /* of the last request posted */
+    uint32_t rep_next;   /* of the next reply due */
+    uint32_t res_len;    /* body bytes of the record reserved (kvt__cring_reserve) */
     struct kvt_cring_stats st;
     const char *why; /* the check that broke the ring (-EPROTO), or NULL */
 };
@@ -339,7 +350,7 @@ static bool socket_has_news(int sockfd)
 int kvt__cring_next(struct kvt_cring *r, int sockfd, bool wait, uint64_t deadline_ns,
                     uint8_t **buf_p, size_t *cap_p, size_t *len_p, uint32_t *seq_p)
 {
-    uint64_t start = 0;
+    uint64_t start = 0, last = 0;
     unsigned spins = 0;
 
     for (;;) {
@@ -360,10 +371,16 @@ int kvt__cring_next(struct kvt_cring *r, int sockfd, bool wait, uint64_t deadlin
             start = now;
         if (deadline_ns != 0 && now >= deadline_ns)
             return -ETIMEDOUT;
-        if (now - start < r->spin_ns) {
-            cpu_relax();
-            continue;
+        if (now - start < r->spin_ns && now >= r->rest_until) {
+            if (last == 0 || now - last <= SPIN_LOST_NS) {
+                last = now;
+                cpu_relax();
+                continue;
+            }
+            r->rest_until = now + SPIN_REST_NS; /* the spin lost its core */
+            r->st.spin_rests++;
         }
+        last = 0; /* a sleep is no lost core */
         /* Sleep: say so, then look again (the node wakes the slot's seq word after
          * publishing there when it sees client_waiting). */
         uint32_t *word = (uint32_t *)(void *)(slot(r) + 4);

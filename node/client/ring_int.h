@@ -44,10 +44,11 @@ int kvt__cring_next(struct kvt_cring *ring, int sockfd, bool wait, uint64_t dead
 
 /* Counters for tests and benchmarks. */
 struct kvt_cring_stats {
-    uint64_t posted;    /* requests through the ring */
-    uint64_t wakeups;   /* eventfd writes (the node slept) */
-    uint64_t sleeps;    /* futex waits (the reply took longer than the spin) */
-    uint64_t redirects; /* replies that came on the socket */
+    uint64_t posted;     /* requests through the ring */
+    uint64_t wakeups;    /* eventfd writes (the node slept) */
+    uint64_t sleeps;     /* futex waits (the reply took longer than the spin) */
+    uint64_t redirects;  /* replies that came on the socket */
+    uint64_t spin_rests; /* spins that lost their core: no spinning for a while */
 };
 void kvt__cring_stats(const struct kvt_cring *ring, struct kvt_cring_stats *out);
 /* The check that broke the ring (a call returned -EPROTO), or NULL. */

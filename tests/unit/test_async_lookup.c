@@ -302,6 +302,101 @@ static void test_spans_failure_is_all_not_found(void **state)
     fx_done(fx);
 }
 
+/* ---- submit mode (the network tier: its loop sends and answers) --------------- */
+
+/* What the fake tier was handed, not yet answered. */
+struct submitted {
+    const struct kvt_key *keys;
+    size_t n;
+    bool *found;
+    void *token;
+};
+
+static struct submitted subs[FAKE_MAX];
+static size_t n_subs;
+
+static int fake_submit(void *arg, const struct kvt_key *keys, size_t n, bool *found, void *token)
+{
+    struct fake *f = arg;
+
+    f->calls++;
+    if (f->fail_rc < 0)
+        return f->fail_rc;
+    assert_true(n_subs < FAKE_MAX);
+    subs[n_subs++] = (struct submitted){keys, n, found, token};
+    return 0;
+}
+
+/* The fake's loop answers submission i. */
+static void fake_answer(struct fx *fx, size_t i)
+{
+    for (size_t k = 0; k < subs[i].n; k++)
+        subs[i].found[k] = fake_has(&fx->f, &subs[i].keys[k]);
+    kvt_async_lookup_complete(fx->al, subs[i].token);
+}
+
+/* Every flush reaches the tier at once, on the caller's thread, whatever is still
+ * unanswered (a worker would hold each step's keys behind the round trip before);
+ * answers in any order land as their own keys' verdicts at the next lookup. */
+static void test_submit_overlaps_round_trips(void **state)
+{
+    struct fx *fx = FX(2, 3);
+    struct kvt_req_ctx *a = fx_ctx(fx, "req_a"), *b = fx_ctx(fx, "req_b");
+
+    (void)state;
+    kvt_async_lookup_destroy(fx->al);
+    n_subs = 0;
+    assert_int_equal(kvt_async_lookup_create_submit("test", fake_submit, &fx->f, &fx->al), 0);
+    assert_int_equal(lk(fx, 1, a), KVT_AL_PENDING);
+    assert_int_equal(lk(fx, 2, b), KVT_AL_PENDING);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0);
+    assert_int_equal(n_subs, 1); /* handed over in the flush itself */
+    assert_int_equal(subs[0].n, 2);
+    assert_int_equal(lk(fx, 3, a), KVT_AL_PENDING);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0);
+    assert_int_equal(n_subs, 2); /* the first is still out */
+    assert_int_equal(lk(fx, 1, a), KVT_AL_PENDING);
+    fake_answer(fx, 1); /* the later step's answer first */
+    assert_int_equal(kvt_async_lookup_results_len(fx->al), 1);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0); /* the next step: drained */
+    assert_int_equal(lk(fx, 3, b), KVT_AL_FOUND);
+    assert_int_equal(lk(fx, 1, a), KVT_AL_PENDING);
+    fake_answer(fx, 0);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0); /* drains; nothing new to post */
+    assert_int_equal(n_subs, 2);
+    assert_int_equal(lk(fx, 1, a), KVT_AL_ABSENT);
+    assert_int_equal(lk(fx, 2, b), KVT_AL_FOUND);
+    kvt_async_lookup_wait_idle(fx->al); /* nothing out: returns */
+    assert_true(kvt_async_lookup_worker_alive(fx->al));
+    fx_done(fx);
+}
+
+/* A submission refused: its keys are not found; one never answered is freed by
+ * destroy (ASan: nothing leaks). */
+static void test_submit_refused_or_never_answered(void **state)
+{
+    struct fx *fx = FX(1, 2);
+    struct kvt_req_ctx *a = fx_ctx(fx, "req_a");
+
+    (void)state;
+    kvt_async_lookup_destroy(fx->al);
+    n_subs = 0;
+    assert_int_equal(kvt_async_lookup_create_submit("test", fake_submit, &fx->f, &fx->al), 0);
+    fx->f.fail_rc = -EIO;
+    lk(fx, 1, a);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0);
+    assert_int_equal(lk(fx, 1, a), KVT_AL_ABSENT);
+    fx->f.fail_rc = 0;
+    lk(fx, 2, a);
+    assert_int_equal(kvt_async_lookup_flush(fx->al), 0);
+    assert_int_equal(n_subs, 1);
+    assert_int_equal(lk(fx, 2, a), KVT_AL_PENDING);
+    assert_int_equal(
+        kvt_async_lookup_create_submit("test", NULL, NULL, &(struct kvt_async_lookup *){NULL}),
+        -EINVAL);
+    fx_done(fx);
+}
+
 /* ---- vLLM's tests ------------------------------------------------------------ */
 
 static void test_new_key_returns_none(void **state)
@@ -876,6 +971,8 @@ int main(void)
         cmocka_unit_test(test_allocation_failures_unwind),
         cmocka_unit_test(test_spans_take_every_queued_item_at_once),
         cmocka_unit_test(test_spans_failure_is_all_not_found),
+        cmocka_unit_test(test_submit_overlaps_round_trips),
+        cmocka_unit_test(test_submit_refused_or_never_answered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,8 @@
  * scrub touches only the line starts after a record's first line; a control
  * page of another version is refused (the engine then stays on the socket). */
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +23,7 @@
 #include "test_util.h"
 
 #include "kvt/alloc.h"
+#include "kvt/clock.h"
 #include "kvtier/engine_ring.h"
 #include "ring_int.h"
 
@@ -101,6 +104,56 @@ static void node_reply(const uint8_t *body, size_t len)
         store_head(n.rep + off, (uint32_t)len, n.req_seq, n.req_tail);
     }
     n.rep_head += need;
+}
+
+/* The node played by a thread on the waiter's core: it keeps that core busy for
+ * 300 ms, then answers. */
+static void *busy_node(void *arg)
+{
+    uint8_t body[8] = {0x42};
+
+    (void)arg;
+    kt_busy_ms(300);
+    node_take();
+    node_reply(body, sizeof(body));
+    return NULL;
+}
+
+/* A spin that loses its core (the node it waits for runs on that core) stops
+ * spinning and sleeps, though its spin budget (1 s) is far from spent; and it rests
+ * from spinning for a while after. */
+static void test_spin_that_lost_its_core_sleeps(void **state)
+{
+    struct kvt_cring *r;
+    struct kvt_cring_stats st;
+    uint8_t req[8] = {7}, *buf = NULL;
+    size_t cap = 0, len = 0;
+    uint32_t seq = 0;
+    int evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    cpu_set_t old;
+    pthread_t node;
+
+    (void)state;
+    assert_int_equal(pthread_getaffinity_np(pthread_self(), sizeof(old), &old), 0);
+    node_create();
+    assert_int_equal(kvt__cring_open(n.memfd, evfd, &r), 0);
+    kvt__cring_set_spin(r, 1000000);
+    kt_pin_to(pthread_self(), 0);
+    assert_int_equal(kvt__cring_post(r, req, sizeof(req), &seq), 0);
+    assert_int_equal(pthread_create(&node, NULL, busy_node, NULL), 0);
+    kt_pin_to(node, 0);
+    assert_int_equal(
+        kvt__cring_next(r, -1, true, kvt_now_ns() + 5000000000ull, &buf, &cap, &len, &seq), 0);
+    pthread_join(node, NULL);
+    assert_int_equal(pthread_setaffinity_np(pthread_self(), sizeof(old), &old), 0);
+    assert_int_equal(len, 8);
+    kvt__cring_stats(r, &st);
+    assert_true(st.spin_rests >= 1);
+    assert_true(st.sleeps >= 1); /* a spin of its whole budget would not have slept */
+    kvt_free(buf);
+    kvt__cring_close(r);
+    munmap(n.map, KVT_ERING_CTL_BYTES + 2 * CAP);
+    close(n.memfd);
 }
 
 static void test_stale_reply_body_is_no_reply(void **state)
@@ -386,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_scrub_line_starts_only),
         cmocka_unit_test(test_copy_exact),
         cmocka_unit_test(test_other_version_refused),
+        cmocka_unit_test(test_spin_that_lost_its_core_sleeps),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

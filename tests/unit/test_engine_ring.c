@@ -708,6 +708,40 @@ static void test_loop_without_spin_is_woken(void **state)
     kvtier_close(c);
 }
 
+/* Keeps the core it is pinned to busy for 300 ms. */
+static void *hog(void *arg)
+{
+    (void)arg;
+    kt_busy_ms(300);
+    return NULL;
+}
+
+/* The loop's spin on the rings loses its core to another thread (the engines it
+ * waits for would want that core): it stops spinning and rests, woken by the
+ * engines' eventfds, though its spin budget (1 s) is far from spent; calls still
+ * get their answers meanwhile. */
+static void test_spin_that_lost_its_core_rests(void **state)
+{
+    struct kvtier_client *c;
+    pthread_t h;
+    cpu_set_t all;
+
+    (void)state;
+    stop();
+    start_with(0, 1000000);
+    assert_int_equal(pthread_getaffinity_np(g.thread, sizeof(all), &all), 0);
+    c = conn("rests");
+    assert_int_equal(kvtier_on_new_request(c, "s", NULL, NULL), 0); /* the loop spins now */
+    kt_pin_to(g.thread, 0);
+    assert_int_equal(pthread_create(&h, NULL, hog, NULL), 0);
+    kt_pin_to(h, 0);
+    pthread_join(h, NULL);
+    assert_true(counters().ring_spin_rests >= 1);
+    assert_int_equal(pthread_setaffinity_np(g.thread, sizeof(all), &all), 0);
+    healthy_round(c, "s", 0);
+    kvtier_close(c);
+}
+
 /* The corruptions an engine can make of its ring; each closes only that engine
  * (counted), releases what it held, and another engine goes on as before. */
 enum scribble {
@@ -1757,6 +1791,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_engine_dies_with_requests_queued, setup, teardown),
         cmocka_unit_test_setup_teardown(test_eventfd_spam_harmless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_gone_while_waiting, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_spin_that_lost_its_core_rests, setup, teardown),
     };
 
     g.dir = kt_tmpdir("engine_ring");

@@ -261,6 +261,7 @@ static void test_pull_pipelined_and_per_peer_stats(void **state)
     assert_true(stat_of(&st, KVT_M_NET_PEER_PULLED_BYTES, 0xA) == (double)NKEYS * ROW);
     assert_true(stat_of(&st, KVT_M_NET_PEER_SERVED_BYTES, 0xA) == 0);
     /* Where the pull's time went, one observation per fetch, LOCATE, job. */
+    assert_true(hist_count(&st, KVT_M_NET_LOOKUP_QUEUE_SECONDS) >= 1);
     assert_true(hist_count(&st, KVT_M_NET_LOCATE_SECONDS) >= 1);
     assert_int_equal(hist_count(&st, KVT_M_NET_FETCH_QUEUE_SECONDS), NKEYS / 4);
     assert_int_equal(hist_count(&st, KVT_M_NET_GRANT_WAIT_SECONDS), NKEYS / 4);

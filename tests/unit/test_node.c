@@ -29,6 +29,7 @@
 #include "kvt/common.h"
 #include "kvt/config.h"
 #include "kvt/manager.h"
+#include "kvt/net_tier.h"
 #include "kvt/node.h"
 #include "kvt/peers.h"
 #include "kvt/proc_stats.h"
@@ -352,6 +353,92 @@ static void test_storage_usage(void **state)
     kvt_node_close(nd);
 }
 
+/* Runs both nodes' loops (progress only: neither steps but at its tick) for ms. */
+static void run_loops(struct kvt_node *a, struct kvt_node *b, int ms)
+{
+    uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull;
+
+    do {
+        struct pollfd p[2] = {{.fd = kvt_node_fd(a), .events = POLLIN},
+                              {.fd = kvt_node_fd(b), .events = POLLIN}};
+
+        poll(p, 2, KVT_MIN(KVT_MIN(kvt_node_timeout_ms(a), kvt_node_timeout_ms(b)), 2));
+        kvt_node_progress(a);
+        kvt_node_progress(b);
+    } while (kvt_now_ns() < end);
+}
+
+/* A peer's FETCH is served when it arrives, not at the holder's next tick: the
+ * holder's loop steps (its serving loop runs) as soon as a FETCH is parked, and the
+ * puller's as soon as its load ended. Both ticks are 10 s here and the holder has no
+ * engine to step it; the pull takes well under a second. */
+static void test_fetch_served_before_the_tick(void **state)
+{
+    uint64_t ida = next_id++, idb = next_id++, live[4], end, t0 = 0;
+    struct kvt_node *a = NULL, *b = NULL;
+    struct kvt_net_tier_counts c;
+    struct kvt_manager *m;
+    struct kvt_req_ctx *ctx = NULL;
+    enum kvt_offload_policy pol;
+    enum kvt_lookup_result r = KVT_MISS;
+    struct kvt_key key;
+    uint32_t k = 200;
+    char peer[64], rid[32];
+    unsigned seq = 0;
+
+    (void)state;
+    assert_int_equal(open_node(&a, ida, "storage.enabled=false", "loop.tick_ms=10000", NULL), 0);
+    snprintf(peer, sizeof(peer), "network.peers=127.0.0.1:%u", kvt_peers_port(kvt_node_peers(a)));
+    assert_int_equal(open_node(&b, idb, "storage.enabled=false", "loop.tick_ms=10000", peer, NULL),
+                     0);
+    end = kvt_now_ns() + 10000000000ull;
+    while ((kvt_peers_live(kvt_node_peers(a), live, 4) < 2 ||
+            kvt_peers_live(kvt_node_peers(b), live, 4) < 2) &&
+           kvt_now_ns() < end)
+        run_loops(a, b, 5);
+    assert_int_equal(kvt_peers_live(kvt_node_peers(b), live, 4), 2);
+    store(a, k, 1);
+    kvt_node_step(a); /* the cascade: A publishes the key to its home */
+    end = kvt_now_ns() + 5000000000ull;
+    do {
+        run_loops(a, b, 5);
+        kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    } while (c.published_keys < 1 && kvt_now_ns() < end);
+    assert_int_equal(c.published_keys, 1);
+    run_loops(a, b, 100); /* the PUBLISH reaches the home */
+
+    /* B's engine: look up, end the step, until HIT (a MISS: the home had not heard
+     * yet, ask again in a new request). */
+    m = kvt_node_manager(b);
+    kvt_key_set(&key, &k, sizeof(k));
+    end = kvt_now_ns() + 5000000000ull;
+    while (r != KVT_HIT && kvt_now_ns() < end) {
+        if (ctx == NULL) {
+            snprintf(rid, sizeof(rid), "pull-%u", seq++);
+            assert_int_equal(kvt_req_ctx_create(rid, NULL, &ctx), 0);
+            assert_int_equal(kvt_manager_on_new_request(m, ctx, &pol), 0);
+        }
+        r = kvt_manager_lookup(m, &key, ctx);
+        if (r == KVT_HIT_PENDING && t0 == 0)
+            t0 = kvt_now_ns();
+        if (r == KVT_MISS) {
+            kvt_manager_on_request_finished(m, ctx);
+            kvt_req_ctx_unref(ctx);
+            ctx = NULL;
+        }
+        kvt_manager_on_schedule_end(m, NULL);
+        run_loops(a, b, 1);
+    }
+    assert_int_equal(r, KVT_HIT);
+    assert_true(t0 != 0);
+    /* Without the steps on news the holder would GRANT at its tick, 10 s later. */
+    assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    kvt_manager_on_request_finished(m, ctx);
+    kvt_req_ctx_unref(ctx);
+    kvt_node_close(b);
+    kvt_node_close(a);
+}
+
 /* The network tier keeps no chunks of its own: no usage. */
 static void test_network_usage_unsupported(void **state)
 {
@@ -492,6 +579,7 @@ int main(void)
         cmocka_unit_test(test_peer_wakes_the_loop),
         cmocka_unit_test(test_storage_usage),
         cmocka_unit_test(test_network_usage_unsupported),
+        cmocka_unit_test(test_fetch_served_before_the_tick),
         cmocka_unit_test(test_metrics_page),
         cmocka_unit_test(test_proc_stats),
     };

@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Shared test helpers that need only kvt_common: abort expectations, temporary
- * folders, open descriptors (keys and contexts are in test_util_keys.c, which
- * needs the tiering library). */
+ * folders, open descriptors, threads sharing a core (keys and contexts are in
+ * test_util_keys.c, which needs the tiering library). */
 #include <dirent.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,4 +60,23 @@ int kt_open_fds(void)
         n++;
     closedir(d);
     return n;
+}
+
+void kt_pin_to(pthread_t t, int cpu)
+{
+    cpu_set_t set;
+
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    assert_int_equal(pthread_setaffinity_np(t, sizeof(set), &set), 0);
+}
+
+void kt_busy_ms(unsigned ms)
+{
+    struct timespec a, b;
+
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do
+        clock_gettime(CLOCK_MONOTONIC, &b);
+    while ((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000 < (long)ms);
 }

@@ -3,6 +3,7 @@
 #ifndef KVT_TEST_UTIL_H
 #define KVT_TEST_UTIL_H
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,5 +29,11 @@ char *kt_tmpdir(const char *name);
 /* How many file descriptors this process has open (entries of /proc/self/fd, the
  * one reading them included): for tests that nothing leaks one. */
 int kt_open_fds(void);
+
+/* Pins thread t to cpu (asserts it could): two threads pinned to one core share it,
+ * for tests of what a thread does when it loses its core. */
+void kt_pin_to(pthread_t t, int cpu);
+/* Keeps the calling thread's core busy for ms milliseconds. */
+void kt_busy_ms(unsigned ms);
 
 #endif

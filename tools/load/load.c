@@ -939,6 +939,7 @@ static struct hist_sum stat_hist(const struct load *L, const char *name)
 static const struct {
     const char *metric, *name;
 } pull_phases[] = {
+    {"kvtier_net_lookup_queue_seconds", "lookup to LOCATE sent"},
     {"kvtier_net_locate_seconds", "locate"},
     {"kvtier_net_fetch_queue_seconds", "fetch queued"},
     {"kvtier_net_grant_wait_seconds", "fetch to grant"},

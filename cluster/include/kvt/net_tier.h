@@ -3,10 +3,11 @@
  * tiers this node's slowest secondary tier.
  *
  * Requester side (this node's engines miss locally):
- *   lookup        async lookup helper; its batch_lookup (worker thread) hands the
- *                 keys to the loop, which sends LOCATE to each key's home (rendezvous
- *                 over live members) and waits for LOCATE_REPLY: RETRY until the
- *                 answer, then HIT (a live holder is known) or MISS.
+ *   lookup        async lookup helper in submit mode (no worker thread): at the
+ *                 schedule end the loop sends LOCATE to each new key's home
+ *                 (rendezvous over live members) and completes the helper's item on
+ *                 LOCATE_REPLY: RETRY until the answer, then HIT (a live holder is
+ *                 known) or MISS.
  *   submit_load   FETCHes of at most keys_per_fetch keys to each holder, at most
  *                 fetches_per_peer of them out per peer (the rest wait queued, their
  *                 deadline not yet started), so one fetch's READs overlap the next
@@ -72,27 +73,28 @@
 /* The same bytes per peer (label "peer:<16 hex digits>"); own names, so a sum over
  * the names above is not counted twice. */
 #define KVT_M_NET_PEER_PULLED_BYTES "kvtier_net_peer_pulled_bytes"
-/* Where a pull's time goes, per observation (histograms, seconds): a LOCATE's round
- * trip; a fetch queued behind its peer's fetches_per_peer; FETCH sent to GRANT; GRANT
- * to the fetch's last row verified; a load job submitted to reported; the holder's
- * FETCH arrival to GRANT sent. */
-#define KVT_M_NET_LOCATE_SECONDS      "kvtier_net_locate_seconds"
-#define KVT_M_NET_FETCH_QUEUE_SECONDS "kvtier_net_fetch_queue_seconds"
-#define KVT_M_NET_GRANT_WAIT_SECONDS  "kvtier_net_grant_wait_seconds"
-#define KVT_M_NET_READ_SECONDS        "kvtier_net_read_seconds"
-#define KVT_M_NET_LOAD_JOB_SECONDS    "kvtier_net_load_job_seconds"
-#define KVT_M_NET_SERVE_WAIT_SECONDS  "kvtier_net_serve_wait_seconds"
-#define KVT_M_NET_PEER_SERVED_BYTES   "kvtier_net_peer_served_bytes"
-#define KVT_M_NET_INTO_CHUNKS         "kvtier_net_pulled_into_chunks"
-#define KVT_M_NET_CHECKSUM_FAIL       "kvtier_net_checksum_failures"
-#define KVT_M_NET_FENCE_FAIL          "kvtier_net_fence_failures"
-#define KVT_M_NET_LEASE_EXPIRED       "kvtier_net_lease_expiries"
-#define KVT_M_NET_FETCH_FAILED        "kvtier_net_failed_fetches"
-#define KVT_M_NET_REFUSED             "kvtier_net_refused_messages"
-#define KVT_M_NET_LEASES              "kvtier_net_active_leases"
-#define KVT_M_NET_RECORDS             "kvtier_net_directory_records"
-#define KVT_M_NET_DIRECT_CHUNKS       "kvtier_net_direct_chunks"
-#define KVT_M_NET_DIRECT_MISSES       "kvtier_net_direct_misses"
+/* Where a pull's time goes, per observation (histograms, seconds): a step's first
+ * new key asked to its LOCATEs sent (the step's end); a LOCATE's round trip; a fetch queued behind
+ * its peer's fetches_per_peer; FETCH sent to GRANT; GRANT to the fetch's last row verified; a load
+ * job submitted to reported; the holder's FETCH arrival to GRANT sent. */
+#define KVT_M_NET_LOOKUP_QUEUE_SECONDS "kvtier_net_lookup_queue_seconds"
+#define KVT_M_NET_LOCATE_SECONDS       "kvtier_net_locate_seconds"
+#define KVT_M_NET_FETCH_QUEUE_SECONDS  "kvtier_net_fetch_queue_seconds"
+#define KVT_M_NET_GRANT_WAIT_SECONDS   "kvtier_net_grant_wait_seconds"
+#define KVT_M_NET_READ_SECONDS         "kvtier_net_read_seconds"
+#define KVT_M_NET_LOAD_JOB_SECONDS     "kvtier_net_load_job_seconds"
+#define KVT_M_NET_SERVE_WAIT_SECONDS   "kvtier_net_serve_wait_seconds"
+#define KVT_M_NET_PEER_SERVED_BYTES    "kvtier_net_peer_served_bytes"
+#define KVT_M_NET_INTO_CHUNKS          "kvtier_net_pulled_into_chunks"
+#define KVT_M_NET_CHECKSUM_FAIL        "kvtier_net_checksum_failures"
+#define KVT_M_NET_FENCE_FAIL           "kvtier_net_fence_failures"
+#define KVT_M_NET_LEASE_EXPIRED        "kvtier_net_lease_expiries"
+#define KVT_M_NET_FETCH_FAILED         "kvtier_net_failed_fetches"
+#define KVT_M_NET_REFUSED              "kvtier_net_refused_messages"
+#define KVT_M_NET_LEASES               "kvtier_net_active_leases"
+#define KVT_M_NET_RECORDS              "kvtier_net_directory_records"
+#define KVT_M_NET_DIRECT_CHUNKS        "kvtier_net_direct_chunks"
+#define KVT_M_NET_DIRECT_MISSES        "kvtier_net_direct_misses"
 
 /* How a pulled row is validated (network.verify). */
 enum kvt_net_verify {
@@ -159,8 +161,14 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
 /* Progress between schedule ends (the daemon's idle tick; tests): peer messages,
  * locate requests from the lookup worker, READ completions, publishes, leases. */
 int kvt_net_tier_poll(struct kvt_tier *t);
-/* An eventfd the lookup worker signals when it queued a LOCATE for the loop. */
+/* An eventfd that wakes the loop when a LOCATE waits to be sent (in the loop's event
+ * set; the lookups queue theirs on the loop thread, just before its progress). */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
+/* A count that moves whenever work waits for the next schedule end: a peer's FETCH
+ * parked for the serving loop, a load of ours ended and not yet reported. A loop
+ * that steps the manager when it moved serves and reports them at once, not at its
+ * next tick. */
+uint64_t kvt_net_tier_news(const struct kvt_tier *t);
 
 /* The grant check for one-sided READs of this node's primary region (and of its
  * fence words, kvt__nt_may_read_fence in the tier): true when

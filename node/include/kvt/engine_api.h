@@ -158,11 +158,12 @@ struct kvt_engine_server_counters {
     uint64_t job_rows_failed;      /* rows of jobs reported failed */
     uint64_t resets;               /* RESETs done (the node's cache forgotten) */
     /* Shared-memory rings. */
-    uint64_t ring_clients;   /* engines given a ring, ever */
-    uint64_t ring_requests;  /* requests served from rings (also in requests) */
-    uint64_t ring_binary;    /* of those, binary messages (kvt__ebin_*) */
-    uint64_t ring_redirects; /* ring replies too large for the ring, sent on the socket */
-    uint64_t ring_wakeups;   /* times an engine's eventfd woke the loop */
+    uint64_t ring_clients;    /* engines given a ring, ever */
+    uint64_t ring_requests;   /* requests served from rings (also in requests) */
+    uint64_t ring_binary;     /* of those, binary messages (kvt__ebin_*) */
+    uint64_t ring_redirects;  /* ring replies too large for the ring, sent on the socket */
+    uint64_t ring_wakeups;    /* times an engine's eventfd woke the loop */
+    uint64_t ring_spin_rests; /* spins that lost their core: then a rest from spinning */
 };
 
 struct kvt_engine_server;

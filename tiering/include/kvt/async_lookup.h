@@ -43,6 +43,18 @@ struct kvt_al_span {
 typedef int (*kvt_batch_lookup_spans_fn)(void *arg, const struct kvt_al_span *spans,
                                          size_t n_spans);
 
+/* A tier whose lookup is a round trip its own loop completes (the network tier's
+ * LOCATE) needs no worker thread: with a submit function, flush() hands it the
+ * step's item on the scheduler thread, and the tier calls kvt_async_lookup_complete
+ * with the token once it wrote found[] (every key, or the ones found: found[] starts
+ * false). Items in flight do not wait for each other, and no thread has to be
+ * scheduled between the step, the request and its answer. A negative return
+ * completes the item at once, every key not found. keys and found stay valid until
+ * complete, or until destroy for an item never completed (the tier must not touch
+ * them after destroy). */
+typedef int (*kvt_lookup_submit_fn)(void *arg, const struct kvt_key *keys, size_t n, bool *found,
+                                    void *token);
+
 /* lookup() answers (vLLM: None / True / False) */
 #define KVT_AL_ABSENT  0
 #define KVT_AL_FOUND   1
@@ -59,6 +71,12 @@ int kvt_async_lookup_create(const char *tier_type, kvt_batch_lookup_fn fn, void 
 /* The same with a spans function: the worker hands it all queued items at once. */
 int kvt_async_lookup_create_spans(const char *tier_type, kvt_batch_lookup_spans_fn fn, void *arg,
                                   struct kvt_async_lookup **al_p);
+/* The same with a submit function and no worker thread. */
+int kvt_async_lookup_create_submit(const char *tier_type, kvt_lookup_submit_fn fn, void *arg,
+                                   struct kvt_async_lookup **al_p);
+/* A submitted item's verdicts are in its found[]: the next drain applies them
+ * (any thread; once per token). */
+void kvt_async_lookup_complete(struct kvt_async_lookup *al, void *token);
 /* Shuts the worker down if still running, then frees everything. */
 void kvt_async_lookup_destroy(struct kvt_async_lookup *al);
 
