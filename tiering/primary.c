@@ -230,6 +230,45 @@ static void acc_release(struct kvt_primary_access *acc)
     acc->many_groups = false;
 }
 
+#define PR_SPARE_MAX 4096 /* records a finished access may leave to the next one */
+
+/* A finished access gives its arrays to p for the next access to record into,
+ * when they are larger than the spare p holds and not too large to keep. */
+static void acc_recycle(struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    if (acc->cap > p->spare_cap && acc->cap <= PR_SPARE_MAX) {
+        kvt_free(p->spare_k);
+        kvt_free(p->spare_tab);
+        p->spare_k = acc->k;
+        p->spare_tab = acc->tab;
+        p->spare_cap = acc->cap;
+        p->spare_tab_mask = acc->tab_mask;
+        acc->k = NULL;
+        acc->tab = NULL;
+        acc->cap = acc->tab_mask = 0;
+    }
+    acc_release(acc);
+}
+
+/* An access with no records takes p's spare arrays when they hold want records:
+ * the table is cleared (it indexes the records of the access that left them). */
+static bool acc_adopt_spare(struct kvt_primary *p, struct kvt_primary_access *acc, size_t want)
+{
+    if (acc->n != 0 || p->spare_cap < want)
+        return false;
+    kvt_free(acc->k);
+    kvt_free(acc->tab);
+    acc->k = p->spare_k;
+    acc->tab = p->spare_tab;
+    acc->cap = p->spare_cap;
+    acc->tab_mask = p->spare_tab_mask;
+    memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+    p->spare_k = NULL;
+    p->spare_tab = NULL;
+    p->spare_cap = p->spare_tab_mask = 0;
+    return true;
+}
+
 void kvt_primary_access_destroy(struct kvt_primary_access *acc)
 {
     if (acc == NULL)
@@ -264,11 +303,11 @@ static void acc_tab_put(struct kvt_primary_access *acc, uint32_t idx)
 }
 
 /* Room for extra more keys, so that recording never fails half-way. */
-static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
+static int acc_reserve(struct kvt_primary *p, struct kvt_primary_access *acc, size_t extra)
 {
     size_t want = acc->n + extra, tab_cap = 16;
 
-    if (want <= acc->cap)
+    if (want <= acc->cap || acc_adopt_spare(p, acc, want))
         return 0;
     /* x4 from 64 records: a request of hundreds of keys regrows (and rehashes) two
      * or three times, not five or six. */
@@ -507,7 +546,7 @@ void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_acce
     if (acc->generation == p->generation)
         acc_apply(p, acc);
     acc->finished = true;
-    acc_release(acc);
+    acc_recycle(p, acc);
 }
 
 /* ---- slots and entries -------------------------------------------------- */
@@ -707,6 +746,8 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_free(p->cs_slot);
     kvt_free(p->fin_kinds);
     kvt_free(p->fin_order);
+    kvt_free(p->spare_k);
+    kvt_free(p->spare_tab);
     kvt_free(p);
 }
 
@@ -906,7 +947,7 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
      * access dedups the offered keys itself (by its stamp); without one, a table
      * of this call's keys does. */
     acc = acc_live(p, acc);
-    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(acc, n);
+    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(p, acc, n);
     if (rc == 0)
         rc = out_reserve(out, n, n);
     if (rc == 0)
@@ -1216,7 +1257,7 @@ int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *ke
     int rc;
 
     acc = acc_live(p, acc);
-    if (acc != NULL && (rc = acc_reserve(acc, n)) != 0)
+    if (acc != NULL && (rc = acc_reserve(p, acc, n)) != 0)
         return rc;
     rc = pr_pin(p, keys, n, chunk_ids);
     if (rc != 0 || acc == NULL)

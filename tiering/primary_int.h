@@ -46,6 +46,7 @@ struct pr_list {
 };
 
 struct kvt_primary;
+struct pr_acc_key; /* a record of a request's access (primary.c) */
 
 /* What a request did with a key it accessed, as its finish tells the policy:
  * inserted it and never reused it (insertion-only), reused it while ready, or
@@ -121,6 +122,12 @@ struct kvt_primary {
     uint8_t *fin_kinds;
     size_t fin_cap;
     uint64_t generation; /* bumped by reset_cache: stale accesses start over */
+    /* A finished request's access arrays (records and table), kept for the next
+     * request to record into: a request of hundreds of keys then allocates, grows
+     * and rehashes nothing while it stores. At most PR_SPARE_MAX records. */
+    struct pr_acc_key *spare_k;
+    uint32_t *spare_tab;
+    size_t spare_cap, spare_tab_mask;
 
     struct kvt_events events;
     kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */

@@ -1474,6 +1474,39 @@ static void test_request_finish_finds_its_key_stored_again_by_another(void **sta
     }
 }
 
+/* A finished request leaves its access's arrays to the next request, which must
+ * not see the records in them: ARC, r1 stores 1, 2 and 3 and finishes; r2 (taking
+ * r1's arrays) offers the ready 1 and 2 again, a reuse of each (T1 -> T2), and 4;
+ * r3 the same after r2, with a reset in between for r4. */
+static void test_request_access_arrays_start_empty_when_recycled(void **state)
+{
+    struct fx *f = fx_make(8, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2, *r3;
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(rprep(f, r1, L(1, 2, 3), 0), 0);
+    complete_all(f);
+    kvt_primary_request_finished(f->p, r1);
+    assert_true(in_list(f, 0, 1) && in_list(f, 0, 2) && in_list(f, 0, 3));
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r2, L(1, 2, 4), 0), 0);
+    assert_int_equal(f->out.n_store, 1);
+    complete_all(f);
+    kvt_primary_request_finished(f->p, r2);
+    assert_true(in_list(f, 1, 1) && in_list(f, 1, 2)); /* reused: T2 */
+    assert_true(in_list(f, 0, 3) && in_list(f, 0, 4));
+    assert_int_equal(kvt_primary_access_create(&r3), 0);
+    assert_int_equal(rprep(f, r3, L(4, 3), 0), 0); /* r2's 4 and r1's 3: reuses */
+    assert_int_equal(f->out.n_store, 0);
+    kvt_primary_request_finished(f->p, r3);
+    assert_true(in_list(f, 1, 3) && in_list(f, 1, 4));
+    assert_int_equal(list_len(f, 0), 0);
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    kvt_primary_access_destroy(r3);
+    fx_free(f);
+}
+
 /* A touch moves only present ready keys; pending keys and ghosts stay. */
 static void test_touch_moves_ready_keys_only(void **state)
 {
@@ -1519,6 +1552,7 @@ int main(void)
         cmocka_unit_test(test_checksum_set_while_pending),
         cmocka_unit_test(test_stats_split_read_and_write),
         cmocka_unit_test(test_index_under_churn),
+        cmocka_unit_test(test_request_access_arrays_start_empty_when_recycled),
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
         cmocka_unit_test(test_lookup_many_matches_lookup),
