@@ -111,6 +111,7 @@ struct kvt_primary {
     /* prepare_store scratch for the request's access: each key to store's index
      * in the access, and the hashes of the new store misses */
     uint32_t *acc_idx;
+    uint32_t *ins_end; /* each key to store's index cell where its find ended */
     uint64_t *miss_hash;
     size_t miss_cap;
     uint32_t *cs_slot; /* complete_store: the slot of each key */
