@@ -54,13 +54,18 @@
 
 /* ---- index -------------------------------------------------------------- */
 
-void kvt_oa_put(uint64_t *cells, size_t size, uint64_t cell)
+/* Puts cell at the first empty cell from i on; i must lie in cell's probe run
+ * (its home, or a cell up to which the run from its home is full). */
+static void oa_put_from(uint64_t *cells, size_t size, uint64_t cell, size_t i)
 {
-    size_t i = kvt_oa_home(cell >> 32, size);
-
     while (cells[i] != 0)
         i = kvt_oa_next(i, size);
     cells[i] = cell;
+}
+
+void kvt_oa_put(uint64_t *cells, size_t size, uint64_t cell)
+{
+    oa_put_from(cells, size, cell, kvt_oa_home(cell >> 32, size));
 }
 
 void kvt_oa_del(uint64_t *cells, size_t size, uint64_t cell)
@@ -94,14 +99,20 @@ static inline size_t pr_home(const struct kvt_primary *p, uint64_t h)
     return kvt_oa_home(h, p->index_size);
 }
 
-static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
+/* The slot of key (hash h), or PR_NIL with *end the empty cell that ended its
+ * probe run: where an insertion of the key goes while the table only gains cells
+ * (every cell from the key's home up to *end stays full). */
+static uint32_t pr_find_end(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h,
+                            size_t *end)
 {
     for (size_t i = pr_home(p, h);; i = kvt_oa_next(i, p->index_size)) {
         uint64_t v = p->index[i];
         const struct pr_entry *x;
 
-        if (v == 0)
+        if (v == 0) {
+            *end = i;
             return PR_NIL;
+        }
         if (!kvt_oa_tag_is(v, h))
             continue;
         x = &p->e[kvt_oa_id(v)];
@@ -111,6 +122,13 @@ static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key
     }
 }
 
+static uint32_t pr_find_h(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
+{
+    size_t end;
+
+    return pr_find_end(p, key, h, &end);
+}
+
 uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key)
 {
     if (!pr_key_ok(key))
@@ -118,8 +136,10 @@ uint32_t kvt_pr_find(const struct kvt_primary *p, const struct kvt_key *key)
     return pr_find_h(p, key, kvt_key_hash(key));
 }
 
-void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                       uint64_t *h, uint32_t *slot)
+/* kvt_pr_find_group that also gives each absent key the cell its insertion takes
+ * while the table only gains cells (pr_find_end), in end[] (or none: end NULL). */
+static void pr_find_group_end(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                              uint64_t *h, uint32_t *slot, uint32_t *end)
 {
     for (size_t i = 0; i < n; i++) {
         h[i] = pr_key_ok(&keys[i]) ? kvt_key_hash(&keys[i]) : 0;
@@ -135,13 +155,28 @@ void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, 
             __builtin_prefetch(x + offsetof(struct pr_entry, key) + keys[i].len);
         }
     }
-    for (size_t i = 0; i < n; i++)
-        slot[i] = pr_key_ok(&keys[i]) ? pr_find_h(p, &keys[i], h[i]) : PR_NIL;
+    for (size_t i = 0; i < n; i++) {
+        size_t e = 0;
+
+        slot[i] = pr_key_ok(&keys[i]) ? pr_find_end(p, &keys[i], h[i], &e) : PR_NIL;
+        if (end != NULL)
+            end[i] = (uint32_t)e;
+    }
 }
 
-static void pr_index_put(struct kvt_primary *p, uint32_t s)
+void kvt_pr_find_group(const struct kvt_primary *p, const struct kvt_key *keys, size_t n,
+                       uint64_t *h, uint32_t *slot)
 {
-    kvt_oa_put(p->index, p->index_size, kvt_oa_cell(p->e[s].hash, s));
+    pr_find_group_end(p, keys, n, h, slot, NULL);
+}
+
+/* from: a cell of the slot's key's probe run (pr_find_end), or SIZE_MAX: its home */
+static void pr_index_put(struct kvt_primary *p, uint32_t s, size_t from)
+{
+    uint64_t h = p->e[s].hash;
+
+    oa_put_from(p->index, p->index_size, kvt_oa_cell(h, s),
+                from == SIZE_MAX ? pr_home(p, h) : from);
 }
 
 static void pr_index_del(struct kvt_primary *p, uint32_t s)
@@ -230,6 +265,45 @@ static void acc_release(struct kvt_primary_access *acc)
     acc->many_groups = false;
 }
 
+#define PR_SPARE_MAX 4096 /* records a finished access may leave to the next one */
+
+/* A finished access gives its arrays to p for the next access to record into,
+ * when they are larger than the spare p holds and not too large to keep. */
+static void acc_recycle(struct kvt_primary *p, struct kvt_primary_access *acc)
+{
+    if (acc->cap > p->spare_cap && acc->cap <= PR_SPARE_MAX) {
+        kvt_free(p->spare_k);
+        kvt_free(p->spare_tab);
+        p->spare_k = acc->k;
+        p->spare_tab = acc->tab;
+        p->spare_cap = acc->cap;
+        p->spare_tab_mask = acc->tab_mask;
+        acc->k = NULL;
+        acc->tab = NULL;
+        acc->cap = acc->tab_mask = 0;
+    }
+    acc_release(acc);
+}
+
+/* An access with no records takes p's spare arrays when they hold want records:
+ * the table is cleared (it indexes the records of the access that left them). */
+static bool acc_adopt_spare(struct kvt_primary *p, struct kvt_primary_access *acc, size_t want)
+{
+    if (acc->n != 0 || p->spare_cap < want)
+        return false;
+    kvt_free(acc->k);
+    kvt_free(acc->tab);
+    acc->k = p->spare_k;
+    acc->tab = p->spare_tab;
+    acc->cap = p->spare_cap;
+    acc->tab_mask = p->spare_tab_mask;
+    memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+    p->spare_k = NULL;
+    p->spare_tab = NULL;
+    p->spare_cap = p->spare_tab_mask = 0;
+    return true;
+}
+
 void kvt_primary_access_destroy(struct kvt_primary_access *acc)
 {
     if (acc == NULL)
@@ -264,11 +338,11 @@ static void acc_tab_put(struct kvt_primary_access *acc, uint32_t idx)
 }
 
 /* Room for extra more keys, so that recording never fails half-way. */
-static int acc_reserve(struct kvt_primary_access *acc, size_t extra)
+static int acc_reserve(struct kvt_primary *p, struct kvt_primary_access *acc, size_t extra)
 {
     size_t want = acc->n + extra, tab_cap = 16;
 
-    if (want <= acc->cap)
+    if (want <= acc->cap || acc_adopt_spare(p, acc, want))
         return 0;
     /* x4 from 64 records: a request of hundreds of keys regrows (and rehashes) two
      * or three times, not five or six. */
@@ -507,7 +581,7 @@ void kvt_primary_request_finished(struct kvt_primary *p, struct kvt_primary_acce
     if (acc->generation == p->generation)
         acc_apply(p, acc);
     acc->finished = true;
-    acc_release(acc);
+    acc_recycle(p, acc);
 }
 
 /* ---- slots and entries -------------------------------------------------- */
@@ -553,8 +627,9 @@ static uint32_t pr_fence_end(struct kvt_primary *p, uint32_t s)
     return w;
 }
 
-/* The slot's fence word turns odd here; the caller fences once after its inserts. */
-static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h)
+/* The slot's fence word turns odd here; the caller fences once after its inserts.
+ * The key's index cell is looked for from cell from (pr_index_put). */
+static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, size_t from)
 {
     uint32_t s = pr_alloc_slot(p);
     struct pr_entry *x = &p->e[s];
@@ -568,7 +643,7 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->mark = 0;
     x->checksum = 0;
     x->has_checksum = false;
-    pr_index_put(p, s);
+    pr_index_put(p, s, from);
     p->pol->insert(p, s);
     p->inserts++;
     p->num_entries++;
@@ -702,11 +777,14 @@ void kvt_primary_destroy(struct kvt_primary *p)
     kvt_free(p->dedup);
     kvt_free(p->scratch);
     kvt_free(p->acc_idx);
+    kvt_free(p->ins_end);
     kvt_free(p->miss_hash);
     kvt_free(p->fin_slots);
     kvt_free(p->cs_slot);
     kvt_free(p->fin_kinds);
     kvt_free(p->fin_order);
+    kvt_free(p->spare_k);
+    kvt_free(p->spare_tab);
     kvt_free(p);
 }
 
@@ -876,6 +954,10 @@ static int pr_store_reserve(struct kvt_primary *p, size_t n)
         if (idx == NULL)
             return -ENOMEM;
         p->acc_idx = idx;
+        idx = kvt_reallocarray(p->ins_end, n, sizeof(*idx));
+        if (idx == NULL)
+            return -ENOMEM;
+        p->ins_end = idx;
         uint64_t *mh = kvt_reallocarray(p->miss_hash, 2 * n, sizeof(*mh));
 
         if (mh == NULL)
@@ -906,7 +988,7 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
      * access dedups the offered keys itself (by its stamp); without one, a table
      * of this call's keys does. */
     acc = acc_live(p, acc);
-    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(acc, n);
+    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(p, acc, n);
     if (rc == 0)
         rc = out_reserve(out, n, n);
     if (rc == 0)
@@ -928,9 +1010,9 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     for (size_t b = 0; b < n; b += PR_GROUP) {
         size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
         uint64_t h[PR_GROUP];
-        uint32_t s[PR_GROUP];
+        uint32_t s[PR_GROUP], end[PR_GROUP];
 
-        kvt_pr_find_group(p, keys + b, m, h, s);
+        pr_find_group_end(p, keys + b, m, h, s, end);
         for (size_t i = 0; i < m; i++) {
             if (s[i] != PR_NIL) {
                 p->e[s[i]].mark = p->mark;
@@ -943,9 +1025,11 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                     continue; /* offered earlier in this call */
                 acc->k[idx].stamp = acc->stamp;
                 p->acc_idx[n_new] = idx;
+                p->ins_end[n_new] = end[i];
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
             } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
+                p->ins_end[n_new] = end[i];
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
             }
@@ -1003,7 +1087,11 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
             p->pol->will_insert(p, new_hash + i, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
 
-        out->chunk_ids[i] = pr_insert(p, k, new_hash[i]);
+        /* Without eviction the index only gained cells since the finds: each key's
+         * insertion goes on from where its find ended (an earlier key of this call
+         * may have taken that cell: oa_put_from moves on). An eviction's deletions
+         * shift cells back, so then each starts at its home. */
+        out->chunk_ids[i] = pr_insert(p, k, new_hash[i], need > 0 ? SIZE_MAX : p->ins_end[i]);
         if (acc != NULL) {
             struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
 
@@ -1216,7 +1304,7 @@ int kvt_primary_prepare_load_req(struct kvt_primary *p, const struct kvt_key *ke
     int rc;
 
     acc = acc_live(p, acc);
-    if (acc != NULL && (rc = acc_reserve(acc, n)) != 0)
+    if (acc != NULL && (rc = acc_reserve(p, acc, n)) != 0)
         return rc;
     rc = pr_pin(p, keys, n, chunk_ids);
     if (rc != 0 || acc == NULL)

@@ -46,6 +46,7 @@ struct pr_list {
 };
 
 struct kvt_primary;
+struct pr_acc_key; /* a record of a request's access (primary.c) */
 
 /* What a request did with a key it accessed, as its finish tells the policy:
  * inserted it and never reused it (insertion-only), reused it while ready, or
@@ -110,6 +111,7 @@ struct kvt_primary {
     /* prepare_store scratch for the request's access: each key to store's index
      * in the access, and the hashes of the new store misses */
     uint32_t *acc_idx;
+    uint32_t *ins_end; /* each key to store's index cell where its find ended */
     uint64_t *miss_hash;
     size_t miss_cap;
     uint32_t *cs_slot; /* complete_store: the slot of each key */
@@ -121,6 +123,12 @@ struct kvt_primary {
     uint8_t *fin_kinds;
     size_t fin_cap;
     uint64_t generation; /* bumped by reset_cache: stale accesses start over */
+    /* A finished request's access arrays (records and table), kept for the next
+     * request to record into: a request of hundreds of keys then allocates, grows
+     * and rehashes nothing while it stores. At most PR_SPARE_MAX records. */
+    struct pr_acc_key *spare_k;
+    uint32_t *spare_tab;
+    size_t spare_cap, spare_tab_mask;
 
     struct kvt_events events;
     kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */

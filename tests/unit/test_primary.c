@@ -943,6 +943,92 @@ static void test_index_under_churn(void **state)
     fx_free(f);
 }
 
+/* A store's insertions go on from where its finds ended (the cell that ended each
+ * absent key's probe run) unless the store evicted: the index must end as if each
+ * key were found and then inserted from its home. Random calls of up to 40 keys
+ * (repeats, present and pending keys among them, some evicting) into primaries of
+ * 37 and 64 chunks (index runs that wrap around and share cells), with and without
+ * a request's access; every key's lookup is checked against a model after each
+ * call. */
+static void test_store_inserts_where_its_finds_ended(void **state)
+{
+    enum { KEYS = 400, CALLS = 3000, MAXN = 40 };
+    static const size_t sizes[] = {37, 64};
+    static const char *const policies[] = {"lru", "arc"};
+
+    for (size_t z = 0; z < 2; z++) {
+        for (size_t q = 0; q < 2; q++) {
+            struct fx *f = fx_make(sizes[z], policies[q], false, 0);
+            struct kvt_primary_access *acc = NULL;
+            static int8_t model[KEYS]; /* 0 absent, 1 pending, 2 ready */
+            unsigned seed = 777 + (unsigned)(z * 2 + q);
+
+            memset(model, 0, sizeof(model));
+            for (int call = 0; call < CALLS; call++) {
+                struct kvt_key k[MAXN];
+                size_t n = 1 + (size_t)(rand_r(&seed) % MAXN);
+                int rc;
+
+                if (call % 50 == 0) {
+                    if (acc != NULL) {
+                        kvt_primary_request_finished(f->p, acc);
+                        kvt_primary_access_destroy(acc);
+                        acc = NULL;
+                    }
+                    if (rand_r(&seed) % 2 == 0)
+                        assert_int_equal(kvt_primary_access_create(&acc), 0);
+                }
+                for (size_t i = 0; i < n; i++)
+                    k[i] = kt_key((int)(rand_r(&seed) % KEYS));
+                rc = kvt_primary_prepare_store_req(f->p, k, n, acc, &f->out);
+                if (rc == -ENOSPC)
+                    continue;
+                assert_int_equal(rc, 0);
+                for (size_t e = 0; e < f->out.n_evicted; e++)
+                    for (int j = 0; j < KEYS; j++) {
+                        struct kvt_key kj = kt_key(j);
+
+                        if (kvt_key_eq(&kj, &f->out.evicted[e]))
+                            model[j] = 0;
+                    }
+                for (size_t i = 0; i < f->out.n_store; i++)
+                    for (int j = 0; j < KEYS; j++) {
+                        struct kvt_key kj = kt_key(j);
+
+                        if (kvt_key_eq(&kj, &f->out.keys_to_store[i])) {
+                            assert_int_equal(model[j], 0);
+                            model[j] = 1;
+                        }
+                    }
+                for (int j = 0; j < KEYS; j++) {
+                    struct kvt_key kj = kt_key(j);
+
+                    assert_int_equal(kvt_primary_lookup(f->p, &kj), model[j] == 0 ? KVT_MISS
+                                                                    : model[j] == 1
+                                                                        ? KVT_HIT_PENDING
+                                                                        : KVT_HIT);
+                }
+                /* most stores complete; some keys stay pending a while */
+                if (rand_r(&seed) % 4 != 0) {
+                    for (int j = 0; j < KEYS; j++) {
+                        struct kvt_key kj = kt_key(j);
+
+                        if (model[j] != 1)
+                            continue;
+                        assert_int_equal(kvt_primary_complete_store(f->p, &kj, 1, true), 0);
+                        model[j] = 2;
+                    }
+                }
+            }
+            if (acc != NULL) {
+                kvt_primary_request_finished(f->p, acc);
+                kvt_primary_access_destroy(acc);
+            }
+            fx_free(f);
+        }
+    }
+}
+
 static void test_create_rejects_bad_config(void **state)
 {
     struct kvt_primary *p = NULL;
@@ -1474,6 +1560,39 @@ static void test_request_finish_finds_its_key_stored_again_by_another(void **sta
     }
 }
 
+/* A finished request leaves its access's arrays to the next request, which must
+ * not see the records in them: ARC, r1 stores 1, 2 and 3 and finishes; r2 (taking
+ * r1's arrays) offers the ready 1 and 2 again, a reuse of each (T1 -> T2), and 4;
+ * r3 the same after r2, with a reset in between for r4. */
+static void test_request_access_arrays_start_empty_when_recycled(void **state)
+{
+    struct fx *f = fx_make(8, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2, *r3;
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(rprep(f, r1, L(1, 2, 3), 0), 0);
+    complete_all(f);
+    kvt_primary_request_finished(f->p, r1);
+    assert_true(in_list(f, 0, 1) && in_list(f, 0, 2) && in_list(f, 0, 3));
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r2, L(1, 2, 4), 0), 0);
+    assert_int_equal(f->out.n_store, 1);
+    complete_all(f);
+    kvt_primary_request_finished(f->p, r2);
+    assert_true(in_list(f, 1, 1) && in_list(f, 1, 2)); /* reused: T2 */
+    assert_true(in_list(f, 0, 3) && in_list(f, 0, 4));
+    assert_int_equal(kvt_primary_access_create(&r3), 0);
+    assert_int_equal(rprep(f, r3, L(4, 3), 0), 0); /* r2's 4 and r1's 3: reuses */
+    assert_int_equal(f->out.n_store, 0);
+    kvt_primary_request_finished(f->p, r3);
+    assert_true(in_list(f, 1, 3) && in_list(f, 1, 4));
+    assert_int_equal(list_len(f, 0), 0);
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    kvt_primary_access_destroy(r3);
+    fx_free(f);
+}
+
 /* A touch moves only present ready keys; pending keys and ghosts stay. */
 static void test_touch_moves_ready_keys_only(void **state)
 {
@@ -1519,6 +1638,8 @@ int main(void)
         cmocka_unit_test(test_checksum_set_while_pending),
         cmocka_unit_test(test_stats_split_read_and_write),
         cmocka_unit_test(test_index_under_churn),
+        cmocka_unit_test(test_store_inserts_where_its_finds_ended),
+        cmocka_unit_test(test_request_access_arrays_start_empty_when_recycled),
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
         cmocka_unit_test(test_lookup_many_matches_lookup),
