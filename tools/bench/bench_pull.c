@@ -287,8 +287,13 @@ struct bp_row {
     double secs, gbps, req_p50, req_p99, key_p50, key_p99;
     double verify_ms;    /* B's validation time over the pull (timing's verify_ms) */
     double cpu_b, cpu_a; /* CPU seconds of B (puller) and A (holder) over the pull */
-    /* From those, per chunk (us), and the same less one memcpy of the chunk. */
+    /* Wall seconds of B's and A's loop busy-polling with nothing arriving while
+     * transfers were in flight (timing's idle_poll_ms over the pull), < 0 unknown. */
+    double poll_b, poll_a;
+    /* From those, per chunk (us), the same less one memcpy of the chunk, and less
+     * the copy and the polling. */
     double puller_us, holder_us, puller_less_us, holder_less_us;
+    double puller_work_us, holder_work_us;
     double huge_a, huge_b; /* fraction of A's and B's primary on huge pages, < 0 unknown */
     double ceiling;        /* the transport moving the same N distinct chunks */
     double ceiling_hot;    /* the same READs over 32 chunks that stay in the caches */
@@ -331,6 +336,19 @@ static double bp_huge(struct proc *p)
     return size > 0 && huge >= 0 ? huge / size : -1;
 }
 
+/* Seconds a node's loop has busy-polled with nothing arriving while transfers were
+ * in flight (its timing answer), < 0 if it does not say. */
+static double bp_poll_s(struct proc *p)
+{
+    char line[1024];
+    double ms;
+
+    if (!bp_cmd(p, line, sizeof(line), "timing"))
+        return -1;
+    ms = bp_field(line, "idle_poll_ms");
+    return ms < 0 ? -1 : ms / 1e3;
+}
+
 /* One pull: A and B started under the row's UCX_TLS, A stores n chunks, B pulls them
  * as requests of per keys, inflight at a time. 0, or -1 with a message. */
 static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, unsigned inflight,
@@ -351,7 +369,7 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     char *av[32 + 2 * BP_MAX_SETS];
     size_t ac = 0;
     struct proc a = {0}, b = {0};
-    double t0;
+    double t0, t, poll_a0, poll_b0;
     int fd;
 
     snprintf(run, sizeof(run), "%s/kvtier-bench-pull-XXXXXX", bp_run_dir);
@@ -415,6 +433,8 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     if (!bp_cmd(&a, line, sizeof(line), "cpu"))
         goto fail;
     r->cpu_a = bp_field(line, "cpu_seconds");
+    poll_a0 = bp_poll_s(&a);
+    poll_b0 = bp_poll_s(&b);
     t0 = bp_now_s();
     if (!bp_cmd(&b, line, sizeof(line), cmd))
         goto fail;
@@ -431,7 +451,10 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     /* A served every READ before B's last answer, and sleeps since (no lease). */
     r->cpu_a =
         bp_cmd(&a, line, sizeof(line), "cpu") ? bp_field(line, "cpu_seconds") - r->cpu_a : -1;
+    r->poll_a = poll_a0 >= 0 && (t = bp_poll_s(&a)) >= 0 ? t - poll_a0 : -1;
     if (bp_cmd(&b, line, sizeof(line), "timing")) {
+        t = bp_field(line, "idle_poll_ms");
+        r->poll_b = poll_b0 >= 0 && t >= 0 ? t / 1e3 - poll_b0 : -1;
         r->verify_ms = bp_field(line, "verify_ms");
         r->direct = bp_field(line, "direct_chunks");
         fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s, verify %s, fetch %s) %s", r->tls,
@@ -664,6 +687,10 @@ int kvt_bench_pull(int argc, char **argv)
         r->holder_us = r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1;
         r->puller_less_us = bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s);
         r->holder_less_us = bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s);
+        r->puller_work_us =
+            r->poll_b >= 0 ? bp_less_copy_us(r->cpu_b - r->poll_b, (unsigned)r->hit, copy_s) : -1;
+        r->holder_work_us =
+            r->poll_a >= 0 ? bp_less_copy_us(r->cpu_a - r->poll_a, (unsigned)r->hit, copy_s) : -1;
     }
     bp_mooncake(mc_python, KVT_BENCH_MOONCAKE_SCRIPT, n, size, per, inflight, &mc);
     bp_thp(thp, sizeof(thp));
@@ -694,6 +721,9 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"puller_core_nic_fraction_200g\":%.3f,\"puller_core_nic_fraction_400g\":%.3f,"
                    "\"holder_core_nic_fraction_200g\":%.3f,\"holder_core_nic_fraction_400g\":%.3f,"
                    "\"primary_huge_a\":%.3f,\"primary_huge_b\":%.3f,"
+                   "\"puller_poll_us_per_chunk\":%.2f,\"holder_poll_us_per_chunk\":%.2f,"
+                   "\"puller_cpu_us_per_chunk_less_copy_and_poll\":%.2f,"
+                   "\"holder_cpu_us_per_chunk_less_copy_and_poll\":%.2f,"
                    "\"ratio_mooncake\":%.3f}",
                    k ? "," : "", r->tls, r->verify, r->fetch, r->direct, r->verify_ms, r->hit,
                    r->corrupt, r->requests, r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50,
@@ -704,7 +734,9 @@ int kvt_bench_pull(int argc, char **argv)
                    bp_nic_fraction(r->puller_less_us, size, 400),
                    bp_nic_fraction(r->holder_less_us, size, 200),
                    bp_nic_fraction(r->holder_less_us, size, 400), r->huge_a, r->huge_b,
-                   mc.gbps > 0 ? r->gbps / mc.gbps : 0);
+                   r->hit && r->poll_b >= 0 ? r->poll_b / r->hit * 1e6 : -1,
+                   r->hit && r->poll_a >= 0 ? r->poll_a / r->hit * 1e6 : -1, r->puller_work_us,
+                   r->holder_work_us, mc.gbps > 0 ? r->gbps / mc.gbps : 0);
         }
         printf("],\"run_dir\":\"%s\",\"thp_enabled\":\"%s\"}\n", bp_run_dir, thp);
         return rc;
@@ -748,6 +780,21 @@ int kvt_bench_pull(int argc, char **argv)
                bp_nic_fraction(r->puller_less_us, size, 400), r->holder_us, r->holder_less_us,
                bp_nic_fraction(r->holder_less_us, size, 200),
                bp_nic_fraction(r->holder_less_us, size, 400));
+    }
+    printf("  the same less the loop's busy poll (its wall time with nothing arriving while "
+           "transfers were in flight, us per chunk), and what one core keeps busy then:\n");
+    for (size_t k = 0; k < n_rows; k++) {
+        const struct bp_row *r = &rows[k];
+
+        printf("  %-8s %-8s %-6s puller poll %5.1f, less copy and poll %5.1f %4.2f / %4.2f   "
+               "holder poll %5.1f, less copy and poll %5.1f %4.2f / %4.2f\n",
+               r->tls, r->verify, r->fetch,
+               r->hit && r->poll_b >= 0 ? r->poll_b / r->hit * 1e6 : -1, r->puller_work_us,
+               bp_nic_fraction(r->puller_work_us, size, 200),
+               bp_nic_fraction(r->puller_work_us, size, 400),
+               r->hit && r->poll_a >= 0 ? r->poll_a / r->hit * 1e6 : -1, r->holder_work_us,
+               bp_nic_fraction(r->holder_work_us, size, 200),
+               bp_nic_fraction(r->holder_work_us, size, 400));
     }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",

@@ -42,7 +42,9 @@
  *                                 (per key) steps seconds (to the last answer)
  *                                 check_seconds cpu_seconds (this process's CPU
  *                                 time until the last answer, every thread)
- *   timing                        where the network tier's time went (sums, ms)
+ *   timing                        where the network tier's time went (sums, ms; and
+ *                                 idle_poll_ms, the loop's busy poll with nothing
+ *                                 arriving while transfers were in flight)
  *   cpu                           this process's CPU time so far (cpu_seconds)
  *   pages                         how much of the primary region is on huge pages
  *                                 (huge_bytes region_bytes): a peer's READs over
@@ -603,11 +605,11 @@ static void cmd_timing(struct node *n)
     printf("ok locate_rtts=%" PRIu64 " locate_rtt_ms=%.1f fetches=%" PRIu64
            " fetch_queue_ms=%.1f grants=%" PRIu64 " grant_wait_ms=%.1f read_ms=%.1f"
            " verify_ms=%.1f served_fetches=%" PRIu64 " serve_wait_ms=%.1f direct_chunks=%" PRIu64
-           " direct_misses=%" PRIu64 "\n",
+           " direct_misses=%" PRIu64 " idle_polls=%" PRIu64 " idle_poll_ms=%.1f\n",
            c.locate_rtts, (double)c.locate_rtt_ns / 1e6, c.fetches, (double)c.fetch_queue_ns / 1e6,
            c.grants, (double)c.grant_wait_ns / 1e6, (double)c.read_ns / 1e6,
            (double)c.verify_ns / 1e6, c.served_fetches, (double)c.serve_wait_ns / 1e6,
-           c.direct_chunks, c.direct_misses);
+           c.direct_chunks, c.direct_misses, c.idle_polls, (double)c.idle_poll_ns / 1e6);
 }
 
 static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t count, unsigned ms)
