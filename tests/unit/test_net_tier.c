@@ -432,6 +432,27 @@ static void test_may_read_answers_from_active_leases(void **state)
     tn_stop(&a);
 }
 
+/* A and B linked (their configs), A holding keys first..first+7, B with two
+ * fetches of them granted and not read (hold_grants): two leases on A. */
+static struct kvt_req_ctx *two_leases(struct tn *a, struct tn *b,
+                                      const struct kvt_net_tier_config *nca,
+                                      const struct kvt_net_tier_config *ncb, uint32_t first)
+{
+    struct kvt_req_ctx *ctx;
+
+    tn_start_cfg(a, 0xA, 0, nca);
+    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), ncb);
+    g_a = a;
+    g_b = b;
+    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+    a_store(a, first, 8, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    ctx = new_req(b);
+    hold_grants(a, b, ctx, first, 8, 2);
+    return ctx;
+}
+
 /* network.busy_poll_us: with transfers in flight a loop polls, for at most that
  * long after the transport's last event. A (busy_poll_us 2000) holds two leases
  * and B has two fetches out, neither stepped: A's network tier soon lets its loop
@@ -448,16 +469,7 @@ static void test_busy_poll_then_sleep_in_flight(void **state)
     uint64_t end;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nca);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &ncb);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
-    a_store(&a, 400, 8, NULL);
-    for (int i = 0; i < 100; i++)
-        spin();
-    ctx = new_req(&b);
-    hold_grants(&a, &b, ctx, 400, 8, 2);
+    ctx = two_leases(&a, &b, &nca, &ncb, 400);
     end = kvt_now_ns() + 500000000ull;
     while (kvt_now_ns() < end && !a_armed) {
         kvt_net_tier_poll(a.net); /* not B's: its fetches stay out */
@@ -490,16 +502,7 @@ static void test_idle_poll_counted(void **state)
     struct tn a, b;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
-    a_store(&a, 500, 8, NULL);
-    for (int i = 0; i < 100; i++)
-        spin();
-    ctx = new_req(&b);
-    hold_grants(&a, &b, ctx, 500, 8, 2);
+    ctx = two_leases(&a, &b, &nc, &nc, 500);
     kvt_net_tier_counts(a.net, &c0);
     assert_int_equal(c0.active_leases, 2);
     for (int i = 0; i < 200; i++)
