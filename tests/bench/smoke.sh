@@ -58,7 +58,8 @@ check "pull: CPU per chunk on both sides measured, the copy beside it, NIC share
      and (.holder_core_nic_fraction_400g | . > 0 and . <= 1))' "$out"
 check "pull: each side's busy poll measured (us per chunk), and the CPU per chunk less copy and poll" \
   'all(.rows[]; .puller_poll_us_per_chunk >= 0 and .holder_poll_us_per_chunk >= 0
-     and (.puller_cpu_us_per_chunk_less_copy_and_poll | . >= 0 or . == -1))' "$out"
+     and (.puller_cpu_us_per_chunk_less_copy_and_poll | . >= 0 or . == -1)
+     and (.holder_cpu_us_per_chunk_less_poll | . >= 0 or . == -1))' "$out"
 check "pull: each node's primary on huge pages or not, said (0..1), with where it ran and the kernel's THP mode" \
   '.run_dir == "/dev/shm" and .thp_enabled != "unknown"
      and all(.rows[]; (.primary_huge_a | . >= 0 and . <= 1) and (.primary_huge_b | . >= 0 and . <= 1))' "$out"
