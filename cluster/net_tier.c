@@ -260,16 +260,30 @@ static void nt_on_link_closed(void *arg, uint64_t node_id, struct kvt_tp_ep *ep)
 
 /* ---- the tier ops -------------------------------------------------------------- */
 
+static bool nt_in_flight(struct net_tier *nt);
+
+#define NT_POLL_TURN_MAX_NS 50000ull
+
 int kvt__nt_progress(struct net_tier *nt)
 {
-    uint64_t now;
+    uint64_t t0 = kvt_now_ns(), now;
     int rc;
 
     rc = kvt_peers_progress(nt->peers);
     kvt__nt_take_locates(nt);
     now = kvt_now_ns();
-    if (rc > 0)
+    /* The busy poll's time: from a call that found nothing to this one's start (the
+     * work an event brings is not in it). A turn of a polling loop is a few us: a
+     * longer gap is the process preempted or the loop at other work, not polling. */
+    if (nt->idle_since_ns != 0 && t0 - nt->idle_since_ns < NT_POLL_TURN_MAX_NS)
+        nt->c.idle_poll_ns += t0 - nt->idle_since_ns;
+    nt->idle_since_ns = 0;
+    if (rc > 0) {
         nt->last_event_ns = now;
+    } else if (rc == 0 && (nt_in_flight(nt) || now < nt->direct_awake_until_ns)) {
+        nt->c.idle_polls++;
+        nt->idle_since_ns = t0;
+    }
     /* Deadlines are in ms: the scans of the maps run once a ms, not on
      * every poll of a busy loop. */
     if (now >= nt->next_expire_ns) {
@@ -365,6 +379,7 @@ static int nt_arm(struct kvt_tier *t)
 {
     struct net_tier *nt = nt_of(t);
     uint64_t now;
+    int rc;
 
     if (nt_has_local_work(nt))
         return -EAGAIN;
@@ -380,7 +395,10 @@ static int nt_arm(struct kvt_tier *t)
         (nt->cfg.busy_poll_us == 0 ||
          now - nt->last_event_ns < (uint64_t)nt->cfg.busy_poll_us * 1000))
         return -EAGAIN;
-    return kvt_peers_arm(nt->peers);
+    rc = kvt_peers_arm(nt->peers);
+    if (rc == 0)
+        nt->idle_since_ns = 0; /* the loop may sleep now: not polling */
+    return rc;
 }
 
 static void nt_on_request_finished(struct kvt_tier *t, struct kvt_req_ctx *ctx)

@@ -303,6 +303,7 @@ struct net_tier {
     struct kvt_list exposures;      /* struct direct_exp (net_serve.c) */
     uint64_t direct_awake_until_ns; /* a direct READ was served: busy until then */
     uint64_t last_event_ns;         /* the transport's last event (nt_arm's busy poll) */
+    uint64_t idle_since_ns;         /* a progress call found nothing: c.idle_poll_ns */
     bool omit_fences;               /* tests: GRANTs as a holder before wire 1.1 sends them */
     bool reg_failed;
 

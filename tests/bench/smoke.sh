@@ -56,11 +56,30 @@ check "pull: CPU per chunk on both sides measured, the copy beside it, NIC share
      and .holder_cpu_us_per_chunk >= 0 and .puller_cpu_us_per_chunk_less_copy >= 0
      and (.puller_core_nic_fraction_200g | . > 0 and . <= 1)
      and (.holder_core_nic_fraction_400g | . > 0 and . <= 1))' "$out"
+check "pull: each side's busy poll measured (us per chunk), and the CPU per chunk less copy and poll" \
+  'all(.rows[]; .puller_poll_us_per_chunk >= 0 and .holder_poll_us_per_chunk >= 0
+     and (.puller_cpu_us_per_chunk_less_copy_and_poll | . >= 0 or . == -1)
+     and (.holder_cpu_us_per_chunk_less_poll | . >= 0 or . == -1))' "$out"
+check "pull: each node's primary on huge pages or not, said (0..1), with where it ran and the kernel's THP mode" \
+  '.run_dir == "/dev/shm" and .thp_enabled != "unknown"
+     and all(.rows[]; (.primary_huge_a | . >= 0 and . <= 1) and (.primary_huge_b | . >= 0 and . <= 1))' "$out"
 # Mooncake runs only where its venv is (tools/mooncake-env; the test command does not
 # make it): there it must have got every chunk back intact, elsewhere say "absent".
 check "pull: Mooncake measured where its venv is, else absent (never failed)" \
   '(.mooncake.status == "measured" and .mooncake.gbps > 0 and .mooncake.req_ms_p50 > 0)
      or (.mooncake.status == "absent" and .mooncake.gbps < 0)' "$out"
+# --run-dir puts the nodes' runtime folders (their primaries) elsewhere, e.g. on a tmpfs
+# mounted huge=advise; here a scratch folder, which must hold them and nothing stay.
+mkdir -p "$SCRATCH/run"
+out=$("$BENCH" pull --json --chunks 64 --tls tcp --verify fence --fetch lease --no-mooncake \
+        --run-dir "$SCRATCH/run" --simnode "$SIMNODE" 2>/dev/null)
+check "pull --run-dir: the nodes ran there, every chunk hit, nothing left behind" \
+  ".run_dir == \"$SCRATCH/run\"
+     and (.rows | length) == 1 and .rows[0].hit == 64 and .rows[0].corrupt == 0" "$out"
+if [ -n "$(ls -A "$SCRATCH/run")" ]; then
+  echo "FAIL: pull --run-dir left $(ls -A "$SCRATCH/run")"
+  fail=1
+fi
 
 out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" connect --json --iters 5)
 check "connect: 5 links up and answering, the first reply after UP" \

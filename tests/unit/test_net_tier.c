@@ -433,6 +433,27 @@ static void test_may_read_answers_from_active_leases(void **state)
     tn_stop(&a);
 }
 
+/* A and B linked (their configs), A holding keys first..first+7, B with two
+ * fetches of them granted and not read (hold_grants): two leases on A. */
+static struct kvt_req_ctx *two_leases(struct tn *a, struct tn *b,
+                                      const struct kvt_net_tier_config *nca,
+                                      const struct kvt_net_tier_config *ncb, uint32_t first)
+{
+    struct kvt_req_ctx *ctx;
+
+    tn_start_cfg(a, 0xA, 0, nca);
+    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), ncb);
+    g_a = a;
+    g_b = b;
+    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+    a_store(a, first, 8, NULL);
+    for (int i = 0; i < 100; i++)
+        spin();
+    ctx = new_req(b);
+    hold_grants(a, b, ctx, first, 8, 2);
+    return ctx;
+}
+
 /* network.busy_poll_us: with transfers in flight a loop polls, for at most that
  * long after the transport's last event. A (busy_poll_us 2000) holds two leases
  * and B has two fetches out, neither stepped: A's network tier soon lets its loop
@@ -449,16 +470,7 @@ static void test_busy_poll_then_sleep_in_flight(void **state)
     uint64_t end;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nca);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &ncb);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
-    a_store(&a, 400, 8, NULL);
-    for (int i = 0; i < 100; i++)
-        spin();
-    ctx = new_req(&b);
-    hold_grants(&a, &b, ctx, 400, 8, 2);
+    ctx = two_leases(&a, &b, &nca, &ncb, 400);
     end = kvt_now_ns() + 500000000ull;
     while (kvt_now_ns() < end && !a_armed) {
         kvt_net_tier_poll(a.net); /* not B's: its fetches stay out */
@@ -475,6 +487,43 @@ static void test_busy_poll_then_sleep_in_flight(void **state)
     assert_int_equal(cb.pulled_chunks, 0);
     end_req(&b, ctx);
     assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* The busy poll is counted (idle_polls, idle_poll_ns: kvtier-bench pull's CPU per
+ * chunk less polling): A holds two leases, and its polls that find nothing count,
+ * with the time between them, but not a gap of a ms (the loop away, not polling);
+ * once nothing is in flight its polls count nothing. */
+static void test_idle_poll_counted(void **state)
+{
+    struct kvt_net_tier_config nc = {.lease_ms = 10000};
+    struct kvt_net_tier_counts c0, c1, c2, c3;
+    struct kvt_req_ctx *ctx;
+    struct tn a, b;
+
+    (void)state;
+    ctx = two_leases(&a, &b, &nc, &nc, 500);
+    kvt_net_tier_counts(a.net, &c0);
+    assert_int_equal(c0.active_leases, 2);
+    for (int i = 0; i < 200; i++)
+        kvt_net_tier_poll(a.net);
+    kvt_net_tier_counts(a.net, &c1);
+    assert_true(c1.idle_polls >= c0.idle_polls + 100);
+    assert_true(c1.idle_poll_ns > c0.idle_poll_ns);
+    usleep(2000);
+    kvt_net_tier_poll(a.net);
+    kvt_net_tier_counts(a.net, &c2);
+    assert_true(c2.idle_poll_ns - c1.idle_poll_ns < 50000);
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    kvt_net_tier_counts(a.net, &c2);
+    assert_int_equal(c2.active_leases, 0);
+    for (int i = 0; i < 200; i++)
+        kvt_net_tier_poll(a.net);
+    kvt_net_tier_counts(a.net, &c3);
+    assert_int_equal(c3.idle_polls, c2.idle_polls);
+    assert_int_equal(c3.idle_poll_ns, c2.idle_poll_ns);
     tn_stop(&b);
     tn_stop(&a);
 }
@@ -1552,6 +1601,7 @@ int main(void)
         cmocka_unit_test(test_direct_exposed_to_authenticated_askers_only),
         cmocka_unit_test(test_direct_fetch_into),
         cmocka_unit_test(test_busy_poll_then_sleep_in_flight),
+        cmocka_unit_test(test_idle_poll_counted),
         cmocka_unit_test(test_may_read_answers_from_active_leases),
         cmocka_unit_test(test_authenticated_peer_reads_only_its_grants),
         cmocka_unit_test(test_pull_survives_allocation_failures),

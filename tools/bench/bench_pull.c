@@ -33,7 +33,14 @@
  * validation only, so a checksum row is always a lease row), the lease and direct
  * pulls of a validation one after the other.
  * The nodes are kvtier-simnode processes (tools/simnode), found next to this binary's
- * build folder or with --simnode PATH; --set KEY=VALUE gives both more settings.
+ * build folder or with --simnode PATH; --set KEY=VALUE gives both more settings. Their
+ * runtime folders, primary regions included, go in /dev/shm, or in --run-dir DIR. On
+ * /dev/shm (huge=never on Debian) the primaries get 4 KiB pages, while the ceiling's
+ * buffers are anonymous memory advised for transparent huge pages; over shared memory
+ * the reader's process_vm_readv pins and copies the holder's pages one by one, so the
+ * output says what each side ran on (pages: the share of each primary on huge pages,
+ * and the kernel's THP mode), and --run-dir on a tmpfs mounted huge=advise (or
+ * hugetlbfs) runs the nodes as docs/operations.md sets a production node up.
  *
  * CPU per pulled chunk: each node process's CPU time (every thread, user and system)
  * over the pull, per chunk, on B (the puller: its engine's calls included) and on A
@@ -280,10 +287,19 @@ struct bp_row {
     double secs, gbps, req_p50, req_p99, key_p50, key_p99;
     double verify_ms;    /* B's validation time over the pull (timing's verify_ms) */
     double cpu_b, cpu_a; /* CPU seconds of B (puller) and A (holder) over the pull */
-    /* From those, per chunk (us), and the same less one memcpy of the chunk. */
+    /* Wall seconds of B's and A's loop busy-polling with nothing arriving while
+     * transfers were in flight (timing's idle_poll_ms over the pull), < 0 unknown. */
+    double poll_b, poll_a;
+    /* From those, per chunk (us), the same less one memcpy of the chunk, and less
+     * the copy and the polling. */
     double puller_us, holder_us, puller_less_us, holder_less_us;
-    double ceiling;     /* the transport moving the same N distinct chunks */
-    double ceiling_hot; /* the same READs over 32 chunks that stay in the caches */
+    double puller_work_us, holder_work_us;
+    /* The holder's CPU per chunk less the polling only: over shared memory the reader
+     * copies (cma), so the holder has no copy to take off. */
+    double holder_nopoll_us;
+    double huge_a, huge_b; /* fraction of A's and B's primary on huge pages, < 0 unknown */
+    double ceiling;        /* the transport moving the same N distinct chunks */
+    double ceiling_hot;    /* the same READs over 32 chunks that stay in the caches */
 };
 
 static int bp_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -306,6 +322,35 @@ static void bp_clean(const char *run, const char *secret)
 #define BP_MAX_SETS 8
 static const char *bp_sets[BP_MAX_SETS];
 static size_t bp_n_sets;
+/* --run-dir: where the nodes' runtime folders (their primary regions) go. */
+static const char *bp_run_dir = "/dev/shm";
+
+/* The fraction of a node's primary region on huge pages (its "pages" answer), < 0 if
+ * it cannot tell. */
+static double bp_huge(struct proc *p)
+{
+    char line[256];
+    double huge, size;
+
+    if (!bp_cmd(p, line, sizeof(line), "pages"))
+        return -1;
+    huge = bp_field(line, "huge_bytes");
+    size = bp_field(line, "region_bytes");
+    return size > 0 && huge >= 0 ? huge / size : -1;
+}
+
+/* Seconds a node's loop has busy-polled with nothing arriving while transfers were
+ * in flight (its timing answer), < 0 if it does not say. */
+static double bp_poll_s(struct proc *p)
+{
+    char line[1024];
+    double ms;
+
+    if (!bp_cmd(p, line, sizeof(line), "timing"))
+        return -1;
+    ms = bp_field(line, "idle_poll_ms");
+    return ms < 0 ? -1 : ms / 1e3;
+}
 
 /* One pull: A and B started under the row's UCX_TLS, A stores n chunks, B pulls them
  * as requests of per keys, inflight at a time. 0, or -1 with a message. */
@@ -313,11 +358,11 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
                    struct bp_row *r)
 {
     char secret[] = "/tmp/kvtier-bench-pull-secret-XXXXXX";
-    char run[64] = "/dev/shm/kvtier-bench-pull-XXXXXX";
+    char run[4096];
     char line[1024], cmd[256], portb[16];
     /* The nodes are kvtierd's with its defaults, but their runtime folders in run, no
      * storage tier (the pull is the network tier's) and no /metrics. */
-    char k_path[128], k_sock[128], k_secret[128], k_row[64], k_size[64], k_peer[64];
+    char k_path[4200], k_sock[4200], k_secret[128], k_row[64], k_size[64], k_peer[64];
     char k_verify[64], k_fetch[64];
     char *common[] = {"--set", k_path,           "--set", k_sock,
                       "--set", k_secret,         "--set", k_row,
@@ -327,9 +372,10 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     char *av[32 + 2 * BP_MAX_SETS];
     size_t ac = 0;
     struct proc a = {0}, b = {0};
-    double t0;
+    double t0, t, poll_a0, poll_b0;
     int fd;
 
+    snprintf(run, sizeof(run), "%s/kvtier-bench-pull-XXXXXX", bp_run_dir);
     if (mkdtemp(run) == NULL &&
         (snprintf(run, sizeof(run), "/tmp/kvtier-bench-pull-XXXXXX"), mkdtemp(run) == NULL)) {
         fprintf(stderr, "kvtier-bench pull: cannot make a runtime folder: %s\n", strerror(errno));
@@ -381,6 +427,8 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
         fprintf(stderr, "kvtier-bench pull: the nodes did not see each other: %s", line);
         goto fail;
     }
+    r->huge_a = bp_huge(&a);
+    r->huge_b = bp_huge(&b);
     snprintf(cmd, sizeof(cmd), "store 1 0 %zu", n);
     if (!bp_cmd(&a, line, sizeof(line), cmd))
         goto fail;
@@ -388,6 +436,8 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     if (!bp_cmd(&a, line, sizeof(line), "cpu"))
         goto fail;
     r->cpu_a = bp_field(line, "cpu_seconds");
+    poll_a0 = bp_poll_s(&a);
+    poll_b0 = bp_poll_s(&b);
     t0 = bp_now_s();
     if (!bp_cmd(&b, line, sizeof(line), cmd))
         goto fail;
@@ -404,7 +454,10 @@ static int bp_pull(const char *simnode, size_t n, size_t size, unsigned per, uns
     /* A served every READ before B's last answer, and sleeps since (no lease). */
     r->cpu_a =
         bp_cmd(&a, line, sizeof(line), "cpu") ? bp_field(line, "cpu_seconds") - r->cpu_a : -1;
+    r->poll_a = poll_a0 >= 0 && (t = bp_poll_s(&a)) >= 0 ? t - poll_a0 : -1;
     if (bp_cmd(&b, line, sizeof(line), "timing")) {
+        t = bp_field(line, "idle_poll_ms");
+        r->poll_b = poll_b0 >= 0 && t >= 0 ? t / 1e3 - poll_b0 : -1;
         r->verify_ms = bp_field(line, "verify_ms");
         r->direct = bp_field(line, "direct_chunks");
         fprintf(stderr, "kvtier-bench pull: B (UCX_TLS %s, verify %s, fetch %s) %s", r->tls,
@@ -465,6 +518,23 @@ static double bp_nic_fraction(double us_per_chunk, size_t size, double gbit)
     return KVT_MIN(1.0, (double)size / (us_per_chunk * 1e-6) / (gbit * 1e9 / 8));
 }
 
+/* The kernel's transparent huge page mode for anonymous memory (the bracketed word of
+ * /sys/kernel/mm/transparent_hugepage/enabled), which the ceiling's buffers get. */
+static void bp_thp(char *buf, size_t cap)
+{
+    char line[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    const char *a, *b;
+
+    snprintf(buf, cap, "unknown");
+    if (f == NULL)
+        return;
+    if (fgets(line, sizeof(line), f) != NULL && (a = strchr(line, '[')) != NULL &&
+        (b = strchr(a, ']')) != NULL)
+        snprintf(buf, cap, "%.*s", (int)(b - a - 1), a + 1);
+    fclose(f);
+}
+
 /* The row's transport selection for the nodes and the ceiling. */
 static void bp_set_tls(const char *tls, bool for_ceiling)
 {
@@ -491,7 +561,7 @@ int kvt_bench_pull(int argc, char **argv)
     size_t n_rows = 0, n_tls = 0, n_verify = 0, n_fetch = 0;
     struct bp_row rows[8];
     char simnode[4096], redis_cmd[256] = "";
-    char self[4096];
+    char self[4096], thp[32];
     double redis, copy_s;
     ssize_t sl;
     int rc = 0;
@@ -529,6 +599,8 @@ int kvt_bench_pull(int argc, char **argv)
             mc_python = argv[++i];
         else if (strcmp(argv[i], "--no-mooncake") == 0)
             mc_python = NULL;
+        else if (strcmp(argv[i], "--run-dir") == 0 && i + 1 < argc)
+            bp_run_dir = argv[++i];
         else if (strcmp(argv[i], "--set") == 0 && i + 1 < argc && bp_n_sets < BP_MAX_SETS)
             bp_sets[bp_n_sets++] = argv[++i];
         else {
@@ -537,6 +609,7 @@ int kvt_bench_pull(int argc, char **argv)
                             "[--verify fence|checksum|both] [--fetch lease|direct|both] "
                             "[--reps 1 (of the ceiling)] "
                             "[--simnode PATH] [--mooncake-python PY | --no-mooncake] "
+                            "[--run-dir DIR (the nodes' primaries; /dev/shm)] "
                             "[--set KEY=VALUE (both nodes; up to 8)]\n");
             return 2;
         }
@@ -617,8 +690,15 @@ int kvt_bench_pull(int argc, char **argv)
         r->holder_us = r->hit && r->cpu_a >= 0 ? r->cpu_a / r->hit * 1e6 : -1;
         r->puller_less_us = bp_less_copy_us(r->cpu_b, (unsigned)r->hit, copy_s);
         r->holder_less_us = bp_less_copy_us(r->cpu_a, (unsigned)r->hit, copy_s);
+        r->puller_work_us =
+            r->poll_b >= 0 ? bp_less_copy_us(r->cpu_b - r->poll_b, (unsigned)r->hit, copy_s) : -1;
+        r->holder_work_us =
+            r->poll_a >= 0 ? bp_less_copy_us(r->cpu_a - r->poll_a, (unsigned)r->hit, copy_s) : -1;
+        r->holder_nopoll_us =
+            r->poll_a >= 0 ? bp_less_copy_us(r->cpu_a - r->poll_a, (unsigned)r->hit, 0) : -1;
     }
     bp_mooncake(mc_python, KVT_BENCH_MOONCAKE_SCRIPT, n, size, per, inflight, &mc);
+    bp_thp(thp, sizeof(thp));
 
     if (json) {
         printf("{\"bench\":\"pull\",\"chunks\":%u,\"size\":%zu,\"req_keys\":%u,\"inflight\":%u,"
@@ -645,6 +725,11 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"holder_cpu_us_per_chunk_less_copy\":%.2f,"
                    "\"puller_core_nic_fraction_200g\":%.3f,\"puller_core_nic_fraction_400g\":%.3f,"
                    "\"holder_core_nic_fraction_200g\":%.3f,\"holder_core_nic_fraction_400g\":%.3f,"
+                   "\"primary_huge_a\":%.3f,\"primary_huge_b\":%.3f,"
+                   "\"puller_poll_us_per_chunk\":%.2f,\"holder_poll_us_per_chunk\":%.2f,"
+                   "\"puller_cpu_us_per_chunk_less_copy_and_poll\":%.2f,"
+                   "\"holder_cpu_us_per_chunk_less_copy_and_poll\":%.2f,"
+                   "\"holder_cpu_us_per_chunk_less_poll\":%.2f,"
                    "\"ratio_mooncake\":%.3f}",
                    k ? "," : "", r->tls, r->verify, r->fetch, r->direct, r->verify_ms, r->hit,
                    r->corrupt, r->requests, r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50,
@@ -654,10 +739,12 @@ int kvt_bench_pull(int argc, char **argv)
                    r->holder_less_us, bp_nic_fraction(r->puller_less_us, size, 200),
                    bp_nic_fraction(r->puller_less_us, size, 400),
                    bp_nic_fraction(r->holder_less_us, size, 200),
-                   bp_nic_fraction(r->holder_less_us, size, 400),
-                   mc.gbps > 0 ? r->gbps / mc.gbps : 0);
+                   bp_nic_fraction(r->holder_less_us, size, 400), r->huge_a, r->huge_b,
+                   r->hit && r->poll_b >= 0 ? r->poll_b / r->hit * 1e6 : -1,
+                   r->hit && r->poll_a >= 0 ? r->poll_a / r->hit * 1e6 : -1, r->puller_work_us,
+                   r->holder_work_us, r->holder_nopoll_us, mc.gbps > 0 ? r->gbps / mc.gbps : 0);
         }
-        printf("]}\n");
+        printf("],\"run_dir\":\"%s\",\"thp_enabled\":\"%s\"}\n", bp_run_dir, thp);
         return rc;
     }
     printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
@@ -700,9 +787,33 @@ int kvt_bench_pull(int argc, char **argv)
                bp_nic_fraction(r->holder_less_us, size, 200),
                bp_nic_fraction(r->holder_less_us, size, 400));
     }
+    printf("  the same less the loop's busy poll (its wall time with nothing arriving while "
+           "transfers were in flight, us per chunk), and what one core keeps busy then (over "
+           "shared memory the puller copies: the holder's figure less poll only):\n");
+    for (size_t k = 0; k < n_rows; k++) {
+        const struct bp_row *r = &rows[k];
+
+        printf("  %-8s %-8s %-6s puller poll %5.1f, less copy and poll %5.1f %4.2f / %4.2f   "
+               "holder poll %5.1f, less poll %5.1f, less copy and poll %5.1f %4.2f / %4.2f\n",
+               r->tls, r->verify, r->fetch,
+               r->hit && r->poll_b >= 0 ? r->poll_b / r->hit * 1e6 : -1, r->puller_work_us,
+               bp_nic_fraction(r->puller_work_us, size, 200),
+               bp_nic_fraction(r->puller_work_us, size, 400),
+               r->hit && r->poll_a >= 0 ? r->poll_a / r->hit * 1e6 : -1, r->holder_nopoll_us,
+               r->holder_work_us, bp_nic_fraction(r->holder_work_us, size, 200),
+               bp_nic_fraction(r->holder_work_us, size, 400));
+    }
     printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
            "chunks read again and again (in the caches)\n",
            n);
+    /* The copy over shared memory pins and walks the holder's pages: 512 times fewer
+     * on huge pages, so say what each side ran on. */
+    printf("  pages: the nodes' primaries in %s, on huge pages (A / B):", bp_run_dir);
+    for (size_t k = 0; k < n_rows; k++)
+        printf("%s %.0f%% / %.0f%%", k ? "," : "", rows[k].huge_a * 100, rows[k].huge_b * 100);
+    printf("; the ceiling's buffers: anonymous, advised for transparent huge pages "
+           "(transparent_hugepage/enabled: %s)\n",
+           thp);
     printf("  targets: >= 0.8 x the ceiling, >= 1.5 x redis (%s)\n",
            redis > 0 ? redis_cmd : "redis not measured: redis-server / redis-benchmark missing");
     if (mc.gbps > 0)

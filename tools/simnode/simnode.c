@@ -42,8 +42,13 @@
  *                                 (per key) steps seconds (to the last answer)
  *                                 check_seconds cpu_seconds (this process's CPU
  *                                 time until the last answer, every thread)
- *   timing                        where the network tier's time went (sums, ms)
+ *   timing                        where the network tier's time went (sums, ms; and
+ *                                 idle_poll_ms, the loop's busy poll with nothing
+ *                                 arriving while transfers were in flight)
  *   cpu                           this process's CPU time so far (cpu_seconds)
+ *   pages                         how much of the primary region is on huge pages
+ *                                 (huge_bytes region_bytes): a peer's READs over
+ *                                 shared memory pin and copy 4 KiB pages one by one
  *   rewrite SEED FIRST N MS       rewrites those chunks' rows in place for MS ms,
  *                                 each row between kvt_primary_rewrite_begin and
  *                                 _end (its fence word odd, then moved on): torn and
@@ -79,6 +84,7 @@
 #include "kvt/node.h"
 #include "kvt/peers.h"
 #include "kvt/primary.h"
+#include "kvt/region.h"
 #include "kvt/version.h"
 
 /* The node and its parts the simulator drives (all owned by kvt_node). */
@@ -578,6 +584,19 @@ out:
     kvt_free(act);
 }
 
+/* The primary's pages: huge_bytes of region_bytes on huge pages (smaps). */
+static void cmd_pages(struct node *n)
+{
+    const struct kvt_region *r = kvt_node_region(n->node);
+    size_t huge = 0;
+    int rc = r != NULL ? kvt_region_huge_bytes(r, &huge) : -ENOENT;
+
+    if (rc != 0)
+        printf("err pages: %s\n", strerror(-rc));
+    else
+        printf("ok huge_bytes=%zu region_bytes=%zu\n", huge, r->size);
+}
+
 static void cmd_timing(struct node *n)
 {
     struct kvt_net_tier_counts c;
@@ -586,11 +605,11 @@ static void cmd_timing(struct node *n)
     printf("ok locate_rtts=%" PRIu64 " locate_rtt_ms=%.1f fetches=%" PRIu64
            " fetch_queue_ms=%.1f grants=%" PRIu64 " grant_wait_ms=%.1f read_ms=%.1f"
            " verify_ms=%.1f served_fetches=%" PRIu64 " serve_wait_ms=%.1f direct_chunks=%" PRIu64
-           " direct_misses=%" PRIu64 "\n",
+           " direct_misses=%" PRIu64 " idle_polls=%" PRIu64 " idle_poll_ms=%.1f\n",
            c.locate_rtts, (double)c.locate_rtt_ns / 1e6, c.fetches, (double)c.fetch_queue_ns / 1e6,
            c.grants, (double)c.grant_wait_ns / 1e6, (double)c.read_ns / 1e6,
            (double)c.verify_ns / 1e6, c.served_fetches, (double)c.serve_wait_ns / 1e6,
-           c.direct_chunks, c.direct_misses);
+           c.direct_chunks, c.direct_misses, c.idle_polls, (double)c.idle_poll_ns / 1e6);
 }
 
 static void cmd_rewrite(struct node *n, uint32_t seed, uint32_t first, uint32_t count, unsigned ms)
@@ -763,6 +782,8 @@ static int run(struct node *n)
                 cmd_timing(n);
             else if (strncmp(line, "cpu", 3) == 0)
                 printf("ok cpu_seconds=%.4f\n", cpu_s());
+            else if (strncmp(line, "pages", 5) == 0)
+                cmd_pages(n);
             else if (sscanf(line, "store %u %u %u", &a, &b, &c) == 3)
                 cmd_store(n, a, b, c);
             else if (sscanf(line, "load %u %u %u %u", &a, &b, &c, &d) == 4)

@@ -244,6 +244,11 @@ struct kvt_net_tier_counts {
      * of our whole primary we made to peers that asked (holder side), and how many
      * links hold one now (each ends when its link closes). */
     uint64_t direct_fetches, direct_chunks, direct_misses, direct_exposures, direct_exposed_links;
+    /* The loop's busy poll: progress calls that found no transport event while
+     * transfers were in flight, and the loop's wall time from each to the next call
+     * (what network.busy_poll_us costs), gaps over 50 us left out (the process
+     * preempted, or the loop at other work). */
+    uint64_t idle_polls, idle_poll_ns;
 };
 void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out);
 
