@@ -43,12 +43,21 @@ out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" transport --json --iters 64 --lat-
 check "transport: READs moved, latencies measured, ucx_perftest beside them" \
   '.median.read_mbps > 0 and .median.lat4k_p50_us > 0 and .median.ucx_perftest_read_mbps > 0' \
   "$out"
+mkdir -p "$SCRATCH/bufs"
+out=$(UCX_TLS=tcp UCX_NET_DEVICES=lo "$BENCH" transport --json --iters 64 --lat-iters 200 \
+        --ref-lat-iters 200 --reps 1 --chunks 64 --buffer-dir "$SCRATCH/bufs")
+check "transport --buffer-dir: READs moved between files there" '.median.read_mbps > 0' "$out"
+if [ -n "$(ls -A "$SCRATCH/bufs")" ]; then
+  echo "FAIL: transport --buffer-dir left $(ls -A "$SCRATCH/bufs")"
+  fail=1
+fi
 
 out=$("$BENCH" pull --json --chunks 256 --tls tcp --simnode "$SIMNODE" 2>/dev/null)
 check "pull: both validations (fence, checksum), fence by lease and direct, all 256 chunks hit, none corrupt, ceiling and redis beside them" \
   '(.rows | length) == 3 and ([.rows[].verify] == ["fence", "fence", "checksum"])
      and ([.rows[].fetch] == ["lease", "direct", "lease"])
-     and all(.rows[]; .hit == 256 and .corrupt == 0 and .gbps > 0 and .transport_gbps > 0)
+     and all(.rows[]; .hit == 256 and .corrupt == 0 and .gbps > 0 and .transport_gbps > 0
+             and .transport_same_pages_gbps > 0)
      and .rows[0].direct_chunks == 0 and .rows[1].direct_chunks >= 128
      and .redis_gbps > 0' "$out"
 check "pull: CPU per chunk on both sides measured, the copy beside it, NIC shares within 0..1" \
@@ -73,9 +82,10 @@ check "pull: Mooncake measured where its venv is, else absent (never failed)" \
 mkdir -p "$SCRATCH/run"
 out=$("$BENCH" pull --json --chunks 64 --tls tcp --verify fence --fetch lease --no-mooncake \
         --run-dir "$SCRATCH/run" --simnode "$SIMNODE" 2>/dev/null)
-check "pull --run-dir: the nodes ran there, every chunk hit, nothing left behind" \
+check "pull --run-dir: the nodes ran there, the ceiling's buffers too, every chunk hit, nothing left behind" \
   ".run_dir == \"$SCRATCH/run\"
-     and (.rows | length) == 1 and .rows[0].hit == 64 and .rows[0].corrupt == 0" "$out"
+     and (.rows | length) == 1 and .rows[0].hit == 64 and .rows[0].corrupt == 0
+     and .rows[0].transport_same_pages_gbps > 0" "$out"
 if [ -n "$(ls -A "$SCRATCH/run")" ]; then
   echo "FAIL: pull --run-dir left $(ls -A "$SCRATCH/run")"
   fail=1

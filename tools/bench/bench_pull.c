@@ -40,7 +40,10 @@
  * the reader's process_vm_readv pins and copies the holder's pages one by one, so the
  * output says what each side ran on (pages: the share of each primary on huge pages,
  * and the kernel's THP mode), and --run-dir on a tmpfs mounted huge=advise (or
- * hugetlbfs) runs the nodes as docs/operations.md sets a production node up.
+ * hugetlbfs) runs the nodes as docs/operations.md sets a production node up. Each
+ * selection's ceiling is also measured with its buffers as files in the nodes' run
+ * folder (`transport --buffer-dir`, the "on pages" column): the same copy on the same
+ * kind of pages as the pull's, which the anonymous ceiling is not on /dev/shm.
  *
  * CPU per pulled chunk: each node process's CPU time (every thread, user and system)
  * over the pull, per chunk, on B (the puller: its engine's calls included) and on A
@@ -245,18 +248,21 @@ static void bp_mooncake(const char *python, const char *script, unsigned n, size
 }
 
 /* Transport ceiling in GB/s from `<self> transport --json` (its median read_mbps:
- * our READs, the 32 x 2 shape) over chunks distinct chunks (0: the same 32, cached);
- * < 0 on failure. */
-static double bp_transport(const char *self, size_t size, unsigned reps, unsigned chunks)
+ * our READs, the 32 x 2 shape) over chunks distinct chunks (0: the same 32, cached),
+ * its buffers anonymous or, with buffer_dir, files there; < 0 on failure. */
+static double bp_transport(const char *self, size_t size, unsigned reps, unsigned chunks,
+                           const char *buffer_dir)
 {
-    char buf[4200], line[16384];
+    char buf[8400], line[16384];
     FILE *f;
     double mbps = -1;
 
     static const char key[] = "\"median\":{\"read_mbps\":";
 
-    snprintf(buf, sizeof(buf), "%s transport --json --size %zu --reps %u --chunks %u 2>/dev/null",
-             self, size, reps, chunks);
+    snprintf(buf, sizeof(buf),
+             "%s transport --json --size %zu --reps %u --chunks %u%s%s%s 2>/dev/null", self, size,
+             reps, chunks, buffer_dir ? " --buffer-dir '" : "", buffer_dir ? buffer_dir : "",
+             buffer_dir ? "'" : "");
     f = popen(buf, "r");
     while (f != NULL && fgets(line, sizeof(line), f) != NULL) {
         const char *s = strstr(line, key); /* ours, the 32 x 2 shape (not perftest's) */
@@ -300,6 +306,7 @@ struct bp_row {
     double huge_a, huge_b; /* fraction of A's and B's primary on huge pages, < 0 unknown */
     double ceiling;        /* the transport moving the same N distinct chunks */
     double ceiling_hot;    /* the same READs over 32 chunks that stay in the caches */
+    double ceiling_pages;  /* the same N chunks between files in the nodes' run folder */
 };
 
 static int bp_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -651,7 +658,7 @@ int kvt_bench_pull(int argc, char **argv)
      * the rows of a selection run under the same load. */
     for (size_t k = 0; k < n_tls; k++) {
         struct bp_row *first = &rows[n_rows];
-        double ceiling, ceiling_hot;
+        double ceiling, ceiling_hot, ceiling_pages;
 
         for (size_t v = 0; v < n_verify; v++) {
             for (size_t f = 0; f < n_fetch; f++) {
@@ -673,11 +680,13 @@ int kvt_bench_pull(int argc, char **argv)
             }
         }
         bp_set_tls(rows_tls[k], true);
-        ceiling = bp_transport(self, size, reps, n);
-        ceiling_hot = bp_transport(self, size, reps, 0);
+        ceiling = bp_transport(self, size, reps, n, NULL);
+        ceiling_hot = bp_transport(self, size, reps, 0, NULL);
+        ceiling_pages = bp_transport(self, size, reps, n, bp_run_dir);
         for (struct bp_row *r = first; r < &rows[n_rows]; r++) {
             r->ceiling = ceiling;
             r->ceiling_hot = ceiling_hot;
+            r->ceiling_pages = ceiling_pages;
         }
     }
     unsetenv("UCX_TLS");
@@ -719,7 +728,8 @@ int kvt_bench_pull(int argc, char **argv)
                    "\"req_lookup_to_hit_ms_p99\":%.1f,\"key_lookup_to_hit_ms_p50\":%.1f,"
                    "\"key_lookup_to_hit_ms_p99\":%.1f,\"transport_gbps\":%.3f,"
                    "\"ratio_transport\":%.3f,\"transport_cached_gbps\":%.3f,"
-                   "\"ratio_transport_cached\":%.3f,\"ratio_redis\":%.3f,"
+                   "\"ratio_transport_cached\":%.3f,\"transport_same_pages_gbps\":%.3f,"
+                   "\"ratio_transport_same_pages\":%.3f,\"ratio_redis\":%.3f,"
                    "\"puller_cpu_us_per_chunk\":%.2f,\"holder_cpu_us_per_chunk\":%.2f,"
                    "\"puller_cpu_us_per_chunk_less_copy\":%.2f,"
                    "\"holder_cpu_us_per_chunk_less_copy\":%.2f,"
@@ -735,6 +745,7 @@ int kvt_bench_pull(int argc, char **argv)
                    r->corrupt, r->requests, r->secs, r->gbps, r->req_p50, r->req_p99, r->key_p50,
                    r->key_p99, r->ceiling, r->ceiling > 0 ? r->gbps / r->ceiling : 0,
                    r->ceiling_hot, r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0,
+                   r->ceiling_pages, r->ceiling_pages > 0 ? r->gbps / r->ceiling_pages : 0,
                    redis > 0 ? r->gbps / redis : 0, r->puller_us, r->holder_us, r->puller_less_us,
                    r->holder_less_us, bp_nic_fraction(r->puller_less_us, size, 200),
                    bp_nic_fraction(r->puller_less_us, size, 400),
@@ -750,9 +761,10 @@ int kvt_bench_pull(int argc, char **argv)
     printf("pull: B pulls %u chunks of %zu B that A holds (127.0.0.1), as requests of %u keys, "
            "%u in flight\n",
            n, size, per, inflight);
-    printf("  %-8s %-8s %-6s %9s %9s %6s %9s %6s %9s %6s %13s %6s %21s %17s %10s\n", "UCX_TLS",
-           "verify", "fetch", "pull GB/s", "ceiling", "ratio", "cached", "ratio", "redis", "ratio",
-           "mooncake GB/s", "ratio", "req lookup-to-HIT ms", "key p50/p99 ms", "verify ms");
+    printf("  %-8s %-8s %-6s %9s %9s %6s %9s %6s %9s %6s %9s %6s %13s %6s %21s %17s %10s\n",
+           "UCX_TLS", "verify", "fetch", "pull GB/s", "ceiling", "ratio", "on pages", "ratio",
+           "cached", "ratio", "redis", "ratio", "mooncake GB/s", "ratio", "req lookup-to-HIT ms",
+           "key p50/p99 ms", "verify ms");
     for (size_t k = 0; k < n_rows; k++) {
         const struct bp_row *r = &rows[k];
         char mcb[16], mcr[16];
@@ -765,10 +777,12 @@ int kvt_bench_pull(int argc, char **argv)
             snprintf(mcb, sizeof(mcb), "%s", mc.status);
             snprintf(mcr, sizeof(mcr), "-");
         }
-        printf("  %-8s %-8s %-6s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %13s %6s %10.1f / %8.1f "
-               "%8.1f / %6.1f %10.1f  (%d hit, %.0f direct, %d corrupt, %d requests, %.3f s)\n",
+        printf("  %-8s %-8s %-6s %9.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %9.3f %6.3f %13s %6s "
+               "%10.1f / %8.1f %8.1f / %6.1f %10.1f  (%d hit, %.0f direct, %d corrupt, %d "
+               "requests, %.3f s)\n",
                r->tls, r->verify, r->fetch, r->gbps, r->ceiling,
-               r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_hot,
+               r->ceiling > 0 ? r->gbps / r->ceiling : 0, r->ceiling_pages,
+               r->ceiling_pages > 0 ? r->gbps / r->ceiling_pages : 0, r->ceiling_hot,
                r->ceiling_hot > 0 ? r->gbps / r->ceiling_hot : 0, redis,
                redis > 0 ? r->gbps / redis : 0, mcb, mcr, r->req_p50, r->req_p99, r->key_p50,
                r->key_p99, r->verify_ms, r->hit, r->direct, r->corrupt, r->requests, r->secs);
@@ -803,9 +817,10 @@ int kvt_bench_pull(int argc, char **argv)
                r->holder_work_us, bp_nic_fraction(r->holder_work_us, size, 200),
                bp_nic_fraction(r->holder_work_us, size, 400));
     }
-    printf("  ceiling: the transport moving the same %u distinct chunks; cached: its READs of 32 "
-           "chunks read again and again (in the caches)\n",
-           n);
+    printf("  ceiling: the transport moving the same %u distinct chunks between anonymous buffers; "
+           "on pages: the same between files in %s, the nodes' kind of pages; cached: its READs "
+           "of 32 chunks read again and again (in the caches)\n",
+           n, bp_run_dir);
     /* The copy over shared memory pins and walks the holder's pages: 512 times fewer
      * on huge pages, so say what each side ran on. */
     printf("  pages: the nodes' primaries in %s, on huge pages (A / B):", bp_run_dir);

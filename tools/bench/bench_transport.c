@@ -28,6 +28,12 @@
  *     endpoint, busy progress, p50/p99: the latency floor the 1.2x target is
  *     measured against.
  *
+ * Memory: both sides' buffers are anonymous and advised for transparent huge pages,
+ * or, with --buffer-dir DIR, MAP_SHARED mappings of (unlinked) files in DIR, as a
+ * node's primary region in its run folder: how a copy over shared memory (UCX's cma
+ * pins and walks the pages it reads) runs depends on the pages under it, so a
+ * ceiling for a pull compares like with like only on the nodes' kind of pages.
+ *
  * Our server is a fork taken before anything touches the transport library; our
  * client is a second fork, so the bench process itself never initialises UCX and
  * every repetition starts clean. Both busy-poll (as ucx_perftest does), except the
@@ -41,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -74,8 +81,41 @@ struct bt_opts {
      * chunk, remote chunk i into local chunk i, so each is moved from and into memory
      * as a pull of N distinct chunks moves them. */
     unsigned chunks;
+    const char *buffer_dir; /* NULL: anonymous buffers; else files there (Memory above) */
     bool json;
 };
+
+/* A side's buffer, zeroed (Memory above); NULL when it cannot be had. */
+static void *bt_alloc(const struct bt_opts *o, size_t bytes)
+{
+    char path[4096];
+    void *p;
+    int fd;
+
+    if (o->buffer_dir == NULL)
+        return kvt_calloc_table(bytes, 1);
+    snprintf(path, sizeof(path), "%s/kvtier-bench-buf-XXXXXX", o->buffer_dir);
+    fd = mkstemp(path);
+    if (fd < 0)
+        return NULL;
+    (void)unlink(path);
+    p = ftruncate(fd, (off_t)bytes) == 0
+            ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+            : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED)
+        return NULL;
+    (void)madvise(p, bytes, MADV_HUGEPAGE); /* as a node's region does (tiering/region.c) */
+    return p;
+}
+
+static void bt_free(const struct bt_opts *o, void *p, size_t bytes)
+{
+    if (o->buffer_dir == NULL)
+        kvt_free_table(p, bytes, 1);
+    else
+        munmap(p, bytes);
+}
 
 /* What one of our client runs measured (written through a pipe by the client). */
 struct bt_result {
@@ -152,7 +192,7 @@ static int bt_server(const struct bt_opts *o, size_t region, int ready_fd)
     };
     struct kvt_transport *tp;
     struct kvt_tp_mr *mr;
-    uint8_t *buf = kvt_calloc_table(region, 1); /* huge-page advised, as a node's primary */
+    uint8_t *buf = bt_alloc(o, region);
     uint16_t port = 0;
     int ret;
 
@@ -192,7 +232,7 @@ static int bt_server(const struct bt_opts *o, size_t region, int ready_fd)
     }
     kvt_tp_dereg(mr, tp);
     kvt_tp_close(tp);
-    kvt_free_table(buf, region, 1);
+    bt_free(o, buf, region);
     return 0;
 }
 
@@ -374,7 +414,7 @@ static int bt_client_run(const struct bt_opts *o, uint16_t port, size_t local_by
     struct kvt_transport *tp;
     struct kvt_tp_mr *local = NULL;
     struct kvt_tp_rkey *rk = NULL;
-    uint8_t *buf = kvt_calloc_table(local_bytes, 1);
+    uint8_t *buf = bt_alloc(o, local_bytes);
     int ret;
 
     if (buf == NULL)
@@ -420,7 +460,7 @@ static int bt_client_run(const struct bt_opts *o, uint16_t port, size_t local_by
         kvt_tp_dereg(local, tp);
     kvt_tp_close(tp);
 out_free:
-    kvt_free_table(buf, local_bytes, 1);
+    bt_free(o, buf, local_bytes);
     return ret;
 }
 
@@ -623,7 +663,7 @@ static int bt_usage(void)
 {
     fprintf(stderr, "usage: kvtier-bench transport [--json] [--backend ucx|verbs] [--size 262144] "
                     "[--iters N] [--lat-iters N] [--ref-lat-iters N] [--reps N] [--chunks N] "
-                    "[--addr 127.0.0.1]\n");
+                    "[--addr 127.0.0.1] [--buffer-dir DIR]\n");
     return 2;
 }
 
@@ -832,6 +872,8 @@ int kvt_bench_transport(int argc, char **argv)
             o.chunks = (unsigned)strtoul(argv[++i], NULL, 0);
         else if (i + 1 < argc && strcmp(argv[i], "--addr") == 0)
             bt_addr = argv[++i];
+        else if (i + 1 < argc && strcmp(argv[i], "--buffer-dir") == 0)
+            o.buffer_dir = argv[++i];
         else
             return bt_usage();
     }
