@@ -733,6 +733,15 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
         SAMPLE("kvtier_net_direct_exposed_links",
                "Peer links our primary and fence words are exposed to now", KVT_METRIC_GAUGE,
                c.direct_exposed_links);
+        /* The loop's busy poll: its wall time spent polling the transport with
+         * transfers in flight and nothing arriving (network.busy_poll_us bounds it);
+         * process CPU less this is the work the node did. */
+        SAMPLE("kvtier_net_idle_polls",
+               "Progress calls of the loop that found no transport event with transfers in flight",
+               KVT_METRIC_COUNTER, c.idle_polls);
+        SAMPLE("kvtier_net_idle_poll_seconds",
+               "Wall time the loop spent busy-polling the transport with transfers in flight",
+               KVT_METRIC_COUNTER, (double)c.idle_poll_ns / 1e9);
         /* network.verify: fence. Rows whose fence word had moved on (rewritten or
          * reused), was odd (being written), or could not be read: misses. */
         for (unsigned r = 0; r < KVT_NET_FENCE_N_REASONS; r++)

@@ -195,6 +195,11 @@ for i in 1 2; do
     is "node $i: kvtier_net_fence_failures_total{reason=\"$r\"} on the page" 'a >= 0' \
       "$(exact "$page" "kvtier_net_fence_failures_total{reason=\"$r\"}")"
   done
+  # The loop's busy poll with transfers in flight (CPU less it is the node's work).
+  is "node $i: kvtier_net_idle_polls_total on the page" 'a >= 0' \
+    "$(exact "$page" kvtier_net_idle_polls_total)"
+  is "node $i: kvtier_net_idle_poll_seconds_total on the page" 'a >= 0' \
+    "$(exact "$page" kvtier_net_idle_poll_seconds_total)"
   if grep -q '^vllm:kv_offload_cpu_allocation_size_bucket{le="262144"} ' "$page" &&
      grep -q '^vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier="0:primary",le="1e-05"} ' "$page" &&
      ! grep -q '^vllm:kv_offload_tiering_lookup_sync_delay_seconds_bucket{tier="0:primary",le="1e-06"} ' "$page"; then
