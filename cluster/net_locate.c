@@ -19,10 +19,8 @@
  * one (direct reads, network.fetch), which the requester keeps with the holder. */
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
@@ -37,12 +35,10 @@ bool kvt__nt_holder_live(struct net_tier *nt, const struct holder *h)
            kvt_members_is_live(kvt_peers_members(nt->peers), h->node_id, h->incarnation);
 }
 
-static void lr_unref_locked(struct locate_req *r)
+static void lr_free(struct locate_req *r)
 {
-    if (--r->refs == 0) {
-        kvt_free(r->keys);
-        kvt_free(r);
-    }
+    kvt_free(r->keys);
+    kvt_free(r);
 }
 
 int kvt__nt_lookup_submit(void *arg, const struct kvt_key *keys, size_t n, bool *found, void *token)
@@ -61,40 +57,28 @@ int kvt__nt_lookup_submit(void *arg, const struct kvt_key *keys, size_t n, bool 
     r->n = n;
     r->found = found;
     r->token = token;
-    r->refs = 1;
     /* No wake-up: the flush that called us runs on the loop, whose progress right
      * after (nt_on_schedule_end) takes the queue and sends the LOCATEs. */
-    pthread_mutex_lock(&nt->mu);
     *nt->lq_tail = r;
     nt->lq_tail = &r->next;
-    pthread_mutex_unlock(&nt->mu);
     return 0;
 }
 
-/* Lets go of r; its token, if it was the last holder, completes with what r->found
- * holds (the keys not written stay not found). */
-static void lr_unref(struct net_tier *nt, struct locate_req *r)
+/* r is answered (the keys not written stay not found): completes the helper's item
+ * and frees r. */
+static void lr_done(struct net_tier *nt, struct locate_req *r)
 {
-    void *token;
+    void *token = r->token;
 
-    pthread_mutex_lock(&nt->mu);
-    token = r->refs == 1 ? r->token : NULL;
-    lr_unref_locked(r);
-    pthread_mutex_unlock(&nt->mu);
-    if (token != NULL)
-        kvt_async_lookup_complete(nt->al, token);
+    lr_free(r);
+    kvt_async_lookup_complete(nt->al, token);
 }
 
 /* Loop: the op is answered (or abandoned); hand the verdicts over, drop the op. */
 static void nt_locate_op_done(struct net_tier *nt, struct locate_op *op)
 {
-    pthread_mutex_lock(&nt->mu);
-    if (op->req->found != NULL) {
-        memcpy(op->req->found, op->found, op->req->n * sizeof(bool));
-        op->req->state = LR_DONE;
-    }
-    pthread_mutex_unlock(&nt->mu);
-    lr_unref(nt, op->req);
+    memcpy(op->req->found, op->found, op->req->n * sizeof(bool));
+    lr_done(nt, op->req);
     kvt_map_remove_u64(&nt->locate_ops, op->id);
     kvt_free(op->found);
     kvt_free(op);
@@ -145,20 +129,9 @@ void kvt__nt_take_locates(struct net_tier *nt)
     uint64_t live[NT_MAX_NODES];
     size_t n_live;
 
-    pthread_mutex_lock(&nt->mu);
-    if (nt->woken) {
-        uint64_t one;
-
-        if (read(nt->wake_fd, &one, sizeof(one)) < 0) { /* EAGAIN: already read */
-        }
-        nt->woken = false;
-    }
     list = nt->lq_head;
     nt->lq_head = NULL;
     nt->lq_tail = &nt->lq_head;
-    for (struct locate_req *r = list; r != NULL; r = r->next)
-        r->state = LR_TAKEN;
-    pthread_mutex_unlock(&nt->mu);
     if (list == NULL)
         return;
     n_live = kvt_peers_live(nt->peers, live, NT_MAX_NODES);
@@ -177,7 +150,7 @@ void kvt__nt_take_locates(struct net_tier *nt)
             if (op != NULL)
                 kvt_free(op->found);
             kvt_free(op);
-            lr_unref(nt, r); /* every key not found */
+            lr_done(nt, r); /* every key not found */
             continue;
         }
         op->id = nt->next_id++;
@@ -356,13 +329,13 @@ void kvt__nt_locate_cleanup(struct net_tier *nt)
         struct locate_req *r = nt->lq_head;
 
         nt->lq_head = r->next;
-        lr_unref_locked(r);
+        lr_free(r);
     }
     nt->lq_tail = &nt->lq_head;
     while (kvt_map_next(&nt->locate_ops, &it, &e)) {
         struct locate_op *op = e->value;
 
-        lr_unref_locked(op->req);
+        lr_free(op->req);
         kvt_free(op->found);
     }
     kvt__nt_free_map(&nt->locate_ops);

@@ -7,11 +7,10 @@
  * state, and which thread touches what, is net_tier_int.h.
  *
  * Everything runs on the loop thread: the async lookup helper has no worker here
- * (submit mode); its flush queues the keys through nt->mu, the loop answers from
+ * (submit mode); its flush queues the keys on the loop, which answers from
  * LOCATE_REPLYs and its own directory and completes the helper's item. */
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -359,7 +358,7 @@ static bool nt_has_pending_work(struct kvt_tier *t)
     return nt_has_local_work(nt) || nt_in_flight(nt);
 }
 
-/* The loop's hooks: the lookup worker's eventfd and the peer links' transport fd;
+/* The loop's hooks: the tier's wake eventfd and the peer links' transport fd;
  * the loop may sleep only with the transport armed, and with transfers in flight
  * only after busy_poll_us without an event (nt_arm). */
 static size_t nt_event_fds(struct kvt_tier *t, int *fds, size_t cap)
@@ -541,10 +540,6 @@ static int nt_shutdown(struct kvt_tier *t)
 
     if (nt->shut)
         return 0;
-    pthread_mutex_lock(&nt->mu);
-    nt->stopping = true;
-    pthread_cond_broadcast(&nt->cv);
-    pthread_mutex_unlock(&nt->mu);
     kvt_async_lookup_shutdown(nt->al);
     nt->shut = true;
     nt_drain_jobs(t);
@@ -591,8 +586,6 @@ static void nt_destroy(struct kvt_tier *t)
     kvt_directory_destroy(nt->dir);
     kvt_stats_cleanup(&nt->phases);
     close(nt->wake_fd);
-    pthread_cond_destroy(&nt->cv);
-    pthread_mutex_destroy(&nt->mu);
     kvt_free(nt);
 }
 
@@ -619,7 +612,6 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
 {
     struct net_tier *nt;
     struct kvt_peers_handlers h;
-    pthread_condattr_t ca;
     int rc;
 
     if (cfg == NULL || cfg->peers == NULL || cfg->primary == NULL || t_p == NULL ||
@@ -661,11 +653,6 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     kvt_list_init(&nt->into_done);
     kvt_list_init(&nt->exposures);
     nt->next_republish_ns = kvt_now_ns() + ms_ns(nt->cfg.record_ttl_ms) / 2;
-    pthread_mutex_init(&nt->mu, NULL);
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&nt->cv, &ca);
-    pthread_condattr_destroy(&ca);
     kvt_map_init(&nt->locate_ops);
     kvt_map_init(&nt->locate_parts);
     kvt_map_init(&nt->holders);
@@ -699,8 +686,6 @@ fail:
         kvt_directory_destroy(nt->dir);
     if (nt->wake_fd >= 0)
         close(nt->wake_fd);
-    pthread_cond_destroy(&nt->cv);
-    pthread_mutex_destroy(&nt->mu);
     kvt_free(nt);
     return rc;
 }

@@ -12,8 +12,8 @@
  * Threads: everything runs on the loop thread (the manager's scheduler thread; the
  * transport's callbacks run inside its progress, on the same thread). The async
  * lookup helper has no worker here (kvt_async_lookup_create_submit): its flush hands
- * a step's keys to kvt__nt_lookup_submit on the loop thread; the fields marked
- * "under mu" keep their lock for the helper's completions. */
+ * a step's keys to kvt__nt_lookup_submit on the loop thread, so nothing here takes
+ * a lock (the helper locks its own lists in kvt_async_lookup_complete). */
 #ifndef KVT_NET_TIER_INT_H
 #define KVT_NET_TIER_INT_H
 
@@ -43,18 +43,16 @@
  * busy_poll_us of the transport's last event: nt_arm). */
 #define NT_DIRECT_AWAKE_NS (20 * MS)
 
-/* ---- shared with the lookup worker (under nt->mu) ------------------------------ */
+/* ---- the lookups' LOCATEs ------------------------------------------------------- */
 
-enum { LR_QUEUED, LR_TAKEN, LR_DONE };
-
+/* A step's lookup keys, queued by kvt__nt_lookup_submit until the loop sends their
+ * LOCATEs; then owned by its locate_op until answered. */
 struct locate_req {
     struct locate_req *next;
-    struct kvt_key *keys; /* a copy; the loop reads it while TAKEN */
+    struct kvt_key *keys; /* a copy */
     size_t n;
-    bool *found; /* the helper's item's, written by the loop under mu, then DONE */
+    bool *found; /* the helper's item's: the verdicts, written when answered */
     void *token; /* the helper's item (kvt_async_lookup_complete) */
-    int state;
-    int refs; /* the loop's */
 };
 
 /* ---- loop-side state ----------------------------------------------------------- */
@@ -241,12 +239,9 @@ struct nt_peer {
 };
 
 /* The tier. Owns every map's values, the directory, the async lookup helper, the
- * wake eventfd and the primary region's registrations; not the peers or the
- * primary. Who touches what:
- *   fixed after create   base (the manager fills its primary fields at adoption),
- *                        cfg, peers, primary, al, self, wake_fd
- *   under mu             lq_head, lq_tail, stopping, woken
- *   loop thread only     everything else, without a lock */
+ * wake eventfd and the primary region's registrations; not the peers or the primary. The manager
+ * fills base's primary fields at adoption; the loop thread touches everything else,
+ * without a lock. */
 struct net_tier {
     struct kvt_tier base;
     struct kvt_net_tier_config cfg;
@@ -256,23 +251,16 @@ struct net_tier {
     struct kvt_directory *dir; /* loop: the records of the keys homed here */
     uint64_t self;
 
-    pthread_mutex_t mu;
-    pthread_cond_t cv;                     /* the loop answered a locate_req, or stopping */
-    struct locate_req *lq_head, **lq_tail; /* under mu: queued by kvt__nt_lookup_submit */
-    bool stopping;                         /* under mu */
-    int wake_fd;
-    bool woken; /* under mu: wake_fd was written and not yet read (one read a wake,
-                   not one read per poll) */
-
-    /* Loop thread only from here on. */
-    struct kvt_map locate_ops;   /* id -> locate_op (net_locate.c) */
-    struct kvt_map locate_parts; /* wire id -> locate_part (net_locate.c) */
-    struct kvt_map holders;      /* key -> holder: who to fetch a found key from */
-    struct kvt_map fetches;      /* id -> fetch (net_fetch.c) */
-    struct kvt_map leases;       /* id -> lease (net_serve.c) */
-    struct kvt_map nodes;        /* node id -> nt_peer */
-    struct kvt_map published;    /* key -> (void *)1: what we told homes we hold */
-    uint64_t next_id;            /* locate ops and parts, fetches, leases */
+    struct locate_req *lq_head, **lq_tail; /* queued by kvt__nt_lookup_submit */
+    int wake_fd;                           /* kvt_net_tier_wake_fd */
+    struct kvt_map locate_ops;             /* id -> locate_op (net_locate.c) */
+    struct kvt_map locate_parts;           /* wire id -> locate_part (net_locate.c) */
+    struct kvt_map holders;                /* key -> holder: who to fetch a found key from */
+    struct kvt_map fetches;                /* id -> fetch (net_fetch.c) */
+    struct kvt_map leases;                 /* id -> lease (net_serve.c) */
+    struct kvt_map nodes;                  /* node id -> nt_peer */
+    struct kvt_map published;              /* key -> (void *)1: what we told homes we hold */
+    uint64_t next_id;                      /* locate ops and parts, fetches, leases */
     uint64_t next_expire_ns, next_dir_expire_ns;
 
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */

@@ -182,6 +182,23 @@ static void free_state(struct kvt_async_lookup *al, const struct kvt_key *key)
 
 /* ---------------------------------------------------------------- worker */
 
+/* The tier's call for n keys failed (the caller marks them not found). */
+static void warn_failed(const struct kvt_async_lookup *al, size_t n, int rc)
+{
+    char buf[64];
+
+    kvt_warn(MOD, "batch_lookup failed on tier %s for %zu keys: %s", al->tier_type, n,
+             strerror_r(-rc, buf, sizeof(buf)));
+}
+
+/* Under the lock: it is answered, onto the results (idle_cv is the caller's). */
+static void item_answered_locked(struct kvt_async_lookup *al, struct al_item *it)
+{
+    kvt_list_add_tail(&al->results, &it->node);
+    al->n_results++;
+    al->done++;
+}
+
 static void run_item(struct kvt_async_lookup *al, struct al_item *it)
 {
     for (size_t g = 0; g < it->n_groups; g++) {
@@ -190,9 +207,7 @@ static void run_item(struct kvt_async_lookup *al, struct al_item *it)
         int rc = al->fn(al->arg, it->keys + grp->first, grp->n, grp->ctx, found);
 
         if (rc < 0) {
-            char buf[64];
-            kvt_warn(MOD, "batch_lookup failed on tier %s for %zu keys: %s", al->tier_type, grp->n,
-                     strerror_r(-rc, buf, sizeof(buf)));
+            warn_failed(al, grp->n, rc);
             memset(found, 0, grp->n * sizeof(*found));
         }
     }
@@ -211,9 +226,7 @@ static void run_items_spans(struct kvt_async_lookup *al, struct al_item **items,
     }
     rc = al->spans_fn(al->arg, spans, n);
     if (rc < 0) {
-        char buf[64];
-        kvt_warn(MOD, "batch_lookup failed on tier %s for %zu keys: %s", al->tier_type, keys,
-                 strerror_r(-rc, buf, sizeof(buf)));
+        warn_failed(al, keys, rc);
         for (size_t i = 0; i < n; i++)
             memset(items[i]->found, 0, items[i]->n * sizeof(bool));
     }
@@ -260,11 +273,8 @@ static void *worker_main(void *p)
             run_item(al, items[0]);
 
         pthread_mutex_lock(&al->lock);
-        for (size_t i = 0; i < n; i++) {
-            kvt_list_add_tail(&al->results, &items[i]->node);
-            al->n_results++;
-            al->done++;
-        }
+        for (size_t i = 0; i < n; i++)
+            item_answered_locked(al, items[i]);
         pthread_cond_broadcast(&al->idle_cv);
     }
     al->alive = false;
@@ -531,10 +541,8 @@ void kvt_async_lookup_complete(struct kvt_async_lookup *al, void *token)
     struct al_item *it = token;
 
     pthread_mutex_lock(&al->lock);
-    kvt_list_del(&it->node);
-    kvt_list_add_tail(&al->results, &it->node);
-    al->n_results++;
-    al->done++;
+    kvt_list_del(&it->node); /* off inflight */
+    item_answered_locked(al, it);
     pthread_cond_broadcast(&al->idle_cv);
     pthread_mutex_unlock(&al->lock);
 }
@@ -550,10 +558,7 @@ static void submit_item(struct kvt_async_lookup *al, struct al_item *it)
     pthread_mutex_unlock(&al->lock);
     rc = al->submit_fn(al->arg, it->keys, it->n, it->found, it);
     if (rc < 0) {
-        char buf[64];
-
-        kvt_warn(MOD, "batch_lookup failed on tier %s for %zu keys: %s", al->tier_type, it->n,
-                 strerror_r(-rc, buf, sizeof(buf)));
+        warn_failed(al, it->n, rc);
         memset(it->found, 0, it->n * sizeof(bool));
         kvt_async_lookup_complete(al, it);
     }

@@ -159,10 +159,11 @@ struct kvt_net_tier_config {
 int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
 
 /* Progress between schedule ends (the daemon's idle tick; tests): peer messages,
- * locate requests from the lookup worker, READ completions, publishes, leases. */
+ * the lookups' LOCATEs queued, READ completions, publishes, leases. */
 int kvt_net_tier_poll(struct kvt_tier *t);
-/* An eventfd that wakes the loop when a LOCATE waits to be sent (in the loop's event
- * set; the lookups queue theirs on the loop thread, just before its progress). */
+/* The tier's wake eventfd, in the loop's event set. Nothing writes it since the
+ * lookups queue their LOCATEs on the loop thread, just before its progress; it stays
+ * because callers count on the event set (the transport's fd and this one). */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
 /* A count that moves whenever work waits for the next schedule end: a peer's FETCH
  * parked for the serving loop, a load of ours ended and not yet reported. A loop
