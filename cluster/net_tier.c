@@ -167,6 +167,9 @@ void kvt__net_tier_test_omit_fences(struct kvt_tier *t)
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d)
 {
     kvt_list_add_tail(&nt->done, &d->link);
+    /* Reported at the next schedule end; until then the tier does not arm (a lease's
+     * rows stay pinned, the loop polls): news, for the loop to step now. */
+    nt->news++;
 }
 
 static void nt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)

@@ -266,7 +266,7 @@ struct net_tier {
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
     struct kvt_list done;     /* nt_done of ended jobs, reported by get_finished_jobs */
-    uint64_t news;            /* FETCHes parked, loads ended (kvt_net_tier_news) */
+    uint64_t news;            /* FETCHes parked, jobs ended (kvt_net_tier_news) */
     uint64_t lookup_first_ns; /* the first new key of this step's lookups (0: none) */
     struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
     bool republish_all;
@@ -353,7 +353,7 @@ void kvt__nt_keyvec_free(struct keyvec *kv);
  * (a reply). A message that could not be sent is counted and logged. */
 int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
                  const struct kvt_wire_msg *m);
-/* The job of d ended: d is filled in, queued for get_finished_jobs. */
+/* The job of d ended: d is filled in, queued for get_finished_jobs (news). */
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d);
 /* The per-peer state of node, created on first use; NULL when out of memory. */
 struct nt_peer *kvt__nt_peer_get(struct net_tier *nt, uint64_t node);

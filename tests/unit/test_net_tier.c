@@ -23,6 +23,7 @@
 #include "kvt/net_tier.h"
 #include "kvt/net_tier_test.h"
 #include "kvt/peers.h"
+#include "kvt/placement.h"
 #include "kvt/primary.h"
 #include "kvt/stats.h"
 
@@ -1590,6 +1591,129 @@ static void test_direct_exposed_to_authenticated_askers_only(void **state)
     tn_stop(&a);
 }
 
+/* ---- lookups whose LOCATEs are not answered ------------------------------------ */
+
+/* n keys from first on whose home, among A and B, is A (LOCATEs to A). */
+static void keys_homed_on_a(uint32_t first, struct kvt_key *keys, size_t n)
+{
+    const uint64_t ids[2] = {0xA, 0xB};
+
+    for (size_t got = 0; got < n; first++) {
+        key_of(first, &keys[got]);
+        if (kvt_hrw_home(&keys[got], ids, 2) == 0)
+            got++;
+    }
+}
+
+/* B's lookups of keys (none held) for up to ms, stepping B alone: true when every
+ * one answered MISS, and none answered anything but RETRY before. */
+static bool b_alone_until_missed(struct tn *b, const struct kvt_key *keys, size_t n,
+                                 struct kvt_req_ctx *ctx, unsigned ms)
+{
+    uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull;
+    int res[16];
+    size_t left = n;
+
+    assert_true(n <= KVT_ARRAY_SIZE(res));
+    for (size_t i = 0; i < n; i++)
+        res[i] = -1;
+    while (left > 0 && kvt_now_ns() < end) {
+        for (size_t i = 0; i < n; i++) {
+            enum kvt_lookup_result r;
+
+            if (res[i] >= 0)
+                continue;
+            r = kvt_manager_lookup(b->m, &keys[i], ctx);
+            if (r == KVT_RETRY)
+                continue;
+            if (r != KVT_MISS)
+                return false;
+            res[i] = (int)r;
+            left--;
+        }
+        kvt_manager_on_schedule_end(b->m, NULL);
+        usleep(100);
+    }
+    return left == 0;
+}
+
+/* A home that does not answer: B's lookups RETRY until the LOCATE's deadline, then
+ * MISS (a failed lookup is a miss); the answer that comes after is refused and
+ * counted, and changes nothing. B stopped with LOCATEs in flight frees them (the
+ * sanitizer's leak check), and so does A stopped with LOCATEs of B's parked. */
+static void test_locates_unanswered_then_late(void **state)
+{
+    struct kvt_net_tier_config nc = {.locate_timeout_ms = 200};
+    struct kvt_net_tier_counts cb;
+    struct tn a, b;
+    struct kvt_key keys[8];
+    struct kvt_req_ctx *ctx;
+    uint64_t t0;
+
+    (void)state;
+    tn_start_cfg(&a, 0xA, 0, &nc);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    keys_homed_on_a(7000, keys, 8);
+
+    /* A is not stepped: its answer never comes in time. */
+    ctx = new_req(&b);
+    t0 = kvt_now_ns();
+    assert_true(b_alone_until_missed(&b, keys, 8, ctx, 5000));
+    assert_true(kvt_now_ns() - t0 >= 150ull * 1000000ull); /* not before the deadline */
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.locates, 8);
+    assert_true(cb.locate_timeouts >= 1);
+    assert_int_equal(cb.refused, 0);
+    /* Now A answers: too late, refused and counted; the verdicts stay misses. */
+    assert_true(WAIT_FOR(5000, (kvt_net_tier_counts(b.net, &cb), cb.refused >= 1)));
+    for (size_t i = 0; i < 8; i++)
+        assert_int_equal(kvt_manager_lookup(b.m, &keys[i], ctx), KVT_MISS);
+    end_req(&b, ctx);
+
+    /* LOCATEs in flight to A (not stepped), then B stops. */
+    keys_homed_on_a(8000, keys, 8);
+    ctx = new_req(&b);
+    for (size_t i = 0; i < 8; i++)
+        assert_int_equal(kvt_manager_lookup(b.m, &keys[i], ctx), KVT_RETRY);
+    kvt_manager_on_schedule_end(b.m, NULL); /* they leave */
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.locates, 16);
+    kvt_req_ctx_unref(ctx); /* the request is never finished */
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* The home dies with B's LOCATEs in flight: they end by their deadline, MISS. */
+static void test_locates_in_flight_when_the_home_dies(void **state)
+{
+    struct kvt_net_tier_config nc = {.locate_timeout_ms = 200};
+    struct kvt_net_tier_counts cb;
+    struct tn a, b;
+    struct kvt_key keys[8];
+    struct kvt_req_ctx *ctx;
+
+    (void)state;
+    tn_start_cfg(&a, 0xA, 0, &nc);
+    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    keys_homed_on_a(9000, keys, 8);
+    ctx = new_req(&b);
+    for (size_t i = 0; i < 8; i++)
+        assert_int_equal(kvt_manager_lookup(b.m, &keys[i], ctx), KVT_RETRY);
+    kvt_manager_on_schedule_end(b.m, NULL); /* they leave */
+    tn_stop(&a);
+    assert_true(b_alone_until_missed(&b, keys, 8, ctx, 5000));
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.locates, 8);
+    end_req(&b, ctx);
+    tn_stop(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1613,6 +1737,8 @@ int main(void)
         cmocka_unit_test(test_fetch_into_fence_refuses_rewritten_rows),
         cmocka_unit_test(test_fetch_into_checksum_refuses_rewritten_rows),
         cmocka_unit_test(test_fetch_into_region_removed_in_flight),
+        cmocka_unit_test(test_locates_unanswered_then_late),
+        cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

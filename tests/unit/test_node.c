@@ -433,6 +433,16 @@ static void test_fetch_served_before_the_tick(void **state)
     assert_true(t0 != 0);
     /* Without the steps on news the holder would GRANT at its tick, 10 s later. */
     assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    /* B's RELEASE ends A's lease: its store job (the rows it pinned) is reported, and
+     * A's loop may sleep again, at once rather than at A's tick (until then the tier
+     * would not arm, with a job to report: the loop would spin for 10 s). */
+    end = kvt_now_ns() + 2000000000ull;
+    do
+        run_loops(a, b, 5);
+    while ((kvt_manager_num_jobs(kvt_node_manager(a)) > 0 || kvt_node_timeout_ms(a) == 0) &&
+           kvt_now_ns() < end);
+    assert_int_equal(kvt_manager_num_jobs(kvt_node_manager(a)), 0);
+    assert_true(kvt_node_timeout_ms(a) > 0);
     kvt_manager_on_request_finished(m, ctx);
     kvt_req_ctx_unref(ctx);
     kvt_node_close(b);

@@ -166,7 +166,8 @@ int kvt_net_tier_poll(struct kvt_tier *t);
  * because callers count on the event set (the transport's fd and this one). */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
 /* A count that moves whenever work waits for the next schedule end: a peer's FETCH
- * parked for the serving loop, a load of ours ended and not yet reported. A loop
+ * parked for the serving loop, a job ended and not yet reported (a load of ours, a
+ * peer's lease and the rows it pinned, a store's record). A loop
  * that steps the manager when it moved serves and reports them at once, not at its
  * next tick. */
 uint64_t kvt_net_tier_news(const struct kvt_tier *t);
