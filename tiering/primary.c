@@ -1001,6 +1001,20 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     }
     new_hash = p->miss_hash + n;
     miss_hash = p->miss_hash;
+    /* The entries (both lines) and fence words of the fresh slots the first
+     * insertions take, requested for writing before the finds: each insertion's
+     * entry write missed once per key and filled the store buffer that the call's
+     * full fence then drains. (In the call, not in a helper of its own: GCC takes a
+     * function of prefetches alone for one without effects and drops the call.)
+     * Slots from the free list are a store's victims, in cache from the eviction. */
+    for (size_t s = p->num_allocated,
+                e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
+         s < e; s++) {
+        __builtin_prefetch(&p->e[s], 1);
+        __builtin_prefetch((const char *)(&p->e[s] + 1) - 1, 1);
+        if (s % 16 == 0 || s + 1 == e)
+            __builtin_prefetch((const void *)&p->fence[s], 1);
+    }
 
     /* Protect every offered key (present ones keep their place whatever happens)
      * and collect the absent ones, once each. The request's access records, in
