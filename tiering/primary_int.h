@@ -15,9 +15,6 @@
 #include <stdint.h>
 #include <stdbool.h>
 #include <string.h>
-#ifdef __SSE2__
-#include <emmintrin.h>
-#endif
 
 #include "kvt/primary.h"
 #include "kvt/stats.h"
@@ -155,25 +152,13 @@ static inline bool pr_key_ok(const struct kvt_key *k)
     return k->len >= 1 && k->len <= KVT_KEY_MAX;
 }
 
-/* Whether len bytes at a and b are equal, inline: 16 bytes at a time where SSE2
- * is (else 8), the last block overlapping the one before (keys are 36 bytes in
- * vLLM: three blocks; a call to memcmp and its length dispatch cost more than the
- * compare on every hit). */
+/* Whether len bytes at a and b are equal, inline: 8 bytes at a time, the last word
+ * overlapping the one before (keys are 36 bytes in vLLM; a call to memcmp and its
+ * length dispatch cost more than the compare on every hit). */
 static inline bool pr_bytes_eq(const uint8_t *a, const uint8_t *b, size_t len)
 {
     uint64_t x, y, diff = 0;
 
-#ifdef __SSE2__
-    if (len >= 16) {
-        __m128i d = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(a + len - 16)),
-                                  _mm_loadu_si128((const __m128i *)(b + len - 16)));
-
-        for (size_t i = 0; i + 16 < len; i += 16)
-            d = _mm_or_si128(d, _mm_xor_si128(_mm_loadu_si128((const __m128i *)(a + i)),
-                                              _mm_loadu_si128((const __m128i *)(b + i))));
-        return _mm_movemask_epi8(_mm_cmpeq_epi8(d, _mm_setzero_si128())) == 0xffff;
-    }
-#endif
     if (len < 8)
         return memcmp(a, b, len) == 0;
     for (size_t i = 0; i + 8 < len; i += 8) {
