@@ -15,11 +15,16 @@
  * A request's access is a table of the distinct keys it saw, in first-seen
  * order, each with its KV cache group and what the request did with it
  * (inserted, reused, missed on store). At finish the keys are ordered by group
- * (stable), given their kinds and handed to the policy once; the table is then
- * freed. Each record keeps the slot where the key was last seen and that slot's
- * generation, so a key still there is found without the index; one that left is
- * looked up again, unless only this request has inserted anything since it was
- * seen (then it is known absent: the request's own inserts update its records).
+ * (stable), given their kinds and handed to the policy once; the arrays then go
+ * to the next request. Each record keeps the slot where the key was last seen and
+ * that slot's generation, so a key still there is found without the index; one
+ * that left is looked up again, unless only this request has inserted anything
+ * since it was seen (then it is known absent: the request's own inserts update
+ * its records). The records' hash table is filled only when a find needs it: a
+ * store's absent keys are appended without one while no key the request recorded
+ * can have left (no store of its failed, no entry released since its first
+ * record), for then an absent key has no record; a scan of the call's own new
+ * keys, behind a 256-bit filter of their hashes, dedups them instead.
  *
  * Fence words (seqlock order). Each slot has a 32-bit word, in an array of its own
  * that the network tier registers for peers' one-sided READs. The word turns odd
@@ -101,9 +106,10 @@ static inline size_t pr_home(const struct kvt_primary *p, uint64_t h)
 
 /* The slot of key (hash h), or PR_NIL with *end the empty cell that ended its
  * probe run: where an insertion of the key goes while the table only gains cells
- * (every cell from the key's home up to *end stays full). */
-static uint32_t pr_find_end(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h,
-                            size_t *end)
+ * (every cell from the key's home up to *end stays full). Inlined: a call per key
+ * cost more instructions than a find that ends at its first cell. */
+__attribute__((always_inline)) static inline uint32_t
+pr_find_end(const struct kvt_primary *p, const struct kvt_key *key, uint64_t h, size_t *end)
 {
     for (size_t i = pr_home(p, h);; i = kvt_oa_next(i, p->index_size)) {
         uint64_t v = p->index[i];
@@ -220,6 +226,16 @@ struct kvt_primary_access {
     size_t n, cap;
     uint32_t *tab; /* open addressing by hash: index into k + 1, 0 empty */
     size_t tab_mask;
+    /* k[0 .. tab_n) are in tab (none when 0: the table is all empty); the rest join
+     * it when a find needs it (acc_tab_sync). A store of keys no record can hold
+     * appends without it (acc_all_present). */
+    size_t tab_n;
+    /* Every record's key was present when recorded (none was left absent by a
+     * store that failed), and the primary's count of releases was rel_at then:
+     * while it still is, every recorded key is present, so an absent key has no
+     * record. */
+    bool all_in;
+    uint64_t rel_at;
     uint32_t stamp; /* bumped by each prepare_store (its dedup of the keys to store) */
     /* [own_from, own_to): the last run of the primary's inserts that were all this
      * access's own (none by anyone else in between). While the primary's count is
@@ -239,7 +255,11 @@ static uint32_t pr_key_group(const struct kvt_key *k)
 {
     uint32_t g = 0;
 
-    for (size_t i = k->len > 4 ? k->len - 4 : 0; i < k->len; i++)
+    if (k->len >= 4) { /* one load, not a loop of four (every record takes one) */
+        memcpy(&g, k->bytes + k->len - 4, 4);
+        return __builtin_bswap32(g);
+    }
+    for (size_t i = 0; i < k->len; i++)
         g = g << 8 | k->bytes[i];
     return g;
 }
@@ -260,7 +280,7 @@ static void acc_release(struct kvt_primary_access *acc)
     kvt_free(acc->tab);
     acc->k = NULL;
     acc->tab = NULL;
-    acc->n = acc->cap = acc->tab_mask = 0;
+    acc->n = acc->cap = acc->tab_mask = acc->tab_n = 0;
     acc->last_n = 0;
     acc->many_groups = false;
 }
@@ -278,6 +298,7 @@ static void acc_recycle(struct kvt_primary *p, struct kvt_primary_access *acc)
         p->spare_tab = acc->tab;
         p->spare_cap = acc->cap;
         p->spare_tab_mask = acc->tab_mask;
+        p->spare_tab_clean = acc->tab_n == 0;
         acc->k = NULL;
         acc->tab = NULL;
         acc->cap = acc->tab_mask = 0;
@@ -286,7 +307,7 @@ static void acc_recycle(struct kvt_primary *p, struct kvt_primary_access *acc)
 }
 
 /* An access with no records takes p's spare arrays when they hold want records:
- * the table is cleared (it indexes the records of the access that left them). */
+ * the table is cleared when the access that left them put records in it. */
 static bool acc_adopt_spare(struct kvt_primary *p, struct kvt_primary_access *acc, size_t want)
 {
     if (acc->n != 0 || p->spare_cap < want)
@@ -297,7 +318,9 @@ static bool acc_adopt_spare(struct kvt_primary *p, struct kvt_primary_access *ac
     acc->tab = p->spare_tab;
     acc->cap = p->spare_cap;
     acc->tab_mask = p->spare_tab_mask;
-    memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+    acc->tab_n = 0;
+    if (!p->spare_tab_clean)
+        memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
     p->spare_k = NULL;
     p->spare_tab = NULL;
     p->spare_cap = p->spare_tab_mask = 0;
@@ -324,8 +347,11 @@ static void acc_bind(const struct kvt_primary *p, struct kvt_primary_access *acc
     acc->n = 0;
     acc->last_n = 0;
     acc->own_from = acc->own_to = p->inserts;
-    if (acc->tab != NULL)
+    acc->all_in = true;
+    acc->rel_at = p->releases;
+    if (acc->tab != NULL && acc->tab_n > 0)
         memset(acc->tab, 0, (acc->tab_mask + 1) * sizeof(*acc->tab));
+    acc->tab_n = 0;
 }
 
 static void acc_tab_put(struct kvt_primary_access *acc, uint32_t idx)
@@ -335,6 +361,19 @@ static void acc_tab_put(struct kvt_primary_access *acc, uint32_t idx)
     while (acc->tab[i] != 0)
         i = (i + 1) & acc->tab_mask;
     acc->tab[i] = idx + 1;
+}
+
+/* Puts the records the table lacks into it, before a find. */
+static void acc_tab_sync(struct kvt_primary_access *acc)
+{
+    for (; acc->tab_n < acc->n; acc->tab_n++)
+        acc_tab_put(acc, (uint32_t)acc->tab_n);
+}
+
+/* Whether no record of acc can be of an absent key (see all_in). */
+static bool acc_all_present(const struct kvt_primary *p, const struct kvt_primary_access *acc)
+{
+    return acc->all_in && acc->rel_at == p->releases;
 }
 
 /* Room for extra more keys, so that recording never fails half-way. */
@@ -365,7 +404,7 @@ static int acc_reserve(struct kvt_primary *p, struct kvt_primary_access *acc, si
     acc->tab = tab;
     acc->tab_mask = tab_cap - 1;
     acc->cap = want;
-    for (size_t i = 0; i < acc->n; i++)
+    for (size_t i = 0; i < acc->tab_n; i++)
         acc_tab_put(acc, (uint32_t)i);
     return 0;
 }
@@ -381,19 +420,11 @@ static void acc_next_stamp(struct kvt_primary_access *acc)
     acc->stamp = 1;
 }
 
-/* The index of key in acc, recorded as seen if it was not (room reserved). */
-static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+/* A new record of key (room reserved), not yet in the table; its index. */
+static uint32_t acc_append(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
 {
-    size_t i = (size_t)h & acc->tab_mask;
-    uint32_t idx;
+    uint32_t idx = (uint32_t)acc->n++;
 
-    for (uint32_t v; (v = acc->tab[i]) != 0; i = (i + 1) & acc->tab_mask) {
-        const struct pr_acc_key *x = &acc->k[v - 1];
-
-        if (x->hash == h && pr_key_eq(&x->key, key))
-            return v - 1;
-    }
-    idx = (uint32_t)acc->n++;
     acc->k[idx].hash = h;
     acc->k[idx].group = pr_key_group(key);
     acc->k[idx].slot = PR_NIL;
@@ -401,19 +432,37 @@ static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *ke
     acc->k[idx].stamp = 0;   /* stamps start at 1 */
     acc->k[idx].flags = 0;
     acc->k[idx].key = *key;
-    acc->tab[i] = idx + 1;
     if (idx > 0 && acc->k[idx].group != acc->k[0].group)
         acc->many_groups = true;
     return idx;
 }
 
+/* The index of key in acc, recorded as seen if it was not (room reserved). */
+static uint32_t acc_see(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+{
+    size_t i;
+
+    acc_tab_sync(acc);
+    i = (size_t)h & acc->tab_mask;
+    for (uint32_t v; (v = acc->tab[i]) != 0; i = (i + 1) & acc->tab_mask) {
+        const struct pr_acc_key *x = &acc->k[v - 1];
+
+        if (x->hash == h && pr_key_eq(&x->key, key))
+            return v - 1;
+    }
+    acc->tab[i] = (uint32_t)acc->n + 1;
+    acc->tab_n++; /* == n: synced above */
+    return acc_append(acc, key, h);
+}
+
 /* The slot where acc last saw key if that slot still holds the same allocation,
  * else PR_NIL (acc holds no record of it, or it moved). */
-static uint32_t acc_slot_of(const struct kvt_primary *p, const struct kvt_primary_access *acc,
+static uint32_t acc_slot_of(const struct kvt_primary *p, struct kvt_primary_access *acc,
                             const struct kvt_key *key, uint64_t h)
 {
     if (acc->n == 0 || acc->generation != p->generation)
         return PR_NIL;
+    acc_tab_sync(acc);
     for (size_t i = (size_t)h & acc->tab_mask;; i = (i + 1) & acc->tab_mask) {
         uint32_t v = acc->tab[i];
         const struct pr_acc_key *x;
@@ -658,6 +707,7 @@ static void pr_release(struct kvt_primary *p, uint32_t s)
     p->e[s].list = PR_NONE;
     p->free_list[p->n_free_list++] = s;
     p->num_entries--;
+    p->releases++;
 }
 
 /* ---- create / destroy --------------------------------------------------- */
@@ -899,6 +949,28 @@ static bool pr_dedup_seen(struct kvt_primary *p, const struct kvt_key *keys, uin
     }
 }
 
+#define PR_DEDUP_SCAN_MAX 64 /* calls of up to this many keys dedup with pr_new_dup */
+
+/* Whether key (hash h) is among the keys to store a prepare_store collected so
+ * far (keys[0..n_new), hashes new_hash[]): a filter of 256 bits of the hashes'
+ * top byte says no for a key not offered before without a look at them. */
+__attribute__((always_inline)) static inline bool pr_new_dup(const struct kvt_key *keys,
+                                                             const uint64_t *new_hash, size_t n_new,
+                                                             const struct kvt_key *key, uint64_t h,
+                                                             uint64_t filter[4])
+{
+    uint64_t bit = 1ull << (h >> 56 & 63), *w = &filter[h >> 62];
+
+    if (!(*w & bit)) {
+        *w |= bit;
+        return false;
+    }
+    for (size_t j = 0; j < n_new; j++)
+        if (new_hash[j] == h && pr_key_eq(&keys[j], key))
+            return true;
+    return false;
+}
+
 static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
 {
     size_t cap = 16;
@@ -973,6 +1045,8 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
 {
     size_t n_new = 0, n_miss = 0, need, free_slots;
     uint64_t *new_hash, *miss_hash;
+    bool append; /* absent keys have no record: append theirs, dedup without it */
+    uint64_t filter[4] = {0};
     int rc;
 
     out->n_store = 0;
@@ -988,7 +1062,10 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
      * access dedups the offered keys itself (by its stamp); without one, a table
      * of this call's keys does. */
     acc = acc_live(p, acc);
-    rc = acc == NULL ? pr_dedup_reserve(p, n) : acc_reserve(p, acc, n);
+    append = acc != NULL && acc_all_present(p, acc);
+    rc = (acc == NULL || append) && n > PR_DEDUP_SCAN_MAX ? pr_dedup_reserve(p, n) : 0;
+    if (rc == 0 && acc != NULL)
+        rc = acc_reserve(p, acc, n);
     if (rc == 0)
         rc = out_reserve(out, n, n);
     if (rc == 0)
@@ -1001,6 +1078,20 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     }
     new_hash = p->miss_hash + n;
     miss_hash = p->miss_hash;
+    /* The entries (both lines) and fence words of the fresh slots the first
+     * insertions take, requested for writing before the finds: each insertion's
+     * entry write missed once per key and filled the store buffer that the call's
+     * full fence then drains. (In the call, not in a helper of its own: GCC takes a
+     * function of prefetches alone for one without effects and drops the call.)
+     * Slots from the free list are a store's victims, in cache from the eviction. */
+    for (size_t s = p->num_allocated,
+                e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
+         s < e; s++) {
+        __builtin_prefetch(&p->e[s], 1);
+        __builtin_prefetch((const char *)(&p->e[s] + 1) - 1, 1);
+        if (s % 16 == 0 || s + 1 == e)
+            __builtin_prefetch((const void *)&p->fence[s], 1);
+    }
 
     /* Protect every offered key (present ones keep their place whatever happens)
      * and collect the absent ones, once each. The request's access records, in
@@ -1018,6 +1109,18 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                 p->e[s[i]].mark = p->mark;
                 if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
                     acc_reuse(acc, &keys[b + i], h[i], p, s[i]);
+            } else if (append) {
+                if (n <= PR_DEDUP_SCAN_MAX ? pr_new_dup(out->keys_to_store, new_hash, n_new,
+                                                        &keys[b + i], h[i], filter)
+                                           : pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))
+                    continue; /* offered earlier in this call */
+                uint32_t idx = acc_append(acc, &keys[b + i], h[i]);
+
+                acc->k[idx].stamp = acc->stamp;
+                p->acc_idx[n_new] = idx;
+                p->ins_end[n_new] = end[i];
+                new_hash[n_new] = h[i];
+                out->keys_to_store[n_new++] = keys[b + i];
             } else if (acc != NULL) {
                 uint32_t idx = acc_see(acc, &keys[b + i], h[i]);
 
@@ -1028,7 +1131,10 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                 p->ins_end[n_new] = end[i];
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
-            } else if (!pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i])) {
+            } else if (!(n <= PR_DEDUP_SCAN_MAX
+                             ? pr_new_dup(out->keys_to_store, new_hash, n_new, &keys[b + i], h[i],
+                                          filter)
+                             : pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))) {
                 p->ins_end[n_new] = end[i];
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
@@ -1057,11 +1163,14 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     free_slots = pr_num_free(p);
     need = n_new > free_slots ? n_new - free_slots : 0;
     if (need > 0) {
-        if (need > p->num_evictable) /* fail fast without a scan (#45757) */
-            return -ENOSPC;
-        rc = p->pol->evict(p, need, p->victims); /* atomic: -ENOSPC changes nothing */
-        if (rc != 0)
+        /* On failure the new keys' records stay, of keys left absent. */
+        rc = need > p->num_evictable ? -ENOSPC /* fail fast without a scan (#45757) */
+                                     : p->pol->evict(p, need, p->victims); /* -ENOSPC: no change */
+        if (rc != 0) {
+            if (acc != NULL)
+                acc->all_in = false;
             return rc;
+        }
         for (size_t i = 0; i < need; i++) /* the victims' index cells, overlapped */
             __builtin_prefetch(&p->index[pr_home(p, p->e[p->victims[i]].hash)], 1);
         for (size_t i = 0; i < need; i++) {
@@ -1128,7 +1237,7 @@ int kvt_primary_prepare_store(struct kvt_primary *p, const struct kvt_key *keys,
  * saw them allocated (which spares the index: a cache miss per key in a large
  * primary), else through the index, PR_GROUP keys at a time. */
 static void pr_complete_find(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                             const struct kvt_primary_access *acc, uint32_t *slot)
+                             struct kvt_primary_access *acc, uint32_t *slot)
 {
     uint64_t h[PR_GROUP];
 
@@ -1160,7 +1269,8 @@ static void pr_complete_find(struct kvt_primary *p, const struct kvt_key *keys, 
 
 /* Completes the write of slot s (of key): ready, or freed when !success. Returns
  * whether the key was stored by this call. */
-static bool pr_complete_slot(struct kvt_primary *p, uint32_t s, bool success)
+__attribute__((always_inline)) static inline bool pr_complete_slot(struct kvt_primary *p,
+                                                                   uint32_t s, bool success)
 {
     struct pr_entry *x;
 
@@ -1194,7 +1304,7 @@ static bool pr_complete_slot(struct kvt_primary *p, uint32_t s, bool success)
  * first change, into a scratch array, or, when that array cannot grow, PR_GROUP keys
  * at a time on the stack, in two passes when strict. */
 static int pr_complete(struct kvt_primary *p, const struct kvt_key *keys, size_t n, bool success,
-                       bool strict, const struct kvt_primary_access *acc)
+                       bool strict, struct kvt_primary_access *acc)
 {
     size_t n_stored = 0;
     bool event = success && p->cfg.enable_events;
@@ -1265,7 +1375,7 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
 }
 
 int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                                      bool success, const struct kvt_primary_access *acc)
+                                      bool success, struct kvt_primary_access *acc)
 {
     return pr_complete(p, keys, n, success, true, acc);
 }

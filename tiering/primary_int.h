@@ -97,6 +97,7 @@ struct kvt_primary {
     size_t num_entries, num_evictable, num_write_pending;
     uint64_t num_evicted; /* chunks evicted since the primary was created (/metrics) */
     uint64_t inserts;     /* entries ever inserted: a request's access dates its records by it */
+    uint64_t releases;    /* entries ever released: while it stands, no key left */
     uint32_t mark;        /* current prepare_store's protection mark (never 0) */
 
     struct pr_list l1, l2;
@@ -129,6 +130,7 @@ struct kvt_primary {
     struct pr_acc_key *spare_k;
     uint32_t *spare_tab;
     size_t spare_cap, spare_tab_mask;
+    bool spare_tab_clean; /* spare_tab is all empty (its access put nothing in it) */
 
     struct kvt_events events;
     kvt_primary_removed_fn on_removed; /* secondary-tier observer, or NULL */

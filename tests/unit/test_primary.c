@@ -1593,6 +1593,67 @@ static void test_request_access_arrays_start_empty_when_recycled(void **state)
     fx_free(f);
 }
 
+/* A request's store appends the records of absent keys without looking for them
+ * only while no key it recorded can have left; once one has (another store
+ * evicted it), its next offer of that key finds the record: ARC, r1 stores 1,
+ * a store of 2 and 3 evicts it into B1, and r1 offering 1 again is no second store
+ * miss of r1 (the target stays), while r2's first offer of a ghost is one. */
+static void test_request_record_of_a_key_that_left_is_found_again(void **state)
+{
+    struct fx *f = fx_make(2, "arc", false, 0);
+    struct kvt_primary_access *r1, *r2;
+
+    assert_int_equal(kvt_primary_access_create(&r1), 0);
+    assert_int_equal(kvt_primary_access_create(&r2), 0);
+    assert_int_equal(rprep(f, r1, L(1), 0), 0);
+    complete_all(f);
+    assert_int_equal(PREP(f, 2, 3), 0); /* evicts 1 into B1 */
+    COMPLETE(f, 2, 3);
+    assert_int_equal(look(f, 1), KVT_MISS);
+    assert_int_equal(ghost_of(f, 1), 1);
+    assert_int_equal(rprep(f, r1, L(1), 0), 0); /* evicts 2 into B1 */
+    assert_int_equal(f->out.n_store, 1);
+    complete_all(f);
+    assert_float_equal(kvt_primary_arc_target(f->p), 0.0, 0); /* r1 had its miss of 1 */
+    assert_int_equal(ghost_of(f, 2), 1);
+    assert_int_equal(rprep(f, r2, L(2), 0), 0);
+    assert_float_equal(kvt_primary_arc_target(f->p), 1.0, 0); /* r2's first: adapts */
+    complete_all(f);
+    kvt_primary_request_finished(f->p, r1);
+    kvt_primary_request_finished(f->p, r2);
+    assert_int_equal(kvt_primary_num_entries(f->p), 2);
+    kvt_primary_access_destroy(r1);
+    kvt_primary_access_destroy(r2);
+    fx_free(f);
+}
+
+/* A request's store of more keys than its short dedup scans (a table then) stores
+ * each distinct key once, in first-offer order, in either form of the call. */
+static void test_request_store_of_many_keys_dedups(void **state)
+{
+    enum { N = 100, DISTINCT = 70 };
+    struct kvt_key k[N];
+
+    for (int with_acc = 0; with_acc < 2; with_acc++) {
+        struct fx *f = fx_make(128, "lru", false, 0);
+        struct kvt_primary_access *acc = NULL;
+
+        for (int i = 0; i < N; i++)
+            k[i] = gkey(i < DISTINCT ? i : (i * 7) % DISTINCT, 0);
+        if (with_acc)
+            assert_int_equal(kvt_primary_access_create(&acc), 0);
+        assert_int_equal(kvt_primary_prepare_store_req(f->p, k, N, acc, &f->out), 0);
+        assert_int_equal(f->out.n_store, DISTINCT);
+        for (int i = 0; i < DISTINCT; i++)
+            assert_true(kvt_key_eq(&f->out.keys_to_store[i], &k[i]));
+        complete_all(f);
+        assert_int_equal(kvt_primary_num_entries(f->p), DISTINCT);
+        kvt_primary_request_finished(f->p, acc);
+        kvt_primary_access_destroy(acc);
+        fx_free(f);
+    }
+}
+
 /* A touch moves only present ready keys; pending keys and ghosts stay. */
 static void test_touch_moves_ready_keys_only(void **state)
 {
@@ -1640,6 +1701,8 @@ int main(void)
         cmocka_unit_test(test_index_under_churn),
         cmocka_unit_test(test_store_inserts_where_its_finds_ended),
         cmocka_unit_test(test_request_access_arrays_start_empty_when_recycled),
+        cmocka_unit_test(test_request_record_of_a_key_that_left_is_found_again),
+        cmocka_unit_test(test_request_store_of_many_keys_dedups),
         cmocka_unit_test(test_create_rejects_bad_config),
         cmocka_unit_test(test_create_unwinds_on_allocation_failure),
         cmocka_unit_test(test_lookup_many_matches_lookup),

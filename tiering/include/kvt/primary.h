@@ -87,7 +87,7 @@ int kvt_primary_complete_store(struct kvt_primary *p, const struct kvt_key *keys
  * allocated are found where it saw them. */
 struct kvt_primary_access;
 int kvt_primary_complete_store_strict(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                                      bool success, const struct kvt_primary_access *acc);
+                                      bool success, struct kvt_primary_access *acc);
 /* Pins every key (all present and ready, else -EINVAL and nothing pinned) and
  * writes their slots to chunk_ids (co-indexed). prepare_read records no access. */
 int kvt_primary_prepare_load(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
