@@ -697,10 +697,8 @@ static void nt_load_part_done(struct net_tier *nt, struct load_job *lj)
                                 .bytes = (int64_t)lj->bytes};
     if (lj->region != NULL)
         kvt_list_add_tail(&nt->into_done, &lj->done.link); /* its callback, next poll */
-    else {
+    else
         kvt__nt_job_done(nt, &lj->done);
-        nt->news++; /* the manager hears of it at its next schedule end */
-    }
 }
 
 static void nt_fetch_free(struct net_tier *nt, struct fetch *f)

@@ -164,9 +164,15 @@ void kvt__net_tier_test_omit_fences(struct kvt_tier *t)
 
 /* ---- finished jobs ------------------------------------------------------------- */
 
+/* Only the manager's next schedule end reports it (get_finished_jobs), and until
+ * then the tier does not arm (nt_has_local_work): news, so the loop steps now. A
+ * job that waited for the tick kept the loop polling that long, a process the
+ * scheduler then treats as busy, and a peer's next message waited for its turn on a
+ * core instead of waking it. */
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d)
 {
     kvt_list_add_tail(&nt->done, &d->link);
+    nt->news++;
 }
 
 static void nt_get_finished_jobs(struct kvt_tier *t, kvt_job_result_cb_t cb, void *arg)

@@ -266,7 +266,7 @@ struct net_tier {
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
     struct kvt_list done;     /* nt_done of ended jobs, reported by get_finished_jobs */
-    uint64_t news;            /* FETCHes parked, loads ended (kvt_net_tier_news) */
+    uint64_t news;            /* FETCHes parked, jobs ended (kvt_net_tier_news) */
     uint64_t lookup_first_ns; /* the first new key of this step's lookups (0: none) */
     struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
     bool republish_all;

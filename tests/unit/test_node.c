@@ -439,6 +439,90 @@ static void test_fetch_served_before_the_tick(void **state)
     kvt_node_close(a);
 }
 
+/* A peer's RELEASE ends its lease's store job, and the holder's loop steps at once
+ * (the manager hears of the job and unpins its rows) and may sleep again, instead of
+ * polling until its tick with the job unreported (the tier does not arm while a job
+ * waits to be reported). A loop that polls is a busy process to the scheduler of a
+ * loaded host: a peer's next message waited for a turn on a core instead of waking
+ * it, and did so for as long as the tick. Both ticks are 10 s here. */
+static void test_release_lets_the_holder_sleep(void **state)
+{
+    uint64_t ida = next_id++, idb = next_id++, live[4], end, t0;
+    struct kvt_node *a = NULL, *b = NULL;
+    struct kvt_net_tier_counts c;
+    struct kvt_manager *m;
+    struct kvt_req_ctx *ctx = NULL;
+    enum kvt_offload_policy pol;
+    enum kvt_lookup_result r = KVT_MISS;
+    struct kvt_key key;
+    uint32_t k = 300;
+    char peer[64], rid[32];
+    unsigned seq = 0;
+    int wait_ms = 0;
+
+    (void)state;
+    assert_int_equal(open_node(&a, ida, "storage.enabled=false", "loop.tick_ms=10000", NULL), 0);
+    snprintf(peer, sizeof(peer), "network.peers=127.0.0.1:%u", kvt_peers_port(kvt_node_peers(a)));
+    assert_int_equal(open_node(&b, idb, "storage.enabled=false", "loop.tick_ms=10000", peer, NULL),
+                     0);
+    end = kvt_now_ns() + 10000000000ull;
+    while ((kvt_peers_live(kvt_node_peers(a), live, 4) < 2 ||
+            kvt_peers_live(kvt_node_peers(b), live, 4) < 2) &&
+           kvt_now_ns() < end)
+        run_loops(a, b, 5);
+    assert_int_equal(kvt_peers_live(kvt_node_peers(b), live, 4), 2);
+    store(a, k, 1);
+    kvt_node_step(a);
+    end = kvt_now_ns() + 5000000000ull;
+    do {
+        run_loops(a, b, 5);
+        kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    } while (c.published_keys < 1 && kvt_now_ns() < end);
+    assert_int_equal(c.published_keys, 1);
+    run_loops(a, b, 100);
+
+    m = kvt_node_manager(b);
+    kvt_key_set(&key, &k, sizeof(k));
+    end = kvt_now_ns() + 5000000000ull;
+    while (r != KVT_HIT && kvt_now_ns() < end) {
+        if (ctx == NULL) {
+            snprintf(rid, sizeof(rid), "pull-%u", seq++);
+            assert_int_equal(kvt_req_ctx_create(rid, NULL, &ctx), 0);
+            assert_int_equal(kvt_manager_on_new_request(m, ctx, &pol), 0);
+        }
+        r = kvt_manager_lookup(m, &key, ctx);
+        if (r == KVT_MISS) {
+            kvt_manager_on_request_finished(m, ctx);
+            kvt_req_ctx_unref(ctx);
+            ctx = NULL;
+        }
+        kvt_manager_on_schedule_end(m, NULL);
+        run_loops(a, b, 1);
+    }
+    assert_int_equal(r, KVT_HIT);
+    kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    assert_true(c.served_fetches >= 1);
+
+    /* B's RELEASE reaches A: its lease ends. */
+    end = kvt_now_ns() + 5000000000ull;
+    do {
+        run_loops(a, b, 1);
+        kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    } while (c.active_leases > 0 && kvt_now_ns() < end);
+    assert_int_equal(c.active_leases, 0);
+    /* Then A's loop may sleep (on its events, until its tick) well before that tick. */
+    t0 = kvt_now_ns();
+    end = t0 + 2000000000ull;
+    while ((wait_ms = kvt_node_timeout_ms(a)) == 0 && kvt_now_ns() < end)
+        run_loops(a, b, 1);
+    assert_true(wait_ms > 0);
+    assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    kvt_manager_on_request_finished(m, ctx);
+    kvt_req_ctx_unref(ctx);
+    kvt_node_close(b);
+    kvt_node_close(a);
+}
+
 /* The network tier keeps no chunks of its own: no usage. */
 static void test_network_usage_unsupported(void **state)
 {
@@ -580,6 +664,7 @@ int main(void)
         cmocka_unit_test(test_storage_usage),
         cmocka_unit_test(test_network_usage_unsupported),
         cmocka_unit_test(test_fetch_served_before_the_tick),
+        cmocka_unit_test(test_release_lets_the_holder_sleep),
         cmocka_unit_test(test_metrics_page),
         cmocka_unit_test(test_proc_stats),
     };
