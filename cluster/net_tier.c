@@ -424,6 +424,11 @@ static void nt_on_schedule_end(struct kvt_tier *t, const struct kvt_schedule_end
     }
     kvt__nt_progress(nt);
     kvt__nt_flush_publishes(nt);
+    /* A job this schedule end did not report (the manager takes finished jobs once
+     * a step, and an engine's lookup may have taken them before this one ended):
+     * news again, so the loop steps once more, instead of polling until its tick. */
+    if (!kvt_list_empty(&nt->done))
+        nt->news++;
 }
 
 static int nt_stat(struct kvt_stats *out, const char *name, const char *label, uint64_t now,
