@@ -164,11 +164,14 @@ void kvt__net_tier_test_omit_fences(struct kvt_tier *t)
 
 /* ---- finished jobs ------------------------------------------------------------- */
 
+/* Only the manager's next schedule end reports it (get_finished_jobs), and until
+ * then the tier does not arm (nt_has_local_work): news, so the loop steps now. A
+ * job that waited for the tick kept the loop polling that long, a process the
+ * scheduler then treats as busy, and a peer's next message waited for its turn on a
+ * core instead of waking it. */
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d)
 {
     kvt_list_add_tail(&nt->done, &d->link);
-    /* Reported at the next schedule end; until then the tier does not arm (a lease's
-     * rows stay pinned, the loop polls): news, for the loop to step now. */
     nt->news++;
 }
 
@@ -421,6 +424,11 @@ static void nt_on_schedule_end(struct kvt_tier *t, const struct kvt_schedule_end
     }
     kvt__nt_progress(nt);
     kvt__nt_flush_publishes(nt);
+    /* A job this schedule end did not report (the manager takes finished jobs once
+     * a step, and an engine's lookup may have taken them before this one ended):
+     * news again, so the loop steps once more, instead of polling until its tick. */
+    if (!kvt_list_empty(&nt->done))
+        nt->news++;
 }
 
 static int nt_stat(struct kvt_stats *out, const char *name, const char *label, uint64_t now,

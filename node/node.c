@@ -1102,10 +1102,11 @@ int kvt_node_progress(struct kvt_node *nd)
         kvt_node_step(nd);
     for (size_t i = 0; i < nd->n_tiers; i++)
         kvt_tier_poll(nd->tiers[i]);
-    /* A peer's FETCH parked, or a job ended (a load of ours, a peer's lease): step
-     * now rather than at the tick, so the FETCH is served (a GRANT goes out) and the
-     * job reported (a lease's rows unpinned) while the requester waits; meanwhile
-     * the loop would only poll (the tier does not arm with work parked). */
+    /* A peer's FETCH parked, or a job of the tier ended (a load of ours, a peer's
+     * lease): step now rather than at the tick, so the FETCH is served (a GRANT goes
+     * out) and the job reported while the requester waits; meanwhile the loop would
+     * only poll (the tier does not arm with work parked), and a polling loop waits
+     * for a core on a loaded host where a sleeping one is woken by the next message. */
     if (nd->net != NULL && kvt_net_tier_news(nd->net) != nd->net_news) {
         kvt_node_step(nd);
         kvt_tier_poll(nd->net); /* what the step sent leaves now */

@@ -449,6 +449,135 @@ static void test_fetch_served_before_the_tick(void **state)
     kvt_node_close(a);
 }
 
+/* A peer's RELEASE ends its lease's store job, and the holder's loop steps at once
+ * (the manager hears of the job and unpins its rows) and may sleep again, instead of
+ * polling until its tick with the job unreported (the tier does not arm while a job
+ * waits to be reported). A loop that polls is a busy process to the scheduler of a
+ * loaded host: a peer's next message waited for a turn on a core instead of waking
+ * it, and did so for as long as the tick. Both ticks are 10 s here. */
+/* One turn of both loops; A's engine (a_ctx not NULL) first looks a key up, as an
+ * engine does in its step before that step's end reaches the node. */
+static void turn(struct kvt_node *a, struct kvt_node *b, struct kvt_req_ctx *a_ctx,
+                 const struct kvt_key *a_key)
+{
+    struct pollfd p[2] = {{.fd = kvt_node_fd(a), .events = POLLIN},
+                          {.fd = kvt_node_fd(b), .events = POLLIN}};
+
+    if (a_ctx != NULL)
+        assert_int_equal(kvt_manager_lookup(kvt_node_manager(a), a_key, a_ctx), KVT_HIT);
+    poll(p, 2, KVT_MIN(KVT_MIN(kvt_node_timeout_ms(a), kvt_node_timeout_ms(b)), 2));
+    kvt_node_progress(a);
+    kvt_node_progress(b);
+}
+
+static void release_then_sleep(bool a_looks_up)
+{
+    uint64_t ida = next_id++, idb = next_id++, live[4], end, t0;
+    struct kvt_node *a = NULL, *b = NULL;
+    struct kvt_net_tier_counts c;
+    struct kvt_manager *m;
+    struct kvt_req_ctx *ctx = NULL;
+    enum kvt_offload_policy pol;
+    enum kvt_lookup_result r = KVT_MISS;
+    struct kvt_key key;
+    uint32_t k = 300;
+    char peer[64], rid[32];
+    unsigned seq = 0;
+    int wait_ms = 0;
+    struct kvt_req_ctx *actx = NULL;
+
+    assert_int_equal(open_node(&a, ida, "storage.enabled=false", "loop.tick_ms=10000", NULL), 0);
+    snprintf(peer, sizeof(peer), "network.peers=127.0.0.1:%u", kvt_peers_port(kvt_node_peers(a)));
+    assert_int_equal(open_node(&b, idb, "storage.enabled=false", "loop.tick_ms=10000", peer, NULL),
+                     0);
+    end = kvt_now_ns() + 10000000000ull;
+    while ((kvt_peers_live(kvt_node_peers(a), live, 4) < 2 ||
+            kvt_peers_live(kvt_node_peers(b), live, 4) < 2) &&
+           kvt_now_ns() < end)
+        run_loops(a, b, 5);
+    assert_int_equal(kvt_peers_live(kvt_node_peers(b), live, 4), 2);
+    store(a, k, 1);
+    kvt_node_step(a);
+    end = kvt_now_ns() + 5000000000ull;
+    do {
+        run_loops(a, b, 5);
+        kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    } while (c.published_keys < 1 && kvt_now_ns() < end);
+    assert_int_equal(c.published_keys, 1);
+    run_loops(a, b, 100);
+
+    m = kvt_node_manager(b);
+    kvt_key_set(&key, &k, sizeof(k));
+    if (a_looks_up) {
+        assert_int_equal(kvt_req_ctx_create("a-engine", NULL, &actx), 0);
+        assert_int_equal(kvt_manager_on_new_request(kvt_node_manager(a), actx, &pol), 0);
+    }
+    end = kvt_now_ns() + 5000000000ull;
+    while (r != KVT_HIT && kvt_now_ns() < end) {
+        if (ctx == NULL) {
+            snprintf(rid, sizeof(rid), "pull-%u", seq++);
+            assert_int_equal(kvt_req_ctx_create(rid, NULL, &ctx), 0);
+            assert_int_equal(kvt_manager_on_new_request(m, ctx, &pol), 0);
+        }
+        r = kvt_manager_lookup(m, &key, ctx);
+        if (r == KVT_MISS) {
+            kvt_manager_on_request_finished(m, ctx);
+            kvt_req_ctx_unref(ctx);
+            ctx = NULL;
+        }
+        kvt_manager_on_schedule_end(m, NULL);
+        /* Until A's lease ended, A's engine (if any) looks a key up before each turn
+         * and never ends its step: the manager takes finished jobs once a step, at
+         * such a lookup, so the step the RELEASE brings does not report the lease's
+         * job. Then the engine is quiet. */
+        for (uint64_t t1 = kvt_now_ns(); kvt_now_ns() - t1 < 1000000ull;) {
+            kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+            turn(a, b, c.served_fetches == 0 || c.active_leases > 0 ? actx : NULL, &key);
+        }
+    }
+    assert_int_equal(r, KVT_HIT);
+    kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    assert_true(c.served_fetches >= 1);
+
+    /* B's RELEASE reaches A: its lease ends. */
+    end = kvt_now_ns() + 5000000000ull;
+    while (c.active_leases > 0 && kvt_now_ns() < end) {
+        turn(a, b, actx, &key);
+        kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
+    }
+    assert_int_equal(c.active_leases, 0);
+    /* Then A's loop may sleep (on its events, until its tick) well before that tick,
+     * its engine quiet from now on. */
+    t0 = kvt_now_ns();
+    end = t0 + 2000000000ull;
+    while ((wait_ms = kvt_node_timeout_ms(a)) == 0 && kvt_now_ns() < end)
+        run_loops(a, b, 1);
+    assert_true(wait_ms > 0);
+    assert_true(kvt_now_ns() - t0 < 2000000000ull);
+    if (actx != NULL) {
+        kvt_manager_on_request_finished(kvt_node_manager(a), actx);
+        kvt_req_ctx_unref(actx);
+    }
+    kvt_manager_on_request_finished(m, ctx);
+    kvt_req_ctx_unref(ctx);
+    kvt_node_close(b);
+    kvt_node_close(a);
+}
+
+static void test_release_lets_the_holder_sleep(void **state)
+{
+    (void)state;
+    release_then_sleep(false);
+}
+
+/* The same with the holder's engine in a step (its lookups made, its end not yet
+ * sent) when the RELEASE arrives. */
+static void test_release_lets_the_holder_sleep_mid_step(void **state)
+{
+    (void)state;
+    release_then_sleep(true);
+}
+
 /* The network tier keeps no chunks of its own: no usage. */
 static void test_network_usage_unsupported(void **state)
 {
@@ -590,6 +719,8 @@ int main(void)
         cmocka_unit_test(test_storage_usage),
         cmocka_unit_test(test_network_usage_unsupported),
         cmocka_unit_test(test_fetch_served_before_the_tick),
+        cmocka_unit_test(test_release_lets_the_holder_sleep),
+        cmocka_unit_test(test_release_lets_the_holder_sleep_mid_step),
         cmocka_unit_test(test_metrics_page),
         cmocka_unit_test(test_proc_stats),
     };
