@@ -971,6 +971,18 @@ __attribute__((always_inline)) static inline bool pr_new_dup(const struct kvt_ke
     return false;
 }
 
+/* Whether keys[i] (hash h) was offered earlier in this prepare_store of n keys,
+ * whose absent keys so far are new_keys[0..n_new): a scan behind the filter for
+ * calls of up to PR_DEDUP_SCAN_MAX keys, else the call's dedup table. */
+__attribute__((always_inline)) static inline bool
+pr_offered_before(struct kvt_primary *p, const struct kvt_key *keys, size_t i, size_t n,
+                  const struct kvt_key *new_keys, const uint64_t *new_hash, size_t n_new,
+                  uint64_t h, uint64_t filter[4])
+{
+    return n <= PR_DEDUP_SCAN_MAX ? pr_new_dup(new_keys, new_hash, n_new, &keys[i], h, filter)
+                                  : pr_dedup_seen(p, keys, (uint32_t)i, h);
+}
+
 static int pr_dedup_reserve(struct kvt_primary *p, size_t n)
 {
     size_t cap = 16;
@@ -1109,32 +1121,24 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                 p->e[s[i]].mark = p->mark;
                 if (acc != NULL && p->e[s[i]].ref_cnt >= 0)
                     acc_reuse(acc, &keys[b + i], h[i], p, s[i]);
-            } else if (append) {
-                if (n <= PR_DEDUP_SCAN_MAX ? pr_new_dup(out->keys_to_store, new_hash, n_new,
-                                                        &keys[b + i], h[i], filter)
-                                           : pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))
-                    continue; /* offered earlier in this call */
-                uint32_t idx = acc_append(acc, &keys[b + i], h[i]);
+            } else {
+                /* Absent: one record (with an access) and one store, once per call. */
+                uint32_t idx = 0;
 
-                acc->k[idx].stamp = acc->stamp;
-                p->acc_idx[n_new] = idx;
-                p->ins_end[n_new] = end[i];
-                new_hash[n_new] = h[i];
-                out->keys_to_store[n_new++] = keys[b + i];
-            } else if (acc != NULL) {
-                uint32_t idx = acc_see(acc, &keys[b + i], h[i]);
-
-                if (acc->k[idx].stamp == acc->stamp)
-                    continue; /* offered earlier in this call */
-                acc->k[idx].stamp = acc->stamp;
-                p->acc_idx[n_new] = idx;
-                p->ins_end[n_new] = end[i];
-                new_hash[n_new] = h[i];
-                out->keys_to_store[n_new++] = keys[b + i];
-            } else if (!(n <= PR_DEDUP_SCAN_MAX
-                             ? pr_new_dup(out->keys_to_store, new_hash, n_new, &keys[b + i], h[i],
-                                          filter)
-                             : pr_dedup_seen(p, keys, (uint32_t)(b + i), h[i]))) {
+                if (acc != NULL && !append) {
+                    idx = acc_see(acc, &keys[b + i], h[i]);
+                    if (acc->k[idx].stamp == acc->stamp)
+                        continue; /* offered earlier in this call */
+                } else if (pr_offered_before(p, keys, b + i, n, out->keys_to_store, new_hash, n_new,
+                                             h[i], filter)) {
+                    continue;
+                } else if (acc != NULL) {
+                    idx = acc_append(acc, &keys[b + i], h[i]);
+                }
+                if (acc != NULL) {
+                    acc->k[idx].stamp = acc->stamp;
+                    p->acc_idx[n_new] = idx;
+                }
                 p->ins_end[n_new] = end[i];
                 new_hash[n_new] = h[i];
                 out->keys_to_store[n_new++] = keys[b + i];
