@@ -1637,13 +1637,34 @@ static bool b_alone_until_missed(struct tn *b, const struct kvt_key *keys, size_
     return left == 0;
 }
 
+/* A and B linked, with LOCATEs that give up after 200 ms. */
+static void locate_pair(struct tn *a, struct tn *b)
+{
+    struct kvt_net_tier_config nc = {.locate_timeout_ms = 200};
+
+    tn_start_cfg(a, 0xA, 0, &nc);
+    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), &nc);
+    g_a = a;
+    g_b = b;
+    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+}
+
+/* B looks keys up (each RETRY: asked of their home) and ends its step: their
+ * LOCATEs leave. */
+static void locates_leave(struct tn *b, const struct kvt_key *keys, size_t n,
+                          struct kvt_req_ctx *ctx)
+{
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(kvt_manager_lookup(b->m, &keys[i], ctx), KVT_RETRY);
+    kvt_manager_on_schedule_end(b->m, NULL);
+}
+
 /* A home that does not answer: B's lookups RETRY until the LOCATE's deadline, then
  * MISS (a failed lookup is a miss); the answer that comes after is refused and
  * counted, and changes nothing. B stopped with LOCATEs in flight frees them (the
  * sanitizer's leak check), and so does A stopped with LOCATEs of B's parked. */
 static void test_locates_unanswered_then_late(void **state)
 {
-    struct kvt_net_tier_config nc = {.locate_timeout_ms = 200};
     struct kvt_net_tier_counts cb;
     struct tn a, b;
     struct kvt_key keys[8];
@@ -1651,11 +1672,7 @@ static void test_locates_unanswered_then_late(void **state)
     uint64_t t0;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    locate_pair(&a, &b);
     keys_homed_on_a(7000, keys, 8);
 
     /* A is not stepped: its answer never comes in time. */
@@ -1676,9 +1693,7 @@ static void test_locates_unanswered_then_late(void **state)
     /* LOCATEs in flight to A (not stepped), then B stops. */
     keys_homed_on_a(8000, keys, 8);
     ctx = new_req(&b);
-    for (size_t i = 0; i < 8; i++)
-        assert_int_equal(kvt_manager_lookup(b.m, &keys[i], ctx), KVT_RETRY);
-    kvt_manager_on_schedule_end(b.m, NULL); /* they leave */
+    locates_leave(&b, keys, 8, ctx);
     kvt_net_tier_counts(b.net, &cb);
     assert_int_equal(cb.locates, 16);
     kvt_req_ctx_unref(ctx); /* the request is never finished */
@@ -1689,23 +1704,16 @@ static void test_locates_unanswered_then_late(void **state)
 /* The home dies with B's LOCATEs in flight: they end by their deadline, MISS. */
 static void test_locates_in_flight_when_the_home_dies(void **state)
 {
-    struct kvt_net_tier_config nc = {.locate_timeout_ms = 200};
     struct kvt_net_tier_counts cb;
     struct tn a, b;
     struct kvt_key keys[8];
     struct kvt_req_ctx *ctx;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    locate_pair(&a, &b);
     keys_homed_on_a(9000, keys, 8);
     ctx = new_req(&b);
-    for (size_t i = 0; i < 8; i++)
-        assert_int_equal(kvt_manager_lookup(b.m, &keys[i], ctx), KVT_RETRY);
-    kvt_manager_on_schedule_end(b.m, NULL); /* they leave */
+    locates_leave(&b, keys, 8, ctx);
     tn_stop(&a);
     assert_true(b_alone_until_missed(&b, keys, 8, ctx, 5000));
     kvt_net_tier_counts(b.net, &cb);

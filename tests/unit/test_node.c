@@ -368,25 +368,15 @@ static void run_loops(struct kvt_node *a, struct kvt_node *b, int ms)
     } while (kvt_now_ns() < end);
 }
 
-/* A peer's FETCH is served when it arrives, not at the holder's next tick: the
- * holder's loop steps (its serving loop runs) as soon as a FETCH is parked, and the
- * puller's as soon as its load ended. Both ticks are 10 s here and the holder has no
- * engine to step it; the pull takes well under a second. */
-static void test_fetch_served_before_the_tick(void **state)
+/* A and B with 10 s ticks (the holder, A, has no engine to step it), linked; A
+ * stores key k and publishes it to its home, and the PUBLISH gets there. */
+static void two_nodes_one_published(struct kvt_node **a_p, struct kvt_node **b_p, uint32_t k)
 {
-    uint64_t ida = next_id++, idb = next_id++, live[4], end, t0 = 0;
+    uint64_t ida = next_id++, idb = next_id++, live[4], end;
     struct kvt_node *a = NULL, *b = NULL;
     struct kvt_net_tier_counts c;
-    struct kvt_manager *m;
-    struct kvt_req_ctx *ctx = NULL;
-    enum kvt_offload_policy pol;
-    enum kvt_lookup_result r = KVT_MISS;
-    struct kvt_key key;
-    uint32_t k = 200;
-    char peer[64], rid[32];
-    unsigned seq = 0;
+    char peer[64];
 
-    (void)state;
     assert_int_equal(open_node(&a, ida, "storage.enabled=false", "loop.tick_ms=10000", NULL), 0);
     snprintf(peer, sizeof(peer), "network.peers=127.0.0.1:%u", kvt_peers_port(kvt_node_peers(a)));
     assert_int_equal(open_node(&b, idb, "storage.enabled=false", "loop.tick_ms=10000", peer, NULL),
@@ -406,6 +396,29 @@ static void test_fetch_served_before_the_tick(void **state)
     } while (c.published_keys < 1 && kvt_now_ns() < end);
     assert_int_equal(c.published_keys, 1);
     run_loops(a, b, 100); /* the PUBLISH reaches the home */
+    *a_p = a;
+    *b_p = b;
+}
+
+/* A peer's FETCH is served when it arrives, not at the holder's next tick: the
+ * holder's loop steps (its serving loop runs) as soon as a FETCH is parked, and the
+ * puller's as soon as its load ended. Both ticks are 10 s here and the holder has no
+ * engine to step it; the pull takes well under a second. */
+static void test_fetch_served_before_the_tick(void **state)
+{
+    uint64_t end, t0 = 0;
+    struct kvt_node *a = NULL, *b = NULL;
+    struct kvt_manager *m;
+    struct kvt_req_ctx *ctx = NULL;
+    enum kvt_offload_policy pol;
+    enum kvt_lookup_result r = KVT_MISS;
+    struct kvt_key key;
+    uint32_t k = 200;
+    char rid[32];
+    unsigned seq = 0;
+
+    (void)state;
+    two_nodes_one_published(&a, &b, k);
 
     /* B's engine: look up, end the step, until HIT (a MISS: the home had not heard
      * yet, ask again in a new request). */
@@ -449,12 +462,6 @@ static void test_fetch_served_before_the_tick(void **state)
     kvt_node_close(a);
 }
 
-/* A peer's RELEASE ends its lease's store job, and the holder's loop steps at once
- * (the manager hears of the job and unpins its rows) and may sleep again, instead of
- * polling until its tick with the job unreported (the tier does not arm while a job
- * waits to be reported). A loop that polls is a busy process to the scheduler of a
- * loaded host: a peer's next message waited for a turn on a core instead of waking
- * it, and did so for as long as the tick. Both ticks are 10 s here. */
 /* One turn of both loops; A's engine (a_ctx not NULL) first looks a key up, as an
  * engine does in its step before that step's end reaches the node. */
 static void turn(struct kvt_node *a, struct kvt_node *b, struct kvt_req_ctx *a_ctx,
@@ -470,9 +477,15 @@ static void turn(struct kvt_node *a, struct kvt_node *b, struct kvt_req_ctx *a_c
     kvt_node_progress(b);
 }
 
+/* A peer's RELEASE ends its lease's store job, and the holder's loop steps at once
+ * (the manager hears of the job and unpins its rows) and may sleep again, instead of
+ * polling until its tick with the job unreported (the tier does not arm while a job
+ * waits to be reported). A loop that polls is a busy process to the scheduler of a
+ * loaded host: a peer's next message waited for a turn on a core instead of waking
+ * it, and did so for as long as the tick. Both ticks are 10 s here. */
 static void release_then_sleep(bool a_looks_up)
 {
-    uint64_t ida = next_id++, idb = next_id++, live[4], end, t0;
+    uint64_t end, t0;
     struct kvt_node *a = NULL, *b = NULL;
     struct kvt_net_tier_counts c;
     struct kvt_manager *m;
@@ -481,30 +494,12 @@ static void release_then_sleep(bool a_looks_up)
     enum kvt_lookup_result r = KVT_MISS;
     struct kvt_key key;
     uint32_t k = 300;
-    char peer[64], rid[32];
+    char rid[32];
     unsigned seq = 0;
     int wait_ms = 0;
     struct kvt_req_ctx *actx = NULL;
 
-    assert_int_equal(open_node(&a, ida, "storage.enabled=false", "loop.tick_ms=10000", NULL), 0);
-    snprintf(peer, sizeof(peer), "network.peers=127.0.0.1:%u", kvt_peers_port(kvt_node_peers(a)));
-    assert_int_equal(open_node(&b, idb, "storage.enabled=false", "loop.tick_ms=10000", peer, NULL),
-                     0);
-    end = kvt_now_ns() + 10000000000ull;
-    while ((kvt_peers_live(kvt_node_peers(a), live, 4) < 2 ||
-            kvt_peers_live(kvt_node_peers(b), live, 4) < 2) &&
-           kvt_now_ns() < end)
-        run_loops(a, b, 5);
-    assert_int_equal(kvt_peers_live(kvt_node_peers(b), live, 4), 2);
-    store(a, k, 1);
-    kvt_node_step(a);
-    end = kvt_now_ns() + 5000000000ull;
-    do {
-        run_loops(a, b, 5);
-        kvt_net_tier_counts(kvt_node_tier(a, KVT_TIER_NETWORK), &c);
-    } while (c.published_keys < 1 && kvt_now_ns() < end);
-    assert_int_equal(c.published_keys, 1);
-    run_loops(a, b, 100);
+    two_nodes_one_published(&a, &b, k);
 
     m = kvt_node_manager(b);
     kvt_key_set(&key, &k, sizeof(k));
