@@ -216,7 +216,7 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
     }
     if (nt->republish_all) {
         struct kvt_map_entry *e;
-        size_t it = 0;
+        size_t it = 0, moved;
 
         nt->republish_all = false;
         nt->pub.n = 0; /* all of them follow */
@@ -228,7 +228,9 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
             if (kvt__nt_keyvec_push(&nt->pub, &k) != 0)
                 break;
         }
-        kvt_directory_retain(nt->dir, nt_homed_here, nt);
+        moved = kvt_directory_retain(nt->dir, nt_homed_here, nt);
+        if (moved > 0)
+            kvt_info(NT_MOD, "dropped %zu directory keys homed elsewhere now", moved);
     }
     keep_if_published(nt, &nt->unpub, false);
     keep_if_published(nt, &nt->pub, true);

@@ -244,7 +244,11 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
              : ev->kind == KVT_MEMBER_DOWN_EV ? "is down"
                                               : "restarted");
     if (ev->kind != KVT_MEMBER_JOINED) {
-        kvt_directory_drop_node(nt->dir, ev->node_id, keep_from);
+        size_t dropped = kvt_directory_drop_node(nt->dir, ev->node_id, keep_from);
+
+        if (dropped > 0)
+            kvt_info(NT_MOD, "dropped %zu directory records of member %016" PRIx64, dropped,
+                     ev->node_id);
         kvt__nt_forget_holders(nt, ev->node_id, keep_from);
         kvt__nt_fail_fetches(nt, ev->node_id, keep_from, NULL);
         kvt__nt_reap_leases(nt, ev->node_id, NULL);

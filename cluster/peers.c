@@ -26,9 +26,10 @@
  * Membership: a link that becomes UP, and every message on it, is "heard" in the
  * member table (with the link's incarnation; -ESTALE means the link belongs to an
  * older life of that node and it is closed). The last UP link of a member closing
- * marks it down. One timer (every heartbeat_ms) sends heartbeats, ticks the table
- * and re-dials seeds and members without any link. Events are drained from the table
- * right after each change, so on_member sees them before the next message.
+ * marks it down, and a member marked down for any cause (missed heartbeats too) has
+ * every link to that life closed: down is never one-sided. One timer (every heartbeat_ms) sends
+ * heartbeats, ticks the table and re-dials seeds and members without any link. Events are drained
+ * from the table right after each change, so on_member sees them before the next message.
  *
  * The digest of the member list is XXH3 over the sorted (id, incarnation) pairs of
  * the live members, ourselves included: two nodes with the same view compute the
@@ -159,15 +160,41 @@ static uint64_t fresh_incarnation(void)
 
 /* ---- member table helpers ---- */
 
+static void link_close(struct kvt_peers *p, struct peer_link *l);
+
+/* Closes every link to that life of node_id, whatever its state. A member we call
+ * down must learn it: its last link to us closing makes it call us down as well,
+ * and both sides then see the other join again. Without that, a member we called
+ * down for missed heartbeats (a stalled process, heartbeats behind READ responses)
+ * is heard again on the link it never lost, and never learns that the homes here
+ * dropped its directory records when it went down: it does not publish them again,
+ * and its chunks stay unfindable until its periodic republication. */
+static void close_links_of(struct kvt_peers *p, uint64_t node_id, uint64_t incarnation)
+{
+    struct kvt_list *pos, *tmp;
+
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+
+        if (l->peer_id == node_id && l->peer_inc == incarnation && l->state != LINK_CLOSING &&
+            l->state != LINK_LINGER)
+            link_close(p, l);
+    }
+}
+
 static void flush_events(struct kvt_peers *p)
 {
     struct kvt_member_event ev[16];
     size_t n;
 
     while ((n = kvt_members_take_events(p->members, ev, KVT_ARRAY_SIZE(ev))) > 0)
-        for (size_t i = 0; i < n; i++)
-            if (!p->destroying && p->h.on_member != NULL)
+        for (size_t i = 0; i < n && !p->destroying; i++) {
+            if (p->h.on_member != NULL)
                 p->h.on_member(p->h.arg, &ev[i]);
+            if (ev[i].kind == KVT_MEMBER_DOWN_EV)
+                close_links_of(p, ev[i].node_id, ev[i].incarnation);
+        }
 }
 
 static void remember(struct kvt_peers *p, uint64_t id)

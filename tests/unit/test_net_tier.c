@@ -1722,6 +1722,59 @@ static void test_locates_in_flight_when_the_home_dies(void **state)
     tn_stop(&b);
 }
 
+/* ---- a stalled holder --------------------------------------------------------- */
+
+/* A stalls (is not stepped) past B's heartbeat limit: B, home of about half of A's
+ * keys, calls A down and drops A's records. Down is never one-sided: B closes its
+ * link, so A, stepped again, calls B down too, both see the other join, and A
+ * publishes its keys again. B then finds every one at A. (Were A heard again on a
+ * link it never lost, its records would stay dropped until its periodic
+ * republication, minutes later, and B's lookups would miss meanwhile.) */
+static void test_records_come_back_after_a_stall(void **state)
+{
+    const uint64_t ids[2] = {0xA, 0xB};
+    struct kvt_net_tier_counts cb;
+    struct kvt_req_ctx *ctx;
+    struct tn a, b;
+    uint64_t homed_b = 0, end;
+    int res[NKEYS];
+
+    (void)state;
+    locate_pair(&a, &b);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct kvt_key k;
+
+        key_of(i, &k);
+        homed_b += kvt_hrw_home(&k, ids, 2) == 1;
+    }
+    assert_true(homed_b > 0);
+    a_store(&a, 0, NKEYS, NULL);
+    assert_true(
+        WAIT_FOR(10000, (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed_b)));
+
+    /* A stalls; B alone goes on until it has called A down (20 heartbeats of 100 ms). */
+    end = kvt_now_ns() + 10000ull * 1000000ull;
+    while (live(&b) != 1 && kvt_now_ns() < end) {
+        kvt_manager_on_schedule_end(b.m, NULL);
+        usleep(1000);
+    }
+    assert_int_equal(live(&b), 1);
+    kvt_net_tier_counts(b.net, &cb);
+    assert_int_equal(cb.directory_records, 0);
+    assert_null(kvt_peers_link(b.p, 0xA)); /* closed: A will learn it was called down */
+
+    /* Both go on: A's records are back at B, and B finds every key at A. */
+    assert_true(
+        WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2 &&
+                            (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed_b)));
+    ctx = new_req(&b);
+    assert_int_equal(pull_and_check(&b, ctx, 0, NKEYS, res), NKEYS);
+    end_req(&b, ctx);
+    assert_true(WAIT_FOR(10000, settled(&a) && settled(&b)));
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1747,6 +1800,7 @@ int main(void)
         cmocka_unit_test(test_fetch_into_region_removed_in_flight),
         cmocka_unit_test(test_locates_unanswered_then_late),
         cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
+        cmocka_unit_test(test_records_come_back_after_a_stall),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -148,6 +148,22 @@ static bool has_event(const struct tnode *t, enum kvt_member_event_kind kind, ui
     return false;
 }
 
+/* An event `then` of id after an event `first` of id. */
+static bool has_event_after(const struct tnode *t, enum kvt_member_event_kind first,
+                            enum kvt_member_event_kind then, uint64_t id)
+{
+    bool seen = false;
+
+    for (size_t i = 0; i < t->n_ev; i++) {
+        if (t->ev[i].node_id != id)
+            continue;
+        if (seen && t->ev[i].kind == then)
+            return true;
+        seen = seen || t->ev[i].kind == first;
+    }
+    return false;
+}
+
 static size_t live(const struct tnode *t)
 {
     uint64_t ids[16];
@@ -592,7 +608,9 @@ static void mesh3(struct tnode *a, struct tnode *b, struct tnode *c)
                                    linked(b, 0xC) && linked(a, 0xB)));
 }
 
-/* C stops progressing: A and B see it DOWN after heartbeat_misses; it comes back. */
+/* C stops progressing: A and B see it DOWN after heartbeat_misses, and close their
+ * links to it, so that C learns it was called down (it sees A and B down) rather than
+ * being heard again on a link it never lost; it comes back. */
 static void test_silent_peer_down(void **state)
 {
     static struct tnode a, b, c;
@@ -610,10 +628,19 @@ static void test_silent_peer_down(void **state)
     assert_true(ids[0] == 0xA && ids[1] == 0xB);
     assert_int_equal(live(&b), 2);
     assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, 0xB));
-    /* It resumes: heard again, JOINED (same incarnation). */
+    /* Down is never one-sided: no link to C is left up (C, stalled, cannot finish a
+     * new handshake). */
+    assert_false(linked(&a, 0xC));
+    assert_false(linked(&b, 0xC));
+    /* It resumes: its links are gone, it calls A and B down too, and all three
+     * join again (same incarnations). */
     c.paused = false;
+    assert_true(WAIT_FOR(5000, has_event(&c, KVT_MEMBER_DOWN_EV, 0xA) &&
+                                   has_event(&c, KVT_MEMBER_DOWN_EV, 0xB)));
     assert_true(WAIT_FOR(5000, live(&a) == 3 && live(&b) == 3 && live(&c) == 3));
-    assert_true(WAIT_FOR(1000, has_event(&a, KVT_MEMBER_JOINED, 0xC)));
+    assert_true(
+        WAIT_FOR(1000, has_event_after(&a, KVT_MEMBER_DOWN_EV, KVT_MEMBER_JOINED, 0xC) &&
+                           has_event_after(&c, KVT_MEMBER_DOWN_EV, KVT_MEMBER_JOINED, 0xA)));
     node_stop(&c);
     node_stop(&b);
     node_stop(&a);
