@@ -334,8 +334,8 @@ static void test_home_dies(void **state)
     sn_cmd(&n[0], 30000, "store 3 0 600");
     sn_kill(&n[2]); /* C was the home of about a third of them */
     t0 = now_ms();
-    sn_cmd(&n[0], 15000, "wait-live 2 10000");
-    sn_cmd(&n[1], 15000, "wait-live 2 10000");
+    sn_cmd(&n[0], 15000, "wait-live 2 10000 1 2");
+    sn_cmd(&n[1], 15000, "wait-live 2 10000 1 2");
     sn_cmd(&n[0], 5000, "step 300"); /* re-publication */
     r = sn_cmd(&n[1], 60000, "load 3 0 600 30000");
     printf("# home died: recovered in %" PRIu64 " ms: %s\n", now_ms() - t0, r);

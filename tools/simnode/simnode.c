@@ -56,7 +56,11 @@
  *                                 under either network.verify
  *   garbage PEER_ID N             sends N malformed / truncated / oversized control
  *                                 messages to that peer on an authenticated link
- *   wait-live N MS                until N members (self included) are live
+ *   wait-live N MS [ID...]        until N members (self included) are live; with
+ *                                 IDs (hex, as garbage's, self included), until the
+ *                                 live members are exactly those (a count alone
+ *                                 passes on the wrong pair while a death or a
+ *                                 return is not seen yet); answers the live ids
  *   counts                        the network tier's and the peer links' counters
  *   step MS                       keeps stepping for MS ms
  *   quit                          orderly shutdown (kvtierd's SIGTERM), exit 0
@@ -718,23 +722,55 @@ static void cmd_counts(struct node *n)
            kvt_peers_live(n->peers, live, 64));
 }
 
-static void cmd_wait_live(struct node *n, size_t want, unsigned ms)
+/* The live ids are exactly want[0..n) (in any order). */
+static bool live_set_is(const uint64_t *live, size_t got, const uint64_t *want, size_t n)
+{
+    if (got != n)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        bool found = false;
+
+        for (size_t j = 0; j < got && !found; j++)
+            found = live[j] == want[i];
+        if (!found)
+            return false;
+    }
+    return true;
+}
+
+/* args: what follows "wait-live N MS" (the optional ids). */
+static void cmd_wait_live(struct node *n, size_t want, unsigned ms, const char *args)
 {
     uint64_t end = kvt_now_ns() + (uint64_t)ms * 1000000ull;
-    uint64_t live[64];
-    size_t got = 0;
+    uint64_t live[64], ids[64];
+    size_t got = 0, n_ids = 0;
+    bool ok = false;
 
+    while (args != NULL && *args != '\0' && n_ids < KVT_ARRAY_SIZE(ids)) {
+        char *e;
+        uint64_t id = strtoull(args, &e, 16);
+
+        if (e == args)
+            break;
+        ids[n_ids++] = id;
+        args = e;
+    }
+    if (n_ids > 0 && n_ids != want) {
+        printf("err wait-live: %zu ids for %zu members\n", n_ids, want);
+        return;
+    }
     while (kvt_now_ns() < end) {
         got = kvt_peers_live(n->peers, live, 64);
-        if (got == want)
+        ok = n_ids > 0 ? live_set_is(live, got, ids, n_ids) : got == want;
+        if (ok)
             break;
         step(n);
         usleep(500);
     }
-    if (got == want)
-        printf("ok live=%zu\n", got);
-    else
-        printf("err live=%zu\n", got);
+    printf("%s live=%zu ids=", ok ? "ok" : "err", got);
+    for (size_t i = 0; i < got; i++)
+        printf("%s%" PRIx64, i > 0 ? "," : "", live[i]);
+    printf("\n");
 }
 
 static void usage(FILE *f)
@@ -774,6 +810,7 @@ static int run(struct node *n)
             unsigned a, b, c, d, e, f, g;
             uint64_t id;
             size_t want;
+            int used = 0;
             int got = sscanf(line, "pull %u %u %u %u %u %u %u", &a, &b, &c, &d, &e, &f, &g);
 
             if (got >= 6)
@@ -792,8 +829,8 @@ static int run(struct node *n)
                 cmd_rewrite(n, a, b, c, d);
             else if (sscanf(line, "garbage %" SCNx64 " %u", &id, &a) == 2)
                 cmd_garbage(n, id, a);
-            else if (sscanf(line, "wait-live %zu %u", &want, &a) == 2)
-                cmd_wait_live(n, want, a);
+            else if (sscanf(line, "wait-live %zu %u%n", &want, &a, &used) == 2)
+                cmd_wait_live(n, want, a, line + used);
             else if (strncmp(line, "counts", 6) == 0)
                 cmd_counts(n);
             else if (sscanf(line, "step %u", &a) == 1) {
