@@ -10,8 +10,11 @@
  * the primary removed since, or queued for UNPUBLISH and stored again since, is not
  * sent as such (the order of the two vectors would otherwise decide). Every record
  * has a TTL: all held keys are re-published at half of it, and at once after a
- * membership change (homes moved). A publication lost to a failed send or to memory
- * is repaired by that re-publication; a lost unpublication ages out with its record.
+ * membership change (homes moved). Keys for a home whose link is out of send
+ * credits wait in their vector for the next flush (a re-publication is a burst of
+ * one message per NT_KEYS_PER_MSG keys). A publication lost to a failed send or to
+ * memory is repaired by the next re-publication; a lost unpublication ages out with
+ * its record.
  * The node's reset (the primary cleared) unpublishes everything at once
  * (kvt__nt_reset), so no peer is sent here for a chunk the reset dropped.
  *
@@ -94,8 +97,10 @@ static void nt_rows_of(struct net_tier *nt, const struct kvt_key *ks, size_t n,
     }
 }
 
-static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
-                         const struct kvt_key *ks, size_t n)
+/* 0, or -EAGAIN when the link to home is out of send credits for now (the caller
+ * keeps the keys for the next flush). */
+static int nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
+                        const struct kvt_key *ks, size_t n)
 {
     uint64_t inc = kvt_peers_incarnation(nt->peers);
     struct kvt_wire_row rows[NT_KEYS_PER_MSG];
@@ -116,10 +121,10 @@ static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type 
                                        kvt_now_ns());
         else
             kvt_directory_unpublish(nt->dir, nt->self, inc, ks, n);
-        return;
+        return 0;
     }
     if (home == 0)
-        return;
+        return 0;
     kvt_wire_msg_init(&m, type);
     m.u.publish.node_id = nt->self;
     m.u.publish.incarnation = inc;
@@ -130,50 +135,67 @@ static void nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type 
         m.u.publish.rows = rows;
         m.has |= KVT_WIRE_HAS(KVT_WIRE_F_ROWS);
     }
-    /* A home we cannot reach now gets the keys at the next membership change. */
-    (void)kvt__nt_send(nt, home, NULL, &m);
+    /* A home we cannot reach now gets the keys at the next membership change; one
+     * whose link is out of credits (a burst: every key re-published after a
+     * membership change) at the next flush. */
+    return kvt__nt_try_send(nt, home, &m) == -EAGAIN ? -EAGAIN : 0;
 }
 
-/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; empties kv. */
+/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH. kv keeps, in order,
+ * the keys of the homes whose links ran out of send credits (from the first message
+ * refused on: the next flush sends them), and nothing else. */
 void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type)
 {
+    enum { TODO, DONE, LATER };
     uint64_t live[NT_MAX_NODES];
-    size_t n_live;
+    size_t n_live, kept = 0;
     uint64_t *homes;
-    bool *used;
+    uint8_t *st;
 
     if (kv->n == 0)
         return;
     n_live = kvt_peers_live(nt->peers, live, NT_MAX_NODES);
     homes = kvt_malloc(kv->n * sizeof(*homes));
-    used = kvt_calloc(kv->n, sizeof(*used));
-    if (homes == NULL || used == NULL)
+    st = kvt_calloc(kv->n, sizeof(*st));
+    if (homes == NULL || st == NULL) {
+        kv->n = 0;
         goto out;
+    }
     for (size_t i = 0; i < kv->n; i++)
         homes[i] = nt_home(&kv->v[i], live, n_live);
     for (size_t i = 0; i < kv->n; i++) {
         struct kvt_key ks[NT_KEYS_PER_MSG];
-        size_t n = 0;
+        size_t idx[NT_KEYS_PER_MSG], n = 0;
+        bool full = false; /* the home's link is out of credits */
 
-        if (used[i])
+        if (st[i] != TODO)
             continue;
         for (size_t j = i; j < kv->n; j++) {
-            if (used[j] || homes[j] != homes[i])
+            if (st[j] != TODO || homes[j] != homes[i])
                 continue;
-            used[j] = true;
+            st[j] = full ? LATER : DONE;
+            if (full)
+                continue;
+            idx[n] = j;
             ks[n++] = kv->v[j];
             if (n == NT_KEYS_PER_MSG) {
-                nt_send_keys(nt, homes[i], type, ks, n);
+                full = nt_send_keys(nt, homes[i], type, ks, n) == -EAGAIN;
+                for (size_t k = 0; full && k < n; k++)
+                    st[idx[k]] = LATER;
                 n = 0;
             }
         }
-        if (n > 0)
-            nt_send_keys(nt, homes[i], type, ks, n);
+        if (n > 0 && nt_send_keys(nt, homes[i], type, ks, n) == -EAGAIN)
+            for (size_t k = 0; k < n; k++)
+                st[idx[k]] = LATER;
     }
+    for (size_t i = 0; i < kv->n; i++)
+        if (st[i] == LATER)
+            kv->v[kept++] = kv->v[i];
+    kv->n = kept;
 out:
     kvt_free(homes);
-    kvt_free(used);
-    kv->n = 0;
+    kvt_free(st);
 }
 
 /* Keeps in kv the keys whose presence in the published set is held (order kept). */
@@ -232,10 +254,15 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
         if (moved > 0)
             kvt_info(NT_MOD, "dropped %zu directory keys homed elsewhere now", moved);
     }
-    keep_if_published(nt, &nt->unpub, false);
-    keep_if_published(nt, &nt->pub, true);
-    kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
-    kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
+    /* Keys a link had no credits for are tried again a ms later, not on every turn
+     * of a polling loop (each try places them all again). */
+    if (now >= nt->next_flush_ns) {
+        keep_if_published(nt, &nt->unpub, false);
+        keep_if_published(nt, &nt->pub, true);
+        kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
+        kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
+        nt->next_flush_ns = nt->unpub.n > 0 || nt->pub.n > 0 ? now + MS : 0;
+    }
     /* A scan of every record: once a second (locate checks each record's expiry
      * anyway; this only frees them). */
     if (now >= nt->next_dir_expire_ns) {

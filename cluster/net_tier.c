@@ -49,19 +49,32 @@ void kvt__nt_keyvec_free(struct keyvec *kv)
     memset(kv, 0, sizeof(*kv));
 }
 
-/* Every message of the tier goes through here: a message that could not be sent is
- * counted and logged (the protocol recovers by timeouts, TTLs and re-publication). */
-int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
-                 const struct kvt_wire_msg *m)
+/* Every message of the tier goes through kvt__nt_send or kvt__nt_try_send: a message
+ * that could not be sent is counted and logged (the protocol recovers by timeouts,
+ * TTLs and re-publication). */
+static int nt_sent(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m, int rc)
 {
-    int rc = ep != NULL ? kvt_peers_reply(nt->peers, ep, m) : kvt_peers_send(nt->peers, node, m);
-
     if (rc != 0) {
         nt->c.send_failures++;
         kvt_info(NT_MOD, "%s to %016" PRIx64 " not sent: %s", kvt_wire_type_name((int)m->type),
                  node, strerror(-rc));
     }
     return rc;
+}
+
+int kvt__nt_try_send(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m)
+{
+    int rc = kvt_peers_send(nt->peers, node, m);
+
+    return rc == -EAGAIN ? rc : nt_sent(nt, node, m, rc);
+}
+
+int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
+                 const struct kvt_wire_msg *m)
+{
+    return nt_sent(nt, node, m,
+                   ep != NULL ? kvt_peers_reply(nt->peers, ep, m)
+                              : kvt_peers_send(nt->peers, node, m));
 }
 
 struct nt_peer *kvt__nt_peer_get(struct net_tier *nt, uint64_t node)

@@ -262,6 +262,7 @@ struct net_tier {
     struct kvt_map published;              /* key -> (void *)1: what we told homes we hold */
     uint64_t next_id;                      /* locate ops and parts, fetches, leases */
     uint64_t next_expire_ns, next_dir_expire_ns;
+    uint64_t next_flush_ns; /* publications wait for send credits until then */
 
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
@@ -353,6 +354,9 @@ void kvt__nt_keyvec_free(struct keyvec *kv);
  * (a reply). A message that could not be sent is counted and logged. */
 int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
                  const struct kvt_wire_msg *m);
+/* As kvt__nt_send to a node, for a message the caller sends again later when the
+ * link's send credits are out (-EAGAIN): that is neither counted nor logged. */
+int kvt__nt_try_send(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m);
 /* The job of d ended: d is filled in, queued for get_finished_jobs (news). */
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d);
 /* The per-peer state of node, created on first use; NULL when out of memory. */

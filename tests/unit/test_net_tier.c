@@ -42,9 +42,10 @@ struct tn {
     unsigned seq;
 };
 
-/* base: timeouts and lease of the network tier (zero: its defaults). */
-static void tn_start_cfg(struct tn *t, uint64_t id, uint16_t seed_port,
-                         const struct kvt_net_tier_config *base)
+/* base: timeouts and lease of the network tier (zero: its defaults); chunks: the
+ * primary's; credits: the transport's receive credits per link (0: its default). */
+static void tn_start_opts(struct tn *t, uint64_t id, uint16_t seed_port,
+                          const struct kvt_net_tier_config *base, size_t chunks, unsigned credits)
 {
     char seed[32];
     const char *seeds[1] = {seed};
@@ -65,8 +66,9 @@ static void tn_start_cfg(struct tn *t, uint64_t id, uint16_t seed_port,
     pc.heartbeat_ms = 100;
     pc.heartbeat_misses = 20;
     pc.transport.backend = "ucx";
+    pc.transport.recv_credits = credits;
     assert_int_equal(kvt_peers_create(&pc, &t->p), 0);
-    prc.num_chunks = CHUNKS;
+    prc.num_chunks = chunks;
     prc.row_bytes = ROW;
     prc.policy = "lru";
     prc.checksum_on_complete = true;
@@ -78,6 +80,12 @@ static void tn_start_cfg(struct tn *t, uint64_t id, uint16_t seed_port,
     nc.max_ops_per_batch = 3;
     assert_int_equal(kvt_net_tier_create(&nc, &t->net), 0);
     assert_int_equal(kvt_manager_create(t->pr, &t->net, 1, &t->m), 0);
+}
+
+static void tn_start_cfg(struct tn *t, uint64_t id, uint16_t seed_port,
+                         const struct kvt_net_tier_config *base)
+{
+    tn_start_opts(t, id, seed_port, base, CHUNKS, 0);
 }
 
 static void tn_start(struct tn *t, uint64_t id, uint16_t seed_port)
@@ -289,6 +297,7 @@ static void test_pull_pipelined_and_per_peer_stats(void **state)
 /* ---- helpers of the tests below ------------------------------------------------ */
 
 static void a_store(struct tn *a, uint32_t first, size_t n, int64_t *slots_p);
+static void a_store_keys(struct tn *a, const struct kvt_key *keys, size_t n, int64_t *slots_p);
 static void hold_grants(struct tn *a, struct tn *b, struct kvt_req_ctx *ctx, uint32_t first,
                         size_t n, uint64_t want_leases);
 static bool settled(struct tn *t);
@@ -298,12 +307,19 @@ static bool settled(struct tn *t);
 static void a_store(struct tn *a, uint32_t first, size_t n, int64_t *slots_p)
 {
     struct kvt_key keys[64];
-    struct kvt_store_output out;
-    struct kvt_req_ctx *ctx = new_req(a);
 
     assert_true(n <= KVT_ARRAY_SIZE(keys));
     for (size_t i = 0; i < n; i++)
         key_of(first + (uint32_t)i, &keys[i]);
+    a_store_keys(a, keys, n, slots_p);
+}
+
+/* A stores keys[0..n) as a_store does. */
+static void a_store_keys(struct tn *a, const struct kvt_key *keys, size_t n, int64_t *slots_p)
+{
+    struct kvt_store_output out;
+    struct kvt_req_ctx *ctx = new_req(a);
+
     kvt_store_output_init(&out);
     assert_int_equal(kvt_manager_prepare_store(a->m, keys, n, ctx, &out), 0);
     assert_int_equal(out.n_store, n);
@@ -1775,6 +1791,52 @@ static void test_records_come_back_after_a_stall(void **state)
     tn_stop(&a);
 }
 
+/* ---- a publication burst beyond the link's send credits ------------------------ */
+
+/* A burst of publications (a large cascade; every key after a membership change)
+ * is one message per home and 256 keys: here more than the link's 2 send credits.
+ * Those refused for credits leave at a later flush instead of being lost: B, home
+ * of about half of A's 1600 keys, ends with a record of every one, and nothing is
+ * counted as a failed send. */
+static void test_publish_burst_beyond_credits(void **state)
+{
+    enum { N = 1600 };
+    const uint64_t ids[2] = {0xA, 0xB};
+    struct kvt_net_tier_counts ca, cb;
+    struct kvt_key keys[64];
+    struct tn a, b;
+    uint64_t homed_b = 0;
+
+    (void)state;
+    tn_start_opts(&a, 0xA, 0, NULL, N, 2);
+    tn_start_opts(&b, 0xB, kvt_peers_port(a.p), NULL, CHUNKS, 2);
+    g_a = &a;
+    g_b = &b;
+    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    /* Keys of the longest kind (64 bytes), as an engine's are: a message of 256 of
+     * them is sent by rendezvous, so it holds its credit until B has fetched it. */
+    for (uint32_t first = 0; first < N; first += 64) {
+        for (uint32_t i = 0; i < 64; i++) {
+            uint8_t b64[KVT_KEY_MAX];
+            uint32_t x = first + i;
+
+            memset(b64, 'k', sizeof(b64));
+            memcpy(b64, &x, sizeof(x));
+            kvt_key_set(&keys[i], b64, sizeof(b64));
+            homed_b += kvt_hrw_home(&keys[i], ids, 2) == 1;
+        }
+        a_store_keys(&a, keys, 64, NULL); /* cascaded, and published, at A's next step */
+    }
+    assert_true(homed_b > 3 * 256); /* at least 4 messages to B in the first flush */
+    assert_true(
+        WAIT_FOR(10000, (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed_b)));
+    kvt_net_tier_counts(a.net, &ca);
+    assert_int_equal(ca.published_keys, N);
+    assert_int_equal(ca.send_failures, 0);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1801,6 +1863,7 @@ int main(void)
         cmocka_unit_test(test_locates_unanswered_then_late),
         cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
         cmocka_unit_test(test_records_come_back_after_a_stall),
+        cmocka_unit_test(test_publish_burst_beyond_credits),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
