@@ -194,6 +194,11 @@ size_t kvt_members_count(const struct kvt_members *m, enum kvt_member_state stat
     return n;
 }
 
+uint64_t kvt_members_down_after_ns(const struct kvt_members *m)
+{
+    return m->interval_ns * m->k_missed;
+}
+
 uint64_t kvt_members_self(const struct kvt_members *m)
 {
     return m->self_id;

@@ -10,13 +10,13 @@
  * the primary removed since, or queued for UNPUBLISH and stored again since, is not
  * sent as such (the order of the two vectors would otherwise decide). Every record
  * has a TTL: all held keys are re-published at half of it, and at once after a
- * membership change (homes moved). Keys for a home whose link is out of send
- * credits wait in their vector for the next flush (a re-publication is a burst of
- * one message per NT_KEYS_PER_MSG keys). A publication lost to a failed send or to
- * memory is repaired by the next re-publication; a lost unpublication ages out with
- * its record.
- * The node's reset (the primary cleared) unpublishes everything at once
- * (kvt__nt_reset), so no peer is sent here for a chunk the reset dropped.
+ * membership change (homes moved); a home drops the keys homed elsewhere now only
+ * once every node can have seen the change (retain_at_ns). Keys for a home whose link is out of
+ * send credits wait in their vector for the next flush (a re-publication is a burst of one message
+ * per NT_KEYS_PER_MSG keys). A publication lost to a failed send or to memory is repaired by the
+ * next re-publication; a lost unpublication ages out with its record. The node's reset (the primary
+ * cleared) unpublishes everything at once (kvt__nt_reset), so no peer is sent here for a chunk the
+ * reset dropped.
  *
  * In direct mode (network.fetch direct) a PUBLISH also says where each key sits in
  * the primary - its slot and the fence word its bytes were completed under - read
@@ -238,7 +238,7 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
     }
     if (nt->republish_all) {
         struct kvt_map_entry *e;
-        size_t it = 0, moved;
+        size_t it = 0;
 
         nt->republish_all = false;
         nt->pub.n = 0; /* all of them follow */
@@ -250,7 +250,11 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
             if (kvt__nt_keyvec_push(&nt->pub, &k) != 0)
                 break;
         }
-        moved = kvt_directory_retain(nt->dir, nt_homed_here, nt);
+    }
+    if (nt->retain_at_ns != 0 && now >= nt->retain_at_ns) { /* see nt_on_member */
+        size_t moved = kvt_directory_retain(nt->dir, nt_homed_here, nt);
+
+        nt->retain_at_ns = 0;
         if (moved > 0)
             kvt_info(NT_MOD, "dropped %zu directory keys homed elsewhere now", moved);
     }

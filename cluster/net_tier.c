@@ -267,6 +267,13 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
         kvt__nt_reap_leases(nt, ev->node_id, NULL);
     }
     nt->republish_all = true; /* homes moved */
+    /* The keys homed elsewhere now go once every node can have seen this change
+     * (each calls a silent member down within down_after; twice that): a home whose
+     * view lags a publisher's would otherwise drop what that publisher, already
+     * past the change, sent it as their home, and the publisher would not send them
+     * again before its periodic republication. */
+    nt->retain_at_ns =
+        kvt_now_ns() + 2 * kvt_members_down_after_ns(kvt_peers_members(nt->peers)) + 1000 * MS;
 }
 
 static void nt_on_link_closed(void *arg, uint64_t node_id, struct kvt_tp_ep *ep)

@@ -272,6 +272,9 @@ struct net_tier {
     struct keyvec pub, unpub; /* keys to PUBLISH / UNPUBLISH at the next flush */
     bool republish_all;
     uint64_t next_republish_ns;
+    /* When the directory drops the keys no longer homed here: a while after the last
+     * membership change, once every node can have seen it (0: nothing to drop). */
+    uint64_t retain_at_ns;
 
     struct kvt_tp_mr *mr_remote, *mr_local; /* the primary region, on first need */
     uint8_t handle[KVT_TP_MAX_HANDLE_SIZE];

@@ -100,12 +100,14 @@ static void tn_stop(struct tn *t)
     kvt_peers_destroy(t->p);
 }
 
-static struct tn *g_a, *g_b;
+static struct tn *g_a, *g_b, *g_c; /* g_c: a third node, when a test has one */
 
 static void spin(void)
 {
     kvt_manager_on_schedule_end(g_a->m, NULL);
     kvt_manager_on_schedule_end(g_b->m, NULL);
+    if (g_c != NULL)
+        kvt_manager_on_schedule_end(g_c->m, NULL);
     usleep(100);
 }
 
@@ -123,6 +125,18 @@ static size_t live(struct tn *t)
     uint64_t ids[8];
 
     return kvt_peers_live(t->p, ids, 8);
+}
+
+/* A (0xA, with nca) and B (0xB, with ncb, seeded with A), linked; spin steps them.
+ * A NULL config: the defaults. */
+static void linked_pair(struct tn *a, struct tn *b, const struct kvt_net_tier_config *nca,
+                        const struct kvt_net_tier_config *ncb)
+{
+    tn_start_cfg(a, 0xA, 0, nca);
+    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), ncb);
+    g_a = a;
+    g_b = b;
+    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
 }
 
 static void key_of(uint32_t i, struct kvt_key *k)
@@ -196,11 +210,7 @@ static void test_pull_pipelined_and_per_peer_stats(void **state)
     int res[NKEYS];
 
     (void)state;
-    tn_start(&a, 0xA, 0);
-    tn_start(&b, 0xB, kvt_peers_port(a.p));
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, NULL, NULL);
 
     /* A stores NKEYS chunks; the cascade publishes them to their homes. */
     for (uint32_t i = 0; i < NKEYS; i++)
@@ -392,11 +402,7 @@ static void test_may_read_answers_from_active_leases(void **state)
     bool pair_in = false, pair_edge = false;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, &nc, &nc);
     a_store(&a, 100, 2 * K, slot);
     for (int i = 0; i < 100; i++)
         spin();
@@ -458,11 +464,7 @@ static struct kvt_req_ctx *two_leases(struct tn *a, struct tn *b,
 {
     struct kvt_req_ctx *ctx;
 
-    tn_start_cfg(a, 0xA, 0, nca);
-    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), ncb);
-    g_a = a;
-    g_b = b;
-    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+    linked_pair(a, b, nca, ncb);
     a_store(a, first, 8, NULL);
     for (int i = 0; i < 100; i++)
         spin();
@@ -564,13 +566,9 @@ static void rewrite_during_read(enum kvt_net_verify mode, bool old_holder)
     int res[K];
     uint8_t *row;
 
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
+    linked_pair(&a, &b, &nc, &nc);
     if (old_holder)
         kvt__net_tier_test_omit_fences(a.net);
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
     a_store(&a, 300, K, slot);
     for (int i = 0; i < 100; i++)
         spin();
@@ -665,11 +663,7 @@ static void test_may_read_fence_words_of_grants_only(void **state)
     int64_t slot[2 * K];
 
     (void)state;
-    tn_start(&a, 0xA, 0);
-    tn_start(&b, 0xB, kvt_peers_port(a.p));
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, NULL, NULL);
     a_store(&a, 400, 2 * K, slot);
     for (int i = 0; i < 100; i++)
         spin();
@@ -725,11 +719,7 @@ static void test_authenticated_peer_reads_only_its_grants(void **state)
 
     (void)state;
     assert_non_null(buf);
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, &nc, &nc);
     a_store(&a, 200, K, slot);
     assert_int_equal(kvt__net_tier_test_handle(a.net, &handle, &handle_len), 0);
 
@@ -795,11 +785,7 @@ static void test_pull_survives_allocation_failures(void **state)
     unsigned hits = 0, misses = 0, clean = 0;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, &nc, &nc);
     for (n = 0; n < 100000; n++) {
         uint32_t first = 1000 + (uint32_t)n * K;
         struct kvt_key keys[K];
@@ -884,11 +870,7 @@ static void test_reset_unpublishes_everything(void **state)
     struct kvt_req_ctx *ctx;
 
     (void)state;
-    tn_start(&a, 0xA, 0);
-    tn_start(&b, 0xB, kvt_peers_port(a.p));
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, NULL, NULL);
     for (uint32_t i = 0; i < 24; i++)
         key_of(300 + i, &keys[i]);
     a_store(&a, 300, 24, NULL);
@@ -1004,11 +986,7 @@ static void into_rewrite_during_read(enum kvt_net_verify mode)
     char label[48];
     struct tn a, b;
 
-    tn_start_cfg(&a, 0xA, 0, &nc);
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p), &nc);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, &nc, &nc);
     a_store(&a, 500, K, NULL);
     for (int i = 0; i < 100; i++)
         spin();
@@ -1131,11 +1109,7 @@ static void test_fetch_into_region_removed_in_flight(void **state)
     struct tn a, b;
 
     (void)state;
-    tn_start(&a, 0xA, 0);
-    tn_start(&b, 0xB, kvt_peers_port(a.p));
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, NULL, NULL);
     a_store(&a, 600, K, NULL);
     for (int i = 0; i < 100; i++)
         spin();
@@ -1221,11 +1195,7 @@ static void direct_setup(struct tn *a, struct tn *b, enum kvt_net_fetch fa, enum
     struct kvt_key keys[64];
     int res[1];
 
-    tn_start_cfg(a, 0xA, 0, &nca);
-    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), &ncb);
-    g_a = a;
-    g_b = b;
-    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+    linked_pair(a, b, &nca, &ncb);
     a_store(a, first, 1 + n, NULL);
     for (int i = 0; i < 100; i++)
         spin();
@@ -1306,12 +1276,8 @@ static void test_direct_puller_lease_holder(void **state)
     struct kvt_key k;
 
     (void)state;
-    tn_start_cfg(&a, 0xA, 0, &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_LEASE});
-    tn_start_cfg(&b, 0xB, kvt_peers_port(a.p),
-                 &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_DIRECT});
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
+    linked_pair(&a, &b, &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_LEASE},
+                &(struct kvt_net_tier_config){.fetch = KVT_NET_FETCH_DIRECT});
     a_store(&a, 760, K, NULL);
     for (int i = 0; i < 100; i++)
         spin();
@@ -1658,11 +1624,7 @@ static void locate_pair(struct tn *a, struct tn *b)
 {
     struct kvt_net_tier_config nc = {.locate_timeout_ms = 200};
 
-    tn_start_cfg(a, 0xA, 0, &nc);
-    tn_start_cfg(b, 0xB, kvt_peers_port(a->p), &nc);
-    g_a = a;
-    g_b = b;
-    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+    linked_pair(a, b, &nc, &nc);
 }
 
 /* B looks keys up (each RETRY: asked of their home) and ends its step: their
@@ -1791,6 +1753,57 @@ static void test_records_come_back_after_a_stall(void **state)
     tn_stop(&a);
 }
 
+/* ---- homes after a membership change ------------------------------------------- */
+
+static uint64_t records(struct tn *t)
+{
+    struct kvt_net_tier_counts c;
+
+    kvt_net_tier_counts(t->net, &c);
+    return c.directory_records;
+}
+
+/* C joins A and B: A re-publishes the keys now homed at C to C, but B, their home
+ * before, keeps their records until every node can have seen the change (twice the
+ * 2 s it takes to call a silent member down, plus 1 s), and drops them only then:
+ * a home whose view lagged would otherwise drop what a publisher past the change
+ * sent it, for good. */
+static void test_home_keeps_moved_keys_until_views_settle(void **state)
+{
+    const uint64_t two[2] = {0xA, 0xB}, three[3] = {0xA, 0xB, 0xC};
+    uint64_t homed_b = 0, homed_b3 = 0, homed_c = 0, t_join;
+    struct tn a, b, c;
+
+    (void)state;
+    linked_pair(&a, &b, NULL, NULL);
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct kvt_key k;
+
+        key_of(i, &k);
+        homed_b += kvt_hrw_home(&k, two, 2) == 1;
+        homed_b3 += kvt_hrw_home(&k, three, 3) == 1;
+        homed_c += kvt_hrw_home(&k, three, 3) == 2;
+    }
+    assert_true(homed_c > 0 && homed_b3 < homed_b);
+    a_store(&a, 0, NKEYS, NULL);
+    assert_true(WAIT_FOR(10000, records(&b) == homed_b));
+
+    tn_start(&c, 0xC, kvt_peers_port(a.p));
+    g_c = &c;
+    assert_true(WAIT_FOR(10000, live(&b) == 3));
+    t_join = kvt_now_ns();
+    assert_true(WAIT_FOR(10000, live(&a) == 3 && live(&c) == 3 && records(&c) == homed_c));
+    spin();
+    assert_true(kvt_now_ns() - t_join < 4000ull * 1000000ull);
+    assert_int_equal(records(&b), homed_b); /* kept so far */
+    assert_true(WAIT_FOR(10000, records(&b) == homed_b3));
+    assert_true(kvt_now_ns() - t_join >= 4500ull * 1000000ull); /* 5 s, less B's lag */
+    g_c = NULL;
+    tn_stop(&c);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 /* ---- a publication burst beyond the link's send credits ------------------------ */
 
 /* A burst of publications (a large cascade; every key after a membership change)
@@ -1864,6 +1877,7 @@ int main(void)
         cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
         cmocka_unit_test(test_records_come_back_after_a_stall),
         cmocka_unit_test(test_publish_burst_beyond_credits),
+        cmocka_unit_test(test_home_keeps_moved_keys_until_views_settle),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

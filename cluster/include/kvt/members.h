@@ -64,6 +64,8 @@ bool kvt_members_is_live(const struct kvt_members *m, uint64_t node_id, uint64_t
 uint64_t kvt_members_epoch(const struct kvt_members *m);
 size_t kvt_members_count(const struct kvt_members *m, enum kvt_member_state state);
 uint64_t kvt_members_self(const struct kvt_members *m);
+/* How long a member may stay silent before it is called down (k intervals). */
+uint64_t kvt_members_down_after_ns(const struct kvt_members *m);
 /* Moves pending events to out (at most max), oldest first; returns how many. The
  * ring keeps the newest KVT_MEMBERS_EVENTS: on overflow the oldest are dropped. */
 size_t kvt_members_take_events(struct kvt_members *m, struct kvt_member_event *out, size_t max);
