@@ -183,18 +183,23 @@ static void close_links_of(struct kvt_peers *p, uint64_t node_id, uint64_t incar
     }
 }
 
-static void flush_events(struct kvt_peers *p)
+/* Delivers the member table's events; returns how many were DOWN. */
+static size_t flush_events(struct kvt_peers *p)
 {
     struct kvt_member_event ev[16];
-    size_t n;
+    size_t n, downs = 0;
 
     while ((n = kvt_members_take_events(p->members, ev, KVT_ARRAY_SIZE(ev))) > 0)
         for (size_t i = 0; i < n && !p->destroying; i++) {
             if (p->h.on_member != NULL)
                 p->h.on_member(p->h.arg, &ev[i]);
-            if (ev[i].kind == KVT_MEMBER_DOWN_EV)
+            if (ev[i].kind == KVT_MEMBER_DOWN_EV) {
+                downs++;
+                p->counts.members_down++;
                 close_links_of(p, ev[i].node_id, ev[i].incarnation);
+            }
         }
+    return downs;
 }
 
 static void remember(struct kvt_peers *p, uint64_t id)
@@ -885,7 +890,7 @@ static int timers(struct kvt_peers *p, uint64_t now)
                 send_heartbeat(p, l);
         }
         kvt_members_tick(p->members, now);
-        flush_events(p);
+        p->counts.members_silent += flush_events(p);
         redial(p);
     }
     return n;
@@ -1264,6 +1269,8 @@ int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out)
         stat_put(out, false, "peers_net_refused", kvt_tp_refusal_name(i),
                  c->tp.refused[i] - r->tp.refused[i], &ret);
     stat_put(out, false, "peers_links_closed", NULL, c->links_closed - r->links_closed, &ret);
+    stat_put(out, false, "peers_members_down", NULL, c->members_down - r->members_down, &ret);
+    stat_put(out, false, "peers_members_silent", NULL, c->members_silent - r->members_silent, &ret);
     stat_put(out, true, "peers_live", NULL, kvt_members_live(p->members, ids, KVT_ARRAY_SIZE(ids)),
              &ret);
     stat_put(out, true, "peers_links", NULL, p->n_up, &ret);

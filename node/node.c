@@ -722,6 +722,12 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                KVT_METRIC_COUNTER, pc.refused);
         SAMPLE("kvtier_peers_malformed", "Malformed messages from authenticated peers",
                KVT_METRIC_COUNTER, pc.malformed);
+        SAMPLE("kvtier_peers_down", "Times this node called a member down (any cause)",
+               KVT_METRIC_COUNTER, pc.members_down);
+        SAMPLE("kvtier_peers_down_silent",
+               "Of those, members gone silent (missed heartbeats); each closes the member's "
+               "links and makes both sides publish their chunks again",
+               KVT_METRIC_COUNTER, pc.members_silent);
         SAMPLE("kvtier_net_leases", "Leases peers hold on our chunks", KVT_METRIC_GAUGE,
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",

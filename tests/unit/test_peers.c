@@ -614,6 +614,7 @@ static void mesh3(struct tnode *a, struct tnode *b, struct tnode *c)
 static void test_silent_peer_down(void **state)
 {
     static struct tnode a, b, c;
+    struct kvt_peers_counts pc;
     uint64_t t0, ids[4];
 
     (void)state;
@@ -629,9 +630,12 @@ static void test_silent_peer_down(void **state)
     assert_int_equal(live(&b), 2);
     assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, 0xB));
     /* Down is never one-sided: no link to C is left up (C, stalled, cannot finish a
-     * new handshake). */
+     * new handshake). Counted as silent. */
     assert_false(linked(&a, 0xC));
     assert_false(linked(&b, 0xC));
+    kvt_peers_counts(a.p, &pc);
+    assert_int_equal(pc.members_down, 1);
+    assert_int_equal(pc.members_silent, 1);
     /* It resumes: its links are gone, it calls A and B down too, and all three
      * join again (same incarnations). */
     c.paused = false;
@@ -670,6 +674,8 @@ static void test_restart_and_link_closed(void **state)
     kvt_peers_counts(a.p, &c);
     assert_true(a.n_link_closed >= 1);
     assert_int_equal(a.n_link_closed, c.links_closed);
+    assert_int_equal(c.members_down, 1); /* the connection, not silence */
+    assert_int_equal(c.members_silent, 0);
     for (size_t i = 0; i < a.n_link_closed; i++)
         assert_int_equal(a.link_closed_ids[i], 0xB);
     n_closed = a.n_link_closed;

@@ -156,6 +156,10 @@ int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out);
  * the side that refuses and by the side that receives the REFUSE. */
 struct kvt_peers_counts {
     uint64_t handshakes, refused, malformed, links_closed;
+    /* Members we called down, and of those the ones gone silent (missed heartbeats:
+     * a stalled process, heartbeats held up behind READ responses). Each down closes
+     * the member's links, and both sides then publish everything again. */
+    uint64_t members_down, members_silent;
     uint64_t refused_by_reason[KVT_PEERS_R_TIMEOUT + 1]; /* enum kvt_wire_reason, or
                                                             KVT_PEERS_R_TIMEOUT */
     struct kvt_tp_counters tp; /* the transport's refusals (kvt_tp_get_counters) */
