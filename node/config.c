@@ -145,6 +145,8 @@ static const struct key_def keys[] = {
      "how long a peer may pin chunks it was granted, in ms"},
     {"network.fetch_timeout_ms", T_U32, F(network_fetch_timeout_ms), 0, "2000", 1, 3600000, NULL, 0,
      "a fetch from a peer not answered by then fails (the engine recomputes), in ms"},
+    {"network.locate_timeout_ms", T_U32, F(network_locate_timeout_ms), 0, "2000", 1, 3600000, NULL,
+     0, "a lookup's question to the key's home not answered by then is a miss, in ms"},
     {"network.heartbeat_ms", T_U32, F(network_heartbeat_ms), 0, "500", 10, 600000, NULL, 0,
      "interval of heartbeats to peers, in ms (< network.lease_ms)"},
     {"network.heartbeat_misses", T_U32, F(network_heartbeat_misses), 0, "3", 1, 1000, NULL, 0,

@@ -543,6 +543,7 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
     nc.primary = nd->primary;
     nc.lease_ms = nd->cfg.network_lease_ms;
     nc.fetch_timeout_ms = nd->cfg.network_fetch_timeout_ms;
+    nc.locate_timeout_ms = nd->cfg.network_locate_timeout_ms;
     nc.keys_per_fetch = nd->cfg.network_keys_per_fetch;
     nc.fetches_per_peer = nd->cfg.network_fetches_per_peer;
     nc.max_ops_per_batch = nd->cfg.network_reads_per_batch;

@@ -192,6 +192,7 @@ static void test_defaults_without_file(void **state)
     assert_int_equal(cfg.n_network_peers, 0);
     assert_null(cfg.cluster_secret_file);
     assert_true(cfg.network_fetch_timeout_ms <= cfg.network_lease_ms);
+    assert_int_equal(cfg.network_locate_timeout_ms, 2000);
     assert_true(cfg.network_heartbeat_ms < cfg.network_lease_ms);
     assert_true(cfg.network_heartbeat_misses >= 1);
     assert_true(cfg.storage_low_water_us <= cfg.storage_high_water_us);
@@ -245,6 +246,7 @@ static void test_file_and_sets(void **state)
              "    - \"[fe80::1]:7001\"\n"
              "  lease_ms: 5000\n"
              "  fetch_timeout_ms: 1500\n"
+             "  locate_timeout_ms: 700\n"
              "  heartbeat_ms: 250\n"
              "  heartbeat_misses: 5\n"
              "cluster: {secret_file: %s}\n"
@@ -275,6 +277,7 @@ static void test_file_and_sets(void **state)
     assert_string_equal(cfg.network_peers[1], "[fe80::1]:7001");
     assert_int_equal(cfg.network_lease_ms, 5000);
     assert_int_equal(cfg.network_fetch_timeout_ms, 1500);
+    assert_int_equal(cfg.network_locate_timeout_ms, 700);
     assert_int_equal(cfg.network_heartbeat_ms, 250);
     assert_int_equal(cfg.network_heartbeat_misses, 5);
     assert_string_equal(cfg.cluster_secret_file, fx.secret);
@@ -358,6 +361,8 @@ static void test_out_of_range(void **state)
                WANT(at_line(2), "storage.read_depth", "out of range (1..256)"));
     expect_bad("\n\nnetwork:\n  lease_ms: 5\n", NULL, 0, 0,
                WANT(at_line(4), "network.lease_ms", "out of range"));
+    expect_bad("network:\n  locate_timeout_ms: 0\n", NULL, 0, 0,
+               WANT(at_line(2), "network.locate_timeout_ms", "out of range"));
     /* Cross-key: the key that was set is the one named. */
     expect_bad("primary:\n  row_bytes: 3000\n", NULL, 0, 0,
                WANT(at_line(2), "primary.row_bytes", "not a multiple"));
@@ -646,6 +651,7 @@ static void test_help(void **state)
                                         "network.peers",
                                         "network.lease_ms",
                                         "network.fetch_timeout_ms",
+                                        "network.locate_timeout_ms",
                                         "network.heartbeat_ms",
                                         "network.heartbeat_misses",
                                         "cluster.secret_file",

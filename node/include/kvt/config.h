@@ -90,6 +90,7 @@ struct kvt_config {
     size_t n_network_peers;
     uint32_t network_lease_ms;            /* >= network_fetch_timeout_ms */
     uint32_t network_fetch_timeout_ms;    /* a FETCH not granted by then fails */
+    uint32_t network_locate_timeout_ms;   /* a LOCATE not answered by then: a miss */
     uint32_t network_heartbeat_ms;        /* < network_lease_ms */
     uint32_t network_heartbeat_misses;    /* a peer missing this many is down */
     uint32_t network_keys_per_fetch;      /* keys of one FETCH, 1..256 */
