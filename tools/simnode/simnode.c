@@ -711,15 +711,16 @@ static void cmd_counts(struct node *n)
            " send_failures=%" PRIu64 " failed_fetches=%" PRIu64 " records=%" PRIu64
            " published=%" PRIu64 " malformed=%" PRIu64 " peer_refused=%" PRIu64
            " auth_refused=%" PRIu64 " ns_refused=%" PRIu64 " direct=%" PRIu64
-           " direct_miss=%" PRIu64 " exposed=%" PRIu64 " live=%zu\n",
+           " direct_miss=%" PRIu64 " exposed=%" PRIu64 " locates=%" PRIu64
+           " locate_timeouts=%" PRIu64 " down=%" PRIu64 " down_silent=%" PRIu64 " live=%zu\n",
            c.fetches, c.grants, c.denies, c.pulled_chunks, c.served_chunks, c.checksum_failures,
            c.fence_failures, c.fence_fail[KVT_NET_FENCE_CHANGED],
            c.fence_fail[KVT_NET_FENCE_WRITING], c.fence_fail[KVT_NET_FENCE_UNREAD], c.active_leases,
            c.lease_expiries, c.leases_reaped, c.refused, c.send_failures, c.failed_fetches,
            c.directory_records, c.published_keys, p.malformed, p.refused,
            p.refused_by_reason[KVT_WIRE_R_AUTH], p.refused_by_reason[KVT_WIRE_R_NAMESPACE],
-           c.direct_chunks, c.direct_misses, c.direct_exposed_links,
-           kvt_peers_live(n->peers, live, 64));
+           c.direct_chunks, c.direct_misses, c.direct_exposed_links, c.locates, c.locate_timeouts,
+           p.members_down, p.members_silent, kvt_peers_live(n->peers, live, 64));
 }
 
 /* The live ids are exactly want[0..n) (in any order). */
