@@ -6,7 +6,8 @@
  * kvt__nt_lookup_submit, which queues a locate_req, and the loop's progress right
  * after takes the queue, sends one LOCATE per key's home (rendezvous hashing over
  * the live members; keys homed here are answered from our own directory) and
- * completes the helper's item when every LOCATE_REPLY is in or its deadline passed.
+ * completes the helper's item when every LOCATE_REPLY is in, its deadline passed, or
+ * the home of the rest went down or restarted (their keys are not found).
  * So a LOCATE leaves in the step that asked, whatever is still in flight, and its
  * answer reaches the next lookup without a thread in between. (A worker that ran the
  * round trips one after the other made each step's keys wait for the LOCATEs of the
@@ -225,6 +226,17 @@ static void nt_part_free(struct net_tier *nt, struct locate_part *pt)
     kvt_free(pt);
 }
 
+/* A LOCATE answered or given up: the op is done with its last part (the keys of the
+ * parts given up stay not found). */
+static void nt_part_end(struct net_tier *nt, struct locate_part *pt)
+{
+    struct locate_op *op = pt->op;
+
+    nt_part_free(nt, pt);
+    if (--op->parts_pending == 0)
+        nt_locate_op_done(nt, op);
+}
+
 void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m)
 {
     const struct kvt_wire_locate_reply *lr = &m->u.locate_reply;
@@ -251,27 +263,35 @@ void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kv
                                    .has_row = hl->v[j].has_row};
         op->found[pt->idx[i]] = nt_pick_holder(nt, &op->req->keys[pt->idx[i]], c, n);
     }
-    nt_part_free(nt, pt);
-    if (--op->parts_pending == 0)
-        nt_locate_op_done(nt, op);
+    nt_part_end(nt, pt);
 }
 
 static void nt_expire_part(struct net_tier *nt, void *v, void *arg)
 {
     struct locate_part *pt = v;
-    struct locate_op *op = pt->op;
 
-    if (*(const uint64_t *)arg < op->deadline_ns)
+    if (*(const uint64_t *)arg < pt->op->deadline_ns)
         return;
     nt->c.locate_timeouts++;
-    nt_part_free(nt, pt);
-    if (--op->parts_pending == 0) /* its other parts were freed before */
-        nt_locate_op_done(nt, op);
+    nt_part_end(nt, pt);
 }
 
 void kvt__nt_expire_locates(struct net_tier *nt, uint64_t now)
 {
     kvt__nt_for_each(nt, &nt->locate_parts, nt_expire_part, &now);
+}
+
+static void nt_home_gone(struct net_tier *nt, void *v, void *arg)
+{
+    struct locate_part *pt = v;
+
+    if (pt->node == *(const uint64_t *)arg)
+        nt_part_end(nt, pt);
+}
+
+void kvt__nt_fail_locates(struct net_tier *nt, uint64_t node)
+{
+    kvt__nt_for_each(nt, &nt->locate_parts, nt_home_gone, &node);
 }
 
 void kvt__nt_forget_holders(struct net_tier *nt, uint64_t node, uint64_t keep_from)

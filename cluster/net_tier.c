@@ -263,6 +263,7 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
             kvt_info(NT_MOD, "dropped %zu directory records of member %016" PRIx64, dropped,
                      ev->node_id);
         kvt__nt_forget_holders(nt, ev->node_id, keep_from);
+        kvt__nt_fail_locates(nt, ev->node_id);
         kvt__nt_fail_fetches(nt, ev->node_id, keep_from, NULL);
         kvt__nt_reap_leases(nt, ev->node_id, NULL);
     }

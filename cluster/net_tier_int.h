@@ -383,6 +383,9 @@ int kvt__nt_lookup_submit(void *arg, const struct kvt_key *keys, size_t n, bool 
 void kvt__nt_take_locates(struct net_tier *nt);
 void kvt__nt_on_locate_reply(struct net_tier *nt, uint64_t from, const struct kvt_wire_msg *m);
 void kvt__nt_expire_locates(struct net_tier *nt, uint64_t now);
+/* The LOCATEs out to node end now, their keys not found: it went down or restarted
+ * (a new life knows none of them), so no answer will come before the deadline. */
+void kvt__nt_fail_locates(struct net_tier *nt, uint64_t node);
 bool kvt__nt_holder_live(struct net_tier *nt, const struct holder *h);
 /* Forgets the holders on node with an incarnation below keep_from. */
 void kvt__nt_forget_holders(struct net_tier *nt, uint64_t node, uint64_t keep_from);
