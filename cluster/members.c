@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kvt/alloc.h"
+#include "kvt/common.h"
 #include "kvt/log.h"
 #include "kvt/members.h"
 
@@ -125,10 +126,21 @@ void kvt_members_tick(struct kvt_members *m, uint64_t now_ns)
 {
     uint64_t limit = m->interval_ns * m->k_missed;
 
-    for (size_t i = 0; i < m->n; i++)
-        if (m->mem[i].state == KVT_MEMBER_ALIVE && now_ns > m->mem[i].last_heard_ns &&
-            now_ns - m->mem[i].last_heard_ns > limit)
+    for (size_t i = 0; i < m->n; i++) {
+        const struct kvt_member *x = &m->mem[i];
+
+        if (x->state == KVT_MEMBER_ALIVE && now_ns > x->last_heard_ns &&
+            now_ns - x->last_heard_ns > KVT_MAX(limit, x->down_after_ns))
             set_down(m, &m->mem[i], "missed heartbeats");
+    }
+}
+
+void kvt_members_allow_silence(struct kvt_members *m, uint64_t node_id, uint64_t ns)
+{
+    struct kvt_member *x = find(m, node_id);
+
+    if (x != NULL)
+        x->down_after_ns = ns;
 }
 
 void kvt_members_mark_down(struct kvt_members *m, uint64_t node_id)

@@ -82,6 +82,7 @@ struct peer_link {
     uint64_t peer_id, peer_inc;
     char peer_addr[KVT_WIRE_ADDR_MAX]; /* where the peer listens ("" unknown) */
     uint16_t peer_port;
+    uint32_t peer_down_after_ms;       /* the silence the peer allows a member (0 unknown) */
     char dial_addr[KVT_WIRE_ADDR_MAX]; /* client: what we dialled */
     uint16_t dial_port;
     uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], nonce_s[KVT_AUTH_NONCE_BYTES];
@@ -463,12 +464,17 @@ static void fill_hello(const struct kvt_peers *p, struct kvt_wire_msg *m, enum k
     memcpy(m->u.hello.nonce, nonce, KVT_AUTH_NONCE_BYTES);
     snprintf(m->u.hello.addr, sizeof(m->u.hello.addr), "%s", p->advertise);
     m->u.hello.port = p->advertise_port;
+    m->has |= KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER);
+    m->u.hello.down_after_ms =
+        (uint32_t)KVT_MIN(kvt_members_down_after_ns(p->members) / NS_PER_MS, UINT32_MAX);
 }
 
 static void record_peer(struct peer_link *l, const struct kvt_wire_msg *m)
 {
     l->peer_id = m->u.hello.node_id;
     l->peer_inc = m->u.hello.incarnation;
+    if (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER))
+        l->peer_down_after_ms = m->u.hello.down_after_ms;
     if ((m->has & KVT_WIRE_HAS(KVT_WIRE_F_ADDR)) && (m->has & KVT_WIRE_HAS(KVT_WIRE_F_PORT)) &&
         m->u.hello.port != 0 && m->u.hello.addr[0] != '\0') {
         snprintf(l->peer_addr, sizeof(l->peer_addr), "%s", m->u.hello.addr);
@@ -499,6 +505,27 @@ static void client_connected(struct kvt_peers *p, struct peer_link *l)
     l->deadline_ns = kvt_now_ns() + p->hs_ns;
 }
 
+/* Nodes that call a silent member down after different times (network.heartbeat_ms
+ * x heartbeat_misses set differently) would flap: the quicker one calls the slower
+ * one down between two of its heartbeats, closes its links, and both publish all
+ * again. Said once per link; each member is given the longer of the two. */
+static void allow_peer_silence(struct kvt_peers *p, struct peer_link *l)
+{
+    uint64_t ours = kvt_members_down_after_ns(p->members);
+    uint64_t theirs = (uint64_t)l->peer_down_after_ms * NS_PER_MS;
+
+    if (l->peer_down_after_ms == 0)
+        return; /* a node before wire 1.3 does not say */
+    if (theirs != ours)
+        kvt_warn(MOD,
+                 "node %llu calls a silent member down after %u ms, this node after %llu ms: "
+                 "set network.heartbeat_ms and network.heartbeat_misses alike on every node "
+                 "(until then each waits for the longer)",
+                 (unsigned long long)l->peer_id, l->peer_down_after_ms,
+                 (unsigned long long)(ours / NS_PER_MS));
+    kvt_members_allow_silence(p->members, l->peer_id, theirs > ours ? theirs : 0);
+}
+
 static void link_up(struct kvt_peers *p, struct peer_link *l)
 {
     struct kvt_list *pos, *tmp;
@@ -516,6 +543,7 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
         return;
     }
     remember(p, l->peer_id);
+    allow_peer_silence(p, l);
     /* Both sides authorized their end during the handshake (see the states above);
      * again here, a no-op, so that no path reaches UP unauthorized. */
     ret = kvt_tp_ep_authorize(l->ep);

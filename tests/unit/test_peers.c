@@ -95,9 +95,10 @@ static void ns_of(const char *name, uint8_t ns[KVT_AUTH_NS_BYTES])
     kvt_auth_namespace(name, ns);
 }
 
-/* A node on 127.0.0.1, port 0, seeded with the ports given (0-terminated). */
-static void node_start_ex(struct tnode *t, uint64_t id, const uint8_t *secret, const char *nsname,
-                          const uint16_t *seed_ports)
+/* A node on 127.0.0.1, port 0, seeded with the ports given (0-terminated), with a
+ * heartbeat every hb_ms and down after `misses` of them missed. */
+static void node_start_hb(struct tnode *t, uint64_t id, const uint8_t *secret, const char *nsname,
+                          const uint16_t *seed_ports, unsigned hb_ms, unsigned misses)
 {
     char seed_buf[4][32];
     const char *seeds[4];
@@ -117,8 +118,8 @@ static void node_start_ex(struct tnode *t, uint64_t id, const uint8_t *secret, c
     c.listen_addr = "127.0.0.1";
     c.seeds = seeds;
     c.n_seeds = n;
-    c.heartbeat_ms = HB_MS;
-    c.heartbeat_misses = HB_MISSES;
+    c.heartbeat_ms = hb_ms;
+    c.heartbeat_misses = misses;
     c.handshake_timeout_ms = HS_MS;
     c.transport.backend = "ucx";
     c.h = (struct kvt_peers_handlers){
@@ -126,6 +127,12 @@ static void node_start_ex(struct tnode *t, uint64_t id, const uint8_t *secret, c
     assert_int_equal(kvt_peers_create(&c, &t->p), 0);
     assert_int_not_equal(kvt_peers_port(t->p), 0);
     reg((void **)g_nodes, t, true);
+}
+
+static void node_start_ex(struct tnode *t, uint64_t id, const uint8_t *secret, const char *nsname,
+                          const uint16_t *seed_ports)
+{
+    node_start_hb(t, id, secret, nsname, seed_ports, HB_MS, HB_MISSES);
 }
 
 static void node_start(struct tnode *t, uint64_t id, const uint16_t *seed_ports)
@@ -650,6 +657,31 @@ static void test_silent_peer_down(void **state)
     node_stop(&a);
 }
 
+/* B heartbeats every 200 ms; A calls a member down after 4 x 40 ms of silence. A
+ * waits for the longer silence B says it allows (its HELLO), so neither calls the
+ * other down; without that A would call B down between any two of its heartbeats,
+ * over and over. */
+static void test_slower_heartbeats_do_not_flap(void **state)
+{
+    static struct tnode a, b;
+    uint16_t pa[2] = {0, 0};
+    struct kvt_peers_counts ca, cb;
+
+    (void)state;
+    node_start(&a, 0xA, NULL);
+    pa[0] = kvt_peers_port(a.p);
+    node_start_hb(&b, 0xB, good_secret, "test-ns", pa, 200, HB_MISSES);
+    assert_true(WAIT_FOR(5000, live(&a) == 2 && live(&b) == 2));
+    run_for(2000);
+    kvt_peers_counts(a.p, &ca);
+    kvt_peers_counts(b.p, &cb);
+    assert_int_equal(ca.members_down, 0);
+    assert_int_equal(cb.members_down, 0);
+    assert_true(live(&a) == 2 && live(&b) == 2);
+    node_stop(&b);
+    node_stop(&a);
+}
+
 /* B is destroyed (A: on_link_closed, DOWN) and re-created with a new incarnation
  * (A: RESTARTED or JOINED), and traffic flows again. */
 static void test_restart_and_link_closed(void **state)
@@ -941,6 +973,7 @@ int main(void)
         cmocka_unit_test_teardown(test_handshake_timeout, teardown),
         cmocka_unit_test_teardown(test_members_learned, teardown),
         cmocka_unit_test_teardown(test_silent_peer_down, teardown),
+        cmocka_unit_test_teardown(test_slower_heartbeats_do_not_flap, teardown),
         cmocka_unit_test_teardown(test_restart_and_link_closed, teardown),
         cmocka_unit_test_teardown(test_malformed_after_auth, teardown),
         cmocka_unit_test_teardown(test_read_grant_hook, teardown),

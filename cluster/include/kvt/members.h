@@ -25,6 +25,7 @@ struct kvt_member {
     uint16_t port;
     enum kvt_member_state state;
     uint64_t last_heard_ns;
+    uint64_t down_after_ns; /* silence allowed before down; 0: the table's */
 };
 
 enum kvt_member_event_kind {
@@ -66,6 +67,10 @@ size_t kvt_members_count(const struct kvt_members *m, enum kvt_member_state stat
 uint64_t kvt_members_self(const struct kvt_members *m);
 /* How long a member may stay silent before it is called down (k intervals). */
 uint64_t kvt_members_down_after_ns(const struct kvt_members *m);
+/* node_id (a member) may stay silent for ns before it is called down, when that is
+ * longer than the table's own limit (a member that heartbeats less often than we
+ * do would otherwise be called down over and over); 0: the table's limit again. */
+void kvt_members_allow_silence(struct kvt_members *m, uint64_t node_id, uint64_t ns);
 /* Moves pending events to out (at most max), oldest first; returns how many. The
  * ring keeps the newest KVT_MEMBERS_EVENTS: on overflow the oldest are dropped. */
 size_t kvt_members_take_events(struct kvt_members *m, struct kvt_member_event *out, size_t max);
