@@ -11,12 +11,13 @@
  * sent as such (the order of the two vectors would otherwise decide). Every record
  * has a TTL: all held keys are re-published at half of it, and at once after a
  * membership change (homes moved); a home drops the keys homed elsewhere now only
- * once every node can have seen the change (retain_at_ns). Keys for a home whose link is out of
- * send credits wait in their vector for the next flush (a re-publication is a burst of one message
- * per NT_KEYS_PER_MSG keys). A publication lost to a failed send or to memory is repaired by the
- * next re-publication; a lost unpublication ages out with its record. The node's reset (the primary
- * cleared) unpublishes everything at once (kvt__nt_reset), so no peer is sent here for a chunk the
- * reset dropped.
+ * once every node can have seen the change (retain_at_ns). Keys for a home whose
+ * link is out of send credits wait in their vector for the next flush (a
+ * re-publication is a burst of one message per NT_KEYS_PER_MSG keys). A publication
+ * lost to a failed send or to memory is repaired by the next re-publication; a lost
+ * unpublication ages out with its record. The node's reset (the primary cleared)
+ * unpublishes everything at once (kvt__nt_reset), so no peer is sent here for a
+ * chunk the reset dropped.
  *
  * In direct mode (network.fetch direct) a PUBLISH also says where each key sits in
  * the primary - its slot and the fence word its bytes were completed under - read

@@ -239,9 +239,9 @@ struct nt_peer {
 };
 
 /* The tier. Owns every map's values, the directory, the async lookup helper, the
- * wake eventfd and the primary region's registrations; not the peers or the primary. The manager
- * fills base's primary fields at adoption; the loop thread touches everything else,
- * without a lock. */
+ * wake eventfd and the primary region's registrations; not the peers or the
+ * primary. The manager fills base's primary fields at adoption; the loop thread
+ * touches everything else, without a lock. */
 struct net_tier {
     struct kvt_tier base;
     struct kvt_net_tier_config cfg;

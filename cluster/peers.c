@@ -27,9 +27,11 @@
  * member table (with the link's incarnation; -ESTALE means the link belongs to an
  * older life of that node and it is closed). The last UP link of a member closing
  * marks it down, and a member marked down for any cause (missed heartbeats too) has
- * every link to that life closed: down is never one-sided. One timer (every heartbeat_ms) sends
- * heartbeats, ticks the table and re-dials seeds and members without any link. Events are drained
- * from the table right after each change, so on_member sees them before the next message.
+ * every link to that life closed: down is never one-sided. One timer (every
+ * heartbeat_ms) sends heartbeats, ticks the table and re-dials seeds and members
+ * without any link. Events are drained from the table right after each change, so
+ * on_member sees them before the next message. Each HELLO says how long its sender
+ * lets a member stay silent; a member is given the longer of that and ours.
  *
  * The digest of the member list is XXH3 over the sorted (id, incarnation) pairs of
  * the live members, ourselves included: two nodes with the same view compute the
