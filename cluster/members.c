@@ -135,6 +135,15 @@ void kvt_members_tick(struct kvt_members *m, uint64_t now_ns)
     }
 }
 
+uint64_t kvt_members_longest_silence_ns(const struct kvt_members *m)
+{
+    uint64_t longest = m->interval_ns * m->k_missed;
+
+    for (size_t i = 0; i < m->n; i++)
+        longest = KVT_MAX(longest, m->mem[i].down_after_ns);
+    return longest;
+}
+
 void kvt_members_allow_silence(struct kvt_members *m, uint64_t node_id, uint64_t ns)
 {
     struct kvt_member *x = find(m, node_id);

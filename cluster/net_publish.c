@@ -16,8 +16,8 @@
  * re-publication is a burst of one message per NT_KEYS_PER_MSG keys). A publication
  * lost to a failed send or to memory is repaired by the next re-publication; a lost
  * unpublication ages out with its record. The node's reset (the primary cleared)
- * unpublishes everything at once (kvt__nt_reset), so no peer is sent here for a
- * chunk the reset dropped.
+ * unpublishes everything at once (kvt__nt_reset; what a link has no credits for, a
+ * ms or so later), so no peer is sent here for a chunk the reset dropped.
  *
  * In direct mode (network.fetch direct) a PUBLISH also says where each key sits in
  * the primary - its slot and the fence word its bytes were completed under - read

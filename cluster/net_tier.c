@@ -269,12 +269,13 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
     }
     nt->republish_all = true; /* homes moved */
     /* The keys homed elsewhere now go once every node can have seen this change
-     * (each calls a silent member down within down_after; twice that): a home whose
+     * (each calls a silent member down within the longest silence allowed; twice
+     * that): a home whose
      * view lags a publisher's would otherwise drop what that publisher, already
      * past the change, sent it as their home, and the publisher would not send them
      * again before its periodic republication. */
     nt->retain_at_ns =
-        kvt_now_ns() + 2 * kvt_members_down_after_ns(kvt_peers_members(nt->peers)) + 1000 * MS;
+        kvt_now_ns() + 2 * kvt_members_longest_silence_ns(kvt_peers_members(nt->peers)) + 1000 * MS;
 }
 
 static void nt_on_link_closed(void *arg, uint64_t node_id, struct kvt_tp_ep *ep)
@@ -375,7 +376,8 @@ static int nt_drain_jobs(struct kvt_tier *t)
 }
 
 /* After the manager drained us and cleared the primary: the primary's removed hook
- * queued every publication for UNPUBLISH; they leave now, not at the next flush. */
+ * queued every publication for UNPUBLISH; they leave now, not at the next flush
+ * (those a link has no send credits for, a ms or so later). */
 static int nt_reset(struct kvt_tier *t)
 {
     kvt__nt_reset(nt_of(t));

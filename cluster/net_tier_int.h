@@ -403,12 +403,14 @@ void kvt__nt_locate_cleanup(struct net_tier *nt);
 int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job);
 /* The primary's removed hook (keys NULL: everything). */
 void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n);
-/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; empties kv. */
+/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; kv keeps those a
+ * home's link had no send credits for (net_publish.c). */
 void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type);
 /* Re-publication when due, then the batched UNPUBLISHes and PUBLISHes. */
 void kvt__nt_flush_publishes(struct net_tier *nt);
 /* The tier's reset op: every publication is withdrawn now (UNPUBLISH to each home,
- * our own directory's records of us dropped). */
+ * those a link has no send credits for at the next flushes; our own directory's
+ * records of us dropped). */
 void kvt__nt_reset(struct net_tier *nt);
 
 /* ---- net_fetch.c --------------------------------------------------------------- */

@@ -31,7 +31,8 @@
  * heartbeat_ms) sends heartbeats, ticks the table and re-dials seeds and members
  * without any link. Events are drained from the table right after each change, so
  * on_member sees them before the next message. Each HELLO says how long its sender
- * lets a member stay silent; a member is given the longer of that and ours.
+ * lets a member stay silent; a member is given the longer of that and ours (at most
+ * PEERS_SILENCE_MAX times ours).
  *
  * The digest of the member list is XXH3 over the sorted (id, incarnation) pairs of
  * the live members, ourselves included: two nodes with the same view compute the
@@ -53,10 +54,11 @@
 #include "kvt/log.h"
 #include "kvt/peers.h"
 
-#define MOD             "peers"
-#define PEERS_MAX_LINKS (4 * KVT_MEMBERS_MAX)
-#define PEERS_LINGER_NS (250ull * 1000000ull)
-#define NS_PER_MS       1000000ull
+#define MOD               "peers"
+#define PEERS_MAX_LINKS   (4 * KVT_MEMBERS_MAX)
+#define PEERS_LINGER_NS   (250ull * 1000000ull)
+#define NS_PER_MS         1000000ull
+#define PEERS_SILENCE_MAX 8 /* a member's silence allowance, at most ours times this */
 
 enum link_state {
     LINK_DIALING,
@@ -510,22 +512,28 @@ static void client_connected(struct kvt_peers *p, struct peer_link *l)
 /* Nodes that call a silent member down after different times (network.heartbeat_ms
  * x heartbeat_misses set differently) would flap: the quicker one calls the slower
  * one down between two of its heartbeats, closes its links, and both publish all
- * again. Said once per link; each member is given the longer of the two. */
+ * again. Said once per link; each member is given the longer of the two, but never
+ * more than PEERS_SILENCE_MAX times ours: a member that says it may stay silent for
+ * days would keep its records and be asked, stalled, for as long. */
 static void allow_peer_silence(struct kvt_peers *p, struct peer_link *l)
 {
     uint64_t ours = kvt_members_down_after_ns(p->members);
     uint64_t theirs = (uint64_t)l->peer_down_after_ms * NS_PER_MS;
+    uint64_t allowed = KVT_MIN(theirs, PEERS_SILENCE_MAX * ours);
 
-    if (l->peer_down_after_ms == 0)
-        return; /* a node before wire 1.3 does not say */
+    if (l->peer_down_after_ms == 0) { /* a node before wire 1.3 does not say */
+        kvt_members_allow_silence(p->members, l->peer_id, 0);
+        return;
+    }
     if (theirs != ours)
         kvt_warn(MOD,
-                 "node %llu calls a silent member down after %u ms, this node after %llu ms: "
-                 "set network.heartbeat_ms and network.heartbeat_misses alike on every node "
-                 "(until then each waits for the longer)",
+                 "node %llu calls a silent member down after %u ms, this node after %llu ms "
+                 "and gives it %llu: set network.heartbeat_ms and network.heartbeat_misses "
+                 "alike on every node",
                  (unsigned long long)l->peer_id, l->peer_down_after_ms,
-                 (unsigned long long)(ours / NS_PER_MS));
-    kvt_members_allow_silence(p->members, l->peer_id, theirs > ours ? theirs : 0);
+                 (unsigned long long)(ours / NS_PER_MS),
+                 (unsigned long long)(KVT_MAX(allowed, ours) / NS_PER_MS));
+    kvt_members_allow_silence(p->members, l->peer_id, allowed > ours ? allowed : 0);
 }
 
 static void link_up(struct kvt_peers *p, struct peer_link *l)

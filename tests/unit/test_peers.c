@@ -682,6 +682,25 @@ static void test_slower_heartbeats_do_not_flap(void **state)
     node_stop(&a);
 }
 
+/* B heartbeats every 2 s and says so; A calls a member down after 4 x 40 ms of
+ * silence and allows a slower member at most 8 times that (1.28 s): it calls B down
+ * anyway, and says so, rather than wait for whatever a peer declares (a stalled node
+ * that said it may stay silent for days would be asked for as long). */
+static void test_silence_allowance_capped(void **state)
+{
+    static struct tnode a, b;
+    uint16_t pa[2] = {0, 0};
+
+    (void)state;
+    node_start(&a, 0xA, NULL);
+    pa[0] = kvt_peers_port(a.p);
+    node_start_hb(&b, 0xB, good_secret, "test-ns", pa, 2000, HB_MISSES);
+    assert_true(WAIT_FOR(5000, live(&a) == 2));
+    assert_true(WAIT_FOR(4000, has_event(&a, KVT_MEMBER_DOWN_EV, 0xB)));
+    node_stop(&b);
+    node_stop(&a);
+}
+
 /* B is destroyed (A: on_link_closed, DOWN) and re-created with a new incarnation
  * (A: RESTARTED or JOINED), and traffic flows again. */
 static void test_restart_and_link_closed(void **state)
@@ -974,6 +993,7 @@ int main(void)
         cmocka_unit_test_teardown(test_members_learned, teardown),
         cmocka_unit_test_teardown(test_silent_peer_down, teardown),
         cmocka_unit_test_teardown(test_slower_heartbeats_do_not_flap, teardown),
+        cmocka_unit_test_teardown(test_silence_allowance_capped, teardown),
         cmocka_unit_test_teardown(test_restart_and_link_closed, teardown),
         cmocka_unit_test_teardown(test_malformed_after_auth, teardown),
         cmocka_unit_test_teardown(test_read_grant_hook, teardown),

@@ -71,6 +71,9 @@ uint64_t kvt_members_down_after_ns(const struct kvt_members *m);
  * longer than the table's own limit (a member that heartbeats less often than we
  * do would otherwise be called down over and over); 0: the table's limit again. */
 void kvt_members_allow_silence(struct kvt_members *m, uint64_t node_id, uint64_t ns);
+/* The longest silence any member is allowed (ours, or a longer allowance): the time
+ * within which every node has called a silent member down. */
+uint64_t kvt_members_longest_silence_ns(const struct kvt_members *m);
 /* Moves pending events to out (at most max), oldest first; returns how many. The
  * ring keeps the newest KVT_MEMBERS_EVENTS: on overflow the oldest are dropped. */
 size_t kvt_members_take_events(struct kvt_members *m, struct kvt_member_event *out, size_t max);
