@@ -124,7 +124,7 @@ static void set_down(struct kvt_members *m, struct kvt_member *x, const char *wh
 
 void kvt_members_tick(struct kvt_members *m, uint64_t now_ns)
 {
-    uint64_t limit = m->interval_ns * m->k_missed;
+    uint64_t limit = kvt_members_down_after_ns(m);
 
     for (size_t i = 0; i < m->n; i++) {
         const struct kvt_member *x = &m->mem[i];
@@ -137,7 +137,7 @@ void kvt_members_tick(struct kvt_members *m, uint64_t now_ns)
 
 uint64_t kvt_members_longest_silence_ns(const struct kvt_members *m)
 {
-    uint64_t longest = m->interval_ns * m->k_missed;
+    uint64_t longest = kvt_members_down_after_ns(m);
 
     for (size_t i = 0; i < m->n; i++)
         longest = KVT_MAX(longest, m->mem[i].down_after_ns);

@@ -142,12 +142,25 @@ static int nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type t
     return kvt__nt_try_send(nt, home, &m) == -EAGAIN ? -EAGAIN : 0;
 }
 
+enum { KEY_TODO, KEY_DONE, KEY_LATER }; /* a key's state in kvt__nt_flush_keys */
+
+/* Sends ks (kv's keys idx[0..n)) to home; true when the link had no credits: they
+ * are marked for later. */
+static bool nt_send_or_keep(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
+                            const struct kvt_key *ks, const size_t *idx, size_t n, uint8_t *st)
+{
+    if (nt_send_keys(nt, home, type, ks, n) != -EAGAIN)
+        return false;
+    for (size_t k = 0; k < n; k++)
+        st[idx[k]] = KEY_LATER;
+    return true;
+}
+
 /* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH. kv keeps, in order,
  * the keys of the homes whose links ran out of send credits (from the first message
  * refused on: the next flush sends them), and nothing else. */
 void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type)
 {
-    enum { TODO, DONE, LATER };
     uint64_t live[NT_MAX_NODES];
     size_t n_live, kept = 0;
     uint64_t *homes;
@@ -169,29 +182,26 @@ void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_ty
         size_t idx[NT_KEYS_PER_MSG], n = 0;
         bool full = false; /* the home's link is out of credits */
 
-        if (st[i] != TODO)
+        if (st[i] != KEY_TODO)
             continue;
         for (size_t j = i; j < kv->n; j++) {
-            if (st[j] != TODO || homes[j] != homes[i])
+            if (st[j] != KEY_TODO || homes[j] != homes[i])
                 continue;
-            st[j] = full ? LATER : DONE;
+            st[j] = full ? KEY_LATER : KEY_DONE;
             if (full)
                 continue;
             idx[n] = j;
             ks[n++] = kv->v[j];
             if (n == NT_KEYS_PER_MSG) {
-                full = nt_send_keys(nt, homes[i], type, ks, n) == -EAGAIN;
-                for (size_t k = 0; full && k < n; k++)
-                    st[idx[k]] = LATER;
+                full = nt_send_or_keep(nt, homes[i], type, ks, idx, n, st);
                 n = 0;
             }
         }
-        if (n > 0 && nt_send_keys(nt, homes[i], type, ks, n) == -EAGAIN)
-            for (size_t k = 0; k < n; k++)
-                st[idx[k]] = LATER;
+        if (n > 0)
+            nt_send_or_keep(nt, homes[i], type, ks, idx, n, st);
     }
     for (size_t i = 0; i < kv->n; i++)
-        if (st[i] == LATER)
+        if (st[i] == KEY_LATER)
             kv->v[kept++] = kv->v[i];
     kv->n = kept;
 out:

@@ -270,10 +270,9 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
     nt->republish_all = true; /* homes moved */
     /* The keys homed elsewhere now go once every node can have seen this change
      * (each calls a silent member down within the longest silence allowed; twice
-     * that): a home whose
-     * view lags a publisher's would otherwise drop what that publisher, already
-     * past the change, sent it as their home, and the publisher would not send them
-     * again before its periodic republication. */
+     * that): a home whose view lags a publisher's would otherwise drop what that
+     * publisher, already past the change, sent it as their home, and the publisher
+     * would not send them again before its periodic republication. */
     nt->retain_at_ns =
         kvt_now_ns() + 2 * kvt_members_longest_silence_ns(kvt_peers_members(nt->peers)) + 1000 * MS;
 }

@@ -400,6 +400,30 @@ static void two_nodes_one_published(struct kvt_node **a_p, struct kvt_node **b_p
     *b_p = b;
 }
 
+/* One lookup of key by B's engine in *ctx_p, a request of its own made first when
+ * there is none (named pull-<seq>); a MISS (the home had not heard yet) ends that
+ * request, so the next call asks again in a new one. */
+static enum kvt_lookup_result pull_lookup(struct kvt_manager *m, const struct kvt_key *key,
+                                          struct kvt_req_ctx **ctx_p, unsigned *seq)
+{
+    enum kvt_offload_policy pol;
+    enum kvt_lookup_result r;
+    char rid[32];
+
+    if (*ctx_p == NULL) {
+        snprintf(rid, sizeof(rid), "pull-%u", (*seq)++);
+        assert_int_equal(kvt_req_ctx_create(rid, NULL, ctx_p), 0);
+        assert_int_equal(kvt_manager_on_new_request(m, *ctx_p, &pol), 0);
+    }
+    r = kvt_manager_lookup(m, key, *ctx_p);
+    if (r == KVT_MISS) {
+        kvt_manager_on_request_finished(m, *ctx_p);
+        kvt_req_ctx_unref(*ctx_p);
+        *ctx_p = NULL;
+    }
+    return r;
+}
+
 /* A peer's FETCH is served when it arrives, not at the holder's next tick: the
  * holder's loop steps (its serving loop runs) as soon as a FETCH is parked, and the
  * puller's as soon as its load ended. Both ticks are 10 s here and the holder has no
@@ -410,11 +434,9 @@ static void test_fetch_served_before_the_tick(void **state)
     struct kvt_node *a = NULL, *b = NULL;
     struct kvt_manager *m;
     struct kvt_req_ctx *ctx = NULL;
-    enum kvt_offload_policy pol;
     enum kvt_lookup_result r = KVT_MISS;
     struct kvt_key key;
     uint32_t k = 200;
-    char rid[32];
     unsigned seq = 0;
 
     (void)state;
@@ -426,19 +448,9 @@ static void test_fetch_served_before_the_tick(void **state)
     kvt_key_set(&key, &k, sizeof(k));
     end = kvt_now_ns() + 5000000000ull;
     while (r != KVT_HIT && kvt_now_ns() < end) {
-        if (ctx == NULL) {
-            snprintf(rid, sizeof(rid), "pull-%u", seq++);
-            assert_int_equal(kvt_req_ctx_create(rid, NULL, &ctx), 0);
-            assert_int_equal(kvt_manager_on_new_request(m, ctx, &pol), 0);
-        }
-        r = kvt_manager_lookup(m, &key, ctx);
+        r = pull_lookup(m, &key, &ctx, &seq);
         if (r == KVT_HIT_PENDING && t0 == 0)
             t0 = kvt_now_ns();
-        if (r == KVT_MISS) {
-            kvt_manager_on_request_finished(m, ctx);
-            kvt_req_ctx_unref(ctx);
-            ctx = NULL;
-        }
         kvt_manager_on_schedule_end(m, NULL);
         run_loops(a, b, 1);
     }
@@ -494,7 +506,6 @@ static void release_then_sleep(bool a_looks_up)
     enum kvt_lookup_result r = KVT_MISS;
     struct kvt_key key;
     uint32_t k = 300;
-    char rid[32];
     unsigned seq = 0;
     int wait_ms = 0;
     struct kvt_req_ctx *actx = NULL;
@@ -509,17 +520,7 @@ static void release_then_sleep(bool a_looks_up)
     }
     end = kvt_now_ns() + 5000000000ull;
     while (r != KVT_HIT && kvt_now_ns() < end) {
-        if (ctx == NULL) {
-            snprintf(rid, sizeof(rid), "pull-%u", seq++);
-            assert_int_equal(kvt_req_ctx_create(rid, NULL, &ctx), 0);
-            assert_int_equal(kvt_manager_on_new_request(m, ctx, &pol), 0);
-        }
-        r = kvt_manager_lookup(m, &key, ctx);
-        if (r == KVT_MISS) {
-            kvt_manager_on_request_finished(m, ctx);
-            kvt_req_ctx_unref(ctx);
-            ctx = NULL;
-        }
+        r = pull_lookup(m, &key, &ctx, &seq);
         kvt_manager_on_schedule_end(m, NULL);
         /* Until A's lease ended, A's engine (if any) looks a key up before each turn
          * and never ends its step: the manager takes finished jobs once a step, at
