@@ -11,9 +11,15 @@
  * sent as such (the order of the two vectors would otherwise decide). Every record
  * has a TTL: all held keys are re-published at half of it, and at once after a
  * membership change (homes moved); a home drops the keys homed elsewhere now only
- * once every node can have seen the change (retain_at_ns). Keys for a home whose
- * link is out of send credits wait in their vector for the next flush (a
- * re-publication is a burst of one message per NT_KEYS_PER_MSG keys). A publication
+ * once every node can have seen the change (retain_at_ns).
+ *
+ * Publications are bulk traffic: they take at most half of a link's send credits
+ * (kvt_peers_send_bulk), so that heartbeats, answers and grants to that peer are
+ * never starved by a re-publication, a burst of one message per NT_KEYS_PER_MSG
+ * keys. Keys for a home whose link has no credits to spare wait in that home's
+ * queue (struct nt_later), placed once; each flush a ms apart sends what the link
+ * has room for, so a million waiting keys cost the loop nothing while their home is
+ * slow, and a membership change places the waiting unpublications again. A publication
  * lost to a failed send or to memory is repaired by the next re-publication; a lost
  * unpublication ages out with its record. The node's reset (the primary cleared)
  * unpublishes everything at once (kvt__nt_reset; what a link has no credits for, a
@@ -31,6 +37,7 @@
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/log.h"
+#include "kvt/vec.h"
 #include "net_tier_int.h"
 
 /* The job's record first: without it the job is refused, nothing published. */
@@ -98,8 +105,8 @@ static void nt_rows_of(struct net_tier *nt, const struct kvt_key *ks, size_t n,
     }
 }
 
-/* 0, or -EAGAIN when the link to home is out of send credits for now (the caller
- * keeps the keys for the next flush). */
+/* 0, or -EAGAIN when the link to home has no send credits to spare for now (the
+ * caller keeps the keys for the next flush). */
 static int nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
                         const struct kvt_key *ks, size_t n)
 {
@@ -137,76 +144,193 @@ static int nt_send_keys(struct net_tier *nt, uint64_t home, enum kvt_wire_type t
         m.has |= KVT_WIRE_HAS(KVT_WIRE_F_ROWS);
     }
     /* A home we cannot reach now gets the keys at the next membership change; one
-     * whose link is out of credits (a burst: every key re-published after a
+     * whose link has no credits to spare (a burst: every key re-published after a
      * membership change) at the next flush. */
-    return kvt__nt_try_send(nt, home, &m) == -EAGAIN ? -EAGAIN : 0;
+    return kvt__nt_send_bulk(nt, home, &m) == -EAGAIN ? -EAGAIN : 0;
 }
 
-enum { KEY_TODO, KEY_DONE, KEY_LATER }; /* a key's state in kvt__nt_flush_keys */
+/* ---- keys waiting for send credits, per home ----------------------------------- */
 
-/* Sends ks (kv's keys idx[0..n)) to home; true when the link had no credits: they
- * are marked for later. */
-static bool nt_send_or_keep(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
-                            const struct kvt_key *ks, const size_t *idx, size_t n, uint8_t *st)
+static int type_ix(enum kvt_wire_type type)
+{
+    return type == KVT_WIRE_PUBLISH ? 0 : 1;
+}
+
+static struct nt_later *later_of(struct net_tier *nt, uint64_t home, bool create)
+{
+    for (size_t i = 0; i < nt->n_later; i++)
+        if (nt->later[i].home == home)
+            return &nt->later[i];
+    if (!create || kvt_vec_reserve(nt->later, nt->cap_later, nt->n_later + 1, 8) < 0)
+        return NULL;
+    nt->later[nt->n_later] = (struct nt_later){.home = home};
+    return &nt->later[nt->n_later++];
+}
+
+/* Queues ks for home; a key lost to memory is repaired as nt_send_keys' failures
+ * are (the next re-publication, or its record's TTL). */
+static void nt_defer(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
+                     const struct kvt_key *ks, size_t n)
+{
+    struct nt_later *w = later_of(nt, home, true);
+
+    for (size_t i = 0; i < n; i++)
+        if (w == NULL || kvt__nt_keyvec_push(&w->kv[type_ix(type)], &ks[i]) != 0) {
+            kvt_warn(NT_MOD, "out of memory: %s of %zu keys lost", kvt_wire_type_name((int)type),
+                     n - i);
+            return;
+        }
+}
+
+static void later_free_at(struct net_tier *nt, size_t i)
+{
+    kvt__nt_keyvec_free(&nt->later[i].kv[0]);
+    kvt__nt_keyvec_free(&nt->later[i].kv[1]);
+    nt->later[i] = nt->later[--nt->n_later];
+}
+
+size_t kvt__nt_later_pending(const struct net_tier *nt)
+{
+    size_t n = 0;
+
+    for (size_t i = 0; i < nt->n_later; i++)
+        for (int t = 0; t < 2; t++)
+            n += nt->later[i].kv[t].n - nt->later[i].head[t];
+    return n;
+}
+
+void kvt__nt_later_free(struct net_tier *nt)
+{
+    while (nt->n_later > 0)
+        later_free_at(nt, nt->n_later - 1);
+    kvt_free(nt->later);
+    nt->later = NULL;
+    nt->cap_later = 0;
+}
+
+/* The membership changed (or every key is re-published): the waiting PUBLISHes are
+ * dropped (all held keys follow anyway), the waiting UNPUBLISHes are placed again. */
+static void nt_later_replace(struct net_tier *nt)
+{
+    while (nt->n_later > 0) {
+        struct nt_later *w = &nt->later[nt->n_later - 1];
+
+        for (size_t i = w->head[1]; i < w->kv[1].n; i++)
+            if (kvt__nt_keyvec_push(&nt->unpub, &w->kv[1].v[i]) != 0)
+                break; /* the records age out with their TTL */
+        later_free_at(nt, nt->n_later - 1);
+    }
+}
+
+/* Sends what home's link has room for, a message at a time from the oldest key; a
+ * key whose state changed since (a PUBLISH of a key no longer held, an UNPUBLISH of
+ * one stored again) is dropped, as keep_if_published does for fresh keys. */
+static void nt_drain_one(struct net_tier *nt, struct nt_later *w, enum kvt_wire_type type)
+{
+    struct keyvec *kv = &w->kv[type_ix(type)];
+    size_t *head = &w->head[type_ix(type)];
+    bool held = type == KVT_WIRE_PUBLISH;
+
+    while (*head < kv->n) {
+        struct kvt_key ks[NT_KEYS_PER_MSG];
+        size_t n = 0;
+
+        for (; *head < kv->n && n < NT_KEYS_PER_MSG; ++*head) {
+            const struct kvt_key *k = &kv->v[*head];
+
+            if ((kvt_map_get(&nt->published, k->bytes, k->len) != NULL) == held)
+                ks[n++] = *k;
+        }
+        if (n > 0 && nt_send_keys(nt, w->home, type, ks, n) == -EAGAIN) {
+            /* Back where they were taken from: the last n places before head. */
+            *head -= n;
+            memcpy(&kv->v[*head], ks, n * sizeof(*ks));
+            break;
+        }
+    }
+    if (*head == kv->n) {
+        kv->n = *head = 0;
+    } else if (*head >= 4096 && 2 * *head >= kv->n) { /* the sent half goes */
+        memmove(kv->v, &kv->v[*head], (kv->n - *head) * sizeof(*kv->v));
+        kv->n -= *head;
+        *head = 0;
+    }
+}
+
+static void nt_drain_later(struct net_tier *nt)
+{
+    for (size_t i = nt->n_later; i-- > 0;) {
+        struct nt_later *w = &nt->later[i];
+
+        nt_drain_one(nt, w, KVT_WIRE_UNPUBLISH);
+        nt_drain_one(nt, w, KVT_WIRE_PUBLISH);
+        if (w->kv[0].n == 0 && w->kv[1].n == 0)
+            later_free_at(nt, i);
+    }
+}
+
+/* Sends ks to home, or queues them for it when its link has no credits to spare;
+ * true then. */
+static bool nt_send_or_defer(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
+                             const struct kvt_key *ks, size_t n)
 {
     if (nt_send_keys(nt, home, type, ks, n) != -EAGAIN)
         return false;
-    for (size_t k = 0; k < n; k++)
-        st[idx[k]] = KEY_LATER;
+    nt_defer(nt, home, type, ks, n);
     return true;
 }
 
-/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH. kv keeps, in order,
- * the keys of the homes whose links ran out of send credits (from the first message
- * refused on: the next flush sends them), and nothing else. */
+/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH, and empties kv. A
+ * home whose link has no credits to spare (at its first refused message) gets the
+ * rest of its keys queued, and they leave from there (nt_drain_later), placed once. */
 void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type)
 {
     uint64_t live[NT_MAX_NODES];
-    size_t n_live, kept = 0;
+    size_t n_live;
     uint64_t *homes;
-    uint8_t *st;
+    bool *done;
 
     if (kv->n == 0)
         return;
     n_live = kvt_peers_live(nt->peers, live, NT_MAX_NODES);
     homes = kvt_malloc(kv->n * sizeof(*homes));
-    st = kvt_calloc(kv->n, sizeof(*st));
-    if (homes == NULL || st == NULL) {
-        kv->n = 0;
+    done = kvt_calloc(kv->n, sizeof(*done));
+    if (homes == NULL || done == NULL) {
+        kvt_warn(NT_MOD, "out of memory: %s of %zu keys lost", kvt_wire_type_name((int)type),
+                 kv->n);
         goto out;
     }
     for (size_t i = 0; i < kv->n; i++)
         homes[i] = nt_home(&kv->v[i], live, n_live);
     for (size_t i = 0; i < kv->n; i++) {
         struct kvt_key ks[NT_KEYS_PER_MSG];
-        size_t idx[NT_KEYS_PER_MSG], n = 0;
-        bool full = false; /* the home's link is out of credits */
+        size_t n = 0;
+        bool full = false; /* the home's link has no credits to spare */
 
-        if (st[i] != KEY_TODO)
+        if (done[i])
             continue;
         for (size_t j = i; j < kv->n; j++) {
-            if (st[j] != KEY_TODO || homes[j] != homes[i])
+            if (done[j] || homes[j] != homes[i])
                 continue;
-            st[j] = full ? KEY_LATER : KEY_DONE;
-            if (full)
-                continue;
-            idx[n] = j;
+            done[j] = true;
             ks[n++] = kv->v[j];
             if (n == NT_KEYS_PER_MSG) {
-                full = nt_send_or_keep(nt, homes[i], type, ks, idx, n, st);
+                if (full)
+                    nt_defer(nt, homes[i], type, ks, n);
+                else
+                    full = nt_send_or_defer(nt, homes[i], type, ks, n);
                 n = 0;
             }
         }
-        if (n > 0)
-            nt_send_or_keep(nt, homes[i], type, ks, idx, n, st);
+        if (n > 0 && full)
+            nt_defer(nt, homes[i], type, ks, n);
+        else if (n > 0)
+            nt_send_or_defer(nt, homes[i], type, ks, n);
     }
-    for (size_t i = 0; i < kv->n; i++)
-        if (st[i] == KEY_LATER)
-            kv->v[kept++] = kv->v[i];
-    kv->n = kept;
 out:
+    kv->n = 0;
     kvt_free(homes);
-    kvt_free(st);
+    kvt_free(done);
 }
 
 /* Keeps in kv the keys whose presence in the published set is held (order kept). */
@@ -252,7 +376,8 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
         size_t it = 0;
 
         nt->republish_all = false;
-        nt->pub.n = 0; /* all of them follow */
+        nt_later_replace(nt); /* homes may have moved */
+        nt->pub.n = 0;        /* all of them follow */
         while (kvt_map_next(&nt->published, &it, &e)) {
             struct kvt_key k;
 
@@ -269,15 +394,18 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
         if (moved > 0)
             kvt_info(NT_MOD, "dropped %zu directory keys homed elsewhere now", moved);
     }
-    /* Keys a link had no credits for are tried again a ms later, not on every turn
-     * of a polling loop (each try places them all again). */
-    if (now >= nt->next_flush_ns) {
-        keep_if_published(nt, &nt->unpub, false);
-        keep_if_published(nt, &nt->pub, true);
-        kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
-        kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
-        nt->next_flush_ns = nt->unpub.n > 0 || nt->pub.n > 0 ? now + MS : 0;
+    /* Keys waiting for a link's credits are tried again a ms later, not on every
+     * turn of a polling loop; then the fresh keys. */
+    if (nt->n_later > 0 && now >= nt->next_flush_ns) {
+        nt_drain_later(nt);
+        nt->next_flush_ns = now + MS;
     }
+    keep_if_published(nt, &nt->unpub, false);
+    keep_if_published(nt, &nt->pub, true);
+    kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
+    kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
+    if (nt->n_later > 0 && nt->next_flush_ns <= now)
+        nt->next_flush_ns = now + MS;
     /* A scan of every record: once a second (locate checks each record's expiry
      * anyway; this only frees them). */
     if (now >= nt->next_dir_expire_ns) {

@@ -49,7 +49,7 @@ void kvt__nt_keyvec_free(struct keyvec *kv)
     memset(kv, 0, sizeof(*kv));
 }
 
-/* Every message of the tier goes through kvt__nt_send or kvt__nt_try_send: a message
+/* Every message of the tier goes through kvt__nt_send or kvt__nt_send_bulk: a message
  * that could not be sent is counted and logged (the protocol recovers by timeouts,
  * TTLs and re-publication). */
 static int nt_sent(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m, int rc)
@@ -62,9 +62,9 @@ static int nt_sent(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg
     return rc;
 }
 
-int kvt__nt_try_send(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m)
+int kvt__nt_send_bulk(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m)
 {
-    int rc = kvt_peers_send(nt->peers, node, m);
+    int rc = kvt_peers_send_bulk(nt->peers, node, m);
 
     return rc == -EAGAIN ? rc : nt_sent(nt, node, m, rc);
 }
@@ -566,6 +566,7 @@ void kvt_net_tier_counts(struct kvt_tier *t, struct kvt_net_tier_counts *out)
     out->active_leases = kvt_map_size(&nt->leases);
     out->directory_records = kvt_directory_num_records(nt->dir);
     out->published_keys = kvt_map_size(&nt->published);
+    out->publish_waiting = kvt__nt_later_pending(nt);
     out->direct_exposed_links = 0;
     for (struct kvt_list *pos = nt->exposures.next; pos != &nt->exposures; pos = pos->next)
         out->direct_exposed_links++;
@@ -583,6 +584,11 @@ static int nt_shutdown(struct kvt_tier *t)
     /* Unpublish what we hold: peers stop asking us at once, not at the TTL. */
     kvt__nt_on_removed(nt, NULL, 0);
     kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
+    if (kvt__nt_later_pending(nt) > 0) /* the peers drop them when they call us down */
+        kvt_info(NT_MOD,
+                 "%zu publications and unpublications not sent at shutdown (no send "
+                 "credits): peers drop the records when they call this node down",
+                 kvt__nt_later_pending(nt));
     kvt_primary_set_removed_hook(nt->primary, NULL, NULL);
     return 0;
 }
@@ -619,6 +625,7 @@ static void nt_destroy(struct kvt_tier *t)
     }
     kvt__nt_keyvec_free(&nt->pub);
     kvt__nt_keyvec_free(&nt->unpub);
+    kvt__nt_later_free(nt);
     nt_dereg(nt);
     kvt_directory_destroy(nt->dir);
     kvt_stats_cleanup(&nt->phases);

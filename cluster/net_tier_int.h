@@ -223,6 +223,15 @@ struct keyvec {
     size_t n, cap;
 };
 
+/* The keys waiting for one home whose link had no send credits to spare when they
+ * were flushed, placed under the membership of that flush (net_publish.c): a
+ * membership change places them again. */
+struct nt_later {
+    uint64_t home;
+    struct keyvec kv[2]; /* to PUBLISH, to UNPUBLISH */
+    size_t head[2];      /* kv[i].v[0..head[i]) have left */
+};
+
 /* Per peer node id (any incarnation): the FETCH window and the per-peer byte counts
  * of get_stats. Created on first use, kept for the tier's life (bounded by the
  * members ever seen). */
@@ -262,7 +271,9 @@ struct net_tier {
     struct kvt_map published;              /* key -> (void *)1: what we told homes we hold */
     uint64_t next_id;                      /* locate ops and parts, fetches, leases */
     uint64_t next_expire_ns, next_dir_expire_ns;
-    uint64_t next_flush_ns; /* publications wait for send credits until then */
+    struct nt_later *later; /* per home: keys waiting for send credits (net_publish.c) */
+    size_t n_later, cap_later;
+    uint64_t next_flush_ns; /* ... until then */
 
     struct inbound *in; /* parked FETCHes, in arrival order (net_serve.c) */
     size_t n_in, cap_in;
@@ -357,9 +368,10 @@ void kvt__nt_keyvec_free(struct keyvec *kv);
  * (a reply). A message that could not be sent is counted and logged. */
 int kvt__nt_send(struct net_tier *nt, uint64_t node, struct kvt_tp_ep *ep,
                  const struct kvt_wire_msg *m);
-/* As kvt__nt_send to a node, for a message the caller sends again later when the
- * link's send credits are out (-EAGAIN): that is neither counted nor logged. */
-int kvt__nt_try_send(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m);
+/* As kvt__nt_send to a node, for bulk messages (publications) the caller sends again
+ * later when the link has no send credits to spare (-EAGAIN, kvt_peers_send_bulk):
+ * that is neither counted nor logged. */
+int kvt__nt_send_bulk(struct net_tier *nt, uint64_t node, const struct kvt_wire_msg *m);
 /* The job of d ended: d is filled in, queued for get_finished_jobs (news). */
 void kvt__nt_job_done(struct net_tier *nt, struct nt_done *d);
 /* The per-peer state of node, created on first use; NULL when out of memory. */
@@ -403,15 +415,19 @@ void kvt__nt_locate_cleanup(struct net_tier *nt);
 int kvt__nt_submit_store(struct kvt_tier *t, const struct kvt_job *job);
 /* The primary's removed hook (keys NULL: everything). */
 void kvt__nt_on_removed(void *arg, const struct kvt_key *keys, size_t n);
-/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH; kv keeps those a
- * home's link had no send credits for (net_publish.c). */
+/* Sends the keys of kv to their homes as PUBLISH or UNPUBLISH and empties kv; those
+ * for a home whose link has no send credits to spare wait in its nt_later. */
 void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_type type);
-/* Re-publication when due, then the batched UNPUBLISHes and PUBLISHes. */
+/* Re-publication when due, then the waiting and the batched UNPUBLISHes and
+ * PUBLISHes. */
 void kvt__nt_flush_publishes(struct net_tier *nt);
 /* The tier's reset op: every publication is withdrawn now (UNPUBLISH to each home,
  * those a link has no send credits for at the next flushes; our own directory's
  * records of us dropped). */
 void kvt__nt_reset(struct net_tier *nt);
+/* Keys waiting for send credits; kvt__nt_later_free drops them (destroy). */
+size_t kvt__nt_later_pending(const struct net_tier *nt);
+void kvt__nt_later_free(struct net_tier *nt);
 
 /* ---- net_fetch.c --------------------------------------------------------------- */
 

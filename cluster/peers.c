@@ -1244,6 +1244,19 @@ int kvt_peers_send(struct kvt_peers *p, uint64_t node_id, const struct kvt_wire_
     return send_public(p, oldest_up(p, node_id), m);
 }
 
+/* Bulk messages leave the link's other half of its send credits to everything else
+ * (heartbeats, answers, grants), which a burst would otherwise take to its end. A
+ * backend that does not say its room bounds bulk traffic by send alone. */
+int kvt_peers_send_bulk(struct kvt_peers *p, uint64_t node_id, const struct kvt_wire_msg *m)
+{
+    struct peer_link *l = oldest_up(p, node_id);
+    unsigned room, cap;
+
+    if (l != NULL && kvt_tp_send_room(l->ep, &room, &cap) == 0 && 2 * room <= cap)
+        return -EAGAIN;
+    return send_public(p, l, m);
+}
+
 int kvt_peers_reply(struct kvt_peers *p, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m)
 {
     return send_public(p, up_link_of(p, ep), m);

@@ -1809,6 +1809,39 @@ static void test_home_keeps_moved_keys_until_views_settle(void **state)
 
 /* ---- a publication burst beyond the link's send credits ------------------------ */
 
+/* Stores n keys of the longest kind (64 bytes, as an engine's are) at a, 64 at a
+ * time, cascaded and published at a's next step; homed[i] counts those homed at
+ * ids[i] of n_ids. A message of 256 of them is sent by rendezvous, so it holds its
+ * credit until the home has fetched it. */
+static void a_store_long_keys(struct tn *a, uint32_t n, const uint64_t *ids, size_t n_ids,
+                              size_t *homed)
+{
+    struct kvt_key keys[64];
+
+    for (uint32_t first = 0; first < n; first += 64) {
+        for (uint32_t i = 0; i < 64; i++) {
+            uint8_t b64[KVT_KEY_MAX];
+            uint32_t x = first + i;
+
+            memset(b64, 'k', sizeof(b64));
+            memcpy(b64, &x, sizeof(x));
+            kvt_key_set(&keys[i], b64, sizeof(b64));
+            homed[kvt_hrw_home(&keys[i], ids, n_ids)]++;
+        }
+        a_store_keys(a, keys, 64, NULL);
+    }
+}
+
+/* A (room for chunks) and B, linked with 2 send credits each way. */
+static void two_credit_pair(struct tn *a, struct tn *b, size_t chunks)
+{
+    tn_start_opts(a, 0xA, 0, NULL, chunks, 2);
+    tn_start_opts(b, 0xB, kvt_peers_port(a->p), NULL, CHUNKS, 2);
+    g_a = a;
+    g_b = b;
+    assert_true(WAIT_FOR(10000, live(a) == 2 && live(b) == 2));
+}
+
 /* A burst of publications (a large cascade; every key after a membership change)
  * is one message per home and 256 keys: here more than the link's 2 send credits.
  * Those refused for credits leave at a later flush instead of being lost: B, home
@@ -1819,36 +1852,54 @@ static void test_publish_burst_beyond_credits(void **state)
     enum { N = 1600 };
     const uint64_t ids[2] = {0xA, 0xB};
     struct kvt_net_tier_counts ca, cb;
-    struct kvt_key keys[64];
     struct tn a, b;
-    uint64_t homed_b = 0;
+    size_t homed[2] = {0};
 
     (void)state;
-    tn_start_opts(&a, 0xA, 0, NULL, N, 2);
-    tn_start_opts(&b, 0xB, kvt_peers_port(a.p), NULL, CHUNKS, 2);
-    g_a = &a;
-    g_b = &b;
-    assert_true(WAIT_FOR(10000, live(&a) == 2 && live(&b) == 2));
-    /* Keys of the longest kind (64 bytes), as an engine's are: a message of 256 of
-     * them is sent by rendezvous, so it holds its credit until B has fetched it. */
-    for (uint32_t first = 0; first < N; first += 64) {
-        for (uint32_t i = 0; i < 64; i++) {
-            uint8_t b64[KVT_KEY_MAX];
-            uint32_t x = first + i;
-
-            memset(b64, 'k', sizeof(b64));
-            memcpy(b64, &x, sizeof(x));
-            kvt_key_set(&keys[i], b64, sizeof(b64));
-            homed_b += kvt_hrw_home(&keys[i], ids, 2) == 1;
-        }
-        a_store_keys(&a, keys, 64, NULL); /* cascaded, and published, at A's next step */
-    }
-    assert_true(homed_b > 3 * 256); /* at least 4 messages to B in the first flush */
+    two_credit_pair(&a, &b, N);
+    a_store_long_keys(&a, N, ids, 2, homed);
+    assert_true(homed[1] > 3 * 256); /* at least 4 messages to B in the first flush */
+    /* Some wait for credits (a message takes one of the two, the other stays for
+     * answers), then all arrive. */
+    assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca), ca.publish_waiting > 0)));
     assert_true(
-        WAIT_FOR(10000, (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed_b)));
+        WAIT_FOR(10000, (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed[1])));
     kvt_net_tier_counts(a.net, &ca);
     assert_int_equal(ca.published_keys, N);
+    assert_int_equal(ca.publish_waiting, 0);
     assert_int_equal(ca.send_failures, 0);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* The membership changes while publications wait for credits: C joins while A's
+ * burst to B is still queued. What waited is placed again (or published again, as
+ * every held key is after a change), and each of the three homes ends with exactly
+ * the records of the keys homed there now; nothing is left waiting, no send failed. */
+static void test_waiting_publications_follow_a_new_member(void **state)
+{
+    enum { N = 1600 };
+    const uint64_t three[3] = {0xA, 0xB, 0xC};
+    struct kvt_net_tier_counts ca;
+    size_t homed[3] = {0};
+    struct tn a, b, c;
+
+    (void)state;
+    two_credit_pair(&a, &b, N);
+    a_store_long_keys(&a, N, three, 3, homed);
+    assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca), ca.publish_waiting > 0)));
+    tn_start_opts(&c, 0xC, kvt_peers_port(a.p), NULL, CHUNKS, 2);
+    g_c = &c;
+    assert_true(WAIT_FOR(10000, live(&a) == 3 && live(&b) == 3 && live(&c) == 3));
+    /* The homes drop the keys that moved away once the views settled (5 s). */
+    assert_true(WAIT_FOR(20000, records(&a) == homed[0] && records(&b) == homed[1] &&
+                                    records(&c) == homed[2]));
+    kvt_net_tier_counts(a.net, &ca);
+    assert_int_equal(ca.published_keys, N);
+    assert_int_equal(ca.publish_waiting, 0);
+    assert_int_equal(ca.send_failures, 0);
+    g_c = NULL;
+    tn_stop(&c);
     tn_stop(&b);
     tn_stop(&a);
 }
@@ -1880,6 +1931,7 @@ int main(void)
         cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
         cmocka_unit_test(test_records_come_back_after_a_stall),
         cmocka_unit_test(test_publish_burst_beyond_credits),
+        cmocka_unit_test(test_waiting_publications_follow_a_new_member),
         cmocka_unit_test(test_home_keeps_moved_keys_until_views_settle),
     };
 

@@ -657,6 +657,53 @@ static void test_silent_peer_down(void **state)
     node_stop(&a);
 }
 
+/* Bulk traffic (publications) takes at most half of a link's send credits: with B
+ * not reading, A's bulk sends stop while half are still free, and an ordinary
+ * message (a heartbeat, an answer) still goes; without the limit the bulk would
+ * take every credit and the next message would be refused. Messages of 256 keys of
+ * 64 bytes, as a publication's, hold their credit until B takes them. */
+static void test_bulk_leaves_room(void **state)
+{
+    static struct tnode a, b;
+    static struct kvt_key ks[256];
+    struct kvt_wire_msg m;
+    unsigned room = 0, cap = 0;
+    size_t bulk = 0, plain = 0;
+
+    (void)state;
+    for (size_t i = 0; i < 256; i++) {
+        uint8_t k64[KVT_KEY_MAX];
+
+        memset(k64, 'k', sizeof(k64));
+        memcpy(k64, &i, sizeof(i));
+        kvt_key_set(&ks[i], k64, sizeof(k64));
+    }
+    kvt_wire_msg_init(&m, KVT_WIRE_LOCATE);
+    m.u.locate.req_id = 7;
+    m.u.locate.n_keys = 256;
+    m.u.locate.keys = ks;
+    mesh2(&a, &b);
+    b.paused = true;
+    while (bulk < 1000 && kvt_peers_send_bulk(a.p, 0xB, &m) == 0) {
+        bulk++;
+        spin();
+    }
+    assert_int_equal(kvt_tp_send_room(kvt_peers_link(a.p, 0xB), &room, &cap), 0);
+    assert_true(bulk > 0 && bulk < 1000);
+    assert_true(2 * room <= cap && room > 0);
+    assert_int_equal(kvt_peers_send_bulk(a.p, 0xB, &m), -EAGAIN);
+    /* Ordinary messages take the other half. */
+    while (plain < 1000 && kvt_peers_send(a.p, 0xB, &m) == 0)
+        plain++;
+    assert_true(plain >= 1 && plain == room);
+    /* B reads again: every message arrives, and bulk goes again. */
+    b.paused = false;
+    assert_true(WAIT_FOR(5000, b.n_msgs == bulk + plain));
+    assert_true(WAIT_FOR(5000, kvt_peers_send_bulk(a.p, 0xB, &m) == 0));
+    node_stop(&b);
+    node_stop(&a);
+}
+
 /* B heartbeats every 200 ms; A calls a member down after 4 x 40 ms of silence. A
  * waits for the longer silence B says it allows (its HELLO), so neither calls the
  * other down; without that A would call B down between any two of its heartbeats,
@@ -992,6 +1039,7 @@ int main(void)
         cmocka_unit_test_teardown(test_handshake_timeout, teardown),
         cmocka_unit_test_teardown(test_members_learned, teardown),
         cmocka_unit_test_teardown(test_silent_peer_down, teardown),
+        cmocka_unit_test_teardown(test_bulk_leaves_room, teardown),
         cmocka_unit_test_teardown(test_slower_heartbeats_do_not_flap, teardown),
         cmocka_unit_test_teardown(test_silence_allowance_capped, teardown),
         cmocka_unit_test_teardown(test_restart_and_link_closed, teardown),

@@ -1857,6 +1857,22 @@ static int ucx_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
     return ucx_post_tx(ep, tx, false);
 }
 
+static int ucx_send_room(struct kvt_tp_ep *pep, unsigned *room, unsigned *cap)
+{
+    struct ucx_ep *ep = ep_of(pep);
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    if (!ep->authorized) { /* the pre-auth frames on the socket */
+        *cap = KVT_TP_PREAUTH_MSGS;
+        *room = ep->tcp_msgs < *cap ? *cap - ep->tcp_msgs : 0;
+        return 0;
+    }
+    *cap = ep->tp->pub.cfg.recv_credits;
+    *room = ep->tx_inflight < *cap ? *cap - ep->tx_inflight : 0;
+    return 0;
+}
+
 /* ---- memory ---- */
 
 static int ucx_reg(struct kvt_transport *t, void *base, size_t len, bool remote,
@@ -2267,6 +2283,7 @@ const struct kvt_transport_ops kvt_ucx_transport_ops = {
     .connect = ucx_connect,
     .ep_close = ucx_ep_close,
     .send = ucx_send,
+    .send_room = ucx_send_room,
     .reg_remote = ucx_reg_remote,
     .reg_local = ucx_reg_local,
     .dereg = ucx_dereg,

@@ -366,8 +366,9 @@ struct vb_ep {
 
     uint32_t peer_max_msg;
     uint64_t peer_guid;
-    unsigned tx_credits; /* DATA messages the peer can take */
-    unsigned rx_owed;    /* DATA credits to return */
+    unsigned tx_credits;     /* DATA messages the peer can take */
+    unsigned tx_credits_max; /* the peer's receive credits (its hello) */
+    unsigned rx_owed;        /* DATA credits to return */
     unsigned credit_threshold;
     bool cm_out;  /* a CREDIT message waits for its ack */
     bool owe_ack; /* we received a CREDIT message */
@@ -917,7 +918,7 @@ static int vb_hello_parse(struct vb_ep *ep, const void *data, size_t len)
         return -EPROTO;
     if (le32toh(h.credits) == 0 || le32toh(h.credits) > VB_MAX_CREDITS || le32toh(h.max_msg) == 0)
         return -EPROTO;
-    ep->tx_credits = le32toh(h.credits);
+    ep->tx_credits = ep->tx_credits_max = le32toh(h.credits);
     ep->peer_max_msg = le32toh(h.max_msg);
     ep->peer_guid = le64toh(h.guid);
     return 0;
@@ -1826,6 +1827,17 @@ static int vb_send(struct kvt_tp_ep *pep, const void *buf, size_t len)
     return vb_send_raw(ep, MSG_DATA, buf, len);
 }
 
+static int vb_send_room(struct kvt_tp_ep *pep, unsigned *room, unsigned *cap)
+{
+    struct vb_ep *ep = ep_of(pep);
+
+    if (ep->state != EP_CONNECTED)
+        return -ENOTCONN;
+    *room = KVT_MIN(ep->tx_credits, ep->n_tx_free > 2 ? ep->n_tx_free - 2 : 0);
+    *cap = KVT_MIN(ep->tx_credits_max, ep->n_tx - 2);
+    return 0;
+}
+
 /* remote: peers READ it through the QP's gate (reg_remote); granted: through
  * windows alone (reg_granted: MW_BIND, no remote access of its own). */
 static int vb_reg(struct vb_tp *tp, void *base, size_t len, bool remote, bool granted,
@@ -2476,6 +2488,7 @@ const struct kvt_transport_ops kvt_verbs_transport_ops = {
     .connect = vb_connect,
     .ep_close = vb_ep_close,
     .send = vb_send,
+    .send_room = vb_send_room,
     .reg_remote = vb_reg_remote,
     .reg_local = vb_reg_local,
     .dereg = vb_dereg,

@@ -234,6 +234,7 @@ struct kvt_net_tier_counts {
     /* Of pulled_chunks/bytes, those READ straight into a fetch-into region. */
     uint64_t into_chunks, into_bytes;
     uint64_t active_leases, directory_records, published_keys;
+    uint64_t publish_waiting; /* keys waiting for a link's send credits */
     /* Where the time of a pull goes (sums, ns): LOCATE sent to its reply (locate_rtts
      * of them); load submitted to FETCH sent (fetches); FETCH sent to GRANT (grants);
      * GRANT to the fetch's last READ verified (grants); checksum verification of

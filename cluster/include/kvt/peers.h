@@ -132,6 +132,10 @@ struct kvt_tp_ep *kvt_peers_link(struct kvt_peers *p, uint64_t node_id);
 /* Encodes and sends m to node_id on kvt_peers_link. -ENOTCONN: no authenticated
  * link; -EAGAIN: no credit now (retry after progress); -EMSGSIZE; -EINVAL. */
 int kvt_peers_send(struct kvt_peers *p, uint64_t node_id, const struct kvt_wire_msg *m);
+/* The same for bulk traffic (publications): -EAGAIN already while half of the link's
+ * send credits are in use, so a burst never takes the room of heartbeats, answers
+ * and grants. */
+int kvt_peers_send_bulk(struct kvt_peers *p, uint64_t node_id, const struct kvt_wire_msg *m);
 /* The same on one given (authenticated) link. */
 int kvt_peers_reply(struct kvt_peers *p, struct kvt_tp_ep *ep, const struct kvt_wire_msg *m);
 /* Who is on the other end of an authenticated link: 0 and its id/incarnation, or

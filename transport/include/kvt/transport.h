@@ -176,6 +176,10 @@ struct kvt_transport_ops {
                    struct kvt_tp_ep **ep_p);
     void (*ep_close)(struct kvt_tp_ep *ep);
     int (*send)(struct kvt_tp_ep *ep, const void *buf, size_t len);
+    /* Optional. How many messages send would take now without -EAGAIN (*room) and
+     * at most (*cap: the peer's receive credits), so that bulk traffic can leave
+     * room for replies. 0, or -ENOTCONN. */
+    int (*send_room)(struct kvt_tp_ep *ep, unsigned *room, unsigned *cap);
     int (*reg_remote)(struct kvt_transport *tp, void *base, size_t len, struct kvt_tp_mr **mr_p);
     int (*reg_local)(struct kvt_transport *tp, void *base, size_t len, struct kvt_tp_mr **mr_p);
     void (*dereg)(struct kvt_tp_mr *mr);
@@ -264,6 +268,11 @@ static inline void kvt_tp_ep_close(struct kvt_tp_ep *ep)
 static inline int kvt_tp_send(struct kvt_tp_ep *ep, const void *buf, size_t len)
 {
     return ep->tp->ops->send(ep, buf, len);
+}
+/* -ENOTSUP when the backend does not say (send alone then bounds the sender). */
+static inline int kvt_tp_send_room(struct kvt_tp_ep *ep, unsigned *room, unsigned *cap)
+{
+    return ep->tp->ops->send_room == NULL ? -ENOTSUP : ep->tp->ops->send_room(ep, room, cap);
 }
 static inline int kvt_tp_reg_remote(struct kvt_transport *tp, void *base, size_t len,
                                     struct kvt_tp_mr **mr_p)
