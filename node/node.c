@@ -102,7 +102,8 @@ struct kvt_node {
     enum kvt_tier_kind kinds[KVT_CONFIG_TIERS_MAX];
     char labels[KVT_CONFIG_TIERS_MAX][KVT_STAT_LABEL_MAX]; /* "<index + 1>:<type>" */
     size_t n_tiers;
-    struct kvt_tier *net; /* among tiers[], or NULL */
+    struct kvt_tier *net;     /* among tiers[], or NULL */
+    struct kvt_tier *storage; /* among tiers[], or NULL */
     struct kvt_peers *peers;
     struct kvt_manager *m;
     struct kvt_engine_server *engines;
@@ -113,8 +114,9 @@ struct kvt_node {
 
     int ep; /* kvt_node_fd */
     uint64_t last_step_ns, last_metrics_ns;
-    uint64_t net_news; /* kvt_net_tier_news at the last step */
-    bool rings_busy;   /* the engines' rings had work: the loop must not sleep */
+    uint64_t net_news;     /* kvt_net_tier_news at the last step */
+    uint64_t storage_news; /* kvt_storage_tier_news at the last step */
+    bool rings_busy;       /* the engines' rings had work: the loop must not sleep */
     bool stopped;
     /* Members ever seen live (PEERS lists them whatever their state now). */
     uint64_t seen[KVT_MEMBERS_MAX];
@@ -493,6 +495,8 @@ static int open_storage(struct kvt_node *nd, struct kvt_tier **t_p)
     explicit_bzero(secret, sizeof(secret));
     if (rc != 0)
         kvt_error(MOD, "storage tier at %s: %s", sc.root, strerror(-rc));
+    else
+        nd->storage = *t_p;
     return rc;
 }
 
@@ -1093,6 +1097,8 @@ void kvt_node_step(struct kvt_node *nd)
 {
     if (nd->net != NULL)
         nd->net_news = kvt_net_tier_news(nd->net);
+    if (nd->storage != NULL)
+        nd->storage_news = kvt_storage_tier_news(nd->storage);
     kvt_manager_on_schedule_end(nd->m, NULL);
     nd->last_step_ns = kvt_now_ns();
 }
@@ -1118,6 +1124,11 @@ int kvt_node_progress(struct kvt_node *nd)
         kvt_node_step(nd);
         kvt_tier_poll(nd->net); /* what the step sent leaves now */
     }
+    /* A job of the storage tier ended (its I/O threads woke the loop): reported now,
+     * so a promotion a parked FETCH waits for lands in the primary and the FETCH is
+     * served at once, not at the tick. */
+    if (nd->storage != NULL && kvt_storage_tier_news(nd->storage) != nd->storage_news)
+        kvt_node_step(nd);
     if (kvt_now_ns() - nd->last_metrics_ns >= 1000000000ull) {
         if (nd->peers != NULL)
             note_live(nd);
@@ -1262,7 +1273,7 @@ int kvt_node_stop(struct kvt_node *nd)
     nd->primary = NULL;
     nd->region = NULL;
     nd->n_tiers = 0;
-    nd->net = NULL;
+    nd->net = nd->storage = NULL;
     if (nd->peers != NULL)
         kvt_peers_destroy(nd->peers);
     nd->peers = NULL;

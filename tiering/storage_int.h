@@ -178,7 +178,11 @@ struct st_pool {
     pthread_cond_t idle_cv; /* inflight reached 0 */
     struct st_queue loads, stores, unlinks;
     struct kvt_list done; /* finished st_jobs for get_finished_jobs */
-    size_t inflight;      /* tasks queued or running */
+    /* The scheduler's wake-up: an eventfd written as a job joins done (cleared when
+     * done is taken), and the jobs that ever joined it (kvt_storage_tier_news). */
+    int done_fd;
+    uint64_t n_done;
+    size_t inflight; /* tasks queued or running */
     bool paused, stopping;
     struct st_thread *threads;
     unsigned n_threads;

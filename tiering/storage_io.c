@@ -584,6 +584,18 @@ static struct st_task *pick(struct st_pool *p, bool reader)
 
 static void queue_tasks(struct st_pool *p, struct st_job *sj);
 
+/* pool.mu held: sj is done; the scheduler's loop wakes to report it. */
+static void post_done(struct st_pool *p, struct st_job *sj)
+{
+    uint64_t one = 1;
+
+    kvt_list_add_tail(&p->done, &sj->link);
+    __atomic_store_n(&p->n_done, p->n_done + 1, __ATOMIC_RELEASE);
+    if (p->done_fd >= 0 && write(p->done_fd, &one, sizeof(one)) < 0) {
+        /* EAGAIN only: the counter is full, the loop is awake anyway */
+    }
+}
+
 /* pool.mu held. */
 static void finish_task(struct st_pool *p, struct st_task *t)
 {
@@ -593,7 +605,7 @@ static void finish_task(struct st_pool *p, struct st_task *t)
         struct st_job *waiter = sj->waiter;
         sj->end_ns = kvt_now_ns();
         sj->waiter = NULL;
-        kvt_list_add_tail(&p->done, &sj->link);
+        post_done(p, sj);
         if (waiter != NULL)
             queue_tasks(p, waiter);
     }
@@ -878,6 +890,7 @@ void kvt__st_pool_init(struct st_tier *s)
     pthread_cond_init(&p->write_cv, NULL);
     pthread_cond_init(&p->idle_cv, NULL);
     kvt_list_init(&p->done);
+    p->done_fd = -1;
     q_init(&p->loads);
     q_init(&p->stores);
     q_init(&p->unlinks);
@@ -978,6 +991,10 @@ void kvt__st_pool_cleanup(struct st_tier *s)
         kvt_free(p->threads);
         p->threads = NULL;
     }
+    if (p->done_fd >= 0) {
+        close(p->done_fd);
+        p->done_fd = -1;
+    }
 }
 
 unsigned kvt__st_max_tasks(const struct st_tier *s, enum st_kind kind, size_t n)
@@ -1039,7 +1056,7 @@ static bool post_now(struct st_pool *p, struct st_job *sj)
     for (size_t i = 0; i < sj->n_items; i++)
         sj->items[i].err = ECANCELED;
     sj->start_ns = sj->end_ns = kvt_now_ns();
-    kvt_list_add_tail(&p->done, &sj->link);
+    post_done(p, sj);
     return true;
 }
 
@@ -1076,8 +1093,12 @@ void kvt__st_pool_submit(struct st_tier *s, struct st_job *sj)
 void kvt__st_pool_take_done(struct st_tier *s, struct kvt_list *out)
 {
     struct st_pool *p = &s->pool;
+    uint64_t v;
     kvt_list_init(out);
     pthread_mutex_lock(&p->mu);
+    if (p->done_fd >= 0 && read(p->done_fd, &v, sizeof(v)) < 0) {
+        /* EAGAIN: nothing joined done since the last take */
+    }
     if (!kvt_list_empty(&p->done)) {
         out->next = p->done.next;
         out->prev = p->done.prev;

@@ -70,6 +70,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -1030,6 +1031,25 @@ const char *kvt_storage_tier_fingerprint(struct kvt_tier *t)
     return st(t)->fingerprint;
 }
 
+/* The loop wakes when an I/O thread ends a job (kvt_storage_tier_news). */
+static size_t st_event_fds(struct kvt_tier *t, int *fds, size_t cap)
+{
+    struct st_tier *s = st(t);
+
+    if (cap == 0 || s->pool.done_fd < 0)
+        return 0;
+    fds[0] = s->pool.done_fd;
+    return 1;
+}
+
+uint64_t kvt_storage_tier_news(const struct kvt_tier *t)
+{
+    const struct st_tier *s = KVT_CONTAINER_OF(t, struct st_tier, base);
+
+    assert(t->ops == &storage_ops);
+    return __atomic_load_n(&s->pool.n_done, __ATOMIC_ACQUIRE);
+}
+
 static const struct kvt_tier_ops storage_ops = {
     .lookup = st_lookup,
     .submit_store = st_submit_store,
@@ -1039,6 +1059,7 @@ static const struct kvt_tier_ops storage_ops = {
     .has_pending_work = st_has_pending_work,
     .take_events = st_take_events,
     .touch = st_touch,
+    .event_fds = st_event_fds,
     .get_stats = st_get_stats,
     .usage = st_usage,
     .reset = st_reset,
@@ -1279,9 +1300,10 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
     kvt_list_init(&s->lru);
     kvt_events_init(&s->events);
     kvt__st_pool_init(s);
+    s->pool.done_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     s->root = kvt_strdup(cfg->root);
-    if (s->root == NULL) {
-        rc = -ENOMEM;
+    if (s->pool.done_fd < 0 || s->root == NULL) {
+        rc = s->pool.done_fd < 0 ? -errno : -ENOMEM;
         goto free_tier;
     }
     s->uid = geteuid();

@@ -310,8 +310,40 @@ static void store(struct kvt_node *nd, uint32_t first, uint32_t n)
     kvt_req_ctx_unref(ctx);
 }
 
+/* A storage job's end wakes the loop, which steps and reports it: the cascade of a
+ * stored key to the storage tier is reported well before the 10 s tick with nothing
+ * but the node's loop running (its fd polled, then progress), as a promotion a
+ * peer's parked FETCH waits for is. Without the wake-up the loop sleeps to its tick. */
+static void test_storage_job_wakes_the_loop(void **state)
+{
+    uint64_t id = next_id++, end;
+    struct kvt_node *nd = NULL;
+    struct kvt_manager *m;
+
+    (void)state;
+    assert_int_equal(open_node(&nd, id, "network.enabled=false", "loop.tick_ms=10000", NULL), 0);
+    m = kvt_node_manager(nd);
+    kvt_node_step(nd);
+    store(nd, 300, 4);
+    kvt_node_step(nd); /* the cascade: a store job on the storage tier */
+    assert_true(kvt_manager_num_jobs(m) > 0);
+    end = kvt_now_ns() + 2000000000ull;
+    while (kvt_manager_num_jobs(m) > 0 && kvt_now_ns() < end) {
+        struct pollfd p = {.fd = kvt_node_fd(nd), .events = POLLIN};
+
+        poll(&p, 1, KVT_MIN(kvt_node_timeout_ms(nd), 2000));
+        kvt_node_progress(nd);
+    }
+    assert_int_equal(kvt_manager_num_jobs(m), 0);
+    /* Reported, the tier's fd is quiet again: the loop may sleep. */
+    assert_false(readable(kvt_node_fd(nd), 50));
+    assert_true(kvt_node_timeout_ms(nd) > 0);
+    kvt_node_close(nd);
+}
+
 /* The storage tier's usage (files of a 4 KiB header and the row) under a bound and
- * without; the tier ops' defaults for a tier that sets none of the loop's hooks. */
+ * without; the loop's hooks: one event fd (its I/O threads' wake-up, quiet while no
+ * job ended), and the tier ops' defaults for poll and arm. */
 static void test_storage_usage(void **state)
 {
     uint64_t id = next_id++, file = 4096 + ROW, end;
@@ -324,7 +356,8 @@ static void test_storage_usage(void **state)
     assert_int_equal(open_node(&nd, id, "network.enabled=false", "storage.capacity=64MiB", NULL),
                      0);
     st = kvt_node_tier(nd, KVT_TIER_STORAGE);
-    assert_int_equal(kvt_tier_event_fds(st, fds, 4), 0);
+    assert_int_equal(kvt_tier_event_fds(st, fds, 4), 1);
+    assert_false(readable(fds[0], 0));
     assert_int_equal(kvt_tier_poll(st), 0);
     assert_int_equal(kvt_tier_arm(st), 0);
     assert_int_equal(kvt_tier_usage(st, &u), 0);
@@ -713,6 +746,7 @@ int main(void)
         cmocka_unit_test(test_timeout_follows_tick),
         cmocka_unit_test(test_peer_wakes_the_loop),
         cmocka_unit_test(test_storage_usage),
+        cmocka_unit_test(test_storage_job_wakes_the_loop),
         cmocka_unit_test(test_network_usage_unsupported),
         cmocka_unit_test(test_fetch_served_before_the_tick),
         cmocka_unit_test(test_release_lets_the_holder_sleep),
