@@ -512,6 +512,8 @@ static int nt_get_stats(struct kvt_tier *t, struct kvt_stats *out)
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_LEASES, label, (double)kvt_map_size(&nt->leases));
     rc |= kvt_stats_set_gauge(out, KVT_M_NET_RECORDS, label,
                               (double)kvt_directory_num_records(nt->dir));
+    rc |= kvt_stats_set_gauge(out, KVT_M_NET_PUBLISH_WAITING, label,
+                              (double)kvt__nt_later_pending(nt));
     return rc != 0 ? -ENOMEM : 0;
 }
 

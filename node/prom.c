@@ -142,6 +142,8 @@ static const struct {
      "Time from a network load job submitted to its report, in seconds."},
     {KVT_M_NET_SERVE_WAIT_SECONDS,
      "Holder side: time from a peer's FETCH arriving to its GRANT sent, in seconds."},
+    {KVT_M_NET_PUBLISH_WAITING,
+     "Keys whose PUBLISH or UNPUBLISH waits for a peer link's send credits."},
 };
 
 const char *kvt_prom_help(const char *stat_name)

@@ -1852,6 +1852,7 @@ static void test_publish_burst_beyond_credits(void **state)
     enum { N = 1600 };
     const uint64_t ids[2] = {0xA, 0xB};
     struct kvt_net_tier_counts ca, cb;
+    struct kvt_stats st;
     struct tn a, b;
     size_t homed[2] = {0};
 
@@ -1862,6 +1863,10 @@ static void test_publish_burst_beyond_credits(void **state)
     /* Some wait for credits (a message takes one of the two, the other stays for
      * answers), then all arrive. */
     assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca), ca.publish_waiting > 0)));
+    kvt_stats_init(&st);
+    assert_int_equal(kvt_tier_get_stats(a.net, &st), 0);
+    assert_true(kvt_stats_value(&st, KVT_M_NET_PUBLISH_WAITING, "1:network") > 0);
+    kvt_stats_cleanup(&st);
     assert_true(
         WAIT_FOR(10000, (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed[1])));
     kvt_net_tier_counts(a.net, &ca);

@@ -93,8 +93,10 @@
 #define KVT_M_NET_REFUSED              "kvtier_net_refused_messages"
 #define KVT_M_NET_LEASES               "kvtier_net_active_leases"
 #define KVT_M_NET_RECORDS              "kvtier_net_directory_records"
-#define KVT_M_NET_DIRECT_CHUNKS        "kvtier_net_direct_chunks"
-#define KVT_M_NET_DIRECT_MISSES        "kvtier_net_direct_misses"
+/* Gauge: keys whose PUBLISH or UNPUBLISH waits for a link's send credits. */
+#define KVT_M_NET_PUBLISH_WAITING "kvtier_net_publish_waiting"
+#define KVT_M_NET_DIRECT_CHUNKS   "kvtier_net_direct_chunks"
+#define KVT_M_NET_DIRECT_MISSES   "kvtier_net_direct_misses"
 
 /* How a pulled row is validated (network.verify). */
 enum kvt_net_verify {
