@@ -62,6 +62,11 @@ static void push_event(struct kvt_members *m, enum kvt_member_event_kind kind, u
     m->epoch++;
 }
 
+void kvt_members_note_dropped_us(struct kvt_members *m, uint64_t node_id, uint64_t incarnation)
+{
+    push_event(m, KVT_MEMBER_DROPPED_US, node_id, incarnation, 0);
+}
+
 static struct kvt_member *find(const struct kvt_members *m, uint64_t node_id)
 {
     for (size_t i = 0; i < m->n; i++)

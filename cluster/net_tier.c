@@ -252,6 +252,12 @@ static void nt_on_member(void *arg, const struct kvt_member_event *ev)
     struct net_tier *nt = arg;
     uint64_t keep_from = ev->kind == KVT_MEMBER_RESTARTED ? ev->incarnation : UINT64_MAX;
 
+    if (ev->kind == KVT_MEMBER_DROPPED_US) { /* homes did not move: our records did */
+        kvt_info(NT_MOD, "member %016" PRIx64 " dropped our records: publishing them again",
+                 ev->node_id);
+        nt->republish_all = true;
+        return;
+    }
     kvt_info(NT_MOD, "member %016" PRIx64 " %s", ev->node_id,
              ev->kind == KVT_MEMBER_JOINED    ? "joined"
              : ev->kind == KVT_MEMBER_DOWN_EV ? "is down"

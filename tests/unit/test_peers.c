@@ -316,6 +316,53 @@ static struct kvt_wire_msg locate(uint64_t req_id, struct kvt_key *k)
     return m;
 }
 
+/* The raw peer r, as node id (incarnation inc), dials a: HELLO -> HELLO_ACK (a's
+ * proof verified) -> AUTH (with holds_inc when holds is not NULL) -> AUTH_OK, until
+ * a holds the link up. Returns a's HELLO_ACK. */
+static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_t id, uint64_t inc,
+                                         const uint64_t *holds)
+{
+    struct kvt_wire_msg m, ack;
+    struct kvt_auth_params ap;
+    uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], ns[KVT_AUTH_NS_BYTES];
+
+    assert_true(WAIT_FOR(5000, r->connected));
+    assert_int_equal(kvt_auth_nonce(nonce_c), 0);
+    kvt_wire_msg_init(&m, KVT_WIRE_HELLO);
+    m.u.hello.node_id = id;
+    m.u.hello.incarnation = inc;
+    ns_of("test-ns", ns);
+    memcpy(m.u.hello.ns, ns, sizeof(ns));
+    memcpy(m.u.hello.nonce, nonce_c, sizeof(nonce_c));
+    assert_int_equal(raw_send(r, &m), 0);
+    assert_true(WAIT_FOR(3000, r->n_by_type[KVT_WIRE_HELLO_ACK] == 1));
+    ack = r->last;
+    assert_int_equal(ack.u.hello.node_id, a->id);
+    ap = (struct kvt_auth_params){.nonce_client = nonce_c,
+                                  .nonce_server = ack.u.hello.nonce,
+                                  .id_client = id,
+                                  .id_server = a->id,
+                                  .ns = ns};
+    assert_true(kvt_auth_verify(good_secret, strlen((const char *)good_secret), KVT_AUTH_SERVER,
+                                &ap, ack.u.hello.proof, KVT_AUTH_PROOF_BYTES));
+    kvt_wire_msg_init(&m, KVT_WIRE_AUTH);
+    m.u.hello.node_id = id;
+    m.u.hello.incarnation = inc;
+    if (holds != NULL) {
+        m.has |= KVT_WIRE_HAS(KVT_WIRE_F_HOLDS);
+        m.u.hello.holds_inc = *holds;
+    }
+    assert_int_equal(kvt_auth_proof(good_secret, strlen((const char *)good_secret), KVT_AUTH_CLIENT,
+                                    &ap, m.u.hello.proof),
+                     0);
+    assert_int_equal(raw_send(r, &m), 0);
+    /* Our end, as a client does once the server's proof checked out and AUTH is sent
+     * (the server's AUTH_OK may travel on the data plane that authorizing sets up). */
+    assert_int_equal(kvt_tp_ep_authorize(r->ep), 0);
+    assert_true(WAIT_FOR(3000, r->n_by_type[KVT_WIRE_AUTH_OK] == 1 && linked(a, id)));
+    return ack;
+}
+
 /* ---- tests ---- */
 
 static void test_config_errors(void **state)
@@ -808,10 +855,8 @@ static void test_malformed_after_auth(void **state)
 {
     static struct tnode a, b;
     static struct raw r;
-    struct kvt_wire_msg m, ack;
-    struct kvt_auth_params ap;
+    struct kvt_wire_msg m;
     struct kvt_peers_counts c;
-    uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], ns[KVT_AUTH_NS_BYTES];
     const uint64_t raw_id = 0x77;
     struct kvt_key k = kt_key(3);
     static const uint8_t not_a_frame[] = {0xde, 0xad, 0xbe, 0xef, 0x00};
@@ -823,38 +868,7 @@ static void test_malformed_after_auth(void **state)
     (void)state;
     mesh2(&a, &b);
     raw_open(&r, kvt_peers_port(a.p));
-    assert_true(WAIT_FOR(5000, r.connected));
-
-    /* HELLO -> HELLO_ACK (verify A's proof) -> AUTH -> AUTH_OK */
-    assert_int_equal(kvt_auth_nonce(nonce_c), 0);
-    kvt_wire_msg_init(&m, KVT_WIRE_HELLO);
-    m.u.hello.node_id = raw_id;
-    m.u.hello.incarnation = 1;
-    ns_of("test-ns", ns);
-    memcpy(m.u.hello.ns, ns, sizeof(ns));
-    memcpy(m.u.hello.nonce, nonce_c, sizeof(nonce_c));
-    assert_int_equal(raw_send(&r, &m), 0);
-    assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_HELLO_ACK] == 1));
-    ack = r.last;
-    assert_int_equal(ack.u.hello.node_id, 0xA);
-    ap = (struct kvt_auth_params){.nonce_client = nonce_c,
-                                  .nonce_server = ack.u.hello.nonce,
-                                  .id_client = raw_id,
-                                  .id_server = 0xA,
-                                  .ns = ns};
-    assert_true(kvt_auth_verify(good_secret, strlen((const char *)good_secret), KVT_AUTH_SERVER,
-                                &ap, ack.u.hello.proof, KVT_AUTH_PROOF_BYTES));
-    kvt_wire_msg_init(&m, KVT_WIRE_AUTH);
-    m.u.hello.node_id = raw_id;
-    m.u.hello.incarnation = 1;
-    assert_int_equal(kvt_auth_proof(good_secret, strlen((const char *)good_secret), KVT_AUTH_CLIENT,
-                                    &ap, m.u.hello.proof),
-                     0);
-    assert_int_equal(raw_send(&r, &m), 0);
-    /* Our end, as a client does once the server's proof checked out and AUTH is sent
-     * (the server's AUTH_OK may travel on the data plane that authorizing sets up). */
-    assert_int_equal(kvt_tp_ep_authorize(r.ep), 0);
-    assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_AUTH_OK] == 1 && linked(&a, raw_id)));
+    raw_handshake(&r, &a, raw_id, 1, NULL);
     assert_true(WAIT_FOR(3000, r.n_by_type[KVT_WIRE_HEARTBEAT] >= 1)); /* A treats it as a peer */
 
     /* Garbage: not a frame; a frame of invalid msgpack; a truncated map; too deep;
@@ -897,6 +911,52 @@ static void test_malformed_after_auth(void **state)
     assert_true(a.n_link_closed >= 1);
     assert_int_equal(a.link_closed_ids[0], raw_id);
     node_stop(&b);
+    node_stop(&a);
+}
+
+/* A member's new link says whether it holds this node live (wire 1.4, HELLO_ACK and
+ * AUTH). X (a raw peer) links to A; a second link whose AUTH says X holds A's life
+ * live, or says nothing (an older node), changes nothing; one that says X holds
+ * none (X had called A down after a stall of A's, and A has not read the old link's
+ * close) makes A see KVT_MEMBER_DROPPED_US for X, counted, so that it publishes
+ * again what X dropped. A's own HELLO_ACKs tell X the same of A's view. */
+static void test_new_link_says_we_were_dropped(void **state)
+{
+    static struct tnode a;
+    static struct raw r1, r2, r3, r4;
+    const uint64_t x = 0x77, zero = 0;
+    uint64_t a_inc;
+    struct kvt_wire_msg ack;
+    struct kvt_peers_counts c;
+
+    (void)state;
+    /* Slow heartbeats: the raw peer sends none, and must stay live meanwhile. */
+    node_start_hb(&a, 0xA, good_secret, "test-ns", NULL, 1000, 10);
+    a_inc = kvt_peers_incarnation(a.p);
+    raw_open(&r1, kvt_peers_port(a.p));
+    ack = raw_handshake(&r1, &a, x, 5, NULL);
+    assert_true(ack.has & KVT_WIRE_HAS(KVT_WIRE_F_HOLDS));
+    assert_int_equal(ack.u.hello.holds_inc, 0); /* A did not know X */
+    assert_true(has_event(&a, KVT_MEMBER_JOINED, x));
+
+    raw_open(&r2, kvt_peers_port(a.p));
+    ack = raw_handshake(&r2, &a, x, 5, &a_inc);
+    assert_int_equal(ack.u.hello.holds_inc, 5); /* A holds X live now */
+    raw_open(&r3, kvt_peers_port(a.p));
+    (void)raw_handshake(&r3, &a, x, 5, NULL);
+    run_for(50);
+    assert_false(has_event(&a, KVT_MEMBER_DROPPED_US, x));
+
+    raw_open(&r4, kvt_peers_port(a.p));
+    (void)raw_handshake(&r4, &a, x, 5, &zero);
+    assert_true(WAIT_FOR(1000, has_event(&a, KVT_MEMBER_DROPPED_US, x)));
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.dropped_us, 1);
+    assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, x)); /* X stays live */
+    raw_close(&r4);
+    raw_close(&r3);
+    raw_close(&r2);
+    raw_close(&r1);
     node_stop(&a);
 }
 
@@ -1044,6 +1104,7 @@ int main(void)
         cmocka_unit_test_teardown(test_silence_allowance_capped, teardown),
         cmocka_unit_test_teardown(test_restart_and_link_closed, teardown),
         cmocka_unit_test_teardown(test_malformed_after_auth, teardown),
+        cmocka_unit_test_teardown(test_new_link_says_we_were_dropped, teardown),
         cmocka_unit_test_teardown(test_read_grant_hook, teardown),
     };
 

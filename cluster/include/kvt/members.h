@@ -32,6 +32,9 @@ enum kvt_member_event_kind {
     KVT_MEMBER_JOINED,    /* first heard, or back after being down */
     KVT_MEMBER_DOWN_EV,   /* missed k heartbeats */
     KVT_MEMBER_RESTARTED, /* heard with a newer incarnation: old life is gone */
+    /* A member we held live all along had called us down (its new link says so): it
+     * dropped every record we published to it, and holds us live again. */
+    KVT_MEMBER_DROPPED_US,
 };
 
 struct kvt_member_event {
@@ -56,6 +59,8 @@ int kvt_members_heard(struct kvt_members *m, uint64_t node_id, uint64_t incarnat
 void kvt_members_tick(struct kvt_members *m, uint64_t now_ns);
 /* Explicit loss (the connection failed and will not come back by itself). */
 void kvt_members_mark_down(struct kvt_members *m, uint64_t node_id);
+/* Queues KVT_MEMBER_DROPPED_US for node_id's incarnation (see the kind). */
+void kvt_members_note_dropped_us(struct kvt_members *m, uint64_t node_id, uint64_t incarnation);
 
 /* Live node ids including our own, ascending; if more than max are live, the max
  * lowest. Returns the count written. */
