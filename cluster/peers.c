@@ -605,7 +605,7 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
     if (was_live && l->peer_holds_known && l->peer_holds != p->incarnation) {
         kvt_info(MOD, "node %llu had called this node down (its new link says so)",
                  (unsigned long long)l->peer_id);
-        p->counts.dropped_us++;
+        p->counts.lost_our_records++;
         kvt_members_note_dropped_us(p->members, l->peer_id, l->peer_inc);
     }
     flush_events(p);
@@ -1357,7 +1357,8 @@ int kvt_peers_get_stats(struct kvt_peers *p, struct kvt_stats *out)
     stat_put(out, false, "peers_links_closed", NULL, c->links_closed - r->links_closed, &ret);
     stat_put(out, false, "peers_members_down", NULL, c->members_down - r->members_down, &ret);
     stat_put(out, false, "peers_members_silent", NULL, c->members_silent - r->members_silent, &ret);
-    stat_put(out, false, "peers_dropped_us", NULL, c->dropped_us - r->dropped_us, &ret);
+    stat_put(out, false, "peers_lost_our_records", NULL, c->lost_our_records - r->lost_our_records,
+             &ret);
     stat_put(out, true, "peers_live", NULL, kvt_members_live(p->members, ids, KVT_ARRAY_SIZE(ids)),
              &ret);
     stat_put(out, true, "peers_links", NULL, p->n_up, &ret);

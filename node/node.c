@@ -733,10 +733,10 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
                "Of those, members gone silent (missed heartbeats); each closes the member's "
                "links and makes both sides publish their chunks again",
                KVT_METRIC_COUNTER, pc.members_silent);
-        SAMPLE("kvtier_peers_dropped_us",
+        SAMPLE("kvtier_peers_lost_our_records",
                "Members that had called this node down (a stall of ours) while it held them "
                "live; each makes this node publish its chunks again",
-               KVT_METRIC_COUNTER, pc.dropped_us);
+               KVT_METRIC_COUNTER, pc.lost_our_records);
         SAMPLE("kvtier_net_leases", "Leases peers hold on our chunks", KVT_METRIC_GAUGE,
                c.active_leases);
         SAMPLE("kvtier_net_checksum_failures", "Pulled chunks refused by their checksum",

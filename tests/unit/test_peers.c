@@ -951,7 +951,7 @@ static void test_new_link_says_we_were_dropped(void **state)
     (void)raw_handshake(&r4, &a, x, 5, &zero);
     assert_true(WAIT_FOR(1000, has_event(&a, KVT_MEMBER_DROPPED_US, x)));
     kvt_peers_counts(a.p, &c);
-    assert_int_equal(c.dropped_us, 1);
+    assert_int_equal(c.lost_our_records, 1);
     assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, x)); /* X stays live */
     raw_close(&r4);
     raw_close(&r3);

@@ -166,7 +166,7 @@ struct kvt_peers_counts {
     uint64_t members_down, members_silent;
     /* Members that had called this node down while it held them live (a stall of
      * ours): each makes this node publish everything again (KVT_MEMBER_DROPPED_US). */
-    uint64_t dropped_us;
+    uint64_t lost_our_records;
     uint64_t refused_by_reason[KVT_PEERS_R_TIMEOUT + 1]; /* enum kvt_wire_reason, or
                                                             KVT_PEERS_R_TIMEOUT */
     struct kvt_tp_counters tp; /* the transport's refusals (kvt_tp_get_counters) */
