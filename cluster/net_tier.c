@@ -175,6 +175,13 @@ void kvt__net_tier_test_omit_fences(struct kvt_tier *t)
     nt_of(t)->omit_fences = true;
 }
 
+static void nt_on_member(void *arg, const struct kvt_member_event *ev);
+
+void kvt__net_tier_test_member_event(struct kvt_tier *t, const struct kvt_member_event *ev)
+{
+    nt_on_member(nt_of(t), ev);
+}
+
 /* ---- finished jobs ------------------------------------------------------------- */
 
 /* Only the manager's next schedule end reports it (get_finished_jobs), and until

@@ -1705,6 +1705,27 @@ static void test_locates_in_flight_when_the_home_dies(void **state)
 
 /* ---- a stalled holder --------------------------------------------------------- */
 
+/* A (0xA) stores keys 0..NKEYS and publishes them; B (0xB), home of some of them,
+ * holds their records. Returns how many are homed at B (> 0). */
+static uint64_t a_publishes_to_b(struct tn *a, struct tn *b)
+{
+    const uint64_t ids[2] = {0xA, 0xB};
+    struct kvt_net_tier_counts cb;
+    uint64_t homed_b = 0;
+
+    for (uint32_t i = 0; i < NKEYS; i++) {
+        struct kvt_key k;
+
+        key_of(i, &k);
+        homed_b += kvt_hrw_home(&k, ids, 2) == 1;
+    }
+    assert_true(homed_b > 0);
+    a_store(a, 0, NKEYS, NULL);
+    assert_true(
+        WAIT_FOR(10000, (kvt_net_tier_counts(b->net, &cb), cb.directory_records == homed_b)));
+    return homed_b;
+}
+
 /* A stalls (is not stepped) past B's heartbeat limit: B, home of about half of A's
  * keys, calls A down and drops A's records. Down is never one-sided: B closes its
  * link, so A, stepped again, calls B down too, both see the other join, and A
@@ -1713,7 +1734,6 @@ static void test_locates_in_flight_when_the_home_dies(void **state)
  * republication, minutes later, and B's lookups would miss meanwhile.) */
 static void test_records_come_back_after_a_stall(void **state)
 {
-    const uint64_t ids[2] = {0xA, 0xB};
     struct kvt_net_tier_counts cb;
     struct kvt_req_ctx *ctx;
     struct tn a, b;
@@ -1722,16 +1742,7 @@ static void test_records_come_back_after_a_stall(void **state)
 
     (void)state;
     locate_pair(&a, &b);
-    for (uint32_t i = 0; i < NKEYS; i++) {
-        struct kvt_key k;
-
-        key_of(i, &k);
-        homed_b += kvt_hrw_home(&k, ids, 2) == 1;
-    }
-    assert_true(homed_b > 0);
-    a_store(&a, 0, NKEYS, NULL);
-    assert_true(
-        WAIT_FOR(10000, (kvt_net_tier_counts(b.net, &cb), cb.directory_records == homed_b)));
+    homed_b = a_publishes_to_b(&a, &b);
 
     /* A stalls; B alone goes on until it has called A down (20 heartbeats of 100 ms). */
     end = kvt_now_ns() + 10000ull * 1000000ull;
@@ -1803,6 +1814,33 @@ static void test_home_keeps_moved_keys_until_views_settle(void **state)
     assert_true(kvt_now_ns() - t_join >= 4500ull * 1000000ull); /* 5 s, less B's lag */
     g_c = NULL;
     tn_stop(&c);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* A member that had called this node down and dropped its records, seen through a
+ * new link while this node held it live all along (KVT_MEMBER_DROPPED_US): the node
+ * publishes everything again. Here B is made to drop A's records (its tier is told
+ * A went down); they stay dropped (nothing else makes A publish them before its
+ * periodic refresh) until A's tier hears that B dropped them, then come back. */
+static void test_records_come_back_when_a_member_dropped_them(void **state)
+{
+    struct kvt_member_event down = {.kind = KVT_MEMBER_DOWN_EV, .node_id = 0xA},
+                            dropped = {.kind = KVT_MEMBER_DROPPED_US, .node_id = 0xB};
+    uint64_t homed_b = 0;
+    struct tn a, b;
+
+    (void)state;
+    linked_pair(&a, &b, NULL, NULL);
+    homed_b = a_publishes_to_b(&a, &b);
+    down.incarnation = kvt_peers_incarnation(a.p);
+    kvt__net_tier_test_member_event(b.net, &down);
+    assert_int_equal(records(&b), 0);
+    (void)WAIT_FOR(500, false);
+    assert_int_equal(records(&b), 0);
+    dropped.incarnation = kvt_peers_incarnation(b.p);
+    kvt__net_tier_test_member_event(a.net, &dropped);
+    assert_true(WAIT_FOR(5000, records(&b) == homed_b));
     tn_stop(&b);
     tn_stop(&a);
 }
@@ -1935,6 +1973,7 @@ int main(void)
         cmocka_unit_test(test_locates_unanswered_then_late),
         cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
         cmocka_unit_test(test_records_come_back_after_a_stall),
+        cmocka_unit_test(test_records_come_back_when_a_member_dropped_them),
         cmocka_unit_test(test_publish_burst_beyond_credits),
         cmocka_unit_test(test_waiting_publications_follow_a_new_member),
         cmocka_unit_test(test_home_keeps_moved_keys_until_views_settle),

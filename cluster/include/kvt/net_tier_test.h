@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 struct kvt_tier;
+struct kvt_member_event;
 
 /* The packed handle of t's primary region, as its GRANTs carry it (registering the
  * region first if no GRANT has yet): a test hands it to an authenticated peer that
@@ -25,5 +26,9 @@ bool kvt__net_tier_test_may_read_fence(struct kvt_tier *t, uint64_t peer_node_id
 /* From now on t's GRANTs carry no fence words, as a holder before wire 1.1 sends
  * them: a test of the puller's fallback to checksums. */
 void kvt__net_tier_test_omit_fences(struct kvt_tier *t);
+
+/* Hands t a membership event as its peers would: a test of what the tier does on one
+ * that real links produce only in a race (a stalled member, KVT_MEMBER_DROPPED_US). */
+void kvt__net_tier_test_member_event(struct kvt_tier *t, const struct kvt_member_event *ev);
 
 #endif
