@@ -219,9 +219,9 @@ class _Key:
 
     __slots__ = ("gen", "verdict", "in_flight", "nreq")
 
-    def __init__(self, gen: int):
+    def __init__(self, gen: int, verdict):
         self.gen = gen
-        self.verdict = _RETRY
+        self.verdict = verdict
         self.in_flight = False
         self.nreq = 0
 
@@ -249,7 +249,7 @@ class _PyKeyTable:
     - node_down(): every key still waiting is a MISS, its probe over."""
 
     def __init__(self, retry, hit, miss):
-        self._res = (retry, hit, miss)
+        self._retry, self._hit, self._miss = retry, hit, miss
         self._keys: dict[OffloadKey, _Key] = {}
         self._req_keys: dict[str, set[OffloadKey]] = {}
         self._last_rid: str | None = None  # lookup()'s last request and its key set
@@ -276,8 +276,8 @@ class _PyKeyTable:
         st = self._keys.get(key)
         if st is None:
             if not node_up:
-                return _MISS
-            st = _Key(self._next_gen)
+                return self._miss
+            st = _Key(self._next_gen, self._retry)
             self._next_gen += 1
             self._keys[key] = st
             self._step.append((key, st.gen))
@@ -319,15 +319,15 @@ class _PyKeyTable:
                 # Newer than any probe out: its late verdict must not land.
                 st.gen = self._next_gen
                 self._next_gen += 1
-                st.verdict, st.in_flight = _HIT, False
-            elif st.verdict is not _RETRY:
-                st.verdict = _MISS  # #49176: a failed load is not offered again
+                st.verdict, st.in_flight = self._hit, False
+            elif st.verdict is not self._retry:
+                st.verdict = self._miss  # #49176: a failed load is not offered again
 
     def flush(self):
         keys, gens = [], []
         for key, gen in self._step:
             st = self._keys.get(key)
-            if st is None or st.gen != gen or st.verdict is not _RETRY:
+            if st is None or st.gen != gen or st.verdict is not self._retry:
                 continue
             st.in_flight = True
             keys.append(key)
@@ -353,14 +353,14 @@ class _PyKeyTable:
             if st.nreq <= 0:
                 del table[key]
                 continue
-            st.verdict = _HIT if v == _kvt.HIT or v == _kvt.HIT_PENDING else _MISS
+            st.verdict = self._hit if v == _kvt.HIT or v == _kvt.HIT_PENDING else self._miss
         return tuple(counts)
 
     def node_down(self) -> None:
         for key, st in list(self._keys.items()):
-            if st.verdict is _RETRY:
+            if st.verdict is self._retry:
                 st.in_flight = False
-                st.verdict = _MISS
+                st.verdict = self._miss
                 if st.nreq <= 0:
                     del self._keys[key]
 
