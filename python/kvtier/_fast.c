@@ -1088,7 +1088,14 @@ static PyObject *table_lookup(struct kvt_fast_table *t, PyObject *args)
     Py_hash_t hash;
     int up, has;
 
-    if (!PyArg_ParseTuple(args, "OOp:lookup", &key, &rid, &up) || kt_key_hash(key, &hash) < 0)
+    /* (by hand: PyArg_ParseTuple costs as much as the rest of a known key's lookup) */
+    if (PyTuple_Size(args) != 3) {
+        PyErr_SetString(PyExc_TypeError, "lookup(key, req_id, node_up)");
+        return NULL;
+    }
+    key = PyTuple_GetItem(args, 0);
+    rid = PyTuple_GetItem(args, 1);
+    if ((up = PyObject_IsTrue(PyTuple_GetItem(args, 2))) < 0 || kt_key_hash(key, &hash) < 0)
         return NULL;
     s = kt_find(t, key, hash);
     if (s == NULL && !up) {
