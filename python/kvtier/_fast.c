@@ -11,6 +11,11 @@
  * prepare_load, complete_load, touch, on_schedule_end (kvtier.vllm's spec manager)
  * and jobs_step (its secondary tier); the rest stay on ctypes.
  *
+ * KeyTable, the secondary tier's lookup state (every key's verdict, generation and
+ * requests), is here for the same reason: the tier answers a lookup for every block
+ * without the node, so that answer is the Python-level work per block (see its
+ * section below).
+ *
  * The Conn objects of a kvtier.Client (Client.fast, Client.fast_view()) borrow its C
  * handle (the Python Client owns it, opens and closes it, and closes them with it)
  * and resolve the functions they call with dlsym from the very library ctypes
@@ -53,6 +58,14 @@
         PyObject *_old = (o);                                                                      \
         (o) = (v);                                                                                 \
         Py_DECREF(_old);                                                                           \
+    } while (0)
+
+/* The same, o may be NULL. */
+#define Py_XSETREF_(o, v)                                                                          \
+    do {                                                                                           \
+        PyObject *_old = (o);                                                                      \
+        (o) = (v);                                                                                 \
+        Py_XDECREF(_old);                                                                          \
     } while (0)
 
 /* The library's functions this module calls, resolved once per Conn. */
@@ -886,6 +899,554 @@ out:
     return out;
 }
 
+/* ---- KeyTable: the secondary tier's lookup state ------------------------------ */
+
+/* kvtier.vllm's KvtierSecondaryTier answers vLLM's lookups from verdicts it holds,
+ * on the scheduler's thread, for every block of every new request. The state of a
+ * key (its probe generation, the verdict lookup() answers, whether a probe of it is
+ * out, how many live requests looked it up) lives here in one open-addressing
+ * table of plain structs, linear probing, deletion by backward shift (no
+ * tombstones): no Python object per key beyond the key itself, and lookup(),
+ * the verdicts' landing, the marks of finished jobs and a request's end each in
+ * one C call. The rules are the tier's (kvtier.vllm._PyKeyTable is the same table
+ * in Python, for a package without this module; both are tested against each
+ * other). A request's keys are a Python set per request id (dict reqs), kept only
+ * to count each request once per key; while a request holds a key, its entry
+ * stays (nreq >= 1). Only the scheduler's thread calls a KeyTable (vLLM holds its
+ * manager's lock), with the GIL. Keys are bytes; they are hashed by Python (cached
+ * in the object) and compared by content. */
+
+enum { KT_RETRY, KT_HIT, KT_MISS }; /* an entry's verdict: the index into results */
+
+struct kt_slot {
+    PyObject *key; /* NULL: empty; owned */
+    Py_hash_t hash;
+    unsigned long long gen; /* the probe generation a verdict must carry to land */
+    Py_ssize_t nreq;        /* live requests whose sets hold the key */
+    uint8_t verdict;        /* KT_RETRY until the node's verdict is here */
+    uint8_t in_flight;      /* a probe of this generation is out */
+};
+
+struct kt_probe {  /* a key first looked up this step, to be asked */
+    PyObject *key; /* owned */
+    Py_hash_t hash;
+    unsigned long long gen;
+};
+
+struct kvt_fast_table {
+    PyObject_HEAD struct kt_slot *slots;
+    size_t cap; /* a power of two; 0 before the first key */
+    size_t n;
+    unsigned long long next_gen;
+    struct kt_probe *step;
+    size_t nstep, step_cap;
+    PyObject *reqs;     /* dict: request id -> set of keys */
+    PyObject *last_rid; /* the last request looked up and its set (lookups come in runs) */
+    PyObject *last_set;
+    PyObject *results[3]; /* what lookup() returns for RETRY, HIT, MISS */
+};
+
+static int kt_key_hash(PyObject *key, Py_hash_t *hash_p)
+{
+    Py_hash_t h;
+
+    if (!PyBytes_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "a key is bytes");
+        return -1;
+    }
+    if ((h = PyObject_Hash(key)) == -1)
+        return -1;
+    *hash_p = h;
+    return 0;
+}
+
+static bool kt_same(PyObject *a, PyObject *b)
+{
+    Py_ssize_t n;
+
+    if (a == b)
+        return true;
+    n = PyBytes_Size(a);
+    return n == PyBytes_Size(b) && memcmp(PyBytes_AsString(a), PyBytes_AsString(b), (size_t)n) == 0;
+}
+
+/* The slot of key, or NULL. Calls no Python code. */
+static struct kt_slot *kt_find(struct kvt_fast_table *t, PyObject *key, Py_hash_t hash)
+{
+    size_t mask = t->cap - 1;
+
+    if (t->cap == 0)
+        return NULL;
+    for (size_t i = (size_t)hash & mask;; i = (i + 1) & mask) {
+        struct kt_slot *s = &t->slots[i];
+
+        if (s->key == NULL)
+            return NULL;
+        if (s->hash == hash && kt_same(s->key, key))
+            return s;
+    }
+}
+
+static int kt_grow(struct kvt_fast_table *t)
+{
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    struct kt_slot *old = t->slots, *slots;
+
+    if (cap > PY_SSIZE_T_MAX / sizeof(*slots) ||
+        (slots = PyMem_Calloc(cap, sizeof(*slots))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < t->cap; i++) {
+        size_t j;
+
+        if (old[i].key == NULL)
+            continue;
+        for (j = (size_t)old[i].hash & (cap - 1); slots[j].key != NULL; j = (j + 1) & (cap - 1))
+            ;
+        slots[j] = old[i];
+    }
+    t->slots = slots;
+    t->cap = cap;
+    PyMem_Free(old);
+    return 0;
+}
+
+/* A new entry for key (not in the table): RETRY, the next generation, no request. */
+static struct kt_slot *kt_insert(struct kvt_fast_table *t, PyObject *key, Py_hash_t hash)
+{
+    size_t i;
+
+    if ((t->n + 1) * 2 > t->cap && kt_grow(t) < 0) /* at most half full */
+        return NULL;
+    for (i = (size_t)hash & (t->cap - 1); t->slots[i].key != NULL; i = (i + 1) & (t->cap - 1))
+        ;
+    Py_INCREF(key);
+    t->slots[i] =
+        (struct kt_slot){.key = key, .hash = hash, .gen = t->next_gen++, .verdict = KT_RETRY};
+    t->n++;
+    return &t->slots[i];
+}
+
+/* Removes s; the entries after it in its run move back so that every entry stays
+ * reachable from its home slot. The key is released last (its release runs no
+ * code of ours, but the table is whole by then). */
+static void kt_delete(struct kvt_fast_table *t, struct kt_slot *s)
+{
+    size_t mask = t->cap - 1, i = (size_t)(s - t->slots), j = i;
+    PyObject *key = s->key;
+
+    for (;;) {
+        size_t home;
+
+        j = (j + 1) & mask;
+        if (t->slots[j].key == NULL)
+            break;
+        home = (size_t)t->slots[j].hash & mask;
+        /* the entry at j stays when its home lies cyclically in (i, j] */
+        if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
+            continue;
+        t->slots[i] = t->slots[j];
+        i = j;
+    }
+    t->slots[i].key = NULL;
+    t->n--;
+    Py_DECREF(key);
+}
+
+/* The set of keys of request rid (made when absent): a borrowed reference. */
+static PyObject *kt_req_set(struct kvt_fast_table *t, PyObject *rid)
+{
+    PyObject *set;
+
+    if (rid == t->last_rid)
+        return t->last_set;
+    set = PyDict_GetItemWithError(t->reqs, rid);
+    if (set == NULL) {
+        if (PyErr_Occurred() || (set = PySet_New(NULL)) == NULL)
+            return NULL;
+        if (PyDict_SetItem(t->reqs, rid, set) < 0) {
+            Py_DECREF(set);
+            return NULL;
+        }
+        Py_DECREF(set); /* the dict holds it */
+    }
+    Py_INCREF(rid);
+    Py_INCREF(set);
+    Py_XSETREF_(t->last_rid, rid);
+    Py_XSETREF_(t->last_set, set);
+    return set;
+}
+
+/* lookup(key, req_id, node_up) -> what the tier answers: the key's verdict; a key
+ * not known is asked at the step's end (RETRY meanwhile), or is a MISS while the
+ * node is down. The request is counted once per key. */
+static PyObject *table_lookup(struct kvt_fast_table *t, PyObject *args)
+{
+    PyObject *key, *rid, *set;
+    struct kt_slot *s;
+    Py_hash_t hash;
+    int up, has;
+
+    /* (by hand: PyArg_ParseTuple costs as much as the rest of a known key's lookup) */
+    if (PyTuple_Size(args) != 3) {
+        PyErr_SetString(PyExc_TypeError, "lookup(key, req_id, node_up)");
+        return NULL;
+    }
+    key = PyTuple_GetItem(args, 0);
+    rid = PyTuple_GetItem(args, 1);
+    if ((up = PyObject_IsTrue(PyTuple_GetItem(args, 2))) < 0 || kt_key_hash(key, &hash) < 0)
+        return NULL;
+    s = kt_find(t, key, hash);
+    if (s == NULL && !up) {
+        Py_INCREF(t->results[KT_MISS]);
+        return t->results[KT_MISS];
+    }
+    /* The request's set first: making one may run the collector, so the slot is
+     * found again after. */
+    if ((set = kt_req_set(t, rid)) == NULL || (has = PySet_Contains(set, key)) < 0)
+        return NULL;
+    s = kt_find(t, key, hash);
+    if (s == NULL) {
+        if (t->nstep == t->step_cap) {
+            size_t cap = t->step_cap ? t->step_cap * 2 : 256;
+            struct kt_probe *step = PyMem_Realloc(t->step, cap * sizeof(*step));
+
+            if (step == NULL)
+                return PyErr_NoMemory();
+            t->step = step;
+            t->step_cap = cap;
+        }
+        if ((s = kt_insert(t, key, hash)) == NULL)
+            return NULL;
+        Py_INCREF(key);
+        t->step[t->nstep++] = (struct kt_probe){.key = key, .hash = hash, .gen = s->gen};
+    }
+    if (!has) {
+        if (PySet_Add(set, key) < 0)
+            return NULL;
+        s->nreq++;
+    }
+    Py_INCREF(t->results[s->verdict]);
+    return t->results[s->verdict];
+}
+
+/* request_finished(req_id): the request's keys lose it; a key no request holds
+ * and no probe waits for goes. */
+static PyObject *table_request_finished(struct kvt_fast_table *t, PyObject *rid)
+{
+    PyObject *set, *it, *key;
+
+    set = PyDict_GetItemWithError(t->reqs, rid);
+    if (set == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(set);
+    if (PyDict_DelItem(t->reqs, rid) < 0) {
+        Py_DECREF(set);
+        return NULL;
+    }
+    if (set == t->last_set) {
+        Py_CLEAR(t->last_rid);
+        Py_CLEAR(t->last_set);
+    }
+    if ((it = PyObject_GetIter(set)) == NULL) {
+        Py_DECREF(set);
+        return NULL;
+    }
+    while ((key = PyIter_Next(it)) != NULL) {
+        Py_hash_t hash = PyObject_Hash(key); /* (cannot fail: the set hashed it) */
+        struct kt_slot *s = hash == -1 ? NULL : kt_find(t, key, hash);
+
+        if (s != NULL && --s->nreq <= 0 && !s->in_flight)
+            kt_delete(t, s);
+        Py_DECREF(key);
+    }
+    Py_DECREF(it);
+    Py_DECREF(set);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* mark(keys, present): a store that succeeded makes its keys present (a new
+ * generation, so a probe still out cannot land over it; a key no request holds
+ * goes instead); a load that failed makes its keys' verdicts MISS (vLLM issue
+ * #49176: they are not offered again), except where no verdict is here yet. */
+static PyObject *table_mark(struct kvt_fast_table *t, PyObject *args)
+{
+    PyObject *keys, *it, *key;
+    int present;
+
+    if (!PyArg_ParseTuple(args, "Op:mark", &keys, &present) ||
+        (it = PyObject_GetIter(keys)) == NULL)
+        return NULL;
+    while ((key = PyIter_Next(it)) != NULL) {
+        struct kt_slot *s;
+        Py_hash_t hash;
+
+        if (kt_key_hash(key, &hash) < 0) {
+            Py_DECREF(key);
+            break;
+        }
+        s = kt_find(t, key, hash);
+        Py_DECREF(key);
+        if (s == NULL)
+            continue;
+        if (present) {
+            if (s->nreq <= 0) {
+                kt_delete(t, s);
+                continue;
+            }
+            s->gen = t->next_gen++;
+            s->verdict = KT_HIT;
+            s->in_flight = 0;
+        } else if (s->verdict != KT_RETRY) {
+            s->verdict = KT_MISS;
+        }
+    }
+    Py_DECREF(it);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* flush() -> (keys, gens): the keys first looked up since the last flush that still
+ * wait for their verdict (now in flight), with their generations, to be asked. */
+static PyObject *table_flush(struct kvt_fast_table *t, PyObject *unused)
+{
+    PyObject *keys = PyList_New(0), *gens = PyList_New(0), *out = NULL;
+    size_t i;
+
+    if (keys == NULL || gens == NULL)
+        goto out;
+    for (i = 0; i < t->nstep; i++) {
+        struct kt_probe *p = &t->step[i];
+        struct kt_slot *s = kt_find(t, p->key, p->hash);
+        PyObject *g;
+
+        if (s == NULL || s->gen != p->gen || s->verdict != KT_RETRY)
+            continue;
+        if ((g = PyLong_FromUnsignedLongLong(p->gen)) == NULL || PyList_Append(keys, p->key) < 0 ||
+            PyList_Append(gens, g) < 0) {
+            Py_XDECREF(g);
+            goto out;
+        }
+        Py_DECREF(g);
+        s->in_flight = 1;
+    }
+    out = PyTuple_Pack(2, keys, gens);
+out:
+    /* the step's probes are spent either way (as the Python table's) */
+    for (i = 0; i < t->nstep; i++)
+        Py_DECREF(t->step[i].key);
+    t->nstep = 0;
+    Py_XDECREF(keys);
+    Py_XDECREF(gens);
+    return out;
+}
+
+/* apply(keys, gens, verdicts) -> (miss, hit, hit_pending, retry): the node's
+ * verdicts (kvtier.MISS..RETRY) for keys asked with gens, counted by verdict. One
+ * lands where the key is still at that generation: its probe is over, the key
+ * goes when no request holds it, else HIT / HIT_PENDING make it HIT and MISS a
+ * MISS. RETRY changes nothing (the I/O thread asks again). The lists are checked
+ * before anything changes. */
+static PyObject *table_apply(struct kvt_fast_table *t, PyObject *args)
+{
+    PyObject *keys, *gens, *vs;
+    Py_ssize_t n, i;
+    Py_ssize_t counts[4] = {0, 0, 0, 0};
+
+    if (!PyArg_ParseTuple(args, "O!O!O!:apply", &PyList_Type, &keys, &PyList_Type, &gens,
+                          &PyList_Type, &vs))
+        return NULL;
+    n = PyList_Size(keys);
+    if (PyList_Size(gens) != n || PyList_Size(vs) != n) {
+        PyErr_SetString(PyExc_ValueError, "apply: keys, gens and verdicts differ in length");
+        return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PyList_GetItem(vs, i));
+
+        if (v == -1 && PyErr_Occurred())
+            return NULL;
+        if (v < KVTIER_MISS || v > KVTIER_RETRY) {
+            PyErr_Format(PyExc_ValueError, "apply: verdict %ld", v);
+            return NULL;
+        }
+        if (!PyBytes_Check(PyList_GetItem(keys, i))) {
+            PyErr_SetString(PyExc_TypeError, "apply: a key is bytes");
+            return NULL;
+        }
+        if (PyLong_AsUnsignedLongLong(PyList_GetItem(gens, i)) == (unsigned long long)-1 &&
+            PyErr_Occurred())
+            return NULL;
+    }
+    for (i = 0; i < n; i++) {
+        PyObject *key = PyList_GetItem(keys, i);
+        long v = PyLong_AsLong(PyList_GetItem(vs, i));
+        unsigned long long gen = PyLong_AsUnsignedLongLong(PyList_GetItem(gens, i));
+        struct kt_slot *s;
+        Py_hash_t hash;
+
+        counts[v]++;
+        if (v == KVTIER_RETRY || kt_key_hash(key, &hash) < 0 ||
+            (s = kt_find(t, key, hash)) == NULL || s->gen != gen)
+            continue;
+        s->in_flight = 0;
+        if (s->nreq <= 0) {
+            kt_delete(t, s);
+            continue;
+        }
+        s->verdict = v == KVTIER_HIT || v == KVTIER_HIT_PENDING ? KT_HIT : KT_MISS;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    return Py_BuildValue("(nnnn)", counts[KVTIER_MISS], counts[KVTIER_HIT],
+                         counts[KVTIER_HIT_PENDING], counts[KVTIER_RETRY]);
+}
+
+/* node_down(): the node went away: every key still waiting is a MISS, its probe
+ * over (a key no request holds goes). */
+static PyObject *table_node_down(struct kvt_fast_table *t, PyObject *unused)
+{
+    /* A deletion moves later entries back into the hole: slot i is looked at again
+     * (an entry that wrapped around may be seen twice, which changes nothing). */
+    for (size_t i = 0; i < t->cap;) {
+        struct kt_slot *s = &t->slots[i];
+
+        if (s->key != NULL && s->verdict == KT_RETRY) {
+            s->in_flight = 0;
+            s->verdict = KT_MISS;
+            if (s->nreq <= 0) {
+                kt_delete(t, s);
+                continue;
+            }
+        }
+        i++;
+    }
+    Py_RETURN_NONE;
+}
+
+/* state(key) -> None or (gen, verdict, in_flight, nreq): for tests and debugging. */
+static PyObject *table_state(struct kvt_fast_table *t, PyObject *key)
+{
+    struct kt_slot *s;
+    Py_hash_t hash;
+
+    if (kt_key_hash(key, &hash) < 0)
+        return NULL;
+    if ((s = kt_find(t, key, hash)) == NULL)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(KOOn)", s->gen, t->results[s->verdict],
+                         s->in_flight ? Py_True : Py_False, s->nreq);
+}
+
+static Py_ssize_t table_len(struct kvt_fast_table *t)
+{
+    return (Py_ssize_t)t->n;
+}
+
+static PyObject *table_get_requests(struct kvt_fast_table *t, void *unused)
+{
+    return PyLong_FromSsize_t(PyDict_Size(t->reqs));
+}
+
+static PyObject *table_get_pending(struct kvt_fast_table *t, void *unused)
+{
+    return PyLong_FromSize_t(t->nstep);
+}
+
+/* KeyTable(retry, hit, miss): the objects lookup() returns for each verdict
+ * (vLLM's LookupResult members). */
+static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    struct kvt_fast_table *t;
+    PyObject *r[3];
+
+    if ((kwds != NULL && PyDict_Size(kwds) > 0) ||
+        !PyArg_ParseTuple(args, "OOO:KeyTable", &r[KT_RETRY], &r[KT_HIT], &r[KT_MISS])) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "KeyTable(retry, hit, miss) takes no keywords");
+        return NULL;
+    }
+    if ((t = (struct kvt_fast_table *)PyType_GenericAlloc(type, 0)) == NULL)
+        return NULL;
+    if ((t->reqs = PyDict_New()) == NULL) {
+        Py_DECREF(t);
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++) {
+        Py_INCREF(r[i]);
+        t->results[i] = r[i];
+    }
+    return (PyObject *)t;
+}
+
+static void table_dealloc(struct kvt_fast_table *t)
+{
+    PyTypeObject *tp = Py_TYPE(t);
+    freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
+
+    for (size_t i = 0; i < t->cap; i++)
+        Py_XDECREF(t->slots[i].key);
+    PyMem_Free(t->slots);
+    for (size_t i = 0; i < t->nstep; i++)
+        Py_DECREF(t->step[i].key);
+    PyMem_Free(t->step);
+    Py_XDECREF(t->reqs);
+    Py_XDECREF(t->last_rid);
+    Py_XDECREF(t->last_set);
+    for (int i = 0; i < 3; i++)
+        Py_XDECREF(t->results[i]);
+    tp_free(t);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef table_methods[] = {
+    {"lookup", (PyCFunction)table_lookup, METH_VARARGS,
+     "lookup(key, req_id, node_up) -> the key's verdict (RETRY, HIT or MISS)"},
+    {"request_finished", (PyCFunction)table_request_finished, METH_O,
+     "request_finished(req_id): the request's keys lose it"},
+    {"mark", (PyCFunction)table_mark, METH_VARARGS,
+     "mark(keys, present): a successful store's keys (True) or a failed load's (False)"},
+    {"flush", (PyCFunction)table_flush, METH_NOARGS,
+     "flush() -> (keys, gens): the step's new keys to ask, now in flight"},
+    {"apply", (PyCFunction)table_apply, METH_VARARGS,
+     "apply(keys, gens, verdicts) -> (miss, hit, hit_pending, retry) counts"},
+    {"node_down", (PyCFunction)table_node_down, METH_NOARGS,
+     "node_down(): every key still waiting is a MISS"},
+    {"state", (PyCFunction)table_state, METH_O,
+     "state(key) -> None or (gen, verdict, in_flight, nreq)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef table_getset[] = {
+    {"requests", (getter)table_get_requests, NULL, "live requests with keys", NULL},
+    {"pending", (getter)table_get_pending, NULL, "keys looked up since the last flush", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot table_slots[] = {
+    {Py_tp_new, table_new},
+    {Py_tp_dealloc, table_dealloc},
+    {Py_tp_methods, table_methods},
+    {Py_tp_getset, table_getset},
+    {Py_sq_length, table_len},
+    {Py_tp_doc, "The lookup state of kvtier.vllm's secondary tier (see kvtier._fast)."},
+    {0, NULL},
+};
+
+static PyType_Spec table_spec = {
+    .name = "kvtier._fast.KeyTable",
+    .basicsize = sizeof(struct kvt_fast_table),
+    .flags = Py_TPFLAGS_DEFAULT,
+    .slots = table_slots,
+};
+
 /* close(): forgets the client (its owner closes it); every later call raises. */
 static PyObject *conn_close(struct kvt_fast_conn *self, PyObject *unused)
 {
@@ -1047,6 +1608,12 @@ static int fast_exec(PyObject *m)
     if (t == NULL)
         return -1;
     if (PyModule_AddObject(m, "Conn", t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    if ((t = PyType_FromSpec(&table_spec)) == NULL)
+        return -1;
+    if (PyModule_AddObject(m, "KeyTable", t) < 0) {
         Py_DECREF(t);
         return -1;
     }

@@ -212,18 +212,164 @@ _RETRY, _HIT, _MISS = LookupResult.RETRY, LookupResult.HIT, LookupResult.MISS
 
 
 class _Key:
-    """Lookup state of one key (scheduler thread): verdict is what lookup() answers,
+    """Lookup state of one key in _PyKeyTable: verdict is what lookup() answers,
     RETRY until the node's verdict is here, then HIT or MISS; nreq, how many live
-    requests looked it up (their sets in _req_keys say which: a count here, not a
-    set per key, as a step looks up thousands of keys)."""
+    requests looked it up (their sets say which: a count here, not a set per key, as
+    a step looks up thousands of keys)."""
 
     __slots__ = ("gen", "verdict", "in_flight", "nreq")
 
-    def __init__(self, gen: int):
+    def __init__(self, gen: int, verdict):
         self.gen = gen
-        self.verdict = _RETRY
+        self.verdict = verdict
         self.in_flight = False
         self.nreq = 0
+
+
+class _PyKeyTable:
+    """The tier's lookup state (scheduler thread), in Python: kvtier._fast.KeyTable
+    is the same table in C, used when the package has its extension; this one serves
+    a package without it. Both keep these rules, and are tested against each other:
+
+    - lookup(key, req_id, node_up): a key not known is a MISS while the node is down,
+      else a new entry (RETRY, the next generation) to be asked at the step's end;
+      the request is counted once per key (a set of keys per request).
+    - flush() -> (keys, gens): the keys first looked up since the last flush that
+      still wait for their verdict, now in flight.
+    - apply(keys, gens, verdicts) -> counts by verdict (MISS, HIT, HIT_PENDING,
+      RETRY): a verdict lands where the key is still at its generation; its probe is
+      over, the key goes when no request holds it, else HIT / HIT_PENDING make it
+      HIT and MISS a MISS; RETRY changes nothing (asked again).
+    - mark(keys, present): a store that succeeded makes its keys HIT at a new
+      generation (a probe still out cannot land over it; a key no request holds
+      goes); a load that failed makes its keys MISS (vLLM issue #49176), except
+      where no verdict is here yet.
+    - request_finished(req_id): its keys lose it; one no request holds and no probe
+      waits for goes.
+    - node_down(): every key still waiting is a MISS, its probe over."""
+
+    def __init__(self, retry, hit, miss):
+        self._retry, self._hit, self._miss = retry, hit, miss
+        self._keys: dict[OffloadKey, _Key] = {}
+        self._req_keys: dict[str, set[OffloadKey]] = {}
+        self._last_rid: str | None = None  # lookup()'s last request and its key set
+        self._last_keys: set[OffloadKey] | None = None
+        self._next_gen = 0
+        self._step: list[tuple[OffloadKey, int]] = []
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    @property
+    def requests(self) -> int:
+        return len(self._req_keys)
+
+    @property
+    def pending(self) -> int:
+        return len(self._step)
+
+    def state(self, key):
+        st = self._keys.get(key)
+        return None if st is None else (st.gen, st.verdict, st.in_flight, st.nreq)
+
+    def lookup(self, key: OffloadKey, rid: str, node_up: bool) -> LookupResult:
+        st = self._keys.get(key)
+        if st is None:
+            if not node_up:
+                return self._miss
+            st = _Key(self._next_gen, self._retry)
+            self._next_gen += 1
+            self._keys[key] = st
+            self._step.append((key, st.gen))
+        # The request's key set: vLLM looks a request's keys up one after another,
+        # so the last one is kept at hand.
+        if rid == self._last_rid:
+            rk = self._last_keys
+        else:
+            rk = self._req_keys.get(rid)
+            if rk is None:
+                rk = self._req_keys[rid] = set()
+            self._last_rid, self._last_keys = rid, rk
+        if key not in rk:
+            rk.add(key)
+            st.nreq += 1
+        return st.verdict
+
+    def request_finished(self, rid: str) -> None:
+        keys = self._keys
+        if self._last_rid == rid:
+            self._last_rid = None
+        for key in self._req_keys.pop(rid, ()):
+            st = keys.get(key)
+            if st is None:
+                continue
+            st.nreq -= 1
+            if st.nreq <= 0 and not st.in_flight:
+                del keys[key]
+
+    def mark(self, keys: Iterable[OffloadKey], present: bool) -> None:
+        for key in keys:
+            st = self._keys.get(key)
+            if st is None:
+                continue
+            if present:
+                if st.nreq <= 0:
+                    del self._keys[key]
+                    continue
+                # Newer than any probe out: its late verdict must not land.
+                st.gen = self._next_gen
+                self._next_gen += 1
+                st.verdict, st.in_flight = self._hit, False
+            elif st.verdict is not self._retry:
+                st.verdict = self._miss  # #49176: a failed load is not offered again
+
+    def flush(self):
+        keys, gens = [], []
+        for key, gen in self._step:
+            st = self._keys.get(key)
+            if st is None or st.gen != gen or st.verdict is not self._retry:
+                continue
+            st.in_flight = True
+            keys.append(key)
+            gens.append(gen)
+        self._step = []
+        return keys, gens
+
+    def apply(self, keys, gens, verdicts):
+        if not len(keys) == len(gens) == len(verdicts):
+            raise ValueError("apply: keys, gens and verdicts differ in length")
+        if any(not 0 <= v <= 3 for v in verdicts):
+            raise ValueError("apply: a verdict out of range")
+        counts = [0, 0, 0, 0]
+        table = self._keys
+        for key, gen, v in zip(keys, gens, verdicts):
+            counts[v] += 1
+            if v == _kvt.RETRY:
+                continue
+            st = table.get(key)
+            if st is None or st.gen != gen:
+                continue
+            st.in_flight = False
+            if st.nreq <= 0:
+                del table[key]
+                continue
+            st.verdict = self._hit if v == _kvt.HIT or v == _kvt.HIT_PENDING else self._miss
+        return tuple(counts)
+
+    def node_down(self) -> None:
+        for key, st in list(self._keys.items()):
+            if st.verdict is self._retry:
+                st.in_flight = False
+                st.verdict = self._miss
+                if st.nreq <= 0:
+                    del self._keys[key]
+
+
+def _key_table():
+    """A new lookup table: kvtier._fast's when the package has it, else Python's."""
+    fast = _kvt._fast
+    cls = getattr(fast, "KeyTable", None) if fast is not None else None
+    return (cls or _PyKeyTable)(_RETRY, _HIT, _MISS)
 
 
 class _Job:
@@ -288,12 +434,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._region_fd, self._region_off = region_fd_of(primary_kv_view, offloading_spec)
 
         # ---- scheduler thread -----------------------------------------------------
-        self._keys: dict[OffloadKey, _Key] = {}
-        self._req_keys: dict[str, set[OffloadKey]] = {}
-        self._last_rid: str | None = None  # lookup()'s last request and its key set
-        self._last_keys: set[OffloadKey] | None = None
-        self._next_gen = 0
-        self._step_keys: list[tuple[OffloadKey, int]] = []
+        self._table = _key_table()  # every key's lookup state (see _PyKeyTable)
         self._step_jobs: list[_kvt.Job] = []
         self._step_touch: list[OffloadKey] = []
         self._jobs: dict[int, _Job] = {}
@@ -304,8 +445,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         # ---- between the threads ------------------------------------------------------
         self._to_io: queue.SimpleQueue = queue.SimpleQueue()
         self._from_io: queue.SimpleQueue = queue.SimpleQueue()
-        # Set by the I/O thread after each message it posts, cleared by the
-        # scheduler before it drains: a lookup drains only when there is news.
+        # Set by the I/O thread after each message it posts (but a round's rtt),
+        # cleared by the scheduler before it drains: lookup() and
+        # get_finished_jobs() drain only when there is news.
         self._news = False
         self._stop = threading.Event()
         self._connected = threading.Event()
@@ -352,64 +494,17 @@ class KvtierSecondaryTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def on_request_finished(self, req_context: ReqContext) -> None:
-        rid = req_context.req_id
-        keys = self._keys
-        if self._last_rid == rid:
-            self._last_rid = None
-        for key in self._req_keys.pop(rid, ()):
-            st = keys.get(key)
-            if st is None:
-                continue
-            st.nreq -= 1
-            if st.nreq <= 0 and not st.in_flight:
-                del keys[key]
+        self._table.request_finished(req_context.req_id)
 
     # ------------------------------------------------------------------ lookups
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         if self._news:
             self._drain_io()
-        st = self._keys.get(key)
-        if st is None:
-            if not self._node_up:
-                return _MISS
-            st = _Key(self._next_gen)
-            self._next_gen += 1
-            self._keys[key] = st
-            self._step_keys.append((key, st.gen))
-        # The request's key set: vLLM looks a request's keys up one after another,
-        # so the last one is kept at hand.
-        rid = req_context.req_id
-        if rid == self._last_rid:
-            rk = self._last_keys
-        else:
-            rk = self._req_keys.get(rid)
-            if rk is None:
-                rk = self._req_keys[rid] = set()
-            self._last_rid, self._last_keys = rid, rk
-        if key not in rk:
-            rk.add(key)
-            st.nreq += 1
-        return st.verdict
+        return self._table.lookup(key, req_context.req_id, self._node_up)
 
     def touch(self, keys: Iterable[OffloadKey], req_context: ReqContext | None = None) -> None:
         """Records an access in the node's cache policy (sent with the step)."""
         self._step_touch.extend(keys)
-
-    def _mark(self, keys: Iterable[OffloadKey], present: bool) -> None:
-        for key in keys:
-            st = self._keys.get(key)
-            if st is None:
-                continue
-            if present:
-                if st.nreq <= 0:
-                    del self._keys[key]
-                    continue
-                # Newer than any probe out: its late verdict must not land.
-                st.gen = self._next_gen
-                self._next_gen += 1
-                st.verdict, st.in_flight = _HIT, False
-            elif st.verdict is not _RETRY:
-                st.verdict = _MISS  # #49176: a failed load is not offered again
 
     # ------------------------------------------------------------------ jobs
     def submit_store(self, job_metadata: TransferJob) -> None:
@@ -431,23 +526,31 @@ class KvtierSecondaryTier(SecondaryTierManager):
     def _fail(self, job_id: int) -> None:
         self._finish(job_id, False, None)
 
-    def _finish(self, job_id: int, ok: bool, key_ok: list[bool] | None) -> None:
+    def _finish(self, job_id: int, ok: bool, key_ok: list[bool] | None,
+                rows: dict | None = None) -> None:
+        """Reports a job's end once (a late report after a timeout is dropped). rows,
+        when given, gathers the job rows' counter by (direction, outcome) for the
+        caller to count once for a batch of jobs; else they are counted here."""
         info = self._jobs.pop(job_id, None)
         if info is None:
             return  # reported already (a late report after a timeout)
         job = info.job
         keys = list(job.keys)
         now = time.monotonic()
-        direction = "load" if info.kind == _kvt.JOB_LOAD else "store"
+        load = info.kind == _kvt.JOB_LOAD
+        direction = "load" if load else "store"
         good = keys if ok else [k for k, o in zip(keys, key_ok or ()) if o]
-        self._stats.increase_counter(KvtierMetrics.JOB_ROWS, len(good), (direction, "ok"))
+        counts = {} if rows is None else rows
+        counts[direction, "ok"] = counts.get((direction, "ok"), 0) + len(good)
         if len(good) < len(keys):
-            self._stats.increase_counter(KvtierMetrics.JOB_ROWS, len(keys) - len(good),
-                                         (direction, "failed"))
-        if info.kind == _kvt.JOB_LOAD:
+            counts[direction, "failed"] = (counts.get((direction, "failed"), 0)
+                                           + len(keys) - len(good))
+        if rows is None:
+            self._count_rows(counts)
+        if load:
             if not ok:
                 bad = set(keys).difference(good)
-                self._mark(bad, False)
+                self._table.mark(bad, False)
             self._done.append(JobResult(
                 job_id=job_id, success=ok,
                 successful_keys=tuple(good) if (not ok and good) else None,
@@ -455,7 +558,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                 transfer_bytes=len(good) * self._stride))
         else:
             if ok:
-                self._mark(keys, True)
+                self._table.mark(keys, True)
                 if self._events is not None and keys:
                     self._events.append(OffloadingEvent(
                         keys=keys, medium=self.medium, removed=False,
@@ -464,8 +567,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
                                         transfer_time=now - info.submit,
                                         transfer_bytes=len(good) * self._stride))
 
+    def _count_rows(self, counts: dict) -> None:
+        for labels, n in counts.items():
+            self._stats.increase_counter(KvtierMetrics.JOB_ROWS, n, labels)
+
     def get_finished_jobs(self) -> Iterable[JobResult]:
-        self._drain_io()
+        # (vLLM asks once per prepare_store too: the queue is read only when the
+        # I/O thread has posted a report since)
+        if self._news:
+            self._drain_io()
         done, self._done = self._done, []
         return done
 
@@ -477,16 +587,9 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._flush_step()
 
     def _flush_step(self) -> None:
-        keys = []
-        for key, gen in self._step_keys:
-            st = self._keys.get(key)
-            if st is None or st.gen != gen or st.verdict is not _RETRY:
-                continue
-            st.in_flight = True
-            keys.append((key, gen))
-        self._step_keys = []
+        keys, gens = self._table.flush()
         if keys or self._step_jobs or self._step_touch:
-            self._to_io.put(("step", keys, self._step_jobs, self._step_touch))
+            self._to_io.put(("step", keys, gens, self._step_jobs, self._step_touch))
             self._step_jobs, self._step_touch = [], []
 
     def drain_jobs(self) -> None:
@@ -527,32 +630,22 @@ class KvtierSecondaryTier(SecondaryTierManager):
     # ------------------------------------------------------------------ from the I/O thread
     def _drain_io(self) -> None:
         self._news = False
-        while True:
-            try:
-                msg = self._from_io.get_nowait()
-            except queue.Empty:
-                return
+        q = self._from_io
+        while not q.empty():  # (the scheduler is the queue's only reader)
+            msg = q.get_nowait()
             what = msg[0]
             if what == "verdicts":
-                counts = [0, 0, 0, msg[2] if len(msg) > 2 else 0]
-                keys = self._keys
-                for key, gen, v in msg[1]:
-                    counts[v] += 1
-                    st = keys.get(key)
-                    if st is None or st.gen != gen:
-                        continue
-                    st.in_flight = False
-                    if st.nreq <= 0:
-                        del keys[key]
-                        continue
-                    st.verdict = _HIT if v == _kvt.HIT or v == _kvt.HIT_PENDING else _MISS
+                counts = list(self._table.apply(msg[1], msg[2], msg[3]))
+                counts[_kvt.RETRY] = msg[4] if len(msg) > 4 else 0  # keys asked again
                 for v, c in enumerate(counts):
                     if c:
                         self._stats.increase_counter(KvtierMetrics.VERDICTS, c,
                                                      (_VERDICT_NAMES[v],))
             elif what == "done":
+                rows: dict = {}
                 for d in msg[1]:
-                    self._finish(d.id, d.ok, d.key_ok)
+                    self._finish(d.id, d.ok, d.key_ok, rows)
+                self._count_rows(rows)
             elif what == "rtt":
                 self._stats.observe_histogram(KvtierMetrics.STEP_RTT, msg[1])
             elif what == "up":
@@ -570,12 +663,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         for job in self._step_jobs:
             self._fail(job.id)
         self._step_jobs = []
-        for key, st in list(self._keys.items()):
-            if st.verdict is _RETRY:
-                st.in_flight = False
-                st.verdict = _MISS
-                if st.nreq <= 0:
-                    del self._keys[key]
+        self._table.node_down()
 
     # ------------------------------------------------------------------ the I/O thread
     def _io_connect(self):
@@ -605,11 +693,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
     def _io_main(self) -> None:
         client = None
         next_try = 0.0
-        retry: dict[OffloadKey, int] = {}  # keys the node answered RETRY
+        retry: dict[OffloadKey, int] = {}  # keys the node answered RETRY -> their gens
         out: dict[int, float] = {}  # job id -> submitted at
-        def post(msg):
+        def post(msg, news=True):
             self._from_io.put(msg)
-            self._news = True
+            if news:  # (a round's rtt alone waits for the next drain)
+                self._news = True
         while not self._stop.is_set():
             busy = bool(out or retry)
             try:
@@ -624,11 +713,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     break
             if None in items:
                 break
-            keys: list[tuple[OffloadKey, int]] = [(k, g) for k, g in retry.items()]
+            keys: list[OffloadKey] = list(retry)  # the keys to ask, and their gens
+            gens: list[int] = list(retry.values())
             jobs: list[_kvt.Job] = []
             touch: list[OffloadKey] = []
-            for _, k, j, t in items:
+            for _, k, g, j, t in items:
                 keys.extend(k)
+                gens.extend(g)
                 jobs.extend(j)
                 touch.extend(t)
             if client is None:
@@ -645,7 +736,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     # Nothing can run: the scheduler fails these jobs and answers
                     # MISS when it hears the node is down.
                     if keys or jobs:
-                        post(("verdicts", [(k, g, _kvt.MISS) for k, g in keys]))
+                        post(("verdicts", keys, gens, [_kvt.MISS] * len(keys)))
                         post(("done", [_kvt.JobDone(j.id, False, [False] * len(j.keys))
                                        for j in jobs]))
                     retry.clear()
@@ -655,7 +746,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     client.touch(touch[:client.max_keys])
                 t0 = time.monotonic()
                 verdicts, done = self._io_send(client, keys, jobs)
-                post(("rtt", time.monotonic() - t0))
+                post(("rtt", time.monotonic() - t0), False)
             except (OSError, _kvt.KvtierError) as e:
                 logger.warning("kvtier: node at %s: %s; its jobs fail, lookups miss", self._socket,
                                e)
@@ -673,14 +764,12 @@ class KvtierSecondaryTier(SecondaryTierManager):
             for j in jobs:
                 out[j.id] = now
             retry.clear()
-            answered = []
-            for kg, v in zip(keys, verdicts):
-                if v == _kvt.RETRY:
-                    retry[kg[0]] = kg[1]  # asked again next round; the scheduler
-                else:  # only counts these
-                    answered.append((kg[0], kg[1], v))
-            if answered or retry:
-                post(("verdicts", answered, len(retry)))
+            if _kvt.RETRY in verdicts:
+                for k, g, v in zip(keys, gens, verdicts):
+                    if v == _kvt.RETRY:
+                        retry[k] = g  # asked again next round; the scheduler only counts it
+            if keys:
+                post(("verdicts", keys, gens, verdicts, len(retry)))
             if done:
                 for d in done:
                     out.pop(d.id, None)
@@ -710,7 +799,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
         ki = 0
         ji = 0
         while True:
-            lk = [k for k, _ in keys[ki:ki + cap]]
+            lk = keys[ki:ki + cap] if ki or len(keys) > cap else keys
             ki += len(lk)
             batch, n = [], 0
             while ji < len(jobs) and (not batch or n + len(jobs[ji].keys) <= cap):

@@ -351,6 +351,163 @@ class FastVsCtypes(unittest.TestCase):
             self.finish(b)
 
 
+class KeyTableRules(unittest.TestCase):
+    """kvtier._fast.KeyTable (kvtier.vllm's lookup table) against a model of its
+    rules, on random sequences (under the sanitizers in this build), and its
+    references: a key the table forgot, or a table gone, holds none."""
+
+    R, H, M = "retry", "hit", "miss"
+
+    class Model:
+        """The rules, as plainly as they read (kvtier.vllm._PyKeyTable's docstring)."""
+
+        def __init__(self):
+            self.keys, self.reqs, self.step, self.gen = {}, {}, [], 0
+
+        def state(self, k):
+            e = self.keys.get(k)
+            return None if e is None else tuple(e)
+
+        def lookup(self, k, rid, up):
+            if k not in self.keys:
+                if not up:
+                    return "miss"
+                self.keys[k] = [self.gen, "retry", False, 0]
+                self.step.append((k, self.gen))
+                self.gen += 1
+            rk = self.reqs.setdefault(rid, set())
+            if k not in rk:
+                rk.add(k)
+                self.keys[k][3] += 1
+            return self.keys[k][1]
+
+        def request_finished(self, rid):
+            for k in self.reqs.pop(rid, ()):
+                e = self.keys.get(k)
+                if e is not None:
+                    e[3] -= 1
+                    if e[3] <= 0 and not e[2]:
+                        del self.keys[k]
+
+        def mark(self, ks, present):
+            for k in ks:
+                e = self.keys.get(k)
+                if e is None:
+                    continue
+                if present and e[3] <= 0:
+                    del self.keys[k]
+                elif present:
+                    e[0], e[1], e[2] = self.gen, "hit", False
+                    self.gen += 1
+                elif e[1] != "retry":
+                    e[1] = "miss"
+
+        def flush(self):
+            out = [(k, g) for k, g in self.step
+                   if k in self.keys and self.keys[k][0] == g and self.keys[k][1] == "retry"]
+            for k, _ in out:
+                self.keys[k][2] = True
+            self.step = []
+            return [k for k, _ in out], [g for _, g in out]
+
+        def apply(self, ks, gs, vs):
+            counts = [0, 0, 0, 0]
+            for k, g, v in zip(ks, gs, vs):
+                counts[v] += 1
+                e = self.keys.get(k)
+                if v == kvtier.RETRY or e is None or e[0] != g:
+                    continue
+                e[2] = False
+                if e[3] <= 0:
+                    del self.keys[k]
+                else:
+                    e[1] = "hit" if v in (kvtier.HIT, kvtier.HIT_PENDING) else "miss"
+            return tuple(counts)
+
+        def node_down(self):
+            for k, e in list(self.keys.items()):
+                if e[1] == "retry":
+                    e[1], e[2] = "miss", False
+                    if e[3] <= 0:
+                        del self.keys[k]
+
+    def table(self):
+        self.assertIsNotNone(kvtier._fast, "kvtier._fast not loaded")
+        return kvtier._fast.KeyTable(self.R, self.H, self.M)
+
+    def test_random_sequences_keep_the_rules(self):
+        for seed in range(8):
+            rng = random.Random(seed)
+            t, m = self.table(), self.Model()
+            universe = [key(i, rng.choice([0, 1, 40, 64])) for i in range(rng.choice([6, 300]))]
+            rids = ["r%d" % i for i in range(rng.choice([3, 20]))]
+            probes = []
+            for _ in range(3000):
+                op = rng.random()
+                if op < 0.55:
+                    k, rid, up = rng.choice(universe), rng.choice(rids), rng.random() > 0.05
+                    self.assertEqual(t.lookup(bytes(bytearray(k)), rid, up), m.lookup(k, rid, up))
+                elif op < 0.63:
+                    rid = rng.choice(rids)
+                    t.request_finished(rid)
+                    m.request_finished(rid)
+                elif op < 0.73:
+                    ks = rng.sample(universe, min(8, len(universe)))
+                    present = rng.random() < 0.5
+                    t.mark(iter(ks), present)
+                    m.mark(ks, present)
+                elif op < 0.83:
+                    got = t.flush()
+                    self.assertEqual(got, m.flush())
+                    probes.append(got)
+                elif op < 0.99 and probes:
+                    ks, gs = probes.pop(rng.randrange(len(probes)))
+                    vs = [rng.randrange(4) for _ in ks]
+                    self.assertEqual(t.apply(ks, gs, vs), m.apply(ks, gs, vs))
+                else:
+                    t.node_down()
+                    m.node_down()
+                self.assertEqual(len(t), len(m.keys))
+                self.assertEqual(t.requests, len(m.reqs))
+                self.assertEqual(t.pending, len(m.step))
+                for k in universe:
+                    self.assertEqual(t.state(k), m.state(k), "seed %d" % seed)
+
+    def test_keys_are_released(self):
+        t = self.table()
+        ks = [bytes(bytearray(b"held-%d" % i)) for i in range(500)]  # objects of their own
+        base_refs = [sys.getrefcount(k) for k in ks]
+        for i, k in enumerate(ks):
+            t.lookup(k, "r%d" % (i % 7), True)
+        del k  # (the loop's variable holds the last key)
+        self.assertTrue(all(sys.getrefcount(k) > b for k, b in zip(ks, base_refs)))
+        got = t.flush()
+        t.apply(got[0], got[1], [kvtier.HIT] * len(ks))
+        del got
+        for i in range(7):
+            t.request_finished("r%d" % i)
+        self.assertEqual((len(t), t.requests, t.pending), (0, 0, 0))
+        self.assertEqual([sys.getrefcount(k) for k in ks], base_refs)
+        for i, k in enumerate(ks):  # a table that goes holds nothing either
+            t.lookup(k, "r%d" % (i % 7), True)
+        del k, t
+        self.assertEqual([sys.getrefcount(k) for k in ks], base_refs)
+
+    def test_bad_input(self):
+        t = self.table()
+        self.assertRaises(TypeError, t.lookup, "str", "r", True)
+        self.assertRaises(TypeError, t.mark, [1], True)
+        self.assertRaises(TypeError, t.state, 1)
+        self.assertEqual(t.lookup(b"k", "r", True), self.R)
+        ks, gs = t.flush()
+        for bad in ((ks, gs, []), (ks, gs, [4]), (ks, gs, [-1]), (ks, [-1], [1]),
+                    ([1], gs, [1]), (tuple(ks), gs, [1])):
+            self.assertRaises((TypeError, ValueError, OverflowError), t.apply, *bad)
+        self.assertEqual(t.state(b"k"), (0, self.R, True, 1))
+        self.assertRaises(TypeError, kvtier._fast.KeyTable, 1, 2)
+        self.assertRaises(TypeError, kvtier._fast.KeyTable, 1, 2, 3, x=1)
+
+
 if __name__ == "__main__":
     base.SERVER = sys.argv.pop(1)
     unittest.main(verbosity=2)

@@ -50,6 +50,17 @@ STEP_BOUND_S = 0.25
 register()
 
 
+@pytest.fixture(params=["c", "py"])
+def key_table(request, monkeypatch):
+    """The tier's lookup table: kvtier._fast's (the package's) or the Python one (a
+    package without the extension): both must keep the tier's rules."""
+    if request.param == "py":
+        monkeypatch.setattr(kvtier.vllm, "_key_table",
+                            lambda: kvtier.vllm._PyKeyTable(LookupResult.RETRY, LookupResult.HIT,
+                                                            LookupResult.MISS))
+    return request.param
+
+
 @pytest.fixture
 def cluster():
     c = kvt_nodes.Cluster(KVTIERD, n=2, row_bytes=ROW, primary="128MiB", tmp=TMP,
@@ -192,10 +203,11 @@ def test_node_a_killed_during_loads(cluster):
     assert r["final"].count("MISS") > 0, r["final"]
 
 
-def test_own_node_gone_jobs_fail_lookups_miss(cluster):
+def test_own_node_gone_jobs_fail_lookups_miss(cluster, key_table):
     e = eng_mod.Engine([kv(cluster.socks[0], reconnect_s=60)])
     try:
         tier = e.tiers[0]
+        assert type(tier._table).__name__ == ("KeyTable" if key_table == "c" else "_PyKeyTable")
         ctx = e.request()
         keys = [eng_mod.key(i, b"gone") for i in range(4)]
         with e.mgr.lock:
@@ -240,11 +252,12 @@ def _finished(tier, ids, timeout=10):
         time.sleep(0.002)
 
 
-def test_contract_points(cluster):
+def test_contract_points(cluster, key_table):
     e = eng_mod.Engine([kv(cluster.socks[0], request_level=True, enable_kv_events=True,
                            locality="REMOTE")], events=True)
     try:
         tier = e.tiers[0]
+        assert type(tier._table).__name__ == ("KeyTable" if key_table == "c" else "_PyKeyTable")
         assert tier.medium is Medium.CPU and tier.locality is Locality.REMOTE
         ctx = ReqContext(req_id="contract")
         # on_new_request: request-level policy when asked
@@ -284,10 +297,9 @@ def test_contract_points(cluster):
         assert _finished(tier, [], timeout=0.2) == {}
         # a key the node said it had, whose load failed, is a MISS from now on (#49176)
         ghost = eng_mod.key(7, b"ghost")
-        tier._keys[ghost] = type(tier._keys[keys[0]])(10**9)  # a HIT verdict for it
-        tier._keys[ghost].verdict = LookupResult.HIT
-        tier._keys[ghost].nreq += 1  # looked up by "contract"
-        tier._req_keys["contract"].add(ghost)
+        assert tier.lookup(ghost, ctx) is LookupResult.RETRY  # looked up by "contract"
+        tier._table.mark([ghost], True)  # a HIT verdict for it (as a store's)
+        assert tier.lookup(ghost, ctx) is LookupResult.HIT
         tier.submit_load(_job(3, [ghost], [7], req="contract"))
         got = _finished(tier, [3])
         assert not got[3].success and not got[3].successful_keys
@@ -312,9 +324,13 @@ def test_contract_points(cluster):
         assert values[KvtierMetrics.NODE_CONNECTED][()] == 1
         # on_request_finished drops the request's lookup state
         tier.on_request_finished(ctx)
-        # ("contract" is the only request here: no key is looked up by any now)
-        assert "contract" not in tier._req_keys
-        assert not any(s.nreq for s in tier._keys.values())
+        # ("contract" is the only request here: no key is looked up by any now, and
+        # none is left: every probe's verdict is in)
+        assert tier._table.requests == 0
+        for k in keys + [missing, ghost]:
+            st = tier._table.state(k)
+            assert st is None or st[3] == 0
+        assert len(tier._table) == 0
     finally:
         e.shutdown()
 
