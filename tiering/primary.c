@@ -152,13 +152,18 @@ static void pr_find_group_end(const struct kvt_primary *p, const struct kvt_key 
         __builtin_prefetch(&p->index[pr_home(p, h[i])]);
     }
     for (size_t i = 0; i < n; i++) {
-        uint64_t v = p->index[pr_home(p, h[i])];
+        size_t home = pr_home(p, h[i]);
+        uint64_t v = p->index[home];
 
         if (v != 0 && kvt_oa_tag_is(v, h[i])) {
             const char *x = (const char *)&p->e[kvt_oa_id(v)];
 
             __builtin_prefetch(x);
             __builtin_prefetch(x + offsetof(struct pr_entry, key) + keys[i].len);
+        } else if (v != 0) {
+            /* another key's cell: the probe reads the next one, in the next line
+             * for one home in eight */
+            __builtin_prefetch(&p->index[kvt_oa_next(home, p->index_size)]);
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -1063,6 +1068,23 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
 
     out->n_store = 0;
     out->n_evicted = 0;
+    /* Every line of the entries and the fence words of the fresh slots the first
+     * insertions take, requested before the first read of the keys (a large
+     * primary's entries and a caller's keys are both cache misses: they overlap).
+     * Every line, not each entry's first and last: an entry spans three lines in
+     * two of four slots. (In the call, not in a helper of its own: GCC takes a
+     * function of prefetches alone for one without effects and drops the call.)
+     * Slots from the free list are a store's victims, in cache from the eviction. */
+    if (p->num_allocated < p->cfg.num_chunks) {
+        size_t s = p->num_allocated,
+               e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
+
+        for (const char *at = (const char *)&p->e[s]; at < (const char *)&p->e[e]; at += 64)
+            __builtin_prefetch(at, 1);
+        __builtin_prefetch((const char *)&p->e[e] - 1, 1);
+        __builtin_prefetch((const void *)&p->fence[s], 1);
+        __builtin_prefetch((const void *)&p->fence[e - 1], 1);
+    }
     for (size_t i = 0; i < n; i++)
         if (!pr_key_ok(&keys[i]))
             return -EINVAL;
@@ -1090,20 +1112,6 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     }
     new_hash = p->miss_hash + n;
     miss_hash = p->miss_hash;
-    /* The entries (both lines) and fence words of the fresh slots the first
-     * insertions take, requested for writing before the finds: each insertion's
-     * entry write missed once per key and filled the store buffer that the call's
-     * full fence then drains. (In the call, not in a helper of its own: GCC takes a
-     * function of prefetches alone for one without effects and drops the call.)
-     * Slots from the free list are a store's victims, in cache from the eviction. */
-    for (size_t s = p->num_allocated,
-                e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
-         s < e; s++) {
-        __builtin_prefetch(&p->e[s], 1);
-        __builtin_prefetch((const char *)(&p->e[s] + 1) - 1, 1);
-        if (s % 16 == 0 || s + 1 == e)
-            __builtin_prefetch((const void *)&p->fence[s], 1);
-    }
 
     /* Protect every offered key (present ones keep their place whatever happens)
      * and collect the absent ones, once each. The request's access records, in
