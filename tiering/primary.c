@@ -425,8 +425,10 @@ static void acc_next_stamp(struct kvt_primary_access *acc)
     acc->stamp = 1;
 }
 
-/* A new record of key (room reserved), not yet in the table; its index. */
-static uint32_t acc_append(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+/* A new record of key (room reserved), not yet in the table; its index. Inlined:
+ * a store records every new key. */
+__attribute__((always_inline)) static inline uint32_t
+acc_append(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
 {
     uint32_t idx = (uint32_t)acc->n++;
 
@@ -681,8 +683,9 @@ static uint32_t pr_fence_end(struct kvt_primary *p, uint32_t s)
     return w;
 }
 
-/* The slot's fence word turns odd here; the caller fences once after its inserts.
- * The key's index cell is looked for from cell from (pr_index_put). */
+/* The slot's fence word turns odd here; the caller fences once after its inserts
+ * and hands the new entries to the policy. The key's index cell is looked for
+ * from cell from (pr_index_put). */
 static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, size_t from)
 {
     uint32_t s = pr_alloc_slot(p);
@@ -698,7 +701,6 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->checksum = 0;
     x->has_checksum = false;
     pr_index_put(p, s, from);
-    p->pol->insert(p, s);
     p->inserts++;
     p->num_entries++;
     p->num_write_pending++;
@@ -1142,6 +1144,7 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                     continue;
                 } else if (acc != NULL) {
                     idx = acc_append(acc, &keys[b + i], h[i]);
+                    acc->k[idx].flags = PR_AF_STORE_MISS; /* a new record's first */
                 }
                 if (acc != NULL) {
                     acc->k[idx].stamp = acc->stamp;
@@ -1154,16 +1157,20 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         }
     }
     /* Store misses this request has not had yet, before allocation removes their
-     * ghosts (ARC adapts to them even if the store then fails). */
-    for (size_t i = 0; i < n_new; i++) {
-        if (acc != NULL) {
+     * ghosts (ARC adapts to them even if the store then fails): every key to store
+     * when its record was appended above (or there is no access). */
+    if (acc != NULL && !append) {
+        for (size_t i = 0; i < n_new; i++) {
             struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
 
             if (x->flags & PR_AF_STORE_MISS)
                 continue;
             x->flags |= PR_AF_STORE_MISS;
+            miss_hash[n_miss++] = new_hash[i];
         }
-        miss_hash[n_miss++] = new_hash[i];
+    } else {
+        miss_hash = new_hash;
+        n_miss = n_new;
     }
     if (n_miss > 0 && p->pol->store_miss != NULL)
         p->pol->store_miss(p, miss_hash, n_miss);
@@ -1202,25 +1209,31 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     }
     if (acc != NULL && acc->own_to != p->inserts)
         acc->own_from = p->inserts; /* someone else inserted since: a new run */
-    for (size_t i = 0; i < n_new; i++) {
-        const struct kvt_key *k = &out->keys_to_store[i];
+    for (size_t b = 0; b < n_new; b += PR_GROUP) {
+        size_t m = n_new - b < PR_GROUP ? n_new - b : PR_GROUP;
+        uint32_t slot[PR_GROUP];
 
-        if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
-            p->pol->will_insert(p, new_hash + i, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
+        if (p->pol->will_insert != NULL)
+            p->pol->will_insert(p, new_hash + b, m);
+        for (size_t i = b; i < b + m; i++) {
+            /* Without eviction the index only gained cells since the finds: each
+             * key's insertion goes on from where its find ended (an earlier key of
+             * this call may have taken that cell: oa_put_from moves on). An
+             * eviction's deletions shift cells back, so then each starts at its
+             * home. */
+            slot[i - b] = pr_insert(p, &out->keys_to_store[i], new_hash[i],
+                                    need > 0 ? SIZE_MAX : p->ins_end[i]);
+            out->chunk_ids[i] = slot[i - b];
+            if (acc != NULL) {
+                struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
 
-        /* Without eviction the index only gained cells since the finds: each key's
-         * insertion goes on from where its find ended (an earlier key of this call
-         * may have taken that cell: oa_put_from moves on). An eviction's deletions
-         * shift cells back, so then each starts at its home. */
-        out->chunk_ids[i] = pr_insert(p, k, new_hash[i], need > 0 ? SIZE_MAX : p->ins_end[i]);
-        if (acc != NULL) {
-            struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
-
-            x->flags |= PR_AF_INSERTED;
-            x->slot = (uint32_t)out->chunk_ids[i];
-            x->gen = p->e[x->slot].generation;
-            x->seen_at = p->inserts;
+                x->flags |= PR_AF_INSERTED;
+                x->slot = slot[i - b];
+                x->gen = p->e[x->slot].generation;
+                x->seen_at = p->inserts;
+            }
         }
+        p->pol->insert(p, slot, m); /* in store order, as one call per key would */
     }
     if (acc != NULL)
         acc->own_to = p->inserts;
