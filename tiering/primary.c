@@ -769,6 +769,14 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
     }
     for (size_t i = 0; i < cfg->num_chunks; i++)
         p->e[i].prev = p->e[i].next = PR_NIL;
+    /* The index and the fence words backed now, as the entries are by the loop
+     * above: a page's first write faults (on a VM that shadows page tables, a host
+     * exit too), and the stores that fill a fresh primary would take those faults
+     * one by one. A write of the zero each page holds already. */
+    for (size_t i = 0; i < p->index_size; i += 4096 / sizeof(*p->index))
+        p->index[i] = 0;
+    for (size_t i = 0; i < cfg->num_chunks; i += 4096 / sizeof(*p->fence))
+        atomic_store_explicit(&p->fence[i], 0, memory_order_relaxed);
     rc = pol->init(p);
     if (rc != 0)
         goto fail;
