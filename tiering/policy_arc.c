@@ -227,16 +227,18 @@ static void arc_will_insert(struct kvt_primary *p, const uint64_t *hashes, size_
         g_prefetch(a, hashes[i]);
 }
 
-static void arc_insert(struct kvt_primary *p, uint32_t s)
+static void arc_insert(struct kvt_primary *p, const uint32_t *slots, size_t n)
 {
     struct arc *a = arc_of(p);
 
-    pr_list_append(p, &p->l1, PR_L1, s);
-    if (a->n_ghosts > 0) {
-        uint32_t gi = g_find(a, p->e[s].hash);
+    for (size_t i = 0; i < n; i++) {
+        pr_list_append(p, &p->l1, PR_L1, slots[i]);
+        if (a->n_ghosts > 0) {
+            uint32_t gi = g_find(a, p->e[slots[i]].hash);
 
-        if (gi != PR_NIL)
-            g_drop(a, gi);
+            if (gi != PR_NIL)
+                g_drop(a, gi);
+        }
     }
 }
 

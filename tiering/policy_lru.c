@@ -26,9 +26,10 @@ static void lru_fini(struct kvt_primary *p)
     (void)p;
 }
 
-static void lru_insert(struct kvt_primary *p, uint32_t s)
+static void lru_insert(struct kvt_primary *p, const uint32_t *slots, size_t n)
 {
-    pr_list_append(p, &p->l1, PR_L1, s);
+    for (size_t i = 0; i < n; i++)
+        pr_list_append(p, &p->l1, PR_L1, slots[i]);
 }
 
 static void lru_remove(struct kvt_primary *p, uint32_t s)

@@ -152,13 +152,18 @@ static void pr_find_group_end(const struct kvt_primary *p, const struct kvt_key 
         __builtin_prefetch(&p->index[pr_home(p, h[i])]);
     }
     for (size_t i = 0; i < n; i++) {
-        uint64_t v = p->index[pr_home(p, h[i])];
+        size_t home = pr_home(p, h[i]);
+        uint64_t v = p->index[home];
 
         if (v != 0 && kvt_oa_tag_is(v, h[i])) {
             const char *x = (const char *)&p->e[kvt_oa_id(v)];
 
             __builtin_prefetch(x);
             __builtin_prefetch(x + offsetof(struct pr_entry, key) + keys[i].len);
+        } else if (v != 0) {
+            /* another key's cell: the probe reads the next one, in the next line
+             * for one home in eight */
+            __builtin_prefetch(&p->index[kvt_oa_next(home, p->index_size)]);
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -420,8 +425,10 @@ static void acc_next_stamp(struct kvt_primary_access *acc)
     acc->stamp = 1;
 }
 
-/* A new record of key (room reserved), not yet in the table; its index. */
-static uint32_t acc_append(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
+/* A new record of key (room reserved), not yet in the table; its index. Inlined:
+ * a store records every new key. */
+__attribute__((always_inline)) static inline uint32_t
+acc_append(struct kvt_primary_access *acc, const struct kvt_key *key, uint64_t h)
 {
     uint32_t idx = (uint32_t)acc->n++;
 
@@ -676,8 +683,9 @@ static uint32_t pr_fence_end(struct kvt_primary *p, uint32_t s)
     return w;
 }
 
-/* The slot's fence word turns odd here; the caller fences once after its inserts.
- * The key's index cell is looked for from cell from (pr_index_put). */
+/* The slot's fence word turns odd here; the caller fences once after its inserts
+ * and hands the new entries to the policy. The key's index cell is looked for
+ * from cell from (pr_index_put). */
 static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint64_t h, size_t from)
 {
     uint32_t s = pr_alloc_slot(p);
@@ -693,7 +701,6 @@ static uint32_t pr_insert(struct kvt_primary *p, const struct kvt_key *key, uint
     x->checksum = 0;
     x->has_checksum = false;
     pr_index_put(p, s, from);
-    p->pol->insert(p, s);
     p->inserts++;
     p->num_entries++;
     p->num_write_pending++;
@@ -762,6 +769,14 @@ int kvt_primary_create(const struct kvt_primary_config *cfg, struct kvt_region *
     }
     for (size_t i = 0; i < cfg->num_chunks; i++)
         p->e[i].prev = p->e[i].next = PR_NIL;
+    /* The index and the fence words backed now, as the entries are by the loop
+     * above: a page's first write faults (on a VM that shadows page tables, a host
+     * exit too), and the stores that fill a fresh primary would take those faults
+     * one by one. A write of the zero each page holds already. */
+    for (size_t i = 0; i < p->index_size; i += 4096 / sizeof(*p->index))
+        p->index[i] = 0;
+    for (size_t i = 0; i < cfg->num_chunks; i += 4096 / sizeof(*p->fence))
+        atomic_store_explicit(&p->fence[i], 0, memory_order_relaxed);
     rc = pol->init(p);
     if (rc != 0)
         goto fail;
@@ -1063,6 +1078,23 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
 
     out->n_store = 0;
     out->n_evicted = 0;
+    /* Every line of the entries and the fence words of the fresh slots the first
+     * insertions take, requested before the first read of the keys (a large
+     * primary's entries and a caller's keys are both cache misses: they overlap).
+     * Every line, not each entry's first and last: an entry spans three lines in
+     * two of four slots. (In the call, not in a helper of its own: GCC takes a
+     * function of prefetches alone for one without effects and drops the call.)
+     * Slots from the free list are a store's victims, in cache from the eviction. */
+    if (p->num_allocated < p->cfg.num_chunks) {
+        size_t s = p->num_allocated,
+               e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
+
+        for (const char *at = (const char *)&p->e[s]; at < (const char *)&p->e[e]; at += 64)
+            __builtin_prefetch(at, 1);
+        __builtin_prefetch((const char *)&p->e[e] - 1, 1);
+        __builtin_prefetch((const void *)&p->fence[s], 1);
+        __builtin_prefetch((const void *)&p->fence[e - 1], 1);
+    }
     for (size_t i = 0; i < n; i++)
         if (!pr_key_ok(&keys[i]))
             return -EINVAL;
@@ -1090,20 +1122,6 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     }
     new_hash = p->miss_hash + n;
     miss_hash = p->miss_hash;
-    /* The entries (both lines) and fence words of the fresh slots the first
-     * insertions take, requested for writing before the finds: each insertion's
-     * entry write missed once per key and filled the store buffer that the call's
-     * full fence then drains. (In the call, not in a helper of its own: GCC takes a
-     * function of prefetches alone for one without effects and drops the call.)
-     * Slots from the free list are a store's victims, in cache from the eviction. */
-    for (size_t s = p->num_allocated,
-                e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
-         s < e; s++) {
-        __builtin_prefetch(&p->e[s], 1);
-        __builtin_prefetch((const char *)(&p->e[s] + 1) - 1, 1);
-        if (s % 16 == 0 || s + 1 == e)
-            __builtin_prefetch((const void *)&p->fence[s], 1);
-    }
 
     /* Protect every offered key (present ones keep their place whatever happens)
      * and collect the absent ones, once each. The request's access records, in
@@ -1134,6 +1152,7 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
                     continue;
                 } else if (acc != NULL) {
                     idx = acc_append(acc, &keys[b + i], h[i]);
+                    acc->k[idx].flags = PR_AF_STORE_MISS; /* a new record's first */
                 }
                 if (acc != NULL) {
                     acc->k[idx].stamp = acc->stamp;
@@ -1146,16 +1165,20 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
         }
     }
     /* Store misses this request has not had yet, before allocation removes their
-     * ghosts (ARC adapts to them even if the store then fails). */
-    for (size_t i = 0; i < n_new; i++) {
-        if (acc != NULL) {
+     * ghosts (ARC adapts to them even if the store then fails): every key to store
+     * when its record was appended above (or there is no access). */
+    if (acc != NULL && !append) {
+        for (size_t i = 0; i < n_new; i++) {
             struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
 
             if (x->flags & PR_AF_STORE_MISS)
                 continue;
             x->flags |= PR_AF_STORE_MISS;
+            miss_hash[n_miss++] = new_hash[i];
         }
-        miss_hash[n_miss++] = new_hash[i];
+    } else {
+        miss_hash = new_hash;
+        n_miss = n_new;
     }
     if (n_miss > 0 && p->pol->store_miss != NULL)
         p->pol->store_miss(p, miss_hash, n_miss);
@@ -1194,25 +1217,31 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
     }
     if (acc != NULL && acc->own_to != p->inserts)
         acc->own_from = p->inserts; /* someone else inserted since: a new run */
-    for (size_t i = 0; i < n_new; i++) {
-        const struct kvt_key *k = &out->keys_to_store[i];
+    for (size_t b = 0; b < n_new; b += PR_GROUP) {
+        size_t m = n_new - b < PR_GROUP ? n_new - b : PR_GROUP;
+        uint32_t slot[PR_GROUP];
 
-        if (i % PR_GROUP == 0 && p->pol->will_insert != NULL)
-            p->pol->will_insert(p, new_hash + i, n_new - i < PR_GROUP ? n_new - i : PR_GROUP);
+        if (p->pol->will_insert != NULL)
+            p->pol->will_insert(p, new_hash + b, m);
+        for (size_t i = b; i < b + m; i++) {
+            /* Without eviction the index only gained cells since the finds: each
+             * key's insertion goes on from where its find ended (an earlier key of
+             * this call may have taken that cell: oa_put_from moves on). An
+             * eviction's deletions shift cells back, so then each starts at its
+             * home. */
+            slot[i - b] = pr_insert(p, &out->keys_to_store[i], new_hash[i],
+                                    need > 0 ? SIZE_MAX : p->ins_end[i]);
+            out->chunk_ids[i] = slot[i - b];
+            if (acc != NULL) {
+                struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
 
-        /* Without eviction the index only gained cells since the finds: each key's
-         * insertion goes on from where its find ended (an earlier key of this call
-         * may have taken that cell: oa_put_from moves on). An eviction's deletions
-         * shift cells back, so then each starts at its home. */
-        out->chunk_ids[i] = pr_insert(p, k, new_hash[i], need > 0 ? SIZE_MAX : p->ins_end[i]);
-        if (acc != NULL) {
-            struct pr_acc_key *x = &acc->k[p->acc_idx[i]];
-
-            x->flags |= PR_AF_INSERTED;
-            x->slot = (uint32_t)out->chunk_ids[i];
-            x->gen = p->e[x->slot].generation;
-            x->seen_at = p->inserts;
+                x->flags |= PR_AF_INSERTED;
+                x->slot = slot[i - b];
+                x->gen = p->e[x->slot].generation;
+                x->seen_at = p->inserts;
+            }
         }
+        p->pol->insert(p, slot, m); /* in store order, as one call per key would */
     }
     if (acc != NULL)
         acc->own_to = p->inserts;

@@ -62,7 +62,8 @@ struct pr_policy_ops {
     /* Optional: keys of hashes[0..n) are about to be inserted; start their cache
      * misses. */
     void (*will_insert)(struct kvt_primary *p, const uint64_t *hashes, size_t n);
-    void (*insert)(struct kvt_primary *p, uint32_t slot); /* a new entry, ref -1 */
+    /* New entries (ref -1), in the order they were stored. */
+    void (*insert)(struct kvt_primary *p, const uint32_t *slots, size_t n);
     void (*remove)(struct kvt_primary *p, uint32_t slot); /* a failed store leaves */
     /* Optional (ARC): store misses of one request, in offer order, each seen for
      * the first time by that request; applied in reverse (a ghost hit adapts). */
