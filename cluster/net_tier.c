@@ -445,6 +445,15 @@ static int nt_arm(struct kvt_tier *t)
     return rc;
 }
 
+/* Publications waiting for a link's send credits are tried again then (a loop with
+ * a long tick would otherwise leave them until its next step or message). */
+static uint64_t nt_wake_at_ns(struct kvt_tier *t)
+{
+    struct net_tier *nt = nt_of(t);
+
+    return nt->n_later > 0 ? nt->next_flush_ns : 0;
+}
+
 static void nt_on_request_finished(struct kvt_tier *t, struct kvt_req_ctx *ctx)
 {
     kvt_async_lookup_cleanup(nt_of(t)->al, ctx->req_id);
@@ -658,6 +667,7 @@ static const struct kvt_tier_ops nt_ops = {
     .event_fds = nt_event_fds,
     .poll = kvt_net_tier_poll,
     .arm = nt_arm,
+    .wake_at_ns = nt_wake_at_ns,
     .on_request_finished = nt_on_request_finished,
     .serve_external_requests = kvt__nt_serve,
     .on_schedule_end = nt_on_schedule_end,

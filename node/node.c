@@ -1088,9 +1088,14 @@ int kvt_node_timeout_ms(struct kvt_node *nd)
      * every tier armed: nothing in flight, the transport armed. */
     if (nd->rings_busy)
         return 0;
-    for (size_t i = 0; i < nd->n_tiers; i++)
+    for (size_t i = 0; i < nd->n_tiers; i++) {
+        uint64_t at = kvt_tier_wake_at_ns(nd->tiers[i]);
+
         if (kvt_tier_arm(nd->tiers[i]) != 0)
             return 0;
+        if (at != 0)
+            next = KVT_MIN(next, at);
+    }
     next = KVT_MIN(next, nd->last_metrics_ns + 1000000000ull);
     if (next <= now)
         return 0;

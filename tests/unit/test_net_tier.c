@@ -1901,6 +1901,9 @@ static void test_publish_burst_beyond_credits(void **state)
     /* Some wait for credits (a message takes one of the two, the other stays for
      * answers), then all arrive. */
     assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca), ca.publish_waiting > 0)));
+    /* The loop is told to come back for them within a ms, whatever its tick. */
+    assert_true(kvt_tier_wake_at_ns(a.net) != 0);
+    assert_true(kvt_tier_wake_at_ns(a.net) <= kvt_now_ns() + 1000000ull);
     kvt_stats_init(&st);
     assert_int_equal(kvt_tier_get_stats(a.net, &st), 0);
     assert_true(kvt_stats_value(&st, KVT_M_NET_PUBLISH_WAITING, "1:network") > 0);
@@ -1911,6 +1914,7 @@ static void test_publish_burst_beyond_credits(void **state)
     assert_int_equal(ca.published_keys, N);
     assert_int_equal(ca.publish_waiting, 0);
     assert_int_equal(ca.send_failures, 0);
+    assert_int_equal(kvt_tier_wake_at_ns(a.net), 0);
     tn_stop(&b);
     tn_stop(&a);
 }

@@ -83,6 +83,9 @@ struct kvt_tier_ops {
     size_t (*event_fds)(struct kvt_tier *t, int *fds, size_t cap);
     int (*poll)(struct kvt_tier *t);
     int (*arm)(struct kvt_tier *t);
+    /* Optional: when poll next has work that no fd announces (kvt_now_ns clock), 0
+     * for none: the loop sleeps no longer. */
+    uint64_t (*wake_at_ns)(struct kvt_tier *t);
     /* How full the tier is; unset: it keeps no chunks of its own. */
     int (*usage)(struct kvt_tier *t, struct kvt_tier_usage *out);
     /* Forgets everything the tier holds (the node's cache is reset: the engine API's
@@ -188,6 +191,10 @@ static inline int kvt_tier_poll(struct kvt_tier *t)
 static inline int kvt_tier_arm(struct kvt_tier *t)
 {
     return t->ops->arm ? t->ops->arm(t) : 0;
+}
+static inline uint64_t kvt_tier_wake_at_ns(struct kvt_tier *t)
+{
+    return t->ops->wake_at_ns ? t->ops->wake_at_ns(t) : 0;
 }
 static inline int kvt_tier_usage(struct kvt_tier *t, struct kvt_tier_usage *out)
 {
