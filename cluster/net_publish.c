@@ -269,12 +269,12 @@ static void nt_drain_later(struct net_tier *nt)
     }
 }
 
-/* Sends ks to home, or queues them for it when its link has no credits to spare;
- * true then. */
+/* Sends ks to home unless full (its link had no credits to spare already), or
+ * queues them for it when it has none; true when they were queued. */
 static bool nt_send_or_defer(struct net_tier *nt, uint64_t home, enum kvt_wire_type type,
-                             const struct kvt_key *ks, size_t n)
+                             const struct kvt_key *ks, size_t n, bool full)
 {
-    if (nt_send_keys(nt, home, type, ks, n) != -EAGAIN)
+    if (!full && nt_send_keys(nt, home, type, ks, n) != -EAGAIN)
         return false;
     nt_defer(nt, home, type, ks, n);
     return true;
@@ -315,17 +315,12 @@ void kvt__nt_flush_keys(struct net_tier *nt, struct keyvec *kv, enum kvt_wire_ty
             done[j] = true;
             ks[n++] = kv->v[j];
             if (n == NT_KEYS_PER_MSG) {
-                if (full)
-                    nt_defer(nt, homes[i], type, ks, n);
-                else
-                    full = nt_send_or_defer(nt, homes[i], type, ks, n);
+                full = nt_send_or_defer(nt, homes[i], type, ks, n, full);
                 n = 0;
             }
         }
-        if (n > 0 && full)
-            nt_defer(nt, homes[i], type, ks, n);
-        else if (n > 0)
-            nt_send_or_defer(nt, homes[i], type, ks, n);
+        if (n > 0)
+            nt_send_or_defer(nt, homes[i], type, ks, n, full);
     }
 out:
     kv->n = 0;
@@ -396,15 +391,13 @@ void kvt__nt_flush_publishes(struct net_tier *nt)
     }
     /* Keys waiting for a link's credits are tried again a ms later, not on every
      * turn of a polling loop; then the fresh keys. */
-    if (nt->n_later > 0 && now >= nt->next_flush_ns) {
+    if (nt->n_later > 0 && now >= nt->next_flush_ns)
         nt_drain_later(nt);
-        nt->next_flush_ns = now + MS;
-    }
     keep_if_published(nt, &nt->unpub, false);
     keep_if_published(nt, &nt->pub, true);
     kvt__nt_flush_keys(nt, &nt->unpub, KVT_WIRE_UNPUBLISH);
     kvt__nt_flush_keys(nt, &nt->pub, KVT_WIRE_PUBLISH);
-    if (nt->n_later > 0 && nt->next_flush_ns <= now)
+    if (nt->n_later > 0 && nt->next_flush_ns <= now) /* the next try */
         nt->next_flush_ns = now + MS;
     /* A scan of every record: once a second (locate checks each record's expiry
      * anyway; this only frees them). */

@@ -354,9 +354,13 @@ int kvt_net_tier_wake_fd(struct kvt_tier *t)
     return nt_of(t)->wake_fd;
 }
 
-uint64_t kvt_net_tier_news(const struct kvt_tier *t)
+/* The tier's news (kvt_tier_news): a peer's FETCH parked for the serving loop, a job
+ * ended and not yet reported (a load of ours, a peer's lease its RELEASE ended, a
+ * publication), again after a schedule end that did not report one. The tier does
+ * not arm while such work waits. */
+static uint64_t nt_news(struct kvt_tier *t)
 {
-    return nt_of((struct kvt_tier *)t)->news;
+    return nt_of(t)->news;
 }
 
 /* Work of ours the loop must do: peers' requests parked for the serving loop, loads
@@ -668,6 +672,7 @@ static const struct kvt_tier_ops nt_ops = {
     .poll = kvt_net_tier_poll,
     .arm = nt_arm,
     .wake_at_ns = nt_wake_at_ns,
+    .news = nt_news,
     .on_request_finished = nt_on_request_finished,
     .serve_external_requests = kvt__nt_serve,
     .on_schedule_end = nt_on_schedule_end,

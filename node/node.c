@@ -102,8 +102,7 @@ struct kvt_node {
     enum kvt_tier_kind kinds[KVT_CONFIG_TIERS_MAX];
     char labels[KVT_CONFIG_TIERS_MAX][KVT_STAT_LABEL_MAX]; /* "<index + 1>:<type>" */
     size_t n_tiers;
-    struct kvt_tier *net;     /* among tiers[], or NULL */
-    struct kvt_tier *storage; /* among tiers[], or NULL */
+    struct kvt_tier *net; /* among tiers[], or NULL */
     struct kvt_peers *peers;
     struct kvt_manager *m;
     struct kvt_engine_server *engines;
@@ -114,9 +113,8 @@ struct kvt_node {
 
     int ep; /* kvt_node_fd */
     uint64_t last_step_ns, last_metrics_ns;
-    uint64_t net_news;     /* kvt_net_tier_news at the last step */
-    uint64_t storage_news; /* kvt_storage_tier_news at the last step */
-    bool rings_busy;       /* the engines' rings had work: the loop must not sleep */
+    uint64_t news;   /* the tiers' news (tiers_news) at the last step */
+    bool rings_busy; /* the engines' rings had work: the loop must not sleep */
     bool stopped;
     /* Members ever seen live (PEERS lists them whatever their state now). */
     uint64_t seen[KVT_MEMBERS_MAX];
@@ -495,8 +493,6 @@ static int open_storage(struct kvt_node *nd, struct kvt_tier **t_p)
     explicit_bzero(secret, sizeof(secret));
     if (rc != 0)
         kvt_error(MOD, "storage tier at %s: %s", sc.root, strerror(-rc));
-    else
-        nd->storage = *t_p;
     return rc;
 }
 
@@ -1102,12 +1098,19 @@ int kvt_node_timeout_ms(struct kvt_node *nd)
     return (int)KVT_MIN((next - now + 999999) / 1000000, (uint64_t)nd->cfg.loop_tick_ms);
 }
 
+/* The sum of every tier's news count: it moves when any of them moved. */
+static uint64_t tiers_news(const struct kvt_node *nd)
+{
+    uint64_t sum = 0;
+
+    for (size_t i = 0; i < nd->n_tiers; i++)
+        sum += kvt_tier_news(nd->tiers[i]);
+    return sum;
+}
+
 void kvt_node_step(struct kvt_node *nd)
 {
-    if (nd->net != NULL)
-        nd->net_news = kvt_net_tier_news(nd->net);
-    if (nd->storage != NULL)
-        nd->storage_news = kvt_storage_tier_news(nd->storage);
+    nd->news = tiers_news(nd);
     kvt_manager_on_schedule_end(nd->m, NULL);
     nd->last_step_ns = kvt_now_ns();
 }
@@ -1124,20 +1127,17 @@ int kvt_node_progress(struct kvt_node *nd)
         kvt_node_step(nd);
     for (size_t i = 0; i < nd->n_tiers; i++)
         kvt_tier_poll(nd->tiers[i]);
-    /* A peer's FETCH parked, or a job of the tier ended (a load of ours, a peer's
-     * lease): step now rather than at the tick, so the FETCH is served (a GRANT goes
-     * out) and the job reported while the requester waits; meanwhile the loop would
-     * only poll (the tier does not arm with work parked), and a polling loop waits
-     * for a core on a loaded host where a sleeping one is woken by the next message. */
-    if (nd->net != NULL && kvt_net_tier_news(nd->net) != nd->net_news) {
+    /* A tier has news (kvt_tier_news): a peer's FETCH parked, a job ended (a load of
+     * ours, a peer's lease, a storage tier's promotion a parked FETCH waits for).
+     * Step now rather than at the tick, so the FETCH is served (a GRANT goes out) and
+     * the job reported while the requester waits; meanwhile the loop would only poll
+     * (the network tier does not arm with work parked), and a polling loop waits for
+     * a core on a loaded host where a sleeping one is woken by the next message. */
+    if (tiers_news(nd) != nd->news) {
         kvt_node_step(nd);
-        kvt_tier_poll(nd->net); /* what the step sent leaves now */
+        for (size_t i = 0; i < nd->n_tiers; i++)
+            kvt_tier_poll(nd->tiers[i]); /* what the step sent leaves now */
     }
-    /* A job of the storage tier ended (its I/O threads woke the loop): reported now,
-     * so a promotion a parked FETCH waits for lands in the primary and the FETCH is
-     * served at once, not at the tick. */
-    if (nd->storage != NULL && kvt_storage_tier_news(nd->storage) != nd->storage_news)
-        kvt_node_step(nd);
     if (kvt_now_ns() - nd->last_metrics_ns >= 1000000000ull) {
         if (nd->peers != NULL)
             note_live(nd);
@@ -1282,7 +1282,7 @@ int kvt_node_stop(struct kvt_node *nd)
     nd->primary = NULL;
     nd->region = NULL;
     nd->n_tiers = 0;
-    nd->net = nd->storage = NULL;
+    nd->net = NULL;
     if (nd->peers != NULL)
         kvt_peers_destroy(nd->peers);
     nd->peers = NULL;

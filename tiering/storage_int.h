@@ -179,7 +179,7 @@ struct st_pool {
     struct st_queue loads, stores, unlinks;
     struct kvt_list done; /* finished st_jobs for get_finished_jobs */
     /* The scheduler's wake-up: an eventfd written as a job joins done (cleared when
-     * done is taken), and the jobs that ever joined it (kvt_storage_tier_news). */
+     * done is taken), and the jobs that ever joined it (the tier's news). */
     int done_fd;
     uint64_t n_done;
     size_t inflight; /* tasks queued or running */

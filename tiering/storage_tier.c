@@ -1031,7 +1031,7 @@ const char *kvt_storage_tier_fingerprint(struct kvt_tier *t)
     return st(t)->fingerprint;
 }
 
-/* The loop wakes when an I/O thread ends a job (kvt_storage_tier_news). */
+/* The loop wakes when an I/O thread ends a job (st_news). */
 static size_t st_event_fds(struct kvt_tier *t, int *fds, size_t cap)
 {
     struct st_tier *s = st(t);
@@ -1042,12 +1042,10 @@ static size_t st_event_fds(struct kvt_tier *t, int *fds, size_t cap)
     return 1;
 }
 
-uint64_t kvt_storage_tier_news(const struct kvt_tier *t)
+/* The tier's news (kvt_tier_news): the jobs its I/O threads have ended so far. */
+static uint64_t st_news(struct kvt_tier *t)
 {
-    const struct st_tier *s = KVT_CONTAINER_OF(t, struct st_tier, base);
-
-    assert(t->ops == &storage_ops);
-    return __atomic_load_n(&s->pool.n_done, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(&st(t)->pool.n_done, __ATOMIC_ACQUIRE);
 }
 
 static const struct kvt_tier_ops storage_ops = {
@@ -1060,6 +1058,7 @@ static const struct kvt_tier_ops storage_ops = {
     .take_events = st_take_events,
     .touch = st_touch,
     .event_fds = st_event_fds,
+    .news = st_news,
     .get_stats = st_get_stats,
     .usage = st_usage,
     .reset = st_reset,

@@ -167,13 +167,6 @@ int kvt_net_tier_poll(struct kvt_tier *t);
  * lookups queue their LOCATEs on the loop thread, just before its progress; it stays
  * because callers count on the event set (the transport's fd and this one). */
 int kvt_net_tier_wake_fd(struct kvt_tier *t);
-/* A count that moves whenever work waits for the next schedule end: a peer's FETCH
- * parked for the serving loop, a job ended and not yet reported (a load of ours, a
- * peer's lease its RELEASE ended, a publication), again after a schedule end that
- * did not report one. A loop that steps the manager when it moved serves and
- * reports them at once, not at its next tick, and may then sleep (the tier does
- * not arm while such work waits). */
-uint64_t kvt_net_tier_news(const struct kvt_tier *t);
 
 /* The grant check for one-sided READs of this node's primary region (and of its
  * fence words, kvt__nt_may_read_fence in the tier): true when

@@ -134,11 +134,6 @@ int kvt_storage_tier_set_fingerprint(struct kvt_tier *t, const char *fp);
 /* The fingerprint STATE records, or NULL. */
 const char *kvt_storage_tier_fingerprint(struct kvt_tier *t);
 
-/* Jobs the I/O threads have ended so far (any thread). The tier's event fd
- * (kvt_tier_event_fds) wakes a loop when one ends; a loop that steps the manager
- * when this moved reports the job at once, not at its next tick. */
-uint64_t kvt_storage_tier_news(const struct kvt_tier *t);
-
 /* Introspection (scheduler thread). */
 struct kvt_storage_restart_info {
     size_t files_found;       /* valid chunk files indexed */

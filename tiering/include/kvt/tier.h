@@ -86,6 +86,11 @@ struct kvt_tier_ops {
     /* Optional: when poll next has work that no fd announces (kvt_now_ns clock), 0
      * for none: the loop sleeps no longer. */
     uint64_t (*wake_at_ns)(struct kvt_tier *t);
+    /* Optional: a count that moves whenever work of the tier waits for the manager's
+     * next schedule end (a job ended, a peer's request parked). A loop that steps
+     * when it moved reports and serves them at once, not at its next tick. Any
+     * thread may move it; the loop reads it. */
+    uint64_t (*news)(struct kvt_tier *t);
     /* How full the tier is; unset: it keeps no chunks of its own. */
     int (*usage)(struct kvt_tier *t, struct kvt_tier_usage *out);
     /* Forgets everything the tier holds (the node's cache is reset: the engine API's
@@ -195,6 +200,10 @@ static inline int kvt_tier_arm(struct kvt_tier *t)
 static inline uint64_t kvt_tier_wake_at_ns(struct kvt_tier *t)
 {
     return t->ops->wake_at_ns ? t->ops->wake_at_ns(t) : 0;
+}
+static inline uint64_t kvt_tier_news(struct kvt_tier *t)
+{
+    return t->ops->news ? t->ops->news(t) : 0;
 }
 static inline int kvt_tier_usage(struct kvt_tier *t, struct kvt_tier_usage *out)
 {
