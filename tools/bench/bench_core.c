@@ -427,29 +427,22 @@ static int run_vllm(const char *python, const char *script, size_t n, const char
     return 0;
 }
 
-/* Each figure is the best of `repeat` runs: on a shared machine a neighbour's burst
- * only ever adds time, so the minimum is the closest to the code's own cost. */
-static int run_best(size_t n, const char *policy, const struct kvt_key *keys, uint32_t *order,
-                    long repeat, struct core_result *best)
+/* Each figure is the best of `repeat` rounds, and each round runs every row once
+ * (rows: sizes x policies, kvtier's and vLLM's sides), so a slow stretch of the host
+ * that lasts seconds lands on one round of a row, not on all its runs; and a
+ * neighbour's burst only ever adds time, so the minimum is the closest to the
+ * code's own cost. */
+static void keep_min_core(struct core_result *best, const struct core_result *one)
 {
-    for (long r = 0; r < repeat; r++) {
-        struct core_result one;
-        int rc = run_one(n, policy, keys, order, r == 0 ? best : &one);
-
-        if (rc < 0)
-            return rc;
-        if (r == 0)
-            continue;
-#define KEEP_MIN(f) best->f = one.f < best->f ? one.f : best->f
-        KEEP_MIN(hit_ns);
-        KEEP_MIN(hit_many_ns);
-        KEEP_MIN(miss_ns);
-        KEEP_MIN(store_ns);
-        KEEP_MIN(store_evict_ns);
-        KEEP_MIN(touch16_ns);
+#define KEEP_MIN(f) best->f = one->f < best->f ? one->f : best->f
+    KEEP_MIN(hit_ns);
+    KEEP_MIN(hit_many_ns);
+    KEEP_MIN(miss_ns);
+    KEEP_MIN(store_ns);
+    KEEP_MIN(store_evict_ns);
+    KEEP_MIN(touch16_ns);
+    KEEP_MIN(dram_ns);
 #undef KEEP_MIN
-    }
-    return 0;
 }
 
 /* The floor under a lookup at scale: the latency of one random read from a
@@ -481,29 +474,18 @@ static double dram_read_ns(size_t bytes, const uint32_t *order, size_t n, size_t
     return at == UINT64_MAX ? 0 : ns; /* uses at, so the chase is not optimised away */
 }
 
-static int run_manager_best(size_t n, const char *policy, const struct kvt_key *keys,
-                            const uint32_t *order, size_t ops, long repeat, struct mgr_result *best)
+static void keep_min_mgr(struct mgr_result *best, const struct mgr_result *one)
 {
-    for (long r = 0; r < repeat; r++) {
-        struct mgr_result one;
-        int rc = run_manager(n, policy, keys, order, ops, r == 0 ? best : &one);
-
-        if (rc < 0)
-            return rc;
-        if (r == 0)
-            continue;
-#define KEEP_MIN(f) best->f = one.f < best->f ? one.f : best->f
-        KEEP_MIN(store_ns);
-        KEEP_MIN(finish_ns);
-        KEEP_MIN(lookup_hit_ns);
-        KEEP_MIN(lookup_miss_ns);
-        KEEP_MIN(load_ns);
-        KEEP_MIN(touch16_ns);
-        KEEP_MIN(store_evict_ns);
-        KEEP_MIN(finish_evict_ns);
+#define KEEP_MIN(f) best->f = one->f < best->f ? one->f : best->f
+    KEEP_MIN(store_ns);
+    KEEP_MIN(finish_ns);
+    KEEP_MIN(lookup_hit_ns);
+    KEEP_MIN(lookup_miss_ns);
+    KEEP_MIN(load_ns);
+    KEEP_MIN(touch16_ns);
+    KEEP_MIN(store_evict_ns);
+    KEEP_MIN(finish_evict_ns);
 #undef KEEP_MIN
-    }
-    return 0;
 }
 
 static void print_mgr_json(const struct mgr_result *r, size_t n, const char *policy, bool first)
@@ -572,54 +554,67 @@ int kvt_bench_core(int argc, char **argv)
     }
     size_t max = sizes[2];
     struct kvt_key *keys = malloc(3 * max * sizeof(*keys));
-    uint32_t *order = malloc(max * sizeof(*order));
+    uint32_t *orders[3] = {NULL, NULL, NULL};
+    size_t n_sizes = 0;
+    int rc = 0;
 
-    if (keys == NULL || order == NULL) {
-        fprintf(stderr, "bench core: out of memory\n");
-        free(keys);
-        free(order);
-        return 1;
-    }
-    for (size_t i = 0; i < 3 * max; i++)
-        make_key(&keys[i], i);
-    for (size_t s = 0; s < 3 && sizes[s] <= max_chunks; s++) {
+    while (n_sizes < 3 && sizes[n_sizes] <= max_chunks)
+        n_sizes++;
+    for (size_t s = 0; s < n_sizes && keys != NULL; s++) {
+        orders[s] = malloc(sizes[s] * sizeof(*orders[s]));
+        if (orders[s] == NULL)
+            break;
         for (uint32_t i = 0; i < sizes[s]; i++)
-            order[i] = i;
-        shuffle(order, sizes[s]);
-        for (size_t q = 0; q < 2; q++) {
-            size_t ops = sizes[s] < 1000000 ? 1000000 : sizes[s];
-            int rc = run_best(sizes[s], policies[q], keys, order, repeat, &res[nres]);
+            orders[s][i] = i;
+        shuffle(orders[s], sizes[s]);
+    }
+    if (keys == NULL || (n_sizes > 0 && orders[n_sizes - 1] == NULL)) {
+        fprintf(stderr, "bench core: out of memory\n");
+        rc = -ENOMEM;
+    }
+    for (size_t i = 0; rc == 0 && i < 3 * max; i++)
+        make_key(&keys[i], i);
+    nres = 2 * n_sizes;
+    for (long r = 0; rc == 0 && r < repeat; r++) {
+        for (size_t row = 0; rc == 0 && row < nres; row++) {
+            size_t s = row / 2, n = sizes[s], ops = n < 1000000 ? 1000000 : n;
+            const char *policy = policies[row % 2];
+            struct core_result one;
+            struct mgr_result mone, vone;
 
+            rc = run_one(n, policy, keys, orders[s], r == 0 ? &res[row] : &one);
             if (rc == 0)
-                rc = run_manager_best(sizes[s], policies[q], keys, order, ops, repeat, &mres[nres]);
+                rc = run_manager(n, policy, keys, orders[s], ops, r == 0 ? &mres[row] : &mone);
             if (rc < 0) {
-                fprintf(stderr, "bench core: %s at %zu chunks failed: %s\n", policies[q], sizes[s],
+                fprintf(stderr, "bench core: %s at %zu chunks failed: %s\n", policy, n,
                         strerror(-rc));
-                free(keys);
-                free(order);
-                return 1;
+                break;
             }
-            for (long r = 0; r < repeat; r++) {
-                double d =
-                    dram_read_ns((size_t)(res[nres].index_bytes_per_chunk * (double)sizes[s]),
-                                 order, sizes[s], sizes[s] < 1000000 ? 1000000 : sizes[s]);
-
-                if (r == 0 || d < res[nres].dram_ns)
-                    res[nres].dram_ns = d;
+            /* the floor, measured beside the figures it is the floor of */
+            (r == 0 ? &res[row] : &one)->dram_ns = dram_read_ns(
+                (size_t)(res[row].index_bytes_per_chunk * (double)n), orders[s], n, ops);
+            if (r > 0) {
+                keep_min_core(&res[row], &one);
+                keep_min_mgr(&mres[row], &mone);
             }
             if (vllm_python != NULL) {
-                rc = run_vllm(vllm_python, vllm_script, sizes[s], policies[q], vllm_ops,
-                              &vres[nres]);
-                if (rc < 0)
+                int vrc = run_vllm(vllm_python, vllm_script, n, policy, vllm_ops,
+                                   have_vllm[row] ? &vone : &vres[row]);
+
+                if (vrc < 0)
                     fprintf(stderr, "bench core: vLLM's side at %zu chunks (%s) did not run: %s\n",
-                            sizes[s], policies[q], strerror(-rc));
-                have_vllm[nres] = rc == 0;
+                            n, policy, strerror(-vrc));
+                else if (have_vllm[row])
+                    keep_min_mgr(&vres[row], &vone);
+                have_vllm[row] = have_vllm[row] || vrc == 0;
             }
-            nres++;
         }
     }
     free(keys);
-    free(order);
+    for (size_t s = 0; s < 3; s++)
+        free(orders[s]);
+    if (rc != 0)
+        return 1;
 
     if (json) {
         printf("{\"bench\":\"core\",\"key_bytes\":36,\"batch\":%d,\"best_of\":%ld,"
