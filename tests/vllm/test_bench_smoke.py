@@ -28,6 +28,9 @@ def test_vllm_tier_bench_prints_every_row():
                   "cpu_with_settle_per_step_us"):
             assert r[f] > 0, (r["tier"], f)
         assert "added_cpu_with_settle_us" in r and "added_p50_us" in r
+        # per block stored: 0 for the reference row and for a tier that stored none
+        assert (r["added_per_stored_block_us"] == 0.0) == (
+            r["tier"] == "none" or r["blocks_stored"] == 0), r
         assert 0 <= r["blocks_stored"] <= r["blocks_offered"] and r["blocks_offered"] > 0
     # With no secondary tier nothing holds the primary's chunks: every block is stored.
     for r in res["sched"]:

@@ -211,6 +211,11 @@ def main():
                 r["added_cpu_us"] = r["cpu_mean_us"] - rows[0]["cpu_mean_us"]
                 r["added_cpu_with_settle_us"] = (r["cpu_with_settle_per_step_us"]
                                                  - rows[0]["cpu_with_settle_per_step_us"])
+                # The like-for-like figure where tiers store different shares: what the
+                # tier adds to the scheduler's mean step per block the step stored.
+                per_step = r["blocks_stored"] / r["steps"]
+                r["added_per_stored_block_us"] = (r["added_mean_us"] / per_step
+                                                  if per_step and r["tier"] != "none" else 0.0)
             out["sched"] += rows
         out["node"] = node_throughput(cluster.socks[0], a.rows, a.row, a.rounds)
     finally:
@@ -230,16 +235,18 @@ def main():
     print("  stored: the blocks prepare_store took of those offered (a tier whose jobs are slow "
           "keeps\n  the primary's chunks pinned, and vLLM refuses the stores it has no room for,"
           " which costs\n  the scheduler less: compare tiers at a pause where both store all)")
-    print("  %-6s %-8s %9s %9s %9s %10s | %9s %9s %10s | %10s %10s | %s" % (
-        "pause", "tier", "wall mean", "wall p50", "wall p99", "wall added", "cpu mean",
-        "cpu p50", "cpu added", "cpu+settle", "its added", "stored"))
+    print("  per block: the wall added (mean) over the blocks stored per step, which compares "
+          "tiers\n  that store different shares")
+    print("  %-6s %-8s %9s %9s %9s %10s %9s | %9s %9s %10s | %10s %10s | %s" % (
+        "pause", "tier", "wall mean", "wall p50", "wall p99", "wall added", "per block",
+        "cpu mean", "cpu p50", "cpu added", "cpu+settle", "its added", "stored"))
     for r in out["sched"]:
-        print("  %-6s %-8s %9.0f %9.0f %9.0f %10.0f | %9.0f %9.0f %10.0f | %10.0f %10.0f | "
+        print("  %-6s %-8s %9.0f %9.0f %9.0f %10.0f %9.1f | %9.0f %9.0f %10.0f | %10.0f %10.0f | "
               "%d of %d  (us)" % (
                   "%gms" % r["pause_ms"], r["tier"], r["mean_us"], r["p50_us"], r["p99_us"],
-                  r["added_mean_us"], r["cpu_mean_us"], r["cpu_p50_us"], r["added_cpu_us"],
-                  r["cpu_with_settle_per_step_us"], r["added_cpu_with_settle_us"],
-                  r["blocks_stored"], r["blocks_offered"]))
+                  r["added_mean_us"], r["added_per_stored_block_us"], r["cpu_mean_us"],
+                  r["cpu_p50_us"], r["added_cpu_us"], r["cpu_with_settle_per_step_us"],
+                  r["added_cpu_with_settle_us"], r["blocks_stored"], r["blocks_offered"]))
     n = out["node"]
     print("rows through the node, %d rows of %d KiB (best of %d)" % (n["rows"], a.row >> 10,
                                                                      a.rounds))
