@@ -87,10 +87,9 @@ struct peer_link {
     char peer_addr[KVT_WIRE_ADDR_MAX]; /* where the peer listens ("" unknown) */
     uint16_t peer_port;
     uint32_t peer_down_after_ms; /* the silence the peer allows a member (0 unknown) */
-    /* Our incarnation the peer holds live, from its HELLO_ACK or AUTH (wire 1.4): not
-     * ours when it had called us down (peer_holds_known: the peer said). */
-    bool peer_holds_known;
-    uint64_t peer_holds;
+    /* Our incarnation the peer called down and has not held live since, from its
+     * HELLO_ACK or AUTH (wire 1.5), or 0. */
+    uint64_t peer_dropped;
     char dial_addr[KVT_WIRE_ADDR_MAX]; /* client: what we dialled */
     uint16_t dial_port;
     uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], nonce_s[KVT_AUTH_NONCE_BYTES];
@@ -493,21 +492,27 @@ static void record_peer(struct peer_link *l, const struct kvt_wire_msg *m)
     }
 }
 
-/* HELLO_ACK and AUTH say whether we hold the peer's life live: a peer we called
- * down (it stalled) and that still holds us live learns that we dropped what it
- * published to us, even when this link comes up before it reads the old one's
- * close (link_up). */
-static void fill_holds(const struct kvt_peers *p, const struct peer_link *l, struct kvt_wire_msg *m)
+/* HELLO_ACK and AUTH say whether we called the peer's life down and have not held
+ * it live since: a peer that only stalled, and still holds us live, learns that we
+ * dropped what it published to us, even when this link comes up before it reads the
+ * old one's close (link_up). Said from the member's state, not from whether we hold
+ * it live now: a second link racing the first one up would say "not held" of a
+ * member whose records were never dropped. While the member is down every
+ * handshake says so; the first link to come up here was one whose peer had this
+ * message already (it answered it), so the peer heard it before the state changes. */
+static void fill_dropped(const struct kvt_peers *p, const struct peer_link *l,
+                         struct kvt_wire_msg *m)
 {
-    m->has |= KVT_WIRE_HAS(KVT_WIRE_F_HOLDS);
-    m->u.hello.holds_inc =
-        kvt_members_is_live(p->members, l->peer_id, l->peer_inc) ? l->peer_inc : 0;
+    const struct kvt_member *x = kvt_members_find(p->members, l->peer_id);
+
+    m->has |= KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
+    m->u.hello.dropped_inc =
+        x != NULL && x->incarnation == l->peer_inc && x->state == KVT_MEMBER_DOWN ? l->peer_inc : 0;
 }
 
-static void record_holds(struct peer_link *l, const struct kvt_wire_msg *m)
+static void record_dropped(struct peer_link *l, const struct kvt_wire_msg *m)
 {
-    l->peer_holds_known = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_HOLDS)) != 0;
-    l->peer_holds = m->u.hello.holds_inc;
+    l->peer_dropped = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DROPPED)) != 0 ? m->u.hello.dropped_inc : 0;
 }
 
 static void client_connected(struct kvt_peers *p, struct peer_link *l)
@@ -599,10 +604,10 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
         if (o != l && o->state == LINK_UP && o->peer_id == l->peer_id && o->peer_inc < l->peer_inc)
             link_close(p, o);
     }
-    /* A member we held live all along says it does not hold us: it called us down
-     * (we stalled) and dropped our records, and we have not read its old link's
-     * close yet (that would have called it down here too). */
-    if (was_live && l->peer_holds_known && l->peer_holds != p->incarnation) {
+    /* A member we held live all along says it called us down (we stalled) and
+     * dropped our records, and we have not read its old link's close yet (that
+     * would have called it down here too). */
+    if (was_live && l->peer_dropped != 0 && l->peer_dropped == p->incarnation) {
         kvt_info(MOD, "node %llu had called this node down (its new link says so)",
                  (unsigned long long)l->peer_id);
         p->counts.lost_our_records++;
@@ -647,7 +652,7 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
         ret = kvt_auth_nonce(l->nonce_s);
         if (ret == 0) {
             fill_hello(p, &out, KVT_WIRE_HELLO_ACK, l->nonce_s);
-            fill_holds(p, l, &out);
+            fill_dropped(p, l, &out);
             auth_params(p, l, &ap);
             ret = kvt_auth_proof(p->secret, p->secret_len, KVT_AUTH_SERVER, &ap, out.u.hello.proof);
         }
@@ -674,7 +679,7 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
             return;
         }
         record_peer(l, m);
-        record_holds(l, m);
+        record_dropped(l, m);
         memcpy(l->nonce_s, m->u.hello.nonce, KVT_AUTH_NONCE_BYTES);
         auth_params(p, l, &ap);
         if (!kvt_auth_verify(p->secret, p->secret_len, KVT_AUTH_SERVER, &ap, m->u.hello.proof,
@@ -685,7 +690,7 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
         kvt_wire_msg_init(&out, KVT_WIRE_AUTH);
         out.u.hello.node_id = p->self;
         out.u.hello.incarnation = p->incarnation;
-        fill_holds(p, l, &out);
+        fill_dropped(p, l, &out);
         ret = kvt_auth_proof(p->secret, p->secret_len, KVT_AUTH_CLIENT, &ap, out.u.hello.proof);
         if (ret == 0)
             ret = send_msg(p, l, &out);
@@ -713,7 +718,7 @@ static void handshake_msg(struct kvt_peers *p, struct peer_link *l, int rc,
             refuse(p, l, KVT_WIRE_R_AUTH);
             return;
         }
-        record_holds(l, m);
+        record_dropped(l, m);
         /* Authorized before AUTH_OK goes out: a client may READ as soon as it has
          * it (link_up's own call is then a no-op). */
         ret = kvt_tp_ep_authorize(l->ep);

@@ -96,13 +96,13 @@ static const struct field hello_ack_fields[] = {
     REQ(NS, K_BIN32, hello.ns),         REQ(NONCE, K_BIN32, hello.nonce),
     REQ(PROOF, K_BIN32, hello.proof),   OPT(ADDR, K_ADDR, hello.addr),
     OPT(PORT, K_U16, hello.port),       OPT(DOWN_AFTER, K_U32, hello.down_after_ms),
-    OPT(HOLDS, K_U64, hello.holds_inc),
+    OPT(DROPPED, K_U64, hello.dropped_inc),
 };
 static const struct field auth_fields[] = {
     REQ(NODE_ID, K_U64, hello.node_id),
     REQ(INCARNATION, K_U64, hello.incarnation),
     REQ(PROOF, K_BIN32, hello.proof),
-    OPT(HOLDS, K_U64, hello.holds_inc),
+    OPT(DROPPED, K_U64, hello.dropped_inc),
 };
 static const struct field refuse_fields[] = {
     REQ(REASON, K_U32, refuse.reason),

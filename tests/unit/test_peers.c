@@ -316,15 +316,13 @@ static struct kvt_wire_msg locate(uint64_t req_id, struct kvt_key *k)
     return m;
 }
 
-/* The raw peer r, as node id (incarnation inc), dials a: HELLO -> HELLO_ACK (a's
- * proof verified) -> AUTH (with holds_inc when holds is not NULL) -> AUTH_OK, until
- * a holds the link up. Returns a's HELLO_ACK. */
-static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_t id, uint64_t inc,
-                                         const uint64_t *holds)
+/* The raw peer r, as node id (incarnation inc), says HELLO to a with nonce_c; a's
+ * HELLO_ACK. */
+static struct kvt_wire_msg raw_hello(struct raw *r, struct tnode *a, uint64_t id, uint64_t inc,
+                                     uint8_t nonce_c[KVT_AUTH_NONCE_BYTES])
 {
     struct kvt_wire_msg m, ack;
-    struct kvt_auth_params ap;
-    uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], ns[KVT_AUTH_NS_BYTES];
+    uint8_t ns[KVT_AUTH_NS_BYTES];
 
     assert_true(WAIT_FOR(5000, r->connected));
     assert_int_equal(kvt_auth_nonce(nonce_c), 0);
@@ -333,11 +331,26 @@ static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_
     m.u.hello.incarnation = inc;
     ns_of("test-ns", ns);
     memcpy(m.u.hello.ns, ns, sizeof(ns));
-    memcpy(m.u.hello.nonce, nonce_c, sizeof(nonce_c));
+    memcpy(m.u.hello.nonce, nonce_c, KVT_AUTH_NONCE_BYTES);
     assert_int_equal(raw_send(r, &m), 0);
     assert_true(WAIT_FOR(3000, r->n_by_type[KVT_WIRE_HELLO_ACK] == 1));
     ack = r->last;
     assert_int_equal(ack.u.hello.node_id, a->id);
+    return ack;
+}
+
+/* The raw peer r, as node id (incarnation inc), dials a: HELLO -> HELLO_ACK (a's
+ * proof verified) -> AUTH (with dropped_inc when dropped is not NULL) -> AUTH_OK,
+ * until a holds the link up. Returns a's HELLO_ACK. */
+static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_t id, uint64_t inc,
+                                         const uint64_t *dropped)
+{
+    struct kvt_wire_msg m, ack;
+    struct kvt_auth_params ap;
+    uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], ns[KVT_AUTH_NS_BYTES];
+
+    ack = raw_hello(r, a, id, inc, nonce_c);
+    ns_of("test-ns", ns);
     ap = (struct kvt_auth_params){.nonce_client = nonce_c,
                                   .nonce_server = ack.u.hello.nonce,
                                   .id_client = id,
@@ -348,9 +361,9 @@ static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_
     kvt_wire_msg_init(&m, KVT_WIRE_AUTH);
     m.u.hello.node_id = id;
     m.u.hello.incarnation = inc;
-    if (holds != NULL) {
-        m.has |= KVT_WIRE_HAS(KVT_WIRE_F_HOLDS);
-        m.u.hello.holds_inc = *holds;
+    if (dropped != NULL) {
+        m.has |= KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
+        m.u.hello.dropped_inc = *dropped;
     }
     assert_int_equal(kvt_auth_proof(good_secret, strlen((const char *)good_secret), KVT_AUTH_CLIENT,
                                     &ap, m.u.hello.proof),
@@ -914,12 +927,14 @@ static void test_malformed_after_auth(void **state)
     node_stop(&a);
 }
 
-/* A member's new link says whether it holds this node live (wire 1.4, HELLO_ACK and
- * AUTH). X (a raw peer) links to A; a second link whose AUTH says X holds A's life
- * live, or says nothing (an older node), changes nothing; one that says X holds
- * none (X had called A down after a stall of A's, and A has not read the old link's
- * close) makes A see KVT_MEMBER_DROPPED_US for X, counted, so that it publishes
- * again what X dropped. A's own HELLO_ACKs tell X the same of A's view. */
+/* A member's new link says whether it called this node's life down and dropped its
+ * records (wire 1.5, HELLO_ACK and AUTH). X (a raw peer) links to A. A second link
+ * whose AUTH says X dropped nothing changes nothing: that is what a link racing the
+ * first one up says, which wire 1.4's "which life do you hold live" answered with
+ * "none" (X did not hold A yet) and A took for a drop. Nor does a link that says
+ * nothing (an older node). One that names A's life (X called A down after a stall of
+ * A's, and A has not read the old link's close) makes A see KVT_MEMBER_DROPPED_US
+ * for X, counted, so that it publishes again what X dropped. */
 static void test_new_link_says_we_were_dropped(void **state)
 {
     static struct tnode a;
@@ -934,25 +949,65 @@ static void test_new_link_says_we_were_dropped(void **state)
     node_start_hb(&a, 0xA, good_secret, "test-ns", NULL, 1000, 10);
     a_inc = kvt_peers_incarnation(a.p);
     raw_open(&r1, kvt_peers_port(a.p));
-    ack = raw_handshake(&r1, &a, x, 5, NULL);
-    assert_true(ack.has & KVT_WIRE_HAS(KVT_WIRE_F_HOLDS));
-    assert_int_equal(ack.u.hello.holds_inc, 0); /* A did not know X */
+    ack = raw_handshake(&r1, &a, x, 5, &zero);
+    assert_true(ack.has & KVT_WIRE_HAS(KVT_WIRE_F_DROPPED));
+    assert_int_equal(ack.u.hello.dropped_inc, 0); /* A did not know X */
     assert_true(has_event(&a, KVT_MEMBER_JOINED, x));
 
     raw_open(&r2, kvt_peers_port(a.p));
-    ack = raw_handshake(&r2, &a, x, 5, &a_inc);
-    assert_int_equal(ack.u.hello.holds_inc, 5); /* A holds X live now */
+    ack = raw_handshake(&r2, &a, x, 5, &zero);
+    assert_int_equal(ack.u.hello.dropped_inc, 0); /* A holds X live */
     raw_open(&r3, kvt_peers_port(a.p));
     (void)raw_handshake(&r3, &a, x, 5, NULL);
     run_for(50);
     assert_false(has_event(&a, KVT_MEMBER_DROPPED_US, x));
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.lost_our_records, 0);
 
     raw_open(&r4, kvt_peers_port(a.p));
-    (void)raw_handshake(&r4, &a, x, 5, &zero);
+    (void)raw_handshake(&r4, &a, x, 5, &a_inc);
     assert_true(WAIT_FOR(1000, has_event(&a, KVT_MEMBER_DROPPED_US, x)));
     kvt_peers_counts(a.p, &c);
     assert_int_equal(c.lost_our_records, 1);
     assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, x)); /* X stays live */
+    raw_close(&r4);
+    raw_close(&r3);
+    raw_close(&r2);
+    raw_close(&r1);
+    node_stop(&a);
+}
+
+/* What A's handshakes say of a member: X's life A called down (X went silent) and
+ * has not held live since is named in every HELLO_ACK until a link to it comes up
+ * again; then, and of a life A never called down, the field says 0. */
+static void test_handshake_names_the_life_it_dropped(void **state)
+{
+    static struct tnode a;
+    static struct raw r1, r2, r3, r4;
+    const uint64_t x = 0x78, zero = 0;
+    uint8_t nonce[KVT_AUTH_NONCE_BYTES];
+    struct kvt_wire_msg ack;
+
+    (void)state;
+    /* Quick heartbeats: the raw peer sends none, so A calls it down. */
+    node_start_hb(&a, 0xA, good_secret, "test-ns", NULL, 100, 3);
+    raw_open(&r1, kvt_peers_port(a.p));
+    ack = raw_handshake(&r1, &a, x, 9, &zero);
+    assert_int_equal(ack.u.hello.dropped_inc, 0);
+    assert_true(WAIT_FOR(5000, has_event(&a, KVT_MEMBER_DOWN_EV, x)));
+    assert_true(WAIT_FOR(2000, r1.closed)); /* down closes every link to that life */
+
+    /* Two links race up: both HELLO_ACKs are sent while X is down at A. */
+    raw_open(&r2, kvt_peers_port(a.p));
+    raw_open(&r3, kvt_peers_port(a.p));
+    ack = raw_hello(&r2, &a, x, 9, nonce);
+    assert_int_equal(ack.u.hello.dropped_inc, 9);
+    ack = raw_handshake(&r3, &a, x, 9, &zero);
+    assert_int_equal(ack.u.hello.dropped_inc, 9);
+    /* X is live at A again: a later link hears 0. */
+    raw_open(&r4, kvt_peers_port(a.p));
+    ack = raw_handshake(&r4, &a, x, 9, &zero);
+    assert_int_equal(ack.u.hello.dropped_inc, 0);
     raw_close(&r4);
     raw_close(&r3);
     raw_close(&r2);
@@ -1105,6 +1160,7 @@ int main(void)
         cmocka_unit_test_teardown(test_restart_and_link_closed, teardown),
         cmocka_unit_test_teardown(test_malformed_after_auth, teardown),
         cmocka_unit_test_teardown(test_new_link_says_we_were_dropped, teardown),
+        cmocka_unit_test_teardown(test_handshake_names_the_life_it_dropped, teardown),
         cmocka_unit_test_teardown(test_read_grant_hook, teardown),
     };
 

@@ -64,15 +64,15 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
         strcpy(m->u.hello.addr, "192.168.17.203");
         m->u.hello.port = 65535;
         m->u.hello.down_after_ms = 4000000000u;
-        m->u.hello.holds_inc = t == KVT_WIRE_HELLO ? 0 : 0x8070605040302010ull;
+        m->u.hello.dropped_inc = t == KVT_WIRE_HELLO ? 0 : 0x8070605040302010ull;
         if (t == KVT_WIRE_HELLO)
             m->has = KVT_WIRE_HAS(KVT_WIRE_F_PROOF) | KVT_WIRE_HAS(KVT_WIRE_F_ADDR) |
                      KVT_WIRE_HAS(KVT_WIRE_F_PORT) | KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER);
         else if (t == KVT_WIRE_HELLO_ACK)
             m->has = KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT) |
-                     KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_HOLDS);
+                     KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
         else
-            m->has = KVT_WIRE_HAS(KVT_WIRE_F_HOLDS);
+            m->has = KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
         break;
     case KVT_WIRE_AUTH_OK:
         break;
@@ -215,7 +215,7 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
             assert_int_equal(b->port, a->port);
             assert_int_equal(b->down_after_ms, a->down_after_ms);
         }
-        assert_int_equal(b->holds_inc, a->holds_inc);
+        assert_int_equal(b->dropped_inc, a->dropped_inc);
         assert_memory_equal(b->proof, a->proof, KVT_WIRE_BIN32);
         break;
     }
@@ -364,8 +364,8 @@ static uint64_t expected_has(const struct kvt_wire_msg *m)
                              KVT_WIRE_HAS(KVT_WIRE_F_PORT) | KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER)
                    : m->type == KVT_WIRE_HELLO_ACK
                        ? KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT) |
-                             KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_HOLDS)
-                   : m->type == KVT_WIRE_AUTH      ? KVT_WIRE_HAS(KVT_WIRE_F_HOLDS)
+                             KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_DROPPED)
+                   : m->type == KVT_WIRE_AUTH      ? KVT_WIRE_HAS(KVT_WIRE_F_DROPPED)
                    : m->type == KVT_WIRE_HEARTBEAT ? KVT_WIRE_HAS(KVT_WIRE_F_DIGEST)
                    : m->type == KVT_WIRE_GRANT     ? KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE) |
                                                      KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE) |

@@ -42,7 +42,7 @@
 #include "kvt/types.h"
 
 #define KVT_WIRE_VERSION_MAJOR 1
-#define KVT_WIRE_VERSION_MINOR 4
+#define KVT_WIRE_VERSION_MINOR 5
 
 #define KVT_WIRE_FRAME_HDR 4  /* u32 big-endian body length */
 #define KVT_WIRE_BIN32     32 /* namespace fingerprint, nonce, HMAC-SHA256 proof */
@@ -124,7 +124,8 @@ enum kvt_wire_field {
     KVT_WIRE_F_DIRECT_HANDLE,       /* since 1.2 */
     KVT_WIRE_F_DIRECT_FENCE_HANDLE, /* since 1.2 */
     KVT_WIRE_F_DOWN_AFTER,          /* since 1.3 */
-    KVT_WIRE_F_HOLDS,               /* since 1.4 */
+    KVT_WIRE_F_HOLDS,               /* 1.4 only, retired: skipped (see dropped_inc) */
+    KVT_WIRE_F_DROPPED,             /* since 1.5 */
 };
 /* Bit of a field in kvt_wire_msg.has. */
 #define KVT_WIRE_HAS(field) (UINT64_C(1) << (field))
@@ -146,14 +147,16 @@ enum kvt_wire_reason {
  *   HELLO:     node_id, incarnation, ns, nonce required; proof, addr, port,
  *              down_after optional
  *   HELLO_ACK: node_id, incarnation, ns, nonce, proof required; addr, port,
- *              down_after, holds optional
- *   AUTH:      node_id, incarnation, proof required; holds optional
+ *              down_after, dropped optional
+ *   AUTH:      node_id, incarnation, proof required; dropped optional
  * addr/port: where the sender listens (its connection's source port is not).
  * down_after_ms (since 1.3): how long the sender lets a member stay silent before it
  * calls it down (its heartbeat interval times the misses it allows).
- * holds_inc (since 1.4): the receiver's incarnation the sender holds live, 0 when it
- * holds none (it called the receiver down, or never knew it: it keeps no record the
- * receiver published to it). Sent once the sender knows who the receiver is. */
+ * dropped_inc (since 1.5): the receiver's incarnation that the sender called down and
+ * has not held live since (it dropped every record that life published to it), or 0.
+ * Sent once the sender knows who the receiver is. (1.4 sent holds_inc instead, the
+ * incarnation it held live: a link that raced the first one up said 0 for a member
+ * that had dropped nothing. Retired; its field is skipped.) */
 struct kvt_wire_hello {
     uint64_t node_id;
     uint64_t incarnation;
@@ -163,7 +166,7 @@ struct kvt_wire_hello {
     char addr[KVT_WIRE_ADDR_MAX]; /* NUL-terminated, no NUL inside */
     uint16_t port;
     uint32_t down_after_ms;
-    uint64_t holds_inc;
+    uint64_t dropped_inc;
 };
 
 /* REFUSE: reason required. */
