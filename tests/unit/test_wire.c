@@ -623,6 +623,36 @@ static void test_wire_every_truncation_refused(void **state)
     free(s);
 }
 
+/* An AUTH from a wire 1.4 node carries holds_inc (the life it holds live), a field
+ * 1.5 retired: it decodes, the field is skipped and says nothing of a drop. */
+static void test_wire_auth_of_1_4_skips_holds(void **state)
+{
+    struct tb *t = calloc(1, sizeof(*t));
+    struct kvt_wire_msg got;
+    uint8_t proof[KVT_WIRE_BIN32];
+
+    (void)state;
+    fill_bytes(proof, sizeof(proof), 7);
+    tb_map(t, 7);
+    tb_hdr(t, KVT_WIRE_VERSION_MAJOR, 4, KVT_WIRE_AUTH);
+    tb_u(t, KVT_WIRE_F_NODE_ID);
+    tb_u(t, 5);
+    tb_u(t, KVT_WIRE_F_INCARNATION);
+    tb_u(t, 6);
+    tb_u(t, KVT_WIRE_F_PROOF);
+    tb_bin(t, proof, sizeof(proof));
+    tb_u(t, KVT_WIRE_F_HOLDS);
+    tb_u(t, 0x1234);
+    assert_int_equal(tb_decode(t, NULL, &got), 0);
+    assert_int_equal(got.type, KVT_WIRE_AUTH);
+    assert_int_equal(got.u.hello.node_id, 5);
+    assert_false(got.has & KVT_WIRE_HAS(KVT_WIRE_F_HOLDS));
+    assert_false(got.has & KVT_WIRE_HAS(KVT_WIRE_F_DROPPED));
+    assert_int_equal(got.u.hello.dropped_inc, 0);
+    kvt_wire_msg_free(&got);
+    free(t);
+}
+
 /* A newer minor version: header pairs anywhere in the map, fields of every msgpack
  * kind under unknown keys (and known keys of other types), extra elements in
  * records. All skipped; the known fields decode exactly. */
@@ -1616,6 +1646,7 @@ int main(void)
         cmocka_unit_test(test_wire_optional_and_required_fields),
         cmocka_unit_test(test_wire_every_truncation_refused),
         cmocka_unit_test(test_wire_unknown_fields_skipped),
+        cmocka_unit_test(test_wire_auth_of_1_4_skips_holds),
         cmocka_unit_test(test_wire_unknown_type_and_bad_major_refused),
         cmocka_unit_test(test_wire_malformed_fields_refused),
         cmocka_unit_test(test_wire_issue_1013_huge_declared_length),
