@@ -92,10 +92,14 @@ static const struct field hello_fields[] = {
     OPT(PORT, K_U16, hello.port),       OPT(DOWN_AFTER, K_U32, hello.down_after_ms),
 };
 static const struct field hello_ack_fields[] = {
-    REQ(NODE_ID, K_U64, hello.node_id), REQ(INCARNATION, K_U64, hello.incarnation),
-    REQ(NS, K_BIN32, hello.ns),         REQ(NONCE, K_BIN32, hello.nonce),
-    REQ(PROOF, K_BIN32, hello.proof),   OPT(ADDR, K_ADDR, hello.addr),
-    OPT(PORT, K_U16, hello.port),       OPT(DOWN_AFTER, K_U32, hello.down_after_ms),
+    REQ(NODE_ID, K_U64, hello.node_id),
+    REQ(INCARNATION, K_U64, hello.incarnation),
+    REQ(NS, K_BIN32, hello.ns),
+    REQ(NONCE, K_BIN32, hello.nonce),
+    REQ(PROOF, K_BIN32, hello.proof),
+    OPT(ADDR, K_ADDR, hello.addr),
+    OPT(PORT, K_U16, hello.port),
+    OPT(DOWN_AFTER, K_U32, hello.down_after_ms),
     OPT(DROPPED, K_U64, hello.dropped_inc),
 };
 static const struct field auth_fields[] = {
