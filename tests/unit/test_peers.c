@@ -990,7 +990,7 @@ static void test_handshake_names_the_life_it_dropped(void **state)
 
     (void)state;
     /* Quick heartbeats: the raw peer sends none, so A calls it down. */
-    node_start_hb(&a, 0xA, good_secret, "test-ns", NULL, 100, 3);
+    node_start_hb(&a, 0xA, good_secret, "test-ns", NULL, 200, 3);
     raw_open(&r1, kvt_peers_port(a.p));
     ack = raw_handshake(&r1, &a, x, 9, &zero);
     assert_int_equal(ack.u.hello.dropped_inc, 0);
