@@ -560,18 +560,20 @@ int kvt_bench_core(int argc, char **argv)
 
     while (n_sizes < 3 && sizes[n_sizes] <= max_chunks)
         n_sizes++;
-    for (size_t s = 0; s < n_sizes && keys != NULL; s++) {
+    if (keys == NULL)
+        rc = -ENOMEM;
+    for (size_t s = 0; rc == 0 && s < n_sizes; s++) {
         orders[s] = malloc(sizes[s] * sizeof(*orders[s]));
-        if (orders[s] == NULL)
+        if (orders[s] == NULL) {
+            rc = -ENOMEM;
             break;
+        }
         for (uint32_t i = 0; i < sizes[s]; i++)
             orders[s][i] = i;
         shuffle(orders[s], sizes[s]);
     }
-    if (keys == NULL || (n_sizes > 0 && orders[n_sizes - 1] == NULL)) {
+    if (rc != 0)
         fprintf(stderr, "bench core: out of memory\n");
-        rc = -ENOMEM;
-    }
     for (size_t i = 0; rc == 0 && i < 3 * max; i++)
         make_key(&keys[i], i);
     nres = 2 * n_sizes;
@@ -582,30 +584,34 @@ int kvt_bench_core(int argc, char **argv)
             struct core_result one;
             struct mgr_result mone, vone;
 
-            rc = run_one(n, policy, keys, orders[s], r == 0 ? &res[row] : &one);
+            rc = run_one(n, policy, keys, orders[s], &one);
             if (rc == 0)
-                rc = run_manager(n, policy, keys, orders[s], ops, r == 0 ? &mres[row] : &mone);
+                rc = run_manager(n, policy, keys, orders[s], ops, &mone);
             if (rc < 0) {
                 fprintf(stderr, "bench core: %s at %zu chunks failed: %s\n", policy, n,
                         strerror(-rc));
                 break;
             }
             /* the floor, measured beside the figures it is the floor of */
-            (r == 0 ? &res[row] : &one)->dram_ns = dram_read_ns(
-                (size_t)(res[row].index_bytes_per_chunk * (double)n), orders[s], n, ops);
-            if (r > 0) {
+            one.dram_ns =
+                dram_read_ns((size_t)(one.index_bytes_per_chunk * (double)n), orders[s], n, ops);
+            if (r == 0) {
+                res[row] = one;
+                mres[row] = mone;
+            } else {
                 keep_min_core(&res[row], &one);
                 keep_min_mgr(&mres[row], &mone);
             }
             if (vllm_python != NULL) {
-                int vrc = run_vllm(vllm_python, vllm_script, n, policy, vllm_ops,
-                                   have_vllm[row] ? &vone : &vres[row]);
+                int vrc = run_vllm(vllm_python, vllm_script, n, policy, vllm_ops, &vone);
 
                 if (vrc < 0)
                     fprintf(stderr, "bench core: vLLM's side at %zu chunks (%s) did not run: %s\n",
                             n, policy, strerror(-vrc));
                 else if (have_vllm[row])
                     keep_min_mgr(&vres[row], &vone);
+                else
+                    vres[row] = vone;
                 have_vllm[row] = have_vllm[row] || vrc == 0;
             }
         }
