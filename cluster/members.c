@@ -67,6 +67,21 @@ void kvt_members_note_dropped_us(struct kvt_members *m, uint64_t node_id, uint64
     push_event(m, KVT_MEMBER_DROPPED_US, node_id, incarnation, 0);
 }
 
+static struct kvt_member *find(const struct kvt_members *m, uint64_t node_id);
+
+bool kvt_members_heard_drop(struct kvt_members *m, uint64_t node_id, uint64_t incarnation,
+                            uint64_t drop_seq)
+{
+    struct kvt_member *x = find(m, node_id);
+
+    if (drop_seq == 0 || x == NULL || x->incarnation != incarnation)
+        return true;
+    if (drop_seq <= x->drops_heard)
+        return false;
+    x->drops_heard = drop_seq;
+    return true;
+}
+
 static struct kvt_member *find(const struct kvt_members *m, uint64_t node_id)
 {
     for (size_t i = 0; i < m->n; i++)
@@ -101,6 +116,7 @@ int kvt_members_heard(struct kvt_members *m, uint64_t node_id, uint64_t incarnat
 
         x->incarnation = incarnation;
         x->state = KVT_MEMBER_ALIVE;
+        x->downs = x->drops_heard = 0; /* counted per life */
         kvt_info(MOD, "node %llu restarted (incarnation %llu -> %llu)", (unsigned long long)node_id,
                  (unsigned long long)old, (unsigned long long)incarnation);
         push_event(m, KVT_MEMBER_RESTARTED, node_id, incarnation, old);
@@ -122,6 +138,7 @@ static void set_down(struct kvt_members *m, struct kvt_member *x, const char *wh
     if (x->state == KVT_MEMBER_DOWN)
         return;
     x->state = KVT_MEMBER_DOWN;
+    x->downs++;
     kvt_warn(MOD, "node %llu (incarnation %llu) is down: %s", (unsigned long long)x->node_id,
              (unsigned long long)x->incarnation, why);
     push_event(m, KVT_MEMBER_DOWN_EV, x->node_id, x->incarnation, 0);

@@ -88,8 +88,9 @@ struct peer_link {
     uint16_t peer_port;
     uint32_t peer_down_after_ms; /* the silence the peer allows a member (0 unknown) */
     /* Our incarnation the peer called down and has not held live since, from its
-     * HELLO_ACK or AUTH (wire 1.5), or 0. */
-    uint64_t peer_dropped;
+     * HELLO_ACK or AUTH (wire 1.5), or 0; and which of its drops of us that is (wire
+     * 1.6; 0 unknown). */
+    uint64_t peer_dropped, peer_drop_seq;
     char dial_addr[KVT_WIRE_ADDR_MAX]; /* client: what we dialled */
     uint16_t dial_port;
     uint8_t nonce_c[KVT_AUTH_NONCE_BYTES], nonce_s[KVT_AUTH_NONCE_BYTES];
@@ -499,20 +500,28 @@ static void record_peer(struct peer_link *l, const struct kvt_wire_msg *m)
  * it live now: a second link racing the first one up would say "not held" of a
  * member whose records were never dropped. While the member is down every
  * handshake says so; the first link to come up here was one whose peer had this
- * message already (it answered it), so the peer heard it before the state changes. */
+ * message already (it answered it), so the peer heard it before the state changes.
+ * Every link that races up meanwhile says the same drop: its number (the member's
+ * downs) lets the peer act on it once. */
 static void fill_dropped(const struct kvt_peers *p, const struct peer_link *l,
                          struct kvt_wire_msg *m)
 {
     const struct kvt_member *x = kvt_members_find(p->members, l->peer_id);
 
     m->has |= KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
-    m->u.hello.dropped_inc =
-        x != NULL && x->incarnation == l->peer_inc && x->state == KVT_MEMBER_DOWN ? l->peer_inc : 0;
+    if (x != NULL && x->incarnation == l->peer_inc && x->state == KVT_MEMBER_DOWN) {
+        m->has |= KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ);
+        m->u.hello.dropped_inc = l->peer_inc;
+        m->u.hello.drop_seq = x->downs;
+    } else {
+        m->u.hello.dropped_inc = 0;
+    }
 }
 
 static void record_dropped(struct peer_link *l, const struct kvt_wire_msg *m)
 {
     l->peer_dropped = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DROPPED)) != 0 ? m->u.hello.dropped_inc : 0;
+    l->peer_drop_seq = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ)) != 0 ? m->u.hello.drop_seq : 0;
 }
 
 static void client_connected(struct kvt_peers *p, struct peer_link *l)
@@ -606,8 +615,11 @@ static void link_up(struct kvt_peers *p, struct peer_link *l)
     }
     /* A member we held live all along says it called us down (we stalled) and
      * dropped our records, and we have not read its old link's close yet (that
-     * would have called it down here too). */
-    if (was_live && l->peer_dropped != 0 && l->peer_dropped == p->incarnation) {
+     * would have called it down here too). A drop another link told of already was
+     * acted on; one heard while the member was not live is acted on by its joining
+     * (the network tier publishes to a member that joins). */
+    if (l->peer_dropped != 0 && l->peer_dropped == p->incarnation &&
+        kvt_members_heard_drop(p->members, l->peer_id, l->peer_inc, l->peer_drop_seq) && was_live) {
         kvt_info(MOD, "node %llu had called this node down (its new link says so)",
                  (unsigned long long)l->peer_id);
         p->counts.lost_our_records++;

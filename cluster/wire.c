@@ -101,12 +101,12 @@ static const struct field hello_ack_fields[] = {
     OPT(PORT, K_U16, hello.port),
     OPT(DOWN_AFTER, K_U32, hello.down_after_ms),
     OPT(DROPPED, K_U64, hello.dropped_inc),
+    OPT(DROP_SEQ, K_U64, hello.drop_seq),
 };
 static const struct field auth_fields[] = {
-    REQ(NODE_ID, K_U64, hello.node_id),
-    REQ(INCARNATION, K_U64, hello.incarnation),
-    REQ(PROOF, K_BIN32, hello.proof),
-    OPT(DROPPED, K_U64, hello.dropped_inc),
+    REQ(NODE_ID, K_U64, hello.node_id),   REQ(INCARNATION, K_U64, hello.incarnation),
+    REQ(PROOF, K_BIN32, hello.proof),     OPT(DROPPED, K_U64, hello.dropped_inc),
+    OPT(DROP_SEQ, K_U64, hello.drop_seq),
 };
 static const struct field refuse_fields[] = {
     REQ(REASON, K_U32, refuse.reason),

@@ -346,6 +346,41 @@ static void test_members_event_ring_overflow(void **state)
 }
 
 /* The table holds KVT_MEMBERS_MAX others; one more is refused without an event. */
+/* The numbered drops of wire 1.6: the table counts the times it called a life down
+ * (what its handshakes name), and hears each drop of our life once per member life;
+ * a drop of unknown number, or of a life it does not hold, is always news. */
+static void test_members_drops_counted_and_heard_once(void **state)
+{
+    struct kvt_members *m = mk();
+
+    (void)state;
+    assert_int_equal(kvt_members_heard(m, 1, 10, NULL, 0, 0), 0);
+    assert_int_equal(kvt_members_find(m, 1)->downs, 0);
+    kvt_members_mark_down(m, 1);
+    kvt_members_mark_down(m, 1); /* already down: not a second drop */
+    assert_int_equal(kvt_members_find(m, 1)->downs, 1);
+    assert_int_equal(kvt_members_heard(m, 1, 10, NULL, 0, MS), 0);
+    kvt_members_tick(m, MS + (K + 1) * INTERVAL);
+    assert_int_equal(kvt_members_find(m, 1)->downs, 2);
+
+    assert_true(kvt_members_heard_drop(m, 1, 10, 1));
+    assert_false(kvt_members_heard_drop(m, 1, 10, 1)); /* a second link, the same drop */
+    assert_true(kvt_members_heard_drop(m, 1, 10, 3));
+    assert_false(kvt_members_heard_drop(m, 1, 10, 2)); /* older than one heard */
+    assert_true(kvt_members_heard_drop(m, 1, 10, 0));  /* unnumbered (wire 1.5) */
+    assert_true(kvt_members_heard_drop(m, 1, 10, 0));
+    assert_true(kvt_members_heard_drop(m, 1, 9, 1)); /* a life not held */
+    assert_true(kvt_members_heard_drop(m, 2, 1, 1)); /* a member not known */
+    assert_false(kvt_members_heard_drop(m, 1, 10, 3));
+
+    /* A new life counts from zero, both ways. */
+    assert_int_equal(kvt_members_heard(m, 1, 11, NULL, 0, 2 * MS), 0);
+    assert_int_equal(kvt_members_find(m, 1)->downs, 0);
+    assert_true(kvt_members_heard_drop(m, 1, 11, 1));
+    assert_false(kvt_members_heard_drop(m, 1, 11, 1));
+    kvt_members_destroy(m);
+}
+
 static void test_members_table_full(void **state)
 {
     struct kvt_members *m = mk();
@@ -384,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_members_epoch_bumps_only_on_change),
         cmocka_unit_test(test_members_live_sorted_with_self),
         cmocka_unit_test(test_members_event_ring_overflow),
+        cmocka_unit_test(test_members_drops_counted_and_heard_once),
         cmocka_unit_test(test_members_table_full),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -340,10 +340,11 @@ static struct kvt_wire_msg raw_hello(struct raw *r, struct tnode *a, uint64_t id
 }
 
 /* The raw peer r, as node id (incarnation inc), dials a: HELLO -> HELLO_ACK (a's
- * proof verified) -> AUTH (with dropped_inc when dropped is not NULL) -> AUTH_OK,
- * until a holds the link up. Returns a's HELLO_ACK. */
-static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_t id, uint64_t inc,
-                                         const uint64_t *dropped)
+ * proof verified) -> AUTH (with dropped_inc when dropped is not NULL, and drop_seq
+ * when not 0) -> AUTH_OK, until a holds the link up. Returns a's HELLO_ACK. */
+static struct kvt_wire_msg raw_handshake_seq(struct raw *r, struct tnode *a, uint64_t id,
+                                             uint64_t inc, const uint64_t *dropped,
+                                             uint64_t drop_seq)
 {
     struct kvt_wire_msg m, ack;
     struct kvt_auth_params ap;
@@ -365,6 +366,10 @@ static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_
         m.has |= KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
         m.u.hello.dropped_inc = *dropped;
     }
+    if (drop_seq != 0) {
+        m.has |= KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ);
+        m.u.hello.drop_seq = drop_seq;
+    }
     assert_int_equal(kvt_auth_proof(good_secret, strlen((const char *)good_secret), KVT_AUTH_CLIENT,
                                     &ap, m.u.hello.proof),
                      0);
@@ -374,6 +379,12 @@ static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_
     assert_int_equal(kvt_tp_ep_authorize(r->ep), 0);
     assert_true(WAIT_FOR(3000, r->n_by_type[KVT_WIRE_AUTH_OK] == 1 && linked(a, id)));
     return ack;
+}
+
+static struct kvt_wire_msg raw_handshake(struct raw *r, struct tnode *a, uint64_t id, uint64_t inc,
+                                         const uint64_t *dropped)
+{
+    return raw_handshake_seq(r, a, id, inc, dropped, 0);
 }
 
 /* ---- tests ---- */
@@ -938,7 +949,7 @@ static void test_malformed_after_auth(void **state)
 static void test_new_link_says_we_were_dropped(void **state)
 {
     static struct tnode a;
-    static struct raw r1, r2, r3, r4;
+    static struct raw r1, r2, r3, r4, r5, r6, r7;
     const uint64_t x = 0x77, zero = 0;
     uint64_t a_inc;
     struct kvt_wire_msg ack;
@@ -970,6 +981,23 @@ static void test_new_link_says_we_were_dropped(void **state)
     kvt_peers_counts(a.p, &c);
     assert_int_equal(c.lost_our_records, 1);
     assert_false(has_event(&a, KVT_MEMBER_DOWN_EV, x)); /* X stays live */
+
+    /* Wire 1.6 numbers the drops: two links naming X's third drop of A (as two links
+     * racing up while X has A down do) count once; its fourth counts again. */
+    raw_open(&r5, kvt_peers_port(a.p));
+    (void)raw_handshake_seq(&r5, &a, x, 5, &a_inc, 3);
+    assert_true(WAIT_FOR(1000, (kvt_peers_counts(a.p, &c), c.lost_our_records == 2)));
+    raw_open(&r6, kvt_peers_port(a.p));
+    (void)raw_handshake_seq(&r6, &a, x, 5, &a_inc, 3);
+    run_for(50);
+    kvt_peers_counts(a.p, &c);
+    assert_int_equal(c.lost_our_records, 2);
+    raw_open(&r7, kvt_peers_port(a.p));
+    (void)raw_handshake_seq(&r7, &a, x, 5, &a_inc, 4);
+    assert_true(WAIT_FOR(1000, (kvt_peers_counts(a.p, &c), c.lost_our_records == 3)));
+    raw_close(&r7);
+    raw_close(&r6);
+    raw_close(&r5);
     raw_close(&r4);
     raw_close(&r3);
     raw_close(&r2);
@@ -983,7 +1011,7 @@ static void test_new_link_says_we_were_dropped(void **state)
 static void test_handshake_names_the_life_it_dropped(void **state)
 {
     static struct tnode a;
-    static struct raw r1, r2, r3, r4;
+    static struct raw r1, r2, r3, r4, r5;
     const uint64_t x = 0x78, zero = 0;
     uint8_t nonce[KVT_AUTH_NONCE_BYTES];
     struct kvt_wire_msg ack;
@@ -1002,12 +1030,23 @@ static void test_handshake_names_the_life_it_dropped(void **state)
     raw_open(&r3, kvt_peers_port(a.p));
     ack = raw_hello(&r2, &a, x, 9, nonce);
     assert_int_equal(ack.u.hello.dropped_inc, 9);
+    assert_true(ack.has & KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ));
+    assert_int_equal(ack.u.hello.drop_seq, 1); /* both name A's first drop of X */
     ack = raw_handshake(&r3, &a, x, 9, &zero);
     assert_int_equal(ack.u.hello.dropped_inc, 9);
+    assert_int_equal(ack.u.hello.drop_seq, 1);
     /* X is live at A again: a later link hears 0. */
     raw_open(&r4, kvt_peers_port(a.p));
     ack = raw_handshake(&r4, &a, x, 9, &zero);
     assert_int_equal(ack.u.hello.dropped_inc, 0);
+    assert_false(ack.has & KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ));
+    /* Silent again, X is called down a second time: the next link names drop 2. */
+    assert_true(WAIT_FOR(5000, r4.closed && r3.closed));
+    raw_open(&r5, kvt_peers_port(a.p));
+    ack = raw_hello(&r5, &a, x, 9, nonce);
+    assert_int_equal(ack.u.hello.dropped_inc, 9);
+    assert_int_equal(ack.u.hello.drop_seq, 2);
+    raw_close(&r5);
     raw_close(&r4);
     raw_close(&r3);
     raw_close(&r2);

@@ -65,14 +65,16 @@ static void sample_msg(struct sample *s, enum kvt_wire_type t)
         m->u.hello.port = 65535;
         m->u.hello.down_after_ms = 4000000000u;
         m->u.hello.dropped_inc = t == KVT_WIRE_HELLO ? 0 : 0x8070605040302010ull;
+        m->u.hello.drop_seq = t == KVT_WIRE_HELLO ? 0 : 0x0102030405060708ull;
         if (t == KVT_WIRE_HELLO)
             m->has = KVT_WIRE_HAS(KVT_WIRE_F_PROOF) | KVT_WIRE_HAS(KVT_WIRE_F_ADDR) |
                      KVT_WIRE_HAS(KVT_WIRE_F_PORT) | KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER);
         else if (t == KVT_WIRE_HELLO_ACK)
             m->has = KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT) |
-                     KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
+                     KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_DROPPED) |
+                     KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ);
         else
-            m->has = KVT_WIRE_HAS(KVT_WIRE_F_DROPPED);
+            m->has = KVT_WIRE_HAS(KVT_WIRE_F_DROPPED) | KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ);
         break;
     case KVT_WIRE_AUTH_OK:
         break;
@@ -216,6 +218,7 @@ static void assert_msg_equal(const struct kvt_wire_msg *want, const struct kvt_w
             assert_int_equal(b->down_after_ms, a->down_after_ms);
         }
         assert_int_equal(b->dropped_inc, a->dropped_inc);
+        assert_int_equal(b->drop_seq, a->drop_seq);
         assert_memory_equal(b->proof, a->proof, KVT_WIRE_BIN32);
         break;
     }
@@ -364,8 +367,10 @@ static uint64_t expected_has(const struct kvt_wire_msg *m)
                              KVT_WIRE_HAS(KVT_WIRE_F_PORT) | KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER)
                    : m->type == KVT_WIRE_HELLO_ACK
                        ? KVT_WIRE_HAS(KVT_WIRE_F_ADDR) | KVT_WIRE_HAS(KVT_WIRE_F_PORT) |
-                             KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) | KVT_WIRE_HAS(KVT_WIRE_F_DROPPED)
-                   : m->type == KVT_WIRE_AUTH      ? KVT_WIRE_HAS(KVT_WIRE_F_DROPPED)
+                             KVT_WIRE_HAS(KVT_WIRE_F_DOWN_AFTER) |
+                             KVT_WIRE_HAS(KVT_WIRE_F_DROPPED) | KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ)
+                   : m->type == KVT_WIRE_AUTH
+                       ? KVT_WIRE_HAS(KVT_WIRE_F_DROPPED) | KVT_WIRE_HAS(KVT_WIRE_F_DROP_SEQ)
                    : m->type == KVT_WIRE_HEARTBEAT ? KVT_WIRE_HAS(KVT_WIRE_F_DIGEST)
                    : m->type == KVT_WIRE_GRANT     ? KVT_WIRE_HAS(KVT_WIRE_F_FENCE_HANDLE) |
                                                      KVT_WIRE_HAS(KVT_WIRE_F_DIRECT_HANDLE) |

@@ -26,6 +26,8 @@ struct kvt_member {
     enum kvt_member_state state;
     uint64_t last_heard_ns;
     uint64_t down_after_ns; /* silence allowed before down; 0: the table's */
+    uint64_t downs;         /* times this table called the incarnation down */
+    uint64_t drops_heard;   /* the latest of its downs of our life it told us of */
 };
 
 enum kvt_member_event_kind {
@@ -61,6 +63,13 @@ void kvt_members_tick(struct kvt_members *m, uint64_t now_ns);
 void kvt_members_mark_down(struct kvt_members *m, uint64_t node_id);
 /* Queues KVT_MEMBER_DROPPED_US for node_id's incarnation (see the kind). */
 void kvt_members_note_dropped_us(struct kvt_members *m, uint64_t node_id, uint64_t incarnation);
+/* node_id's incarnation says it called our life down, for the drop_seq-th time (its
+ * member's downs; 0: it did not say which, a node before wire 1.6). Whether that is
+ * news: every link that comes up while it has us down says the same drop, and only
+ * the first to tell it here is. A drop of unknown number, or of a member or life
+ * not in the table, always is. */
+bool kvt_members_heard_drop(struct kvt_members *m, uint64_t node_id, uint64_t incarnation,
+                            uint64_t drop_seq);
 
 /* Live node ids including our own, ascending; if more than max are live, the max
  * lowest. Returns the count written. */

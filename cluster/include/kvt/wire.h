@@ -42,7 +42,7 @@
 #include "kvt/types.h"
 
 #define KVT_WIRE_VERSION_MAJOR 1
-#define KVT_WIRE_VERSION_MINOR 5
+#define KVT_WIRE_VERSION_MINOR 6
 
 #define KVT_WIRE_FRAME_HDR 4  /* u32 big-endian body length */
 #define KVT_WIRE_BIN32     32 /* namespace fingerprint, nonce, HMAC-SHA256 proof */
@@ -126,6 +126,7 @@ enum kvt_wire_field {
     KVT_WIRE_F_DOWN_AFTER,          /* since 1.3 */
     KVT_WIRE_F_HOLDS,               /* 1.4 only, retired: skipped (see dropped_inc) */
     KVT_WIRE_F_DROPPED,             /* since 1.5 */
+    KVT_WIRE_F_DROP_SEQ,            /* since 1.6 */
 };
 /* Bit of a field in kvt_wire_msg.has. */
 #define KVT_WIRE_HAS(field) (UINT64_C(1) << (field))
@@ -147,8 +148,8 @@ enum kvt_wire_reason {
  *   HELLO:     node_id, incarnation, ns, nonce required; proof, addr, port,
  *              down_after optional
  *   HELLO_ACK: node_id, incarnation, ns, nonce, proof required; addr, port,
- *              down_after, dropped optional
- *   AUTH:      node_id, incarnation, proof required; dropped optional
+ *              down_after, dropped, drop_seq optional
+ *   AUTH:      node_id, incarnation, proof required; dropped, drop_seq optional
  * addr/port: where the sender listens (its connection's source port is not).
  * down_after_ms (since 1.3): how long the sender lets a member stay silent before it
  * calls it down (its heartbeat interval times the misses it allows).
@@ -156,7 +157,10 @@ enum kvt_wire_reason {
  * has not held live since (it dropped every record that life published to it), or 0.
  * Sent once the sender knows who the receiver is. (1.4 sent holds_inc instead, the
  * incarnation it held live: a link that raced the first one up said 0 for a member
- * that had dropped nothing. Retired; its field is skipped.) */
+ * that had dropped nothing. Retired; its field is skipped.)
+ * drop_seq (since 1.6, with dropped_inc): which time the sender called that life down
+ * (1 for the first). Every link that comes up while the member is down names the same
+ * drop; the receiver acts on each drop once. Without it (1.5), every such link counts. */
 struct kvt_wire_hello {
     uint64_t node_id;
     uint64_t incarnation;
@@ -167,6 +171,7 @@ struct kvt_wire_hello {
     uint16_t port;
     uint32_t down_after_ms;
     uint64_t dropped_inc;
+    uint64_t drop_seq;
 };
 
 /* REFUSE: reason required. */
