@@ -9,13 +9,16 @@ kvtier package installed in it):
 
 1. Scheduler time per engine step, side by side in one run: vLLM's
    TieringOffloadingManager (real CPU primary tier on its shared region) with no
-   secondary tier, with vLLM's own fs tier, and with kvtier. A step is what the
+   secondary tier, with vLLM's own example tier (a dict in the scheduler's process
+   whose jobs end as they are submitted and move no byte: what vLLM's own cascade
+   costs, the floor under any secondary tier), with vLLM's own fs tier, and with
+   kvtier. A step is what the
    scheduler does for N requests x K blocks: each request is new, looks its K
    blocks up (not there: the secondary tier is asked), stores K blocks (the
    cascade submits a store job per tier), and the step ends; the requests of the
    step before finish. Only the manager calls are timed (vLLM holds its lock over
    them), not the pause between steps the model would take (`--pause-ms`, a
-   list: the three tiers run side by side at each). Target: kvtier's added time
+   list: the tiers run side by side at each). Target: kvtier's added time
    no more than fs's. A tier whose jobs cannot keep up with the pause keeps the
    primary's chunks pinned and vLLM refuses the stores it has no room for, which
    costs the scheduler less than storing them: the table shows the blocks each
@@ -184,7 +187,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pause-ms", default="2,50",
                     help="the pause between steps (the model's forward pass), ms; a comma "
-                    "list runs the three tiers side by side at each")
+                    "list runs the tiers side by side at each")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--ring-spin-us", type=int, default=None,
                     help="the node's engine.ring_spin_us (its default when not given)")
@@ -200,6 +203,7 @@ def main():
         for pause_ms in [float(p) for p in a.pause_ms.split(",")]:
             rows = []
             for name, tiers in (("none", []),
+                                ("example", [{"type": "example"}]),
                                 ("fs", [{"type": "fs", "root_dir": os.path.join(tmp, "fs")}]),
                                 ("kvtier", [{"type": "kvtier", "socket": cluster.socks[0]}])):
                 rows.append(sched_bench(name, tiers, a.requests, a.blocks, a.steps, a.row,
