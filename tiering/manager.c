@@ -80,7 +80,8 @@ struct kvt_manager {
     bool processed_jobs_this_step;
     struct kvt_map req_state;
     struct kvt_metrics *metrics;
-    struct kvt_store_output scratch; /* promotion allocations */
+    struct kvt_metrics_queue *lookups_seen; /* the metrics' queue of primary lookups */
+    struct kvt_store_output scratch;        /* promotion allocations */
     bool shutdown_failed;
     uint64_t primary_lookups; /* one-key lookups, for the sampled sync delay */
     double primary_lookup_s;  /* the last one timed */
@@ -585,7 +586,10 @@ static enum kvt_lookup_result lookup_ex(struct kvt_manager *m, const struct kvt_
         r = kvt_primary_lookup_h(m->primary, key, h);
         dt = m->primary_lookup_s;
     }
-    kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, dt);
+    /* Queued inline, most of the time: a call here would keep the core from starting
+     * the next lookup's cache misses under this one's. */
+    if (!kvt_metrics_queue_lookup(m->lookups_seen, ctx, h, r, dt))
+        kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, dt);
     if (r == KVT_HIT || r == KVT_HIT_PENDING)
         return r;
     return lookup_secondaries_h(m, key, h, ctx, exclude);
@@ -625,7 +629,8 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
                 uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
 
                 r = group[i];
-                kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, each);
+                if (!kvt_metrics_queue_lookup(m->lookups_seen, ctx, h, r, each))
+                    kvt_metrics_on_lookup_h(m->metrics, ctx, key, h, 0, r, each);
                 if (r == KVT_MISS && m->n_tiers > 0) {
                     r = lookup_secondaries_h(m, key, h, ctx, NO_EXCLUDE);
                     fresh = false;
@@ -942,6 +947,7 @@ int kvt_manager_create(struct kvt_primary *primary, struct kvt_tier *const *tier
         kvt_free(m);
         return rc;
     }
+    m->lookups_seen = kvt_metrics_queue_of(m->metrics);
     m->primary = primary;
     m->n_tiers = n_tiers;
     for (size_t i = 0; i < n_tiers; i++) {

@@ -15,7 +15,9 @@
  * label) in one array, and the last request asked for is remembered (lookups come
  * in runs per request); the per-label query and hit counts and the two delay
  * histograms accumulate in plain arrays and enter the stats at take_stats, exactly
- * as if each observation had been added at once. Two (label, key) pairs of one
+ * as if each observation had been added at once. The primary's common
+ * observations may wait in a queue the caller fills inline (kvt/metrics.h says
+ * when); every call here applies it first. Two (label, key) pairs of one
  * request whose fingerprints collide (about 2^-64 per pair) would count as one
  * query: a metric, never a cache answer. */
 #include <assert.h>
@@ -44,6 +46,7 @@ struct observed {
 
 struct req_metrics {
     bool observing;      /* false once allocated (Python: observed_lookups = None) */
+    bool saw_retry;      /* a RETRY was observed: its lookups are not queued */
     struct observed *ob; /* open addressing, linear probing; NULL until the first */
     size_t n_ob, mask;
 };
@@ -74,7 +77,10 @@ struct kvt_metrics {
     struct kvt_stats stats;
     /* The buckets of the two delay histograms (vLLM's, by their names). */
     const struct kvt_hist_layout *sync_layout, *async_layout;
+    struct kvt_metrics_queue queue; /* of last_ctx, primary label */
 };
+
+static void apply_queued(struct kvt_metrics *mt);
 
 int kvt_metrics_create(const char *const *tier_types, size_t n_tiers, size_t num_primary_chunks,
                        size_t primary_row_bytes, struct kvt_metrics **mt_p)
@@ -113,8 +119,18 @@ static void req_metrics_free(struct req_metrics *rm)
     kvt_free(rm);
 }
 
+/* Whether the last request's lookups may be queued, after any change to it. */
+static void queue_allow(struct kvt_metrics *mt)
+{
+    const struct req_metrics *rm = mt->last_rm;
+
+    mt->queue.ctx = rm != NULL && rm->observing && !rm->saw_retry ? mt->last_ctx : NULL;
+}
+
 static void req_forget_last(struct kvt_metrics *mt)
 {
+    assert(mt->queue.n == 0);
+    mt->queue.ctx = NULL;
     kvt_req_ctx_unref(mt->last_ctx);
     mt->last_ctx = NULL;
     mt->last_rm = NULL;
@@ -133,6 +149,7 @@ void kvt_metrics_destroy(struct kvt_metrics *mt)
 
     if (mt == NULL)
         return;
+    apply_queued(mt);
     req_forget_last(mt);
     for (size_t it = 0; kvt_map_next(&mt->requests, &it, &e);)
         req_metrics_free(e->value);
@@ -172,17 +189,21 @@ static struct req_metrics *req_new(struct kvt_metrics *mt, const struct kvt_req_
 
 void kvt_metrics_on_new_request(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx)
 {
+    apply_queued(mt);
     /* Metrics are best effort: out of memory loses observations, never state. */
     (void)req_new(mt, ctx);
 }
 
 void kvt_metrics_on_request_allocated(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx)
 {
-    struct req_metrics *rm = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
+    struct req_metrics *rm;
 
+    apply_queued(mt);
+    rm = kvt_map_get(&mt->requests, ctx->req_id, ctx->req_id_len);
     if (rm == NULL)
         return;
     rm->observing = false;
+    queue_allow(mt);
     kvt_free(rm->ob);
     rm->ob = NULL;
     rm->n_ob = rm->mask = 0;
@@ -190,7 +211,10 @@ void kvt_metrics_on_request_allocated(struct kvt_metrics *mt, const struct kvt_r
 
 void kvt_metrics_on_request_finished(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx)
 {
-    struct req_metrics *rm = kvt_map_remove(&mt->requests, ctx->req_id, ctx->req_id_len);
+    struct req_metrics *rm;
+
+    apply_queued(mt);
+    rm = kvt_map_remove(&mt->requests, ctx->req_id, ctx->req_id_len);
 
     if (rm != NULL) {
         req_forget(mt, rm);
@@ -233,6 +257,7 @@ static struct req_metrics *req_of(struct kvt_metrics *mt, const struct kvt_req_c
     /* The reference only pins the address; the context is never changed. */
     mt->last_ctx = kvt_req_ctx_ref((struct kvt_req_ctx *)ctx);
     mt->last_rm = rm;
+    queue_allow(mt);
     return rm;
 }
 
@@ -302,6 +327,8 @@ __attribute__((noinline)) static void on_lookup_slow(struct kvt_metrics *mt,
         return; /* best effort: out of memory loses the observation */
     ob = ob_cell(rm, fp);
     if (result == KVT_RETRY) {
+        rm->saw_retry = true;
+        queue_allow(mt);
         if (ob->fp != 0)
             return; /* setdefault: the first RETRY starts the clock */
         ob->fp = fp;
@@ -323,17 +350,17 @@ __attribute__((noinline)) static void on_lookup_slow(struct kvt_metrics *mt,
     ob->start_s = -1;
 }
 
-/* The common case first, with no frame of its own: the request asked last, still
- * observing, a table with room, a HIT or MISS of a (label, key) it has not
- * observed. Anything else goes the whole way (on_lookup_slow), which starts over:
- * this path changes nothing unless it completes. */
-void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
-                             const struct kvt_key *key, uint64_t hash, size_t label_idx,
-                             enum kvt_lookup_result result, double dt_s)
+/* One observation, as vLLM makes it at the lookup. The common case first, with no
+ * frame of its own: the request asked last, still observing, a table with room, a
+ * HIT or MISS of a (label, key) it has not observed. Anything else goes the whole
+ * way (on_lookup_slow), which starts over: this path changes nothing unless it
+ * completes. */
+static inline void apply_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
+                                uint64_t hash, size_t label_idx, enum kvt_lookup_result result,
+                                double dt_s)
 {
     struct req_metrics *rm = mt->last_rm;
 
-    (void)key;
     if (mt->last_ctx == ctx && rm != NULL && rm->observing && rm->ob != NULL &&
         2 * (rm->n_ob + 1) <= rm->mask + 1 && (result == KVT_HIT || result == KVT_MISS) &&
         label_idx <= mt->n_tiers) {
@@ -355,6 +382,40 @@ void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *c
             return; /* counted already */
     }
     on_lookup_slow(mt, ctx, hash, label_idx, result, dt_s);
+}
+
+/* The queue, in order: all of it is last_ctx's primary lookups (queue.ctx is
+ * last_ctx or NULL, and whatever changes last_ctx applies the queue first). Out of
+ * line: it has many callers. */
+__attribute__((noinline)) static void apply_queued_now(struct kvt_metrics *mt)
+{
+    struct kvt_metrics_queue *q = &mt->queue;
+    uint32_t n = q->n;
+
+    q->n = 0;
+    for (uint32_t i = 0; i < n; i++)
+        apply_lookup(mt, mt->last_ctx, q->q[i].hash, 0, (enum kvt_lookup_result)q->q[i].result,
+                     q->q[i].dt_s);
+}
+
+static void apply_queued(struct kvt_metrics *mt)
+{
+    if (mt->queue.n > 0)
+        apply_queued_now(mt);
+}
+
+struct kvt_metrics_queue *kvt_metrics_queue_of(struct kvt_metrics *mt)
+{
+    return &mt->queue;
+}
+
+void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
+                             const struct kvt_key *key, uint64_t hash, size_t label_idx,
+                             enum kvt_lookup_result result, double dt_s)
+{
+    (void)key;
+    apply_queued(mt);
+    apply_lookup(mt, ctx, hash, label_idx, result, dt_s);
 }
 
 void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx)
@@ -494,6 +555,7 @@ int kvt_metrics_take_stats(struct kvt_metrics *mt, struct kvt_stats *out)
     double n = (double)mt->num_primary_chunks;
     int rc = 0;
 
+    apply_queued(mt);
     for (size_t i = 0; i < mt->n_tiers && rc == 0; i++) {
         const struct tier_state *ts = &mt->tiers[i];
         const char *label = mt->labels[i + 1];

@@ -2,6 +2,7 @@
 /* TieringMetricsTracker (vLLM's tests/v1/kv_offload/tiering/test_metrics.py)
  * and OffloadingConnectorStats. */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "test_util.h"
@@ -119,6 +120,127 @@ static void test_tiering_metrics_tracker_async_delay_from_first_retry(void **sta
     kvt_stats_cleanup(&st);
     kvt_metrics_destroy(mt);
     kvt_req_ctx_unref(ctx);
+    kvt_clock_set_fake(NULL);
+}
+
+/* Both stats hold the same series with the same figures. */
+static void assert_stats_same(const struct kvt_stats *a, const struct kvt_stats *b)
+{
+    assert_int_equal(a->n, b->n);
+    for (size_t i = 0; i < a->n; i++) {
+        const struct kvt_stat *x = &a->s[i];
+        const struct kvt_stat *y = kvt_stats_find(b, x->name, x->label);
+
+        assert_non_null(y);
+        assert_true(x->value == y->value);
+        assert_int_equal(x->count, y->count);
+        assert_true(x->sum == y->sum);
+        assert_memory_equal(x->buckets, y->buckets, sizeof(x->buckets));
+    }
+}
+
+/* What a manager does with a primary lookup's observation: queue it inline
+ * (kvt_metrics_queue_lookup) or, when that says no, make the call. */
+static void lookup_queued(struct kvt_metrics *mt, struct kvt_req_ctx *ctx, int key,
+                          enum kvt_lookup_result r, double dt)
+{
+    struct kvt_key k = kt_key(key);
+
+    if (!kvt_metrics_queue_lookup(kvt_metrics_queue_of(mt), ctx, kvt_key_hash(&k), r, dt))
+        kvt_metrics_on_lookup_h(mt, ctx, &k, kvt_key_hash(&k), 0, r, dt);
+}
+
+/* The queue of primary lookups changes no figure: two trackers see the same random
+ * calls (requests started, looked up at every label with every result, allocated,
+ * finished; the clock moving; stats taken at random points), one with every primary
+ * lookup made as a call, the other queueing them as a manager does; every
+ * take_stats gives the same series, counts, sums and buckets. The sequence queues
+ * more than the queue holds, RETRYs (whose requests are then never queued), and
+ * switches requests in the middle of a queue. */
+static void test_queued_lookups_change_no_figure(void **state)
+{
+    enum { N_CTX = 4, OPS = 40000 };
+    static const enum kvt_lookup_result results[] = {KVT_HIT, KVT_MISS, KVT_RETRY, KVT_HIT_PENDING};
+    struct kvt_metrics *ref, *q;
+    struct kvt_req_ctx *ctx[N_CTX] = {0};
+    struct kvt_stats sa, sb;
+    uint64_t now = 1000000000ull, rng = 0x9e3779b97f4a7c15ull, queued = 0;
+    unsigned serial = 0;
+    char id[32];
+
+    (void)state;
+    kvt_clock_set_fake(&now);
+    assert_int_equal(kvt_metrics_create(fs_p2p, 2, 64, 16, &ref), 0);
+    assert_int_equal(kvt_metrics_create(fs_p2p, 2, 64, 16, &q), 0);
+    kvt_stats_init(&sa);
+    kvt_stats_init(&sb);
+    for (int op = 0; op < OPS; op++) {
+        uint64_t x = rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        unsigned c = (unsigned)(x >> 33) % N_CTX, what = (unsigned)(x >> 40) % 100;
+        int key = (int)((x >> 20) % 48);
+        double dt = (double)((x >> 8) % 4096) * 1e-6;
+        enum kvt_lookup_result r = results[(x >> 50) % 16 < 7    ? 0
+                                           : (x >> 50) % 16 < 14 ? 1
+                                           : (x >> 50) % 16 < 15 ? 2
+                                                                 : 3];
+
+        if (ctx[c] == NULL) { /* a new request */
+            snprintf(id, sizeof(id), "r%u", serial++);
+            ctx[c] = kt_ctx(id);
+            kvt_metrics_on_new_request(ref, ctx[c]);
+            kvt_metrics_on_new_request(q, ctx[c]);
+            continue;
+        }
+        /* Runs of lookups of one request, as an engine makes them. */
+        if (what < 80) {
+            size_t label = (x >> 60) % 4 == 0 ? 1 + (x >> 62) % 2 : 0;
+
+            for (int run = 0; run < 1 + (int)(x % 40); run++, key = (key + 7) % 48) {
+                if (label == 0) {
+                    struct kvt_key k = kt_key(key);
+                    uint32_t before = kvt_metrics_queue_of(q)->n;
+
+                    kvt_metrics_on_lookup_h(ref, ctx[c], &k, kvt_key_hash(&k), 0, r, dt);
+                    lookup_queued(q, ctx[c], key, r, dt);
+                    queued += kvt_metrics_queue_of(q)->n > before;
+                } else {
+                    lookup(ref, ctx[c], key, label, r, dt);
+                    lookup(q, ctx[c], key, label, r, dt);
+                }
+            }
+        } else if (what < 85) {
+            kvt_metrics_on_request_allocated(ref, ctx[c]);
+            kvt_metrics_on_request_allocated(q, ctx[c]);
+        } else if (what < 92) {
+            kvt_metrics_on_request_finished(ref, ctx[c]);
+            kvt_metrics_on_request_finished(q, ctx[c]);
+            kvt_req_ctx_unref(ctx[c]);
+            ctx[c] = NULL;
+        } else if (what < 97) {
+            now += (x % 5000) * 1000; /* async delays move */
+        } else {
+            assert_int_equal(kvt_metrics_take_stats(ref, &sa), 0);
+            assert_int_equal(kvt_metrics_take_stats(q, &sb), 0);
+            assert_stats_same(&sa, &sb);
+            kvt_stats_clear(&sa);
+            kvt_stats_clear(&sb);
+        }
+    }
+    assert_int_equal(kvt_metrics_take_stats(ref, &sa), 0);
+    assert_int_equal(kvt_metrics_take_stats(q, &sb), 0);
+    assert_stats_same(&sa, &sb);
+    assert_true(queued > OPS / 4); /* the queue was used, and often */
+    for (int c = 0; c < N_CTX; c++) {
+        if (ctx[c] != NULL) {
+            kvt_metrics_on_request_finished(ref, ctx[c]);
+            kvt_metrics_on_request_finished(q, ctx[c]);
+            kvt_req_ctx_unref(ctx[c]);
+        }
+    }
+    kvt_stats_cleanup(&sa);
+    kvt_stats_cleanup(&sb);
+    kvt_metrics_destroy(ref);
+    kvt_metrics_destroy(q);
     kvt_clock_set_fake(NULL);
 }
 
@@ -421,6 +543,7 @@ int main(void)
         cmocka_unit_test(test_tiering_metrics_tracker_records_lookup_metrics),
         cmocka_unit_test(test_tiering_metrics_tracker_stops_lookup_metrics_after_allocation),
         cmocka_unit_test(test_tiering_metrics_tracker_async_delay_from_first_retry),
+        cmocka_unit_test(test_queued_lookups_change_no_figure),
         cmocka_unit_test(test_tiering_metrics_tracker_records_finished_job_metrics),
         cmocka_unit_test(test_tiering_metrics_tracker_records_partial_promotion_success_bytes),
         cmocka_unit_test(test_tiering_metrics_tracker_reports_active_job_and_primary_usage_gauges),

@@ -60,6 +60,45 @@ void kvt_metrics_on_lookup(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx
 void kvt_metrics_on_lookup_h(struct kvt_metrics *mt, const struct kvt_req_ctx *ctx,
                              const struct kvt_key *key, uint64_t hash, size_t label_idx,
                              enum kvt_lookup_result result, double dt_s);
+
+/* Observations of the primary's lookups that a caller may queue without a call:
+ * the common one (a HIT or MISS of the request whose lookups are being observed,
+ * which has had no RETRY) is stored here and applied, in order, before anything
+ * else reads or changes the observations (every other kvt_metrics_* call, and when
+ * the queue is full). A one-key lookup at a million chunks takes two cache misses;
+ * without the call the core starts the next lookup's under them. Queued
+ * observations carry their own delay and start no clock, so applying them later
+ * changes no figure. */
+#define KVT_METRICS_QUEUE_MAX 32
+struct kvt_metrics_queue {
+    /* The request whose primary lookups may be queued now, or NULL. Set only to a
+     * request the metrics hold a reference to, so no other can take its address. */
+    const struct kvt_req_ctx *ctx;
+    uint32_t n;
+    struct {
+        uint64_t hash;
+        double dt_s;
+        uint32_t result;
+    } q[KVT_METRICS_QUEUE_MAX];
+};
+
+struct kvt_metrics_queue *kvt_metrics_queue_of(struct kvt_metrics *mt);
+
+/* kvt_metrics_on_lookup_h(mt, ctx, key, hash, 0, result, dt_s) when it returns true;
+ * when false, the caller makes that call. */
+static inline bool kvt_metrics_queue_lookup(struct kvt_metrics_queue *q,
+                                            const struct kvt_req_ctx *ctx, uint64_t hash,
+                                            enum kvt_lookup_result result, double dt_s)
+{
+    if (q->ctx != ctx || q->n == KVT_METRICS_QUEUE_MAX || (result != KVT_HIT && result != KVT_MISS))
+        return false;
+    q->q[q->n].hash = hash;
+    q->q[q->n].dt_s = dt_s;
+    q->q[q->n].result = (uint32_t)result;
+    q->n++;
+    return true;
+}
+
 void kvt_metrics_on_job_registered(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx);
 void kvt_metrics_on_job_finished(struct kvt_metrics *mt, const struct kvt_job *job, int tier_idx,
                                  const struct kvt_job_result *result);
