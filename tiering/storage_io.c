@@ -188,8 +188,10 @@ int kvt__st_probe_direct(int dir_fd)
     static const char name[] = ".probe";
     void *buf = NULL;
     int fd, rc = 1;
-    fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_DIRECT,
-                0600);
+    /* O_NONBLOCK: a FIFO left at the name fails (ENXIO) instead of waiting for a reader. */
+    fd =
+        openat(dir_fd, name,
+               O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_DIRECT, 0600);
     if (fd >= 0 && posix_memalign(&buf, ST_BLOCK, ST_BLOCK) == 0) {
         memset(buf, 0, ST_BLOCK);
         if (pwrite(fd, buf, ST_BLOCK, 0) != (ssize_t)ST_BLOCK)
@@ -204,7 +206,8 @@ int kvt__st_probe_direct(int dir_fd)
         close(fd);
     if (rc == 0) {
         /* No O_DIRECT: the folder must still take a buffered write. */
-        fd = openat(dir_fd, name, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+        fd = openat(dir_fd, name,
+                    O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
         if (fd < 0 || write(fd, "k", 1) != 1)
             rc = -errno;
         if (fd >= 0)
@@ -391,12 +394,15 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
 /* Opens a chunk file for reading without updating its access time: with relatime
  * the first read after a write dirtied the inode, a journalled metadata write for
  * every chunk loaded (6 % of the read threads' time in touch_atime, 2026-12-06).
- * O_NOATIME is refused (EPERM) for files of another owner: then opened plainly. */
+ * O_NOATIME is refused (EPERM) for files of another owner: then opened plainly.
+ * O_NONBLOCK: a FIFO under a chunk's name would block the open until a writer came;
+ * opened at once, it is refused by the fstat that follows (preadv ignores the flag
+ * on regular files; io_uring does not, see rd_start). */
 static int open_noatime(int dir_fd, const char *name, int flags)
 {
-    int fd = openat(dir_fd, name, flags | O_NOATIME);
+    int fd = openat(dir_fd, name, flags | O_NONBLOCK | O_NOATIME);
     if (fd < 0 && errno == EPERM)
-        fd = openat(dir_fd, name, flags);
+        fd = openat(dir_fd, name, flags | O_NONBLOCK);
     return fd;
 }
 
@@ -676,6 +682,15 @@ static bool rd_start(struct st_tier *s, struct st_thread *th, struct st_task *t,
     err = take_fault(s, KVT_STORAGE_FAULT_READ);
     if (err == 0)
         err = open_chunk(s, it, &direct, &fd);
+    if (err == 0) {
+        /* A regular file now: blocking again, or io_uring may end its read with EAGAIN
+         * (O_NONBLOCK from open_noatime is a request not to wait, to io_uring). */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+            err = errno;
+            close(fd);
+        }
+    }
     if (err != 0) {
         it->err = check_loaded(s, th->mac, t->sj->gen, it, rd->hdr, err);
         return false;
@@ -1195,10 +1210,18 @@ static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigne
         return ST_ERR_FOREIGN; /* not ours to judge or remove */
     }
     if (len - 4 <= 2 * KVT_KEY_MAX) {
+        char canon[2 * KVT_KEY_MAX + 1];
+        bool named;
         memcpy(stem, name, len - 4);
         stem[len - 4] = '\0';
-        if (kvt_key_from_hex(&f->key, stem) == 0 && (kvt_key_hash(&f->key) >> 56) == shard &&
-            pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK)
+        /* Only the name the tier writes (lowercase hex): kvt_key_from_hex takes either
+         * case, and a second name of one key would index the key twice. */
+        named = kvt_key_from_hex(&f->key, stem) == 0;
+        if (named) {
+            kvt_key_to_hex(&f->key, canon);
+            named = strcmp(canon, stem) == 0 && (kvt_key_hash(&f->key) >> 56) == shard;
+        }
+        if (named && pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK)
             rc = kvt__st_hdr_decode(m, blk, s->gen, &key, &row_len);
     }
     if (rc == 0 && (st.st_mode & 077))

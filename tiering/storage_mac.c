@@ -101,7 +101,8 @@ static int read_key_file(int root_fd, const char *root, uint8_t key[ST_KEY_BYTES
     int fd, rc;
 
     snprintf(what, sizeof(what), "%s/%s", root, ST_KEY_FILE);
-    fd = openat(root_fd, ST_KEY_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO there is refused by the check below, not waited on. */
+    fd = openat(root_fd, ST_KEY_FILE, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         rc = -errno;
         if (rc == -ELOOP) {
@@ -126,13 +127,21 @@ static int read_key_file(int root_fd, const char *root, uint8_t key[ST_KEY_BYTES
 }
 
 /* First start without a secret: a random key, published atomically (link fails when
- * another tier published one first; then that one is read). */
+ * another tier published one first; then that one is read). The temporary name has a
+ * random part besides the pid: a start killed before its link leaves its file, and
+ * the next process may have the same pid (a container's first), which O_EXCL would
+ * then refuse at every start. */
 static int create_key_file(int root_fd, const char *root, uint8_t key[ST_KEY_BYTES])
 {
     char tmp[64];
+    uint8_t salt[8];
     int fd, rc;
 
-    snprintf(tmp, sizeof(tmp), "%s.%d.tmp", ST_KEY_FILE, (int)getpid());
+    rc = random_bytes(salt, sizeof(salt));
+    if (rc < 0)
+        return rc;
+    snprintf(tmp, sizeof(tmp), "%s.%d.%02x%02x%02x%02x%02x%02x%02x%02x.tmp", ST_KEY_FILE,
+             (int)getpid(), salt[0], salt[1], salt[2], salt[3], salt[4], salt[5], salt[6], salt[7]);
     rc = random_bytes(key, ST_KEY_BYTES);
     if (rc < 0)
         return rc;

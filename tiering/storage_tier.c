@@ -815,7 +815,8 @@ static int state_read(struct st_tier *s, uint8_t gen[ST_GEN_BYTES], char **fp_p)
     char text[STATE_MAX + 1], what[4200];
     struct stat st;
     ssize_t n;
-    int fd = openat(s->dir_fd, ST_STATE_FILE, O_RDONLY | O_NOFOLLOW | O_CLOEXEC), rc;
+    /* O_NONBLOCK: a FIFO there is refused below, not waited on (no effect on a file). */
+    int fd = openat(s->dir_fd, ST_STATE_FILE, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC), rc;
     if (fd < 0)
         return errno == ENOENT ? -ENOENT : errno == ELOOP ? -EPERM : -errno;
     snprintf(what, sizeof(what), "%s/%s", s->dir, ST_STATE_FILE);
@@ -1232,8 +1233,10 @@ static int open_folders(struct st_tier *s, const struct kvt_storage_tier_config 
         goto out;
     }
     /* Read-only: flock needs no write access, and a file open for writing would keep
-     * the file system from being remounted read-only. */
-    s->lock_fd = openat(s->dir_fd, "LOCK", O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+     * the file system from being remounted read-only. O_NONBLOCK: a FIFO there is
+     * refused by the check below instead of blocking the start. */
+    s->lock_fd =
+        openat(s->dir_fd, "LOCK", O_RDONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (s->lock_fd < 0) {
         rc = errno == ELOOP ? -EPERM : -errno;
         kvt_error(MOD, "config: '%s' is not writable: %s", s->dir,
