@@ -8,7 +8,8 @@
  * enough), against its own rows (stride == the primary's row bytes, so a chunk is
  * one row on both sides and the network tier's checksums cover it) and maps it
  * MAP_SHARED. The client gets a request of its own in the manager,
- * "kvtier-jobs-<client id>", that every lookup and job below runs under.
+ * "kvtier-jobs-<client id>", that every lookup and job below runs under (no
+ * engine may create a request of that prefix: engine_api.c refuses it).
  *
  * JOBS, one message per engine step: the step's lookup keys, answered at once with
  * the manager's verdicts (MISS / HIT / HIT_PENDING / RETRY: a key in a secondary
@@ -47,8 +48,23 @@
  *
  * Threads: the daemon's loop thread only (the manager's), like engine_api.c. The
  * copies run on it: a job's rows are copied within one call, and the engine's
- * region is not touched after the client is gone. */
+ * region is not touched after the client is gone.
+ *
+ * A region that shrinks: the file is the engine's, and it may truncate it under
+ * the node's mapping whenever it likes (or its filesystem may fail a page); a copy
+ * from or to a page past its end then raises SIGBUS, which would end the daemon.
+ * The node's SIGBUS handler (installed at ATTACH, chaining to the one before it)
+ * looks up the faulting address among the regions attached and not unmapped yet
+ * (a process-wide table: the access may be on any thread, and a region outlives its
+ * client while a peer's READ into it is in flight): for one of them, it maps
+ * anonymous pages over the whole region (as libwayland does for a client's shm
+ * pool) and marks it lost, so the access completes, and from then on every row of
+ * that client's jobs fails - a miss, never wrong bytes reported done. A SIGBUS
+ * anywhere else goes on to the handler before (by default, the process ends as it
+ * would have). */
 #include <errno.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -114,7 +130,25 @@ struct kvt_ejobs {
     struct kvt_tier *net;        /* the network tier when reads go direct, else NULL */
     struct kvt_net_region *nreg; /* the region, registered with it */
     struct kvt_list into;        /* ejob_into in flight */
+    uint64_t client_id;
+    struct region_guard *guard; /* the region's entry in the SIGBUS handler's table */
+    bool lost_logged;
 };
+
+/* The attached regions still mapped, for the SIGBUS handler, which may run on any
+ * thread: an entry is published by storing its base last (release) and retired by
+ * clearing the base before the region is unmapped, so the handler (acquire) never
+ * reads a half-made entry. Entries are taken and retired on the loop thread; a
+ * region is retired only once nothing accesses it (its client gone, no READ into
+ * it in flight), so no handler is at work on it then. */
+#define GUARDS_MAX 1024
+static struct region_guard {
+    _Atomic uintptr_t base;
+    size_t len;
+    volatile sig_atomic_t lost; /* faulted: anonymous pages now */
+} guards[GUARDS_MAX];
+/* The SIGBUS handler before the node's. */
+static struct sigaction sigbus_next;
 
 static void ejob_free(struct ejob *e)
 {
@@ -131,8 +165,78 @@ static uint8_t *arow(const struct kvt_ejobs *j, int64_t row)
 
 /* ---- attach ----------------------------------------------------------------------- */
 
+static void on_sigbus(int sig, siginfo_t *si, void *uc)
+{
+    const uint8_t *a = si->si_addr;
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+
+    for (size_t i = 0; si->si_code > 0 && i < GUARDS_MAX; i++) {
+        uint8_t *base = (uint8_t *)atomic_load_explicit(&guards[i].base, memory_order_acquire);
+
+        if (base == NULL || a < base || a >= base + guards[i].len)
+            continue;
+        if (mmap(base, guards[i].len, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_FIXED | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+            break;
+        guards[i].lost = 1;
+        return; /* the access is made again, on the anonymous pages */
+    }
+    if (sigbus_next.sa_flags & SA_SIGINFO) {
+        sigbus_next.sa_sigaction(sig, si, uc);
+    } else if (sigbus_next.sa_handler != SIG_DFL && sigbus_next.sa_handler != SIG_IGN) {
+        sigbus_next.sa_handler(sig);
+    } else {
+        sigaction(SIGBUS, &dfl, NULL);
+        raise(SIGBUS); /* delivered on return: the process ends by it */
+    }
+}
+
+/* Installs on_sigbus unless it is the handler already (another may have replaced it). */
+static void sigbus_install(void)
+{
+    struct sigaction sa = {.sa_sigaction = on_sigbus, .sa_flags = SA_SIGINFO | SA_RESTART}, cur;
+
+    if (sigaction(SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO) &&
+        cur.sa_sigaction == on_sigbus)
+        return;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &sigbus_next) != 0)
+        kvt_warn(MOD, "cannot install a SIGBUS handler: %s", strerror(errno));
+}
+
+/* An entry for a region just mapped, or NULL when the table is full. */
+static struct region_guard *guard_take(void *base, size_t len)
+{
+    for (size_t i = 0; i < GUARDS_MAX; i++) {
+        if (atomic_load_explicit(&guards[i].base, memory_order_relaxed) != 0)
+            continue;
+        guards[i].len = len;
+        guards[i].lost = 0;
+        atomic_store_explicit(&guards[i].base, (uintptr_t)base, memory_order_release);
+        return &guards[i];
+    }
+    return NULL;
+}
+
+/* Every row of a lost region fails; said once in the log. */
+static bool region_lost(struct kvt_ejobs *j)
+{
+    if (j->guard->lost && !j->lost_logged) {
+        j->lost_logged = true;
+        kvt_warn(MOD,
+                 "client %llu: its region faulted (its file shrank under the mapping?); its "
+                 "jobs fail from now on",
+                 (unsigned long long)j->client_id);
+    }
+    return j->guard->lost != 0;
+}
+
+/* Retires the region's entry (if it has one), then unmaps it. */
 static void region_unmap(void *base, size_t len)
 {
+    for (size_t i = 0; i < GUARDS_MAX; i++)
+        if (atomic_load_explicit(&guards[i].base, memory_order_relaxed) == (uintptr_t)base)
+            atomic_store_explicit(&guards[i].base, 0, memory_order_release);
     munmap(base, len);
 }
 
@@ -236,6 +340,16 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
         goto err_free;
     }
     j->map_len = size;
+    /* Guarded before anything touches it; the handler, before any job runs. */
+    sigbus_install();
+    j->guard = guard_take(j->map, size);
+    if (j->guard == NULL) {
+        rc = -EBUSY;
+        kvt_warn(MOD, "client %llu: %d regions attached already", (unsigned long long)client_id,
+                 GUARDS_MAX);
+        munmap(j->map, size);
+        goto err_free;
+    }
     j->rows = rows;
     j->m = m;
     j->primary = primary;
@@ -244,8 +358,9 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
     j->waiting_tail = &j->waiting;
     j->done_tail = &j->done;
     j->ctr = ctr;
+    j->client_id = client_id;
     kvt_store_output_init(&j->out);
-    snprintf(req_id, sizeof(req_id), "kvtier-jobs-%llu", (unsigned long long)client_id);
+    snprintf(req_id, sizeof(req_id), KVT_EJOBS_REQ_PREFIX "%llu", (unsigned long long)client_id);
     rc = kvt_req_ctx_create(req_id, NULL, &j->ctx);
     if (rc < 0)
         goto err_unmap;
@@ -275,7 +390,7 @@ err_ctx:
 err_unmap:
     kvt_store_output_cleanup(&j->out);
     if (j->map != NULL)
-        munmap(j->map, j->map_len);
+        region_unmap(j->map, j->map_len);
 err_free:
     kvt_free(j);
 refuse:
@@ -313,7 +428,7 @@ void kvt__ejobs_destroy(struct kvt_ejobs *j)
     kvt_req_ctx_unref(j->ctx);
     kvt_store_output_cleanup(&j->out);
     if (j->nreg == NULL)
-        munmap(j->map, j->map_len);
+        region_unmap(j->map, j->map_len);
     kvt_free(j);
 }
 
@@ -346,6 +461,10 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
 
     if (e->n == 0)
         return;
+    if (region_lost(j)) {
+        memset(e->state, KEY_FAILED, e->n);
+        return;
+    }
     rc = kvt_manager_prepare_store(j->m, e->keys, e->n, j->ctx, out);
     if (rc < 0) {
         memset(e->state, KEY_FAILED, e->n); /* -ENOSPC: nothing changed */
@@ -367,8 +486,9 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
             continue;
         }
         memcpy(dst, arow(j, e->rows[i]), j->prow);
-        if (memcmp(dst, arow(j, e->rows[i]), j->prow) != 0) {
-            /* The engine wrote its row during the copy: not a chunk to keep. */
+        if (memcmp(dst, arow(j, e->rows[i]), j->prow) != 0 || j->guard->lost) {
+            /* The engine wrote its row during the copy, or its region faulted: not a
+             * chunk to keep. */
             bad[n_bad++] = out->keys_to_store[s];
             for (uint32_t k = 0; k < e->n; k++)
                 if (kvt_key_eq(&e->keys[k], &out->keys_to_store[s]))
@@ -416,7 +536,7 @@ static uint8_t load_one(struct kvt_ejobs *j, const struct kvt_key *key, int64_t 
     uint64_t h;
     bool ok;
 
-    if (kvt_manager_prepare_load(j->m, key, 1, j->ctx, &slot) != 0)
+    if (region_lost(j) || kvt_manager_prepare_load(j->m, key, 1, j->ctx, &slot) != 0)
         return KEY_FAILED;
     src = j->pbase + (size_t)slot * j->prow;
     memcpy(dst, src, j->prow);
@@ -425,6 +545,7 @@ static uint8_t load_one(struct kvt_ejobs *j, const struct kvt_key *key, int64_t 
         ok = h == info.checksum;
     else
         ok = h == kvt_hash64(src, j->prow);
+    ok = ok && !j->guard->lost; /* (the copy went to anonymous pages) */
     kvt_manager_complete_load(j->m, key, 1, j->ctx);
     if (!ok)
         kvt_warn(MOD, "a loaded row did not validate; reported failed");
@@ -441,8 +562,8 @@ static void into_done(void *arg, const bool *ok, size_t n)
     for (size_t k = 0; k < n && k < in->n; k++) {
         uint32_t i = in->idx[k];
 
-        e->state[i] = ok[k] ? KEY_OK : KEY_FAILED;
-        if (ok[k])
+        e->state[i] = ok[k] && !j->guard->lost ? KEY_OK : KEY_FAILED;
+        if (e->state[i] == KEY_OK)
             j->ctr->job_rows_read_direct++;
         e->n_waiting--;
         j->n_waiting_keys--;
@@ -454,12 +575,13 @@ static void into_done(void *arg, const bool *ok, size_t n)
 /* The keys idx[0..n) of e, located on peers: one fetch into their rows. */
 static void fetch_into(struct kvt_ejobs *j, struct ejob *e, const uint32_t *idx, uint32_t n)
 {
-    struct ejob_into *in = kvt_malloc(sizeof(*in) + n * sizeof(uint32_t));
+    /* (zeroed: the failure path below looks at in->link) */
+    struct ejob_into *in = kvt_calloc(1, sizeof(*in) + n * sizeof(uint32_t));
     struct kvt_key *keys = kvt_calloc(n, sizeof(*keys));
     uint64_t *offs = kvt_calloc(n, sizeof(*offs));
-    int rc = -ENOMEM;
+    int rc = region_lost(j) ? -EIO : -ENOMEM;
 
-    if (in != NULL && keys != NULL && offs != NULL) {
+    if (rc == -ENOMEM && in != NULL && keys != NULL && offs != NULL) {
         *in = (struct ejob_into){.j = j, .e = e, .n = n};
         for (uint32_t k = 0; k < n; k++) {
             in->idx[k] = idx[k];

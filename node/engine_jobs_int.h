@@ -14,6 +14,11 @@
 struct kvt_manager;
 struct kvt_ejobs;
 
+/* The manager request of a client's jobs is this prefix and its client id; the
+ * manager's request ids are one namespace, so no engine may create one (its
+ * NEW_REQUEST is refused) lest it take the name of a later engine's jobs. */
+#define KVT_EJOBS_REQ_PREFIX "kvtier-jobs-"
+
 /* Maps the region the client passed (fd, geometry in q->geom, KVT_EA_*) after
  * checking it against the fd's size and the node's rows, and registers the client's
  * jobs request with the manager. Takes fd in every case (closes it on failure).

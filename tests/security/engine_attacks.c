@@ -16,6 +16,10 @@
  *   8  a HELLO name with a newline and escape sequences forges log lines
  *   9  a configuration of 100,000 nested '['
  *  10  the engine socket's mode comes from the configuration, not the umask
+ *  11  an engine truncates its attached region's file: the node's copies to and from
+ *      the mapping fault (SIGBUS killed the daemon)
+ *  12  an engine creates the request "kvtier-jobs-<N>" before engine N attaches: the
+ *      node's jobs request for N then exists and N's ATTACH is refused
  *
  * The clients speak raw frames over the unix socket (the wire codec builds them, the
  * order and contents are the attacker's). The daemon runs with small bounds so that
@@ -428,6 +432,143 @@ static int store(struct eng *e, const char *id, int first, int n)
     return rc;
 }
 
+/* Sends m with fd passed beside its first byte (SCM_RIGHTS), as ATTACH wants it. */
+static void send_msg_fd(int sock, const struct kvt_emsg *m, int fd)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct kvt_ebuf b;
+    struct iovec iov;
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = ctl.buf,
+                        .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *cm;
+
+    kvt__ebuf_init(&b);
+    if (kvt__emsg_encode(m, &b) != 0)
+        die("encode");
+    iov = (struct iovec){.iov_base = b.data, .iov_len = b.len};
+    memset(&ctl, 0, sizeof(ctl));
+    cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    if (sendmsg(sock, &mh, MSG_NOSIGNAL) != (ssize_t)b.len)
+        die("send a frame with an fd");
+    kvt__ebuf_cleanup(&b);
+}
+
+/* HELLO as hello() does, with the reply's geometry (KVT_EG_*) in geom. */
+static struct eng hello_geom(const char *name, uint64_t geom[KVT_EPROTO_GEOM_MAX])
+{
+    struct eng e = {.fd = unix_connect()};
+    struct kvt_emsg m, r;
+
+    req_init(&e, &m, KVT_EOP_HELLO, NULL);
+    m.major = KVTIER_PROTO_MAJOR;
+    snprintf(m.name, sizeof(m.name), "%s", name);
+    m.has |= 1u << KVT_EF_MAJOR | 1u << KVT_EF_NAME;
+    if (call(&e, &m, &r) != 0 || r.n_geom < KVT_EG_COUNT)
+        die("HELLO");
+    memcpy(geom, r.geom, sizeof(r.geom));
+    kvt__emsg_free(&r);
+    return e;
+}
+
+/* ATTACH of fd's first rows rows of stride bytes; the reply's rc. */
+static int attach(struct eng *e, int fd, uint64_t rows, uint64_t stride)
+{
+    struct kvt_emsg m, r;
+    int rc;
+
+    req_init(e, &m, KVT_EOP_ATTACH, NULL);
+    m.geom[KVT_EA_ROWS] = rows;
+    m.geom[KVT_EA_STRIDE] = stride;
+    m.geom[KVT_EA_SIZE] = rows * stride;
+    m.geom[KVT_EA_OFFSET] = 0;
+    m.n_geom = KVT_EA_COUNT;
+    m.has |= 1u << KVT_EF_GEOM;
+    send_msg_fd(e->fd, &m, fd);
+    if (recv_msg(e->fd, &r) != 0)
+        return -EPIPE;
+    rc = r.seq == m.seq ? (int)r.rc : -EPROTO;
+    kvt__emsg_free(&r);
+    return rc;
+}
+
+/* One JOBS request of one job (id, kind) of n keys into rows; 0 with the job's key
+ * bytes (1 done) in ok[0..n) when the reply reports it, -EAGAIN when it does not yet,
+ * else the rc. */
+static int job(struct eng *e, uint64_t id, uint64_t kind, struct kvtier_key *k, const int64_t *rows,
+               uint32_t n, uint8_t *ok)
+{
+    uint64_t triple[3] = {id, kind, n};
+    struct kvt_emsg m, r;
+    int rc;
+
+    req_init(e, &m, KVT_EOP_JOBS, NULL);
+    m.job_keys = k;
+    m.n_job_keys = n;
+    m.ids = (int64_t *)rows;
+    m.n_ids = n;
+    m.jobs = triple;
+    m.n_jobs = 3;
+    m.has |= 1u << KVT_EF_JOB_KEYS | 1u << KVT_EF_IDS | 1u << KVT_EF_JOBS;
+    rc = call(e, &m, &r);
+    if (rc == -EPIPE)
+        return rc;
+    if (rc == 0)
+        rc = r.n_jobs == 3 && r.jobs[0] == id && r.n_ok == n ? 0 : -EAGAIN;
+    if (rc == 0)
+        memcpy(ok, r.ok, n);
+    kvt__emsg_free(&r);
+    return rc;
+}
+
+/* Whether kvtierd still runs after a call that returned rc (-EPIPE: it is given
+ * a moment to end); when it does not, says how it ended and stops. */
+static void daemon_alive(const char *after, int rc)
+{
+    int status;
+
+    for (int i = 0; i < (rc == -EPIPE ? 100 : 1); i++) {
+        if (waitpid(daemon_pid, &status, WNOHANG) == daemon_pid) {
+            check(false, "kvtierd %s %d after %s",
+                  WIFSIGNALED(status) ? "was killed by signal" : "exited",
+                  WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status), after);
+            daemon_pid = -1;
+            printf("# %d passed, %d failed (daemon log: %s)\n", passes, failures, log_path);
+            exit(1);
+        }
+        if (rc == -EPIPE)
+            usleep(50000);
+    }
+}
+
+/* A region file of rows rows of row bytes in the work folder, row r filled with r + 1. */
+static int region_file(const char *name, size_t rows, size_t row)
+{
+    char path[700];
+    uint8_t *buf = malloc(row);
+    int fd;
+
+    snprintf(path, sizeof(path), "%s/%s", work, name);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || buf == NULL)
+        die("region file");
+    for (size_t r = 0; r < rows; r++) {
+        memset(buf, (int)r + 1, row);
+        if (pwrite(fd, buf, row, (off_t)(r * row)) != (ssize_t)row)
+            die("region file");
+    }
+    free(buf);
+    return fd;
+}
+
 /* ---- the attacks ---------------------------------------------------------------------- */
 
 static void attack_foreign_complete_store(void)
@@ -727,6 +868,59 @@ static void socket_mode(void)
           (unsigned)(st.st_mode & 07777));
 }
 
+static void attack_truncated_region(void)
+{
+    uint64_t geom[KVT_EPROTO_GEOM_MAX];
+    struct eng e = hello_geom("truncator", geom);
+    size_t row = geom[KVT_EG_ROW_BYTES];
+    struct kvtier_key k[2] = {mkkey(11000), mkkey(11001)};
+    int64_t rows[2] = {0, 1};
+    uint8_t ok[2] = {0, 0};
+    int fd = region_file("truncated-region", 2, row), rc;
+
+    check(attach(&e, fd, 2, row) == 0, "11: an engine attaches a region of 2 rows");
+    rc = job(&e, 1, KVT_EJ_STORE, &k[0], &rows[0], 1, ok);
+    check(rc == 0 && ok[0] == 1, "11: a store job from its row 0 is done (rc %d)", rc);
+    if (ftruncate(fd, 0) != 0)
+        die("ftruncate");
+    ok[0] = 1;
+    rc = job(&e, 2, KVT_EJ_STORE, &k[1], &rows[1], 1, ok);
+    daemon_alive("a store job from a truncated region", rc);
+    check(rc == 0 && ok[0] == 0, "11: the file truncated, a store job from it fails (rc %d)", rc);
+    ok[0] = 1;
+    rc = job(&e, 3, KVT_EJ_LOAD, &k[0], &rows[0], 1, ok);
+    daemon_alive("a load job into a truncated region", rc);
+    check(rc == 0 && ok[0] == 0, "11: and a load job into it fails (rc %d)", rc);
+    close(fd);
+    close(e.fd);
+}
+
+static void attack_jobs_request_squatted(void)
+{
+    uint64_t ga[KVT_EPROTO_GEOM_MAX], gb[KVT_EPROTO_GEOM_MAX];
+    struct eng a = hello_geom("squatter", ga), b;
+    char id[64];
+    int fd, rc;
+    double before = metric("kvtier_engine_refused_total", "unknown_request");
+
+    /* Client ids are given in order: the next engine's is a's + 1. */
+    snprintf(id, sizeof(id), "kvtier-jobs-%llu", (unsigned long long)ga[KVT_EG_CLIENT_ID] + 1);
+    rc = new_request(&a, id, NULL);
+    check(rc == -EINVAL, "12: an engine cannot create the request %s, the node's (rc %d)", id, rc);
+    check(metric_at_least("kvtier_engine_refused_total", "unknown_request", before + 1) >=
+              before + 1,
+          "12: /metrics counts it: reason unknown_request");
+    b = hello_geom("victim", gb);
+    fd = region_file("victim-region", 1, gb[KVT_EG_ROW_BYTES]);
+    rc = attach(&b, fd, 1, gb[KVT_EG_ROW_BYTES]);
+    check(gb[KVT_EG_CLIENT_ID] == ga[KVT_EG_CLIENT_ID] + 1 && rc == 0,
+          "12: engine %llu then attaches its region (rc %d)",
+          (unsigned long long)gb[KVT_EG_CLIENT_ID], rc);
+    close(fd);
+    close(a.fd);
+    close(b.fd);
+}
+
 static void still_serving_then_stop(void)
 {
     struct eng e = hello("after-the-attacks");
@@ -789,6 +983,8 @@ int main(int argc, char **argv)
     attack_metrics_slots();
     attack_repeated_key();
     attack_log_forgery();
+    attack_truncated_region();
+    attack_jobs_request_squatted();
     still_serving_then_stop();
 
     printf("# %d passed, %d failed (daemon log: %s)\n", passes, failures, log_path);

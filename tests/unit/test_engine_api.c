@@ -1516,6 +1516,75 @@ static void test_attach_and_jobs(void **state)
     close(fd);
 }
 
+/* The engine truncates its region's file after ATTACH: the node's copies from and
+ * to the mapping would raise SIGBUS (the daemon died); its jobs fail instead, and
+ * nothing is stored. */
+static void test_attached_region_truncated(void **state)
+{
+    struct kvtier_client *c = conn("truncator");
+    size_t row = kvtier_client_region(c)->row_bytes;
+    char path[300];
+    int fd;
+    struct kvtier_key k[2];
+    int64_t rows[2] = {0, 1};
+    struct kvtier_jobs_done *done = NULL;
+
+    snprintf(path, sizeof(path), "%s/truncated-region", g.dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(2 * row)), 0);
+    keys(k, 950, 2);
+    assert_int_equal(kvtier_attach_region(c, fd, 0, 2, row, NULL), 0);
+    struct kvtier_job st = {.id = 1, .kind = KVTIER_JOB_STORE, .keys = k, .rows = rows, .n = 1};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &st, 1, &done), 0);
+    assert_true(done->n == 1 && done->job[0].ok);
+    kvtier_jobs_done_free(done);
+
+    assert_int_equal(ftruncate(fd, 0), 0);
+    struct kvtier_job st2 = {
+        .id = 2, .kind = KVTIER_JOB_STORE, .keys = &k[1], .rows = &rows[1], .n = 1};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &st2, 1, &done), 0);
+    assert_true(done->n == 1 && done->job[0].id == 2 && !done->job[0].ok);
+    kvtier_jobs_done_free(done);
+    assert_int_equal(entry(951).ref_cnt, -99); /* not stored */
+    struct kvtier_job ld = {.id = 3, .kind = KVTIER_JOB_LOAD, .keys = k, .rows = rows, .n = 1};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &ld, 1, &done), 0);
+    assert_true(done->n == 1 && done->job[0].id == 3 && !done->job[0].ok);
+    kvtier_jobs_done_free(done);
+    assert_int_equal(entry(950).ref_cnt, 0); /* not left pinned */
+    assert_int_equal(counters().job_rows_failed, 2);
+    kvtier_close(c);
+    wait_disconnects(1);
+    close(fd);
+}
+
+/* A request named like a client's jobs request ("kvtier-jobs-<id>") is the node's:
+ * taken first by one engine, the next engine's ATTACH was refused (-EEXIST). */
+static void test_jobs_request_name_reserved(void **state)
+{
+    struct kvtier_client *a = conn("squatter"), *b;
+    size_t row = kvtier_client_region(a)->row_bytes;
+    uint64_t before = counters().refused_by[KVT_EREF_UNKNOWN_REQUEST];
+    char path[300];
+    int fd;
+
+    assert_int_equal(kvtier_on_new_request(a, "kvtier-jobs-2", NULL, NULL), -EINVAL);
+    assert_int_equal(kvtier_on_new_request(a, "kvtierd-engine-api", NULL, NULL), -EINVAL);
+    assert_int_equal(counters().refused_by[KVT_EREF_UNKNOWN_REQUEST], before + 2);
+    assert_false(has_request("kvtier-jobs-2"));
+    b = conn("victim"); /* client 2 */
+    snprintf(path, sizeof(path), "%s/victim-region", g.dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)row), 0);
+    assert_int_equal(kvtier_attach_region(b, fd, 0, 1, row, NULL), 0);
+    assert_true(has_request("kvtier-jobs-2"));
+    kvtier_close(a);
+    kvtier_close(b);
+    wait_disconnects(2);
+    close(fd);
+}
+
 /* ---- reset, pending work, fingerprints, peers (minor 1) -------------------------------- */
 
 static struct kvtier_client *conn_fp(const char *name, const char *fp, int *rc_p, char *err,
@@ -1877,6 +1946,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hello_name_cannot_forge_log_lines, setup, teardown),
         cmocka_unit_test_setup_teardown(test_socket_mode_and_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attach_and_jobs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attached_region_truncated, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_jobs_request_name_reserved, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reset_refused_while_held_then_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pending_work_and_reset_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fingerprint_first_engine_sets_it, setup, teardown),

@@ -117,7 +117,7 @@ enum kvt_engine_refusal {
     KVT_EREF_HELLO_EVICTED,   /* no HELLO yet, closed to make room for a new connection */
     KVT_EREF_FOREIGN_STORE,   /* complete_store of a write-pending key it did not prepare */
     KVT_EREF_FOREIGN_LOAD,    /* complete_load of a key it has not pinned */
-    KVT_EREF_UNKNOWN_REQUEST, /* names a request that is not its own (or not live) */
+    KVT_EREF_UNKNOWN_REQUEST, /* names a request not its own (or not live, or the node's) */
     KVT_EREF_PARAMS,          /* new_request params over max_params_bytes */
     KVT_EREF_CLIENT_PARAMS,   /* new_request params over the client's budget */
     KVT_EREF_REQUESTS,        /* new_request over max_requests */
