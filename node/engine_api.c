@@ -103,6 +103,8 @@
 #define RING_PER_TURN 16
 /* epoll data of an engine's ring eventfd: its struct eclient, tagged. */
 #define RING_TAG ((uintptr_t)1)
+/* The request of touches and loads that name none (anon_ctx). */
+#define ANON_REQ_ID "kvtierd-engine-api"
 
 _Static_assert(sizeof(struct kvtier_key) == sizeof(struct kvt_key), "key layouts differ");
 _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, bytes),
@@ -713,6 +715,14 @@ static int op_new_request(struct kvt_engine_server *s, struct eclient *c, const 
 
     if (!kvt__emsg_has(q, KVT_EF_REQ_ID))
         return -EINVAL;
+    if (strncmp(q->req_id, KVT_EJOBS_REQ_PREFIX, strlen(KVT_EJOBS_REQ_PREFIX)) == 0 ||
+        strcmp(q->req_id, ANON_REQ_ID) == 0) {
+        /* The node's own requests' names (request ids are one namespace): taken
+         * first, they would refuse a later engine's ATTACH or hold every engine's
+         * anonymous loads. */
+        count(s, KVT_EREF_UNKNOWN_REQUEST);
+        return -EINVAL;
+    }
     if (own_req(c, q) != NULL)
         return -EEXIST; /* (the mirror's entry must not be replaced) */
     if (kvt_map_size(&c->reqs) >= s->max_requests) {
@@ -2012,7 +2022,7 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
         rc = -ENOMEM;
         goto err_free;
     }
-    rc = kvt_req_ctx_create("kvtierd-engine-api", NULL, &s->anon_ctx);
+    rc = kvt_req_ctx_create(ANON_REQ_ID, NULL, &s->anon_ctx);
     if (rc < 0)
         goto err_free;
 
