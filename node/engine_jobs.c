@@ -9,7 +9,14 @@
  * one row on both sides and the network tier's checksums cover it) and maps it
  * MAP_SHARED. The client gets a request of its own in the manager,
  * "kvtier-jobs-<client id>", that every lookup and job below runs under (no
- * engine may create a request of that prefix: engine_api.c refuses it).
+ * engine may create a request of that prefix: engine_api.c refuses it). A request
+ * records every key it sees until it finishes (its cache access, and the metrics'
+ * observed lookups) and only its finish gives those keys their recency, so one
+ * that lived as long as the engine would grow without bound and leave the policy
+ * blind to the engine's reuse: once a request has seen JOBS_REQ_KEYS keys, the next
+ * JOBS message starts another ("kvtier-jobs-<client id>.<n>") and the one before
+ * finishes at the JOBS_REQ_GRACE-th message after (a lookup still pending, RETRY, counts
+ * towards the new one by then, as the engine asks again every step).
  *
  * JOBS, one message per engine step: the step's lookup keys, answered at once with
  * the manager's verdicts (MISS / HIT / HIT_PENDING / RETRY: a key in a secondary
@@ -86,6 +93,10 @@
 #define EJOB_WAIT_NS (10ull * 1000000000ull)
 /* Keys of load jobs one client may have waiting. */
 #define EJOB_MAX_WAITING (1u << 20)
+/* Keys a jobs request is given (looked up, stored, loaded) before the next JOBS
+ * message starts another, and at which message after that the one before ends. */
+#define JOBS_REQ_KEYS  4096
+#define JOBS_REQ_GRACE 2
 
 /* KEY_REMOTE: in a fetch into; still counted waiting until its callback. */
 enum { KEY_WAITING = 0, KEY_OK = 1, KEY_FAILED = 2, KEY_REMOTE = 3 };
@@ -131,7 +142,11 @@ struct kvt_ejobs {
     struct kvt_net_region *nreg; /* the region, registered with it */
     struct kvt_list into;        /* ejob_into in flight */
     uint64_t client_id;
-    struct region_guard *guard; /* the region's entry in the SIGBUS handler's table */
+    struct kvt_req_ctx *prev_ctx; /* the request before j->ctx, finishing, or NULL */
+    unsigned prev_steps;          /* JOBS messages since prev_ctx was replaced */
+    uint64_t ctx_keys;            /* keys j->ctx has been given */
+    uint64_t req_seq;             /* requests after the first */
+    struct region_guard *guard;   /* the region's entry in the SIGBUS handler's table */
     bool lost_logged;
 };
 
@@ -423,6 +438,10 @@ void kvt__ejobs_destroy(struct kvt_ejobs *j)
     for (e = j->done; e != NULL; e = next) {
         next = e->next;
         ejob_free(e);
+    }
+    if (j->prev_ctx != NULL) {
+        kvt_manager_on_request_finished(j->m, j->prev_ctx);
+        kvt_req_ctx_unref(j->prev_ctx);
     }
     kvt_manager_on_request_finished(j->m, j->ctx);
     kvt_req_ctx_unref(j->ctx);
@@ -760,6 +779,37 @@ static int report(struct kvt_ejobs *j, struct kvt_emsg *r, uint32_t max_keys)
     return 0;
 }
 
+/* The jobs request's turn (see the top of the file), at each JOBS message. A new
+ * request that cannot be made (no memory) is tried again at the next. */
+static void jobs_request_turn(struct kvt_ejobs *j)
+{
+    enum kvt_offload_policy policy;
+    struct kvt_req_ctx *next;
+    char req_id[64];
+
+    if (j->prev_ctx != NULL && ++j->prev_steps >= JOBS_REQ_GRACE) {
+        kvt_manager_on_request_finished(j->m, j->prev_ctx);
+        kvt_req_ctx_unref(j->prev_ctx);
+        j->prev_ctx = NULL;
+    }
+    if (j->ctx_keys < JOBS_REQ_KEYS || j->prev_ctx != NULL)
+        return;
+    snprintf(req_id, sizeof(req_id), KVT_EJOBS_REQ_PREFIX "%llu.%llu",
+             (unsigned long long)j->client_id, (unsigned long long)j->req_seq + 1);
+    if (kvt_req_ctx_create(req_id, NULL, &next) < 0)
+        return;
+    next->load_tier_filter = j->ctx->load_tier_filter;
+    if (kvt_manager_on_new_request(j->m, next, &policy) < 0) {
+        kvt_req_ctx_unref(next);
+        return;
+    }
+    j->req_seq++;
+    j->prev_ctx = j->ctx;
+    j->prev_steps = 0;
+    j->ctx = next;
+    j->ctx_keys = 0;
+}
+
 int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_emsg *r,
                     uint32_t max_keys)
 {
@@ -773,6 +823,10 @@ int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_em
         j->ctr->jobs_refused++;
         return rc;
     }
+    jobs_request_turn(j);
+    j->ctx_keys += q->n_keys;
+    for (uint32_t t = 0; t < q->n_jobs; t += 3)
+        j->ctx_keys += q->jobs[t + 2];
     if (q->n_keys > 0) {
         enum kvt_lookup_result *res = kvt_calloc(q->n_keys, sizeof(*res));
 

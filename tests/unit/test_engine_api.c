@@ -1558,6 +1558,73 @@ static void test_attached_region_truncated(void **state)
     close(fd);
 }
 
+/* A client's jobs request does not live as long as the client: after 4096 keys the
+ * next JOBS message starts another ("kvtier-jobs-<id>.1"), and the one before
+ * finishes two messages later, giving the keys it saw their recency; before, it
+ * recorded every key the engine ever used (its access and its metrics grew without
+ * bound) and its loads never counted as reuse. Jobs go on across the turn. */
+static void test_jobs_request_turns_over(void **state)
+{
+    enum { PER_STEP = 512 };
+    struct kvtier_client *c = conn("long-lived");
+    size_t row = kvtier_client_region(c)->row_bytes;
+    static struct kvtier_key many[PER_STEP];
+    uint8_t verdicts[PER_STEP];
+    struct kvtier_key k[1];
+    int64_t rows[1] = {0};
+    struct kvtier_jobs_done *done = NULL;
+    char path[300], first[64], second[80];
+    uint8_t *map;
+    int fd;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/turn-region", g.dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)row), 0);
+    map = mmap(NULL, row, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    assert_true(map != MAP_FAILED);
+    assert_int_equal(kvtier_attach_region(c, fd, 0, 1, row, NULL), 0);
+    snprintf(first, sizeof(first), "kvtier-jobs-%llu",
+             (unsigned long long)counters().attached); /* client ids count from 1 */
+    snprintf(second, sizeof(second), "%s.1", first);
+    assert_true(has_request(first));
+    /* 8 steps of 512 lookups: 4096 keys seen, no turn yet. */
+    for (int s = 0; s < 8; s++) {
+        keys(many, 20000 + s * PER_STEP, PER_STEP);
+        assert_int_equal(kvtier_jobs_step(c, many, PER_STEP, verdicts, NULL, 0, &done), 0);
+        kvtier_jobs_done_free(done);
+        assert_true(has_request(first));
+        assert_false(has_request(second));
+    }
+    /* The next message turns it over; the first finishes two messages later. */
+    keys(k, 960, 1);
+    memset(map, 0x5a, row);
+    struct kvtier_job st = {.id = 1, .kind = KVTIER_JOB_STORE, .keys = k, .rows = rows, .n = 1};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &st, 1, &done), 0);
+    assert_true(done->n == 1 && done->job[0].ok);
+    kvtier_jobs_done_free(done);
+    assert_true(has_request(second));
+    assert_true(has_request(first));
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, NULL, 0, &done), 0);
+    kvtier_jobs_done_free(done);
+    assert_true(has_request(first));
+    memset(map, 0, row);
+    struct kvtier_job ld = {.id = 2, .kind = KVTIER_JOB_LOAD, .keys = k, .rows = rows, .n = 1};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, &ld, 1, &done), 0);
+    assert_true(done->n == 1 && done->job[0].id == 2 && done->job[0].ok);
+    kvtier_jobs_done_free(done);
+    assert_false(has_request(first));
+    assert_true(has_request(second));
+    assert_int_equal(map[0], 0x5a);
+    assert_int_equal(map[row - 1], 0x5a);
+    kvtier_close(c);
+    wait_disconnects(1);
+    assert_false(has_request(second));
+    munmap(map, row);
+    close(fd);
+}
+
 /* A request named like a client's jobs request ("kvtier-jobs-<id>") is the node's:
  * taken first by one engine, the next engine's ATTACH was refused (-EEXIST). */
 static void test_jobs_request_name_reserved(void **state)
@@ -1948,6 +2015,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attach_and_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attached_region_truncated, setup, teardown),
         cmocka_unit_test_setup_teardown(test_jobs_request_name_reserved, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_jobs_request_turns_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reset_refused_while_held_then_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pending_work_and_reset_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fingerprint_first_engine_sets_it, setup, teardown),
