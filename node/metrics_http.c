@@ -243,9 +243,21 @@ static void conn_read(struct kvt_metrics_http *srv, struct hconn *c, uint64_t no
         /* Only the new bytes and the 3 before them can complete the end of the
          * headers: a client sending a byte at a time costs O(1) per byte. */
         char *from = c->in + (c->in_len > 3 ? c->in_len - 3 : 0);
+        /* HTTP has no NUL in its headers, and the string functions below would stop
+         * at one: the end could be found past a NUL that hides the request line. */
+        bool nul = memchr(c->in + c->in_len, '\0', (size_t)n) != NULL;
 
         c->in_len += (size_t)n;
         c->in[c->in_len] = '\0';
+        if (nul) {
+            count_drop(srv, KVT_MHTTP_BAD_REQUEST);
+            if (reply_text(srv, c, 400, "bad request\n", false, false) != 0) {
+                conn_close(srv, c);
+                return;
+            }
+            start_write(srv, c, now);
+            return;
+        }
         if (strstr(from, "\r\n\r\n") != NULL || strstr(from, "\n\n") != NULL) {
             if (answer(srv, c) != 0) {
                 conn_close(srv, c);

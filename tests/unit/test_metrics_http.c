@@ -1094,6 +1094,42 @@ static void test_http_bad_requests(void **state)
     kvt_metrics_http_destroy(srv);
 }
 
+/* A NUL byte before the end of the headers: 400, not a crash. The end of the headers is
+ * looked for in the new bytes only, so it is found past a NUL that hides the request
+ * line from string functions (the request in two sends: the server reads the first
+ * before the second arrives). */
+static void test_http_nul_in_request(void **state)
+{
+    struct kvt_metrics_http *srv = start_server();
+    uint16_t port = kvt_metrics_http_port(srv);
+    char buf[256];
+    ssize_t n;
+    int fd;
+
+    (void)state;
+    fd = tcp_connect(port);
+    assert_int_equal(send(fd, "\0xyz", 4, MSG_NOSIGNAL), 4);
+    usleep(100 * 1000);
+    assert_int_equal(send(fd, "\r\n\r\n", 4, MSG_NOSIGNAL), 4);
+    n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
+    assert_true(n > 12);
+    buf[n] = '\0';
+    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
+    close(fd);
+
+    /* A NUL inside the request line of a well-formed request: 400 as well. */
+    fd = tcp_connect(port);
+    assert_int_equal(send(fd, "GET /metrics\0 HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL), 27);
+    n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
+    assert_true(n > 12);
+    buf[n] = '\0';
+    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
+    close(fd);
+
+    assert_int_equal(http_counters(srv).dropped[KVT_MHTTP_BAD_REQUEST], 2);
+    kvt_metrics_http_destroy(srv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1114,6 +1150,7 @@ int main(void)
         cmocka_unit_test(test_http_idle_crowd_cannot_block_scrapes),
         cmocka_unit_test(test_http_read_and_write_timeouts),
         cmocka_unit_test(test_http_bad_requests),
+        cmocka_unit_test(test_http_nul_in_request),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);
