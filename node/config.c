@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <arpa/inet.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,6 +37,7 @@
 
 #include "kvt/alloc.h"
 #include "kvt/auth.h"
+#include "kvt/clock.h"
 #include "kvt/common.h"
 #include "kvt/config.h"
 #include "kvt/hash.h"
@@ -81,12 +83,13 @@ static const char *const fetch_names[] = {"lease", "direct", NULL};
 static const char *const level_names[] = {"error", "warn", "info", "debug", NULL};
 static const char *const tier_names[] = {"storage", "network", NULL};
 
-#define F(field)  offsetof(struct kvt_config, field)
-#define KIB       1024ull
-#define MIB       (1024ull * KIB)
-#define GIB       (1024ull * MIB)
-#define TIB       (1024ull * GIB)
-#define PEERS_MAX 256u
+#define F(field)               offsetof(struct kvt_config, field)
+#define KIB                    1024ull
+#define MIB                    (1024ull * KIB)
+#define GIB                    (1024ull * MIB)
+#define TIB                    (1024ull * GIB)
+#define PEERS_MAX              256u
+#define CONFIG_READ_TIMEOUT_MS 5000 /* to read the file whole (a FIFO, a pipe) */
 
 static const struct key_def keys[] = {
     {"node.id", T_U64, F(node_id), 0, NULL, 1, UINT64_MAX, NULL, 0,
@@ -254,7 +257,8 @@ static int parse_u64(const char *s, uint64_t *v_p)
         base = 16;
         s += 2;
     }
-    if (!(s[0] >= '0' && s[0] <= '9') && !(base == 16 && strchr("abcdefABCDEF", s[0]) && s[0]))
+    /* Digits only: strtoull would also take a second "0x" ("0x0x10" read as 16). */
+    if (s[0] == '\0' || s[strspn(s, base == 16 ? "0123456789abcdefABCDEF" : "0123456789")] != '\0')
         return -EINVAL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, base);
@@ -781,6 +785,13 @@ static const char *scalar(const yaml_node_t *n)
     return (const char *)n->data.scalar.value;
 }
 
+/* A "\0" escape in a quoted scalar: the C string would end there and the rest of the
+ * key or value be dropped without a word ("prod\0x" read as "prod"). */
+static bool holds_nul(const yaml_node_t *n)
+{
+    return strlen(scalar(n)) != n->data.scalar.length;
+}
+
 /* A YAML null ("~", "null", nothing) given as a value: an empty value. */
 static const char *scalar_value(const yaml_node_t *n)
 {
@@ -814,6 +825,8 @@ static int apply_sequence(struct loader *ld, int origin, const char *name, yaml_
 
         if (item->type != YAML_SCALAR_NODE)
             return fail(ld, node_line(item), name, "list items must be single values");
+        if (holds_nul(item))
+            return fail(ld, node_line(item), name, "a NUL character in a list item");
         if (n == KVT_ARRAY_SIZE(items))
             return fail(ld, node_line(item), name, "more than %" PRIu64 " items", k->max);
         items[n++] = (char *)scalar(item);
@@ -839,6 +852,8 @@ static int apply_mapping(struct loader *ld, const char *prefix, yaml_document_t 
 
         if (kn->type != YAML_SCALAR_NODE)
             return fail(ld, node_line(kn), NULL, "keys must be plain names");
+        if (holds_nul(kn))
+            return fail(ld, node_line(kn), scalar(kn), "a NUL character in the key");
         if (snprintf(name, sizeof(name), "%s%s%s", prefix, prefix[0] ? "." : "", scalar(kn)) >=
                 (int)sizeof(name) ||
             depth > 4)
@@ -852,6 +867,8 @@ static int apply_mapping(struct loader *ld, const char *prefix, yaml_document_t 
         }
         switch (vn->type) {
         case YAML_SCALAR_NODE:
+            if (holds_nul(vn))
+                return fail(ld, node_line(kn), name, "a NUL character in the value");
             rc = apply(ld, node_line(kn), name, scalar_value(vn));
             break;
         case YAML_SEQUENCE_NODE:
@@ -917,11 +934,16 @@ static int check_depth(struct loader *ld, const unsigned char *text, size_t len)
     return rc;
 }
 
-/* The whole file in memory (both passes read it; a pipe cannot be read twice). */
-static int read_text(struct loader *ld, FILE *f, unsigned char **text_p, size_t *len_p)
+/* The whole file in memory (both passes read it; a pipe cannot be read twice). The
+ * file is opened non-blocking and every read waits in poll() with a deadline: opening
+ * or reading a FIFO with no writer (a `<(...)` path read again at SIGHUP) would
+ * otherwise block the daemon's loop for good. */
+static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *len_p)
 {
     unsigned char *text = NULL;
     size_t len = 0, cap = 0;
+    uint64_t deadline = kvt_now_ns() + CONFIG_READ_TIMEOUT_MS * 1000000ull;
+    int rc = 0;
 
     for (;;) {
         if (len == cap) {
@@ -941,19 +963,35 @@ static int read_text(struct loader *ld, FILE *f, unsigned char **text_p, size_t 
             }
             text = p;
         }
-        size_t n = fread(text + len, 1, cap - len, f);
+        uint64_t now = kvt_now_ns();
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int ready = now >= deadline ? 0 : poll(&pfd, 1, (int)((deadline - now + 999999) / 1000000));
 
-        len += n;
-        if (n == 0) {
-            if (ferror(f)) {
-                int rc = errno ? -errno : -EIO;
-
-                kvt_free(text);
-                snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(-rc));
-                return rc;
-            }
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready == 0) {
+            rc = -ETIMEDOUT;
+            snprintf(ld->err, ld->err_len,
+                     "config %s: not read to its end within %d s (a FIFO with no writer?)",
+                     ld->path, CONFIG_READ_TIMEOUT_MS / 1000);
             break;
         }
+        ssize_t n = ready < 0 ? -1 : read(fd, text + len, cap - len);
+
+        if (n < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (n < 0) {
+            rc = -errno;
+            snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(errno));
+            break;
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    if (rc < 0) {
+        kvt_free(text);
+        return rc;
     }
     *text_p = text;
     *len_p = len;
@@ -968,23 +1006,22 @@ static int load_file(struct loader *ld)
     unsigned char *text = NULL;
     size_t len = 0;
     struct stat st;
-    FILE *f;
-    int rc = 0;
+    int fd, rc = 0;
 
-    f = fopen(ld->path, "r");
-    if (f == NULL) {
+    fd = open(ld->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
         rc = -errno;
         snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(errno));
         return rc;
     }
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
         rc = -EISDIR;
         snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(EISDIR));
-        fclose(f);
+        close(fd);
         return rc;
     }
-    rc = read_text(ld, f, &text, &len);
-    fclose(f);
+    rc = read_text(ld, fd, &text, &len);
+    close(fd);
     if (rc < 0)
         return rc;
     rc = check_depth(ld, text, len);

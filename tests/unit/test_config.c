@@ -587,6 +587,51 @@ static void test_unreadable_config(void **state)
     assert_non_null(strstr(err, fx.dir));
 }
 
+/* A "\0" escape in a quoted key, value or list item is refused with its line: read as
+ * a C string it would silently end the text there. */
+static void test_nul_in_scalar(void **state)
+{
+    (void)state;
+    expect_bad("node:\n  namespace: \"prod\\0x\"\n", NULL, 0, 0,
+               WANT(at_line(2), "node.namespace", "NUL"));
+    expect_bad("log: {level: info}\n\"primary.size\\0zz\": 2GiB\n", NULL, 0, 0,
+               WANT(at_line(2), "primary.size", "NUL"));
+    expect_bad("network:\n  peers:\n    - \"a:1\\0junk\"\n", NULL, 0, 0,
+               WANT(at_line(3), "network.peers", "NUL"));
+}
+
+/* Hex numbers take one "0x" prefix: strtoull would read a second one. */
+static void test_hex_prefix_once(void **state)
+{
+    char *twice[] = {"node.id=0x0x10"};
+
+    (void)state;
+    expect_bad("node:\n  id: 0x0x10\n", NULL, 0, 0, WANT(at_line(2), "node.id", "not a number"));
+    expect_bad(NULL, twice, 1, 0, WANT("--set node.id=0x0x10", "not a number"));
+    expect_bad("primary:\n  workers: 0X0x2\n", NULL, 0, 0,
+               WANT(at_line(2), "primary.workers", "not a number"));
+}
+
+/* A FIFO with no writer (a `<(...)` path read again at SIGHUP) neither blocks the load
+ * for good in open() nor in read(): refused after the read deadline. */
+static void test_fifo_without_writer(void **state)
+{
+    char err[1024], path[600];
+    struct kvt_config cfg;
+    uint64_t t0;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/fifo.yaml", fx.dir);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    alarm(30); /* without the deadline the load never returns: fail, don't hang */
+    t0 = kvt_now_ns();
+    assert_int_equal(kvt_config_load(&cfg, path, NULL, 0, err, sizeof(err)), -ETIMEDOUT);
+    alarm(0);
+    assert_true(kvt_now_ns() - t0 < 20 * 1000000000ull);
+    assert_non_null(strstr(err, path));
+    unlink(path);
+}
+
 static char *dump_text(const struct kvt_config *cfg)
 {
     char *buf = NULL;
@@ -1106,6 +1151,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_duplicate_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_set, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreadable_config, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_nul_in_scalar, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hex_prefix_once, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fifo_without_writer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dump_round_trip, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
