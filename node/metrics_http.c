@@ -216,6 +216,18 @@ static void start_write(struct kvt_metrics_http *srv, struct hconn *c, uint64_t 
     c->deadline_ns = now + srv->write_ns;
 }
 
+/* A 400 for a request that cannot be answered, counted. */
+static void refuse_request(struct kvt_metrics_http *srv, struct hconn *c, const char *why,
+                           uint64_t now)
+{
+    count_drop(srv, KVT_MHTTP_BAD_REQUEST);
+    if (reply_text(srv, c, 400, why, false, false) != 0) {
+        conn_close(srv, c);
+        return;
+    }
+    start_write(srv, c, now);
+}
+
 static void conn_read(struct kvt_metrics_http *srv, struct hconn *c, uint64_t now)
 {
     /* Bounded per turn: a client that floods its connection waits for the next one
@@ -250,12 +262,7 @@ static void conn_read(struct kvt_metrics_http *srv, struct hconn *c, uint64_t no
         c->in_len += (size_t)n;
         c->in[c->in_len] = '\0';
         if (nul) {
-            count_drop(srv, KVT_MHTTP_BAD_REQUEST);
-            if (reply_text(srv, c, 400, "bad request\n", false, false) != 0) {
-                conn_close(srv, c);
-                return;
-            }
-            start_write(srv, c, now);
+            refuse_request(srv, c, "bad request\n", now);
             return;
         }
         if (strstr(from, "\r\n\r\n") != NULL || strstr(from, "\n\n") != NULL) {
@@ -267,12 +274,7 @@ static void conn_read(struct kvt_metrics_http *srv, struct hconn *c, uint64_t no
             return;
         }
         if (c->in_len == REQUEST_MAX) {
-            count_drop(srv, KVT_MHTTP_BAD_REQUEST);
-            if (reply_text(srv, c, 400, "request headers too large\n", false, false) != 0) {
-                conn_close(srv, c);
-                return;
-            }
-            start_write(srv, c, now);
+            refuse_request(srv, c, "request headers too large\n", now);
             return;
         }
     }
