@@ -3,7 +3,9 @@
  * heap record holding up to max_holders holders, most recent first. Records are
  * tiny and holders per key are few (a chunk lives on the few nodes that computed or
  * pulled it), so a linear scan of a record beats any structure. A key with no
- * holder left is removed from the map at once. */
+ * holder left is removed from the map at once. Each node's records are counted, so a
+ * node that publishes more than its limit (a hostile or broken peer flooding
+ * PUBLISH) adds no more records: refreshes still go through. */
 #include <errno.h>
 #include <string.h>
 
@@ -20,8 +22,28 @@ struct kvt_directory {
     uint64_t ttl_ns;
     unsigned max_holders;
     size_t n_records;
-    struct kvt_map keys; /* key bytes -> struct dir_rec */
+    size_t node_limit;       /* records per node; 0: no limit */
+    uint64_t unlimited_node; /* ... but this one's (the home's own) */
+    struct kvt_map keys;     /* key bytes -> struct dir_rec */
+    struct kvt_map per_node; /* node id -> its record count, as a pointer-sized int */
 };
+
+static size_t node_count(const struct kvt_directory *d, uint64_t node_id)
+{
+    return (size_t)(uintptr_t)kvt_map_get_u64(&d->per_node, node_id);
+}
+
+/* One record of node_id fewer: its count goes with its last record. */
+static void node_dec(struct kvt_directory *d, uint64_t node_id)
+{
+    size_t n = node_count(d, node_id);
+
+    d->n_records--;
+    if (n <= 1)
+        kvt_map_remove_u64(&d->per_node, node_id);
+    else
+        kvt_map_put_u64(&d->per_node, node_id, (void *)(uintptr_t)(n - 1)); /* replaces */
+}
 
 int kvt_directory_create(uint64_t ttl_ns, unsigned max_holders, struct kvt_directory **d_p)
 {
@@ -35,6 +57,7 @@ int kvt_directory_create(uint64_t ttl_ns, unsigned max_holders, struct kvt_direc
     d->ttl_ns = ttl_ns;
     d->max_holders = max_holders;
     kvt_map_init(&d->keys);
+    kvt_map_init(&d->per_node);
     *d_p = d;
     return 0;
 }
@@ -48,7 +71,15 @@ void kvt_directory_destroy(struct kvt_directory *d)
     for (size_t it = 0; kvt_map_next(&d->keys, &it, &e);)
         kvt_free(e->value);
     kvt_map_cleanup(&d->keys);
+    kvt_map_cleanup(&d->per_node);
     kvt_free(d);
+}
+
+void kvt_directory_set_node_limit(struct kvt_directory *d, size_t max_records,
+                                  uint64_t unlimited_node)
+{
+    d->node_limit = max_records;
+    d->unlimited_node = unlimited_node;
 }
 
 static void rec_remove_at(struct dir_rec *r, unsigned i)
@@ -76,45 +107,55 @@ int kvt_directory_publish_rows(struct kvt_directory *d, uint64_t node_id, uint64
                                const struct kvt_key *keys, const struct kvt_dir_row *rows, size_t n,
                                uint64_t now_ns)
 {
+    int rc = 0;
+
     for (size_t k = 0; k < n; k++) {
         struct dir_rec *r = kvt_map_get(&d->keys, keys[k].bytes, keys[k].len);
         struct kvt_dir_holder h = {
             .node_id = node_id, .incarnation = incarnation, .expires_ns = now_ns + d->ttl_ns};
-        unsigned i;
+        unsigned i = 0;
 
         if (rows != NULL && rows[k].known) {
             h.row = rows[k].row;
             h.gen = rows[k].gen;
             h.has_row = true;
         }
-
-        if (r == NULL) {
-            r = kvt_malloc(sizeof(*r) + d->max_holders * sizeof(r->h[0]));
-            if (r == NULL)
-                return -ENOMEM;
-            r->n = 0;
-            if (kvt_map_put(&d->keys, keys[k].bytes, keys[k].len, r) < 0) {
-                kvt_free(r);
-                return -ENOMEM;
-            }
-        }
-        for (i = 0; i < r->n && r->h[i].node_id != node_id; i++)
+        for (; r != NULL && i < r->n && r->h[i].node_id != node_id; i++)
             ;
-        if (i < r->n) {
+        if (r != NULL && i < r->n) { /* a refresh: the node's count stays */
             if (r->h[i].incarnation > incarnation)
                 continue; /* a late message from a previous life */
             rec_remove_at(r, i);
-            d->n_records--;
-        } else if (r->n == d->max_holders) {
-            r->n--; /* forget the least recent holder */
-            d->n_records--;
+        } else {
+            if (d->node_limit != 0 && node_id != d->unlimited_node &&
+                node_count(d, node_id) >= d->node_limit) {
+                rc = -ENOSPC; /* the node holds its limit: no record more */
+                continue;
+            }
+            if (r == NULL) {
+                r = kvt_malloc(sizeof(*r) + d->max_holders * sizeof(r->h[0]));
+                if (r == NULL)
+                    return -ENOMEM;
+                r->n = 0;
+                if (kvt_map_put(&d->keys, keys[k].bytes, keys[k].len, r) < 0) {
+                    kvt_free(r);
+                    return -ENOMEM;
+                }
+            }
+            if (kvt_map_put_u64(&d->per_node, node_id,
+                                (void *)(uintptr_t)(node_count(d, node_id) + 1)) != 0) {
+                rec_gc(d, keys[k].bytes, keys[k].len, r);
+                return -ENOMEM;
+            }
+            d->n_records++;
+            if (r->n == d->max_holders)
+                node_dec(d, r->h[--r->n].node_id); /* forget the least recent holder */
         }
         memmove(&r->h[1], &r->h[0], r->n * sizeof(r->h[0]));
         r->h[0] = h;
         r->n++;
-        d->n_records++;
     }
-    return 0;
+    return rc;
 }
 
 void kvt_directory_unpublish(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
@@ -128,7 +169,7 @@ void kvt_directory_unpublish(struct kvt_directory *d, uint64_t node_id, uint64_t
         for (unsigned i = 0; i < r->n; i++) {
             if (r->h[i].node_id == node_id && r->h[i].incarnation <= incarnation) {
                 rec_remove_at(r, i);
-                d->n_records--;
+                node_dec(d, node_id);
                 break;
             }
         }
@@ -136,18 +177,21 @@ void kvt_directory_unpublish(struct kvt_directory *d, uint64_t node_id, uint64_t
     }
 }
 
-/* Removes the holders of r for which drop(h) is true; returns how many. */
-static unsigned rec_filter(struct dir_rec *r,
+/* Removes the holders of r for which drop(h) is true (counted off their nodes);
+ * returns how many. */
+static unsigned rec_filter(struct kvt_directory *d, struct dir_rec *r,
                            bool (*drop)(const struct kvt_dir_holder *h, const void *arg),
                            const void *arg)
 {
     unsigned kept = 0, dropped = 0;
 
     for (unsigned i = 0; i < r->n; i++) {
-        if (drop(&r->h[i], arg))
+        if (drop(&r->h[i], arg)) {
+            node_dec(d, r->h[i].node_id);
             dropped++;
-        else
+        } else {
             r->h[kept++] = r->h[i];
+        }
     }
     r->n = kept;
     return dropped;
@@ -166,7 +210,7 @@ size_t kvt_directory_locate(struct kvt_directory *d, const struct kvt_key *key, 
 
     if (r == NULL)
         return 0;
-    d->n_records -= rec_filter(r, expired, &now_ns);
+    (void)rec_filter(d, r, expired, &now_ns);
     for (unsigned i = 0; i < r->n && n < max; i++)
         out[n++] = r->h[i];
     rec_gc(d, key->bytes, key->len, r);
@@ -194,10 +238,7 @@ static size_t filter_all(struct kvt_directory *d,
 
     for (size_t it = 0; kvt_map_next(&d->keys, &it, &e);) {
         struct dir_rec *r = e->value;
-        unsigned n = rec_filter(r, drop, arg);
-
-        dropped += n;
-        d->n_records -= n;
+        dropped += rec_filter(d, r, drop, arg);
         if (r->n == 0) {
             struct kvt_key k;
 
@@ -234,7 +275,8 @@ size_t kvt_directory_retain(struct kvt_directory *d,
         kvt_key_set(&k, e->key, e->key_len);
         if (keep(arg, &k))
             continue;
-        d->n_records -= r->n;
+        for (unsigned i = 0; i < r->n; i++)
+            node_dec(d, r->h[i].node_id);
         kvt_map_remove(&d->keys, k.bytes, k.len);
         kvt_free(r);
         dropped++;

@@ -15,7 +15,8 @@
  * follows.
  *
  * Home: PUBLISH/UNPUBLISH from a node about itself, in its current incarnation, keep
- * the directory of the keys homed here; LOCATE is answered from it with the holders
+ * the directory of the keys homed here (at most cfg.max_records_per_node records of
+ * each node: a flood past it is refused, counted); LOCATE is answered from it with the holders
  * that are live, each with the key's place in its primary when the holder published
  * one (direct reads, network.fetch), which the requester keeps with the holder. */
 #include <errno.h>
@@ -389,7 +390,10 @@ void kvt__nt_on_publish(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep
         for (uint32_t i = 0; rows != NULL && i < p->n_keys; i++)
             rows[i] = (struct kvt_dir_row){
                 .row = p->rows[i].row, .gen = p->rows[i].gen, .known = p->rows[i].known};
-        kvt_directory_publish_rows(nt->dir, from, inc, p->keys, rows, p->n_keys, kvt_now_ns());
+        /* Past its limit of records the node is refused the new keys, counted. */
+        if (kvt_directory_publish_rows(nt->dir, from, inc, p->keys, rows, p->n_keys,
+                                       kvt_now_ns()) == -ENOSPC)
+            nt->c.refused++;
         kvt_free(rows);
     } else
         kvt_directory_unpublish(nt->dir, from, inc, p->keys, p->n_keys);

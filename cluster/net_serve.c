@@ -23,7 +23,9 @@
  * the GRANT carries the handles of those exposures, not of the regions, and the
  * lease revokes them when it ends (RELEASE, expiry, link down, drain). A grant
  * whose rows need more windows than one exposure holds grants the first rows that
- * fit and denies the rest.
+ * fit and denies the rest. A peer's FETCHes served at once (parked or leased) are
+ * at most cfg.serve_per_peer: past it a FETCH is denied BUSY and counted refused,
+ * so a peer flooding FETCHes without RELEASE pins no more.
  *
  * Direct reads (network.fetch direct): a FETCH may ask for the handles of direct
  * reads; a holder in direct mode then exposes its whole primary and fence words to
@@ -57,15 +59,33 @@ static int nt_lease_expose(struct net_tier *nt, struct lease *l, struct serve_sc
 
 /* ---- inbound FETCHes ----------------------------------------------------------- */
 
-/* Parks the FETCH for the next schedule end; BUSY when it cannot be kept. */
+/* One FETCH of node served no more (answered, or its lease ended). */
+static void nt_unserve(struct net_tier *nt, uint64_t node)
+{
+    struct nt_peer *p = kvt_map_get_u64(&nt->nodes, node);
+
+    if (p != NULL && p->serving > 0)
+        p->serving--;
+}
+
+/* Parks the FETCH for the next schedule end; BUSY when it cannot be kept, or when
+ * the peer has its share of our serving already (counted refused). */
 void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
                       const struct kvt_wire_msg *m)
 {
     struct inbound *in;
+    struct nt_peer *p;
     uint64_t id, inc;
 
     if (kvt_peers_link_peer(nt->peers, ep, &id, &inc) != 0)
         return;
+    p = kvt__nt_peer_get(nt, from);
+    if (p == NULL)
+        goto busy;
+    if (p->serving >= nt->cfg.serve_per_peer) {
+        nt->c.refused++; /* its share taken: a flood pins no more rows */
+        goto busy;
+    }
     if (kvt_vec_reserve(nt->in, nt->cap_in, nt->n_in + 1, 16) < 0)
         goto busy;
     in = &nt->in[nt->n_in];
@@ -82,6 +102,7 @@ void kvt__nt_on_fetch(struct net_tier *nt, uint64_t from, struct kvt_tp_ep *ep,
     in->direct = (m->has & KVT_WIRE_HAS(KVT_WIRE_F_DIRECT)) && m->u.fetch.direct == 1;
     nt->n_in++;
     nt->news++;
+    p->serving++;
     return;
 busy : {
     struct kvt_wire_msg d;
@@ -329,6 +350,12 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
         goto finish;
     }
+    {
+        struct nt_peer *p = kvt_map_get_u64(&nt->nodes, in->from);
+
+        if (p != NULL)
+            p->serving++; /* the lease's, until nt_lease_end */
+    }
     kvt_wire_msg_init(&g, KVT_WIRE_GRANT);
     g.u.grant.job_id = in->fetch_id;
     g.u.grant.lease_id = l->id;
@@ -389,9 +416,10 @@ void kvt__nt_serve(struct kvt_tier *t, struct kvt_parent *parent)
     kvt__nt_progress(nt);
     now = kvt_now_ns();
     for (size_t i = 0; i < nt->n_in; i++) {
-        if (nt_serve_one(nt, parent, &nt->in[i], now))
+        if (nt_serve_one(nt, parent, &nt->in[i], now)) {
             kvt_free(nt->in[i].keys);
-        else
+            nt_unserve(nt, nt->in[i].from);
+        } else
             nt->in[w++] = nt->in[i];
     }
     nt->n_in = w;
@@ -484,6 +512,7 @@ static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired)
     if (expired)
         nt->c.lease_expiries++;
     kvt_map_remove_u64(&nt->leases, l->id);
+    nt_unserve(nt, l->from);
     nt_lease_done(nt, l, true);
 }
 

@@ -714,6 +714,8 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     DEFAULT(max_ops_per_batch, 8);
     DEFAULT(keys_per_fetch, 64);
     DEFAULT(fetches_per_peer, 4);
+    DEFAULT(max_records_per_node, 1u << 20);
+    DEFAULT(serve_per_peer, 4096);
 #undef DEFAULT
     if (nt->cfg.max_holders > 16)
         nt->cfg.max_holders = 16;
@@ -742,6 +744,7 @@ int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier *
     rc = kvt_directory_create(ms_ns(nt->cfg.record_ttl_ms), nt->cfg.max_holders, &nt->dir);
     if (rc != 0)
         goto fail;
+    kvt_directory_set_node_limit(nt->dir, nt->cfg.max_records_per_node, nt->self);
     /* Every lookup queued behind a round trip goes out with the next one. */
     rc = kvt_async_lookup_create_submit("network", kvt__nt_lookup_submit, nt, &nt->al);
     if (rc != 0)

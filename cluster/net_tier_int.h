@@ -241,6 +241,9 @@ struct nt_peer {
     unsigned active;       /* fetches SENT or READING */
     uint64_t pulled_bytes, served_bytes;
     uint64_t reported_pulled, reported_served;
+    /* Its FETCHes we serve: parked, or granted with a lease in nt->leases (bounded
+     * by cfg.serve_per_peer, net_serve.c). */
+    unsigned serving;
     /* Direct reads of this peer's primary: the handles its GRANT gave, unpacked on
      * the link it came on (direct_ep), until that link closes. */
     struct kvt_tp_ep *direct_ep;

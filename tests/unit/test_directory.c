@@ -179,6 +179,54 @@ static bool keep_even(void *arg, const struct kvt_key *key)
     return key->bytes[key->len - 5] % 2 == 0; /* last digit of str(i) */
 }
 
+/* A node publishing without end (a hostile or broken peer) holds at most its limit
+ * of records; the keys past it are refused (-ENOSPC), refreshes of its records and
+ * other nodes' publications go through, and every way a record goes (unpublish,
+ * expiry, a newer holder pushing it out, its node dropped, its key re-homed) gives
+ * the node its room back. */
+static void test_directory_node_limit(void **state)
+{
+    enum { LIMIT = 10, N = 1000 };
+    static struct kvt_key k[N];
+    struct kvt_directory *d;
+    struct kvt_dir_holder h[2];
+
+    kt_keys(k, 0, N);
+    assert_int_equal(kvt_directory_create(100 * MS, 2, &d), 0);
+    kvt_directory_set_node_limit(d, LIMIT, 7);
+    assert_int_equal(kvt_directory_publish(d, 1, 1, k, N, 0), -ENOSPC);
+    assert_int_equal(kvt_directory_num_records(d), LIMIT);
+    assert_int_equal(kvt_directory_num_keys(d), LIMIT);
+    assert_int_equal(kvt_directory_locate(d, &k[LIMIT], 0, h, 2), 0);
+    /* Refreshes, and another node's keys. */
+    assert_int_equal(kvt_directory_publish(d, 1, 1, k, LIMIT, 0), 0);
+    assert_int_equal(kvt_directory_publish(d, 2, 1, &k[N - LIMIT], LIMIT, 0), 0);
+    assert_int_equal(kvt_directory_num_records(d), 2 * LIMIT);
+    /* Unpublished: room for one more. */
+    kvt_directory_unpublish(d, 1, 1, &k[0], 1);
+    assert_int_equal(kvt_directory_publish(d, 1, 1, &k[LIMIT], 2, 0), -ENOSPC);
+    assert_int_equal(kvt_directory_locate(d, &k[LIMIT], 0, h, 2), 1);
+    /* Pushed out of a full record (max_holders 2) by two newer holders. */
+    assert_int_equal(kvt_directory_publish(d, 3, 1, &k[LIMIT], 1, 0), 0);
+    assert_int_equal(kvt_directory_publish(d, 4, 1, &k[LIMIT], 1, 0), 0);
+    assert_int_equal(kvt_directory_publish(d, 1, 1, &k[LIMIT + 1], 1, 0), 0);
+    assert_int_equal(kvt_directory_publish(d, 1, 1, &k[LIMIT + 2], 1, 0), -ENOSPC);
+    /* Dropped: node 2's room whole again. */
+    assert_int_equal(kvt_directory_drop_node(d, 2, UINT64_MAX), LIMIT);
+    assert_int_equal(kvt_directory_publish(d, 2, 1, k + 100, LIMIT, 0), 0);
+    /* Re-homed keys (all of them), then expired ones. */
+    assert_true(kvt_directory_retain(d, keep_even, NULL) > 0);
+    assert_true(kvt_directory_expire(d, 200 * MS) > 0);
+    assert_int_equal(kvt_directory_num_records(d), 0);
+    assert_int_equal(kvt_directory_publish(d, 1, 1, k + 500, LIMIT, 300 * MS), 0);
+    assert_int_equal(kvt_directory_publish(d, 2, 1, k + 600, LIMIT, 300 * MS), 0);
+    assert_int_equal(kvt_directory_num_records(d), 2 * LIMIT);
+    /* The home's own records (node 7 here) have no limit. */
+    assert_int_equal(kvt_directory_publish(d, 7, 1, k, N, 300 * MS), 0);
+    assert_int_equal(kvt_directory_num_records(d), 2 * LIMIT + N);
+    kvt_directory_destroy(d);
+}
+
 static void test_directory_retain_drops_rehomed_keys(void **state)
 {
     struct kvt_directory *d;
@@ -215,6 +263,7 @@ int main(void)
         cmocka_unit_test(test_directory_retain_drops_rehomed_keys),
         cmocka_unit_test(test_directory_refuses_bad_config),
         cmocka_unit_test(test_directory_rows),
+        cmocka_unit_test(test_directory_node_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

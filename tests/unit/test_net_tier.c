@@ -30,6 +30,7 @@
 #define ROW    16384
 #define CHUNKS 128
 #define NKEYS  40
+#define FLOODK 256 /* keys per message, as the tier's own */
 
 static const uint8_t secret[] = "kvtier-test-secret-0123456789abcdef";
 
@@ -1919,6 +1920,94 @@ static void test_publish_burst_beyond_credits(void **state)
     tn_stop(&a);
 }
 
+/* An authenticated peer floods PUBLISH of keys it does not hold (here 40 messages of
+ * 256 fresh keys): its home keeps at most max_records_per_node of its records and
+ * counts each message past that as refused, so the peer cannot grow the home's memory
+ * without bound (the limit is per node: other nodes' records are not held back). */
+static void test_publish_flood_bounded_per_node(void **state)
+{
+    enum { LIMIT = 300, MSGS = 40 };
+    struct kvt_net_tier_config nc = {.max_records_per_node = LIMIT};
+    struct kvt_net_tier_counts ca;
+    struct tn a, b;
+    static struct kvt_key ks[FLOODK];
+    uint64_t refused0;
+
+    (void)state;
+    linked_pair(&a, &b, &nc, &nc);
+    kvt_net_tier_counts(a.net, &ca);
+    refused0 = ca.refused;
+    for (uint32_t m = 0; m < MSGS; m++) {
+        struct kvt_wire_msg msg;
+
+        for (uint32_t i = 0; i < FLOODK; i++)
+            key_of(1000000 + m * FLOODK + i, &ks[i]);
+        kvt_wire_msg_init(&msg, KVT_WIRE_PUBLISH);
+        msg.u.publish.node_id = 0xB;
+        msg.u.publish.incarnation = kvt_peers_incarnation(b.p);
+        msg.u.publish.n_keys = FLOODK;
+        msg.u.publish.keys = ks;
+        assert_true(WAIT_FOR(5000, kvt_peers_send(b.p, 0xA, &msg) == 0));
+    }
+    assert_true(WAIT_FOR(
+        10000, (kvt_net_tier_counts(a.net, &ca), ca.refused - refused0 >= MSGS - LIMIT / FLOODK)));
+    for (int i = 0; i < 100; i++)
+        spin();
+    kvt_net_tier_counts(a.net, &ca);
+    assert_int_equal(ca.directory_records, LIMIT);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
+/* An authenticated peer floods FETCHes of a row A holds and never RELEASEs: A
+ * serves at most serve_per_peer of its FETCHes at once (each lease pins the row and,
+ * over verbs, takes windows), denies the rest BUSY and counts them refused; the
+ * leases end with their lease time, and A serves the peer again. */
+static void test_fetch_flood_bounded_per_peer(void **state)
+{
+    enum { CAP = 8, MSGS = 40 };
+    struct kvt_net_tier_config nc = {.lease_ms = 2000, .serve_per_peer = CAP};
+    struct kvt_net_tier_counts ca;
+    struct tn a, b;
+    struct kvt_key k;
+    uint64_t refused0;
+
+    (void)state;
+    linked_pair(&a, &b, &nc, &nc);
+    a_store(&a, 3000, 1, NULL);
+    key_of(3000, &k);
+    kvt_net_tier_counts(a.net, &ca);
+    refused0 = ca.refused;
+    for (uint32_t m = 0; m < MSGS; m++) {
+        struct kvt_wire_msg msg;
+
+        kvt_wire_msg_init(&msg, KVT_WIRE_FETCH);
+        msg.u.fetch.job_id = 0x7000000 + m; /* no fetch of B's: B refuses the answers */
+        msg.u.fetch.n_keys = 1;
+        msg.u.fetch.keys = &k;
+        assert_true(WAIT_FOR(5000, kvt_peers_send(b.p, 0xA, &msg) == 0));
+    }
+    assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca),
+                                 ca.active_leases + (ca.refused - refused0) == MSGS)));
+    assert_int_equal(ca.active_leases, CAP);
+    assert_int_equal(ca.refused - refused0, MSGS - CAP);
+    /* Expired: the peer is served again. */
+    assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca), ca.active_leases == 0)));
+    {
+        struct kvt_wire_msg msg;
+
+        kvt_wire_msg_init(&msg, KVT_WIRE_FETCH);
+        msg.u.fetch.job_id = 0x7100000;
+        msg.u.fetch.n_keys = 1;
+        msg.u.fetch.keys = &k;
+        assert_int_equal(kvt_peers_send(b.p, 0xA, &msg), 0);
+    }
+    assert_true(WAIT_FOR(10000, (kvt_net_tier_counts(a.net, &ca), ca.active_leases == 1)));
+    assert_int_equal(ca.refused - refused0, MSGS - CAP);
+    tn_stop(&b);
+    tn_stop(&a);
+}
+
 /* The membership changes while publications wait for credits: C joins while A's
  * burst to B is still queued. What waited is placed again (or published again, as
  * every held key is after a change), and each of the three homes ends with exactly
@@ -1978,6 +2067,8 @@ int main(void)
         cmocka_unit_test(test_locates_in_flight_when_the_home_dies),
         cmocka_unit_test(test_records_come_back_after_a_stall),
         cmocka_unit_test(test_records_come_back_when_a_member_dropped_them),
+        cmocka_unit_test(test_publish_flood_bounded_per_node),
+        cmocka_unit_test(test_fetch_flood_bounded_per_peer),
         cmocka_unit_test(test_publish_burst_beyond_credits),
         cmocka_unit_test(test_waiting_publications_follow_a_new_member),
         cmocka_unit_test(test_home_keeps_moved_keys_until_views_settle),

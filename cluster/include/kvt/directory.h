@@ -38,10 +38,17 @@ struct kvt_directory;
 /* max_holders: holders kept per key (the most recent publishers win). */
 int kvt_directory_create(uint64_t ttl_ns, unsigned max_holders, struct kvt_directory **d_p);
 void kvt_directory_destroy(struct kvt_directory *d);
+/* At most max_records records per node (0: no limit, the default) but
+ * unlimited_node (the home itself: its own primary bounds its records): a peer that
+ * publishes without end takes no more memory than that. */
+void kvt_directory_set_node_limit(struct kvt_directory *d, size_t max_records,
+                                  uint64_t unlimited_node);
 
 /* Adds or refreshes node_id as a holder of each key. A publish from an older
  * incarnation than the one recorded for that node is ignored; a newer one replaces
- * it. 0 or -ENOMEM (keys before the failure stay published). */
+ * it. 0, -ENOMEM (keys before the failure stay published) or -ENOSPC: node_id holds
+ * its limit of records (kvt_directory_set_node_limit), the keys it did not hold yet
+ * were skipped, the others refreshed. */
 int kvt_directory_publish(struct kvt_directory *d, uint64_t node_id, uint64_t incarnation,
                           const struct kvt_key *keys, size_t n, uint64_t now_ns);
 /* The same, with rows[i] (NULL: none known) the place of keys[i]: a publish

@@ -156,6 +156,15 @@ struct kvt_net_tier_config {
      * most this long after the transport's last event, then sleeps on its events
      * (kvt_tier_arm succeeds); 0 = it polls as long as anything is in flight. */
     uint32_t busy_poll_us;
+    /* Directory records a home keeps per publishing peer (its own are not limited):
+     * a peer publishing without end (hostile or broken) is refused past it
+     * (counted); 0 = 1048576. */
+    uint32_t max_records_per_node;
+    /* A peer's FETCHes this node serves at once (parked, or granted and not yet
+     * released or expired: each lease pins rows): past it they are denied BUSY and
+     * counted refused, so a peer that floods FETCHes and never RELEASEs pins no
+     * more; 0 = 4096 (four times the largest network.fetches_per_peer). */
+    uint32_t serve_per_peer;
 };
 
 int kvt_net_tier_create(const struct kvt_net_tier_config *cfg, struct kvt_tier **t_p);
