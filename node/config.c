@@ -174,6 +174,14 @@ static const struct key_def keys[] = {
      0,
      "peer connections accepted and not yet authenticated, at most (more are refused and "
      "counted); each holds its message buffers, about 8.6 MiB with verbs"},
+    {"network.max_records_per_peer", T_U32, F(network_max_records_per_peer), 0, "0", 0, UINT32_MAX,
+     NULL, 0,
+     "directory records this node keeps as the home of one peer's keys; past it the "
+     "peer's new keys are refused and counted (0 = four times this node's own chunks, "
+     "primary and storage, at least 1048576; no bound with an unbounded storage tier)"},
+    {"network.serve_per_peer", T_U32, F(network_serve_per_peer), 0, "4096", 1, 1048576, NULL, 0,
+     "a peer's FETCHes this node serves at once (waiting, or granted and not yet released: "
+     "each pins rows); past it they are denied busy and counted"},
     {"cluster.secret_file", T_PATH, F(cluster_secret_file), 0, "", 1, PATH_MAX - 1, NULL,
      K_OPTIONAL, "file with the shared secret peers prove; no group/other access"},
     {"engine.socket", T_PATH, F(engine_socket), 0, "/run/kvtier/{id}/engine.sock", 1, 107, NULL, 0,

@@ -979,6 +979,8 @@ static void test_network_fetch_keys(void **state)
     assert_int_equal(cfg.network_fetches_per_peer, 4);
     assert_int_equal(cfg.network_reads_per_batch, 8);
     assert_int_equal(cfg.network_max_unauthenticated, 64);
+    assert_int_equal(cfg.network_max_records_per_peer, 0);
+    assert_int_equal(cfg.network_serve_per_peer, 4096);
     kvt_config_free(&cfg);
     write_file(fx.conf,
                "network:\n  keys_per_fetch: 256\n  fetches_per_peer: 2\n  reads_per_batch: 32\n",

@@ -88,15 +88,17 @@ struct kvt_config {
     uint32_t network_busy_poll_us;       /* 100; 0 = poll while anything is in flight */
     char **network_peers;                /* "host:port" or "[v6]:port" seeds */
     size_t n_network_peers;
-    uint32_t network_lease_ms;            /* >= network_fetch_timeout_ms */
-    uint32_t network_fetch_timeout_ms;    /* a FETCH not granted by then fails */
-    uint32_t network_locate_timeout_ms;   /* a LOCATE not answered by then: a miss */
-    uint32_t network_heartbeat_ms;        /* < network_lease_ms */
-    uint32_t network_heartbeat_misses;    /* a peer missing this many is down */
-    uint32_t network_keys_per_fetch;      /* keys of one FETCH, 1..256 */
-    uint32_t network_fetches_per_peer;    /* FETCHes out to one peer at once */
-    uint32_t network_reads_per_batch;     /* one-sided READs posted together, 1..256 */
-    uint32_t network_max_unauthenticated; /* accepted, not yet authenticated, at most */
+    uint32_t network_lease_ms;             /* >= network_fetch_timeout_ms */
+    uint32_t network_fetch_timeout_ms;     /* a FETCH not granted by then fails */
+    uint32_t network_locate_timeout_ms;    /* a LOCATE not answered by then: a miss */
+    uint32_t network_heartbeat_ms;         /* < network_lease_ms */
+    uint32_t network_heartbeat_misses;     /* a peer missing this many is down */
+    uint32_t network_keys_per_fetch;       /* keys of one FETCH, 1..256 */
+    uint32_t network_fetches_per_peer;     /* FETCHes out to one peer at once */
+    uint32_t network_reads_per_batch;      /* one-sided READs posted together, 1..256 */
+    uint32_t network_max_unauthenticated;  /* accepted, not yet authenticated, at most */
+    uint32_t network_max_records_per_peer; /* directory records of one peer; 0 = auto */
+    uint32_t network_serve_per_peer;       /* a peer's FETCHes served at once */
 
     /* NULL when unset (then network.peers must be empty); else a regular file, not a
      * symlink, no group/other access, KVT_AUTH_SECRET_MIN..MAX bytes (checked at load). */
