@@ -127,8 +127,9 @@ int kvt_directory_publish_rows(struct kvt_directory *d, uint64_t node_id, uint64
                 continue; /* a late message from a previous life */
             rec_remove_at(r, i);
         } else {
-            if (d->node_limit != 0 && node_id != d->unlimited_node &&
-                node_count(d, node_id) >= d->node_limit) {
+            size_t held = node_count(d, node_id);
+
+            if (d->node_limit != 0 && node_id != d->unlimited_node && held >= d->node_limit) {
                 rc = -ENOSPC; /* the node holds its limit: no record more */
                 continue;
             }
@@ -142,8 +143,7 @@ int kvt_directory_publish_rows(struct kvt_directory *d, uint64_t node_id, uint64
                     return -ENOMEM;
                 }
             }
-            if (kvt_map_put_u64(&d->per_node, node_id,
-                                (void *)(uintptr_t)(node_count(d, node_id) + 1)) != 0) {
+            if (kvt_map_put_u64(&d->per_node, node_id, (void *)(uintptr_t)(held + 1)) != 0) {
                 rec_gc(d, keys[k].bytes, keys[k].len, r);
                 return -ENOMEM;
             }

@@ -59,13 +59,14 @@ static int nt_lease_expose(struct net_tier *nt, struct lease *l, struct serve_sc
 
 /* ---- inbound FETCHes ----------------------------------------------------------- */
 
-/* One FETCH of node served no more (answered, or its lease ended). */
-static void nt_unserve(struct net_tier *nt, uint64_t node)
+/* A FETCH of node served from now (+1: parked, or its lease) or no more (-1:
+ * answered, or its lease ended). */
+static void nt_serving(struct net_tier *nt, uint64_t node, int d)
 {
     struct nt_peer *p = kvt_map_get_u64(&nt->nodes, node);
 
-    if (p != NULL && p->serving > 0)
-        p->serving--;
+    if (p != NULL && (d > 0 || p->serving > 0))
+        p->serving += (unsigned)d;
 }
 
 /* Parks the FETCH for the next schedule end; BUSY when it cannot be kept, or when
@@ -350,12 +351,7 @@ static bool nt_serve_one(struct net_tier *nt, struct kvt_parent *parent, struct 
         nt_send_deny(nt, in, KVT_WIRE_R_BUSY);
         goto finish;
     }
-    {
-        struct nt_peer *p = kvt_map_get_u64(&nt->nodes, in->from);
-
-        if (p != NULL)
-            p->serving++; /* the lease's, until nt_lease_end */
-    }
+    nt_serving(nt, in->from, +1); /* the lease's, until nt_lease_end */
     kvt_wire_msg_init(&g, KVT_WIRE_GRANT);
     g.u.grant.job_id = in->fetch_id;
     g.u.grant.lease_id = l->id;
@@ -418,7 +414,7 @@ void kvt__nt_serve(struct kvt_tier *t, struct kvt_parent *parent)
     for (size_t i = 0; i < nt->n_in; i++) {
         if (nt_serve_one(nt, parent, &nt->in[i], now)) {
             kvt_free(nt->in[i].keys);
-            nt_unserve(nt, nt->in[i].from);
+            nt_serving(nt, nt->in[i].from, -1);
         } else
             nt->in[w++] = nt->in[i];
     }
@@ -512,7 +508,7 @@ static void nt_lease_end(struct net_tier *nt, struct lease *l, bool expired)
     if (expired)
         nt->c.lease_expiries++;
     kvt_map_remove_u64(&nt->leases, l->id);
-    nt_unserve(nt, l->from);
+    nt_serving(nt, l->from, -1);
     nt_lease_done(nt, l, true);
 }
 

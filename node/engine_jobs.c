@@ -598,9 +598,11 @@ static void fetch_into(struct kvt_ejobs *j, struct ejob *e, const uint32_t *idx,
     struct ejob_into *in = kvt_calloc(1, sizeof(*in) + n * sizeof(uint32_t));
     struct kvt_key *keys = kvt_calloc(n, sizeof(*keys));
     uint64_t *offs = kvt_calloc(n, sizeof(*offs));
-    int rc = region_lost(j) ? -EIO : -ENOMEM;
+    int rc = -ENOMEM;
 
-    if (rc == -ENOMEM && in != NULL && keys != NULL && offs != NULL) {
+    if (region_lost(j)) {
+        rc = -EIO;
+    } else if (in != NULL && keys != NULL && offs != NULL) {
         *in = (struct ejob_into){.j = j, .e = e, .n = n};
         for (uint32_t k = 0; k < n; k++) {
             in->idx[k] = idx[k];

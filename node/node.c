@@ -557,12 +557,13 @@ static int open_network(struct kvt_node *nd, struct kvt_tier **t_p)
         /* A peer homes here about its share of what it holds; in a cluster of
          * nodes like this one, at most what this node holds. Four times that. */
         uint64_t own = kvt_primary_num_chunks(nd->primary);
+        size_t row = kvt_primary_row_bytes(nd->primary);
 
-        if (nd->cfg.storage_enabled && kvt_primary_row_bytes(nd->primary) > 0)
-            own += nd->cfg.storage_capacity / kvt_primary_row_bytes(nd->primary);
-        nc.max_records_per_node = (uint32_t)KVT_MIN(KVT_MAX(4 * own, 1ull << 20), UINT32_MAX);
         if (nd->cfg.storage_enabled && nd->cfg.storage_capacity == 0)
-            nc.max_records_per_node = UINT32_MAX; /* unbounded storage: no bound here */
+            own = UINT32_MAX; /* unbounded storage: no bound here */
+        else if (nd->cfg.storage_enabled && row > 0)
+            own += nd->cfg.storage_capacity / row;
+        nc.max_records_per_node = (uint32_t)KVT_MIN(KVT_MAX(4 * own, 1ull << 20), UINT32_MAX);
     }
     nc.serve_per_peer = nd->cfg.network_serve_per_peer;
     rc = kvt_net_tier_create(&nc, t_p);

@@ -130,10 +130,10 @@ static void queue_allow(struct kvt_metrics *mt)
 static void req_forget_last(struct kvt_metrics *mt)
 {
     assert(mt->queue.n == 0);
-    mt->queue.ctx = NULL;
     kvt_req_ctx_unref(mt->last_ctx);
     mt->last_ctx = NULL;
     mt->last_rm = NULL;
+    queue_allow(mt);
 }
 
 /* Forgets the remembered request when it goes. */

@@ -1058,33 +1058,36 @@ static void test_http_read_and_write_timeouts(void **state)
     kvt_metrics_http_destroy(srv);
 }
 
+/* The answer on fd is a 400 (recv with flags); closes fd. */
+static void expect_400(int fd, int flags)
+{
+    char buf[256];
+    ssize_t n = recv(fd, buf, sizeof(buf) - 1, flags);
+
+    assert_true(n > 12);
+    buf[n] = '\0';
+    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
+    close(fd);
+}
+
 /* Not HTTP, or headers that never end: 400, counted. */
 static void test_http_bad_requests(void **state)
 {
     struct kvt_metrics_http *srv = start_server();
     uint16_t port = kvt_metrics_http_port(srv);
-    char buf[256], *junk = malloc(9000);
-    ssize_t n;
+    char *junk = malloc(9000);
     int fd;
 
     (void)state;
     fd = tcp_connect(port);
     assert_int_equal(send(fd, "hello\r\n\r\n", 9, MSG_NOSIGNAL), 9);
-    n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
-    assert_true(n > 12);
-    buf[n] = '\0';
-    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
-    close(fd);
+    expect_400(fd, MSG_WAITALL);
 
     memset(junk, 'a', 9000);
     memcpy(junk, "GET /metrics HTTP/1.1\r\nX: ", 26);
     fd = tcp_connect(port);
     assert_int_equal(send(fd, junk, 9000, MSG_NOSIGNAL), 9000);
-    n = recv(fd, buf, sizeof(buf) - 1, 0);
-    assert_true(n > 12);
-    buf[n] = '\0';
-    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
-    close(fd);
+    expect_400(fd, 0);
     free(junk);
 
     struct kvt_metrics_http_counters c = http_counters(srv);
@@ -1102,8 +1105,6 @@ static void test_http_nul_in_request(void **state)
 {
     struct kvt_metrics_http *srv = start_server();
     uint16_t port = kvt_metrics_http_port(srv);
-    char buf[256];
-    ssize_t n;
     int fd;
 
     (void)state;
@@ -1111,20 +1112,12 @@ static void test_http_nul_in_request(void **state)
     assert_int_equal(send(fd, "\0xyz", 4, MSG_NOSIGNAL), 4);
     usleep(100 * 1000);
     assert_int_equal(send(fd, "\r\n\r\n", 4, MSG_NOSIGNAL), 4);
-    n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
-    assert_true(n > 12);
-    buf[n] = '\0';
-    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
-    close(fd);
+    expect_400(fd, MSG_WAITALL);
 
     /* A NUL inside the request line of a well-formed request: 400 as well. */
     fd = tcp_connect(port);
     assert_int_equal(send(fd, "GET /metrics\0 HTTP/1.1\r\n\r\n", 27, MSG_NOSIGNAL), 27);
-    n = recv(fd, buf, sizeof(buf) - 1, MSG_WAITALL);
-    assert_true(n > 12);
-    buf[n] = '\0';
-    assert_int_equal(strncmp(buf, "HTTP/1.1 400 ", 13), 0);
-    close(fd);
+    expect_400(fd, MSG_WAITALL);
 
     assert_int_equal(http_counters(srv).dropped[KVT_MHTTP_BAD_REQUEST], 2);
     kvt_metrics_http_destroy(srv);
