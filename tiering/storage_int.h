@@ -11,6 +11,7 @@
 #ifndef KVT_STORAGE_INT_H
 #define KVT_STORAGE_INT_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +59,20 @@
 #define ST_ERR_FOREIGN EPERM        /* another user's file, or open to group/others */
 #define ST_ERR_STALE   ESTALE       /* ours, of an earlier generation (reset, model change) */
 
+/* Errors of a load that say nothing of the file: the process ran out of descriptors
+ * or memory, or the call was interrupted. The load of that chunk fails (a miss); its
+ * file and its key stay, and lookups of the key MISS for ST_TRANSIENT_MISS_NS (a
+ * positive verdict that keeps failing would promote the chunk for ever). (EIO does say something:
+ * the medium could not give the bytes, and a file that cannot be read is removed like a bad one.)
+ */
+#define ST_TRANSIENT_MISS_NS 1000000000ull
+
+static inline bool kvt__st_err_transient(int err)
+{
+    return err == EMFILE || err == ENFILE || err == ENOMEM || err == ENOBUFS || err == EAGAIN ||
+           err == EINTR;
+}
+
 enum st_state { ST_WRITING, ST_PUBLISHED, ST_DOOMED };
 
 /* One indexed key (scheduler only). WRITING: a store is admitted, its bytes reserved;
@@ -68,7 +83,10 @@ struct st_entry {
     struct kvt_key key;
     uint64_t bytes;    /* file bytes charged to capacity */
     uint64_t mtime_ns; /* restart ordering */
-    int32_t pins;      /* running loads reading the file */
+    /* After a transient load error (kvt__st_err_transient): lookups MISS until this
+     * time (the livelock rule of kvt/tier.h), while the file and the key stay. */
+    uint64_t miss_until_ns;
+    int32_t pins; /* running loads reading the file */
     uint8_t state;
     bool unlink_pending;
     struct kvt_list lru; /* PUBLISHED only; head = least recently used */
@@ -213,7 +231,7 @@ struct st_tier {
     unsigned read_depth;          /* reads in flight per read thread (io_uring) */
     bool no_uring;                /* config: thread pool only */
     bool uring_ok;                /* every read thread has a ring */
-    int fault_n[2], fault_err[2]; /* atomics */
+    int fault_n[3], fault_err[3]; /* atomics, by enum kvt_storage_fault */
     struct st_pool pool;
     /* Scheduler only. */
     uint8_t gen[ST_GEN_BYTES]; /* the folder's generation (STATE); jobs take a copy */

@@ -384,10 +384,13 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
     }
     if (err == 0)
         err = publish(s, tmp, fin);
-    if (err == 0 && s->fsync)
-        err = fsync_shard(s, fin);
-    if (err != 0)
+    if (err != 0) {
         unlinkat(s->dir_fd, tmp, 0);
+        return err;
+    }
+    if (s->fsync &&
+        ((err = take_fault(s, KVT_STORAGE_FAULT_SYNC)) != 0 || (err = fsync_shard(s, fin)) != 0))
+        unlinkat(s->dir_fd, fin, 0); /* not stored: the key leaves the index, so does its file */
     return err;
 }
 
@@ -458,7 +461,8 @@ static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct,
 
 /* Checks what a load brought into hdr and the slot (err: the read's own error, 0 when
  * the whole file was read); deletes the file of a failed load, which is never tried
- * again: the index drops the key. Another user's file (ST_ERR_FOREIGN) stays. */
+ * again: the index drops the key. Another user's file (ST_ERR_FOREIGN) stays, and so
+ * does a file whose load met a transient error (kvt__st_err_transient). */
 static int check_loaded(struct st_tier *s, struct st_mac *m, const uint8_t *gen,
                         const struct st_item *it, uint8_t *hdr, int err)
 {
@@ -474,7 +478,7 @@ static int check_loaded(struct st_tier *s, struct st_mac *m, const uint8_t *gen,
     if (err == 0 && (kvt__st_mac(m, false, hdr + ST_OFF_NONCE, dst, row, tag) != 0 ||
                      !kvt__st_tag_eq(tag, hdr + ST_OFF_ROWTAG)))
         err = ST_ERR_MAC;
-    if (err != 0 && err != ENOENT && err != ST_ERR_FOREIGN) {
+    if (err != 0 && err != ENOENT && err != ST_ERR_FOREIGN && !kvt__st_err_transient(err)) {
         char fin[ST_NAME_MAX];
         kvt__st_name(&it->key, ".kvc", fin);
         unlinkat(s->dir_fd, fin, 0);
@@ -1160,7 +1164,7 @@ void kvt__st_pool_pause(struct st_tier *s, bool paused)
 
 /* What the scan saw besides the files it indexed (summed over its threads). */
 struct scan_counts {
-    size_t tmp_removed, bad_removed, mac_removed, old_removed, foreign, stale_removed;
+    size_t tmp_removed, bad_removed, mac_removed, old_removed, foreign, stale_removed, skipped;
 };
 
 struct scan {
@@ -1183,6 +1187,28 @@ struct scan_local {
 
 /* check_file: a file of ours that group or others may use (removed, counted foreign). */
 #define ST_SCAN_OPEN_MODE EACCES
+#define ST_SCAN_SKIP      EAGAIN /* a transient error: the file stays, unindexed */
+
+static int scan_fault_err;
+static unsigned scan_fault_n;
+
+void kvt_storage_scan_inject_fault(int err, unsigned n)
+{
+    __atomic_store_n(&scan_fault_err, err, __ATOMIC_RELAXED);
+    __atomic_store_n(&scan_fault_n, n, __ATOMIC_RELEASE);
+}
+
+/* openat's errno for an injected fault, else 0. */
+static int scan_fault(void)
+{
+    unsigned n = __atomic_load_n(&scan_fault_n, __ATOMIC_ACQUIRE);
+    while (n > 0) {
+        if (__atomic_compare_exchange_n(&scan_fault_n, &n, n - 1, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE))
+            return __atomic_load_n(&scan_fault_err, __ATOMIC_RELAXED);
+    }
+    return 0;
+}
 
 static bool ends_with(const char *name, size_t len, const char *ext)
 {
@@ -1192,7 +1218,8 @@ static bool ends_with(const char *name, size_t len, const char *ext)
 
 /* 0 and *f filled for a valid chunk file; ST_ERR_CORRUPT, ST_ERR_MAC, ST_ERR_OLD,
  * ST_ERR_STALE or ST_SCAN_OPEN_MODE for one to delete; ST_ERR_FOREIGN for another
- * user's (left). */
+ * user's (left); ST_SCAN_SKIP when a transient error kept it from being judged
+ * (left, unindexed). */
 static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigned shard,
                       const char *name, size_t len, struct st_found *f)
 {
@@ -1201,10 +1228,18 @@ static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigne
     struct kvt_key key;
     uint64_t row_len = 0;
     struct stat st;
-    int fd, rc = ST_ERR_CORRUPT;
-    fd = open_noatime(shard_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0)
+    int fd, rc = ST_ERR_CORRUPT, fault = scan_fault();
+    if (fault != 0) {
+        fd = -1;
+        errno = fault;
+    } else {
+        fd = open_noatime(shard_fd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    }
+    if (fd < 0) {
+        if (kvt__st_err_transient(errno))
+            return ST_SCAN_SKIP; /* out of descriptors or memory: says nothing of the file */
         return errno == ENOENT ? ENOENT : errno == ELOOP ? ST_ERR_FOREIGN : ST_ERR_CORRUPT;
+    }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != s->uid) {
         close(fd);
         return ST_ERR_FOREIGN; /* not ours to judge or remove */
@@ -1221,8 +1256,14 @@ static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigne
             kvt_key_to_hex(&f->key, canon);
             named = strcmp(canon, stem) == 0 && (kvt_key_hash(&f->key) >> 56) == shard;
         }
-        if (named && pread(fd, blk, ST_BLOCK, 0) == (ssize_t)ST_BLOCK)
-            rc = kvt__st_hdr_decode(m, blk, s->gen, &key, &row_len);
+        if (named) {
+            ssize_t got = pread(fd, blk, ST_BLOCK, 0);
+
+            if (got == (ssize_t)ST_BLOCK)
+                rc = kvt__st_hdr_decode(m, blk, s->gen, &key, &row_len);
+            else if (got < 0 && kvt__st_err_transient(errno))
+                rc = ST_SCAN_SKIP;
+        }
     }
     if (rc == 0 && (st.st_mode & 077))
         rc = ST_SCAN_OPEN_MODE;
@@ -1290,6 +1331,10 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
             l->c.foreign++;
             continue;
         }
+        if (rc == ST_SCAN_SKIP) {
+            l->c.skipped++;
+            continue;
+        }
         if (rc != 0) {
             if (unlinkat(fd, name, 0) != 0)
                 continue;
@@ -1332,6 +1377,7 @@ static void *scan_main(void *arg)
     sc->c.old_removed += l.c.old_removed;
     sc->c.foreign += l.c.foreign;
     sc->c.stale_removed += l.c.stale_removed;
+    sc->c.skipped += l.c.skipped;
     if (l.err != 0) {
         sc->err = l.err;
     } else if (l.n > 0) {
@@ -1378,6 +1424,7 @@ int kvt__st_scan(struct st_tier *s, struct st_found **found_p, size_t *n_p)
     s->restart.old_removed = sc.c.old_removed;
     s->restart.foreign = sc.c.foreign;
     s->restart.stale_removed = sc.c.stale_removed;
+    s->restart.skipped = sc.c.skipped;
     if (sc.err != 0) {
         kvt_free(sc.found);
         return sc.err;

@@ -293,6 +293,11 @@ static enum kvt_lookup_result st_lookup(struct kvt_tier *t, const struct kvt_key
     (void)ctx;
     if (e == NULL || e->state != ST_PUBLISHED || s->withheld)
         return KVT_MISS;
+    if (e->miss_until_ns != 0) { /* a transient load error: MISS for a while */
+        if (kvt_now_ns() < e->miss_until_ns)
+            return KVT_MISS;
+        e->miss_until_ns = 0;
+    }
     lru_touch(s, e); /* a promotion follows: keep it from being evicted first */
     return KVT_HIT;
 }
@@ -543,11 +548,15 @@ static void finish_load(struct st_tier *s, struct st_job *sj, kvt_job_result_cb_
             s->c.loaded++;
             lru_touch(s, e);
         } else if (it->err != ECANCELED) {
-            /* The file is gone (the I/O thread deleted it): drop the key. */
+            /* The file is gone (the I/O thread deleted it): drop the key. After a
+             * transient error the file is still there: the key stays, but MISSes
+             * for a while (the livelock rule). */
             count_error(s, it->err);
             if (first_err == 0)
                 first_err = it->err;
-            if (e->state == ST_PUBLISHED) {
+            if (e->state == ST_PUBLISHED && kvt__st_err_transient(it->err)) {
+                e->miss_until_ns = kvt_now_ns() + ST_TRANSIENT_MISS_NS;
+            } else if (e->state == ST_PUBLISHED) {
                 doom(s, e);
                 ok[sj->n_items - ++n_gone] = e->key;
             }
@@ -1367,6 +1376,11 @@ int kvt_storage_tier_create(const struct kvt_storage_tier_config *cfg, struct kv
         kvt_info(MOD, "'%s': removed %zu file(s) of an earlier generation (%s)", s->dir,
                  s->restart.stale_removed,
                  s->restart.fingerprint_changed ? "another model" : "a reset or model change");
+    if (s->restart.skipped > 0)
+        kvt_warn(MOD,
+                 "'%s': %zu chunk file(s) could not be opened or read (out of descriptors or "
+                 "memory): kept on disk, not indexed until the next start",
+                 s->dir, s->restart.skipped);
     if (s->restart.foreign > 0)
         kvt_warn(MOD,
                  "'%s': %zu file(s) refused: another user's or a link (left alone), or open to "
@@ -1429,7 +1443,8 @@ void kvt_storage_tier_inject_fault(struct kvt_tier *t, enum kvt_storage_fault op
                                    unsigned n)
 {
     struct st_tier *s = st(t);
-    assert(op == KVT_STORAGE_FAULT_WRITE || op == KVT_STORAGE_FAULT_READ);
+    assert(op == KVT_STORAGE_FAULT_WRITE || op == KVT_STORAGE_FAULT_READ ||
+           op == KVT_STORAGE_FAULT_SYNC);
     __atomic_store_n(&s->fault_err[op], err, __ATOMIC_RELAXED);
     __atomic_store_n(&s->fault_n[op], (int)n, __ATOMIC_RELEASE);
 }

@@ -30,6 +30,8 @@
 #include "kvt/manager.h"
 #include "kvt/primary.h"
 #include "kvt/storage_tier.h"
+#include "kvt/clock.h"
+#include "kvt/clock_test.h"
 #include "kvt/storage_tier_test.h"
 #include "kvt/tier.h"
 
@@ -1204,6 +1206,112 @@ static void test_eio_injected(void **state)
     fx_free(f);
 }
 
+/* A load that runs out of descriptors (EMFILE) fails that chunk, and only that: the
+ * file and its key stay. The key MISSes for a second (a verdict that keeps failing
+ * would promote it for ever), then HITs, and its load brings the right bytes.
+ * (Before, any failed read removed the file, so fd exhaustion emptied the tier.) */
+static void test_transient_read_error_keeps_file(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    uint64_t fake_ns = 1000000000000ull;
+    struct result *r;
+    int bad, good;
+    (void)state;
+    assert_true(wait_job(f, store_keys(f, (int[]){2, 3}, 2))->success);
+    kvt_clock_set_fake(&fake_ns);
+    kvt_storage_tier_inject_fault(f->t, KVT_STORAGE_FAULT_READ, EMFILE, 1);
+    r = wait_job(f, load_keys(f, (int[]){2, 3}, 2));
+    assert_false(r->success);
+    assert_int_equal(r->n_successful, 1);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_ERRORS), 1);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_EIO), 0);
+    {
+        struct kvt_key k2 = kt_key(2);
+        good = kvt_key_eq(&r->ok[0], &k2) ? 2 : 3; /* either thread may take the fault */
+        bad = 5 - good;
+    }
+    assert_true(file_exists(key_path(f, bad)));
+    assert_int_equal(lookup(f, bad), KVT_MISS);
+    assert_int_equal(lookup(f, good), KVT_HIT);
+    fake_ns += 999999999;
+    assert_int_equal(lookup(f, bad), KVT_MISS);
+    fake_ns += 1;
+    assert_int_equal(lookup(f, bad), KVT_HIT);
+    kvt_clock_set_fake(NULL);
+    r = wait_job(f, load_keys(f, &bad, 1));
+    assert_true(r->success);
+    {
+        struct kvt_key k = kt_key(bad);
+        assert_true(row_is(slot(f, 8), f->row, &k, 0));
+    }
+    fx_free(f);
+}
+
+/* With fsync on, a folder sync that fails after the rename fails the chunk's store,
+ * and its file goes with its key: the disk holds what the index says (before, the
+ * file stayed unaccounted and came back at the next start). */
+static void test_failed_folder_sync_removes_file(void **state)
+{
+    struct fx *f = fx_new_at(NULL, 8192, 16);
+    struct result *r;
+    int stored;
+    (void)state;
+    f->cfg.fsync = true;
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_inject_fault(f->t, KVT_STORAGE_FAULT_SYNC, EIO, 1);
+    r = wait_job(f, store_keys(f, (int[]){1, 2}, 2));
+    assert_false(r->success);
+    assert_int_equal(r->transfer_bytes, 8192);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_EIO), 1);
+    stored = has(f, 1) ? 1 : 2; /* two write threads: either may take the fault */
+    assert_true(has(f, stored) && !has(f, 3 - stored));
+    assert_true(file_exists(key_path(f, stored)));
+    assert_false(file_exists(key_path(f, 3 - stored)));
+    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".kvc"), 1);
+    assert_int_equal(count_files(kvt_storage_tier_dir(f->t), ".tmp"), 0);
+    fx_close(f);
+    assert_int_equal(fx_open(f), 0);
+    assert_false(has(f, 3 - stored));
+    fx_free(f);
+}
+
+/* A restart whose scan cannot open a chunk file for a transient error keeps the file
+ * unindexed (counted skipped), and the next start indexes it with its bytes intact. */
+static void test_transient_scan_error_keeps_file(void **state)
+{
+    struct fx *f = fx_new(8192, 16);
+    int keys[3] = {1, 2, 3};
+    struct kvt_storage_restart_info ri;
+    struct result *r;
+    int found = 0;
+    (void)state;
+    assert_true(wait_job(f, store_keys(f, keys, 3))->success);
+    fx_close(f);
+    kvt_storage_scan_inject_fault(EMFILE, 1);
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 2);
+    assert_int_equal(ri.skipped, 1);
+    assert_int_equal(ri.bad_removed, 0);
+    for (int i = 0; i < 3; i++) {
+        assert_true(file_exists(key_path(f, keys[i])));
+        found += lookup(f, keys[i]) == KVT_HIT;
+    }
+    assert_int_equal(found, 2);
+    fx_close(f);
+    assert_int_equal(fx_open(f), 0);
+    kvt_storage_tier_restart_info(f->t, &ri);
+    assert_int_equal(ri.files_found, 3);
+    assert_int_equal(ri.skipped, 0);
+    r = wait_job(f, load_keys(f, keys, 3));
+    assert_true(r->success);
+    for (int i = 0; i < 3; i++) {
+        struct kvt_key k = kt_key(keys[i]);
+        assert_true(row_is(slot(f, 8 + i), f->row, &k, 0));
+    }
+    fx_free(f);
+}
+
 /* The namespace folder vanishes while the tier runs: stores and loads fail and
  * count, the lost keys become MISSes; the tier stays up. */
 static void test_vanished_root(void **state)
@@ -2154,6 +2262,9 @@ int main(void)
         cmocka_unit_test(test_truncated_or_misnamed_file_rejected),
         cmocka_unit_test(test_enospc_injected),
         cmocka_unit_test(test_eio_injected),
+        cmocka_unit_test(test_transient_read_error_keeps_file),
+        cmocka_unit_test(test_transient_scan_error_keeps_file),
+        cmocka_unit_test(test_failed_folder_sync_removes_file),
         cmocka_unit_test(test_vanished_root),
         cmocka_unit_test(test_restart_rebuilds_index),
         cmocka_unit_test(test_files_and_folders_private),

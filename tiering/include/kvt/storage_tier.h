@@ -144,6 +144,7 @@ struct kvt_storage_restart_info {
     size_t foreign;           /* refused: another user's (left) or open to group/others */
     size_t evicted;           /* over capacity at start, evicted */
     size_t stale_removed;     /* of another generation (reset, model change), deleted */
+    size_t skipped;           /* not opened or read for a transient error: kept, not indexed */
     bool fingerprint_changed; /* cfg.fingerprint differed from STATE's: all dropped */
     uint64_t bytes_found;     /* file bytes indexed */
     double seconds;           /* time to rebuild the index */
