@@ -173,6 +173,7 @@ struct kvt_engine_server {
     uint64_t max_output;
     uint64_t hello_timeout_ns;
     uint32_t max_event_keys;
+    uint32_t waiting_keys_per_pass;
     uint64_t next_id;
     unsigned n_new; /* clients without HELLO */
     struct eclient *clients;
@@ -1108,7 +1109,7 @@ static int op_attach(struct kvt_engine_server *s, struct eclient *c, const struc
     int fd = c->passed_fd;
 
     c->passed_fd = -1;
-    return kvt__ejobs_attach(&c->jobs, s->m, c->id, fd, q, r, &s->ctr);
+    return kvt__ejobs_attach(&c->jobs, s->m, c->id, fd, q, r, &s->ctr, s->waiting_keys_per_pass);
 }
 
 static int op_jobs(struct kvt_engine_server *s, struct eclient *c, const struct kvt_emsg *q,
@@ -1997,6 +1998,7 @@ int kvt_engine_server_create(const struct kvt_engine_server_config *cfg,
     s->max_output = cfg->max_output_bytes ? cfg->max_output_bytes : 1ull << 20;
     s->hello_timeout_ns = (cfg->hello_timeout_ms ? cfg->hello_timeout_ms : 5000) * 1000000ull;
     s->max_event_keys = cfg->max_event_keys ? cfg->max_event_keys : 65536;
+    s->waiting_keys_per_pass = cfg->waiting_keys_per_pass ? cfg->waiting_keys_per_pass : 4096;
     s->ring_bytes = cfg->ring_bytes < 0 ? 0
                     : cfg->ring_bytes   ? (size_t)cfg->ring_bytes
                                         : 256u << 10;

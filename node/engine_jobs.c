@@ -81,6 +81,7 @@
 #include "engine_jobs_int.h"
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
+#include "kvt/common.h"
 #include "kvt/hash.h"
 #include "kvt/log.h"
 #include "kvt/list.h"
@@ -136,6 +137,7 @@ struct kvt_ejobs {
     struct ejob *waiting, **waiting_tail; /* loads with keys still waiting */
     struct ejob *done, **done_tail;       /* finished, not reported yet */
     uint32_t n_waiting_keys;
+    uint32_t keys_per_pass; /* kvt__ejobs_progress's bound */
     struct kvt_store_output out;
     struct kvt_engine_server_counters *ctr;
     struct kvt_tier *net;        /* the network tier when reads go direct, else NULL */
@@ -300,7 +302,7 @@ static void direct_setup(struct kvt_ejobs *j, uint64_t client_id, size_t size)
 
 int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t client_id, int fd,
                       const struct kvt_emsg *q, struct kvt_emsg *r,
-                      struct kvt_engine_server_counters *ctr)
+                      struct kvt_engine_server_counters *ctr, uint32_t keys_per_pass)
 {
     struct kvt_primary *primary = kvt_manager_primary(m);
     enum kvt_offload_policy policy;
@@ -373,6 +375,7 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
     j->waiting_tail = &j->waiting;
     j->done_tail = &j->done;
     j->ctr = ctr;
+    j->keys_per_pass = keys_per_pass;
     j->client_id = client_id;
     kvt_store_output_init(&j->out);
     snprintf(req_id, sizeof(req_id), KVT_EJOBS_REQ_PREFIX "%llu", (unsigned long long)client_id);
@@ -631,8 +634,9 @@ static void fetch_into(struct kvt_ejobs *j, struct ejob *e, const uint32_t *idx,
 
 /* Advances one load job; true when it is finished. Keys the manager misses go to
  * the network tier when reads are direct: located ones are fetched into their rows
- * (all of this pass at once), the others wait for its lookup or fail. */
-static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now)
+ * (all of this pass at once), the others wait for its lookup or fail. *looked: the
+ * keys looked up. */
+static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now, uint32_t *looked)
 {
     size_t cap = e->n_waiting ? e->n_waiting : 1;
     struct kvt_key *keys = kvt_calloc(cap, sizeof(*keys));
@@ -642,6 +646,7 @@ static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now)
     uint32_t n = 0, n_remote = 0;
     bool expired = now >= e->deadline_ns;
 
+    *looked = 0;
     if (keys == NULL || res == NULL || idx == NULL || remote == NULL)
         goto out; /* try again on the next pass */
     for (uint32_t i = 0; i < e->n; i++) {
@@ -651,6 +656,7 @@ static bool advance_load(struct kvt_ejobs *j, struct ejob *e, uint64_t now)
         }
     }
     kvt_manager_lookup_many(j->m, keys, n, j->ctx, false, res);
+    *looked = n;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = idx[k];
         enum kvt_lookup_result r = res[k];
@@ -692,25 +698,35 @@ bool kvt__ejobs_unreported(const struct kvt_ejobs *j)
 
 bool kvt__ejobs_progress(struct kvt_ejobs *j)
 {
-    struct ejob **pp = &j->waiting;
-    uint64_t now;
+    struct ejob *seen = NULL, **seen_tail = &seen;
+    uint64_t budget = j->keys_per_pass, now;
 
     if (j->waiting == NULL)
         return false;
     now = kvt_now_ns();
-    while (*pp != NULL) {
-        struct ejob *e = *pp;
+    /* From the head while the pass has keys left; the jobs advanced and not done go
+     * to the tail, so every job has its turn (a job's deadline is checked on its). */
+    while (j->waiting != NULL && budget > 0) {
+        struct ejob *e = j->waiting;
+        uint32_t looked;
 
-        if (advance_load(j, e, now)) {
-            *pp = e->next;
+        j->waiting = e->next;
+        e->next = NULL;
+        if (advance_load(j, e, now, &looked)) {
             finish(j, e);
         } else {
-            pp = &e->next;
+            *seen_tail = e;
+            seen_tail = &e->next;
         }
+        j->ctr->job_keys_relooked += looked;
+        budget -= KVT_MIN(budget, (uint64_t)looked + 1); /* a job's scan costs too */
     }
     j->waiting_tail = &j->waiting;
     while (*j->waiting_tail != NULL)
         j->waiting_tail = &(*j->waiting_tail)->next;
+    *j->waiting_tail = seen;
+    if (seen != NULL)
+        j->waiting_tail = seen_tail;
     return j->waiting != NULL;
 }
 

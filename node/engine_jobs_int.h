@@ -26,7 +26,7 @@ struct kvt_ejobs;
  * -EBUSY the client attached already, -ENOMEM. */
 int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t client_id, int fd,
                       const struct kvt_emsg *q, struct kvt_emsg *r,
-                      struct kvt_engine_server_counters *ctr);
+                      struct kvt_engine_server_counters *ctr, uint32_t keys_per_pass);
 
 /* One JOBS request: answers q's lookup keys (r->results), starts q's jobs and
  * hands r the jobs finished since the last call (r->jobs, r->ok). The whole
@@ -36,8 +36,9 @@ int kvt__ejobs_attach(struct kvt_ejobs **jobs_p, struct kvt_manager *m, uint64_t
 int kvt__ejobs_step(struct kvt_ejobs *j, const struct kvt_emsg *q, struct kvt_emsg *r,
                     uint32_t max_keys);
 
-/* Advances the load jobs waiting for a chunk (a promotion in the node). Returns
- * whether some wait still. */
+/* Advances the load jobs waiting for a chunk (a promotion in the node): those at the
+ * head of the list until keys_per_pass keys were looked up again, which then go to
+ * its tail. Returns whether some wait still. */
 bool kvt__ejobs_progress(struct kvt_ejobs *j);
 
 /* Whether load jobs wait for a chunk (a reset would wipe what they wait for). */

@@ -710,6 +710,9 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            KVT_METRIC_COUNTER, ec.job_rows_read_direct);
     SAMPLE("kvtier_engine_job_rows_failed", "Rows of engine jobs reported failed",
            KVT_METRIC_COUNTER, ec.job_rows_failed);
+    SAMPLE("kvtier_engine_job_keys_relooked",
+           "Keys of engine load jobs waiting for a chunk, looked up again by the loop",
+           KVT_METRIC_COUNTER, ec.job_keys_relooked);
     SAMPLE("kvtier_engine_ring_requests", "Engine API requests served from shared-memory rings",
            KVT_METRIC_COUNTER, ec.ring_requests);
     SAMPLE("kvtier_engine_ring_binary_requests",

@@ -1763,6 +1763,84 @@ static void test_pending_work_and_reset_drain(void **state)
     kvtier_close(a);
 }
 
+/* A client's waiting load keys are looked up again at most waiting_keys_per_pass
+ * (here 4) per pass of the loop, its jobs in turn; all of them end once their chunks
+ * arrive. (Before, every pass looked up every waiting key: up to 2^20 per client.) */
+static void test_waiting_loads_bounded_per_pass(void **state)
+{
+    struct kvt_example_tier_config hold = {.hold_jobs = true};
+    struct kvtier_client *c;
+    char path[300];
+    int fd;
+    size_t row, n_done = 0;
+    struct kvtier_key k[12];
+    int64_t rows[12];
+    struct kvtier_job ld[3];
+    struct kvtier_jobs_done *done = NULL;
+    struct kvt_engine_server_counters ct;
+
+    (void)state;
+    stop();
+    assert_int_equal(kvt_example_tier_create(&hold, &g.tiers[0]), 0);
+    g.n_tiers = 1;
+    start_with(&(struct kvt_engine_server_config){.waiting_keys_per_pass = 4});
+    c = conn("waiter");
+    row = kvtier_client_region(c)->row_bytes;
+    snprintf(path, sizeof(path), "%s/waiting-region", g.dir);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)(12 * row)), 0);
+    assert_int_equal(kvtier_attach_region(c, fd, 0, 12, row, NULL), 0);
+    keys(k, 1300, 12);
+    pthread_mutex_lock(&g.lock);
+    for (int i = 0; i < 12; i++) {
+        struct kvt_key kk = kt_key(1300 + i);
+
+        assert_int_equal(kvt_example_tier_insert(g.tiers[0], &kk, NULL), 0);
+    }
+    pthread_mutex_unlock(&g.lock);
+    for (int i = 0; i < 12; i++)
+        rows[i] = i;
+    for (int i = 0; i < 3; i++)
+        ld[i] = (struct kvtier_job){.id = 10 + (uint64_t)i,
+                                    .kind = KVTIER_JOB_LOAD,
+                                    .keys = k + 4 * i,
+                                    .rows = rows + 4 * i,
+                                    .n = 4};
+    assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, ld, 3, &done), 0);
+    assert_int_equal(done->n, 0); /* every key is being promoted; the tier holds them */
+    kvtier_jobs_done_free(done);
+    assert_int_equal(kvtier_on_schedule_end(c, NULL, 0, NULL, 0), 0); /* the promotions go */
+    /* One pass at a time: the lock keeps the server's thread out. */
+    pthread_mutex_lock(&g.lock);
+    for (int pass = 0; pass < 6; pass++) {
+        uint64_t before;
+
+        kvt_engine_server_get_counters(g.srv, &ct);
+        before = ct.job_keys_relooked;
+        assert_int_equal(kvt_engine_server_progress(g.srv), 0);
+        kvt_engine_server_get_counters(g.srv, &ct);
+        assert_int_equal(ct.job_keys_relooked - before, 4);
+    }
+    kvt_example_tier_release(g.tiers[0]);
+    pthread_mutex_unlock(&g.lock);
+    /* The promotions end: every job is reported, each once. */
+    for (int i = 0; i < 500 && n_done < 3; i++) {
+        assert_int_equal(kvtier_on_schedule_end(c, NULL, 0, NULL, 0), 0);
+        assert_int_equal(kvtier_jobs_step(c, NULL, 0, NULL, NULL, 0, &done), 0);
+        for (size_t j = 0; j < done->n; j++)
+            assert_true(done->job[j].id >= 10 && done->job[j].id <= 12);
+        n_done += done->n;
+        kvtier_jobs_done_free(done);
+        if (n_done < 3)
+            usleep(2000);
+    }
+    assert_int_equal(n_done, 3);
+    kvtier_close(c);
+    wait_disconnects(1);
+    close(fd);
+}
+
 static struct {
     int calls;
     int rc;
@@ -2018,6 +2096,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_jobs_request_turns_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reset_refused_while_held_then_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pending_work_and_reset_drain, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_waiting_loads_bounded_per_pass, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fingerprint_first_engine_sets_it, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peers_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_message_surfaced, setup, teardown),

@@ -77,6 +77,10 @@ struct kvt_engine_server_config {
     /* 0 = 65536: keys of the events queued for take_events; past it the oldest events
      * are dropped (an engine that never takes events costs at most this much) */
     uint32_t max_event_keys;
+    /* 0 = 4096: keys of a client's waiting load jobs looked up again in one pass of
+     * the loop; the jobs past it wait for the next pass, in turn (a client with a
+     * million keys waiting costs each pass this much, not a million lookups) */
+    uint32_t waiting_keys_per_pass;
     /* Stats fan-out (several consumers of return-and-reset stats): when set,
      * get_stats calls collect(arg) first, which should take the manager's delta and
      * hand it to kvt_engine_server_fanout_stats (and to its own consumers, /metrics);
@@ -156,6 +160,7 @@ struct kvt_engine_server_counters {
     uint64_t job_rows_loaded;      /* rows of load jobs validated in the engine's region */
     uint64_t job_rows_read_direct; /* of those, READ from a peer straight into the region */
     uint64_t job_rows_failed;      /* rows of jobs reported failed */
+    uint64_t job_keys_relooked;    /* keys of waiting load jobs looked up again */
     uint64_t resets;               /* RESETs done (the node's cache forgotten) */
     /* Shared-memory rings. */
     uint64_t ring_clients;    /* engines given a ring, ever */
