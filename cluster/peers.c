@@ -1014,6 +1014,50 @@ static int parse_seed(const char *s, struct peers_seed *out)
     return 0;
 }
 
+int kvt_peers_set_seeds(struct kvt_peers *p, const char *const *seeds, size_t n_seeds)
+{
+    struct peers_seed *next = NULL;
+    struct kvt_list *pos, *tmp;
+
+    if (n_seeds > 0 && seeds == NULL)
+        return -EINVAL;
+    if (n_seeds > 0) {
+        next = kvt_calloc(n_seeds, sizeof(*next));
+        if (next == NULL)
+            return -ENOMEM;
+    }
+    for (size_t i = 0; i < n_seeds; i++) {
+        if (parse_seed(seeds[i], &next[i]) < 0) {
+            kvt_error(MOD, "seeds[%zu] \"%s\" is not host:port", i,
+                      seeds[i] != NULL ? seeds[i] : "(null)");
+            kvt_free(next);
+            return -EINVAL;
+        }
+    }
+    /* A link dialled as a seed keeps that seed's new index, or none when the seed is
+     * gone (the link itself stays: the peer is a member like any other). */
+    kvt_list_for_each_safe(pos, tmp, &p->links)
+    {
+        struct peer_link *l = kvt_list_entry(pos, struct peer_link, node);
+        const struct peers_seed *old;
+        int seed = -1;
+
+        if (l->seed < 0 || (size_t)l->seed >= p->n_seeds)
+            continue;
+        old = &p->seeds[l->seed];
+        for (size_t i = 0; i < n_seeds && seed < 0; i++)
+            if (next[i].port == old->port && strcmp(next[i].host, old->host) == 0)
+                seed = (int)i;
+        l->seed = seed;
+    }
+    kvt_free(p->seeds);
+    p->seeds = next;
+    p->n_seeds = n_seeds;
+    p->next_tick_ns = kvt_now_ns(); /* the next progress dials the new seeds */
+    kvt_info(MOD, "%zu seed(s) now", n_seeds);
+    return 0;
+}
+
 static int check_config(const struct kvt_peers_config *cfg)
 {
     if (cfg->node_id == 0) {

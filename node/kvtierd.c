@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -35,6 +36,11 @@
 /* Start refused because a path is not safe to use (another user's file or folder, a
  * symbolic link, a folder others may write to): sysexits.h EX_NOPERM. */
 #define KVTIERD_EXIT_UNSAFE 77
+
+/* Open files the node needs at least to start (its own sockets, region, storage
+ * ring and threads, the transport's): below it a library (UCX) may abort half-way
+ * through the start instead of failing. Engines and peers need one more each. */
+#define KVTIERD_MIN_FDS 64
 
 struct daemon {
     struct kvt_config cfg; /* as loaded: what SIGHUP compares a new load with */
@@ -60,11 +66,28 @@ static void usage(FILE *f)
     kvt_config_print_help(f);
 }
 
+/* A soft limit on open files too low to start: refused with the limit named, before
+ * anything is created. */
+static int check_fd_limit(void)
+{
+    struct rlimit rl;
+
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur >= KVTIERD_MIN_FDS)
+        return 0;
+    kvt_error(MOD,
+              "the open files limit is %llu: kvtierd needs at least %d, and one more per "
+              "engine and peer (raise it: ulimit -n, or LimitNOFILE= in the unit)",
+              (unsigned long long)rl.rlim_cur, KVTIERD_MIN_FDS);
+    return -EMFILE;
+}
+
 static void reload(struct daemon *d)
 {
     struct kvt_config next;
     struct kvt_config_diff diff;
     char err[512];
+    int rc;
 
     if (kvt_config_load(&next, d->cfg_path, d->sets, d->n_sets, err, sizeof(err)) != 0) {
         kvt_error(MOD, "SIGHUP: %s; keeping the running configuration", err);
@@ -78,13 +101,15 @@ static void reload(struct daemon *d)
         kvt_config_free(&next);
         return;
     }
-    for (size_t i = 0; i < diff.n_changed; i++)
-        kvt_info(MOD, "SIGHUP: %s changed", diff.changed[i]);
-    if (kvt_node_reload(d->node, &next) != 0) {
-        kvt_error(MOD, "SIGHUP: out of memory; keeping the running configuration");
+    rc = kvt_node_reload(d->node, &next);
+    if (rc != 0) {
+        kvt_error(MOD, "SIGHUP: %s; keeping the running configuration",
+                  rc == -ENOMEM ? "out of memory" : "network.peers refused (see above)");
         kvt_config_free(&next);
         return;
     }
+    for (size_t i = 0; i < diff.n_changed; i++)
+        kvt_info(MOD, "SIGHUP: %s changed", diff.changed[i]);
     kvt_config_free(&d->cfg);
     d->cfg = next;
 }
@@ -184,6 +209,10 @@ static int daemon_main(struct daemon *dp, int argc, char **argv)
         return 0;
     }
 
+    if (check_fd_limit() != 0) {
+        kvt_config_free(&dp->cfg);
+        return 1;
+    }
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGINT);

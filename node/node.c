@@ -654,6 +654,10 @@ static size_t node_samples(struct kvt_node *nd, struct kvt_prom_sample *v, size_
            ec.requests);
     SAMPLE("kvtier_engine_malformed", "Engine API frames refused (malformed or oversized)",
            KVT_METRIC_COUNTER, ec.malformed + ec.oversized);
+    SAMPLE("kvtier_engine_accept_failures",
+           "Engine connections the socket could not accept (open files limit, memory): "
+           "left waiting while the socket rests 100 ms",
+           KVT_METRIC_COUNTER, ec.accept_failed);
     SAMPLE("kvtier_engine_cleanups", "Pins released for engines that went away", KVT_METRIC_COUNTER,
            ec.released_pins);
     {
@@ -1168,6 +1172,16 @@ int kvt_node_progress(struct kvt_node *nd)
     return rc;
 }
 
+static bool same_peers(const struct kvt_config *a, const struct kvt_config *b)
+{
+    if (a->n_network_peers != b->n_network_peers)
+        return false;
+    for (size_t i = 0; i < a->n_network_peers; i++)
+        if (strcmp(a->network_peers[i], b->network_peers[i]) != 0)
+            return false;
+    return true;
+}
+
 int kvt_node_reload(struct kvt_node *nd, const struct kvt_config *next)
 {
     struct kvt_config c;
@@ -1175,6 +1189,16 @@ int kvt_node_reload(struct kvt_node *nd, const struct kvt_config *next)
 
     if (rc != 0)
         return rc;
+    /* network.peers: the peer links dial the new seeds (the other reloadable keys are
+     * read where they are used). */
+    if (nd->peers != NULL && !same_peers(&nd->cfg, &c)) {
+        rc =
+            kvt_peers_set_seeds(nd->peers, (const char *const *)c.network_peers, c.n_network_peers);
+        if (rc != 0) {
+            kvt_config_free(&c);
+            return rc;
+        }
+    }
     kvt_log_set_level(c.log_level);
     kvt_config_free(&nd->cfg);
     nd->cfg = c;

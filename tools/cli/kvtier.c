@@ -971,7 +971,7 @@ static bool option_allowed(const char *cmd, int opt)
     }
 }
 
-int main(int argc, char **argv)
+static int cli_main(int argc, char **argv)
 {
     static const char *const cmds[] = {"status", "stats", "peers", "reset", "lookup",
                                        "put",    "get",   "top",   "bench"};
@@ -1071,4 +1071,25 @@ int main(int argc, char **argv)
     if (!strcmp(cl.cmd, "get"))
         return cmd_get(&cl);
     return cmd_top(&cl);
+}
+
+/* What a command printed must have reached its standard output: a full disk or a
+ * closed pipe's EIO turns a success into exit 1 (a script must not take a cut-off
+ * `stats --json` for the node's figures). */
+int main(int argc, char **argv)
+{
+    int rc = cli_main(argc, argv);
+    bool failed;
+
+    errno = 0; /* what fflush sets, else an error of an earlier write */
+    failed = fflush(stdout) != 0 || ferror(stdout);
+    if (failed) {
+        int err = errno;
+
+        fprintf(stderr, "kvtier: standard output: write failed: %s\n",
+                err != 0 ? strerror(err) : "I/O error");
+        if (rc == 0)
+            rc = 1;
+    }
+    return rc;
 }

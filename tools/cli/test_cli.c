@@ -25,6 +25,7 @@
 extern char **environ;
 
 static const char *kvtier_bin, *load_bin;
+static const char *run_stdout = "/dev/null"; /* where run() sends the program's stdout */
 
 /* Runs argv, returns its exit status and (the start of) its stderr. */
 static int run(char *err, size_t err_len, const char *bin, ...)
@@ -46,7 +47,7 @@ static int run(char *err, size_t err_len, const char *bin, ...)
     assert_int_equal(pipe(pfd), 0);
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, pfd[1], STDERR_FILENO);
-    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", 01, 0);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, run_stdout, 01, 0);
     posix_spawn_file_actions_addclose(&fa, pfd[0]);
     assert_int_equal(posix_spawn(&pid, bin, &fa, NULL, argv, environ), 0);
     posix_spawn_file_actions_destroy(&fa);
@@ -180,6 +181,26 @@ static void test_cli_no_daemon(void **state)
                "/nonexistent/s");
 }
 
+/* What kvtier prints must get out: a full standard output is a failure (exit 1, the
+ * write error named), never a success with the text lost. */
+static void test_cli_full_stdout(void **state)
+{
+    (void)state;
+    run_stdout = "/dev/full";
+    ASSERT_RUN(1, "standard output: write failed", kvtier_bin, "--version");
+    ASSERT_RUN(1, "standard output: write failed", kvtier_bin, "--help");
+    ASSERT_RUN(1, "standard output: write failed", kvtier_bin, "status", "--help");
+    /* a failure keeps its own status */
+    ASSERT_RUN(2, "unknown command", kvtier_bin, "bogus");
+}
+
+static int stdout_null(void **state)
+{
+    (void)state;
+    run_stdout = "/dev/null";
+    return 0;
+}
+
 static void test_load_usage(void **state)
 {
     (void)state;
@@ -201,9 +222,13 @@ static void test_load_usage(void **state)
 int main(int argc, char **argv)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_key),     cmocka_unit_test(test_numbers),
-        cmocka_unit_test(test_content),       cmocka_unit_test(test_cli_usage),
-        cmocka_unit_test(test_cli_no_daemon), cmocka_unit_test(test_load_usage),
+        cmocka_unit_test(test_parse_key),
+        cmocka_unit_test(test_numbers),
+        cmocka_unit_test(test_content),
+        cmocka_unit_test(test_cli_usage),
+        cmocka_unit_test(test_cli_no_daemon),
+        cmocka_unit_test_teardown(test_cli_full_stdout, stdout_null),
+        cmocka_unit_test(test_load_usage),
     };
 
     if (argc != 3) {

@@ -106,6 +106,11 @@ int kvt_peers_create(const struct kvt_peers_config *cfg, struct kvt_peers **p_p)
  * transport. */
 void kvt_peers_destroy(struct kvt_peers *p);
 
+/* Replaces the seeds (network.peers at a reload): host:port strings, as in the
+ * config. A link to a seed that is gone stays; new seeds are dialled at the next
+ * progress. 0, -EINVAL (one is not host:port: nothing changed) or -ENOMEM. */
+int kvt_peers_set_seeds(struct kvt_peers *p, const char *const *seeds, size_t n_seeds);
+
 /* Replaces the handlers (the network tier installs itself after the peers exist;
  * NULL restores "none"). */
 void kvt_peers_set_handlers(struct kvt_peers *p, const struct kvt_peers_handlers *h);

@@ -140,6 +140,7 @@ struct kvt_engine_server_counters {
     uint64_t clients;        /* connected now */
     uint64_t accepted;       /* connections accepted, ever */
     uint64_t refused;        /* connections refused (max_clients) */
+    uint64_t accept_failed;  /* accepts failed (no descriptor or memory): the socket rested */
     uint64_t requests;       /* requests decoded and executed */
     uint64_t malformed;      /* frames that did not decode, or came out of order */
     uint64_t oversized;      /* frames over max_msg_bytes or a count limit */

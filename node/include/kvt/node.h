@@ -64,7 +64,8 @@ int kvt_node_progress(struct kvt_node *node);
 void kvt_node_step(struct kvt_node *node);
 /* SIGHUP: adopts next's values of the keys that may change at run time (the caller
  * checked with kvt_config_diff_reloadable that no other key changed): the log level
- * and the tick. The peer list is kept for the next start. 0 or -ENOMEM (nothing
+ * and the tick read where they are used, network.peers handed to the peer links
+ * (new seeds are dialled). 0, -EINVAL (a seed the links refuse) or -ENOMEM (nothing
  * changed). */
 int kvt_node_reload(struct kvt_node *node, const struct kvt_config *next);
 
