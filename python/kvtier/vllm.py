@@ -209,6 +209,9 @@ def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
 
 
 _RETRY, _HIT, _MISS = LookupResult.RETRY, LookupResult.HIT, LookupResult.MISS
+# The ids of the parts of a job sent in several messages (vLLM's job ids count up
+# from 0: they never get there).
+_PART_BASE = 1 << 62
 
 
 class _Key:
@@ -451,6 +454,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._news = False
         self._stop = threading.Event()
         self._connected = threading.Event()
+        # ---- the I/O thread's: jobs sent in parts (see _io_send) ----------------------
+        self._part_of: dict[int, int] = {}  # part id -> its job's id
+        self._split: dict[int, tuple] = {}  # job id -> ([(part id, keys)], {part id: JobDone})
+        self._next_part = 0
         self._thread = threading.Thread(target=self._io_main, name="kvtier-io-%s" % tier_type,
                                         daemon=True)
         self._thread.start()
@@ -519,6 +526,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         rows = ids.tolist() if hasattr(ids, "tolist") else [int(c) for c in ids]
         self._jobs[job.job_id] = _Job(job, kind)
         if not self._node_up:
+            self._fail(job.job_id)
+            return
+        if len(rows) != len(keys) or (rows and (min(rows) < 0 or max(rows) >= self._rows)):
+            # (the node would refuse the step's whole message, every job in it)
+            logger.error("kvtier: job %s names %d keys and rows %s..%s of vLLM's %d: it fails",
+                         job.job_id, len(keys), min(rows, default=None),
+                         max(rows, default=None), self._rows)
             self._fail(job.job_id)
             return
         self._step_jobs.append(_kvt.Job(job.job_id, kind, keys, rows))
@@ -732,6 +746,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     except (OSError, _kvt.KvtierError) as e:
                         next_try = now + self._reconnect_s
                         logger.debug("kvtier: no node at %s: %s", self._socket, e)
+                    except Exception:  # noqa: BLE001 - the thread must not die
+                        next_try = now + self._reconnect_s
+                        logger.exception("kvtier: connecting to the node at %s failed",
+                                         self._socket)
                 if client is None:
                     # Nothing can run: the scheduler fails these jobs and answers
                     # MISS when it hears the node is down.
@@ -742,17 +760,24 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     retry.clear()
                     continue
             try:
+                if touch and not _keys_ok(touch):
+                    touch = [k for k in touch if _key_ok(k)]
                 if touch:
                     client.touch(touch[:client.max_keys])
                 t0 = time.monotonic()
                 verdicts, done = self._io_send(client, keys, jobs)
                 post(("rtt", time.monotonic() - t0), False)
-            except (OSError, _kvt.KvtierError) as e:
-                logger.warning("kvtier: node at %s: %s; its jobs fail, lookups miss", self._socket,
-                               e)
+            except Exception as e:  # noqa: BLE001 - the thread must not die: as a node gone
+                if isinstance(e, OSError):
+                    logger.warning("kvtier: node at %s: %s; its jobs fail, lookups miss",
+                                   self._socket, e)
+                else:
+                    logger.exception("kvtier: a step for the node at %s failed; its jobs fail, "
+                                     "lookups miss", self._socket)
                 post(("error",))
                 client.close()
                 client = None
+                self._io_forget_parts()
                 next_try = time.monotonic() + self._reconnect_s
                 post(("done", [_kvt.JobDone(j.id, False, [False] * len(j.keys)) for j in jobs]
                       + [_kvt.JobDone(i, False, []) for i in out]))
@@ -783,6 +808,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                                self._job_timeout_s)
                 client.close()
                 client = None
+                self._io_forget_parts()
                 post(("done", [_kvt.JobDone(i, False, []) for i in out]))
                 out.clear()
                 retry.clear()
@@ -792,21 +818,44 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _io_send(self, client, keys, jobs):
         """One step's lookups and jobs, in as few JOBS messages as the node's key
-        limit allows (one in the common case)."""
+        limit allows (one in the common case). A job of more keys than one message
+        takes goes in parts (ids of the tier's own, _PART_BASE and up), reported as
+        one job once every part is (_io_merge). A lookup key that is not 1..64 bytes
+        is answered MISS here and a job with such a key fails here: the node is
+        never sent them (the library would refuse the whole message)."""
         cap = max(int(client.max_keys), 1)
         verdicts: list[int] = []
         done: list = []
+        if keys and not _keys_ok(keys):
+            good = [_key_ok(k) for k in keys]
+            v, d = self._io_send(client, [k for k, g in zip(keys, good) if g], jobs)
+            it = iter(v)
+            return [next(it) if g else _kvt.MISS for g in good], d
+        parts = []
+        for j in jobs:
+            n = len(j.keys)
+            if not _keys_ok(j.keys):
+                done.append(_kvt.JobDone(j.id, False, [False] * n))
+            elif n <= cap:
+                parts.append(j)
+            else:
+                split = []
+                for at in range(0, n, cap):
+                    pid = _PART_BASE + self._next_part
+                    self._next_part = (self._next_part + 1) % _PART_BASE
+                    self._part_of[pid] = j.id
+                    split.append((pid, min(cap, n - at)))
+                    parts.append(_kvt.Job(pid, j.kind, j.keys[at:at + cap], j.rows[at:at + cap]))
+                self._split[j.id] = (split, {})
+        jobs = parts
         ki = 0
         ji = 0
         while True:
             lk = keys[ki:ki + cap] if ki or len(keys) > cap else keys
             ki += len(lk)
             batch, n = [], 0
-            while ji < len(jobs) and (not batch or n + len(jobs[ji].keys) <= cap):
-                if len(jobs[ji].keys) > cap:  # too large for any message: fails
-                    done.append(_kvt.JobDone(jobs[ji].id, False, [False] * len(jobs[ji].keys)))
-                    ji += 1
-                    continue
+            while ji < len(jobs) and len(batch) < cap and (not batch or
+                                                          n + len(jobs[ji].keys) <= cap):
                 batch.append(jobs[ji])
                 n += len(jobs[ji].keys)
                 ji += 1
@@ -814,7 +863,51 @@ class KvtierSecondaryTier(SecondaryTierManager):
             verdicts.extend(v)
             done.extend(d)
             if ki >= len(keys) and ji >= len(jobs):
-                return verdicts, done
+                return verdicts, self._io_merge(done)
+
+    def _io_merge(self, done):
+        """done with the parts of split jobs replaced by their job, once all its parts
+        are in (ok when every part is; key_ok theirs, in order)."""
+        if not self._part_of:
+            return done
+        out = []
+        for d in done:
+            job_id = self._part_of.pop(d.id, None)
+            if job_id is None:
+                out.append(d)
+                continue
+            split, got = self._split[job_id]
+            got[d.id] = d
+            if len(got) < len(split):
+                continue
+            del self._split[job_id]
+            key_ok: list[bool] = []
+            for pid, n in split:
+                ok = list(got[pid].key_ok)[:n]
+                key_ok.extend(ok + [False] * (n - len(ok)))
+            out.append(_kvt.JobDone(job_id, all(got[pid].ok for pid, _ in split), key_ok))
+        return out
+
+    def _io_forget_parts(self) -> None:
+        """The connection went: its jobs are failed whole, their parts forgotten."""
+        self._part_of.clear()
+        self._split.clear()
+
+
+def _key_ok(k) -> bool:
+    try:
+        return 1 <= len(k) <= _kvt.KEY_MAX
+    except TypeError:
+        return False
+
+
+def _keys_ok(keys) -> bool:
+    """Whether every key is 1..64 bytes long (at C speed)."""
+    try:
+        lens = list(map(len, keys))
+    except TypeError:
+        return False
+    return not lens or (min(lens) >= 1 and max(lens) <= _kvt.KEY_MAX)
 
 
 # ==================================================================================

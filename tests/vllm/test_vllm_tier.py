@@ -473,3 +473,81 @@ def test_vllm_reset_keeps_the_nodes_chunks_operator_reset_drops_them(cluster):
         e.finish(ctx)
     finally:
         e.shutdown()
+
+
+# ---- what the node's limits would refuse --------------------------------------------
+
+def test_job_past_the_nodes_key_limit_goes_in_parts():
+    # vLLM hands a request's whole promotion (or a request-level cascade) over as one
+    # job: a long prompt has more keys than one message to the node may carry
+    # (max_keys, 4096). The job goes in parts and is reported once, whole; a key
+    # missing in a later part fails only that key.
+    row = 4096
+    c = kvt_nodes.Cluster(KVTIERD, n=1, row_bytes=row, primary="64MiB", tmp=TMP,
+                          network=False).start()
+    n = 4500
+    e = None
+    try:
+        e = eng_mod.Engine([kv(c.socks[0])], num_chunks=n + 8, row=row)
+        tier = e.tiers[0]
+        with kvtier.Client(c.socks[0], timeout_ms=5000) as cl:
+            assert n > cl.max_keys
+        keys = [eng_mod.key(i, b"parts") for i in range(n)]
+        for i in range(n):
+            e.rows[i] = np.frombuffer(eng_mod.row_bytes_of(i, row, b"parts"), dtype=np.uint8)
+        tier.submit_store(TransferJob(job_id=1, keys=keys, chunk_ids=np.arange(n),
+                                      is_promotion=False, req_context=ReqContext(req_id="p")))
+        got = _finished(tier, [1], timeout=30)
+        assert got[1].success and got[1].transfer_bytes == n * row
+        e.rows[:n] = 0
+        load = keys[:]
+        load[4400] = eng_mod.key(4400, b"nowhere")  # in the second part: not stored
+        tier.submit_load(_job(2, load, list(range(n)), req="p"))
+        got = _finished(tier, [2], timeout=30)
+        assert list(got) == [2]
+        assert not got[2].success
+        assert list(got[2].successful_keys) == keys[:4400] + keys[4401:]
+        for i in (0, 4095, 4096, 4399, 4401, n - 1):
+            assert e.rows[i].tobytes() == eng_mod.row_bytes_of(i, row, b"parts"), i
+        assert not e.rows[4400].any()
+        assert _finished(tier, [], timeout=0.2) == {}  # (once)
+        assert tier._node_up and not tier.has_pending_work()
+    finally:
+        if e is not None:
+            e.shutdown()
+        c.stop()
+        c.cleanup()
+
+
+def test_bad_keys_and_rows_fail_their_own_job_only(cluster, key_table):
+    # A lookup key the node cannot take (not 1..64 bytes) is a MISS, a job with
+    # one fails, a job naming rows outside vLLM's region fails: each alone. The
+    # step's other lookups and jobs go on, the tier's I/O thread lives, the node
+    # stays connected.
+    e = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        tier = e.tiers[0]
+        ctx = ReqContext(req_id="bad")
+        long_key = b"\x01" * 65
+        good = [eng_mod.key(i, b"bad") for i in range(3)]
+        for i in range(3):
+            e.rows[i] = np.frombuffer(eng_mod.row_bytes_of(i, ROW, b"bad"), dtype=np.uint8)
+        assert tier.lookup(long_key, ctx) is LookupResult.RETRY
+        assert tier.lookup(good[2], ctx) is LookupResult.RETRY
+        tier.submit_store(TransferJob(job_id=1, keys=[long_key], chunk_ids=np.array([0]),
+                                      is_promotion=False, req_context=ctx))
+        tier.submit_store(TransferJob(job_id=2, keys=[good[0]], chunk_ids=np.array([64]),
+                                      is_promotion=False, req_context=ctx))
+        tier.submit_store(TransferJob(job_id=3, keys=[good[1]], chunk_ids=np.array([-1]),
+                                      is_promotion=False, req_context=ctx))
+        tier.submit_store(TransferJob(job_id=4, keys=good, chunk_ids=np.array([0, 1, 2]),
+                                      is_promotion=False, req_context=ctx))
+        got = _finished(tier, [1, 2, 3, 4])
+        assert {j: r.success for j, r in got.items()} == {1: False, 2: False, 3: False, 4: True}
+        assert tier._thread.is_alive() and tier._node_up
+        assert tier.lookup(long_key, ctx) is LookupResult.MISS
+        assert tier.lookup(good[2], ctx) is LookupResult.HIT
+        assert tier.get_stats().reduce().get(KvtierMetrics.NODE_ERRORS, 0) == 0
+        tier.on_request_finished(ctx)
+    finally:
+        e.shutdown()
