@@ -177,6 +177,40 @@ def region_fd_of(view: memoryview, spec=None) -> tuple[int, int]:
     raise ValueError("cannot open the file behind the primary region (%s)" % path)
 
 
+_kvt_NAME_MAX = 63  # an engine's name, in bytes (KVTIER_NAME_MAX)
+
+
+def _truncate_utf8(text: str, nbytes: int) -> str:
+    """text cut to at most nbytes of UTF-8, on a character boundary."""
+    return text.encode()[:nbytes].decode("utf-8", "ignore")
+
+
+def _opt_number(key: str, value, lo, hi, kind=float):
+    """A tier option's number (an int or float, or a string of one), lo..hi."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = kind(float(value)) if kind is int and not isinstance(value, int) else kind(value)
+    except (TypeError, ValueError):
+        raise ValueError("kvtier tier: %s is a number, not %r" % (key, value)) from None
+    if not lo <= v <= hi:  # (NaN fails too)
+        raise ValueError("kvtier tier: %s is %s..%s, not %r" % (key, lo, hi, value))
+    return v
+
+
+def _opt_bool(key: str, value) -> bool:
+    """A tier option's flag: a bool, 0/1, or "true"/"false" (a JSON string "false"
+    must not turn it on)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes",
+                                                            "no", "on", "off"):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    raise ValueError("kvtier tier: %s is true or false, not %r" % (key, value))
+
+
 def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
     """The fingerprint this tier declares: "vllm:<model>:<dtype>:<32 hex digits>", the
     digits a SHA-256 of everything that makes a chunk's bytes mean something (see the
@@ -205,7 +239,9 @@ def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
     if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
         desc["hash_seed"] = os.environ["PYTHONHASHSEED"]
     digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:32]
-    return "vllm:%s:%s:%s" % (str(model.name)[:160], str(model.dtype)[:32], digest)
+    # (cut in bytes: the node takes 255, and a model's path may not be ASCII)
+    return "vllm:%s:%s:%s" % (_truncate_utf8(str(model.name), 160),
+                              _truncate_utf8(str(model.dtype), 32), digest)
 
 
 _RETRY, _HIT, _MISS = LookupResult.RETRY, LookupResult.HIT, LookupResult.MISS
@@ -416,21 +452,33 @@ class KvtierSecondaryTier(SecondaryTierManager):
         backpressure_detector=None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        # The options are checked here, where vLLM reports a bad one at start: the I/O
+        # thread would only fail to connect, for good and silently.
         self.locality = Locality(locality) if locality is not None else Locality.LOCAL
-        self._socket = socket
-        self._name = (name or "vllm-%d" % os.getpid())[:63]
-        self._timeout_ms = int(timeout_ms)
-        self._poll_s = max(float(poll_ms), 0.05) / 1000.0
-        self._job_timeout_s = float(job_timeout_s)
-        self._reconnect_s = float(reconnect_s)
-        self._request_level = bool(request_level)
+        if not isinstance(socket, (str, bytes, os.PathLike)):
+            raise TypeError("kvtier tier: socket is a path, not %r" % (socket,))
+        self._socket = os.fsdecode(socket)
+        if name is not None and not isinstance(name, str):
+            raise TypeError("kvtier tier: name is a string, not %r" % (name,))
+        self._name = _truncate_utf8(name or "vllm-%d" % os.getpid(), _kvt_NAME_MAX)
+        self._timeout_ms = _opt_number("timeout_ms", timeout_ms, 1, 2**31 - 1, int)
+        self._poll_s = max(_opt_number("poll_ms", poll_ms, 0, 3.6e6), 0.05) / 1000.0
+        self._job_timeout_s = _opt_number("job_timeout_s", job_timeout_s, 1e-3, 1e9)
+        self._reconnect_s = _opt_number("reconnect_s", reconnect_s, 0, 1e9)
+        self._request_level = _opt_bool("request_level", request_level)
         events_on = bool(getattr(getattr(offloading_spec, "kv_events_config", None),
                                  "enable_kv_cache_events", False))
+        enable_kv_events = _opt_bool("enable_kv_events", enable_kv_events)
         self._events: list[OffloadingEvent] | None = [] if enable_kv_events and events_on else None
         self._rows = primary_kv_view.shape[0] if primary_kv_view.shape else 0
         self._stride = self.block_size_bytes
         if fingerprint is None:
             fingerprint = model_fingerprint(offloading_spec, self._stride)
+        if fingerprint is not None and (
+                not isinstance(fingerprint, str) or "\0" in fingerprint
+                or len(fingerprint.encode()) > _kvt.FINGERPRINT_MAX):
+            raise ValueError("kvtier tier: fingerprint is a string of at most %d bytes (no NUL), "
+                             "not %r" % (_kvt.FINGERPRINT_MAX, fingerprint))
         self.fingerprint = fingerprint or None
         self._refused = False  # the node refused our fingerprint (logged once)
         # The region's own descriptor, passed at every (re)attach.

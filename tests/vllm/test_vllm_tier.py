@@ -551,3 +551,59 @@ def test_bad_keys_and_rows_fail_their_own_job_only(cluster, key_table):
         tier.on_request_finished(ctx)
     finally:
         e.shutdown()
+
+
+def test_bad_tier_options_stop_the_constructor(cluster):
+    # A tier option of the wrong type or out of range is refused by the constructor
+    # (vLLM stops at start and says which), not left to the tier's I/O thread, which
+    # died of it (the tier then answered MISS for good, without a word) or ran with
+    # it (a negative job_timeout_s failed every job and reconnected every step).
+    e = eng_mod.Engine([])
+    made = []
+    try:
+        spec = types_ns(kv_events_config=None)
+
+        def make(**extra):
+            t = SecondaryTierFactory.create_secondary_tier(kv(cluster.socks[0], **extra),
+                                                           e.view, spec)
+            made.append(t)
+            return t
+
+        for extra, what in [({"socket": None}, "socket"), ({"socket": 123}, "socket"),
+                            ({"timeout_ms": "x"}, "timeout_ms"), ({"timeout_ms": -1}, "timeout_ms"),
+                            ({"timeout_ms": 10**12}, "timeout_ms"),
+                            ({"job_timeout_s": -1}, "job_timeout_s"),
+                            ({"job_timeout_s": float("nan")}, "job_timeout_s"),
+                            ({"poll_ms": -5}, "poll_ms"), ({"reconnect_s": "soon"}, "reconnect_s"),
+                            ({"request_level": "maybe"}, "request_level"),
+                            ({"enable_kv_events": 2}, "enable_kv_events"),
+                            ({"fingerprint": "x" * 300}, "fingerprint"),
+                            ({"fingerprint": 123}, "fingerprint"),
+                            ({"name": 123}, "name")]:
+            t0 = time.monotonic()
+            with pytest.raises((TypeError, ValueError), match=what):
+                make(**extra)
+            assert time.monotonic() - t0 < 1.0
+        # A JSON string "false" is false; a name of many bytes per character is cut
+        # to the node's 63 bytes, not 63 characters (the node refused it: never up).
+        t = make(request_level="false", name="é" * 40, timeout_ms="5000")
+        assert t.on_new_request(ReqContext(req_id="o")).policy is not OffloadPolicy.REQUEST_LEVEL
+        assert t._node_up and len(t._name.encode()) <= 63
+        t.shutdown()
+        assert make(request_level="true").on_new_request(
+            ReqContext(req_id="o")).policy is OffloadPolicy.REQUEST_LEVEL
+    finally:
+        for t in made:
+            t.shutdown()
+        e.shutdown()
+
+
+def test_fingerprint_of_a_long_non_ascii_model_name_fits(monkeypatch):
+    # The model's name may be a local path of any characters: the fingerprint is cut
+    # to what the node takes in bytes (a longer one made every connect fail).
+    from kvtier.vllm import model_fingerprint
+
+    name = "/models/" + "模型" * 100
+    fp = model_fingerprint(types_ns(config=_offloading_config(name=name)), ROW)
+    assert fp.startswith("vllm:/models/模型") and len(fp.encode()) <= kvtier.FINGERPRINT_MAX
+    assert fp != model_fingerprint(types_ns(config=_offloading_config(name=name + "x")), ROW)
