@@ -683,9 +683,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._to_io.put(None)
         self._thread.join(timeout=self._timeout_ms / 1000.0 + 5.0)
         self._drain_io()
+        # From now on the tier answers as for a node gone: lookups MISS, jobs fail at
+        # once (nothing would send them: they stayed pending and keys RETRY for good).
+        self._node_up = False
+        self._node_down()
         for job_id in list(self._jobs):
             self._fail(job_id)
-        if self._region_fd >= 0:
+        if self._region_fd >= 0 and not self._thread.is_alive():
+            # (an I/O thread still stuck in a call may yet attach it: then it stays open,
+            # lest the number name another file by then)
             os.close(self._region_fd)
             self._region_fd = -1
 
@@ -711,7 +717,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             elif what == "rtt":
                 self._stats.observe_histogram(KvtierMetrics.STEP_RTT, msg[1])
             elif what == "up":
-                self._node_up = msg[1]
+                self._node_up = msg[1] and not self._stop.is_set()
                 if not msg[1]:
                     self._node_down()
             elif what == "error":

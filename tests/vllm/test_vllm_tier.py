@@ -607,3 +607,27 @@ def test_fingerprint_of_a_long_non_ascii_model_name_fits(monkeypatch):
     fp = model_fingerprint(types_ns(config=_offloading_config(name=name)), ROW)
     assert fp.startswith("vllm:/models/模型") and len(fp.encode()) <= kvtier.FINGERPRINT_MAX
     assert fp != model_fingerprint(types_ns(config=_offloading_config(name=name + "x")), ROW)
+
+
+def test_after_shutdown_lookups_miss_and_jobs_fail(cluster, key_table):
+    # shutdown() stops the I/O thread: a tier still called after it (shut down while
+    # the node was up) answered RETRY for good and kept jobs pending, never reported.
+    e = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        tier = e.tiers[0]
+        assert tier._node_up
+        ctx = ReqContext(req_id="late")
+        tier.shutdown()
+        assert tier.lookup(eng_mod.key(1, b"late"), ctx) is LookupResult.MISS
+        tier.submit_store(TransferJob(job_id=9, keys=[eng_mod.key(2, b"late")],
+                                      chunk_ids=np.array([0]), is_promotion=False,
+                                      req_context=ctx))
+        tier.on_schedule_end(ScheduleEndContext([], ()))
+        res = list(tier.get_finished_jobs())
+        assert [(r.job_id, r.success) for r in res] == [(9, False)]
+        assert not tier.has_pending_work()
+        tier.drain_jobs()  # (returns at once)
+        tier.shutdown()  # twice is harmless
+        tier.on_request_finished(ctx)
+    finally:
+        e.shutdown()
