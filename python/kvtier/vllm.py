@@ -177,6 +177,40 @@ def region_fd_of(view: memoryview, spec=None) -> tuple[int, int]:
     raise ValueError("cannot open the file behind the primary region (%s)" % path)
 
 
+_kvt_NAME_MAX = 63  # an engine's name, in bytes (KVTIER_NAME_MAX)
+
+
+def _truncate_utf8(text: str, nbytes: int) -> str:
+    """text cut to at most nbytes of UTF-8, on a character boundary."""
+    return text.encode()[:nbytes].decode("utf-8", "ignore")
+
+
+def _opt_number(key: str, value, lo, hi, kind=float):
+    """A tier option's number (an int or float, or a string of one), lo..hi."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = kind(float(value)) if kind is int and not isinstance(value, int) else kind(value)
+    except (TypeError, ValueError):
+        raise ValueError("kvtier tier: %s is a number, not %r" % (key, value)) from None
+    if not lo <= v <= hi:  # (NaN fails too)
+        raise ValueError("kvtier tier: %s is %s..%s, not %r" % (key, lo, hi, value))
+    return v
+
+
+def _opt_bool(key: str, value) -> bool:
+    """A tier option's flag: a bool, 0/1, or "true"/"false" (a JSON string "false"
+    must not turn it on)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0", "yes",
+                                                            "no", "on", "off"):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    raise ValueError("kvtier tier: %s is true or false, not %r" % (key, value))
+
+
 def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
     """The fingerprint this tier declares: "vllm:<model>:<dtype>:<32 hex digits>", the
     digits a SHA-256 of everything that makes a chunk's bytes mean something (see the
@@ -205,10 +239,15 @@ def model_fingerprint(offloading_spec, row_bytes: int) -> str | None:
     if os.environ.get("PYTHONHASHSEED") not in (None, "", "random"):
         desc["hash_seed"] = os.environ["PYTHONHASHSEED"]
     digest = hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:32]
-    return "vllm:%s:%s:%s" % (str(model.name)[:160], str(model.dtype)[:32], digest)
+    # (cut in bytes: the node takes 255, and a model's path may not be ASCII)
+    return "vllm:%s:%s:%s" % (_truncate_utf8(str(model.name), 160),
+                              _truncate_utf8(str(model.dtype), 32), digest)
 
 
 _RETRY, _HIT, _MISS = LookupResult.RETRY, LookupResult.HIT, LookupResult.MISS
+# The ids of the parts of a job sent in several messages (vLLM's job ids count up
+# from 0: they never get there).
+_PART_BASE = 1 << 62
 
 
 class _Key:
@@ -413,21 +452,33 @@ class KvtierSecondaryTier(SecondaryTierManager):
         backpressure_detector=None,
     ) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        # The options are checked here, where vLLM reports a bad one at start: the I/O
+        # thread would only fail to connect, for good and silently.
         self.locality = Locality(locality) if locality is not None else Locality.LOCAL
-        self._socket = socket
-        self._name = (name or "vllm-%d" % os.getpid())[:63]
-        self._timeout_ms = int(timeout_ms)
-        self._poll_s = max(float(poll_ms), 0.05) / 1000.0
-        self._job_timeout_s = float(job_timeout_s)
-        self._reconnect_s = float(reconnect_s)
-        self._request_level = bool(request_level)
+        if not isinstance(socket, (str, bytes, os.PathLike)):
+            raise TypeError("kvtier tier: socket is a path, not %r" % (socket,))
+        self._socket = os.fsdecode(socket)
+        if name is not None and not isinstance(name, str):
+            raise TypeError("kvtier tier: name is a string, not %r" % (name,))
+        self._name = _truncate_utf8(name or "vllm-%d" % os.getpid(), _kvt_NAME_MAX)
+        self._timeout_ms = _opt_number("timeout_ms", timeout_ms, 1, 2**31 - 1, int)
+        self._poll_s = max(_opt_number("poll_ms", poll_ms, 0, 3.6e6), 0.05) / 1000.0
+        self._job_timeout_s = _opt_number("job_timeout_s", job_timeout_s, 1e-3, 1e9)
+        self._reconnect_s = _opt_number("reconnect_s", reconnect_s, 0, 1e9)
+        self._request_level = _opt_bool("request_level", request_level)
         events_on = bool(getattr(getattr(offloading_spec, "kv_events_config", None),
                                  "enable_kv_cache_events", False))
+        enable_kv_events = _opt_bool("enable_kv_events", enable_kv_events)
         self._events: list[OffloadingEvent] | None = [] if enable_kv_events and events_on else None
         self._rows = primary_kv_view.shape[0] if primary_kv_view.shape else 0
         self._stride = self.block_size_bytes
         if fingerprint is None:
             fingerprint = model_fingerprint(offloading_spec, self._stride)
+        if fingerprint is not None and (
+                not isinstance(fingerprint, str) or "\0" in fingerprint
+                or len(fingerprint.encode()) > _kvt.FINGERPRINT_MAX):
+            raise ValueError("kvtier tier: fingerprint is a string of at most %d bytes (no NUL), "
+                             "not %r" % (_kvt.FINGERPRINT_MAX, fingerprint))
         self.fingerprint = fingerprint or None
         self._refused = False  # the node refused our fingerprint (logged once)
         # The region's own descriptor, passed at every (re)attach.
@@ -451,6 +502,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._news = False
         self._stop = threading.Event()
         self._connected = threading.Event()
+        # ---- the I/O thread's: jobs sent in parts (see _io_send) ----------------------
+        self._part_of: dict[int, int] = {}  # part id -> its job's id
+        self._split: dict[int, tuple] = {}  # job id -> ([(part id, keys)], {part id: JobDone})
+        self._next_part = 0
         self._thread = threading.Thread(target=self._io_main, name="kvtier-io-%s" % tier_type,
                                         daemon=True)
         self._thread.start()
@@ -519,6 +574,13 @@ class KvtierSecondaryTier(SecondaryTierManager):
         rows = ids.tolist() if hasattr(ids, "tolist") else [int(c) for c in ids]
         self._jobs[job.job_id] = _Job(job, kind)
         if not self._node_up:
+            self._fail(job.job_id)
+            return
+        if len(rows) != len(keys) or (rows and (min(rows) < 0 or max(rows) >= self._rows)):
+            # (the node would refuse the step's whole message, every job in it)
+            logger.error("kvtier: job %s names %d keys and rows %s..%s of vLLM's %d: it fails",
+                         job.job_id, len(keys), min(rows, default=None),
+                         max(rows, default=None), self._rows)
             self._fail(job.job_id)
             return
         self._step_jobs.append(_kvt.Job(job.job_id, kind, keys, rows))
@@ -621,9 +683,15 @@ class KvtierSecondaryTier(SecondaryTierManager):
         self._to_io.put(None)
         self._thread.join(timeout=self._timeout_ms / 1000.0 + 5.0)
         self._drain_io()
+        # From now on the tier answers as for a node gone: lookups MISS, jobs fail at
+        # once (nothing would send them: they stayed pending and keys RETRY for good).
+        self._node_up = False
+        self._node_down()
         for job_id in list(self._jobs):
             self._fail(job_id)
-        if self._region_fd >= 0:
+        if self._region_fd >= 0 and not self._thread.is_alive():
+            # (an I/O thread still stuck in a call may yet attach it: then it stays open,
+            # lest the number name another file by then)
             os.close(self._region_fd)
             self._region_fd = -1
 
@@ -649,7 +717,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
             elif what == "rtt":
                 self._stats.observe_histogram(KvtierMetrics.STEP_RTT, msg[1])
             elif what == "up":
-                self._node_up = msg[1]
+                self._node_up = msg[1] and not self._stop.is_set()
                 if not msg[1]:
                     self._node_down()
             elif what == "error":
@@ -732,6 +800,10 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     except (OSError, _kvt.KvtierError) as e:
                         next_try = now + self._reconnect_s
                         logger.debug("kvtier: no node at %s: %s", self._socket, e)
+                    except Exception:  # noqa: BLE001 - the thread must not die
+                        next_try = now + self._reconnect_s
+                        logger.exception("kvtier: connecting to the node at %s failed",
+                                         self._socket)
                 if client is None:
                     # Nothing can run: the scheduler fails these jobs and answers
                     # MISS when it hears the node is down.
@@ -742,17 +814,24 @@ class KvtierSecondaryTier(SecondaryTierManager):
                     retry.clear()
                     continue
             try:
+                if touch and not _keys_ok(touch):
+                    touch = [k for k in touch if _key_ok(k)]
                 if touch:
                     client.touch(touch[:client.max_keys])
                 t0 = time.monotonic()
                 verdicts, done = self._io_send(client, keys, jobs)
                 post(("rtt", time.monotonic() - t0), False)
-            except (OSError, _kvt.KvtierError) as e:
-                logger.warning("kvtier: node at %s: %s; its jobs fail, lookups miss", self._socket,
-                               e)
+            except Exception as e:  # noqa: BLE001 - the thread must not die: as a node gone
+                if isinstance(e, OSError):
+                    logger.warning("kvtier: node at %s: %s; its jobs fail, lookups miss",
+                                   self._socket, e)
+                else:
+                    logger.exception("kvtier: a step for the node at %s failed; its jobs fail, "
+                                     "lookups miss", self._socket)
                 post(("error",))
                 client.close()
                 client = None
+                self._io_forget_parts()
                 next_try = time.monotonic() + self._reconnect_s
                 post(("done", [_kvt.JobDone(j.id, False, [False] * len(j.keys)) for j in jobs]
                       + [_kvt.JobDone(i, False, []) for i in out]))
@@ -783,6 +862,7 @@ class KvtierSecondaryTier(SecondaryTierManager):
                                self._job_timeout_s)
                 client.close()
                 client = None
+                self._io_forget_parts()
                 post(("done", [_kvt.JobDone(i, False, []) for i in out]))
                 out.clear()
                 retry.clear()
@@ -792,21 +872,44 @@ class KvtierSecondaryTier(SecondaryTierManager):
 
     def _io_send(self, client, keys, jobs):
         """One step's lookups and jobs, in as few JOBS messages as the node's key
-        limit allows (one in the common case)."""
+        limit allows (one in the common case). A job of more keys than one message
+        takes goes in parts (ids of the tier's own, _PART_BASE and up), reported as
+        one job once every part is (_io_merge). A lookup key that is not 1..64 bytes
+        is answered MISS here and a job with such a key fails here: the node is
+        never sent them (the library would refuse the whole message)."""
         cap = max(int(client.max_keys), 1)
         verdicts: list[int] = []
         done: list = []
+        if keys and not _keys_ok(keys):
+            good = [_key_ok(k) for k in keys]
+            v, d = self._io_send(client, [k for k, g in zip(keys, good) if g], jobs)
+            it = iter(v)
+            return [next(it) if g else _kvt.MISS for g in good], d
+        parts = []
+        for j in jobs:
+            n = len(j.keys)
+            if not _keys_ok(j.keys):
+                done.append(_kvt.JobDone(j.id, False, [False] * n))
+            elif n <= cap:
+                parts.append(j)
+            else:
+                split = []
+                for at in range(0, n, cap):
+                    pid = _PART_BASE + self._next_part
+                    self._next_part = (self._next_part + 1) % _PART_BASE
+                    self._part_of[pid] = j.id
+                    split.append((pid, min(cap, n - at)))
+                    parts.append(_kvt.Job(pid, j.kind, j.keys[at:at + cap], j.rows[at:at + cap]))
+                self._split[j.id] = (split, {})
+        jobs = parts
         ki = 0
         ji = 0
         while True:
             lk = keys[ki:ki + cap] if ki or len(keys) > cap else keys
             ki += len(lk)
             batch, n = [], 0
-            while ji < len(jobs) and (not batch or n + len(jobs[ji].keys) <= cap):
-                if len(jobs[ji].keys) > cap:  # too large for any message: fails
-                    done.append(_kvt.JobDone(jobs[ji].id, False, [False] * len(jobs[ji].keys)))
-                    ji += 1
-                    continue
+            while ji < len(jobs) and len(batch) < cap and (not batch or
+                                                          n + len(jobs[ji].keys) <= cap):
                 batch.append(jobs[ji])
                 n += len(jobs[ji].keys)
                 ji += 1
@@ -814,7 +917,51 @@ class KvtierSecondaryTier(SecondaryTierManager):
             verdicts.extend(v)
             done.extend(d)
             if ki >= len(keys) and ji >= len(jobs):
-                return verdicts, done
+                return verdicts, self._io_merge(done)
+
+    def _io_merge(self, done):
+        """done with the parts of split jobs replaced by their job, once all its parts
+        are in (ok when every part is; key_ok theirs, in order)."""
+        if not self._part_of:
+            return done
+        out = []
+        for d in done:
+            job_id = self._part_of.pop(d.id, None)
+            if job_id is None:
+                out.append(d)
+                continue
+            split, got = self._split[job_id]
+            got[d.id] = d
+            if len(got) < len(split):
+                continue
+            del self._split[job_id]
+            key_ok: list[bool] = []
+            for pid, n in split:
+                ok = list(got[pid].key_ok)[:n]
+                key_ok.extend(ok + [False] * (n - len(ok)))
+            out.append(_kvt.JobDone(job_id, all(got[pid].ok for pid, _ in split), key_ok))
+        return out
+
+    def _io_forget_parts(self) -> None:
+        """The connection went: its jobs are failed whole, their parts forgotten."""
+        self._part_of.clear()
+        self._split.clear()
+
+
+def _key_ok(k) -> bool:
+    try:
+        return 1 <= len(k) <= _kvt.KEY_MAX
+    except TypeError:
+        return False
+
+
+def _keys_ok(keys) -> bool:
+    """Whether every key is 1..64 bytes long (at C speed)."""
+    try:
+        lens = list(map(len, keys))
+    except TypeError:
+        return False
+    return not lens or (min(lens) >= 1 and max(lens) <= _kvt.KEY_MAX)
 
 
 # ==================================================================================

@@ -473,3 +473,161 @@ def test_vllm_reset_keeps_the_nodes_chunks_operator_reset_drops_them(cluster):
         e.finish(ctx)
     finally:
         e.shutdown()
+
+
+# ---- what the node's limits would refuse --------------------------------------------
+
+def test_job_past_the_nodes_key_limit_goes_in_parts():
+    # vLLM hands a request's whole promotion (or a request-level cascade) over as one
+    # job: a long prompt has more keys than one message to the node may carry
+    # (max_keys, 4096). The job goes in parts and is reported once, whole; a key
+    # missing in a later part fails only that key.
+    row = 4096
+    c = kvt_nodes.Cluster(KVTIERD, n=1, row_bytes=row, primary="64MiB", tmp=TMP,
+                          network=False).start()
+    n = 4500
+    e = None
+    try:
+        e = eng_mod.Engine([kv(c.socks[0])], num_chunks=n + 8, row=row)
+        tier = e.tiers[0]
+        with kvtier.Client(c.socks[0], timeout_ms=5000) as cl:
+            assert n > cl.max_keys
+        keys = [eng_mod.key(i, b"parts") for i in range(n)]
+        for i in range(n):
+            e.rows[i] = np.frombuffer(eng_mod.row_bytes_of(i, row, b"parts"), dtype=np.uint8)
+        tier.submit_store(TransferJob(job_id=1, keys=keys, chunk_ids=np.arange(n),
+                                      is_promotion=False, req_context=ReqContext(req_id="p")))
+        got = _finished(tier, [1], timeout=30)
+        assert got[1].success and got[1].transfer_bytes == n * row
+        e.rows[:n] = 0
+        load = keys[:]
+        load[4400] = eng_mod.key(4400, b"nowhere")  # in the second part: not stored
+        tier.submit_load(_job(2, load, list(range(n)), req="p"))
+        got = _finished(tier, [2], timeout=30)
+        assert list(got) == [2]
+        assert not got[2].success
+        assert list(got[2].successful_keys) == keys[:4400] + keys[4401:]
+        for i in (0, 4095, 4096, 4399, 4401, n - 1):
+            assert e.rows[i].tobytes() == eng_mod.row_bytes_of(i, row, b"parts"), i
+        assert not e.rows[4400].any()
+        assert _finished(tier, [], timeout=0.2) == {}  # (once)
+        assert tier._node_up and not tier.has_pending_work()
+    finally:
+        if e is not None:
+            e.shutdown()
+        c.stop()
+        c.cleanup()
+
+
+def test_bad_keys_and_rows_fail_their_own_job_only(cluster, key_table):
+    # A lookup key the node cannot take (not 1..64 bytes) is a MISS, a job with
+    # one fails, a job naming rows outside vLLM's region fails: each alone. The
+    # step's other lookups and jobs go on, the tier's I/O thread lives, the node
+    # stays connected.
+    e = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        tier = e.tiers[0]
+        ctx = ReqContext(req_id="bad")
+        long_key = b"\x01" * 65
+        good = [eng_mod.key(i, b"bad") for i in range(3)]
+        for i in range(3):
+            e.rows[i] = np.frombuffer(eng_mod.row_bytes_of(i, ROW, b"bad"), dtype=np.uint8)
+        assert tier.lookup(long_key, ctx) is LookupResult.RETRY
+        assert tier.lookup(good[2], ctx) is LookupResult.RETRY
+        tier.submit_store(TransferJob(job_id=1, keys=[long_key], chunk_ids=np.array([0]),
+                                      is_promotion=False, req_context=ctx))
+        tier.submit_store(TransferJob(job_id=2, keys=[good[0]], chunk_ids=np.array([64]),
+                                      is_promotion=False, req_context=ctx))
+        tier.submit_store(TransferJob(job_id=3, keys=[good[1]], chunk_ids=np.array([-1]),
+                                      is_promotion=False, req_context=ctx))
+        tier.submit_store(TransferJob(job_id=4, keys=good, chunk_ids=np.array([0, 1, 2]),
+                                      is_promotion=False, req_context=ctx))
+        got = _finished(tier, [1, 2, 3, 4])
+        assert {j: r.success for j, r in got.items()} == {1: False, 2: False, 3: False, 4: True}
+        assert tier._thread.is_alive() and tier._node_up
+        assert tier.lookup(long_key, ctx) is LookupResult.MISS
+        assert tier.lookup(good[2], ctx) is LookupResult.HIT
+        assert tier.get_stats().reduce().get(KvtierMetrics.NODE_ERRORS, 0) == 0
+        tier.on_request_finished(ctx)
+    finally:
+        e.shutdown()
+
+
+def test_bad_tier_options_stop_the_constructor(cluster):
+    # A tier option of the wrong type or out of range is refused by the constructor
+    # (vLLM stops at start and says which), not left to the tier's I/O thread, which
+    # died of it (the tier then answered MISS for good, without a word) or ran with
+    # it (a negative job_timeout_s failed every job and reconnected every step).
+    e = eng_mod.Engine([])
+    made = []
+    try:
+        spec = types_ns(kv_events_config=None)
+
+        def make(**extra):
+            t = SecondaryTierFactory.create_secondary_tier(kv(cluster.socks[0], **extra),
+                                                           e.view, spec)
+            made.append(t)
+            return t
+
+        for extra, what in [({"socket": None}, "socket"), ({"socket": 123}, "socket"),
+                            ({"timeout_ms": "x"}, "timeout_ms"), ({"timeout_ms": -1}, "timeout_ms"),
+                            ({"timeout_ms": 10**12}, "timeout_ms"),
+                            ({"job_timeout_s": -1}, "job_timeout_s"),
+                            ({"job_timeout_s": float("nan")}, "job_timeout_s"),
+                            ({"poll_ms": -5}, "poll_ms"), ({"reconnect_s": "soon"}, "reconnect_s"),
+                            ({"request_level": "maybe"}, "request_level"),
+                            ({"enable_kv_events": 2}, "enable_kv_events"),
+                            ({"fingerprint": "x" * 300}, "fingerprint"),
+                            ({"fingerprint": 123}, "fingerprint"),
+                            ({"name": 123}, "name")]:
+            t0 = time.monotonic()
+            with pytest.raises((TypeError, ValueError), match=what):
+                make(**extra)
+            assert time.monotonic() - t0 < 1.0
+        # A JSON string "false" is false; a name of many bytes per character is cut
+        # to the node's 63 bytes, not 63 characters (the node refused it: never up).
+        t = make(request_level="false", name="é" * 40, timeout_ms="5000")
+        assert t.on_new_request(ReqContext(req_id="o")).policy is not OffloadPolicy.REQUEST_LEVEL
+        assert t._node_up and len(t._name.encode()) <= 63
+        t.shutdown()
+        assert make(request_level="true").on_new_request(
+            ReqContext(req_id="o")).policy is OffloadPolicy.REQUEST_LEVEL
+    finally:
+        for t in made:
+            t.shutdown()
+        e.shutdown()
+
+
+def test_fingerprint_of_a_long_non_ascii_model_name_fits(monkeypatch):
+    # The model's name may be a local path of any characters: the fingerprint is cut
+    # to what the node takes in bytes (a longer one made every connect fail).
+    from kvtier.vllm import model_fingerprint
+
+    name = "/models/" + "模型" * 100
+    fp = model_fingerprint(types_ns(config=_offloading_config(name=name)), ROW)
+    assert fp.startswith("vllm:/models/模型") and len(fp.encode()) <= kvtier.FINGERPRINT_MAX
+    assert fp != model_fingerprint(types_ns(config=_offloading_config(name=name + "x")), ROW)
+
+
+def test_after_shutdown_lookups_miss_and_jobs_fail(cluster, key_table):
+    # shutdown() stops the I/O thread: a tier still called after it (shut down while
+    # the node was up) answered RETRY for good and kept jobs pending, never reported.
+    e = eng_mod.Engine([kv(cluster.socks[0])])
+    try:
+        tier = e.tiers[0]
+        assert tier._node_up
+        ctx = ReqContext(req_id="late")
+        tier.shutdown()
+        assert tier.lookup(eng_mod.key(1, b"late"), ctx) is LookupResult.MISS
+        tier.submit_store(TransferJob(job_id=9, keys=[eng_mod.key(2, b"late")],
+                                      chunk_ids=np.array([0]), is_promotion=False,
+                                      req_context=ctx))
+        tier.on_schedule_end(ScheduleEndContext([], ()))
+        res = list(tier.get_finished_jobs())
+        assert [(r.job_id, r.success) for r in res] == [(9, False)]
+        assert not tier.has_pending_work()
+        tier.drain_jobs()  # (returns at once)
+        tier.shutdown()  # twice is harmless
+        tier.on_request_finished(ctx)
+    finally:
+        e.shutdown()
