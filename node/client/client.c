@@ -792,8 +792,12 @@ static int hello(struct kvtier_client *c, const char *name, const char *fingerpr
     }
     if (c->max_keys < c->lim.max_keys)
         c->lim.max_keys = (uint32_t)c->max_keys;
-    if (fstat(rfd, &st) != 0 || (uint64_t)st.st_size < r->size) {
-        rc = -EPROTO;
+    if (fstat(rfd, &st) != 0) {
+        rc = -errno;
+        goto out;
+    }
+    if ((uint64_t)st.st_size < r->size) { /* cut under the daemon: pages past it would SIGBUS */
+        rc = -EBADFD;
         goto out;
     }
     r->base = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0);

@@ -1516,6 +1516,24 @@ static void test_attach_and_jobs(void **state)
     close(fd);
 }
 
+/* The node's own region file cut under it (its user's doing): a new engine is refused
+ * with -EBADFD, which says so, not -EPROTO ("another version"); nothing is mapped. */
+static void test_node_region_cut_refused_clearly(void **state)
+{
+    struct kvtier_connect_opts o = {.name = "late", .timeout_ms = 10000};
+    struct kvtier_client *c = NULL;
+    struct stat st;
+
+    (void)state;
+    assert_int_equal(stat(g.region_path, &st), 0);
+    assert_int_equal(truncate(g.region_path, st.st_size / 2), 0);
+    assert_int_equal(kvtier_connect(g.sock, &o, &c), -EBADFD);
+    assert_null(c);
+    assert_int_equal(truncate(g.region_path, st.st_size), 0); /* for the teardown */
+    c = conn("after");
+    kvtier_close(c);
+}
+
 /* The engine truncates its region's file after ATTACH: the node's copies from and
  * to the mapping would raise SIGBUS (the daemon died); its jobs fail instead, and
  * nothing is stored. */
@@ -2097,6 +2115,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reset_refused_while_held_then_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pending_work_and_reset_drain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_waiting_loads_bounded_per_pass, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_node_region_cut_refused_clearly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fingerprint_first_engine_sets_it, setup, teardown),
         cmocka_unit_test_setup_teardown(test_peers_listed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_message_surfaced, setup, teardown),

@@ -207,6 +207,8 @@ const char *kvt_tool_strerror(int neg_errno)
         return "connection refused (is kvtierd running?)";
     case EPROTO:
         return "protocol error (daemon of another version?)";
+    case EBADFD:
+        return "the node's region file is shorter than the node says (cut under it?)";
     case ENOSPC:
         return "cannot store (no room)";
     default:

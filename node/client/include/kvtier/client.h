@@ -155,7 +155,8 @@ struct kvtier_client;
 
 /* Connects to the daemon listening at socket_path, says hello, receives and maps
  * the region. opts may be NULL. -ENOENT / -ECONNREFUSED when no daemon listens,
- * -EPROTO for a daemon of another protocol major, -EMFILE etc. */
+ * -EPROTO for a daemon of another protocol major, -EBADFD when the region's file is
+ * shorter than the daemon says (cut under it), -EMFILE etc. */
 int kvtier_connect(const char *socket_path, const struct kvtier_connect_opts *opts,
                    struct kvtier_client **client_p);
 
