@@ -982,6 +982,11 @@ def _keys_ok(keys) -> bool:
 # out as vLLM's SharedOffloadRegion lays them out (one cell of cpu_page_size bytes
 # per worker, in rank order), so no copy code of ours is on the GPU path.
 #
+# One node request carries at most the node's max_keys keys (4096): a call of more
+# (a long prompt's prepare_load, prepare_store, their completions, touch) goes to
+# the node in parts of at most max_keys keys, in order, and vLLM sees one call; a
+# call of at most max_keys keys is one node call, as ever (see docs/vllm.md).
+#
 # Geometry: the node's row (primary.row_bytes) must be vLLM's kv_bytes_per_chunk
 # (one chunk of every worker, rounded up to the page) and primary.workers the world
 # size; the spec checks both when it attaches and says what to set otherwise.
@@ -1119,6 +1124,30 @@ class KvtierOffloadingSpec(OffloadingSpec):
         return self._worker
 
 
+class _Parts:
+    """A prepare_store made in several node calls (more keys than max_keys): its
+    node generation and how many of keys_to_store each call planned, in order, so
+    that complete_store completes them call for call (the node counts a request's
+    prepared stores per call)."""
+
+    __slots__ = ("gen", "sizes")
+
+    def __init__(self, gen: int, sizes: list[int]):
+        self.gen = gen
+        self.sizes = sizes
+
+
+class _Void:
+    """A prepare_load that pinned nothing (it failed, or the node was away): its
+    complete_load is dropped. Named by vLLM's request id, so that it is told apart
+    from another request's load of the same keys."""
+
+    __slots__ = ("req_id",)
+
+    def __init__(self, req_id: str):
+        self.req_id = req_id
+
+
 class KvtierCPULoadStoreSpec(CPULoadStoreSpec):
     """vLLM's CPULoadStoreSpec (chunk ids) with the node region they are rows of:
     its (device, inode), or None when the node was unreachable as the transfer was
@@ -1131,7 +1160,8 @@ class KvtierCPULoadStoreSpec(CPULoadStoreSpec):
 
 class KvtierOffloadingManager(OffloadingManager):
     """The scheduler's OffloadingManager: each call is one call to the node (see
-    KvtierOffloadingSpec). Single-threaded, as vLLM's CPU manager (its lock is
+    KvtierOffloadingSpec), or one per part of at most the node's max_keys keys, in
+    order, for a call of more keys. Single-threaded, as vLLM's CPU manager (its lock is
     the default no-op): the C client's own mutex covers a second thread."""
 
     def __init__(self, spec: KvtierOffloadingSpec):
@@ -1141,8 +1171,10 @@ class KvtierOffloadingManager(OffloadingManager):
         self._reqs: dict[str, ReqContext] = {}  # live: re-registered after a reconnect
         self._rids: dict[str, bytes] = {}  # vLLM's id -> the node's
         self._gen = 0  # bumped at every (re)connect: transfers of older gens are void
-        self._loads: dict[bytes, list[int]] = {}  # packed keys -> gens, per prepare_load
-        self._stores: dict[bytes, list[int]] = {}  # packed keys_to_store -> gens
+        # packed keys -> gens (_Void: pinned nothing), per prepare_load
+        self._loads: dict[bytes, list] = {}
+        # packed keys_to_store -> gens (_Parts: prepared in several calls)
+        self._stores: dict[bytes, list] = {}
         self._next_try = 0.0
         self._errors = 0
         self._client = None
@@ -1372,9 +1404,25 @@ class KvtierOffloadingManager(OffloadingManager):
             return
         rid = self._rid(req_context) if req_context is not None else None
         try:
-            self._touch(rid, keys)
+            if len(keys) <= self._max_keys:
+                self._touch(rid, keys)
+            else:
+                self._touch_parts(rid, keys)
         except _kvt.KvtierError as e:
             self._lost(-e.errno, "touch")
+
+    def _touch_parts(self, rid, keys) -> None:
+        """A touch of more than max_keys keys, as one node call would apply it: the
+        node takes each key once (where first named), by KV-cache group (stable),
+        and its policies walk them from the last to the first (the first ends most
+        recent); so the keys are put in that order here and the parts sent last
+        first, their walks making one."""
+        keys = list(dict.fromkeys(keys))
+        if len({k[-4:] for k in keys}) > 1:
+            keys.sort(key=lambda k: int.from_bytes(k[-4:], "big"))  # the node's group
+        cap = self._max_keys
+        for lo in reversed(range(0, len(keys), cap)):
+            self._touch(rid, keys[lo:lo + cap])
 
     # ---------------------------------------------------------------- loads
     def prepare_load(self, keys: Collection[OffloadKey], req_context: ReqContext):
@@ -1384,18 +1432,54 @@ class KvtierOffloadingManager(OffloadingManager):
         n = len(keys)
         if n == 0:
             return KvtierCPULoadStoreSpec([], self._region)
-        if n > self._max_keys or (self._down and not self._revive()):
-            return KvtierCPULoadStoreSpec([0] * n, None)  # fails in the workers
+        if self._down and not self._revive():
+            return self._load_failed(keys, req_context)  # fails in the workers
         rid = self._rids.get(req_context.req_id) or self._rid(req_context)
+        if n > self._max_keys:
+            return self._prepare_load_parts(rid, keys, req_context)
         try:
             ids = self._prepare_load(rid, keys)
         except _kvt.KvtierError as e:
             self._lost(-e.errno, "prepare_load")
             # (vLLM asserts the keys were HIT: a node that refuses them now has
             # lost them; the workers fail this load and vLLM recomputes)
-            return KvtierCPULoadStoreSpec([0] * n, None)
+            return self._load_failed(keys, req_context)
         self._note_prepared(self._loads, b"".join(keys))
         return KvtierCPULoadStoreSpec(ids, self._region)
+
+    def _prepare_load_parts(self, rid, keys, req_context):
+        """prepare_load of more than max_keys keys: a node call per part, in order,
+        each pinning its keys; the ids of all, in key order. A part that fails
+        releases the parts before it (nothing stays pinned) and the load fails as
+        one call's would: no region, a miss in the workers, never wrong bytes."""
+        cap = self._max_keys
+        ids = []
+        for lo in range(0, len(keys), cap):
+            try:
+                ids += self._prepare_load(rid, keys[lo:lo + cap])
+            except _kvt.KvtierError as e:
+                self._lost(-e.errno, "prepare_load")
+                if lo and not self._down:  # (a node gone took its pins with it)
+                    try:
+                        self._complete_load_parts(keys[:lo])
+                    except _kvt.KvtierError as e2:
+                        self._lost(-e2.errno, "complete_load")
+                return self._load_failed(keys, req_context)
+        self._note_prepared(self._loads, b"".join(keys))
+        return KvtierCPULoadStoreSpec(ids, self._region)
+
+    def _load_failed(self, keys, req_context):
+        """A load that pinned nothing: its spec has no region (the workers fail it,
+        vLLM recomputes) and its complete_load is dropped (it would release pins
+        another load of the same keys holds)."""
+        packed = b"".join(keys)
+        void = _Void(req_context.req_id)
+        gens = self._loads.get(packed)
+        if gens is None:
+            self._loads[packed] = [void]
+        else:
+            gens.append(void)
+        return KvtierCPULoadStoreSpec([0] * len(keys), None)
 
     def _note_prepared(self, prepared, packed) -> None:
         """Records a prepare of these keys against this node generation (taken back,
@@ -1406,16 +1490,42 @@ class KvtierOffloadingManager(OffloadingManager):
         else:
             gens.append(self._gen)
 
-    def _from_this_node(self, prepared, packed) -> bool:
+    def _from_this_node(self, prepared, packed, req_context=None) -> bool:
         """Takes the oldest prepare of these keys from prepared (the node generation it
-        was made against); False when that node is gone (a restart since)."""
+        was made against); False when that node is gone (a restart since) or the
+        prepare pinned nothing (_Void)."""
         gens = prepared.get(packed)
         if not gens:
             return True
-        gen = gens.pop(0)
-        if not gens:
+        if len(gens) == 1:
             del prepared[packed]
-        return gen == self._gen
+            return gens[0] == self._gen
+        return self._take_of(gens, req_context) == self._gen
+
+    def _take_prepared(self, prepared, packed):
+        """Takes the oldest prepare of these keys from prepared: its entry (a node
+        generation or _Parts), None when none was recorded."""
+        gens = prepared.get(packed)
+        if not gens:
+            return None
+        if len(gens) == 1:
+            del prepared[packed]
+            return gens[0]
+        return gens.pop(0)
+
+    @staticmethod
+    def _take_of(gens, req_context):
+        """Of several prepares of the same keys: the void one of req_context's
+        request, else the oldest that is not void, else the oldest."""
+        at = 0
+        if any(g.__class__ is _Void for g in gens):
+            rid = req_context.req_id if req_context is not None else None
+            mine = [i for i, g in enumerate(gens) if g.__class__ is _Void and g.req_id == rid]
+            if mine:
+                at = mine[0]
+            else:
+                at = next((i for i, g in enumerate(gens) if g.__class__ is not _Void), 0)
+        return gens.pop(at)
 
     def complete_load(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         self._pf_ctx = None
@@ -1423,14 +1533,24 @@ class KvtierOffloadingManager(OffloadingManager):
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys:
             return
-        if not self._from_this_node(self._loads, b"".join(keys)) or self._down:
-            return  # pinned on a node that is gone
+        if not self._from_this_node(self._loads, b"".join(keys), req_context) or self._down:
+            return  # pinned on a node that is gone, or not pinned
         # (no request id: the node scopes pins by client, and the request may be
         # finished already)
         try:
-            self._complete_load(None, keys)
+            if len(keys) <= self._max_keys:
+                self._complete_load(None, keys)
+            else:
+                self._complete_load_parts(keys)
         except _kvt.KvtierError as e:
             self._lost(-e.errno, "complete_load")
+
+    def _complete_load_parts(self, keys) -> None:
+        """Releases the pins of keys, max_keys at a time (the node counts pins per
+        key: any split releases each once)."""
+        cap = self._max_keys
+        for lo in range(0, len(keys), cap):
+            self._complete_load(None, keys[lo:lo + cap])
 
     # ---------------------------------------------------------------- stores
     def prepare_store(self, keys: Collection[OffloadKey], req_context: ReqContext):
@@ -1445,6 +1565,8 @@ class KvtierOffloadingManager(OffloadingManager):
                                       store_spec=KvtierCPULoadStoreSpec([], self._region),
                                       evicted_keys=[])
         rid = self._rids.get(req_context.req_id) or self._rid(req_context)
+        if n > self._max_keys:
+            return self._prepare_store_parts(rid, keys)
         try:
             idx, ids, evicted = self._prepare_store(rid, keys)
         except _kvt.KvtierError as e:
@@ -1458,6 +1580,41 @@ class KvtierOffloadingManager(OffloadingManager):
                                   store_spec=KvtierCPULoadStoreSpec(ids, self._region),
                                   evicted_keys=evicted)
 
+    def _prepare_store_parts(self, rid, keys):
+        """prepare_store of more than max_keys keys: a node call per part, in order;
+        the union of their plans (keys_to_store, their chunk ids in that order, the
+        keys evicted). A part refused (no room: ENOSPC) ends it: the parts before
+        stand and are returned, so that vLLM stores exactly their keys (None when
+        they planned nothing, as one call refused). Unlike one call, which is all or
+        nothing: each part protects only its own present keys from its evictions,
+        and ARC adapts to each part's store misses (docs/vllm.md)."""
+        cap = self._max_keys
+        to_store, ids, evicted, sizes = [], [], [], []
+        for lo in range(0, len(keys), cap):
+            part = keys[lo:lo + cap]
+            try:
+                idx, pids, ev = self._prepare_store(rid, part)
+            except _kvt.KvtierError as e:
+                if e.errno != errno.ENOSPC:
+                    self._lost(-e.errno, "prepare_store")
+                if not to_store or self._down:
+                    return None  # (a node gone took the parts before with it)
+                break
+            if idx:
+                to_store += [part[i] for i in idx]
+                ids += pids
+                sizes.append(len(idx))
+            evicted += ev
+        if to_store:
+            packed = b"".join(to_store)
+            if len(sizes) == 1:
+                self._note_prepared(self._stores, packed)
+            else:
+                self._stores.setdefault(packed, []).append(_Parts(self._gen, sizes))
+        return PrepareStoreOutput(keys_to_store=to_store,
+                                  store_spec=KvtierCPULoadStoreSpec(ids, self._region),
+                                  evicted_keys=evicted)
+
     def complete_store(self, keys: Collection[OffloadKey], req_context: ReqContext,
                        success: bool = True) -> None:
         self._pf_ctx = None
@@ -1465,13 +1622,34 @@ class KvtierOffloadingManager(OffloadingManager):
         keys = keys if isinstance(keys, (list, tuple)) else list(keys)
         if not keys:
             return
-        if not self._from_this_node(self._stores, b"".join(keys)) or self._down:
-            return  # prepared on a node that is gone
+        gen = self._take_prepared(self._stores, b"".join(keys))
+        sizes = None
+        if gen is not None and gen != self._gen:
+            if gen.__class__ is not _Parts or gen.gen != self._gen:
+                return  # prepared on a node that is gone
+            sizes = gen.sizes
+        if self._down:
+            return
         rid = self._rids.get(req_context.req_id) or self._rid(req_context)
         try:
-            self._complete_store(rid, keys, success)
+            if sizes is None and len(keys) <= self._max_keys:
+                self._complete_store(rid, keys, success)
+            else:
+                self._complete_store_parts(rid, keys, success, sizes)
         except _kvt.KvtierError as e:
             self._lost(-e.errno, "complete_store")
+
+    def _complete_store_parts(self, rid, keys, success, sizes) -> None:
+        """complete_store call for call with the prepare_store parts that planned
+        the keys (sizes: how many each planned); without sizes (a store prepared in
+        one call, or not recorded), max_keys at a time."""
+        if sizes is None or sum(sizes) != len(keys):
+            cap = self._max_keys
+            sizes = [min(cap, len(keys) - lo) for lo in range(0, len(keys), cap)]
+        lo = 0
+        for size in sizes:
+            self._complete_store(rid, keys[lo:lo + size], success)
+            lo += size
 
     # ---------------------------------------------------------------- steps
     def on_schedule_end(self, context: ScheduleEndContext) -> None:

@@ -25,6 +25,7 @@ Run by tests/vllm/run (ctest label "vllm"): $KVTIERD is the daemon to start."""
 
 import contextlib
 import ctypes
+import errno
 import os
 import random
 import sys
@@ -707,3 +708,233 @@ def test_manager_calls_and_stats_through_the_ring():
         assert m.lookup(keys[0], late) is LookupResult.MISS
         assert m.prepare_store([key_of(9, b"st")], late) is None
         assert m._client is None
+
+
+# ---- calls of more keys than one node request carries (max_keys) --------------------------
+#
+# A node request carries at most max_keys keys (4096, kvtierd's limit, not configurable):
+# the manager sends a call of more in parts. These tests use more than max_keys keys on
+# a node of small rows (one 4 KiB page per chunk).
+
+MAX_KEYS = 4096  # kvtierd's engine limit; each test checks the client reports it
+
+
+def node_pins_nothing(c, mgr):
+    """True when the node holds no pin and no prepared store of any engine: a reset
+    (which the node refuses with EBUSY while an engine holds either) succeeds. The
+    manager's posted calls are drained first (none may have failed)."""
+    assert mgr._client.drain() == 0
+    insp = kvtier.Client(c.socks[0], name="resetter")
+    try:
+        insp.reset()
+        return True
+    except kvtier.KvtierError as e:
+        if e.errno == errno.EBUSY:
+            return False
+        raise
+    finally:
+        insp.close()
+
+
+def store_in_calls(mgr, ctx, keys):
+    """Stores keys (no worker: the rows' bytes do not matter) in calls of at most
+    MAX_KEYS keys, each planned whole."""
+    for lo in range(0, len(keys), MAX_KEYS):
+        part = keys[lo:lo + MAX_KEYS]
+        out = mgr.prepare_store(part, ctx)
+        assert out is not None and out.keys_to_store == part
+        mgr.complete_store(part, ctx, True)
+
+
+def read_usage(mgr):
+    return mgr.get_stats().reduce()["vllm:kv_offload_cpu_cache_read_usage_perc"]
+
+
+def test_a_load_of_more_than_max_keys_keys_loads_every_byte(no_gpu):
+    """A long prompt's load (more blocks than one node request carries) is prepared in
+    parts and loads every block byte for byte; its completion releases every pin."""
+    page = PAGE
+    n = 2 * MAX_KEYS + 5  # three parts
+    with running(n + 8, row=page) as c:
+        spec = make_spec(c.socks[0], block_bytes=page)
+        mgr = spec.get_manager()
+        assert mgr._client.max_keys == MAX_KEYS
+        gpu = Gpu(2 * n, page, 1, seed=21)
+        worker = spec.get_worker(gpu.caches)
+        ctx = ReqContext(req_id="long")
+        mgr.on_new_request(ctx)
+        keys = [key_of(i, b"long") for i in range(n)]
+        # Stored by vLLM's worker, in calls the node takes whole.
+        for j, lo in enumerate(range(0, n, MAX_KEYS)):
+            part = keys[lo:lo + MAX_KEYS]
+            store_blocks(mgr, worker, gpu, ctx, part, list(range(lo, lo + len(part))), 1 + j)
+        assert all(mgr.lookup(k, ctx) is LookupResult.HIT for k in keys)
+        # One load of all of them, into other blocks.
+        src = mgr.prepare_load(keys, ctx)
+        assert src.region == mgr._region and len(src.block_ids) == n
+        assert read_usage(mgr) > 0  # pinned
+        assert worker.submit_load(10, src, gpu.ptrs(list(range(n, 2 * n))))
+        assert wait_done(worker, [10], timeout=60) == {10: True}
+        mgr.complete_load(keys, ctx)
+        for b in range(n):
+            assert gpu.block(0, n + b) == gpu.block(0, b), b
+        assert read_usage(mgr) == 0
+        assert node_pins_nothing(c, mgr)
+        mgr.on_request_finished(ctx)
+        worker.shutdown()
+        mgr.shutdown()
+
+
+def test_a_store_of_more_than_max_keys_keys_stores_all(no_gpu):
+    """One prepare_store of more keys than a node request carries plans them all
+    (chunk ids in key order), vLLM's worker writes them, complete_store completes them
+    (nothing stays write-pending), and every key is then a HIT with its bytes."""
+    page = PAGE
+    n = MAX_KEYS + 300
+    with running(n + 4, row=page) as c:
+        spec = make_spec(c.socks[0], block_bytes=page)
+        mgr = spec.get_manager()
+        assert mgr._client.max_keys == MAX_KEYS
+        gpu = Gpu(n, page, 1, seed=22)
+        worker = spec.get_worker(gpu.caches)
+        ctx = ReqContext(req_id="wide")
+        mgr.on_new_request(ctx)
+        keys = [key_of(i, b"wide") for i in range(n)]
+        out = mgr.prepare_store(keys, ctx)
+        assert out is not None and out.keys_to_store == keys
+        assert out.evicted_keys == []
+        ids = [int(x) for x in out.store_spec.block_ids]
+        assert len(set(ids)) == n and out.store_spec.region == mgr._region
+        assert worker.submit_store(1, gpu.ptrs(list(range(n))), out.store_spec)
+        assert wait_done(worker, [1], timeout=60) == {1: True}
+        mgr.complete_store(keys, ctx, True)
+        assert mgr._client.drain() == 0  # every part's completion taken
+        other = ReqContext(req_id="reader")
+        mgr.on_new_request(other)
+        assert [mgr.lookup(k, other) for k in keys] == [LookupResult.HIT] * n
+        insp = region_rows(c.socks[0])
+        try:
+            for i in (0, 1, MAX_KEYS - 1, MAX_KEYS, n - 1):
+                assert bytes(insp.row(ids[i]))[:page] == gpu.block(0, i)
+        finally:
+            insp.close()
+        mgr.on_request_finished(other)
+        mgr.on_request_finished(ctx)
+        assert node_pins_nothing(c, mgr)  # no store left prepared
+        worker.shutdown()
+        mgr.shutdown()
+
+
+def test_a_load_whose_second_part_fails_pins_nothing(no_gpu):
+    """A load of more than max_keys keys whose second part the node refuses (one of
+    its keys is absent) releases the first part's pins and fails as one refused call
+    does: no region, the workers fail it, its completion is dropped; the node holds no
+    pin (a reset, refused while an engine holds one, succeeds)."""
+    page = PAGE
+    n = MAX_KEYS + 20
+    with running(n + 8, row=page) as c:
+        spec = make_spec(c.socks[0], block_bytes=page)
+        mgr = spec.get_manager()
+        assert mgr._client.max_keys == MAX_KEYS
+        gpu = Gpu(n + 1, page, 1, seed=23)
+        worker = spec.get_worker(gpu.caches)
+        ctx = ReqContext(req_id="part")
+        mgr.on_new_request(ctx)
+        keys = [key_of(i, b"part") for i in range(n)]
+        store_in_calls(mgr, ctx, keys)
+        # All present: the load is prepared (the parts pin), then completed.
+        src = mgr.prepare_load(keys, ctx)
+        assert src.region == mgr._region
+        assert read_usage(mgr) > 0
+        mgr.complete_load(keys, ctx)
+        assert read_usage(mgr) == 0
+        # A key of the second part absent: the first part was pinned, then released.
+        bad = keys[:MAX_KEYS + 5] + [key_of(10 ** 6, b"absent")] + keys[MAX_KEYS + 5:]
+        failed = mgr.prepare_load(bad, ctx)
+        assert failed.region is None and len(failed.block_ids) == len(bad)
+        assert not mgr._down  # a refusal, not a node gone
+        assert read_usage(mgr) == 0
+        assert worker.submit_load(5, failed, gpu.ptrs(list(range(len(bad)))))
+        assert wait_done(worker, [5], timeout=60) == {5: False}
+        mgr.complete_load(bad, ctx)  # as vLLM completes a failed load: dropped
+        assert node_pins_nothing(c, mgr)
+        mgr.on_request_finished(ctx)
+        worker.shutdown()
+        mgr.shutdown()
+
+
+def test_calls_of_at_most_max_keys_keys_stay_one_node_call():
+    """A call of at most max_keys keys is one node call, as before; one key more
+    makes two, in order, the keys split at max_keys."""
+    n = MAX_KEYS + 1
+    with running(2 * n + 8) as c:
+        mgr = make_spec(c.socks[0]).get_manager()
+        assert mgr._client.max_keys == MAX_KEYS
+        calls = []
+
+        def counted(name):
+            real = getattr(mgr, name)
+
+            def call(rid, keys, *rest):
+                calls.append((name, len(keys), keys[0]))
+                return real(rid, keys, *rest)
+            setattr(mgr, name, call)
+
+        for name in ("_prepare_store", "_complete_store", "_prepare_load", "_complete_load",
+                     "_touch"):
+            counted(name)
+        ctx = ReqContext(req_id="calls")
+        mgr.on_new_request(ctx)
+        for salt, size in ((b"one", MAX_KEYS), (b"two", n)):
+            keys = [key_of(i, salt) for i in range(size)]
+            del calls[:]
+            out = mgr.prepare_store(keys, ctx)
+            assert out is not None and out.keys_to_store == keys
+            mgr.complete_store(keys, ctx, True)
+            src = mgr.prepare_load(keys, ctx)
+            assert src.region == mgr._region
+            mgr.complete_load(keys, ctx)
+            mgr.touch(keys, ctx)
+            if size == MAX_KEYS:
+                assert [(a, b) for a, b, _ in calls] == [
+                    ("_prepare_store", MAX_KEYS), ("_complete_store", MAX_KEYS),
+                    ("_prepare_load", MAX_KEYS), ("_complete_load", MAX_KEYS),
+                    ("_touch", MAX_KEYS)]
+            else:
+                first, last = keys[0], keys[MAX_KEYS]
+                assert calls == [
+                    ("_prepare_store", MAX_KEYS, first), ("_prepare_store", 1, last),
+                    ("_complete_store", MAX_KEYS, first), ("_complete_store", 1, last),
+                    ("_prepare_load", MAX_KEYS, first), ("_prepare_load", 1, last),
+                    ("_complete_load", MAX_KEYS, first), ("_complete_load", 1, last),
+                    # touch: the last part first (see test_a_touch_of_more_...)
+                    ("_touch", 1, last), ("_touch", MAX_KEYS, first)]
+        assert node_pins_nothing(c, mgr)
+        mgr.on_request_finished(ctx)
+        mgr.shutdown()
+
+
+def test_a_touch_of_more_than_max_keys_keys_orders_as_one_call():
+    """LRU: a touch makes its first key the most recent and its last the least; a touch
+    of more than max_keys keys (in parts) leaves the same order, so the next evictions
+    take the touch's last keys."""
+    n = MAX_KEYS + 10
+    with running(n, policy="lru") as c:
+        mgr = make_spec(c.socks[0]).get_manager()
+        keys = [key_of(i, b"t") for i in range(n)]
+        ctx = ReqContext(req_id="fill")
+        mgr.on_new_request(ctx)
+        store_in_calls(mgr, ctx, keys)
+        mgr.on_request_finished(ctx)  # (its access applied: the node is full, in order)
+        touched = list(keys)
+        random.Random(7).shuffle(touched)
+        mgr.touch(touched)
+        new = ReqContext(req_id="more")
+        mgr.on_new_request(new)
+        out = mgr.prepare_store([key_of(i, b"new") for i in range(6)], new)
+        assert out is not None and len(out.keys_to_store) == 6
+        assert set(out.evicted_keys) == set(touched[-6:])
+        mgr.complete_store(out.keys_to_store, new, True)
+        mgr.on_request_finished(new)
+        assert mgr._client.drain() == 0
+        mgr.shutdown()
