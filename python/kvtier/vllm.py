@@ -1216,8 +1216,10 @@ class KvtierOffloadingManager(OffloadingManager):
         # in order before the next call, which does not wait for them.
         if client.has_ring:
             client.set_posting(True)
-        self._loads.clear()
-        self._stores.clear()
+        # (_loads and _stores keep the prepares made against the connection before:
+        # their generation drops their completions. Cleared, a completion of an old
+        # load would take the record of a new load of the same keys and release its
+        # pins on this connection while its copy still runs.)
         self._pf_ctx = None
         self._epoch += 1
         self._down = False

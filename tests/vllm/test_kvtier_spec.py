@@ -665,7 +665,22 @@ def test_node_restart_fails_loads_and_the_engine_goes_on(no_gpu):
         # The load prepared against the old node fails in the worker.
         assert worker.submit_load(3, src, gpu.ptrs([6, 7]))
         assert wait_done(worker, [3]) == {3: False}
-        mgr.complete_load(keys, ctx)  # dropped: its pins died with the old node
+        # The same keys stored and pinned on the new node before the old load's
+        # completion comes: that completion is dropped (its pins died with the old
+        # node), and the new load's pins stay until its own completion.
+        store_blocks(mgr, worker, gpu, ctx, keys, [0, 1], 6)
+        again = mgr.prepare_load(keys, ctx)
+        assert again.region == mgr._region
+        assert read_usage(mgr) > 0
+        errors = mgr._errors
+        mgr.complete_load(keys, ctx)  # the old load's: dropped, not sent
+        assert mgr._errors == errors
+        assert read_usage(mgr) > 0
+        assert worker.submit_load(7, again, gpu.ptrs([12, 13]))
+        assert wait_done(worker, [7]) == {7: True}
+        assert gpu.block(0, 12) == gpu.block(0, 0) and gpu.block(0, 13) == gpu.block(0, 1)
+        mgr.complete_load(keys, ctx)
+        assert read_usage(mgr) == 0
         # The request was registered again: stores and loads work on the new node,
         # the worker attached the new region.
         new_keys = [key_of(i, b"rs2") for i in range(2)]
