@@ -75,6 +75,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "accept_rest.h"
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/common.h"
@@ -105,12 +106,6 @@
 #define RING_TAG ((uintptr_t)1)
 /* The request of touches and loads that name none (anon_ctx). */
 #define ANON_REQ_ID "kvtierd-engine-api"
-/* accept failed for want of a descriptor or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM):
- * the connection stays in the backlog and the listening socket stays readable, so the
- * socket is taken out of the epoll set for this long instead of being retried (and
- * logged) in a loop; the failure is logged at most once per ACCEPT_LOG_NS. */
-#define ACCEPT_PAUSE_NS 100000000ull
-#define ACCEPT_LOG_NS   10000000000ull
 
 _Static_assert(sizeof(struct kvtier_key) == sizeof(struct kvt_key), "key layouts differ");
 _Static_assert(offsetof(struct kvtier_key, bytes) == offsetof(struct kvt_key, bytes),
@@ -181,10 +176,8 @@ struct kvt_engine_server {
     uint32_t max_event_keys;
     uint32_t waiting_keys_per_pass;
     uint64_t next_id;
-    uint64_t accept_paused_until; /* the listening socket is out of epfd until then; 0 = in */
-    uint64_t accept_logged_ns;    /* when an accept failure was last logged */
-    uint64_t accept_unlogged;     /* failures since then */
-    unsigned n_new;               /* clients without HELLO */
+    struct kvt_accept_rest accept_rest; /* the listening socket out of epfd (accept_failed) */
+    unsigned n_new;                     /* clients without HELLO */
     struct eclient *clients;
     struct kvt_engine_server_counters ctr;
     void (*collect_stats)(void *arg);
@@ -542,36 +535,18 @@ static struct eclient *oldest_new(struct kvt_engine_server *s, const struct ecli
     return found;
 }
 
-/* accept failed with err (not EAGAIN): counted, logged at most once per
- * ACCEPT_LOG_NS, and on a lack of descriptors or memory the listening socket rests
- * for ACCEPT_PAUSE_NS (accept_resume puts it back). */
+/* accept failed with err (not EAGAIN): counted and logged (kvt_accept_failed); on a
+ * lack of descriptors or memory the listening socket leaves the epoll set for its rest
+ * (accept_resume puts it back). */
 static void accept_failed(struct kvt_engine_server *s, int err)
 {
-    uint64_t now = kvt_now_ns();
+    bool resting = s->accept_rest.until != 0;
+    struct epoll_event ev = {.events = 0, .data.ptr = NULL};
 
     s->ctr.accept_failed++;
-    if (s->accept_logged_ns == 0 || now - s->accept_logged_ns >= ACCEPT_LOG_NS) {
-        if (s->accept_unlogged > 0)
-            kvt_warn(MOD, "accept on %s: %s (and %llu more failures in the last %.0f s)", s->path,
-                     strerror(err), (unsigned long long)s->accept_unlogged,
-                     (double)(now - s->accept_logged_ns) / 1e9);
-        else
-            kvt_warn(MOD, "accept on %s: %s%s", s->path, strerror(err),
-                     err == EMFILE ? " (raise the open files limit: ulimit -n, LimitNOFILE=)" : "");
-        s->accept_logged_ns = now;
-        s->accept_unlogged = 0;
-    } else {
-        s->accept_unlogged++;
-    }
-    if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM)
-        return;
-    if (s->accept_paused_until == 0) {
-        struct epoll_event ev = {.events = 0, .data.ptr = NULL};
-
-        if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev) != 0)
-            return; /* still in: retried at the next event */
-    }
-    s->accept_paused_until = now + ACCEPT_PAUSE_NS;
+    if (kvt_accept_failed(&s->accept_rest, MOD, s->path, err, kvt_now_ns()) && !resting &&
+        epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev) != 0)
+        s->accept_rest.until = 0; /* still in: retried at the next event */
 }
 
 /* The listening socket's rest is over: it goes back into the epoll set. */
@@ -579,10 +554,10 @@ static void accept_resume(struct kvt_engine_server *s)
 {
     struct epoll_event ev = {.events = EPOLLIN, .data.ptr = NULL};
 
-    if (s->accept_paused_until == 0 || kvt_now_ns() < s->accept_paused_until)
+    if (s->accept_rest.until == 0 || kvt_now_ns() < s->accept_rest.until)
         return;
     if (epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->listen_fd, &ev) == 0)
-        s->accept_paused_until = 0;
+        s->accept_rest.until = 0;
 }
 
 static void accept_one(struct kvt_engine_server *s)

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "accept_rest.h"
 #include "kvt/alloc.h"
 #include "kvt/clock.h"
 #include "kvt/log.h"
@@ -43,12 +44,6 @@
 #define REQUEST_MAX 8192 /* bytes of a request line and its headers */
 #define HEAD_MAX    512  /* bytes of our reply's status line and headers */
 #define TURN_MAX    64   /* recv or accept calls per connection (or listen socket) per poll */
-/* accept failed for want of a descriptor or memory: the connection stays in the
- * backlog and the socket stays readable, so it leaves the poll set for this long
- * rather than spin the thread; such failures are logged at most once per
- * ACCEPT_LOG_NS. */
-#define ACCEPT_PAUSE_NS 100000000ull
-#define ACCEPT_LOG_NS   10000000000ull
 
 enum hstate { H_READ, H_WRITE, H_DRAIN };
 
@@ -82,10 +77,8 @@ struct kvt_metrics_http {
     uint64_t read_ns, write_ns;
     struct hconn *conns; /* [0..n_conns), HTTP thread only */
     unsigned n_conns;
-    struct pollfd *pfds; /* 2 + max_conns */
-    /* HTTP thread only: the listen socket rests until then (0 = it does not); when an
-     * accept failure was last logged, failures since. */
-    uint64_t accept_paused_until, accept_logged_ns, accept_unlogged;
+    struct pollfd *pfds;                /* 2 + max_conns */
+    struct kvt_accept_rest accept_rest; /* HTTP thread only: the listen socket's rest */
     _Atomic uint64_t accepted, served, open;
     _Atomic uint64_t dropped[KVT_MHTTP_DROP_COUNT];
 };
@@ -349,24 +342,6 @@ static void compact(struct kvt_metrics_http *srv)
     srv->n_conns = n;
 }
 
-static void accept_failed(struct kvt_metrics_http *srv, int err, uint64_t now)
-{
-    if (srv->accept_logged_ns == 0 || now - srv->accept_logged_ns >= ACCEPT_LOG_NS) {
-        if (srv->accept_unlogged > 0)
-            kvt_warn(MOD, "accept: %s (and %llu more failures in the last %.0f s)", strerror(err),
-                     (unsigned long long)srv->accept_unlogged,
-                     (double)(now - srv->accept_logged_ns) / 1e9);
-        else
-            kvt_warn(MOD, "accept: %s", strerror(err));
-        srv->accept_logged_ns = now;
-        srv->accept_unlogged = 0;
-    } else {
-        srv->accept_unlogged++;
-    }
-    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM)
-        srv->accept_paused_until = now + ACCEPT_PAUSE_NS;
-}
-
 static void accept_all(struct kvt_metrics_http *srv, uint64_t now)
 {
     for (int i = 0; i < TURN_MAX; i++) {
@@ -377,7 +352,7 @@ static void accept_all(struct kvt_metrics_http *srv, uint64_t now)
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                accept_failed(srv, errno, now);
+                (void)kvt_accept_failed(&srv->accept_rest, MOD, "the metrics port", errno, now);
             return;
         }
         atomic_fetch_add_explicit(&srv->accepted, 1, memory_order_relaxed);
@@ -413,12 +388,12 @@ static void *serve(void *arg)
         int timeout = -1, n;
 
         srv->pfds[0] = (struct pollfd){.fd = srv->wake_fd, .events = POLLIN};
-        if (srv->accept_paused_until != 0 && now >= srv->accept_paused_until)
-            srv->accept_paused_until = 0;
-        if (srv->accept_paused_until != 0)
-            next = srv->accept_paused_until;
+        if (srv->accept_rest.until != 0 && now >= srv->accept_rest.until)
+            srv->accept_rest.until = 0;
+        if (srv->accept_rest.until != 0)
+            next = srv->accept_rest.until;
         /* A negative fd is left out by poll: the listen socket rests. */
-        srv->pfds[1] = (struct pollfd){.fd = srv->accept_paused_until != 0 ? -1 : srv->listen_fd,
+        srv->pfds[1] = (struct pollfd){.fd = srv->accept_rest.until != 0 ? -1 : srv->listen_fd,
                                        .events = POLLIN};
         for (unsigned i = 0; i < srv->n_conns; i++) {
             struct hconn *c = &srv->conns[i];

@@ -19,6 +19,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "kvt/common.h"
 #include "kvt/list.h"
 #include "kvt/map.h"
 #include "kvt/storage_tier.h"
@@ -69,8 +70,7 @@
 
 static inline bool kvt__st_err_transient(int err)
 {
-    return err == EMFILE || err == ENFILE || err == ENOMEM || err == ENOBUFS || err == EAGAIN ||
-           err == EINTR;
+    return kvt_err_no_resources(err) || err == EAGAIN || err == EINTR;
 }
 
 enum st_state { ST_WRITING, ST_PUBLISHED, ST_DOOMED };

@@ -219,15 +219,21 @@ int kvt__st_probe_direct(int dir_fd)
 
 /* ---- chunk I/O (I/O threads) ------------------------------------------------------ */
 
-static int take_fault(struct st_tier *s, int op)
+/* The errno of an injected fault (a test hook) whose count *n_p is not used up, taking
+ * one; else 0. */
+static int fault_take(int *n_p, const int *err_p)
 {
-    int n = __atomic_load_n(&s->fault_n[op], __ATOMIC_ACQUIRE);
+    int n = __atomic_load_n(n_p, __ATOMIC_ACQUIRE);
     while (n > 0) {
-        if (__atomic_compare_exchange_n(&s->fault_n[op], &n, n - 1, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
-            return __atomic_load_n(&s->fault_err[op], __ATOMIC_RELAXED);
+        if (__atomic_compare_exchange_n(n_p, &n, n - 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return __atomic_load_n(err_p, __ATOMIC_RELAXED);
     }
     return 0;
+}
+
+static int take_fault(struct st_tier *s, int op)
+{
+    return fault_take(&s->fault_n[op], &s->fault_err[op]);
 }
 
 /* Full pwritev/preadv of iov at off; *done_p < total only at end of file. */
@@ -1189,25 +1195,12 @@ struct scan_local {
 #define ST_SCAN_OPEN_MODE EACCES
 #define ST_SCAN_SKIP      EAGAIN /* a transient error: the file stays, unindexed */
 
-static int scan_fault_err;
-static unsigned scan_fault_n;
+static int scan_fault_n, scan_fault_err; /* kvt_storage_scan_inject_fault's */
 
 void kvt_storage_scan_inject_fault(int err, unsigned n)
 {
     __atomic_store_n(&scan_fault_err, err, __ATOMIC_RELAXED);
-    __atomic_store_n(&scan_fault_n, n, __ATOMIC_RELEASE);
-}
-
-/* openat's errno for an injected fault, else 0. */
-static int scan_fault(void)
-{
-    unsigned n = __atomic_load_n(&scan_fault_n, __ATOMIC_ACQUIRE);
-    while (n > 0) {
-        if (__atomic_compare_exchange_n(&scan_fault_n, &n, n - 1, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE))
-            return __atomic_load_n(&scan_fault_err, __ATOMIC_RELAXED);
-    }
-    return 0;
+    __atomic_store_n(&scan_fault_n, (int)n, __ATOMIC_RELEASE);
 }
 
 static bool ends_with(const char *name, size_t len, const char *ext)
@@ -1228,7 +1221,7 @@ static int check_file(struct st_tier *s, struct st_mac *m, int shard_fd, unsigne
     struct kvt_key key;
     uint64_t row_len = 0;
     struct stat st;
-    int fd, rc = ST_ERR_CORRUPT, fault = scan_fault();
+    int fd, rc = ST_ERR_CORRUPT, fault = fault_take(&scan_fault_n, &scan_fault_err);
     if (fault != 0) {
         fd = -1;
         errno = fault;

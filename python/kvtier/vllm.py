@@ -1493,27 +1493,22 @@ class KvtierOffloadingManager(OffloadingManager):
             gens.append(self._gen)
 
     def _from_this_node(self, prepared, packed, req_context=None) -> bool:
-        """Takes the oldest prepare of these keys from prepared (the node generation it
-        was made against); False when that node is gone (a restart since) or the
-        prepare pinned nothing (_Void)."""
-        gens = prepared.get(packed)
-        if not gens:
-            return True
-        if len(gens) == 1:
-            del prepared[packed]
-            return gens[0] == self._gen
-        return self._take_of(gens, req_context) == self._gen
+        """Takes a prepare of these keys from prepared (_take_prepared); False when it
+        was made against a node that is gone (a restart since) or pinned nothing
+        (_Void)."""
+        gen = self._take_prepared(prepared, packed, req_context)
+        return gen is None or gen == self._gen
 
-    def _take_prepared(self, prepared, packed):
-        """Takes the oldest prepare of these keys from prepared: its entry (a node
-        generation or _Parts), None when none was recorded."""
+    def _take_prepared(self, prepared, packed, req_context=None):
+        """Takes a prepare of these keys from prepared: its entry (a node generation,
+        _Parts or _Void; of several, _take_of's), None when none was recorded."""
         gens = prepared.get(packed)
         if not gens:
             return None
         if len(gens) == 1:
             del prepared[packed]
             return gens[0]
-        return gens.pop(0)
+        return self._take_of(gens, req_context)
 
     @staticmethod
     def _take_of(gens, req_context):

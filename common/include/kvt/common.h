@@ -4,6 +4,7 @@
 #ifndef KVT_COMMON_H
 #define KVT_COMMON_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
@@ -14,6 +15,13 @@
 #define KVT_UNLIKELY(x)                     __builtin_expect(!!(x), 0)
 #define KVT_MIN(a, b)                       ((a) < (b) ? (a) : (b))
 #define KVT_MAX(a, b)                       ((a) > (b) ? (a) : (b))
+
+/* Whether a call's errno says the process or system ran out of descriptors or memory:
+ * nothing about the file or peer it was about (a later try may work). */
+static inline bool kvt_err_no_resources(int err)
+{
+    return err == EMFILE || err == ENFILE || err == ENOMEM || err == ENOBUFS;
+}
 
 /* A full memory barrier (store-load included: Dekker handshakes, seqlock writers).
  * ThreadSanitizer does not model fences and GCC refuses them under -fsanitize=thread:
