@@ -182,31 +182,39 @@ fail:
     return -1;
 }
 
-/* A list or tuple as itself (a new reference), anything else iterable as a list. */
+/* The items of o as a tuple (a new reference): o itself when it is a tuple, else a
+ * copy. Every sequence a call reads is such a tuple: converting an item (a row's
+ * __index__, a key's bytes) can run any Python code, which could empty a list under
+ * the call and free the items it holds; a tuple keeps its items, in place, for as
+ * long as the call holds it. */
 static PyObject *as_seq(PyObject *o, const char *what)
 {
-    if (PyList_Check(o) || PyTuple_Check(o)) {
+    if (PyTuple_Check(o)) {
         Py_INCREF(o);
         return o;
     }
+    if (PyList_Check(o))
+        return PyList_AsTuple(o);
     if (PyBytes_Check(o) || PyUnicode_Check(o)) {
         PyErr_Format(PyExc_TypeError, "%s: a list of keys, not one key", what);
         return NULL;
     }
-    return PySequence_List(o);
+    return PySequence_Tuple(o);
 }
 
+/* Item i of a tuple from as_seq (borrowed: the tuple holds it). */
 static PyObject *seq_item(PyObject *seq, Py_ssize_t i)
 {
-    return PyList_Check(seq) ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
+    return PyTuple_GetItem(seq, i);
 }
 
-/* seq with every key as bytes (a new reference): itself when they are (vLLM's keys
- * are), else a new list of bytes(k) for bytes-like keys (bytearray, memoryview), as
- * the ctypes layer takes them. TypeError for anything else (a str). */
+/* seq (a tuple from as_seq) with every key as bytes (a new reference): itself when
+ * they are (vLLM's keys are), else a new tuple of bytes(k) for bytes-like keys
+ * (bytearray, memoryview), as the ctypes layer takes them. TypeError for anything
+ * else (a str). */
 static PyObject *as_bytes_seq(PyObject *seq)
 {
-    Py_ssize_t n = PyList_Check(seq) ? PyList_Size(seq) : PyTuple_Size(seq), i;
+    Py_ssize_t n = PyTuple_Size(seq), i;
     PyObject *out;
 
     for (i = 0; i < n && PyBytes_Check(seq_item(seq, i)); i++)
@@ -215,7 +223,7 @@ static PyObject *as_bytes_seq(PyObject *seq)
         Py_INCREF(seq);
         return seq;
     }
-    if ((out = PyList_New(n)) == NULL)
+    if ((out = PyTuple_New(n)) == NULL)
         return NULL;
     for (i = 0; i < n; i++) {
         PyObject *o = seq_item(seq, i);
@@ -228,7 +236,7 @@ static PyObject *as_bytes_seq(PyObject *seq)
             Py_DECREF(out);
             return NULL;
         }
-        PyList_SetItem(out, i, o);
+        PyTuple_SetItem(out, i, o);
     }
     return out;
 }
@@ -239,10 +247,10 @@ static void keys_cleanup(struct kvt_fast_keys *k)
     k->heap = NULL;
 }
 
-/* Packs the keys of seq (a list or tuple of bytes of 1..64 bytes each) into k. */
+/* Packs the keys of seq (a tuple from as_seq of bytes of 1..64 bytes each) into k. */
 static int keys_init(struct kvt_fast_keys *k, PyObject *seq)
 {
-    Py_ssize_t n = PyList_Check(seq) ? PyList_Size(seq) : PyTuple_Size(seq);
+    Py_ssize_t n = PyTuple_Size(seq);
     size_t key_len = 0, need;
     void *buf;
 
@@ -666,7 +674,7 @@ static int ids_init(PyObject *o, PyObject **seq_p, PyObject **tmp_p, const char 
     if ((seq = as_seq(o, "on_schedule_end")) == NULL)
         return -1;
     *seq_p = seq;
-    n = PyList_Check(seq) ? PyList_Size(seq) : PyTuple_Size(seq);
+    n = PyTuple_Size(seq);
     if (n == 0)
         return 0;
     if ((tmp = *tmp_p = PyList_New(0)) == NULL)
@@ -724,8 +732,8 @@ out:
     return out;
 }
 
-/* Writes the keys of seq (a list or tuple of bytes, 1..64 bytes each, checked by
- * the caller's keys_init or here) to out as struct kvtier_key. */
+/* Writes the keys of seq (a tuple from as_seq of bytes, 1..64 bytes each, checked
+ * by the caller's keys_init or here) to out as struct kvtier_key. */
 static int keys_to_structs(PyObject *seq, Py_ssize_t n, struct kvtier_key *out, Py_ssize_t job)
 {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -769,8 +777,8 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
     Py_SETREF_(lseq, as_bytes_seq(lseq));
     if (lseq == NULL || (jseq = as_seq(a[1], "jobs_step")) == NULL)
         goto out;
-    nl = PyList_Check(lseq) ? PyList_Size(lseq) : PyTuple_Size(lseq);
-    nj = PyList_Check(jseq) ? PyList_Size(jseq) : PyTuple_Size(jseq);
+    nl = PyTuple_Size(lseq);
+    nj = PyTuple_Size(jseq);
     /* each job's keys (as bytes) and rows, kept alive in keep: [keys, rows] per job */
     if ((keep = PyList_New(0)) == NULL)
         goto out;
@@ -792,8 +800,8 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
             Py_DECREF(ks);
             goto out;
         }
-        nk = PyList_Check(ks) ? PyList_Size(ks) : PyTuple_Size(ks);
-        nr = PyList_Check(rs) ? PyList_Size(rs) : PyTuple_Size(rs);
+        nk = PyTuple_Size(ks);
+        nr = PyTuple_Size(rs);
         r = PyList_Append(keep, ks) < 0 || PyList_Append(keep, rs) < 0 ? -1 : 0;
         Py_DECREF(ks);
         Py_DECREF(rs);
@@ -821,7 +829,7 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
     for (Py_ssize_t j = 0, at = 0; j < nj; j++) {
         PyObject *job = seq_item(jseq, j);
         PyObject *ks = PyList_GetItem(keep, 2 * j), *rs = PyList_GetItem(keep, 2 * j + 1);
-        Py_ssize_t nk = PyList_Check(ks) ? PyList_Size(ks) : PyTuple_Size(ks);
+        Py_ssize_t nk = PyTuple_Size(ks);
         unsigned long long id = PyLong_AsUnsignedLongLong(PyTuple_GetItem(job, 0));
         long kind;
 
@@ -1256,45 +1264,58 @@ out:
  * before anything changes. */
 static PyObject *table_apply(struct kvt_fast_table *t, PyObject *args)
 {
-    PyObject *keys, *gens, *vs;
+    PyObject *a[3], *tup[3] = {NULL, NULL, NULL}, *out = NULL;
     Py_ssize_t n, i;
     Py_ssize_t counts[4] = {0, 0, 0, 0};
+    long *vs = NULL;
+    unsigned long long *gens = NULL;
 
-    if (!PyArg_ParseTuple(args, "O!O!O!:apply", &PyList_Type, &keys, &PyList_Type, &gens,
-                          &PyList_Type, &vs))
+    if (!PyArg_ParseTuple(args, "O!O!O!:apply", &PyList_Type, &a[0], &PyList_Type, &a[1],
+                          &PyList_Type, &a[2]))
         return NULL;
-    n = PyList_Size(keys);
-    if (PyList_Size(gens) != n || PyList_Size(vs) != n) {
+    /* Snapshots, and each verdict and generation converted once: a conversion can
+     * run Python code (an __index__), which must change neither the lists read nor a
+     * value already checked. */
+    for (i = 0; i < 3; i++)
+        if ((tup[i] = PyList_AsTuple(a[i])) == NULL)
+            goto out;
+    n = PyTuple_Size(tup[0]);
+    if (PyTuple_Size(tup[1]) != n || PyTuple_Size(tup[2]) != n) {
         PyErr_SetString(PyExc_ValueError, "apply: keys, gens and verdicts differ in length");
-        return NULL;
+        goto out;
+    }
+    vs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(*vs));
+    gens = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(*gens));
+    if (vs == NULL || gens == NULL) {
+        PyErr_NoMemory();
+        goto out;
     }
     for (i = 0; i < n; i++) {
-        long v = PyLong_AsLong(PyList_GetItem(vs, i));
-
-        if (v == -1 && PyErr_Occurred())
-            return NULL;
-        if (v < KVTIER_MISS || v > KVTIER_RETRY) {
-            PyErr_Format(PyExc_ValueError, "apply: verdict %ld", v);
-            return NULL;
+        vs[i] = PyLong_AsLong(PyTuple_GetItem(tup[2], i));
+        if (vs[i] == -1 && PyErr_Occurred())
+            goto out;
+        if (vs[i] < KVTIER_MISS || vs[i] > KVTIER_RETRY) {
+            PyErr_Format(PyExc_ValueError, "apply: verdict %ld", vs[i]);
+            goto out;
         }
-        if (!PyBytes_Check(PyList_GetItem(keys, i))) {
+        if (!PyBytes_Check(PyTuple_GetItem(tup[0], i))) {
             PyErr_SetString(PyExc_TypeError, "apply: a key is bytes");
-            return NULL;
+            goto out;
         }
-        if (PyLong_AsUnsignedLongLong(PyList_GetItem(gens, i)) == (unsigned long long)-1 &&
-            PyErr_Occurred())
-            return NULL;
+        gens[i] = PyLong_AsUnsignedLongLong(PyTuple_GetItem(tup[1], i));
+        if (gens[i] == (unsigned long long)-1 && PyErr_Occurred())
+            goto out;
     }
     for (i = 0; i < n; i++) {
-        PyObject *key = PyList_GetItem(keys, i);
-        long v = PyLong_AsLong(PyList_GetItem(vs, i));
-        unsigned long long gen = PyLong_AsUnsignedLongLong(PyList_GetItem(gens, i));
+        PyObject *key = PyTuple_GetItem(tup[0], i);
+        long v = vs[i];
         struct kt_slot *s;
         Py_hash_t hash;
 
         counts[v]++;
+        /* (the slot is found after the hash, which may run a bytes subclass's code) */
         if (v == KVTIER_RETRY || kt_key_hash(key, &hash) < 0 ||
-            (s = kt_find(t, key, hash)) == NULL || s->gen != gen)
+            (s = kt_find(t, key, hash)) == NULL || s->gen != gens[i])
             continue;
         s->in_flight = 0;
         if (s->nreq <= 0) {
@@ -1303,10 +1324,15 @@ static PyObject *table_apply(struct kvt_fast_table *t, PyObject *args)
         }
         s->verdict = v == KVTIER_HIT || v == KVTIER_HIT_PENDING ? KT_HIT : KT_MISS;
     }
-    if (PyErr_Occurred())
-        return NULL;
-    return Py_BuildValue("(nnnn)", counts[KVTIER_MISS], counts[KVTIER_HIT],
-                         counts[KVTIER_HIT_PENDING], counts[KVTIER_RETRY]);
+    if (!PyErr_Occurred())
+        out = Py_BuildValue("(nnnn)", counts[KVTIER_MISS], counts[KVTIER_HIT],
+                            counts[KVTIER_HIT_PENDING], counts[KVTIER_RETRY]);
+out:
+    PyMem_Free(vs);
+    PyMem_Free(gens);
+    for (i = 0; i < 3; i++)
+        Py_XDECREF(tup[i]);
+    return out;
 }
 
 /* node_down(): the node went away: every key still waiting is a MISS, its probe

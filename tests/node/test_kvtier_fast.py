@@ -278,6 +278,62 @@ class FastVsCtypes(unittest.TestCase):
                     call()
         self.finish(srv)
 
+    def test_sequences_changed_under_the_call(self):
+        """A row's __index__ or a key's iteration runs Python code in the middle of a
+        call; code that empties the call's lists or drops their items changes
+        nothing the call reads: it sees the lists as they were when it began
+        (before: a missing item was read, and the process crashed)."""
+        srv = self.server()
+        row = base.PAGE * base.WORKERS
+        path = os.path.join(srv.dir, "hostile")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, 8 * row)
+        try:
+            with self.connect(srv) as c:
+                c.attach_region(fd, 0, 8, row)
+                fc = c.fast
+                keys1, keys2 = [key(1), key(2)], [key(3)]
+                jobs = []
+
+                class Emptier:  # a row whose conversion empties every list
+                    def __init__(self, value):
+                        self.value = value
+
+                    def __index__(self):
+                        for lst in (keys1, keys2, jobs, rows1):
+                            lst.clear()
+                        return self.value
+
+                rows1 = [Emptier(0), 1]
+                jobs += [(1, kvtier.JOB_STORE, keys1, rows1), (2, kvtier.JOB_STORE, keys2, [2])]
+                lookups = [key(1), key(9)]
+                verdicts, first = fc.jobs_step(lookups, jobs)
+                self.assertEqual(len(verdicts), 2)
+                done = [d[0] for d in first]
+                for _ in range(500):
+                    done += [d[0] for d in fc.jobs_step([], [])[1]]
+                    if {1, 2} <= set(done):
+                        break
+                    time.sleep(0.005)
+                self.assertEqual(sorted(done), [1, 2])
+
+                class Key:  # a key given as an iterable of ints, which empties the list
+                    def __init__(self, b):
+                        self.b = b
+
+                    def __iter__(self):
+                        ks.clear()
+                        return iter(self.b)
+
+                c.on_new_request("r")
+                ks = [Key(key(1)), key(2), key(3)]
+                self.assertEqual(c.lookup("r", ks, False),
+                                 c.lookup("r", [key(1), key(2), key(3)], False))
+                c.on_request_finished("r")
+        finally:
+            os.close(fd)
+        self.finish(srv)
+
     def random_run(self, srv, fast, seed, ops=400):
         """A random call sequence (a few requests, stores, loads, evictions, bad
         calls, keys of several lengths); the list of what every call did."""
@@ -492,6 +548,40 @@ class KeyTableRules(unittest.TestCase):
             t.lookup(k, "r%d" % (i % 7), True)
         del k, t
         self.assertEqual([sys.getrefcount(k) for k in ks], base_refs)
+
+    def test_apply_reads_what_it_checked(self):
+        """apply's values run Python code as they are converted (an __index__): that
+        code can neither slip a verdict past the check nor pull a list from under
+        the call (before: a verdict of 100000 counted out of bounds; an emptied key
+        list read a missing item: both crashed the process)."""
+        t = self.table()
+
+        class Shifty:  # 1 (HIT) when checked, then 100000
+            calls = 0
+
+            def __index__(self):
+                Shifty.calls += 1
+                return kvtier.HIT if Shifty.calls == 1 else 100000
+
+        t.lookup(b"k", "r", True)
+        ks, gs = t.flush()
+        self.assertEqual(t.apply(ks, gs, [Shifty()]), (0, 1, 0, 0))
+        self.assertEqual(t.state(b"k")[1], self.H)
+
+        keys = [b"k%d" % i for i in range(100)]
+        for k in keys:
+            t.lookup(k, "r2", True)
+        ks, gs = t.flush()
+
+        class Emptier:  # empties every list of the call
+            def __index__(self):
+                for lst in (ks, gs, vs):
+                    lst.clear()
+                return kvtier.MISS
+
+        vs = [Emptier()] + [kvtier.HIT] * 99
+        self.assertEqual(t.apply(ks, gs, vs), (1, 99, 0, 0))
+        self.assertEqual([t.state(k)[1] for k in keys], [self.M] + [self.H] * 99)
 
     def test_bad_input(self):
         t = self.table()
