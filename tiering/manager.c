@@ -610,6 +610,7 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
                                struct kvt_req_ctx *ctx, bool prefix, enum kvt_lookup_result *out)
 {
     enum kvt_lookup_result group[PRIMARY_GROUP];
+    uint64_t hash[PRIMARY_GROUP];
     size_t done = 0;
 
     maybe_process_finished_jobs(m);
@@ -619,14 +620,14 @@ size_t kvt_manager_lookup_many(struct kvt_manager *m, const struct kvt_key *keys
         uint64_t t0 = kvt_ticks();
         double each;
 
-        kvt_primary_lookup_many(m->primary, keys + done, g, group);
+        kvt_primary_lookup_many(m->primary, keys + done, g, group, hash);
         each = ticks_since_s(t0) / (double)g;
         for (size_t i = 0; i < g; i++) {
             const struct kvt_key *key = &keys[done];
             enum kvt_lookup_result r;
 
             if (fresh) {
-                uint64_t h = key->len >= 1 && key->len <= KVT_KEY_MAX ? kvt_key_hash(key) : 0;
+                uint64_t h = hash[i]; /* the primary's (0 for an invalid key, as here) */
 
                 r = group[i];
                 if (!kvt_metrics_queue_lookup(m->lookups_seen, ctx, h, r, each))

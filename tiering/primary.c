@@ -920,7 +920,7 @@ void kvt_primary_prefetch_h(const struct kvt_primary *p, uint64_t hash)
 }
 
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                             enum kvt_lookup_result *out)
+                             enum kvt_lookup_result *out, uint64_t *hashes)
 {
     uint64_t h[PR_GROUP];
     uint32_t s[PR_GROUP];
@@ -928,7 +928,7 @@ void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, 
     for (size_t b = 0; b < n; b += PR_GROUP) {
         size_t m = n - b < PR_GROUP ? n - b : PR_GROUP;
 
-        kvt_pr_find_group(p, keys + b, m, h, s);
+        kvt_pr_find_group(p, keys + b, m, hashes != NULL ? hashes + b : h, s);
         for (size_t i = 0; i < m; i++)
             out[b + i] = pr_result(p, s[i]);
     }

@@ -1068,6 +1068,7 @@ static void test_lookup_many_matches_lookup(void **state)
     struct kvt_primary_config pc = {.num_chunks = N, .row_bytes = 0};
     static struct kvt_key k[ASK];
     static enum kvt_lookup_result got[ASK];
+    static uint64_t hash[ASK];
     struct kvt_store_output out;
     struct kvt_primary *p;
     int64_t id;
@@ -1093,15 +1094,19 @@ static void test_lookup_many_matches_lookup(void **state)
     for (size_t n = 1; n <= ASK; n = n < 40 ? n + 1 : n * 3) {
         size_t from = (size_t)ASK - n;
 
-        kvt_primary_lookup_many(p, k + from, n, got);
+        kvt_primary_lookup_many(p, k + from, n, got, NULL);
         for (size_t i = 0; i < n; i++)
             if (got[i] != kvt_primary_lookup(p, &k[from + i]))
                 fail_msg("n %zu key %zu: many %d, one %d", n, from + i, (int)got[i],
                          (int)kvt_primary_lookup(p, &k[from + i]));
     }
-    kvt_primary_lookup_many(p, k, ASK, got);
+    memset(hash, 0xab, sizeof(hash));
+    kvt_primary_lookup_many(p, k, ASK, got, hash);
     for (size_t i = 0; i < ASK; i++) {
         assert_int_equal(got[i], kvt_primary_lookup(p, &k[i]));
+        /* each key's hash for the caller; 0 for the invalid ones */
+        assert_true(hash[i] ==
+                    (k[i].len >= 1 && k[i].len <= KVT_KEY_MAX ? kvt_key_hash(&k[i]) : 0));
         hits += got[i] == KVT_HIT;
         pending += got[i] == KVT_HIT_PENDING;
         misses += got[i] == KVT_MISS;

@@ -145,7 +145,7 @@ static int run_one(size_t n, const char *policy, const struct kvt_key *keys, uin
         if (m > ops - i)
             m = ops - i;
 
-        kvt_primary_lookup_many(p, &hits[at], m, results);
+        kvt_primary_lookup_many(p, &hits[at], m, results, NULL);
         for (size_t j = 0; j < m; j++)
             sink += results[j] == KVT_HIT;
     }

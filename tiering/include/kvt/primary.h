@@ -68,9 +68,10 @@ enum kvt_lookup_result kvt_primary_lookup_h(struct kvt_primary *p, const struct 
  * that follows other work. */
 void kvt_primary_prefetch_h(const struct kvt_primary *p, uint64_t hash);
 /* lookup of each of keys[0..n) into out[], the same answers, with the cache misses
- * of neighbouring keys overlapped (what an engine's many-key lookup should call). */
+ * of neighbouring keys overlapped (what an engine's many-key lookup should call).
+ * hashes, when not NULL, gets each key's kvt_key_hash (0 for an invalid key). */
 void kvt_primary_lookup_many(struct kvt_primary *p, const struct kvt_key *keys, size_t n,
-                             enum kvt_lookup_result *out);
+                             enum kvt_lookup_result *out, uint64_t *hashes);
 
 /* 0 (out filled; n_store may be 0), -ENOSPC ("cannot store": no entry, slot or
  * event changed; ARC's store-miss adaptation has happened, see below), -EINVAL (a
