@@ -564,6 +564,32 @@ static int set_list_scalar(struct kvt_config *cfg, const struct key_def *k, cons
     return rc;
 }
 
+/* Text libyaml reads (UTF-8 of printable characters, control characters aside: the
+ * dump escapes those): a --set value may be any bytes, and one of others would make a
+ * dump that does not load. */
+static bool yaml_text(const char *s)
+{
+    static const unsigned min[] = {0, 0x80, 0x800, 0x10000}; /* shorter: overlong */
+    const unsigned char *p = (const unsigned char *)s;
+
+    while (*p != '\0') {
+        unsigned c = *p++, n = c < 0x80 ? 0 : c < 0xc0 ? 4 : c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
+
+        if (n == 4 || c >= 0xf8)
+            return false;
+        c &= 0x7fu >> n;
+        for (unsigned i = 0; i < n; i++, p++) {
+            if ((*p & 0xc0) != 0x80)
+                return false;
+            c = c << 6 | (*p & 0x3fu);
+        }
+        if (c < min[n] || (c >= 0x80 && c < 0xa0 && c != 0x85) || (c >= 0xd800 && c < 0xe000) ||
+            c == 0xfffe || c == 0xffff || c > 0x10ffff)
+            return false;
+    }
+    return true;
+}
+
 static int set_string(struct kvt_config *cfg, const struct key_def *k, const char *s, char *why,
                       size_t why_len)
 {
@@ -576,6 +602,10 @@ static int set_string(struct kvt_config *cfg, const struct key_def *k, const cha
     }
     if (len > k->max) {
         snprintf(why, why_len, "longer than %" PRIu64 " characters", k->max);
+        return -EINVAL;
+    }
+    if (!yaml_text(s)) {
+        snprintf(why, why_len, "not UTF-8 text");
         return -EINVAL;
     }
     if ((k->flags & K_ADDR) && len != 0 && !valid_host(s, len, strchr(s, ':') != NULL)) {
@@ -692,9 +722,32 @@ static void where(const struct loader *ld, int origin, char *buf, size_t len)
 static int fail(struct loader *ld, int origin, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* src into dst (len bytes) with its control characters written "\xNN", as the dump
+ * writes them: an error is one line, whatever the value or argument it quotes holds. */
+static void one_line(char *dst, size_t len, const char *src)
+{
+    size_t n = 0;
+
+    if (len == 0)
+        return;
+    for (; *src != '\0'; src++) {
+        unsigned char c = (unsigned char)*src;
+        char esc[5] = {*src};
+        size_t e = 1;
+
+        if (c < 0x20 || c == 0x7f)
+            e = (size_t)snprintf(esc, sizeof(esc), "\\x%02x", c);
+        if (n + e >= len)
+            break;
+        memcpy(dst + n, esc, e);
+        n += e;
+    }
+    dst[n] = '\0';
+}
+
 static int fail(struct loader *ld, int origin, const char *key, const char *fmt, ...)
 {
-    char at[PATH_MAX + 64], msg[512];
+    char at[PATH_MAX + 64], msg[512], line[sizeof(at) + sizeof(msg) + 130];
     va_list ap;
 
     va_start(ap, fmt);
@@ -702,9 +755,10 @@ static int fail(struct loader *ld, int origin, const char *key, const char *fmt,
     va_end(ap);
     where(ld, origin, at, sizeof(at));
     if (key != NULL)
-        snprintf(ld->err, ld->err_len, "%s: %s: %s", at, key, msg);
+        snprintf(line, sizeof(line), "%s: %s: %s", at, key, msg);
     else
-        snprintf(ld->err, ld->err_len, "%s: %s", at, msg);
+        snprintf(line, sizeof(line), "%s: %s", at, msg);
+    one_line(ld->err, ld->err_len, line);
     return -EINVAL;
 }
 
@@ -1006,11 +1060,84 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
     return 0;
 }
 
-static int load_file(struct loader *ld)
+/* The line of libyaml's mark. At the end of a text whose last line has no line break,
+ * libyaml breaks the line itself and counts one more: the text's last is named (its
+ * lines counted as libyaml counts them: \r\n, \r, \n, NEL, LS and PS end one). */
+static int mark_line(const yaml_mark_t *mark, const unsigned char *t, size_t len)
+{
+    int lines = 1;
+
+    for (size_t i = 0; i < len; i++) {
+        if (t[i] == '\r' && i + 1 < len && t[i + 1] == '\n')
+            i++;
+        lines += t[i] == '\n' || t[i] == '\r' ||
+                 (t[i] == 0xc2 && i + 1 < len && t[i + 1] == 0x85) ||
+                 (t[i] == 0xe2 && i + 2 < len && t[i + 1] == 0x80 && (t[i + 2] | 1) == 0xa9);
+    }
+    return KVT_MIN((int)mark->line + 1, lines);
+}
+
+/* The file's text, as read whole by load_file. */
+static int load_text(struct loader *ld, const unsigned char *text, size_t len)
 {
     yaml_parser_t parser;
     yaml_document_t doc;
     yaml_node_t *root;
+    int rc = check_depth(ld, text, len);
+
+    if (rc < 0)
+        return rc;
+    if (!yaml_parser_initialize(&parser))
+        return -ENOMEM;
+    yaml_parser_set_input_string(&parser, text, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        if (parser.error == YAML_MEMORY_ERROR) {
+            rc = -ENOMEM;
+        } else if (parser.error == YAML_READER_ERROR) {
+            /* Not text libyaml can read (bad UTF-8, control characters): no line. */
+            snprintf(ld->err, ld->err_len, "config %s: offset %zu: %s", ld->path,
+                     parser.problem_offset, parser.problem ? parser.problem : "cannot be read");
+            rc = -EINVAL;
+        } else {
+            rc = fail(ld, mark_line(&parser.problem_mark, text, len), NULL,
+                      "YAML syntax error: %s%s%s", parser.problem ? parser.problem : "malformed",
+                      parser.context ? " " : "", parser.context ? parser.context : "");
+        }
+        goto out_parser;
+    }
+    root = yaml_document_get_root_node(&doc);
+    if (root == NULL) /* an empty file: all defaults */
+        goto out_doc;
+    if (root->type == YAML_SCALAR_NODE && scalar_value(root)[0] == '\0')
+        goto out_doc;
+    if (root->type != YAML_MAPPING_NODE) {
+        rc = fail(ld, node_line(root), NULL, "expected a mapping of keys at the top level");
+        goto out_doc;
+    }
+    rc = apply_mapping(ld, "", &doc, root, 0);
+    if (rc == 0) {
+        yaml_document_t next;
+
+        /* A second document would be ignored silently: refuse it. */
+        if (!yaml_parser_load(&parser, &next)) {
+            rc = fail(ld, mark_line(&parser.problem_mark, text, len), NULL, "YAML syntax error: %s",
+                      parser.problem ? parser.problem : "malformed");
+        } else {
+            if (yaml_document_get_root_node(&next) != NULL)
+                rc = fail(ld, (int)next.start_mark.line + 1, NULL,
+                          "a second YAML document; the configuration is one document");
+            yaml_document_delete(&next);
+        }
+    }
+out_doc:
+    yaml_document_delete(&doc);
+out_parser:
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+static int load_file(struct loader *ld)
+{
     unsigned char *text = NULL;
     size_t len = 0;
     struct stat st;
@@ -1032,59 +1159,7 @@ static int load_file(struct loader *ld)
     close(fd);
     if (rc < 0)
         return rc;
-    rc = check_depth(ld, text, len);
-    if (rc < 0) {
-        kvt_free(text);
-        return rc;
-    }
-    if (!yaml_parser_initialize(&parser)) {
-        kvt_free(text);
-        return -ENOMEM;
-    }
-    yaml_parser_set_input_string(&parser, text, len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        if (parser.error == YAML_MEMORY_ERROR) {
-            rc = -ENOMEM;
-        } else if (parser.error == YAML_READER_ERROR) {
-            /* Not text libyaml can read (bad UTF-8, control characters): no line. */
-            snprintf(ld->err, ld->err_len, "config %s: offset %zu: %s", ld->path,
-                     parser.problem_offset, parser.problem ? parser.problem : "cannot be read");
-            rc = -EINVAL;
-        } else {
-            rc = fail(ld, (int)parser.problem_mark.line + 1, NULL, "YAML syntax error: %s%s%s",
-                      parser.problem ? parser.problem : "malformed", parser.context ? " " : "",
-                      parser.context ? parser.context : "");
-        }
-        goto out_parser;
-    }
-    root = yaml_document_get_root_node(&doc);
-    if (root == NULL) /* an empty file: all defaults */
-        goto out_doc;
-    if (root->type == YAML_SCALAR_NODE && scalar_value(root)[0] == '\0')
-        goto out_doc;
-    if (root->type != YAML_MAPPING_NODE) {
-        rc = fail(ld, node_line(root), NULL, "expected a mapping of keys at the top level");
-        goto out_doc;
-    }
-    rc = apply_mapping(ld, "", &doc, root, 0);
-    if (rc == 0) {
-        yaml_document_t next;
-
-        /* A second document would be ignored silently: refuse it. */
-        if (!yaml_parser_load(&parser, &next)) {
-            rc = fail(ld, (int)parser.problem_mark.line + 1, NULL, "YAML syntax error: %s",
-                      parser.problem ? parser.problem : "malformed");
-        } else {
-            if (yaml_document_get_root_node(&next) != NULL)
-                rc = fail(ld, (int)next.start_mark.line + 1, NULL,
-                          "a second YAML document; the configuration is one document");
-            yaml_document_delete(&next);
-        }
-    }
-out_doc:
-    yaml_document_delete(&doc);
-out_parser:
-    yaml_parser_delete(&parser);
+    rc = load_text(ld, text, len);
     kvt_free(text);
     return rc;
 }
@@ -1424,8 +1499,9 @@ int kvt_config_defaults(struct kvt_config *cfg)
     return kvt_config_load(cfg, NULL, NULL, 0, err, sizeof(err));
 }
 
-int kvt_config_load(struct kvt_config *cfg, const char *path, char *const *sets, size_t n_sets,
-                    char *err, size_t err_len)
+/* kvt_config_load, with the file's text given (text != NULL: path only names it). */
+static int load(struct kvt_config *cfg, const char *path, const char *text, size_t len,
+                char *const *sets, size_t n_sets, char *err, size_t err_len)
 {
     struct loader ld = {.path = path, .sets = sets, .err = err, .err_len = err_len};
     int rc;
@@ -1435,8 +1511,8 @@ int kvt_config_load(struct kvt_config *cfg, const char *path, char *const *sets,
     rc = load_defaults(&ld.cfg);
     if (rc < 0)
         goto oom;
-    if (path != NULL) {
-        rc = load_file(&ld);
+    if (text != NULL || path != NULL) {
+        rc = text != NULL ? load_text(&ld, (const unsigned char *)text, len) : load_file(&ld);
         if (rc < 0)
             goto out_free;
     }
@@ -1466,6 +1542,18 @@ oom:
     if (rc == -ENOMEM)
         snprintf(err, err_len, "config: out of memory");
     return rc;
+}
+
+int kvt_config_load(struct kvt_config *cfg, const char *path, char *const *sets, size_t n_sets,
+                    char *err, size_t err_len)
+{
+    return load(cfg, path, NULL, 0, sets, n_sets, err, err_len);
+}
+
+int kvt__config_load_text(struct kvt_config *cfg, const char *name, const char *text, size_t len,
+                          char *const *sets, size_t n_sets, char *err, size_t err_len)
+{
+    return load(cfg, name, text, len, sets, n_sets, err, err_len);
 }
 
 /* ---- printing ---- */

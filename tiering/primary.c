@@ -1084,8 +1084,9 @@ int kvt_primary_prepare_store_req(struct kvt_primary *p, const struct kvt_key *k
      * Every line, not each entry's first and last: an entry spans three lines in
      * two of four slots. (In the call, not in a helper of its own: GCC takes a
      * function of prefetches alone for one without effects and drops the call.)
-     * Slots from the free list are a store's victims, in cache from the eviction. */
-    if (p->num_allocated < p->cfg.num_chunks) {
+     * Slots from the free list are a store's victims, in cache from the eviction.
+     * (No keys: no slot, and fence[s - 1] may be before the array.) */
+    if (n > 0 && p->num_allocated < p->cfg.num_chunks) {
         size_t s = p->num_allocated,
                e = KVT_MIN(s + KVT_MIN(n, (size_t)PR_GROUP), p->cfg.num_chunks);
 

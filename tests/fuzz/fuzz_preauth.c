@@ -32,16 +32,9 @@
 
 #include "kvt/tp_frame.h"
 #include "kvt/wire.h"
+#include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_preauth: check failed: %s (line %d)\n", #cond, __LINE__);        \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static void check_handshake(const uint8_t *p, size_t len)
 {

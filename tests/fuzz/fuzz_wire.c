@@ -23,16 +23,9 @@
 #include <string.h>
 
 #include "kvt/wire.h"
+#include "fuzz_check.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "fuzz_wire: check failed: %s (line %d)\n", #cond, __LINE__);           \
-            abort();                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static const struct kvt_wire_limits lim = {.max_frame = 64 << 10, .max_keys = 1024};
 

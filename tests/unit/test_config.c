@@ -139,6 +139,8 @@ static void expect_bad(const char *file_text, char *const *extra_sets, size_t n_
                  strerror(-rc), err);
     assert_memory_equal(&cfg, &sentinel, sizeof(cfg));
     assert_string_equal(before, after);
+    if (strchr(err, '\n') != NULL)
+        fail_msg("error \"%s\" is more than one line", err);
     for (size_t i = 0; want[i] != NULL; i++)
         if (strstr(err, want[i]) == NULL)
             fail_msg("error \"%s\" lacks \"%s\"", err, want[i]);
@@ -530,6 +532,9 @@ static void test_malformed_yaml(void **state)
     expect_bad("log: {level: info}\n---\nlog: {level: debug}\n", NULL, 0, 0,
                WANT(at_line(2), "second YAML document"));
     expect_bad("log:\n  level: \"\xff\xfe\"\n", NULL, 0, 0, WANT("config ", "offset"));
+    /* an error at the end of a last line without a line break is on that line, not the
+     * next (libyaml counts one more; found by fuzz_config: corpus/config/end-no-break) */
+    expect_bad("log:\n  level: info\nlog.level", NULL, 0, 0, WANT(at_line(3), "YAML syntax error"));
 }
 
 static void test_duplicate_key(void **state)
@@ -541,6 +546,35 @@ static void test_duplicate_key(void **state)
                WANT(at_line(3), "log", "duplicate key (first on line 1)"));
     expect_bad("primary.size: 1GiB\nprimary:\n  size: 2GiB\n", NULL, 0, 0,
                WANT(at_line(3), "primary.size", "set twice in the file (first on line 1)"));
+}
+
+/* An error is one line: a value or an argument with a line break is quoted with its
+ * control characters escaped (found by fuzz_config: corpus/config/block-scalar and
+ * set-newline), so no value can add a line of its own to the daemon's log. */
+static void test_error_one_line(void **state)
+{
+    char *set_nl[] = {"node.namespace=a\nkvtierd: ready"};
+
+    (void)state;
+    expect_bad("node:\n  namespace: |\n    abc\n", NULL, 0, 0,
+               WANT(at_line(2), "node.namespace", "\"abc\\x0a\" may hold only"));
+    expect_bad(NULL, set_nl, 1, 0,
+               WANT("option --set node.namespace=a\\x0akvtierd: ready: node.namespace: "
+                    "\"a\\x0akvtierd: ready\" may hold only"));
+}
+
+/* A --set value is any bytes; one that is not UTF-8 text (which the file always is)
+ * is refused: its dump would not load (found by fuzz_config: corpus/config/set-latin1). */
+static void test_set_not_utf8(void **state)
+{
+    char *latin1[] = {"node.namespace=caf\xe9"};
+    char *c1[] = {"engine.socket_group=a\xc2\x81"};
+    char *overlong[] = {"primary.path=/tmp/\xc0\xaf"};
+
+    (void)state;
+    expect_bad(NULL, latin1, 1, 0, WANT("node.namespace: not UTF-8 text"));
+    expect_bad(NULL, c1, 1, 0, WANT("engine.socket_group: not UTF-8 text"));
+    expect_bad(NULL, overlong, 1, 0, WANT("primary.path: not UTF-8 text"));
 }
 
 static void test_bad_set(void **state)
@@ -1151,6 +1185,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_model_fingerprint, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_yaml, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_error_one_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_set_not_utf8, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_set, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreadable_config, setup, teardown),
         cmocka_unit_test_setup_teardown(test_nul_in_scalar, setup, teardown),

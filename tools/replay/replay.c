@@ -22,6 +22,7 @@
 #include "kvt/metrics.h"
 #include "kvt/storage_tier.h"
 #include "kvt/version.h"
+#include "replay.h"
 
 #define EX_USAGE   64
 #define EX_DATAERR 65
@@ -45,25 +46,10 @@ struct replay {
     unsigned long lines, calls, steps, lookups, hits, stores_refused;
     unsigned long evicted, promoted_chunks, promotion_jobs, cascade_jobs;
     bool quiet;
-    bool arc; /* the primary's policy is ARC */
+    bool arc;       /* the primary's policy is ARC */
+    FILE *results;  /* the lines' results and the summary */
+    FILE *messages; /* a bad line's message */
 };
-
-static void usage(FILE *f)
-{
-    fprintf(
-        f,
-        "usage: kvtier-replay [options] [TRACE.jsonl | -]\n"
-        "  --chunks N           primary chunks (default 1024)\n"
-        "  --row-bytes B        bytes per chunk (default 0: index only)\n"
-        "  --policy lru|arc     primary cache policy (default lru)\n"
-        "  --tier SPEC          add a secondary tier, in order; SPEC is\n"
-        "                       example[:type=T,delay=N,fail=P,seed=S,retry_first,\n"
-        "                               request_level,medium=cpu|storage,locality=local|remote]\n"
-        "                       storage:root=DIR[,capacity=BYTES,type=T]\n"
-        "  --summary-only       print only the summary line\n"
-        "  -V, --version        the version and git revision of this build\n"
-        "See docs/replay-format.md for the trace format.\n");
-}
 
 static void on_tier_call(void *arg, struct kvt_tier *t, enum kvt_example_call call,
                          const struct kvt_job *job, struct kvt_req_ctx *ctx,
@@ -474,17 +460,14 @@ static int run_line(struct replay *r, json_t *obj, json_t *res, struct line_err 
     if (strcmp(op, "policy") == 0)
         return policy_state(r, obj, res, e);
 
-    /* Every other op takes keys; most take a request. */
+    /* Every other op takes keys and a request. */
     if ((rc = keys_from_json(obj, &keys, &n, e)) < 0)
         return rc;
-    struct kvt_req_ctx *ctx = NULL;
+    struct kvt_req_ctx *ctx = find_req(r, obj, e);
 
-    if (strcmp(op, "complete_store") != 0 || json_object_get(obj, "req") != NULL) {
-        ctx = find_req(r, obj, e);
-        if (ctx == NULL) {
-            free(keys);
-            return -EINVAL;
-        }
+    if (ctx == NULL) {
+        free(keys);
+        return -EINVAL;
     }
     if (strcmp(op, "lookup") == 0) {
         json_t *arr = json_array();
@@ -631,7 +614,7 @@ static void print_summary(struct replay *r, const char *policy)
     json_t *wrap = json_pack("{s:o}", "summary", s);
     char *txt = json_dumps(wrap, JSON_COMPACT | JSON_SORT_KEYS);
 
-    printf("%s\n", txt);
+    fprintf(r->results, "%s\n", txt);
     free(txt);
     json_decref(wrap);
 }
@@ -650,7 +633,7 @@ static int replay_lines(struct replay *r, char **lines, size_t n_lines, const ch
             continue;
         obj = json_loads(line, 0, &jerr);
         if (obj == NULL || !json_is_object(obj)) {
-            fprintf(stderr, "kvtier-replay: %s:%lu: not a JSON object: %s\n", path, r->lines,
+            fprintf(r->messages, "kvtier-replay: %s:%lu: not a JSON object: %s\n", path, r->lines,
                     obj ? "" : jerr.text);
             json_decref(obj);
             return EX_DATAERR;
@@ -660,7 +643,7 @@ static int replay_lines(struct replay *r, char **lines, size_t n_lines, const ch
         int rc = run_line(r, obj, res, &e);
 
         if (rc < 0) {
-            fprintf(stderr, "kvtier-replay: %s:%lu: %s\n", path, r->lines,
+            fprintf(r->messages, "kvtier-replay: %s:%lu: %s\n", path, r->lines,
                     e.msg[0] ? e.msg : strerror(-rc));
             json_decref(obj);
             json_decref(res);
@@ -669,7 +652,7 @@ static int replay_lines(struct replay *r, char **lines, size_t n_lines, const ch
         if (!r->quiet) {
             char *txt = json_dumps(res, JSON_COMPACT | JSON_PRESERVE_ORDER);
 
-            printf("%s\n", txt);
+            fprintf(r->results, "%s\n", txt);
             free(txt);
         }
         json_decref(obj);
@@ -756,6 +739,48 @@ fail:
     return -ENOMEM;
 }
 
+int kvt__replay_text(const char *text, size_t len, const char *policy, size_t chunks,
+                     const char *tier, FILE *out, FILE *err)
+{
+    struct replay run = {.quiet = false, .results = out, .messages = err};
+    struct tier_spec spec;
+    char **lines = NULL;
+    size_t n_lines = 0;
+    FILE *in = len > 0 ? fmemopen((void *)text, len, "r") : NULL;
+    int status = 1;
+
+    if (len > 0 && in == NULL)
+        return 1;
+    if ((tier == NULL || parse_tier(tier, &spec, &run) == 0) &&
+        (in == NULL || read_lines(in, &lines, &n_lines) == 0))
+        status =
+            replay_policy(&run, policy, chunks, 0, &spec, tier != NULL, lines, n_lines, "fuzz");
+    for (size_t i = 0; i < n_lines; i++)
+        free(lines[i]);
+    free(lines);
+    if (in != NULL)
+        fclose(in);
+    return status;
+}
+
+#ifndef KVT_REPLAY_NO_MAIN
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: kvtier-replay [options] [TRACE.jsonl | -]\n"
+        "  --chunks N           primary chunks (default 1024)\n"
+        "  --row-bytes B        bytes per chunk (default 0: index only)\n"
+        "  --policy lru|arc     primary cache policy (default lru)\n"
+        "  --tier SPEC          add a secondary tier, in order; SPEC is\n"
+        "                       example[:type=T,delay=N,fail=P,seed=S,retry_first,\n"
+        "                               request_level,medium=cpu|storage,locality=local|remote]\n"
+        "                       storage:root=DIR[,capacity=BYTES,type=T]\n"
+        "  --summary-only       print only the summary line\n"
+        "  -V, --version        the version and git revision of this build\n"
+        "See docs/replay-format.md for the trace format.\n");
+}
+
 int main(int argc, char **argv)
 {
     struct tier_spec specs[KVT_MAX_TIERS];
@@ -838,7 +863,7 @@ int main(int argc, char **argv)
         status = 1;
     }
     for (size_t q = 0; status == 0 && q < n_policies; q++) {
-        struct replay run = {.quiet = r.quiet};
+        struct replay run = {.quiet = r.quiet, .results = stdout, .messages = stderr};
         const char *roots[KVT_MAX_TIERS] = {NULL};
 
         /* Each policy's storage tiers in a folder of their own under root. */
@@ -881,3 +906,4 @@ int main(int argc, char **argv)
         fclose(in);
     return status;
 }
+#endif

@@ -144,6 +144,10 @@ int kvt_config_copy(struct kvt_config *dst, const struct kvt_config *src);
  * -EISDIR ... (file not readable) or -ENOMEM. */
 int kvt_config_load(struct kvt_config *cfg, const char *path, char *const *sets, size_t n_sets,
                     char *err, size_t err_len);
+/* kvt_config_load with the file's len bytes of text in memory (tests/fuzz/fuzz_config);
+ * errors name the file name. */
+int kvt__config_load_text(struct kvt_config *cfg, const char *name, const char *text, size_t len,
+                          char *const *sets, size_t n_sets, char *err, size_t err_len);
 
 /* The keys, their types, defaults and ranges, one per line, for --help. */
 void kvt_config_print_help(FILE *out);
