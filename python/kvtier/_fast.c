@@ -141,6 +141,9 @@ static PyObject *conn_raise(struct kvt_fast_conn *self, int rc, const char *what
     return NULL;
 }
 
+/* The client, taken by every call after it converted its arguments and just
+ * before the C call: a conversion can run Python code (an iterable's __next__, a
+ * row's __index__) that closes the client, which frees the handle taken before. */
 static struct kvtier_client *conn_handle(struct kvt_fast_conn *self)
 {
     if (self->c == NULL)
@@ -384,8 +387,6 @@ static PyObject *conn_lookup_one(struct kvt_fast_conn *self, PyObject *args)
 
     if (unpack(args, "lookup_one", 2, 2, a) < 0)
         return NULL;
-    if ((c = conn_handle(self)) == NULL)
-        return NULL;
     if (!PyBytes_Check(a[1])) {
         PyErr_SetString(PyExc_TypeError, "a key is bytes");
         return NULL;
@@ -398,6 +399,10 @@ static PyObject *conn_lookup_one(struct kvt_fast_conn *self, PyObject *args)
     }
     if (req_arg(a[0], true, &rid, &tmp) < 0)
         return NULL;
+    if ((c = conn_handle(self)) == NULL) {
+        Py_XDECREF(tmp);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS rc = self->f.lookup_one(c, rid, key, (size_t)klen);
     Py_END_ALLOW_THREADS Py_XDECREF(tmp);
     if (rc < 0)
@@ -417,7 +422,7 @@ static PyObject *conn_lookup(struct kvt_fast_conn *self, PyObject *args)
     unsigned flags;
     int prefix, rc;
 
-    if (unpack(args, "lookup", 2, 3, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "lookup", 2, 3, a) < 0)
         return NULL;
     if ((prefix = PyObject_IsTrue(a[2])) < 0)
         return NULL;
@@ -428,6 +433,8 @@ static PyObject *conn_lookup(struct kvt_fast_conn *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len) rc =
         self->f.lookup_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, flags, res, &done);
     else rc = self->f.lookup(c, fa.rid, fa.k.karr, fa.k.n, flags, res, &done);
@@ -469,7 +476,7 @@ static PyObject *conn_prepare_store(struct kvt_fast_conn *self, PyObject *args)
     size_t n1, ev_cap, n_store = 0, n_ev = 0, ev_bytes = 0;
     int rc;
 
-    if (unpack(args, "prepare_store", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "prepare_store", 2, 2, a) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], "prepare_store") < 0)
         return NULL;
@@ -482,6 +489,8 @@ static PyObject *conn_prepare_store(struct kvt_fast_conn *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len)
     {
         rc = self->f.prepare_store_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, idx, ids,
@@ -566,12 +575,16 @@ static PyObject *conn_complete_store(struct kvt_fast_conn *self, PyObject *args)
     struct kvt_fast_args fa;
     int ok, rc;
 
-    if (unpack(args, "complete_store", 2, 3, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "complete_store", 2, 3, a) < 0)
         return NULL;
     if ((ok = PyObject_IsTrue(a[2])) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], "complete_store") < 0)
         return NULL;
+    if ((c = conn_handle(self)) == NULL) {
+        args_cleanup(&fa);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len) rc =
         self->f.complete_store_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, ok);
     else rc = self->f.complete_store(c, fa.rid, fa.k.karr, fa.k.n, ok);
@@ -590,7 +603,7 @@ static PyObject *conn_prepare_load(struct kvt_fast_conn *self, PyObject *args)
     int64_t stack[KVT_FAST_STACK_KEYS], *ids = stack;
     int rc;
 
-    if (unpack(args, "prepare_load", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "prepare_load", 2, 2, a) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], "prepare_load") < 0)
         return NULL;
@@ -598,6 +611,8 @@ static PyObject *conn_prepare_load(struct kvt_fast_conn *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len) rc =
         self->f.prepare_load_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, ids);
     else rc = self->f.prepare_load(c, fa.rid, fa.k.karr, fa.k.n, ids);
@@ -633,10 +648,14 @@ static PyObject *conn_keys_call(struct kvt_fast_conn *self, PyObject *args, bool
     struct kvt_fast_args fa;
     int rc;
 
-    if (unpack(args, what, 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, what, 2, 2, a) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], what) < 0)
         return NULL;
+    if ((c = conn_handle(self)) == NULL) {
+        args_cleanup(&fa);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS if (load && fa.k.key_len) rc =
         self->f.complete_load_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n);
     else if (load) rc = self->f.complete_load(c, fa.rid, fa.k.karr, fa.k.n);
@@ -710,11 +729,13 @@ static PyObject *conn_on_schedule_end(struct kvt_fast_conn *self, PyObject *args
     struct kvtier_client *c;
     int rc;
 
-    if (unpack(args, "on_schedule_end", 0, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "on_schedule_end", 0, 2, a) < 0)
         return NULL;
     for (int i = 0; i < 2; i++)
         if (ids_init(a[i], &seq[i], &tmp[i], &ids[i], &n[i]) < 0)
             goto out;
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS rc = self->f.on_schedule_end(c, ids[0], n[0], ids[1], n[1]);
     Py_END_ALLOW_THREADS if (rc < 0)
     {
@@ -770,7 +791,7 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
     Py_ssize_t nl, nj, total = 0;
     int rc;
 
-    if (unpack(args, "jobs_step", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "jobs_step", 2, 2, a) < 0)
         return NULL;
     if ((lseq = as_seq(a[0], "jobs_step")) == NULL)
         goto out;
@@ -855,6 +876,8 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
             .id = id, .kind = (int)kind, .keys = kk + at, .rows = rows + at, .n = (size_t)nk};
         at += nk;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS rc =
         self->f.jobs_step(c, lk, (size_t)nl, verdicts, jobs, (size_t)nj, &done);
     Py_END_ALLOW_THREADS if (rc < 0)
