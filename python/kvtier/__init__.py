@@ -478,6 +478,9 @@ class Client:
         return conn
 
     def _handle(self):
+        # (a call takes it after it converted its other arguments: a conversion
+        # runs Python code - a request id's __bytes__, a flag's __bool__ - which
+        # could close this client and free the handle taken before it)
         if self._c is None:
             raise KvtierError(-_errno.EBADF, "client closed")
         return self._c
@@ -496,8 +499,8 @@ class Client:
     def set_ring(self, enabled, spin_us=-1):
         """Calls through the ring (enabled) or the socket; spin_us: how long a call
         spins on its reply before it sleeps (< 0 keeps it)."""
-        self._check(self._lib.kvtier_client_set_ring(self._handle(), bool(enabled), int(spin_us)),
-                    "set_ring")
+        enabled, spin_us = bool(enabled), int(spin_us)
+        self._check(self._lib.kvtier_client_set_ring(self._handle(), enabled, spin_us), "set_ring")
 
     def ring_stats(self):
         """{"posted", "wakeups", "sleeps", "redirects"} of the ring's calls."""
@@ -511,8 +514,8 @@ class Client:
         """With a ring: complete_store, complete_load, touch, on_request_finished and
         on_schedule_end return once they are in the ring (the node runs them in
         order, before anything called after them); drain() says how they went."""
-        self._check(self._lib.kvtier_client_set_posting(self._handle(), bool(enabled)),
-                    "set_posting")
+        enabled = bool(enabled)
+        self._check(self._lib.kvtier_client_set_posting(self._handle(), enabled), "set_posting")
 
     def drain(self):
         """Waits for every posted call: how many failed since the last drain (the
@@ -563,13 +566,15 @@ class Client:
             opts.load_tiers = ctypes.cast(keep, ctypes.POINTER(_Matcher))
             opts.n_load_tiers = len(load_tiers)
         policy = ctypes.c_int(0)
-        rc = self._lib.kvtier_on_new_request(self._handle(), _req(req_id), ctypes.byref(opts),
+        rid = _req(req_id)
+        rc = self._lib.kvtier_on_new_request(self._handle(), rid, ctypes.byref(opts),
                                              ctypes.byref(policy))
         self._check(rc, "on_new_request %s" % req_id)
         return policy.value
 
     def on_request_finished(self, req_id):
-        self._check(self._lib.kvtier_on_request_finished(self._handle(), _req(req_id)),
+        rid = _req(req_id)
+        self._check(self._lib.kvtier_on_request_finished(self._handle(), rid),
                     "on_request_finished %s" % req_id)
 
     def lookup(self, req_id, keys, prefix=False):
@@ -580,8 +585,8 @@ class Client:
         arr, n = _keys(keys)
         res = (ctypes.c_uint8 * max(n, 1))()
         done = ctypes.c_size_t(0)
-        rc = self._lib.kvtier_lookup(self._handle(), _req(req_id), arr, n,
-                                     _LOOKUP_PREFIX if prefix else 0, res, ctypes.byref(done))
+        rid, flags = _req(req_id), _LOOKUP_PREFIX if prefix else 0
+        rc = self._lib.kvtier_lookup(self._handle(), rid, arr, n, flags, res, ctypes.byref(done))
         self._check(rc, "lookup")
         return list(res[:done.value])
 
@@ -592,7 +597,8 @@ class Client:
         key = bytes(key)
         if not 1 <= len(key) <= KEY_MAX:
             raise ValueError("a key is 1..64 bytes")
-        rc = self._lib.kvtier_lookup_one(self._handle(), _req(req_id), key, len(key))
+        rid = _req(req_id)
+        rc = self._lib.kvtier_lookup_one(self._handle(), rid, key, len(key))
         if rc < 0:
             self._check(rc, "lookup")
         return rc
@@ -608,7 +614,8 @@ class Client:
         ids = (ctypes.c_int64 * max(n, 1))()
         ev = (_Key * max(n, 1))()
         plan = _StorePlan(idx, ids, ev, max(n, 1), 0, 0)
-        rc = self._lib.kvtier_prepare_store(self._handle(), _req(req_id), arr, n,
+        rid = _req(req_id)
+        rc = self._lib.kvtier_prepare_store(self._handle(), rid, arr, n,
                                             ctypes.byref(plan))
         self._check(rc, "prepare_store")
         stores = [(idx[i], ids[i]) for i in range(plan.n_store)]
@@ -619,8 +626,9 @@ class Client:
         if self.fast is not None:
             return self.fast.complete_store(req_id, keys, bool(success))
         arr, n = _keys(keys)
-        self._check(self._lib.kvtier_complete_store(self._handle(), _req(req_id), arr, n,
-                                                    bool(success)), "complete_store")
+        rid, success = _req(req_id), bool(success)
+        self._check(self._lib.kvtier_complete_store(self._handle(), rid, arr, n, success),
+                    "complete_store")
 
     def prepare_load(self, req_id, keys):
         """Pins keys; returns their chunk ids (co-indexed)."""
@@ -628,7 +636,8 @@ class Client:
             return self.fast.prepare_load(req_id, keys)
         arr, n = _keys(keys)
         ids = (ctypes.c_int64 * max(n, 1))()
-        self._check(self._lib.kvtier_prepare_load(self._handle(), _req(req_id), arr, n, ids),
+        rid = _req(req_id)
+        self._check(self._lib.kvtier_prepare_load(self._handle(), rid, arr, n, ids),
                     "prepare_load")
         return list(ids[:n])
 
@@ -636,14 +645,16 @@ class Client:
         if self.fast is not None:
             return self.fast.complete_load(req_id, keys)
         arr, n = _keys(keys)
-        self._check(self._lib.kvtier_complete_load(self._handle(), _req(req_id), arr, n),
+        rid = _req(req_id)
+        self._check(self._lib.kvtier_complete_load(self._handle(), rid, arr, n),
                     "complete_load")
 
     def touch(self, keys, req_id=None):
         if self.fast is not None:
             return self.fast.touch(req_id, keys)
         arr, n = _keys(keys)
-        self._check(self._lib.kvtier_touch(self._handle(), _req(req_id), arr, n), "touch")
+        rid = _req(req_id)
+        self._check(self._lib.kvtier_touch(self._handle(), rid, arr, n), "touch")
 
     def on_schedule_end(self, new=(), preempted=()):
         if self.fast is not None:
@@ -720,9 +731,9 @@ class Client:
         """Passes the engine's region (fd, rows of stride bytes at offset) to the node,
         which maps it; returns the node's row bytes."""
         out = ctypes.c_size_t(0)
-        self._check(self._lib.kvtier_attach_region(self._handle(), int(fd), int(offset),
-                                                   int(rows), int(stride), ctypes.byref(out)),
-                    "attach_region")
+        fd, offset, rows, stride = int(fd), int(offset), int(rows), int(stride)
+        self._check(self._lib.kvtier_attach_region(self._handle(), fd, offset, rows, stride,
+                                                   ctypes.byref(out)), "attach_region")
         return out.value
 
     def jobs_step(self, lookup_keys=(), jobs=()):

@@ -141,6 +141,9 @@ static PyObject *conn_raise(struct kvt_fast_conn *self, int rc, const char *what
     return NULL;
 }
 
+/* The client, taken by every call after it converted its arguments and just
+ * before the C call: a conversion can run Python code (an iterable's __next__, a
+ * row's __index__) that closes the client, which frees the handle taken before. */
 static struct kvtier_client *conn_handle(struct kvt_fast_conn *self)
 {
     if (self->c == NULL)
@@ -384,8 +387,6 @@ static PyObject *conn_lookup_one(struct kvt_fast_conn *self, PyObject *args)
 
     if (unpack(args, "lookup_one", 2, 2, a) < 0)
         return NULL;
-    if ((c = conn_handle(self)) == NULL)
-        return NULL;
     if (!PyBytes_Check(a[1])) {
         PyErr_SetString(PyExc_TypeError, "a key is bytes");
         return NULL;
@@ -398,6 +399,10 @@ static PyObject *conn_lookup_one(struct kvt_fast_conn *self, PyObject *args)
     }
     if (req_arg(a[0], true, &rid, &tmp) < 0)
         return NULL;
+    if ((c = conn_handle(self)) == NULL) {
+        Py_XDECREF(tmp);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS rc = self->f.lookup_one(c, rid, key, (size_t)klen);
     Py_END_ALLOW_THREADS Py_XDECREF(tmp);
     if (rc < 0)
@@ -417,7 +422,7 @@ static PyObject *conn_lookup(struct kvt_fast_conn *self, PyObject *args)
     unsigned flags;
     int prefix, rc;
 
-    if (unpack(args, "lookup", 2, 3, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "lookup", 2, 3, a) < 0)
         return NULL;
     if ((prefix = PyObject_IsTrue(a[2])) < 0)
         return NULL;
@@ -428,6 +433,8 @@ static PyObject *conn_lookup(struct kvt_fast_conn *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len) rc =
         self->f.lookup_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, flags, res, &done);
     else rc = self->f.lookup(c, fa.rid, fa.k.karr, fa.k.n, flags, res, &done);
@@ -469,7 +476,7 @@ static PyObject *conn_prepare_store(struct kvt_fast_conn *self, PyObject *args)
     size_t n1, ev_cap, n_store = 0, n_ev = 0, ev_bytes = 0;
     int rc;
 
-    if (unpack(args, "prepare_store", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "prepare_store", 2, 2, a) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], "prepare_store") < 0)
         return NULL;
@@ -482,6 +489,8 @@ static PyObject *conn_prepare_store(struct kvt_fast_conn *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len)
     {
         rc = self->f.prepare_store_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, idx, ids,
@@ -566,12 +575,16 @@ static PyObject *conn_complete_store(struct kvt_fast_conn *self, PyObject *args)
     struct kvt_fast_args fa;
     int ok, rc;
 
-    if (unpack(args, "complete_store", 2, 3, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "complete_store", 2, 3, a) < 0)
         return NULL;
     if ((ok = PyObject_IsTrue(a[2])) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], "complete_store") < 0)
         return NULL;
+    if ((c = conn_handle(self)) == NULL) {
+        args_cleanup(&fa);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len) rc =
         self->f.complete_store_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, ok);
     else rc = self->f.complete_store(c, fa.rid, fa.k.karr, fa.k.n, ok);
@@ -590,7 +603,7 @@ static PyObject *conn_prepare_load(struct kvt_fast_conn *self, PyObject *args)
     int64_t stack[KVT_FAST_STACK_KEYS], *ids = stack;
     int rc;
 
-    if (unpack(args, "prepare_load", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "prepare_load", 2, 2, a) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], "prepare_load") < 0)
         return NULL;
@@ -598,6 +611,8 @@ static PyObject *conn_prepare_load(struct kvt_fast_conn *self, PyObject *args)
         PyErr_NoMemory();
         goto out;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS if (fa.k.key_len) rc =
         self->f.prepare_load_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n, ids);
     else rc = self->f.prepare_load(c, fa.rid, fa.k.karr, fa.k.n, ids);
@@ -633,10 +648,14 @@ static PyObject *conn_keys_call(struct kvt_fast_conn *self, PyObject *args, bool
     struct kvt_fast_args fa;
     int rc;
 
-    if (unpack(args, what, 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, what, 2, 2, a) < 0)
         return NULL;
     if (args_init(&fa, a[0], true, a[1], what) < 0)
         return NULL;
+    if ((c = conn_handle(self)) == NULL) {
+        args_cleanup(&fa);
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS if (load && fa.k.key_len) rc =
         self->f.complete_load_packed(c, fa.rid, fa.k.packed, fa.k.key_len, fa.k.n);
     else if (load) rc = self->f.complete_load(c, fa.rid, fa.k.karr, fa.k.n);
@@ -710,11 +729,13 @@ static PyObject *conn_on_schedule_end(struct kvt_fast_conn *self, PyObject *args
     struct kvtier_client *c;
     int rc;
 
-    if (unpack(args, "on_schedule_end", 0, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "on_schedule_end", 0, 2, a) < 0)
         return NULL;
     for (int i = 0; i < 2; i++)
         if (ids_init(a[i], &seq[i], &tmp[i], &ids[i], &n[i]) < 0)
             goto out;
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS rc = self->f.on_schedule_end(c, ids[0], n[0], ids[1], n[1]);
     Py_END_ALLOW_THREADS if (rc < 0)
     {
@@ -770,7 +791,7 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
     Py_ssize_t nl, nj, total = 0;
     int rc;
 
-    if (unpack(args, "jobs_step", 2, 2, a) < 0 || (c = conn_handle(self)) == NULL)
+    if (unpack(args, "jobs_step", 2, 2, a) < 0)
         return NULL;
     if ((lseq = as_seq(a[0], "jobs_step")) == NULL)
         goto out;
@@ -855,6 +876,8 @@ static PyObject *conn_jobs_step(struct kvt_fast_conn *self, PyObject *args)
             .id = id, .kind = (int)kind, .keys = kk + at, .rows = rows + at, .n = (size_t)nk};
         at += nk;
     }
+    if ((c = conn_handle(self)) == NULL)
+        goto out;
     Py_BEGIN_ALLOW_THREADS rc =
         self->f.jobs_step(c, lk, (size_t)nl, verdicts, jobs, (size_t)nj, &done);
     Py_END_ALLOW_THREADS if (rc < 0)
@@ -922,7 +945,9 @@ out:
  * to count each request once per key; while a request holds a key, its entry
  * stays (nreq >= 1). Only the scheduler's thread calls a KeyTable (vLLM holds its
  * manager's lock), with the GIL. Keys are bytes; they are hashed by Python (cached
- * in the object) and compared by content. */
+ * in the object) and compared by content. Keys and request ids are kept as plain
+ * bytes and str (kt_key, kt_rid), so no operation on the table or its sets and dict
+ * runs Python code but the collector's. */
 
 enum { KT_RETRY, KT_HIT, KT_MISS }; /* an entry's verdict: the index into results */
 
@@ -954,18 +979,39 @@ struct kvt_fast_table {
     PyObject *results[3]; /* what lookup() returns for RETRY, HIT, MISS */
 };
 
-static int kt_key_hash(PyObject *key, Py_hash_t *hash_p)
+/* key as the table keeps it (a new reference), and its hash: bytes itself, a bytes
+ * subclass's content as plain bytes. A subclass's __hash__ and __eq__ are Python
+ * code, which would run inside the table's and the request sets' operations, where
+ * it could change the table or free a set under the call; bytes' own run none. */
+static PyObject *kt_key(PyObject *key, Py_hash_t *hash_p)
 {
-    Py_hash_t h;
-
-    if (!PyBytes_Check(key)) {
+    if (PyBytes_CheckExact(key)) {
+        Py_INCREF(key);
+    } else if (PyBytes_Check(key)) {
+        key = PyBytes_FromStringAndSize(PyBytes_AsString(key), PyBytes_Size(key));
+    } else {
         PyErr_SetString(PyExc_TypeError, "a key is bytes");
-        return -1;
+        return NULL;
     }
-    if ((h = PyObject_Hash(key)) == -1)
-        return -1;
-    *hash_p = h;
-    return 0;
+    if (key != NULL)
+        *hash_p = PyObject_Hash(key); /* (bytes': cannot fail) */
+    return key;
+}
+
+/* A request id as the table keeps it (a new reference): str or bytes, a subclass's
+ * content as plain str or bytes (for the same reason as kt_key's). */
+static PyObject *kt_rid(PyObject *rid)
+{
+    if (PyUnicode_CheckExact(rid) || PyBytes_CheckExact(rid)) {
+        Py_INCREF(rid);
+        return rid;
+    }
+    if (PyUnicode_Check(rid))
+        return PyUnicode_FromObject(rid);
+    if (PyBytes_Check(rid))
+        return PyBytes_FromStringAndSize(PyBytes_AsString(rid), PyBytes_Size(rid));
+    PyErr_SetString(PyExc_TypeError, "a request id is str or bytes");
+    return NULL;
 }
 
 static bool kt_same(PyObject *a, PyObject *b)
@@ -1069,17 +1115,18 @@ static PyObject *kt_req_set(struct kvt_fast_table *t, PyObject *rid)
 
     if (rid == t->last_rid)
         return t->last_set;
+    if ((rid = kt_rid(rid)) == NULL)
+        return NULL;
     set = PyDict_GetItemWithError(t->reqs, rid);
     if (set == NULL) {
-        if (PyErr_Occurred() || (set = PySet_New(NULL)) == NULL)
-            return NULL;
-        if (PyDict_SetItem(t->reqs, rid, set) < 0) {
-            Py_DECREF(set);
+        if (PyErr_Occurred() || (set = PySet_New(NULL)) == NULL ||
+            PyDict_SetItem(t->reqs, rid, set) < 0) {
+            Py_XDECREF(set);
+            Py_DECREF(rid);
             return NULL;
         }
         Py_DECREF(set); /* the dict holds it */
     }
-    Py_INCREF(rid);
     Py_INCREF(set);
     Py_XSETREF_(t->last_rid, rid);
     Py_XSETREF_(t->last_set, set);
@@ -1091,7 +1138,7 @@ static PyObject *kt_req_set(struct kvt_fast_table *t, PyObject *rid)
  * node is down. The request is counted once per key. */
 static PyObject *table_lookup(struct kvt_fast_table *t, PyObject *args)
 {
-    PyObject *key, *rid, *set;
+    PyObject *key, *rid, *set, *out = NULL;
     struct kt_slot *s;
     Py_hash_t hash;
     int up, has;
@@ -1101,42 +1148,47 @@ static PyObject *table_lookup(struct kvt_fast_table *t, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "lookup(key, req_id, node_up)");
         return NULL;
     }
-    key = PyTuple_GetItem(args, 0);
     rid = PyTuple_GetItem(args, 1);
-    if ((up = PyObject_IsTrue(PyTuple_GetItem(args, 2))) < 0 || kt_key_hash(key, &hash) < 0)
+    if ((up = PyObject_IsTrue(PyTuple_GetItem(args, 2))) < 0 ||
+        (key = kt_key(PyTuple_GetItem(args, 0), &hash)) == NULL)
         return NULL;
     s = kt_find(t, key, hash);
     if (s == NULL && !up) {
-        Py_INCREF(t->results[KT_MISS]);
-        return t->results[KT_MISS];
+        out = t->results[KT_MISS];
+        goto out;
     }
     /* The request's set first: making one may run the collector, so the slot is
      * found again after. */
     if ((set = kt_req_set(t, rid)) == NULL || (has = PySet_Contains(set, key)) < 0)
-        return NULL;
+        goto out;
     s = kt_find(t, key, hash);
     if (s == NULL) {
         if (t->nstep == t->step_cap) {
             size_t cap = t->step_cap ? t->step_cap * 2 : 256;
             struct kt_probe *step = PyMem_Realloc(t->step, cap * sizeof(*step));
 
-            if (step == NULL)
-                return PyErr_NoMemory();
+            if (step == NULL) {
+                PyErr_NoMemory();
+                goto out;
+            }
             t->step = step;
             t->step_cap = cap;
         }
         if ((s = kt_insert(t, key, hash)) == NULL)
-            return NULL;
+            goto out;
         Py_INCREF(key);
         t->step[t->nstep++] = (struct kt_probe){.key = key, .hash = hash, .gen = s->gen};
     }
     if (!has) {
         if (PySet_Add(set, key) < 0)
-            return NULL;
+            goto out;
         s->nreq++;
     }
-    Py_INCREF(t->results[s->verdict]);
-    return t->results[s->verdict];
+    out = t->results[s->verdict];
+out:
+    Py_XINCREF(out);
+    Py_DECREF(key);
+    return out;
 }
 
 /* request_finished(req_id): the request's keys lose it; a key no request holds
@@ -1144,15 +1196,21 @@ static PyObject *table_lookup(struct kvt_fast_table *t, PyObject *args)
 static PyObject *table_request_finished(struct kvt_fast_table *t, PyObject *rid)
 {
     PyObject *set, *it, *key;
+    int r;
 
+    if ((rid = kt_rid(rid)) == NULL)
+        return NULL;
     set = PyDict_GetItemWithError(t->reqs, rid);
     if (set == NULL) {
+        Py_DECREF(rid);
         if (PyErr_Occurred())
             return NULL;
         Py_RETURN_NONE;
     }
     Py_INCREF(set);
-    if (PyDict_DelItem(t->reqs, rid) < 0) {
+    r = PyDict_DelItem(t->reqs, rid);
+    Py_DECREF(rid);
+    if (r < 0) {
         Py_DECREF(set);
         return NULL;
     }
@@ -1195,12 +1253,13 @@ static PyObject *table_mark(struct kvt_fast_table *t, PyObject *args)
         struct kt_slot *s;
         Py_hash_t hash;
 
-        if (kt_key_hash(key, &hash) < 0) {
-            Py_DECREF(key);
-            break;
-        }
-        s = kt_find(t, key, hash);
+        PyObject *k = kt_key(key, &hash);
+
         Py_DECREF(key);
+        if (k == NULL)
+            break;
+        s = kt_find(t, k, hash);
+        Py_DECREF(k);
         if (s == NULL)
             continue;
         if (present) {
@@ -1226,11 +1285,10 @@ static PyObject *table_mark(struct kvt_fast_table *t, PyObject *args)
 static PyObject *table_flush(struct kvt_fast_table *t, PyObject *unused)
 {
     PyObject *keys = PyList_New(0), *gens = PyList_New(0), *out = NULL;
+    bool ok = keys != NULL && gens != NULL;
     size_t i;
 
-    if (keys == NULL || gens == NULL)
-        goto out;
-    for (i = 0; i < t->nstep; i++) {
+    for (i = 0; ok && i < t->nstep; i++) {
         struct kt_probe *p = &t->step[i];
         struct kt_slot *s = kt_find(t, p->key, p->hash);
         PyObject *g;
@@ -1238,19 +1296,19 @@ static PyObject *table_flush(struct kvt_fast_table *t, PyObject *unused)
         if (s == NULL || s->gen != p->gen || s->verdict != KT_RETRY)
             continue;
         if ((g = PyLong_FromUnsignedLongLong(p->gen)) == NULL || PyList_Append(keys, p->key) < 0 ||
-            PyList_Append(gens, g) < 0) {
-            Py_XDECREF(g);
-            goto out;
-        }
-        Py_DECREF(g);
-        s->in_flight = 1;
+            PyList_Append(gens, g) < 0)
+            ok = false;
+        Py_XDECREF(g);
+        s->in_flight = ok;
     }
-    out = PyTuple_Pack(2, keys, gens);
-out:
-    /* the step's probes are spent either way (as the Python table's) */
+    /* The step's probes are spent either way (as the Python table's), before the
+     * tuple is made: making it may run the collector, and a finalizer this table's
+     * lookup, whose new probe must stay for the next flush. */
     for (i = 0; i < t->nstep; i++)
         Py_DECREF(t->step[i].key);
     t->nstep = 0;
+    if (ok)
+        out = PyTuple_Pack(2, keys, gens);
     Py_XDECREF(keys);
     Py_XDECREF(gens);
     return out;
@@ -1307,15 +1365,17 @@ static PyObject *table_apply(struct kvt_fast_table *t, PyObject *args)
             goto out;
     }
     for (i = 0; i < n; i++) {
-        PyObject *key = PyTuple_GetItem(tup[0], i);
+        PyObject *key;
         long v = vs[i];
         struct kt_slot *s;
         Py_hash_t hash;
 
         counts[v]++;
-        /* (the slot is found after the hash, which may run a bytes subclass's code) */
-        if (v == KVTIER_RETRY || kt_key_hash(key, &hash) < 0 ||
-            (s = kt_find(t, key, hash)) == NULL || s->gen != gens[i])
+        if (v == KVTIER_RETRY || (key = kt_key(PyTuple_GetItem(tup[0], i), &hash)) == NULL)
+            continue;
+        s = kt_find(t, key, hash);
+        Py_DECREF(key);
+        if (s == NULL || s->gen != gens[i])
             continue;
         s->in_flight = 0;
         if (s->nreq <= 0) {
@@ -1363,9 +1423,11 @@ static PyObject *table_state(struct kvt_fast_table *t, PyObject *key)
     struct kt_slot *s;
     Py_hash_t hash;
 
-    if (kt_key_hash(key, &hash) < 0)
+    if ((key = kt_key(key, &hash)) == NULL)
         return NULL;
-    if ((s = kt_find(t, key, hash)) == NULL)
+    s = kt_find(t, key, hash);
+    Py_DECREF(key);
+    if (s == NULL)
         Py_RETURN_NONE;
     return Py_BuildValue("(KOOn)", s->gen, t->results[s->verdict],
                          s->in_flight ? Py_True : Py_False, s->nreq);
