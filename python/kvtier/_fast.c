@@ -1118,14 +1118,20 @@ static PyObject *kt_req_set(struct kvt_fast_table *t, PyObject *rid)
     if ((rid = kt_rid(rid)) == NULL)
         return NULL;
     set = PyDict_GetItemWithError(t->reqs, rid);
+    if (set == NULL && !PyErr_Occurred()) {
+        PyObject *fresh = PySet_New(NULL);
+
+        /* Making a set may run the collector, whose finalizers may look this request
+         * up and make its set first: that one is kept (a second would lose its keys). */
+        set = fresh == NULL ? NULL : PyDict_GetItemWithError(t->reqs, rid);
+        if (set == NULL && fresh != NULL && !PyErr_Occurred() &&
+            PyDict_SetItem(t->reqs, rid, fresh) == 0)
+            set = fresh;
+        Py_XDECREF(fresh); /* the dict holds the set kept */
+    }
     if (set == NULL) {
-        if (PyErr_Occurred() || (set = PySet_New(NULL)) == NULL ||
-            PyDict_SetItem(t->reqs, rid, set) < 0) {
-            Py_XDECREF(set);
-            Py_DECREF(rid);
-            return NULL;
-        }
-        Py_DECREF(set); /* the dict holds it */
+        Py_DECREF(rid);
+        return NULL;
     }
     Py_INCREF(set);
     Py_XSETREF_(t->last_rid, rid);

@@ -113,6 +113,26 @@ def boom():
     raise Boom()
 
 
+def collected_during(threshold, finalizer, call):
+    """call() with the collector's threshold at threshold and a garbage cycle whose
+    finalizer runs finalizer() when collected (inside call, if it allocates enough);
+    call's result."""
+    class Garbage:
+        def __del__(self):
+            finalizer()
+    gc.collect()
+    g = Garbage()
+    g.cycle = g
+    del g
+    old = gc.get_threshold()
+    gc.set_threshold(threshold)
+    try:
+        return call()
+    finally:
+        gc.set_threshold(*old)
+        gc.collect()
+
+
 class TableUnderHostileInput(unittest.TestCase):
     def setUp(self):
         self.assertIsNotNone(kvtier._fast, "kvtier._fast not loaded")
@@ -166,21 +186,7 @@ class TableUnderHostileInput(unittest.TestCase):
             t = self.table()
             k = b"late-%d" % threshold
             t.lookup(b"first", "r", True)
-
-            class Garbage:
-                def __del__(self):
-                    t.lookup(k, "r", True)
-            gc.collect()
-            g = Garbage()
-            g.cycle = g
-            del g
-            old = gc.get_threshold()
-            gc.set_threshold(threshold)
-            try:
-                got = t.flush()
-            finally:
-                gc.set_threshold(*old)
-            gc.collect()
+            got = collected_during(threshold, lambda: t.lookup(k, "r", True), t.flush)
             if t.state(k) is None:
                 continue  # (the finalizer did not run in this flush)
             if k not in got[0]:
@@ -188,6 +194,25 @@ class TableUnderHostileInput(unittest.TestCase):
                 lost += k not in again[0]
             self.assertTrue(t.state(k)[2], "threshold %d: %r asked" % (threshold, k))
         self.assertEqual(lost, 0)
+
+    def test_a_finalizer_run_by_a_new_requests_set_counts_once(self):
+        """lookup makes a new request's key set; the collector may run then, and a
+        finalizer look up another key of the same request, making the request's set
+        first. The request keeps one set, so its finish releases both keys (before:
+        the finalizer's set was replaced, and its key was held for ever)."""
+        ran = 0
+        for threshold in range(1, 8):
+            t = self.table()
+            rid = "req-%d" % threshold
+            collected_during(threshold, lambda: t.lookup(b"from-finalizer", rid, True),
+                             lambda: t.lookup(b"first", rid, True))
+            if t.state(b"from-finalizer") is None:
+                continue  # (the finalizer did not run in that lookup)
+            ran += 1
+            self.assertEqual(t.requests, 1)
+            t.request_finished(rid)
+            self.assertEqual((len(t), t.requests), (0, 0), "threshold %d" % threshold)
+        self.assertGreater(ran, 0, "no finalizer ran inside a lookup")
 
     def test_random_hostile_sequences_keep_the_python_tables_state(self):
         """Seeded random calls, each with hostile values: every effect a conversion has
