@@ -270,6 +270,10 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     uint32_t len;
     int rc;
 
+    /* A ring the engine broke stays broken: the engine may have mended what failed
+     * the check since, but the node's counters need not add up with it any more. */
+    if (r->why != NULL)
+        return -EPROTO;
     if (r->closed || r->taken)
         return 0;
     rc = peek(r, &off, &skip, &len);
