@@ -33,6 +33,17 @@
 #include "engine_ring_int.h"
 
 #define MOD "engine_ring"
+
+/* The engine writes the shared memory whenever it likes, also between two of the
+ * node's loads. The fuzz target tests/fuzz/fuzz_ering.c compiles this file with
+ * KVT_ERING_FUZZ and plays the engine in kvt__ering_fuzz_load, which runs before
+ * every load of memory the engine writes (p: what is loaded). Nothing otherwise. */
+#ifdef KVT_ERING_FUZZ
+void kvt__ering_fuzz_load(const void *p);
+#define ENGINE_MAY_WRITE(p) kvt__ering_fuzz_load(p)
+#else
+#define ENGINE_MAY_WRITE(p) ((void)0)
+#endif
 /* A marker record (REDIRECT, CLOSED) takes one line. */
 #define MARK_BYTES KVT_ERING_ALIGN
 
@@ -167,9 +178,11 @@ int kvt__ering_eventfd(const struct kvt_ering *r)
  * publishes are visible after it. */
 static void load_head(const uint8_t *p, uint32_t *len_p, uint32_t *seq_p)
 {
-    uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_ACQUIRE);
+    uint64_t v;
     struct kvt_ering_rec h;
 
+    ENGINE_MAY_WRITE(p);
+    v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_ACQUIRE);
     memcpy(&h, &v, sizeof(v));
     *len_p = h.len;
     *seq_p = h.seq;
@@ -177,6 +190,7 @@ static void load_head(const uint8_t *p, uint32_t *len_p, uint32_t *seq_p)
 
 static uint64_t load_ack(const uint8_t *p)
 {
+    ENGINE_MAY_WRITE(p + 8);
     return __atomic_load_n((const uint64_t *)(const void *)(p + 8), __ATOMIC_RELAXED);
 }
 
@@ -214,8 +228,10 @@ static int rep_free(struct kvt_ering *r, uint64_t need, uint64_t *free_p)
     uint64_t free = r->cap - (r->rep_head - r->rep_acked);
 
     if (free < need) {
-        int rc = see_ack(r, __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_ACQUIRE), &r->ctl_ack);
+        int rc;
 
+        ENGINE_MAY_WRITE(&r->ctl->rep_tail);
+        rc = see_ack(r, __atomic_load_n(&r->ctl->rep_tail, __ATOMIC_ACQUIRE), &r->ctl_ack);
         if (rc < 0)
             return rc;
         free = r->cap - (r->rep_head - r->rep_acked);
@@ -270,6 +286,10 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
     uint32_t len;
     int rc;
 
+    /* A ring the engine broke stays broken: the engine may have mended what failed
+     * the check since, but the node's counters need not add up with it any more. */
+    if (r->why != NULL)
+        return -EPROTO;
     if (r->closed || r->taken)
         return 0;
     rc = peek(r, &off, &skip, &len);
@@ -293,6 +313,7 @@ int kvt__ering_take(struct kvt_ering *r, uint32_t max_body, const uint8_t **body
         return rc;
     if (free < MARK_BYTES)
         return -EAGAIN;
+    ENGINE_MAY_WRITE(r->req + off + KVT_ERING_REC_BYTES);
     kvt_ering_copy(r->in, r->req + off + KVT_ERING_REC_BYTES, len);
     r->req_tail += skip + need;
     r->req_seq++;
@@ -316,6 +337,7 @@ static void futex_wake(const uint8_t *slot)
 static void notify(struct kvt_ering *r, const uint8_t *slot)
 {
     kvt_full_fence();
+    ENGINE_MAY_WRITE(&r->ctl->client_waiting);
     if (__atomic_load_n(&r->ctl->client_waiting, __ATOMIC_RELAXED) != 0)
         futex_wake(slot);
 }

@@ -28,7 +28,8 @@ int kvt__ering_eventfd(const struct kvt_ering *ring);
  * 1 (*body_p, *len_p valid until the next take), 0 none waiting, -EAGAIN the reply
  * ring has no room for even a REDIRECT (the engine has not read its replies: the
  * request waits), -EPROTO the engine broke the ring (a counter, a record header or
- * a sequence number that does not add up, a body over max_body). After 1 the
+ * a sequence number that does not add up, a body over max_body; once a check
+ * failed, in any call, every take after says -EPROTO too). After 1 the
  * caller must call kvt__ering_reply exactly once before the next take. */
 int kvt__ering_take(struct kvt_ering *ring, uint32_t max_body, const uint8_t **body_p,
                     size_t *len_p);

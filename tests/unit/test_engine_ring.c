@@ -42,6 +42,7 @@
 #include "kvtier/client.h"
 #include "kvtier/engine_proto.h"
 #include "kvtier/engine_ring.h"
+#include "engine_ring_int.h"
 
 #define NUM_CHUNKS 32
 #define WORKERS    1
@@ -1603,6 +1604,34 @@ static void test_wrong_seq_is_nothing(void **state)
     kvtier_close(a);
 }
 
+/* The node's side alone (engine_ring.c): a ring the engine broke stays broken. An
+ * engine that makes a take fail (a record longer than the ring allows) and then
+ * mends the record gets -EPROTO again, not its request taken: the caller may look
+ * at the ring once more before it closes the connection (found by fuzz_ering:
+ * corpus/ering/hostile-len-half). */
+static void test_broken_ring_stays_broken(void **state)
+{
+    struct kvt_ering *ring;
+    struct kvt_ering_rec h = {.len = 4096, .seq = 1};
+    const uint8_t *body;
+    size_t len, bytes;
+    uint8_t *map;
+
+    (void)state;
+    assert_int_equal(kvt__ering_create(4096, &ring), 0);
+    bytes = KVT_ERING_CTL_BYTES + 2 * 4096;
+    map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, kvt__ering_memfd(ring), 0);
+    assert_true(map != MAP_FAILED);
+    memcpy(map + KVT_ERING_CTL_BYTES, &h, sizeof(h));
+    assert_int_equal(kvt__ering_take(ring, 1024, &body, &len), -EPROTO);
+    h.len = 8; /* mended */
+    memcpy(map + KVT_ERING_CTL_BYTES, &h, sizeof(h));
+    assert_int_equal(kvt__ering_take(ring, 1024, &body, &len), -EPROTO);
+    assert_string_equal(kvt__ering_why(ring), "a request longer than the ring allows");
+    munmap(map, bytes);
+    kvt__ering_destroy(ring);
+}
+
 /* An engine that stops in the middle: it posts a request and never reads the reply
  * (nor anything after). The node answers, holds nothing more for it, and keeps
  * serving the others; when it goes, its pins are released. */
@@ -1805,6 +1834,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_eventfd_spam_harmless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_node_gone_while_waiting, setup, teardown),
         cmocka_unit_test_setup_teardown(test_spin_that_lost_its_core_rests, setup, teardown),
+        cmocka_unit_test(test_broken_ring_stays_broken),
     };
 
     g.dir = kt_tmpdir("engine_ring");
