@@ -158,32 +158,51 @@ static int reply_text(struct kvt_metrics_http *srv, struct hconn *c, unsigned st
 }
 
 /* Answers the request in c->in (headers complete). */
-static int answer(struct kvt_metrics_http *srv, struct hconn *c)
+enum kvt_metrics_http_route kvt__metrics_http_route(char *req, bool *head_p)
 {
-    char *method = c->in, *target, *version, *eol = strpbrk(c->in, "\r\n");
-    bool is_metrics, is_health, head;
+    char *method = req, *target, *version, *eol = strpbrk(req, "\r\n");
+    bool is_metrics, is_health;
 
+    *head_p = false;
+    if (eol == NULL) /* (the caller found the headers' end: never) */
+        return KVT_MHTTP_ROUTE_BAD;
     *eol = '\0';
     target = strchr(method, ' ');
     version = target != NULL ? strchr(target + 1, ' ') : NULL;
     if (target == NULL || version == NULL || strncmp(version + 1, "HTTP/1.", 7) != 0 ||
-        target == method) {
-        count_drop(srv, KVT_MHTTP_BAD_REQUEST);
-        return reply_text(srv, c, 400, "bad request\n", false, false);
-    }
+        target == method)
+        return KVT_MHTTP_ROUTE_BAD;
     *target++ = '\0';
     *version = '\0';
     target[strcspn(target, "?#")] = '\0'; /* the path alone */
     is_metrics = strcmp(target, "/metrics") == 0;
     is_health = strcmp(target, "/healthz") == 0;
-    head = strcmp(method, "HEAD") == 0;
+    *head_p = strcmp(method, "HEAD") == 0;
     if (!is_metrics && !is_health)
+        return KVT_MHTTP_ROUTE_NOT_FOUND;
+    if (strcmp(method, "GET") != 0 && !*head_p)
+        return KVT_MHTTP_ROUTE_METHOD;
+    return is_health ? KVT_MHTTP_ROUTE_HEALTH : KVT_MHTTP_ROUTE_METRICS;
+}
+
+static int answer(struct kvt_metrics_http *srv, struct hconn *c)
+{
+    bool head;
+
+    switch (kvt__metrics_http_route(c->in, &head)) {
+    case KVT_MHTTP_ROUTE_BAD:
+        count_drop(srv, KVT_MHTTP_BAD_REQUEST);
+        return reply_text(srv, c, 400, "bad request\n", false, false);
+    case KVT_MHTTP_ROUTE_NOT_FOUND:
         return reply_text(srv, c, 404, "not found\n", false, head);
-    if (strcmp(method, "GET") != 0 && !head)
+    case KVT_MHTTP_ROUTE_METHOD:
         return reply_text(srv, c, 405, "method not allowed\n", true, false);
-    if (is_health)
+    case KVT_MHTTP_ROUTE_HEALTH:
         return atomic_load(&srv->healthy) ? reply_text(srv, c, 200, "ok\n", false, head)
                                           : reply_text(srv, c, 503, "unavailable\n", false, head);
+    case KVT_MHTTP_ROUTE_METRICS:
+        break;
+    }
     pthread_mutex_lock(&srv->lock);
     bool published = srv->page != NULL;
     int failed = srv->failed;

@@ -66,6 +66,19 @@ enum kvt_metrics_http_drop {
 /* "full", "read_timeout", ... (a Prometheus label value). */
 const char *kvt_metrics_http_drop_name(enum kvt_metrics_http_drop d);
 
+/* What a request asks for (kvt__metrics_http_route; for the fuzz target and tests). */
+enum kvt_metrics_http_route {
+    KVT_MHTTP_ROUTE_METRICS = 0, /* GET or HEAD /metrics */
+    KVT_MHTTP_ROUTE_HEALTH,      /* GET or HEAD /healthz */
+    KVT_MHTTP_ROUTE_BAD,         /* not an HTTP/1.x request line: 400 */
+    KVT_MHTTP_ROUTE_NOT_FOUND,   /* another path: 404 */
+    KVT_MHTTP_ROUTE_METHOD,      /* a known path, a method other than GET or HEAD: 405 */
+};
+/* The route of a request whose headers are whole in req (NUL-terminated, no NUL
+ * before the end; a line break in it), and whether it is a HEAD. req is cut into
+ * pieces (NULs written over its separators). */
+enum kvt_metrics_http_route kvt__metrics_http_route(char *req, bool *head_p);
+
 struct kvt_metrics_http_counters {
     uint64_t accepted;    /* connections, ever */
     uint64_t served;      /* replies sent whole */
