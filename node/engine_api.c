@@ -83,6 +83,7 @@
 #include "kvt/log.h"
 #include "kvt/manager.h"
 #include "kvt/map.h"
+#include "kvt/pins.h"
 #include "kvt/primary.h"
 #include "kvt/region.h"
 #include "kvtier/engine_proto.h"
@@ -276,20 +277,6 @@ static void ereq_maybe_drop(struct eclient *c, struct ereq *r)
         return;
     kvt_map_remove(&c->reqs, r->ctx->req_id, r->ctx->req_id_len);
     ereq_free(c, r);
-}
-
-static uintptr_t pin_count(const struct eclient *c, const struct kvt_key *k)
-{
-    return (uintptr_t)kvt_map_get(&c->pins, k->bytes, k->len);
-}
-
-static int pin_set(struct eclient *c, const struct kvt_key *k, uintptr_t n)
-{
-    if (n == 0) {
-        kvt_map_remove(&c->pins, k->bytes, k->len);
-        return 0;
-    }
-    return kvt_map_put(&c->pins, k->bytes, k->len, (void *)n);
 }
 
 /* Fails every key r is writing, in batches and without allocating: the primary
@@ -916,7 +903,6 @@ static int op_prepare_load(struct kvt_engine_server *s, struct eclient *c, const
 {
     int rc;
     struct kvt_req_ctx *ctx = ctx_for(s, c, q, &rc);
-    uint32_t i;
 
     if (rc < 0 || !kvt__emsg_has(q, KVT_EF_KEYS))
         return -EINVAL;
@@ -926,46 +912,14 @@ static int op_prepare_load(struct kvt_engine_server *s, struct eclient *c, const
     rc = kvt_manager_prepare_load(s->m, keys_of(q), q->n_keys, ctx, r->ids);
     if (rc < 0)
         return rc;
-    for (i = 0; i < q->n_keys; i++) {
-        const struct kvt_key *k = &keys_of(q)[i];
-
-        if (pin_set(c, k, pin_count(c, k) + 1) != 0)
-            break;
-    }
-    if (i < q->n_keys) {
+    if (kvt_pins_add(&c->pins, keys_of(q), q->n_keys) != 0) {
         /* Out of memory for the mirror: unpin what is not mirrored. */
-        for (uint32_t j = 0; j < i; j++) {
-            const struct kvt_key *k = &keys_of(q)[j];
-            pin_set(c, k, pin_count(c, k) - 1);
-        }
         kvt_manager_complete_load(s->m, keys_of(q), q->n_keys, ctx);
         return -ENOMEM;
     }
     r->n_ids = q->n_keys;
     r->has |= 1u << KVT_EF_IDS;
     return 0;
-}
-
-/* Whether the client has pinned every key at least as often as keys names it:
- * 1 yes, 0 no, -ENOMEM. O(n): the names are counted in a scratch map. */
-static int pins_cover(struct kvt_engine_server *s, struct eclient *c, const struct kvt_key *keys,
-                      size_t n)
-{
-    int rc = 1;
-    size_t i;
-
-    for (i = 0; i < n && rc == 1; i++) {
-        const struct kvt_key *k = &keys[i];
-        uintptr_t named = (uintptr_t)kvt_map_get(&s->named, k->bytes, k->len) + 1;
-
-        if (named > pin_count(c, k))
-            rc = 0;
-        else if (kvt_map_put(&s->named, k->bytes, k->len, (void *)named) != 0)
-            rc = -ENOMEM;
-    }
-    while (i-- > 0) /* emptied key by key: clearing would cost the table's size */
-        kvt_map_remove(&s->named, keys[i].bytes, keys[i].len);
-    return rc;
 }
 
 static int op_complete_load(struct kvt_engine_server *s, struct eclient *c,
@@ -976,7 +930,7 @@ static int op_complete_load(struct kvt_engine_server *s, struct eclient *c,
 
     if (rc < 0 || !kvt__emsg_has(q, KVT_EF_KEYS))
         return -EINVAL;
-    rc = pins_cover(s, c, keys_of(q), q->n_keys);
+    rc = kvt_pins_cover(&c->pins, keys_of(q), q->n_keys, &s->named);
     if (rc < 0)
         return rc;
     if (rc == 0) {
@@ -986,11 +940,7 @@ static int op_complete_load(struct kvt_engine_server *s, struct eclient *c,
     rc = kvt_manager_complete_load(s->m, keys_of(q), q->n_keys, ctx);
     if (rc < 0)
         return rc;
-    for (uint32_t i = 0; i < q->n_keys; i++) {
-        const struct kvt_key *k = &keys_of(q)[i];
-
-        pin_set(c, k, pin_count(c, k) - 1); /* removal never allocates */
-    }
+    kvt_pins_drop(&c->pins, keys_of(q), q->n_keys);
     return 0;
 }
 

@@ -157,7 +157,6 @@ static int reply_text(struct kvt_metrics_http *srv, struct hconn *c, unsigned st
                       head_only);
 }
 
-/* Answers the request in c->in (headers complete). */
 enum kvt_metrics_http_route kvt__metrics_http_route(char *req, bool *head_p)
 {
     char *method = req, *target, *version, *eol = strpbrk(req, "\r\n");
@@ -185,6 +184,7 @@ enum kvt_metrics_http_route kvt__metrics_http_route(char *req, bool *head_p)
     return is_health ? KVT_MHTTP_ROUTE_HEALTH : KVT_MHTTP_ROUTE_METRICS;
 }
 
+/* Answers the request in c->in (headers complete). */
 static int answer(struct kvt_metrics_http *srv, struct hconn *c)
 {
     bool head;

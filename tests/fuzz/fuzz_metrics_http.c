@@ -26,7 +26,7 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Whether the request's first line asks with method for exactly path. */
-static bool asks(const char *req, size_t len, const char *method, const char *path)
+static bool asks(const char *req, const char *method, const char *path)
 {
     size_t m = strlen(method), p = strlen(path), line = strcspn(req, "\r\n");
     const char *after = req + m + 1 + p;
@@ -34,7 +34,6 @@ static bool asks(const char *req, size_t len, const char *method, const char *pa
     if (line < m + 1 + p + 1 + 7 || memcmp(req, method, m) != 0 || req[m] != ' ' ||
         memcmp(req + m + 1, path, p) != 0)
         return false;
-    (void)len;
     /* the path ends there, or its query or fragment starts; the version is a word on */
     if (*after == '?' || *after == '#')
         after = memchr(after, ' ', (size_t)(req + line - after));
@@ -67,9 +66,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (head)
         CHECK(strncmp(copy, "HEAD ", 5) == 0);
     if (r == KVT_MHTTP_ROUTE_METRICS)
-        CHECK(asks(copy, size, head ? "HEAD" : "GET", "/metrics"));
+        CHECK(asks(copy, head ? "HEAD" : "GET", "/metrics"));
     if (r == KVT_MHTTP_ROUTE_HEALTH)
-        CHECK(asks(copy, size, head ? "HEAD" : "GET", "/healthz"));
+        CHECK(asks(copy, head ? "HEAD" : "GET", "/healthz"));
     free(req);
     free(copy);
     return 0;

@@ -20,6 +20,7 @@
 #include "kvt/manager.h"
 #include "kvt/map.h"
 #include "kvt/metrics.h"
+#include "kvt/pins.h"
 #include "kvt/storage_tier.h"
 #include "kvt/version.h"
 #include "replay.h"
@@ -37,11 +38,10 @@ struct tier_spec {
 struct replay {
     struct kvt_manager *m;
     struct kvt_map reqs; /* req id -> struct kvt_req_ctx * */
-    /* key bytes -> load pins the trace holds (uintptr_t): complete_load releases only
-     * these, as the engine API lets an engine release only its own. The manager's
-     * pins are shared by every holder (vLLM's ref counts), so a key named without one
-     * would release a pin of the cascade's, whose job then finds its keys unpinned. */
+    /* the load pins the trace holds (kvt/pins.h): complete_load releases only these,
+     * as the engine API lets an engine release only its own */
     struct kvt_map pins;
+    struct kvt_map named; /* kvt_pins_cover's scratch */
     struct kvt_events events;
     struct kvt_stats totals;
     struct kvt_store_output out;
@@ -342,45 +342,6 @@ static int policy_state(struct replay *r, json_t *obj, json_t *res, struct line_
     return 0;
 }
 
-static uintptr_t trace_pins(const struct replay *r, const struct kvt_key *k)
-{
-    return (uintptr_t)kvt_map_get(&r->pins, k->bytes, k->len);
-}
-
-/* Adds delta to each key's pins (a key named twice twice); -ENOMEM. */
-static int trace_pins_add(struct replay *r, const struct kvt_key *keys, size_t n, int delta)
-{
-    for (size_t i = 0; i < n; i++) {
-        uintptr_t c = trace_pins(r, &keys[i]) + (uintptr_t)(intptr_t)delta;
-
-        if (c == 0)
-            kvt_map_remove(&r->pins, keys[i].bytes, keys[i].len);
-        else if (kvt_map_put(&r->pins, keys[i].bytes, keys[i].len, (void *)c) != 0)
-            return -ENOMEM;
-    }
-    return 0;
-}
-
-/* 1 when the trace holds a load pin for every time a key is named, 0 when not,
- * -ENOMEM. */
-static int trace_pins_cover(const struct replay *r, const struct kvt_key *keys, size_t n)
-{
-    struct kvt_map named; /* key bytes -> times named so far */
-    int rc = 1;
-
-    kvt_map_init(&named);
-    for (size_t i = 0; i < n && rc == 1; i++) {
-        uintptr_t c = (uintptr_t)kvt_map_get(&named, keys[i].bytes, keys[i].len) + 1;
-
-        if (c > trace_pins(r, &keys[i]))
-            rc = 0;
-        else if (kvt_map_put(&named, keys[i].bytes, keys[i].len, (void *)c) != 0)
-            rc = -ENOMEM;
-    }
-    kvt_map_cleanup(&named);
-    return rc;
-}
-
 static int run_line(struct replay *r, json_t *obj, json_t *res, struct line_err *e)
 {
     const char *op = json_string_value(json_object_get(obj, "op"));
@@ -559,7 +520,7 @@ static int run_line(struct replay *r, json_t *obj, json_t *res, struct line_err 
         int64_t *ids = calloc(n ? n : 1, sizeof(*ids));
 
         rc = ids ? kvt_manager_prepare_load(r->m, keys, n, ctx, ids) : -ENOMEM;
-        if (rc == 0 && trace_pins_add(r, keys, n, 1) != 0)
+        if (rc == 0 && kvt_pins_add(&r->pins, keys, n) != 0)
             rc = -ENOMEM;
         json_object_set_new(res, "ok", json_boolean(rc == 0));
         if (rc == 0) {
@@ -572,10 +533,10 @@ static int run_line(struct replay *r, json_t *obj, json_t *res, struct line_err 
         free(ids);
         rc = rc == -ENOMEM ? rc : 0;
     } else if (strcmp(op, "complete_load") == 0) {
-        rc = trace_pins_cover(r, keys, n);
+        rc = kvt_pins_cover(&r->pins, keys, n, &r->named);
         rc = rc == 1 ? kvt_manager_complete_load(r->m, keys, n, ctx) : rc == 0 ? -EINVAL : rc;
         if (rc == 0)
-            trace_pins_add(r, keys, n, -1);
+            kvt_pins_drop(&r->pins, keys, n);
         json_object_set_new(res, "ok", json_boolean(rc == 0));
         rc = rc == -ENOMEM ? rc : 0;
     } else if (strcmp(op, "touch") == 0) {
@@ -721,6 +682,7 @@ static int replay_policy(struct replay *r, const char *policy, size_t chunks, si
 
     kvt_map_init(&r->reqs);
     kvt_map_init(&r->pins);
+    kvt_map_init(&r->named);
     kvt_events_init(&r->events);
     kvt_stats_init(&r->totals);
     kvt_store_output_init(&r->out);
@@ -754,6 +716,7 @@ static int replay_policy(struct replay *r, const char *policy, size_t chunks, si
 out:
     kvt_map_cleanup(&r->reqs);
     kvt_map_cleanup(&r->pins);
+    kvt_map_cleanup(&r->named);
     kvt_events_cleanup(&r->events);
     kvt_stats_cleanup(&r->totals);
     kvt_store_output_cleanup(&r->out);
