@@ -473,6 +473,21 @@ static void finish(struct kvt_ejobs *j, struct ejob *e)
     j->done_tail = &e->next;
 }
 
+/* The place of key in e, looked for from from on, then before it; e->n if absent.
+ * prepare_store plans a job's absent keys in the job's order, each once, so a
+ * cursor past the last one found finds each in one step: a job's keys are matched
+ * in one pass, not one pass per key. */
+static uint32_t job_key_at(const struct ejob *e, const struct kvt_key *key, uint32_t from)
+{
+    for (uint32_t i = from; i < e->n; i++)
+        if (kvt_key_eq(&e->keys[i], key))
+            return i;
+    for (uint32_t i = 0; i < from && i < e->n; i++)
+        if (kvt_key_eq(&e->keys[i], key))
+            return i;
+    return e->n;
+}
+
 /* A store job, start to end. */
 static void run_store(struct kvt_ejobs *j, struct ejob *e)
 {
@@ -496,15 +511,14 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
     if (out->n_store == 0)
         return;
     bad = kvt_calloc(out->n_store, sizeof(*bad));
-    for (size_t s = 0; s < out->n_store; s++) {
+    for (uint32_t s = 0, i = 0; s < out->n_store; s++) {
         uint8_t *dst = j->pbase + (size_t)out->chunk_ids[s] * j->prow;
-        uint32_t i = 0;
 
-        while (i < e->n && !kvt_key_eq(&e->keys[i], &out->keys_to_store[s]))
-            i++;
+        i = job_key_at(e, &out->keys_to_store[s], i);
         if (i == e->n || bad == NULL) { /* (not planned from this job; no memory) */
             if (bad != NULL)
                 bad[n_bad++] = out->keys_to_store[s];
+            i = 0;
             continue;
         }
         memcpy(dst, arow(j, e->rows[i]), j->prow);
@@ -515,7 +529,14 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
             for (uint32_t k = 0; k < e->n; k++)
                 if (kvt_key_eq(&e->keys[k], &out->keys_to_store[s]))
                     e->state[k] = KEY_FAILED;
+        } else {
+            /* The row's checksum now, while the row is in cache (complete_store then
+             * keeps it): after the job's last copy it is a pass over memory. Two
+             * such passes (complete_store's and one more here) took half of a
+             * 1024-row job's time. */
+            kvt_primary_set_checksum(j->primary, &out->keys_to_store[s], kvt_hash64(dst, j->prow));
         }
+        i++;
     }
     if (bad == NULL) {
         kvt_manager_complete_store(j->m, out->keys_to_store, out->n_store, j->ctx, false);
@@ -538,14 +559,6 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
         out->n_store = w;
     }
     kvt_manager_complete_store(j->m, out->keys_to_store, out->n_store, j->ctx, true);
-    for (size_t s = 0; s < out->n_store; s++) {
-        struct kvt_primary_entry_info info;
-
-        if (kvt_primary_entry_info(j->primary, &out->keys_to_store[s], &info) == 0 &&
-            info.slot >= 0)
-            kvt_primary_set_checksum(j->primary, &out->keys_to_store[s],
-                                     kvt_hash64(j->pbase + (size_t)info.slot * j->prow, j->prow));
-    }
     kvt_free(bad);
 }
 
