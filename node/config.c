@@ -762,6 +762,24 @@ static int fail(struct loader *ld, int origin, const char *key, const char *fmt,
     return -EINVAL;
 }
 
+/* An error about the config file as a whole: "config <path>: <msg>", one line (the
+ * path comes from the command line and may hold any byte). */
+static int fail_file(struct loader *ld, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int fail_file(struct loader *ld, int rc, const char *fmt, ...)
+{
+    char msg[256], line[PATH_MAX + sizeof(msg) + 16];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    snprintf(line, sizeof(line), "config %s: %s", ld->path, msg);
+    one_line(ld->err, ld->err_len, line);
+    return rc;
+}
+
 static size_t edit_distance(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b), row[64];
@@ -1013,9 +1031,7 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
 
             if (cap >= KVT_CONFIG_FILE_MAX) {
                 kvt_free(text);
-                snprintf(ld->err, ld->err_len, "config %s: larger than %d MiB", ld->path,
-                         KVT_CONFIG_FILE_MAX >> 20);
-                return -EINVAL;
+                return fail_file(ld, -EINVAL, "larger than %d MiB", KVT_CONFIG_FILE_MAX >> 20);
             }
             cap = cap ? 2 * cap : 16384;
             p = kvt_realloc(text, cap);
@@ -1032,10 +1048,9 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
         if (ready < 0 && errno == EINTR)
             continue;
         if (ready == 0) {
-            rc = -ETIMEDOUT;
-            snprintf(ld->err, ld->err_len,
-                     "config %s: not read to its end within %d s (a FIFO with no writer?)",
-                     ld->path, CONFIG_READ_TIMEOUT_MS / 1000);
+            rc = fail_file(ld, -ETIMEDOUT,
+                           "not read to its end within %d s (a FIFO with no writer?)",
+                           CONFIG_READ_TIMEOUT_MS / 1000);
             break;
         }
         ssize_t n = ready < 0 ? -1 : read(fd, text + len, cap - len);
@@ -1043,8 +1058,7 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (n < 0) {
-            rc = -errno;
-            snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(errno));
+            rc = fail_file(ld, -errno, "%s", strerror(errno));
             break;
         }
         if (n == 0)
@@ -1095,9 +1109,8 @@ static int load_text(struct loader *ld, const unsigned char *text, size_t len)
             rc = -ENOMEM;
         } else if (parser.error == YAML_READER_ERROR) {
             /* Not text libyaml can read (bad UTF-8, control characters): no line. */
-            snprintf(ld->err, ld->err_len, "config %s: offset %zu: %s", ld->path,
-                     parser.problem_offset, parser.problem ? parser.problem : "cannot be read");
-            rc = -EINVAL;
+            rc = fail_file(ld, -EINVAL, "offset %zu: %s", parser.problem_offset,
+                           parser.problem ? parser.problem : "cannot be read");
         } else {
             rc = fail(ld, mark_line(&parser.problem_mark, text, len), NULL,
                       "YAML syntax error: %s%s%s", parser.problem ? parser.problem : "malformed",
@@ -1145,15 +1158,11 @@ static int load_file(struct loader *ld)
 
     fd = open(ld->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        rc = -errno;
-        snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(errno));
-        return rc;
+        return fail_file(ld, -errno, "%s", strerror(errno));
     }
     if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-        rc = -EISDIR;
-        snprintf(ld->err, ld->err_len, "config %s: %s", ld->path, strerror(EISDIR));
         close(fd);
-        return rc;
+        return fail_file(ld, -EISDIR, "%s", strerror(EISDIR));
     }
     rc = read_text(ld, fd, &text, &len);
     close(fd);
@@ -1805,8 +1814,11 @@ int kvt_config_reload(struct kvt_config *running, const char *path, char *const 
         return rc;
     /* node.id derives from the host name: a renamed host is a change of a fixed key. */
     if (!kvt_config_diff_reloadable(running, &next, d)) {
-        snprintf(err, err_len, "config %s: %s: cannot change at run time (restart kvtierd)",
+        char line[PATH_MAX + 128];
+
+        snprintf(line, sizeof(line), "config %s: %s: cannot change at run time (restart kvtierd)",
                  path ? path : "(none)", d->first_fixed);
+        one_line(err, err_len, line);
         kvt_config_free(&next);
         return -EPERM;
     }

@@ -563,6 +563,26 @@ static void test_error_one_line(void **state)
                     "\"a\\x0akvtierd: ready\" may hold only"));
 }
 
+/* The same for the config file's path (the command line's): a file that cannot be
+ * read, or is a folder, is named with its control characters escaped. */
+static void test_path_error_one_line(void **state)
+{
+    char path[700], dir[700], err[1024];
+    struct kvt_config cfg;
+
+    (void)state;
+    snprintf(path, sizeof(path), "%s/absent\nkvtierd: ready.yaml", fx.dir);
+    assert_int_equal(kvt_config_load(&cfg, path, NULL, 0, err, sizeof(err)), -ENOENT);
+    assert_null(strchr(err, '\n'));
+    assert_non_null(strstr(err, "absent\\x0akvtierd: ready.yaml: "));
+    snprintf(dir, sizeof(dir), "%s/a\nfolder", fx.dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(kvt_config_load(&cfg, dir, NULL, 0, err, sizeof(err)), -EISDIR);
+    assert_null(strchr(err, '\n'));
+    assert_non_null(strstr(err, "a\\x0afolder: "));
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /* A --set value is any bytes; one that is not UTF-8 text (which the file always is)
  * is refused: its dump would not load (found by fuzz_config: corpus/config/set-latin1). */
 static void test_set_not_utf8(void **state)
@@ -1186,6 +1206,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed_yaml, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicate_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_error_one_line, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_path_error_one_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_set_not_utf8, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_set, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unreadable_config, setup, teardown),
