@@ -1567,18 +1567,30 @@ int kvt__config_load_text(struct kvt_config *cfg, const char *name, const char *
 
 /* ---- printing ---- */
 
+/* s as a YAML double-quoted scalar that loads back to s: control characters escaped,
+ * and so are the line breaks YAML takes beyond ASCII's (NEL U+0085, LS U+2028, PS
+ * U+2029, as UTF-8; found by fuzz_config), which a quoted scalar would fold into a
+ * space. */
 static void print_quoted(FILE *out, const char *s)
 {
     fputc('"', out);
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
 
-        if (c == '"' || c == '\\')
+        if (c == '"' || c == '\\') {
             fprintf(out, "\\%c", c);
-        else if (c < 0x20 || c == 0x7f)
+        } else if (c < 0x20 || c == 0x7f) {
             fprintf(out, "\\x%02x", c);
-        else
+        } else if (c == 0xc2 && (unsigned char)s[1] == 0x85) {
+            fputs("\\N", out);
+            s++;
+        } else if (c == 0xe2 && (unsigned char)s[1] == 0x80 &&
+                   ((unsigned char)s[2] == 0xa8 || (unsigned char)s[2] == 0xa9)) {
+            fputs((unsigned char)s[2] == 0xa8 ? "\\L" : "\\P", out);
+            s += 2;
+        } else {
             fputc(c, out);
+        }
     }
     fputc('"', out);
 }

@@ -727,6 +727,38 @@ static void test_dump_round_trip(void **state)
     kvt_config_free(&b);
 }
 
+/* A value holding YAML's line breaks beyond ASCII (NEL, LS, PS) dumps to a file that
+ * loads back to the same value: a quoted scalar folds a raw one into a space (found by
+ * fuzz_config: corpus/config/set-nel). */
+static void test_dump_unicode_line_breaks(void **state)
+{
+    char set[700], *sets[] = {fx.set_region, fx.set_storage, set}, err[512], *text, *text2;
+    char want[600];
+    struct kvt_config a, b;
+
+    (void)state;
+    snprintf(want, sizeof(want),
+             "%s/a\xc2\x85"
+             "b\xe2\x80\xa8"
+             "c\xe2\x80\xa9"
+             "d",
+             fx.dir);
+    snprintf(set, sizeof(set), "engine.socket=%s", want);
+    assert_int_equal(kvt_config_load(&a, NULL, sets, KVT_ARRAY_SIZE(sets), err, sizeof(err)), 0);
+    assert_string_equal(a.engine_socket, want);
+    text = dump_text(&a);
+    assert_non_null(strstr(text, "/a\\Nb\\Lc\\Pd\""));
+    write_file(fx.conf, text, 0644);
+    assert_int_equal(kvt_config_load(&b, fx.conf, NULL, 0, err, sizeof(err)), 0);
+    assert_string_equal(b.engine_socket, want);
+    text2 = dump_text(&b);
+    assert_string_equal(text, text2);
+    free(text);
+    free(text2);
+    kvt_config_free(&a);
+    kvt_config_free(&b);
+}
+
 static void test_help(void **state)
 {
     static const char *const every[] = {"node.id",
@@ -1214,6 +1246,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hex_prefix_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fifo_without_writer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dump_round_trip, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dump_unicode_line_breaks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_help, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_out_of_memory, setup, teardown),
