@@ -25,7 +25,9 @@
  *
  * Files and other users: the namespace folder and its shards are 0700 and the files
  * 0600, all of the tier's user. Names are opened relative to the folder fds with
- * O_NOFOLLOW; a chunk file is checked with fstat once opened: another user's file is
+ * O_NOFOLLOW, a chunk's in its shard folder, itself opened O_NOFOLLOW for each use (a
+ * shard replaced by a link after the start is refused, not followed elsewhere); a
+ * chunk file is checked with fstat once opened: another user's file is
  * refused and left where it is (ST_ERR_FOREIGN; the tier removes only its own files),
  * one of ours that group or others may use is refused and removed.
  *
@@ -267,51 +269,70 @@ static int full_io(int fd, bool wr, struct iovec *iov, int cnt, size_t *done_p)
     return 0;
 }
 
-static int fsync_shard(struct st_tier *s, const char *name)
+/* The shard folder of name ("<shard>/<file>"), opened without following a symbolic
+ * link, for the *at calls on the name's file part (name + 3): the shard folders are
+ * checked at start, and one replaced by a link later (only the tier's user can) is
+ * refused (ELOOP, ENOTDIR), not followed to a folder elsewhere. -1 with errno set. */
+static int shard_open(const struct st_tier *s, const char *name)
 {
     char shard[3] = {name[0], name[1], '\0'};
-    int fd = openat(s->dir_fd, shard, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC), err = 0;
-    if (fd < 0)
+    return openat(s->dir_fd, shard, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+/* shard_open's error as the tier's: a shard that is not a folder of ours is foreign. */
+static int shard_err(const struct st_tier *s, const char *name, int err)
+{
+    if (err != ELOOP && err != ENOTDIR)
+        return err;
+    kvt_warn(MOD, "%s/%.2s is not a folder (a symbolic link?): refused, left alone", s->dir, name);
+    return ST_ERR_FOREIGN;
+}
+
+/* Removes name ("<shard>/<file>") where its shard folder is; an errno, or 0. */
+static int unlink_name(struct st_tier *s, const char *name)
+{
+    int dfd = shard_open(s, name), err = 0;
+    if (dfd < 0)
         return errno;
-    if (fsync(fd) != 0)
+    if (unlinkat(dfd, name + 3, 0) != 0)
         err = errno;
-    close(fd);
+    close(dfd);
     return err;
 }
 
-/* True when name (in the namespace folder) is a regular file of the tier's user. */
-static bool own_file(struct st_tier *s, const char *name)
+/* True when name (in folder dfd) is a regular file of the tier's user. */
+static bool own_file(struct st_tier *s, int dfd, const char *name)
 {
     struct stat st;
-    return fstatat(s->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+    return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
            st.st_uid == s->uid;
 }
 
-static bool own_or_absent(struct st_tier *s, const char *name)
+static bool own_or_absent(struct st_tier *s, int dfd, const char *name)
 {
     struct stat st;
-    if (fstatat(s->dir_fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
         return errno == ENOENT;
     return S_ISREG(st.st_mode) && st.st_uid == s->uid;
 }
 
-/* Renames tmp over fin. A file already at fin is replaced only when it is ours (a
- * file whose removal failed, forgotten by the index); another user's stays, and
- * the store fails (ST_ERR_FOREIGN). */
-static int publish(struct st_tier *s, const char *tmp, const char *fin)
+/* Renames tmp over fin, both in folder dfd. A file already at fin is replaced only
+ * when it is ours (a file whose removal failed, forgotten by the index); another
+ * user's stays, and the store fails (ST_ERR_FOREIGN). */
+static int publish(struct st_tier *s, int dfd, const char *tmp, const char *fin)
 {
-    if (renameat2(s->dir_fd, tmp, s->dir_fd, fin, RENAME_NOREPLACE) == 0)
+    if (renameat2(dfd, tmp, dfd, fin, RENAME_NOREPLACE) == 0)
         return 0;
     if (errno == EINVAL) { /* a file system without RENAME_NOREPLACE */
-        if (!own_or_absent(s, fin))
+        if (!own_or_absent(s, dfd, fin))
             return ST_ERR_FOREIGN;
-        return renameat(s->dir_fd, tmp, s->dir_fd, fin) == 0 ? 0 : errno;
+        return renameat(dfd, tmp, dfd, fin) == 0 ? 0 : errno;
     }
     if (errno != EEXIST)
         return errno;
-    if (!own_file(s, fin))
+    if (!own_file(s, dfd, fin))
         return ST_ERR_FOREIGN;
-    return renameat(s->dir_fd, tmp, s->dir_fd, fin) == 0 ? 0 : errno;
+    return renameat(dfd, tmp, dfd, fin) == 0 ? 0 : errno;
 }
 
 /* The thread's buffer for a whole file image (whole 2 MiB pages, so huge ones: a
@@ -342,7 +363,7 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
     struct iovec iov[2] = {{hdr, ST_BLOCK}, {src, row}};
     int n_iov = 2;
     char tmp[ST_NAME_MAX], fin[ST_NAME_MAX];
-    int err = take_fault(s, KVT_STORAGE_FAULT_WRITE);
+    int dfd, err = take_fault(s, KVT_STORAGE_FAULT_WRITE);
     if (err != 0)
         return err;
     kvt__st_name(&it->key, ".tmp", tmp);
@@ -360,21 +381,25 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
             kvt__st_hdr_encode(th->mac, hdr, sj->gen, &it->key, row, nonce, tag) != 0)
             return EIO;
     }
+    if ((dfd = shard_open(s, tmp)) < 0)
+        return shard_err(s, tmp, errno);
     for (bool retried = false;;) {
         int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0);
         size_t done = 0;
-        int fd = openat(s->dir_fd, tmp, flags, 0600);
+        int fd = openat(dfd, tmp + 3, flags, 0600);
         if (fd < 0) {
             err = errno;
             /* A leftover of ours (a failed removal): removed once. Anything else
              * there is not ours to replace. */
-            if (err == EEXIST && !retried && own_file(s, tmp)) {
-                unlinkat(s->dir_fd, tmp, 0);
+            if (err == EEXIST && !retried && own_file(s, dfd, tmp + 3)) {
+                unlinkat(dfd, tmp + 3, 0);
                 retried = true;
                 continue;
             }
-            if (err == EEXIST || err == ELOOP)
+            if (err == EEXIST || err == ELOOP) {
+                close(dfd);
                 return ST_ERR_FOREIGN; /* nothing of ours to clean up */
+            }
         } else {
             err = full_io(fd, true, iov, n_iov, &done);
             if (err == 0 && s->fsync && fdatasync(fd) != 0)
@@ -389,14 +414,20 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         break;
     }
     if (err == 0)
-        err = publish(s, tmp, fin);
+        err = publish(s, dfd, tmp + 3, fin + 3);
     if (err != 0) {
-        unlinkat(s->dir_fd, tmp, 0);
+        unlinkat(dfd, tmp + 3, 0);
+        close(dfd);
         return err;
     }
-    if (s->fsync &&
-        ((err = take_fault(s, KVT_STORAGE_FAULT_SYNC)) != 0 || (err = fsync_shard(s, fin)) != 0))
-        unlinkat(s->dir_fd, fin, 0); /* not stored: the key leaves the index, so does its file */
+    if (s->fsync) {
+        err = take_fault(s, KVT_STORAGE_FAULT_SYNC);
+        if (err == 0 && fsync(dfd) != 0)
+            err = errno;
+        if (err != 0) /* not stored: the key leaves the index, so does its file */
+            unlinkat(dfd, fin + 3, 0);
+    }
+    close(dfd);
     return err;
 }
 
@@ -415,8 +446,9 @@ static int open_noatime(int dir_fd, const char *name, int flags)
     return fd;
 }
 
-/* A chunk file just opened: ST_ERR_FOREIGN for another user's file (left alone) or
- * one of ours that group or others may use (removed here: it is ours). */
+/* A chunk file just opened (name, in folder name_dir_fd: name + 3 there): ST_ERR_FOREIGN
+ * for another user's file (left alone) or one of ours that group or others may use
+ * (removed here: it is ours). */
 static int check_opened(struct st_tier *s, int fd, const char *name, int name_dir_fd)
 {
     struct stat st;
@@ -432,7 +464,7 @@ static int check_opened(struct st_tier *s, int fd, const char *name, int name_di
     if (st.st_mode & 077) {
         kvt_warn(MOD, "%s/%s has mode %04o (group or others may use it): refused, removed", s->dir,
                  name, (unsigned)(st.st_mode & 07777));
-        unlinkat(name_dir_fd, name, 0);
+        unlinkat(name_dir_fd, name + 3, 0);
         return ST_ERR_FOREIGN;
     }
     return 0;
@@ -442,27 +474,33 @@ static int check_opened(struct st_tier *s, int fd, const char *name, int name_di
 static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct, int *fd_p)
 {
     char fin[ST_NAME_MAX];
+    int dfd, err;
     kvt__st_name(&it->key, ".kvc", fin);
+    if ((dfd = shard_open(s, fin)) < 0)
+        return shard_err(s, fin, errno);
     for (;;) {
-        int fd = open_noatime(s->dir_fd, fin,
+        int fd = open_noatime(dfd, fin + 3,
                               O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (*direct ? O_DIRECT : 0));
         if (fd >= 0) {
-            int err = check_opened(s, fd, fin, s->dir_fd);
-            if (err != 0) {
+            err = check_opened(s, fd, fin, dfd);
+            if (err != 0)
                 close(fd);
-                return err;
-            }
-            *fd_p = fd;
-            return 0;
+            else
+                *fd_p = fd;
+            break;
         }
-        if (errno == ELOOP) {
+        err = errno;
+        if (err == ELOOP) {
             kvt_warn(MOD, "%s/%s is a symbolic link: refused, left alone", s->dir, fin);
-            return ST_ERR_FOREIGN;
+            err = ST_ERR_FOREIGN;
+            break;
         }
-        if (errno != EINVAL || !*direct)
-            return errno;
+        if (err != EINVAL || !*direct)
+            break;
         *direct = false;
     }
+    close(dfd);
+    return err;
 }
 
 /* Checks what a load brought into hdr and the slot (err: the read's own error, 0 when
@@ -487,7 +525,7 @@ static int check_loaded(struct st_tier *s, struct st_mac *m, const uint8_t *gen,
     if (err != 0 && err != ENOENT && err != ST_ERR_FOREIGN && !kvt__st_err_transient(err)) {
         char fin[ST_NAME_MAX];
         kvt__st_name(&it->key, ".kvc", fin);
-        unlinkat(s->dir_fd, fin, 0);
+        unlink_name(s, fin);
     }
     return err;
 }
@@ -531,10 +569,10 @@ static int read_chunk(struct st_tier *s, struct st_thread *th, const struct st_j
 static int unlink_chunk(struct st_tier *s, const struct st_item *it)
 {
     char fin[ST_NAME_MAX];
+    int err;
     kvt__st_name(&it->key, ".kvc", fin);
-    if (unlinkat(s->dir_fd, fin, 0) != 0 && errno != ENOENT)
-        return errno;
-    return 0;
+    err = unlink_name(s, fin);
+    return err == ENOENT ? 0 : err;
 }
 
 /* ---- queues (pool.mu) ----------------------------------------------------------- */

@@ -1076,6 +1076,36 @@ static void test_foreign_files_left_alone(void **state)
     fx_free(f);
 }
 
+/* A shard folder replaced by a symbolic link while the tier runs (only the tier's own
+ * user can) is not followed: a load of a key in it fails and leaves the files alone, a
+ * store fails and writes nothing where the link points. */
+static void test_shard_link_not_followed(void **state)
+{
+    struct fx *f = fx_new(8192, 8);
+    char file[4200], shard[4200], moved[4300], name[4200], *slash;
+    (void)state;
+    assert_true(wait_job(f, store1(f, 1))->success);
+    snprintf(file, sizeof(file), "%s", key_path(f, 1));
+    snprintf(shard, sizeof(shard), "%s", file);
+    slash = strrchr(shard, '/');
+    assert_non_null(slash);
+    snprintf(name, sizeof(name), "%s", slash + 1);
+    *slash = '\0';
+    snprintf(moved, sizeof(moved), "%s.moved", shard);
+    assert_int_equal(rename(shard, moved), 0);
+    assert_int_equal(symlink(moved, shard), 0);
+    assert_false(wait_job(f, load_keys(f, (int[]){1}, 1))->success);
+    assert_int_equal(fx_stat(f, KVT_M_STORAGE_FOREIGN), 1);
+    assert_int_equal(lookup(f, 1), KVT_MISS);
+    assert_false(wait_job(f, store1(f, 1))->success);
+    assert_false(has(f, 1));
+    assert_int_equal(count_files(moved, ".kvc"), 1); /* the first file, left alone */
+    assert_int_equal(count_files(moved, ".tmp"), 0); /* nothing written through the link */
+    assert_int_equal(unlink(shard), 0);
+    assert_int_equal(rename(moved, shard), 0);
+    fx_free(f);
+}
+
 /* The MAC key: from cfg.key when given (no key file then), else storage.key, which
  * must be this user's own private 32-byte file. A tier opened with another key finds
  * every file failing its MAC: removed, counted. */
@@ -2272,6 +2302,7 @@ int main(void)
         cmocka_unit_test(test_forged_files_refused),
         cmocka_unit_test(test_tampered_file_refused_at_load),
         cmocka_unit_test(test_foreign_files_left_alone),
+        cmocka_unit_test(test_shard_link_not_followed),
         cmocka_unit_test(test_mac_key_sources),
         cmocka_unit_test(test_capacity_eviction_lru_order),
         cmocka_unit_test(test_pinned_not_evicted),
