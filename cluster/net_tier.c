@@ -10,8 +10,8 @@
  * (submit mode); its flush queues the keys on the loop, which answers from
  * LOCATE_REPLYs and its own directory and completes the helper's item. */
 #include <errno.h>
-#include <sched.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>

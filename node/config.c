@@ -709,9 +709,16 @@ static int set_scalar(struct kvt_config *cfg, const struct key_def *k, const cha
 
 /* ---- errors ---- */
 
+/* Where an error is, its origin: a line of the file (> 0), a --set argument (< 0: -1
+ * the first), the defaults (0), or the file as a whole (it cannot be read, is too
+ * large, is not text). */
+#define ORIGIN_FILE INT_MAX
+
 static void where(const struct loader *ld, int origin, char *buf, size_t len)
 {
-    if (origin > 0)
+    if (origin == ORIGIN_FILE)
+        snprintf(buf, len, "config %s", ld->path);
+    else if (origin > 0)
         snprintf(buf, len, "config %s:%d", ld->path, origin);
     else if (origin < 0)
         snprintf(buf, len, "option --set %s", ld->sets[-origin - 1]);
@@ -760,24 +767,6 @@ static int fail(struct loader *ld, int origin, const char *key, const char *fmt,
         snprintf(line, sizeof(line), "%s: %s", at, msg);
     one_line(ld->err, ld->err_len, line);
     return -EINVAL;
-}
-
-/* An error about the config file as a whole: "config <path>: <msg>", one line (the
- * path comes from the command line and may hold any byte). */
-static int fail_file(struct loader *ld, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int fail_file(struct loader *ld, int rc, const char *fmt, ...)
-{
-    char msg[256], line[PATH_MAX + sizeof(msg) + 16];
-    va_list ap;
-
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    snprintf(line, sizeof(line), "config %s: %s", ld->path, msg);
-    one_line(ld->err, ld->err_len, line);
-    return rc;
 }
 
 static size_t edit_distance(const char *a, const char *b)
@@ -1031,7 +1020,7 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
 
             if (cap >= KVT_CONFIG_FILE_MAX) {
                 kvt_free(text);
-                return fail_file(ld, -EINVAL, "larger than %d MiB", KVT_CONFIG_FILE_MAX >> 20);
+                return fail(ld, ORIGIN_FILE, NULL, "larger than %d MiB", KVT_CONFIG_FILE_MAX >> 20);
             }
             cap = cap ? 2 * cap : 16384;
             p = kvt_realloc(text, cap);
@@ -1048,9 +1037,9 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
         if (ready < 0 && errno == EINTR)
             continue;
         if (ready == 0) {
-            rc = fail_file(ld, -ETIMEDOUT,
-                           "not read to its end within %d s (a FIFO with no writer?)",
-                           CONFIG_READ_TIMEOUT_MS / 1000);
+            fail(ld, ORIGIN_FILE, NULL, "not read to its end within %d s (a FIFO with no writer?)",
+                 CONFIG_READ_TIMEOUT_MS / 1000);
+            rc = -ETIMEDOUT;
             break;
         }
         ssize_t n = ready < 0 ? -1 : read(fd, text + len, cap - len);
@@ -1058,7 +1047,8 @@ static int read_text(struct loader *ld, int fd, unsigned char **text_p, size_t *
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (n < 0) {
-            rc = fail_file(ld, -errno, "%s", strerror(errno));
+            rc = -errno;
+            fail(ld, ORIGIN_FILE, NULL, "%s", strerror(-rc));
             break;
         }
         if (n == 0)
@@ -1109,8 +1099,8 @@ static int load_text(struct loader *ld, const unsigned char *text, size_t len)
             rc = -ENOMEM;
         } else if (parser.error == YAML_READER_ERROR) {
             /* Not text libyaml can read (bad UTF-8, control characters): no line. */
-            rc = fail_file(ld, -EINVAL, "offset %zu: %s", parser.problem_offset,
-                           parser.problem ? parser.problem : "cannot be read");
+            rc = fail(ld, ORIGIN_FILE, NULL, "offset %zu: %s", parser.problem_offset,
+                      parser.problem ? parser.problem : "cannot be read");
         } else {
             rc = fail(ld, mark_line(&parser.problem_mark, text, len), NULL,
                       "YAML syntax error: %s%s%s", parser.problem ? parser.problem : "malformed",
@@ -1158,11 +1148,14 @@ static int load_file(struct loader *ld)
 
     fd = open(ld->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {
-        return fail_file(ld, -errno, "%s", strerror(errno));
+        rc = -errno;
+        fail(ld, ORIGIN_FILE, NULL, "%s", strerror(-rc));
+        return rc;
     }
     if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
         close(fd);
-        return fail_file(ld, -EISDIR, "%s", strerror(EISDIR));
+        fail(ld, ORIGIN_FILE, NULL, "%s", strerror(EISDIR));
+        return -EISDIR;
     }
     rc = read_text(ld, fd, &text, &len);
     close(fd);

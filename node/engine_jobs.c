@@ -518,7 +518,6 @@ static void run_store(struct kvt_ejobs *j, struct ejob *e)
         if (i == e->n || bad == NULL) { /* (not planned from this job; no memory) */
             if (bad != NULL)
                 bad[n_bad++] = out->keys_to_store[s];
-            i = 0;
             continue;
         }
         memcpy(dst, arow(j, e->rows[i]), j->prow);

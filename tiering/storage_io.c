@@ -269,10 +269,18 @@ static int full_io(int fd, bool wr, struct iovec *iov, int cnt, size_t *done_p)
     return 0;
 }
 
-/* The shard folder of name ("<shard>/<file>"), opened without following a symbolic
- * link, for the *at calls on the name's file part (name + 3): the shard folders are
- * checked at start, and one replaced by a link later (only the tier's user can) is
- * refused (ELOOP, ENOTDIR), not followed to a folder elsewhere. -1 with errno set. */
+/* The file part of a name kvt__st_name made ("<two hex digits>/<file>"): the name of
+ * the file in its shard folder. */
+static const char *in_shard(const char *name)
+{
+    return name + 3;
+}
+
+/* The shard folder of name (a name kvt__st_name made, or the shard's own two hex
+ * digits), opened without following a symbolic link, for the *at calls on
+ * in_shard(name): the shard folders are checked at start, and one replaced by a link
+ * later (only the tier's user can) is refused (ELOOP, ENOTDIR), not followed to a
+ * folder elsewhere. -1 with errno set. */
 static int shard_open(const struct st_tier *s, const char *name)
 {
     char shard[3] = {name[0], name[1], '\0'};
@@ -294,7 +302,7 @@ static int unlink_name(struct st_tier *s, const char *name)
     int dfd = shard_open(s, name), err = 0;
     if (dfd < 0)
         return errno;
-    if (unlinkat(dfd, name + 3, 0) != 0)
+    if (unlinkat(dfd, in_shard(name), 0) != 0)
         err = errno;
     close(dfd);
     return err;
@@ -386,13 +394,13 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
     for (bool retried = false;;) {
         int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | (direct ? O_DIRECT : 0);
         size_t done = 0;
-        int fd = openat(dfd, tmp + 3, flags, 0600);
+        int fd = openat(dfd, in_shard(tmp), flags, 0600);
         if (fd < 0) {
             err = errno;
             /* A leftover of ours (a failed removal): removed once. Anything else
              * there is not ours to replace. */
-            if (err == EEXIST && !retried && own_file(s, dfd, tmp + 3)) {
-                unlinkat(dfd, tmp + 3, 0);
+            if (err == EEXIST && !retried && own_file(s, dfd, in_shard(tmp))) {
+                unlinkat(dfd, in_shard(tmp), 0);
                 retried = true;
                 continue;
             }
@@ -414,9 +422,9 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         break;
     }
     if (err == 0)
-        err = publish(s, dfd, tmp + 3, fin + 3);
+        err = publish(s, dfd, in_shard(tmp), in_shard(fin));
     if (err != 0) {
-        unlinkat(dfd, tmp + 3, 0);
+        unlinkat(dfd, in_shard(tmp), 0);
         close(dfd);
         return err;
     }
@@ -425,7 +433,7 @@ static int write_chunk(struct st_tier *s, struct st_thread *th, const struct st_
         if (err == 0 && fsync(dfd) != 0)
             err = errno;
         if (err != 0) /* not stored: the key leaves the index, so does its file */
-            unlinkat(dfd, fin + 3, 0);
+            unlinkat(dfd, in_shard(fin), 0);
     }
     close(dfd);
     return err;
@@ -446,7 +454,7 @@ static int open_noatime(int dir_fd, const char *name, int flags)
     return fd;
 }
 
-/* A chunk file just opened (name, in folder name_dir_fd: name + 3 there): ST_ERR_FOREIGN
+/* A chunk file just opened (name, in_shard(name) in folder name_dir_fd): ST_ERR_FOREIGN
  * for another user's file (left alone) or one of ours that group or others may use
  * (removed here: it is ours). */
 static int check_opened(struct st_tier *s, int fd, const char *name, int name_dir_fd)
@@ -464,7 +472,7 @@ static int check_opened(struct st_tier *s, int fd, const char *name, int name_di
     if (st.st_mode & 077) {
         kvt_warn(MOD, "%s/%s has mode %04o (group or others may use it): refused, removed", s->dir,
                  name, (unsigned)(st.st_mode & 07777));
-        unlinkat(name_dir_fd, name + 3, 0);
+        unlinkat(name_dir_fd, in_shard(name), 0);
         return ST_ERR_FOREIGN;
     }
     return 0;
@@ -479,7 +487,7 @@ static int open_chunk(struct st_tier *s, const struct st_item *it, bool *direct,
     if ((dfd = shard_open(s, fin)) < 0)
         return shard_err(s, fin, errno);
     for (;;) {
-        int fd = open_noatime(dfd, fin + 3,
+        int fd = open_noatime(dfd, in_shard(fin),
                               O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (*direct ? O_DIRECT : 0));
         if (fd >= 0) {
             err = check_opened(s, fd, fin, dfd);
@@ -1328,7 +1336,7 @@ static void scan_shard(struct st_tier *s, unsigned shard, struct scan_local *l)
     DIR *d;
     struct dirent *de;
     snprintf(dname, sizeof(dname), "%02x", shard);
-    fd = openat(s->dir_fd, dname, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    fd = shard_open(s, dname);
     if (fd < 0) {
         kvt_warn(MOD, "cannot open %s/%s: %s", s->dir, dname, strerror(errno));
         return;
